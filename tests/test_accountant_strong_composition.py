@@ -1,0 +1,38 @@
+"""Strong composition comparator (Abadi et al. 2016, Figure 2): paper and valid variants."""
+import pytest
+
+from dpsgd.accountant import pld, strong_composition as sc
+
+Q, SIGMA, DELTA = 0.01, 4.0, 1e-5
+
+
+def test_figure2_paper_variant():
+    assert abs(sc.epsilon(Q, SIGMA, 10_000, DELTA, "paper") - 9.34) <= 0.05
+
+
+def test_paper_epsilon0_at_figure_point():
+    # the paper's point: the optimum splits δ so that ε0 ≈ 1.46 (where linear amplification is invalid)
+    eps, frac = sc.epsilon_and_split(Q, SIGMA, 10_000, DELTA, "paper")
+    delta0 = (1 - frac) * DELTA / (10_000 * Q)
+    assert sc.gaussian_epsilon(delta0, SIGMA, "classical") == pytest.approx(1.46, abs=0.03)
+
+
+def test_valid_variant_is_larger_and_above_tight():
+    paper = sc.epsilon(Q, SIGMA, 10_000, DELTA, "paper")
+    classical = sc.epsilon(Q, SIGMA, 10_000, DELTA, "valid", gaussian="classical")
+    valid = sc.epsilon(Q, SIGMA, 10_000, DELTA, "valid")
+    assert classical == pytest.approx(26.39, abs=0.05)      # "about 26" in issue 2
+    assert paper < valid < classical
+    assert valid >= pld.epsilon(Q, SIGMA, 10_000, DELTA)
+
+
+def test_exact_gaussian_inverse():
+    e0 = sc.gaussian_epsilon(1e-6, 2.0)
+    assert sc.gaussian_delta(e0, 2.0) == pytest.approx(1e-6, rel=1e-9)
+    assert e0 < sc.gaussian_epsilon(1e-6, 2.0, "classical")
+
+
+def test_monotone_in_steps():
+    eps = [sc.epsilon(Q, SIGMA, t, DELTA, v) for v in ("paper", "valid") for t in (100, 1000, 10_000)]
+    assert eps[0] < eps[1] < eps[2] and eps[3] < eps[4] < eps[5]
+    assert sc.epsilon(Q, SIGMA, 0, DELTA) == 0.0
