@@ -1,0 +1,306 @@
+"""Benchmark one training step: non-private SGD vs DP-SGD (vmap, ghost) vs Opacus (hooks, ghost).
+
+    python -m bench.bench_step            # full protocol, writes results/bench.csv
+    python -m bench.bench_step --quick    # smoke run (few repetitions, small CNN lot)
+
+Protocol (issue 5): one process; every method steps on the same in-memory lot; repetitions are
+interleaved (rep 1 of every method, then rep 2, ...) so that load drifts hit all methods alike;
+the first `--warmup` repetitions are dropped and the median of the rest is reported.
+A DP step is the lead's `dpsgd.optim.DPSGD.step` (clip, sum, noise σC, divide by L, SGD update),
+one physical batch = the whole lot, global clipping (Opacus' default, for a like-for-like
+comparison), C = 1, σ = 1. Opacus runs through `PrivacyEngine.make_private` (poisson_sampling off;
+the lot is fed directly) with grad_sample_mode "hooks" and "ghost".
+
+Peak memory: CUDA — torch.cuda.max_memory_allocated() during one step minus the allocation before
+it. CPU — in a fresh child process per (model, method), with MALLOC_MMAP_THRESHOLD_=64 KiB so that
+freed tensors leave the resident set, after one warm-up step on a single example (library
+initialisation): peak resident set (VmHWM) during one step on the lot minus the resident set
+before it. This counts activations, gradients, per-example buffers and what the step keeps
+(e.g. Opacus' grad_sample), not the model or the data.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from dpsgd.clipping import PerExampleClipper
+from dpsgd.models import MLP, CifarCNN
+
+COLUMNS = ["method", "model", "device", "lot", "examples_per_s", "ratio_to_nonprivate",
+           "peak_mem_mb", "step_ms", "reps", "threads"]
+METHODS = ["nonprivate", "dpsgd_vmap", "dpsgd_ghost", "opacus_hooks", "opacus_ghost"]
+C, SIGMA, LR = 1.0, 1.0, 0.05
+
+
+def models(quick: bool, lot: int | None, cnn_lot: int | None):
+    mlp_lot = lot or 600
+    cnn = cnn_lot or (64 if quick else 600)
+    return [
+        ("mnist_pca60_mlp1000", lambda: MLP(60, (1000,), 10, bias=False), (60,), mlp_lot),
+        ("mnist_raw784_mlp1000", lambda: MLP(784, (1000,), 10, bias=False), (784,), mlp_lot),
+        ("cifar_cnn", lambda: CifarCNN(10), (3, 24, 24), cnn),
+    ]
+
+
+# ----------------------------------------------------------------------------- step builders
+def make_nonprivate(model, lot):
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def make_dpsgd(model, lot, mode):
+    from dpsgd.noise import GaussianNoise
+    from dpsgd.optim import DPSGD
+
+    clipper = PerExampleClipper(model, C, "global", mode=mode)
+    noise = GaussianNoise(seed=0, device=next(model.parameters()).device)
+    try:
+        dp = DPSGD(model, clipper, noise, sigma=SIGMA, max_grad_norm=C, expected_lot_size=lot, lr=LR)
+    except TypeError:                           # contract form without max_grad_norm
+        dp = DPSGD(model, clipper, noise, sigma=SIGMA, expected_lot_size=lot, lr=LR)
+
+    def step(x, y):
+        dp.step(x, y, physical_batch_size=lot)
+    return step
+
+
+def make_opacus(model, lot, mode):
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    dev = next(model.parameters()).device
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    dummy = DataLoader(TensorDataset(torch.zeros(lot, 1), torch.zeros(lot, dtype=torch.long)),
+                       batch_size=lot)
+    criterion = torch.nn.CrossEntropyLoss()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = PrivacyEngine(accountant="rdp")
+        kw = dict(module=model, optimizer=opt, data_loader=dummy, noise_multiplier=SIGMA,
+                  max_grad_norm=C, poisson_sampling=False, grad_sample_mode=mode)
+        if mode == "ghost":
+            pmodel, popt, pcrit, _ = engine.make_private(criterion=criterion, **kw)
+        else:
+            pmodel, popt, _ = engine.make_private(**kw)
+            pcrit = criterion
+    pmodel.to(dev)
+
+    def step(x, y):
+        popt.zero_grad(set_to_none=True)
+        loss = pcrit(pmodel(x), y)
+        loss.backward()
+        popt.step()
+    return step
+
+
+def build(method, model, lot):
+    if method == "nonprivate":
+        return make_nonprivate(model, lot)
+    if method.startswith("dpsgd_"):
+        return make_dpsgd(model, lot, method.split("_", 1)[1])
+    if method.startswith("opacus_"):
+        return make_opacus(model, lot, method.split("_", 1)[1])
+    raise KeyError(method)
+
+
+# ----------------------------------------------------------------------------- measurement
+def sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def timed(step, x, y, dev):
+    sync(dev)
+    t0 = time.perf_counter()
+    step(x, y)
+    sync(dev)
+    return time.perf_counter() - t0
+
+
+def _status_kb(key):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def peak_mem_mb(step, x, y, dev):
+    """CUDA: peak allocated during one step above what was allocated before it."""
+    sync(dev)
+    base = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    step(x, y)
+    sync(dev)
+    return (torch.cuda.max_memory_allocated(dev) - base) / 2**20
+
+
+def cpu_peak_mem_mb(model_name, method, lot, quick):
+    """CPU: peak RSS of one step above the RSS before it, in a fresh child process.
+
+    glibc's malloc keeps freed memory for reuse, so RSS deltas inside a warm process say little;
+    the child sets MALLOC_MMAP_THRESHOLD_=64 KiB so that every tensor larger than that is mapped
+    on allocation and returned on free, and the peak (VmHWM) follows live tensor memory.
+    """
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="65536")
+    cmd = [sys.executable, "-m", "bench.bench_step", "--mem-child", f"{model_name}:{method}:{lot}",
+           "--threads", str(torch.get_num_threads())] + (["--quick"] if quick else [])
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800,
+                             cwd=Path(__file__).resolve().parents[1])
+        return float(out.stdout.strip().splitlines()[-1])
+    except Exception:
+        return float("nan")
+
+
+def _status_kb(key):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def mem_child(spec, quick):
+    name, method, lot = spec.split(":")
+    lot = int(lot)
+    factory, shape = next((f, s) for n, f, s, _ in models(quick, None, None) if n == name)
+    torch.manual_seed(0)
+    model = factory()
+    x, y = torch.randn((lot,) + shape), torch.randint(0, 10, (lot,))
+    step = build(method, model, lot)
+    step(x[:1], y[:1])             # initialise libraries and caches; leaves ~no state behind
+    Path("/proc/self/clear_refs").write_text("5")          # VmHWM := current RSS
+    base = _status_kb("VmRSS")
+    step(x, y)
+    print((_status_kb("VmHWM") - base) / 1024)
+
+
+def run_model(name, factory, in_shape, lot, dev, methods, reps, warmup, log, quick):
+    torch.manual_seed(0)
+    base = factory().to(dev)
+    x = torch.randn((lot,) + in_shape, device=dev)
+    y = torch.randint(0, 10, (lot,), device=dev)
+    steps = {}
+    for m in methods:
+        try:
+            steps[m] = build(m, copy.deepcopy(base), lot)
+        except Exception as e:                        # e.g. Opacus missing or incompatible
+            log(f"  {m}: unavailable ({type(e).__name__}: {e})")
+    times = {m: [] for m in steps}
+    for r in range(warmup + reps):
+        for m, step in list(steps.items()):
+            try:
+                t = timed(step, x, y, dev)
+            except Exception as e:
+                log(f"  {m}: failed ({type(e).__name__}: {e})")
+                del steps[m], times[m]
+                continue
+            if r >= warmup:
+                times[m].append(t)
+        log(f"  rep {r + 1}/{warmup + reps}: " + ", ".join(
+            f"{m} {1e3 * times[m][-1]:.1f} ms" for m in times if times[m] and r >= warmup))
+    if dev.type == "cuda":
+        mem = {m: peak_mem_mb(step, x, y, dev) for m, step in steps.items()}
+    else:
+        log("  peak memory (child processes) ...")
+        mem = {m: cpu_peak_mem_mb(name, m, lot, quick) for m in steps}
+    med = {m: statistics.median(t) for m, t in times.items() if t}
+    ref = med.get("nonprivate")
+    rows = []
+    for m in med:
+        rows.append(dict(method=m, model=name, device=dev.type, lot=lot,
+                         examples_per_s=round(lot / med[m], 1),
+                         ratio_to_nonprivate=round(med[m] / ref, 3) if ref else float("nan"),
+                         peak_mem_mb=round(mem[m], 1), step_ms=round(1e3 * med[m], 2),
+                         reps=len(times[m]), threads=torch.get_num_threads()))
+    return rows
+
+
+def print_table(rows, out=sys.stdout):
+    cols = ["model", "method", "device", "lot", "step_ms", "examples_per_s", "ratio_to_nonprivate",
+            "peak_mem_mb"]
+    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    print("  ".join(c.ljust(width[c]) for c in cols), file=out)
+    for r in rows:
+        print("  ".join(str(r[c]).ljust(width[c]) for c in cols), file=out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="3 reps, 1 warm-up, CNN lot 64")
+    ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default 5; quick 3)")
+    ap.add_argument("--warmup", type=int, default=None, help="dropped repetitions (default 1)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (default 1: the machine is shared; 0 = torch default)")
+    ap.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
+    ap.add_argument("--lot", type=int, default=None, help="lot for the MLPs (default 600)")
+    ap.add_argument("--cnn-lot", type=int, default=None, help="lot for the CNN (default 600; quick 64)")
+    ap.add_argument("--models", default="all", help="comma list of model names, or all")
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma list of methods")
+    ap.add_argument("--out", default="results/bench.csv", help="CSV path (replaced atomically)")
+    ap.add_argument("--mem-child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.mem_child:
+        torch.set_num_threads(max(1, args.threads))
+        warnings.filterwarnings("ignore")
+        return mem_child(args.mem_child, args.quick)
+    reps = args.reps or (3 if args.quick else 5)
+    warmup = args.warmup if args.warmup is not None else 1
+    if reps < 1 or warmup < 0:
+        ap.error("--reps must be >= 1 and --warmup >= 0")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    dev = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
+                       else ("cpu" if args.device == "auto" else args.device))
+    methods = [m for m in args.methods.split(",") if m]
+    bad = set(methods) - set(METHODS)
+    if bad:
+        ap.error(f"--methods: unknown {sorted(bad)}; choose from {METHODS}")
+    chosen = models(args.quick, args.lot, args.cnn_lot)
+    if args.models != "all":
+        keep = set(args.models.split(","))
+        unknown = keep - {n for n, *_ in chosen}
+        if unknown:
+            ap.error(f"--models: unknown {sorted(unknown)}")
+        chosen = [c for c in chosen if c[0] in keep]
+    warnings.filterwarnings("ignore", module="opacus")
+    warnings.filterwarnings("ignore", message="Full backward hook")   # Opacus ghost, harmless
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    log(f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}, "
+        f"reps {reps} after {warmup} warm-up")
+    rows = []
+    for name, factory, shape, lot in chosen:
+        log(f"{name} (lot {lot})")
+        rows += run_model(name, factory, shape, lot, dev, methods, reps, warmup, log, args.quick)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, out)
+    print_table(rows)
+    log(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""PerExampleClipper: Σ_i clip(g_i) over one physical batch (Abadi et al. 2016, Algorithm 1).
+
+    ḡ(x_i) = g(x_i) · min(1, C / ‖g(x_i)‖₂)
+
+clipping="global": one norm over all trainable parameters. clipping="per_layer": each module that
+owns trainable parameters (e.g. weight + bias of one Linear) is clipped to C on its own, as in the
+paper's experiments; the k groups are then k tensors of one Gaussian mechanism (see the ledger).
+No noise and no division here: the DP optimiser adds N(0, σ²C²) per group and divides by L.
+
+mode="vmap": torch.func per-example gradients (reference). mode="ghost": ghost norms +
+book-keeping (ghost.py), never materialising per-example gradients of Linear/Conv2d layers, with
+per-module vmap for other parameter layers. mode="auto": ghost whenever the model's structure
+allows it (checked once, on the first non-empty batch, against plain autograd), else vmap.
+
+memory_budget_bytes bounds per-example tensors held at once: the vmap path's chunk of
+per-example gradients, and the ghost path's explicit per-example products kept for reuse
+(beyond it, norms are formed in chunks and the clipped sum by book-keeping: same result).
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..models import check_dp_compatible
+from .ghost import DEFAULT_BUDGET_BYTES, Unsupported, build_layers, ghost_clipped_sum
+from .vmap import vmap_clipped_sum
+
+CLIPPINGS = ("global", "per_layer")
+MODES = ("auto", "vmap", "ghost")
+
+
+@dataclass
+class ClipResult:
+    grads: dict[str, torch.Tensor]   # Σ_i clip(g_i), same shape/device/dtype as each parameter
+    loss_sum: float                  # Σ_i loss_i (cross-entropy)
+    norms: torch.Tensor              # [B, k] per-example, per-group norms before clipping
+
+
+class PerExampleClipper:
+    def __init__(self, model: nn.Module, max_grad_norm: float | None, clipping: str = "global",
+                 mode: str = "auto", memory_budget_bytes: int = DEFAULT_BUDGET_BYTES):
+        if max_grad_norm is not None and not (float(max_grad_norm) > 0):
+            raise ValueError(f"max_grad_norm={max_grad_norm!r} must be > 0 (or None to disable clipping)")
+        if clipping not in CLIPPINGS:
+            raise ValueError(f"clipping={clipping!r} must be one of {CLIPPINGS}")
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r} (privacy.grad_sample_mode) must be one of {MODES}")
+        check_dp_compatible(model)
+        self.model = model
+        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.clipping = clipping
+        self.budget = int(memory_budget_bytes)
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        if not names:
+            raise ValueError("model has no trainable parameters (requires_grad=True)")
+        if clipping == "global":
+            self.groups = [names]
+        else:
+            self.groups = []
+            for mname, m in model.named_modules():
+                own = [f"{mname}.{a}" if mname else a
+                       for a, p in m.named_parameters(recurse=False) if p.requires_grad]
+                own = [n for n in own if n in names]          # a shared parameter counts once
+                names = [n for n in names if n not in own]
+                if own:
+                    self.groups.append(own)
+        self._layers, self.native = None, False
+        try:
+            self._layers, self.native = build_layers(model)
+            ghost_ok, why = True, ""
+        except Unsupported as e:
+            ghost_ok, why = False, str(e)
+        if mode == "ghost" and not ghost_ok:
+            raise ValueError(f"mode='ghost' cannot handle this model: {why}; use mode='vmap' or 'auto'")
+        self.requested_mode = mode
+        self.mode = "ghost" if mode in ("ghost", "auto") and ghost_ok else "vmap"
+        self._verified = self.mode == "vmap"
+
+    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> ClipResult:
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        if x.shape[0] == 0:
+            dtype = next(iter(params.values())).dtype
+            return ClipResult({n: torch.zeros_like(p) for n, p in params.items()}, 0.0,
+                              torch.zeros(0, len(self.groups), dtype=dtype, device=x.device))
+        if self.mode == "ghost":
+            try:
+                grads, loss_sum, norms = ghost_clipped_sum(
+                    self.model, self._layers, x, y, self.groups, self.max_grad_norm,
+                    verify=not self._verified, budget_bytes=self.budget)
+                self._verified = True
+                return ClipResult(grads, loss_sum, norms)
+            except Unsupported as e:
+                if self.requested_mode == "ghost":
+                    raise ValueError(f"mode='ghost' cannot handle this model: {e}") from None
+                warnings.warn(f"ghost clipping unavailable ({e}); falling back to vmap", stacklevel=2)
+                self.mode = "vmap"
+        grads, loss_sum, norms = vmap_clipped_sum(self.model, x, y, self.groups,
+                                                  self.max_grad_norm, chunk_bytes=self.budget)
+        return ClipResult(grads, loss_sum, norms)

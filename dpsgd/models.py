@@ -1,0 +1,96 @@
+"""Models of Abadi et al. 2016 (arXiv 1607.00133) and the DP-compatibility check.
+
+- MNIST (paper §5.2): a fixed 60-d PCA projection (applied to the data, outside the model), one
+  hidden layer of 1000 ReLU units, 10 logits; the paper's network has no biases.
+- CIFAR-10 (paper §5.3): 24×24×3 crops, two 5×5×64 convolutions (stride 1, ReLU, 2×2 max-pool),
+  two fully connected layers of 384 ReLU units and a softmax layer ("SAME" padding, as in the
+  TensorFlow CIFAR tutorial model the paper starts from: 24 → 12 → 6).
+
+`check_dp_compatible` refuses layers that mix examples: per-example sensitivity (the C in
+Algorithm 1) only holds if example i's gradient depends on example i alone.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    """Fully connected ReLU network returning logits.
+
+    The paper's MNIST net is ``MLP(60, (1000,), 10, bias=False)`` on PCA-projected input.
+    """
+
+    def __init__(self, in_features: int, hidden: Sequence[int] = (1000,), num_classes: int = 10,
+                 bias: bool = False):
+        super().__init__()
+        if in_features < 1:
+            raise ValueError(f"in_features must be >= 1, got {in_features}")
+        if num_classes < 1:
+            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        hidden = tuple(int(h) for h in hidden)
+        if any(h < 1 for h in hidden):
+            raise ValueError(f"hidden sizes must be >= 1, got {hidden}")
+        widths = (int(in_features),) + hidden
+        layers: list[nn.Module] = []
+        for w_in, w_out in zip(widths[:-1], widths[1:]):
+            layers += [nn.Linear(w_in, w_out, bias=bias), nn.ReLU()]
+        layers.append(nn.Linear(widths[-1], num_classes, bias=bias))
+        self.net = nn.Sequential(*layers)
+        self.in_features = int(in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.flatten(1))
+
+
+class CifarCNN(nn.Module):
+    """The paper's CIFAR-10 network: input 3×24×24 → logits."""
+
+    def __init__(self, num_classes: int = 10, bias: bool = True):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 64, kernel_size=5, stride=1, padding=2, bias=bias), nn.ReLU(),
+            nn.MaxPool2d(2),                                   # 24 -> 12
+            nn.Conv2d(64, 64, kernel_size=5, stride=1, padding=2, bias=bias), nn.ReLU(),
+            nn.MaxPool2d(2),                                   # 12 -> 6
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(64 * 6 * 6, 384, bias=bias), nn.ReLU(),
+            nn.Linear(384, 384, bias=bias), nn.ReLU(),
+            nn.Linear(384, num_classes, bias=bias),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1:] != (3, 24, 24):
+            raise ValueError(f"CifarCNN expects input of shape [B, 3, 24, 24], got {list(x.shape)}")
+        return self.classifier(self.features(x))
+
+
+def _mixes_examples(module: nn.Module) -> str | None:
+    """Why `module` mixes examples within a batch, or None if it does not."""
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):  # BatchNorm1d/2d/3d, Lazy*, SyncBatchNorm
+        return "batch normalisation uses statistics of the whole batch"
+    if isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats:
+        return "running statistics (track_running_stats=True) are averaged over the batch"
+    if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats:
+        return "running statistics are averaged over the batch"
+    return None
+
+
+def check_dp_compatible(model: nn.Module) -> None:
+    """Raise ValueError naming the first module that mixes examples (BatchNorm, ...).
+
+    GroupNorm, LayerNorm and InstanceNorm without running statistics normalise each example on its
+    own and are accepted; so are Dropout, pooling and all per-example layers.
+    """
+    for name, module in model.named_modules():
+        reason = _mixes_examples(module)
+        if reason is not None:
+            label = name or "<root>"
+            raise ValueError(
+                f"module '{label}' ({type(module).__name__}) mixes examples: {reason}; per-example "
+                "gradient clipping (DP-SGD) needs each example's gradient to depend on that example "
+                "only. Replace it, e.g. with nn.GroupNorm or nn.LayerNorm.")

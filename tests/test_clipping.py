@@ -1,0 +1,307 @@
+"""Per-example clipping engines at their limits (house style §5).
+
+Ghost norms + book-keeping must equal the torch.func vmap reference; vmap must equal a batch-of-1
+loop; a single clipped example has norm C; no clipping is the plain gradient of the summed loss.
+float64 throughout, so that tolerances measure the algorithm, not rounding.
+"""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dpsgd.clipping import PerExampleClipper, per_sample_grads
+from dpsgd.models import MLP, CifarCNN
+
+DT = torch.float64
+
+
+def small_cnn(bias=True):
+    """conv + pool + linear, shaped like the paper's CIFAR net but small."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 5, padding=2, bias=bias), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1, bias=bias), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(16 * 2 * 2, 12, bias=bias), nn.ReLU(), nn.Linear(12, 10, bias=bias))
+
+
+def make(name, bias, seed=0):
+    torch.manual_seed(seed)
+    if name == "mnist_mlp":
+        model, x = MLP(60, (1000,), 10, bias=bias), torch.randn(13, 60)
+    elif name == "deep_mlp":
+        model, x = MLP(20, (30, 40), 10, bias=bias), torch.randn(11, 20)
+    elif name == "small_cnn":
+        model, x = small_cnn(bias), torch.randn(9, 3, 8, 8)
+    elif name == "cifar_cnn":
+        model, x = CifarCNN(bias=bias), torch.randn(5, 3, 24, 24)
+    else:
+        raise KeyError(name)
+    model = model.to(DT)
+    return model, x.to(DT), torch.randint(0, 10, (x.shape[0],))
+
+
+def plain_sum_grad(model, x, y):
+    loss = F.cross_entropy(model(x), y, reduction="sum")
+    names, params = zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad])
+    return dict(zip(names, torch.autograd.grad(loss, params)))
+
+
+def assert_close_dict(a, b, rtol=1e-5, atol=0.0):
+    assert a.keys() == b.keys()
+    for n in a:
+        assert a[n].shape == b[n].shape and a[n].dtype == b[n].dtype, n
+        err = (a[n] - b[n]).norm().item()
+        assert err <= rtol * b[n].norm().item() + atol, (n, err, b[n].norm().item())
+
+
+@pytest.mark.parametrize("name", ["mnist_mlp", "deep_mlp", "small_cnn", "cifar_cnn"])
+@pytest.mark.parametrize("clipping", ["global", "per_layer"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_ghost_equals_vmap(name, clipping, bias):
+    model, x, y = make(name, bias)
+    C = 0.05                                     # small: every example is clipped
+    g = PerExampleClipper(model, C, clipping, mode="ghost")
+    v = PerExampleClipper(model, C, clipping, mode="vmap")
+    rg, rv = g.clipped_sum(x, y), v.clipped_sum(x, y)
+    assert g.mode == "ghost" and v.mode == "vmap"
+    assert_close_dict(rg.grads, rv.grads, rtol=1e-5)
+    torch.testing.assert_close(rg.norms, rv.norms, rtol=1e-10, atol=1e-12)
+    assert rg.loss_sum == pytest.approx(rv.loss_sum, rel=1e-12)
+    assert rg.norms.shape == (x.shape[0], len(g.groups))
+
+
+@pytest.mark.parametrize("mode", ["ghost", "vmap"])
+def test_float32_mnist_model(mode):
+    torch.manual_seed(1)
+    model, x, y = MLP(60, (1000,), 10), torch.randn(64, 60), torch.randint(0, 10, (64,))
+    ref = PerExampleClipper(model.to(DT), 1.0, "per_layer", mode="vmap").clipped_sum(x.to(DT), y)
+    res = PerExampleClipper(model.float(), 1.0, "per_layer", mode=mode).clipped_sum(x, y)
+    for n, g in res.grads.items():
+        assert g.dtype == torch.float32
+        assert (g.to(DT) - ref.grads[n]).norm() <= 1e-5 * ref.grads[n].norm()
+
+
+def test_per_sample_grads_equal_batch_of_one_loop():
+    model, x, y = make("small_cnn", True)
+    grads, losses = per_sample_grads(model, x, y)
+    for i in range(x.shape[0]):
+        ref = plain_sum_grad(model, x[i:i + 1], y[i:i + 1])
+        for n, g in ref.items():
+            torch.testing.assert_close(grads[n][i], g, rtol=0, atol=1e-6)
+        assert losses[i].item() == pytest.approx(
+            F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).item(), abs=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["ghost", "vmap"])
+@pytest.mark.parametrize("name", ["mnist_mlp", "small_cnn"])
+def test_single_example_clipped_to_C(mode, name):
+    model, x, y = make(name, True)
+    x, y, C = x[:1] * 10, y[:1], 1e-3
+    res = PerExampleClipper(model, C, "global", mode=mode).clipped_sum(x, y)
+    total = torch.sqrt(sum(g.pow(2).sum() for g in res.grads.values()))
+    assert res.norms[0, 0] > C
+    assert total.item() == pytest.approx(C, rel=1e-9)
+    clipper = PerExampleClipper(model, C, "per_layer", mode=mode)
+    res = clipper.clipped_sum(x, y)
+    for k, names in enumerate(clipper.groups):
+        norm = torch.sqrt(sum(res.grads[n].pow(2).sum() for n in names))
+        assert res.norms[0, k] > C
+        assert norm.item() == pytest.approx(C, rel=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["ghost", "vmap"])
+@pytest.mark.parametrize("clipping", ["global", "per_layer"])
+@pytest.mark.parametrize("name", ["mnist_mlp", "small_cnn"])
+def test_no_clipping_is_plain_summed_gradient(mode, clipping, name):
+    model, x, y = make(name, True)
+    res = PerExampleClipper(model, None, clipping, mode=mode).clipped_sum(x, y)
+    assert_close_dict(res.grads, plain_sum_grad(model, x, y), rtol=1e-10)
+    assert res.loss_sum == pytest.approx(F.cross_entropy(model(x), y, reduction="sum").item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["ghost", "vmap"])
+def test_large_C_is_plain_gradient_and_norms_are_per_example(mode):
+    model, x, y = make("small_cnn", True)
+    clipper = PerExampleClipper(model, 1e6, "global", mode=mode)
+    res = clipper.clipped_sum(x, y)
+    assert_close_dict(res.grads, plain_sum_grad(model, x, y), rtol=1e-10)
+    for i in range(3):
+        g = plain_sum_grad(model, x[i:i + 1], y[i:i + 1])
+        assert res.norms[i, 0].item() == pytest.approx(
+            torch.sqrt(sum(t.pow(2).sum() for t in g.values())).item(), rel=1e-10)
+
+
+@pytest.mark.parametrize("mode", ["auto", "ghost", "vmap"])
+def test_empty_batch(mode):
+    model, x, y = make("small_cnn", True)
+    clipper = PerExampleClipper(model, 1.0, "per_layer", mode=mode)
+    res = clipper.clipped_sum(x[:0], y[:0])
+    assert res.loss_sum == 0.0
+    assert res.norms.shape == (0, len(clipper.groups))
+    for n, p in model.named_parameters():
+        assert res.grads[n].shape == p.shape and res.grads[n].dtype == p.dtype
+        assert torch.count_nonzero(res.grads[n]) == 0
+
+
+def test_groups_structure():
+    model = MLP(60, (1000,), 10, bias=True)
+    g = PerExampleClipper(model, 1.0, "global")
+    assert g.groups == [[n for n, _ in model.named_parameters()]]
+    pl = PerExampleClipper(model, 1.0, "per_layer")
+    assert pl.groups == [["net.0.weight", "net.0.bias"], ["net.2.weight", "net.2.bias"]]
+
+
+def test_frozen_parameters_are_excluded():
+    model, x, y = make("deep_mlp", True)
+    model.net[0].weight.requires_grad_(False)
+    clipper = PerExampleClipper(model, 0.1, "per_layer", mode="ghost")
+    assert clipper.groups[0] == ["net.0.bias"]
+    res = clipper.clipped_sum(x, y)
+    assert "net.0.weight" not in res.grads
+    ref = PerExampleClipper(model, 0.1, "per_layer", mode="vmap").clipped_sum(x, y)
+    assert_close_dict(res.grads, ref.grads)
+
+
+@pytest.mark.parametrize("mode", ["ghost", "vmap"])
+def test_param_grad_untouched(mode):
+    model, x, y = make("mnist_mlp", True)
+    PerExampleClipper(model, 1.0, mode=mode).clipped_sum(x, y)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_batchnorm_refused():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match="'1'.*BatchNorm2d"):
+        PerExampleClipper(model, 1.0)
+
+
+def test_auto_chooses_ghost_for_paper_models():
+    for model in (MLP(60), CifarCNN()):
+        clipper = PerExampleClipper(model, 1.0, mode="auto")
+        assert clipper.mode == "ghost" and clipper.native
+
+
+def test_bad_arguments():
+    model = MLP(4, (3,), 2)
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        PerExampleClipper(model, 0.0)
+    with pytest.raises(ValueError, match="clipping"):
+        PerExampleClipper(model, 1.0, clipping="layer")
+    with pytest.raises(ValueError, match="mode"):
+        PerExampleClipper(model, 1.0, mode="fast")
+
+
+class SeqModel(nn.Module):
+    """Embedding + LayerNorm (no ghost rule: per-module vmap) + Linear on sequences (ghost)."""
+
+    def __init__(self, d=16, T=4):
+        super().__init__()
+        self.emb = nn.Embedding(20, d)
+        self.norm = nn.LayerNorm(d)
+        self.proj = nn.Linear(d, 64)
+        self.head = nn.Linear(64 * T, 10)
+
+    def forward(self, tokens):
+        h = torch.tanh(self.proj(self.norm(self.emb(tokens))))
+        return self.head(h.flatten(1))
+
+
+@pytest.mark.parametrize("clipping", ["global", "per_layer"])
+@pytest.mark.parametrize("budget", [2**28, 0])   # keep explicit products / ghost Gram + book-keeping
+def test_unsupported_layers_fall_back_exactly(clipping, budget):
+    torch.manual_seed(0)
+    model = SeqModel().to(DT)
+    x, y = torch.randint(0, 20, (9, 4)), torch.randint(0, 10, (9,))
+    auto = PerExampleClipper(model, 0.05, clipping, mode="auto", memory_budget_bytes=budget)
+    assert auto.mode == "ghost" and not auto.native           # hybrid: ghost + per-module vmap
+    ref = PerExampleClipper(model, 0.05, clipping, mode="vmap").clipped_sum(x, y)
+    res = auto.clipped_sum(x, y)
+    assert_close_dict(res.grads, ref.grads)
+    torch.testing.assert_close(res.norms, ref.norms)
+
+
+class OwnsParamsAndChildren(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(8))
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc(x * self.scale)
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 3)
+
+    def forward(self, x):                       # a.weight also used outside a's forward call
+        h = torch.relu(self.a(x))
+        return self.b(h @ self.a.weight)
+
+
+class InplaceRelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 7), nn.Linear(7, 3)
+
+    def forward(self, x):
+        return self.b(torch.relu_(self.a(x)))
+
+
+def test_inplace_op_on_layer_output_is_exact():
+    torch.manual_seed(0)
+    model = InplaceRelu().to(DT)
+    x, y = torch.randn(5, 6, dtype=DT), torch.randint(0, 3, (5,))
+    ref = PerExampleClipper(model, 0.1, "global", mode="vmap").clipped_sum(x, y)
+    ghost = PerExampleClipper(model, 0.1, "global", mode="ghost")
+    assert_close_dict(ghost.clipped_sum(x, y).grads, ref.grads)
+
+
+@pytest.mark.parametrize("cls", [OwnsParamsAndChildren, Tied])
+def test_structures_ghost_cannot_handle(cls):
+    torch.manual_seed(0)
+    model = cls().to(DT)
+    n_in = 8 if cls is OwnsParamsAndChildren else 6
+    x, y = torch.randn(5, n_in, dtype=DT), torch.randint(0, 3, (5,))
+    ref = PerExampleClipper(model, 0.1, "global", mode="vmap").clipped_sum(x, y)
+    auto = PerExampleClipper(model, 0.1, "global", mode="auto")
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        res = auto.clipped_sum(x, y)
+    assert auto.mode == "vmap"
+    assert_close_dict(res.grads, ref.grads)
+    with pytest.raises(ValueError, match="ghost"):
+        PerExampleClipper(model, 0.1, mode="ghost").clipped_sum(x, y)
+
+
+def _conv_net(conv):
+    return nn.Sequential(conv, nn.ReLU(), nn.Flatten(), nn.LazyLinear(5))
+
+
+@pytest.mark.parametrize("conv, shape", [
+    (lambda: nn.Conv2d(16, 8, 3, stride=2, dilation=2, padding=1), (16, 11, 9)),
+    (lambda: nn.Conv2d(16, 8, (3, 2), stride=(1, 2), padding=2, padding_mode="reflect"), (16, 10, 9)),
+    (lambda: nn.Conv2d(4, 8, 3, groups=2, padding="same"), (4, 8, 8)),
+    (lambda: nn.Conv2d(32, 8, 3, padding="same", bias=False), (32, 8, 8)),
+    (lambda: nn.Conv2d(3, 6, 4, stride=3, padding_mode="circular", padding=1), (3, 10, 10)),
+])
+@pytest.mark.parametrize("budget", [2**28, 0])
+def test_conv_variants(conv, shape, budget):
+    torch.manual_seed(0)
+    model = _conv_net(conv()).to(DT)
+    x, y = torch.randn((7,) + shape, dtype=DT), torch.randint(0, 5, (7,))
+    model(x)                                     # materialise the lazy layer
+    for clipping in ("global", "per_layer"):
+        g = PerExampleClipper(model, 0.05, clipping, mode="ghost", memory_budget_bytes=budget)
+        ref = PerExampleClipper(model, 0.05, clipping, mode="vmap").clipped_sum(x, y)
+        assert_close_dict(g.clipped_sum(x, y).grads, ref.grads)
+
+
+def test_vmap_chunking_is_exact():
+    model, x, y = make("small_cnn", True)
+    a = PerExampleClipper(model, 0.05, "per_layer", mode="vmap", memory_budget_bytes=1)
+    b = PerExampleClipper(model, 0.05, "per_layer", mode="vmap")
+    assert_close_dict(a.clipped_sum(x, y).grads, b.clipped_sum(x, y).grads, rtol=1e-12)
