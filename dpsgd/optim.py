@@ -46,14 +46,19 @@ class DPSGD:
 
     def noisy_gradient(self, x: torch.Tensor, y: torch.Tensor, physical_batch_size: int):
         """g̃_t = (Σ_i clip(g_i) + N(0, σ²C²)) / L for one lot; returns (grads, loss_sum, lot_size)."""
-        total = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        total = None                       # Σ_i clip(g_i), accumulated over physical batches
         loss_sum = 0.0
         for start in range(0, len(x), physical_batch_size):
             res = self.clipper.clipped_sum(x[start:start + physical_batch_size],
                                            y[start:start + physical_batch_size])
-            for n, g in res.grads.items():
-                total[n].add_(g)
+            if total is None:
+                total = dict(res.grads)        # reuse the first batch's buffers
+            else:
+                for n, g in res.grads.items():
+                    total[n].add_(g)
             loss_sum += res.loss_sum
+        if total is None:                  # empty lot: the step is the noise alone
+            total = {n: torch.zeros_like(p) for n, p in self.params.items()}
         std = self.sigma * self.C
         with torch.no_grad():
             for n, g in total.items():
