@@ -24,7 +24,7 @@ class MLP(nn.Module):
     """
 
     def __init__(self, in_features: int, hidden: Sequence[int] = (1000,), num_classes: int = 10,
-                 bias: bool = False):
+                 bias: bool = False, init: str = "paper"):
         super().__init__()
         if in_features < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
@@ -40,9 +40,26 @@ class MLP(nn.Module):
         layers.append(nn.Linear(widths[-1], num_classes, bias=bias))
         self.net = nn.Sequential(*layers)
         self.in_features = int(in_features)
+        init_weights(self, init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x.flatten(1))
+
+
+def init_weights(model: nn.Module, init: str) -> None:
+    """``init="paper"``: the original code's initialisation (TF ``utils.BuildNetwork``): weights from a
+    normal truncated at ±2 std with std 1/√fan_in, biases zero. ``init="torch"``: PyTorch's default."""
+    if init == "torch":
+        return
+    if init != "paper":
+        raise ValueError(f"model.init={init!r}: must be 'paper' or 'torch'")
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            std = 1.0 / (m.weight[0].numel() ** 0.5)
+            with torch.no_grad():
+                nn.init.trunc_normal_(m.weight, std=std, a=-2 * std, b=2 * std)
+                if m.bias is not None:
+                    m.bias.zero_()
 
 
 class CifarCNN(nn.Module):

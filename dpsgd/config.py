@@ -1,0 +1,322 @@
+"""Typed configuration: dataclass schemas for the Hydra config groups, validated before any work.
+
+``validate(cfg)`` turns the composed ``DictConfig`` (or a plain dict) into a ``Config`` and raises
+``ConfigError`` with a one-line message naming the offending key (``privacy.sigma=-1: must be >= 0``)
+for every bad value: unknown keys and names, σ < 0, C <= 0, L outside [1, N], δ outside (0, 1),
+non-integer epochs, NaN learning rates, PCA wider than the input, models that mix examples, ...
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .data import DATASETS, input_shape
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; str(e) is one line naming the key."""
+
+
+@dataclass
+class DatasetConfig:
+    name: str = "mnist"
+    root: str | None = None            # None: $DPSGD_DATA_ROOT or <repo>/data
+    subset: int | None = None          # use only the first n training examples
+    crop: int | None = 24              # CIFAR center crop (paper: 24); None keeps 32
+    download: bool = True              # allow torchvision to download when no local copy exists
+
+
+@dataclass
+class ModelConfig:
+    name: str = "mlp"                  # mlp | cnn
+    hidden: list[int] = field(default_factory=lambda: [1000])
+    bias: bool = False
+    projection: str = "pca"            # pca | random | none
+    pca_dims: int = 60                 # 0 = no projection
+
+
+@dataclass
+class PrivacyConfig:
+    private: bool = True               # false: no clipping, no noise, no accounting ("not private")
+    sigma: float = 4.0                 # σ: noise multiplier of Algorithm 1
+    sigma_p: float = 7.0               # σ_p: DP-PCA noise
+    clip_norm: float = 4.0             # C
+    lot_size: int = 600                # L (expected lot size; q = L/N)
+    delta: float = 1e-5                # δ
+    clipping: str = "per_layer"        # per_layer | global
+    convention: str = "joint"          # joint | per_tensor (the paper's code)
+    sampling: str = "poisson"          # poisson | shuffle
+    grad_sample_mode: str = "auto"     # auto | vmap | ghost
+    secure_rng: bool = False
+    noise_seed: int | None = None      # None: derived from seed
+    target_epsilon: float | None = None
+    physical_batch_size: int = 600
+    pca_fraction: float = 1.0          # DP-PCA sampling rate
+
+
+@dataclass
+class AccountantConfig:
+    name: str = "moments"              # moments | rdp | pld: target-ε stop and headline ε
+
+
+@dataclass
+class TrainingConfig:
+    epochs: int = 100
+    lr: float = 0.1
+    lr_end: float = 0.052
+    lr_saturate_epochs: int = 10
+    max_steps: int | None = None       # stop after this many lots in total (tiny runs)
+    eval_every: int = 1
+    eval_batch_size: int = 10000
+    checkpoint_every: int = 1          # epochs; 0 = only at the end
+
+
+@dataclass
+class Config:
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    accountant: AccountantConfig = field(default_factory=AccountantConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    seed: int = 0
+    device: str = "auto"
+    resume: str | None = None
+    name: str = "run"
+
+    @property
+    def N(self) -> int:
+        n = DATASETS[self.dataset.name][1]
+        return min(n, self.dataset.subset) if self.dataset.subset else n
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+CHOICES = {
+    "dataset.name": sorted(DATASETS),
+    "model.name": ["cnn", "mlp"],
+    "model.projection": ["none", "pca", "random"],
+    "privacy.clipping": ["global", "per_layer"],
+    "privacy.convention": ["joint", "per_tensor"],
+    "privacy.sampling": ["poisson", "shuffle"],
+    "privacy.grad_sample_mode": ["auto", "ghost", "vmap"],
+    "accountant.name": ["moments", "pld", "rdp"],
+}
+GROUPS = {"dataset": DatasetConfig, "model": ModelConfig, "privacy": PrivacyConfig,
+          "accountant": AccountantConfig, "training": TrainingConfig}
+
+
+def _fmt(v: Any) -> str:
+    return "null" if v is None else str(v)
+
+
+def _num(key: str, v: Any, *, integer: bool = False, optional: bool = False, lo=None, lo_open=False,
+         hi=None, hi_open=False):
+    """Coerce a number, refusing bools, strings, NaN/inf and (for integers) fractional values."""
+    if v is None:
+        if optional:
+            return None
+        raise ConfigError(f"{key}=null: a value is required")
+    what = "an integer" if integer else "a number"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ConfigError(f"{key}={_fmt(v)}: must be {what}")
+    if not math.isfinite(v):
+        raise ConfigError(f"{key}={_fmt(v)}: must be a finite number")
+    if integer:
+        if isinstance(v, float) and not v.is_integer():
+            raise ConfigError(f"{key}={_fmt(v)}: must be an integer")
+        v = int(v)
+    else:
+        v = float(v)
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        raise ConfigError(f"{key}={_fmt(v)}: must be {'>' if lo_open else '>='} {lo}")
+    if hi is not None and (v >= hi if hi_open else v > hi):
+        raise ConfigError(f"{key}={_fmt(v)}: must be {'<' if hi_open else '<='} {hi}")
+    return v
+
+
+def _bool(key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key}={_fmt(v)}: must be true or false")
+    return v
+
+
+def _choice(key: str, v: Any) -> str:
+    if v not in CHOICES[key]:
+        raise ConfigError(f"{key}={_fmt(v)}: unknown, must be one of {CHOICES[key]}")
+    return v
+
+
+def _plain(cfg) -> dict:
+    try:
+        from omegaconf import DictConfig, OmegaConf
+        if isinstance(cfg, DictConfig):
+            return OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return dict(cfg)
+
+
+def validate(cfg, *, check_resume_dir: bool = True) -> Config:
+    """The typed ``Config`` of a composed config, or ``ConfigError`` naming the first bad key."""
+    try:
+        raw = _plain(cfg)
+    except Exception as e:  # an interpolation that cannot be resolved, ...
+        raise ConfigError(f"config: {str(e).splitlines()[0]}") from None
+    raw = {k: v for k, v in raw.items() if k != "hydra"}
+    top = {f.name for f in fields(Config)}
+    for k in raw:
+        if k not in top:
+            raise ConfigError(f"{k}: unknown config key (known: {sorted(top)})")
+    groups = {}
+    for g, cls in GROUPS.items():
+        sub = raw.get(g) or {}
+        if not isinstance(sub, dict):
+            raise ConfigError(f"{g}={_fmt(sub)}: must be a config group")
+        names = {f.name for f in fields(cls)}
+        for k in sub:
+            if k not in names:
+                raise ConfigError(f"{g}.{k}: unknown config key (known: {sorted(names)})")
+        groups[g] = cls(**sub)
+    c = Config(**groups, **{k: raw[k] for k in top - set(GROUPS) if k in raw})
+    d, m, p, a, t = c.dataset, c.model, c.privacy, c.accountant, c.training
+
+    # dataset
+    _choice("dataset.name", d.name)
+    full_n = DATASETS[d.name][1]
+    d.subset = _num("dataset.subset", d.subset, integer=True, optional=True, lo=1, hi=full_n)
+    d.crop = _num("dataset.crop", d.crop, integer=True, optional=True, lo=1, hi=32)
+    if d.root is not None and not isinstance(d.root, str):
+        raise ConfigError(f"dataset.root={_fmt(d.root)}: must be a path")
+    d.download = _bool("dataset.download", d.download)
+    N = c.N
+
+    # model
+    _choice("model.name", m.name)
+    if not isinstance(m.hidden, (list, tuple)):
+        raise ConfigError(f"model.hidden={_fmt(m.hidden)}: must be a list of layer widths")
+    m.hidden = [_num(f"model.hidden[{i}]", h, integer=True, lo=1) for i, h in enumerate(m.hidden)]
+    m.bias = _bool("model.bias", m.bias)
+    _choice("model.projection", m.projection)
+    shape = input_shape(d.name, d.crop)
+    in_dim = math.prod(shape)
+    m.pca_dims = _num("model.pca_dims", m.pca_dims, integer=True, lo=0)
+    if m.projection != "none" and m.pca_dims > in_dim:
+        raise ConfigError(f"model.pca_dims={m.pca_dims}: exceeds the input dimension {in_dim} of {d.name}")
+    if m.projection != "none" and m.pca_dims == 0:
+        m.projection = "none"
+    if m.name == "cnn":
+        if shape != (3, 24, 24):
+            raise ConfigError(f"model.name=cnn: needs 3x24x24 images (cifar10/cifar100 with dataset.crop=24), "
+                              f"{d.name} gives {'x'.join(map(str, shape))}")
+        if m.projection != "none":
+            raise ConfigError(f"model.projection={m.projection}: the cnn model takes images; use none")
+    _check_model(c, shape)
+
+    # privacy
+    p.private = _bool("privacy.private", p.private)
+    p.sigma = _num("privacy.sigma", p.sigma, lo=0)
+    p.sigma_p = _num("privacy.sigma_p", p.sigma_p, lo=0)
+    p.clip_norm = _num("privacy.clip_norm", p.clip_norm, lo=0, lo_open=True)
+    p.lot_size = _num("privacy.lot_size", p.lot_size, integer=True, lo=1)
+    if p.lot_size > N:
+        raise ConfigError(f"privacy.lot_size={p.lot_size}: must be <= N={N} (the number of training examples)")
+    p.delta = _num("privacy.delta", p.delta, lo=0, lo_open=True, hi=1, hi_open=True)
+    for k in ("clipping", "convention", "sampling", "grad_sample_mode"):
+        _choice(f"privacy.{k}", getattr(p, k))
+    p.secure_rng = _bool("privacy.secure_rng", p.secure_rng)
+    p.noise_seed = _num("privacy.noise_seed", p.noise_seed, integer=True, optional=True, lo=0)
+    if p.secure_rng and p.noise_seed is not None:
+        raise ConfigError(f"privacy.noise_seed={p.noise_seed}: a fixed noise seed is refused with "
+                          "privacy.secure_rng=true")
+    if p.private and p.sigma == 0:
+        raise ConfigError("privacy.sigma=0.0: a private run needs noise (σ > 0); for a non-private run "
+                          "set privacy.private=false")
+    if p.private and p.sigma_p == 0 and m.projection == "pca":
+        raise ConfigError("privacy.sigma_p=0.0: DP-PCA needs noise (σ_p > 0) in a private run; use "
+                          "model.projection=random|none or privacy.private=false")
+    p.target_epsilon = _num("privacy.target_epsilon", p.target_epsilon, optional=True, lo=0, lo_open=True)
+    if p.target_epsilon is not None and not p.private:
+        raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: a non-private run "
+                          "(privacy.private=false) has no ε to stop at")
+    p.physical_batch_size = _num("privacy.physical_batch_size", p.physical_batch_size, integer=True, lo=1)
+    p.pca_fraction = _num("privacy.pca_fraction", p.pca_fraction, lo=0, lo_open=True, hi=1)
+
+    # accountant
+    _choice("accountant.name", a.name)
+
+    # training
+    t.epochs = _num("training.epochs", t.epochs, integer=True, lo=0)
+    t.lr = _num("training.lr", t.lr, lo=0, lo_open=True)
+    t.lr_end = _num("training.lr_end", t.lr_end, lo=0, lo_open=True)
+    t.lr_saturate_epochs = _num("training.lr_saturate_epochs", t.lr_saturate_epochs, integer=True, lo=0)
+    t.max_steps = _num("training.max_steps", t.max_steps, integer=True, optional=True, lo=1)
+    t.eval_every = _num("training.eval_every", t.eval_every, integer=True, lo=1)
+    t.eval_batch_size = _num("training.eval_batch_size", t.eval_batch_size, integer=True, lo=1)
+    t.checkpoint_every = _num("training.checkpoint_every", t.checkpoint_every, integer=True, lo=0)
+
+    # top level
+    c.seed = _num("seed", c.seed, integer=True, lo=0)
+    if not isinstance(c.name, str) or not c.name or "/" in c.name or c.name.startswith("."):
+        raise ConfigError(f"name={_fmt(c.name)}: must be a non-empty folder name without '/'")
+    if not isinstance(c.device, str) or not (c.device in ("auto", "cpu", "cuda") or c.device.startswith("cuda:")):
+        raise ConfigError(f"device={_fmt(c.device)}: must be auto, cpu, cuda or cuda:N")
+    if c.device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={c.device}: CUDA is not available on this machine (use device=auto or cpu)")
+    if c.resume is not None:
+        if not isinstance(c.resume, str) or not c.resume:
+            raise ConfigError(f"resume={_fmt(c.resume)}: must be a run directory")
+        if check_resume_dir:
+            check_run_dir(c.resume)
+    return c
+
+
+def check_run_dir(path: str) -> Path:
+    """A directory holding a dpsgd run (privacy.json or checkpoint.pt), else ConfigError."""
+    rd = Path(path)
+    if not rd.is_dir():
+        raise ConfigError(f"resume={path}: no such run directory")
+    if not ((rd / "privacy.json").is_file() or (rd / "checkpoint.pt").is_file()):
+        raise ConfigError(f"resume={path}: not a dpsgd run directory (no privacy.json or checkpoint.pt)")
+    return rd
+
+
+def _check_model(c: Config, shape) -> None:
+    """Refuse models that mix examples (BatchNorm, ...), built on the meta device (no memory, no time)."""
+    import torch
+
+    from .models import check_dp_compatible
+    with torch.device("meta"):
+        model = build_model(c.model, shape, DATASETS[c.dataset.name][3])
+    try:
+        check_dp_compatible(model)
+    except ValueError as e:
+        raise ConfigError(f"model.name={c.model.name}: {str(e).splitlines()[0]}") from None
+
+
+def build_model(m: ModelConfig, shape, classes: int):
+    """The network of ``model.*`` for inputs of ``shape`` (after any projection)."""
+    from .models import MLP, CifarCNN
+    if m.name == "cnn":
+        return CifarCNN(num_classes=classes, bias=m.bias)
+    in_features = m.pca_dims if m.projection != "none" else math.prod(shape)
+    return MLP(in_features, tuple(m.hidden), classes, bias=m.bias)
+
+
+def privacy_fingerprint(c: Config) -> dict:
+    """The values a resumed run must share with the original (refused otherwise)."""
+    d, m, p = c.dataset, c.model, c.privacy
+    return {
+        "dataset.name": d.name, "dataset.subset": d.subset, "dataset.crop": d.crop,
+        "model.name": m.name, "model.hidden": list(m.hidden), "model.bias": m.bias,
+        "model.projection": m.projection, "model.pca_dims": m.pca_dims,
+        "privacy.private": p.private, "privacy.sigma": p.sigma, "privacy.sigma_p": p.sigma_p,
+        "privacy.clip_norm": p.clip_norm, "privacy.lot_size": p.lot_size, "q": p.lot_size / c.N,
+        "privacy.delta": p.delta, "privacy.clipping": p.clipping, "privacy.convention": p.convention,
+        "privacy.sampling": p.sampling, "privacy.pca_fraction": p.pca_fraction,
+        "privacy.secure_rng": p.secure_rng, "privacy.noise_seed": p.noise_seed, "seed": c.seed,
+    }
