@@ -35,6 +35,7 @@ class ModelConfig:
     bias: bool = False
     projection: str = "pca"            # pca | random | none
     pca_dims: int = 60                 # 0 = no projection
+    init: str = "paper"                # paper (original code: truncated normal, std 1/sqrt(fan_in)) | torch
 
 
 @dataclass
@@ -98,6 +99,7 @@ CHOICES = {
     "dataset.name": sorted(DATASETS),
     "model.name": ["cnn", "mlp"],
     "model.projection": ["none", "pca", "random"],
+    "model.init": ["paper", "torch"],
     "privacy.clipping": ["global", "per_layer"],
     "privacy.convention": ["joint", "per_tensor"],
     "privacy.sampling": ["poisson", "shuffle"],
@@ -200,6 +202,7 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     m.hidden = [_num(f"model.hidden[{i}]", h, integer=True, lo=1) for i, h in enumerate(m.hidden)]
     m.bias = _bool("model.bias", m.bias)
     _choice("model.projection", m.projection)
+    _choice("model.init", m.init)
     shape = input_shape(d.name, d.crop)
     in_dim = math.prod(shape)
     m.pca_dims = _num("model.pca_dims", m.pca_dims, integer=True, lo=0)
@@ -246,6 +249,16 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
 
     # accountant
     _choice("accountant.name", a.name)
+    if p.private and p.target_epsilon is not None and m.projection == "pca":
+        # The DP-PCA release is charged before the first lot: a target below its cost is unreachable.
+        from .accountant import Ledger
+        led = Ledger()
+        led.record(q=p.pca_fraction, sigma=p.sigma_p, count=1, groups=1, label="pca")
+        eps_pca, _ = led.epsilon(p.delta, accountant=a.name, convention=p.convention)
+        if eps_pca >= p.target_epsilon:
+            raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: the DP-PCA release alone costs "
+                              f"ε={eps_pca:.4g} (σ_p={p.sigma_p}, δ={p.delta:g}, {a.name}); raise the target "
+                              "or privacy.sigma_p")
 
     # training
     t.epochs = _num("training.epochs", t.epochs, integer=True, lo=0)
@@ -302,9 +315,9 @@ def build_model(m: ModelConfig, shape, classes: int):
     """The network of ``model.*`` for inputs of ``shape`` (after any projection)."""
     from .models import MLP, CifarCNN
     if m.name == "cnn":
-        return CifarCNN(num_classes=classes, bias=m.bias)
+        return CifarCNN(num_classes=classes, bias=m.bias, init=m.init)
     in_features = m.pca_dims if m.projection != "none" else math.prod(shape)
-    return MLP(in_features, tuple(m.hidden), classes, bias=m.bias)
+    return MLP(in_features, tuple(m.hidden), classes, bias=m.bias, init=m.init)
 
 
 def privacy_fingerprint(c: Config) -> dict:
@@ -313,7 +326,7 @@ def privacy_fingerprint(c: Config) -> dict:
     return {
         "dataset.name": d.name, "dataset.subset": d.subset, "dataset.crop": d.crop,
         "model.name": m.name, "model.hidden": list(m.hidden), "model.bias": m.bias,
-        "model.projection": m.projection, "model.pca_dims": m.pca_dims,
+        "model.projection": m.projection, "model.pca_dims": m.pca_dims, "model.init": m.init,
         "privacy.private": p.private, "privacy.sigma": p.sigma, "privacy.sigma_p": p.sigma_p,
         "privacy.clip_norm": p.clip_norm, "privacy.lot_size": p.lot_size, "q": p.lot_size / c.N,
         "privacy.delta": p.delta, "privacy.clipping": p.clipping, "privacy.convention": p.convention,

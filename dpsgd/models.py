@@ -65,7 +65,7 @@ def init_weights(model: nn.Module, init: str) -> None:
 class CifarCNN(nn.Module):
     """The paper's CIFAR-10 network: input 3×24×24 → logits."""
 
-    def __init__(self, num_classes: int = 10, bias: bool = True):
+    def __init__(self, num_classes: int = 10, bias: bool = True, init: str = "paper"):
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(3, 64, kernel_size=5, stride=1, padding=2, bias=bias), nn.ReLU(),
@@ -79,6 +79,7 @@ class CifarCNN(nn.Module):
             nn.Linear(384, 384, bias=bias), nn.ReLU(),
             nn.Linear(384, num_classes, bias=bias),
         )
+        init_weights(self, init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1:] != (3, 24, 24):

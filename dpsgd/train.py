@@ -15,6 +15,7 @@ validated before Hydra creates that directory (``main``), so a refused run leave
 from __future__ import annotations
 
 import math
+import secrets
 import shutil
 import sys
 import time
@@ -58,8 +59,13 @@ def lr_at(t, epoch0: int) -> float:
     return t.lr - (t.lr - t.lr_end) * epoch0 / (t.lr_saturate_epochs - 1)
 
 
-def derive_seed(seed: int, stream: str) -> int:
-    """Independent 63-bit seeds per random stream (pca, model, sampler, noise) from one seed."""
+def derive_seed(seed: int, stream: str, secure: bool = False) -> int:
+    """Independent 63-bit seeds per random stream (pca, model, sampler, noise) from one seed.
+
+    With ``secure=True`` (privacy.secure_rng) the seed comes from OS entropy instead, so the lots
+    and the DP-PCA noise cannot be replayed from the (public) config seed."""
+    if secure:
+        return secrets.randbits(63)
     tag = int.from_bytes(stream.encode(), "little")
     return int(np.random.SeedSequence([seed, tag]).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
@@ -195,7 +201,7 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) ->
     # 2. input projection: DP-PCA is the first release charged to the ledger
     ledger = Ledger() if ckpt is None else Ledger.from_dict(ckpt["ledger"])
     if ckpt is None:
-        gen = torch.Generator().manual_seed(derive_seed(c.seed, "pca"))
+        gen = torch.Generator().manual_seed(derive_seed(c.seed, "pca", p.secure_rng))
         V = fit_projection(c.model.projection, Xtr, c.model.pca_dims, p.sigma_p if p.private else 0.0,
                            gen, ledger if p.private else None, p.pca_fraction)
     else:
@@ -221,7 +227,7 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) ->
                expected_lot_size=p.lot_size, lr=t.lr)
     # 5. sampler: the single source of q for the ledger
     sampler = make_sampler(p.sampling, len(Xtr), p.lot_size,
-                           torch.Generator().manual_seed(derive_seed(c.seed, "sampler")))
+                           torch.Generator().manual_seed(derive_seed(c.seed, "sampler", p.secure_rng)))
     epoch, steps, wall_before, resumes = 0, 0, 0.0, []
     if ckpt is not None:
         sampler.load_state_dict(ckpt["sampler"])

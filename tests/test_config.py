@@ -28,6 +28,8 @@ def test_defaults_and_presets_validate():
 
 BAD = [
     (["privacy.sigma=-1"], "privacy.sigma=-1.0: must be >= 0"),
+    (["privacy.target_epsilon=0.5"], "privacy.target_epsilon=0.5: the DP-PCA release alone costs"),
+    (["model.init=xavier"], "model.init"),
     (["privacy.sigma_p=-0.5"], "privacy.sigma_p"),
     (["privacy.sigma=0"], "privacy.sigma=0.0: a private run needs noise"),
     (["privacy.sigma_p=0"], "privacy.sigma_p=0.0"),
