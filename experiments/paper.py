@@ -1,0 +1,168 @@
+"""Rerun every experiment of the paper, then collect results/ and redraw every figure.
+
+    python -m experiments.paper                       # everything (hours on a 2-core CPU)
+    python -m experiments.paper --only presets        # the four §5.2 presets
+    python -m experiments.paper --only sweeps --sweeps lot_size noise
+    python -m experiments.paper --only figure2|collect|figures
+    python -m experiments.paper --dry-run             # print the plan and the expected wall time
+
+Each training job is a subprocess ``python -m dpsgd.train ...`` (presets: ``experiment=<name>``;
+Figure-5 panels: ``-m +sweep=<name>``), at most ``--jobs`` at a time, each with OMP_NUM_THREADS=1
+and its console output in ``outputs/paper_logs/<job>.log``. Runs land in Hydra's own folders
+(``outputs/``, ``multirun/``); ``experiments.collect`` then writes the tidy CSVs into results/.
+
+The expected wall time is printed before anything starts: the number of epochs each job needs
+(from the accountant: lots within the ε budget, or the preset's epoch count) times the seconds per
+epoch measured in the committed results/summary.csv (``--sec-per-epoch`` overrides it).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from dpsgd.accountant import Ledger
+
+from . import claims
+
+ROOT = Path(__file__).resolve().parent.parent
+PRESETS = list(claims.PRESETS)
+SWEEPS = sorted(p.stem for p in (ROOT / "conf" / "sweep").glob("*.yaml"))
+PARTS = ("figure2", "presets", "sweeps", "collect", "figures")
+DEFAULT_SEC_PER_EPOCH = 2.5     # used only when results/summary.csv has no measured runs
+
+
+def _conf(path: Path) -> dict:
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def _epochs_needed(sigma: float, sigma_p: float, L: int, eps: float | None, epochs: int, pca: bool = True,
+                   hidden_scale: float = 1.0, N: int = claims.MNIST_N, groups: int = 2) -> float:
+    """Epochs a run will take: the lots that fit in the ε budget (paper accounting), or ``epochs``."""
+    if eps is None:
+        return float(epochs) * hidden_scale
+    led = Ledger()
+    if pca and sigma_p > 0:
+        led.record(q=1.0, sigma=sigma_p, count=1, groups=1, label="pca")
+    lots = led.steps_within(eps, claims.DELTA, L / N, sigma, groups, "moments", "per_tensor")
+    return min(epochs, lots * L / N) * hidden_scale
+
+
+def plan_jobs(presets: list[str], sweeps: list[str]) -> list[dict]:
+    """[{name, args, epochs}] — ``epochs`` in medium-preset epoch equivalents (for the estimate)."""
+    jobs = []
+    medium = _conf(ROOT / "conf" / "experiment" / "mnist_medium.yaml")
+    for p in presets:
+        c = _conf(ROOT / "conf" / "experiment" / f"{p}.yaml")
+        pr, tr = c.get("privacy", {}), c.get("training", {})
+        private = pr.get("private", True)
+        ep = _epochs_needed(pr.get("sigma", 4.0), pr.get("sigma_p", 7.0), 600,
+                            pr.get("target_epsilon") if private else None, tr.get("epochs", 100))
+        jobs.append({"name": p, "args": [f"experiment={p}"], "epochs": ep})
+    for s in sweeps:
+        c = _conf(ROOT / "conf" / "sweep" / f"{s}.yaml")
+        (key, values), = c["hydra"]["sweeper"]["params"].items()
+        ep = 0.0
+        for v in str(values).replace("],[", "];[").split(";" if "[" in str(values) else ","):
+            sigma, L, scale, pca = medium["privacy"]["sigma"], 600, 1.0, True
+            if key == "privacy.sigma":
+                sigma = float(v)
+            elif key == "privacy.lot_size":
+                L = int(v)
+            elif key == "model.hidden":
+                scale = int(v.strip("[] ")) / 1000
+            elif key.startswith("sweep/projection"):
+                scale = {"none": 3.0, "pca_200": 1.3}.get(v.strip(), 1.0)
+                pca = v.strip().startswith("pca")
+            ep += _epochs_needed(sigma, medium["privacy"]["sigma_p"], L, medium["privacy"]["target_epsilon"],
+                                 medium["training"]["epochs"], pca=pca, hidden_scale=scale)
+        jobs.append({"name": f"sweep_{s}", "args": ["-m", f"+sweep={s}"], "epochs": ep})
+    return jobs
+
+
+def measured_sec_per_epoch(results: Path) -> float | None:
+    """Median seconds per epoch of the committed medium-preset run, if any."""
+    p = results / "runs" / "mnist_medium" / "metrics.csv"
+    if not p.exists():
+        return None
+    import pandas as pd
+    d = pd.read_csv(p)
+    return float(d["epoch_time_s"].median()) if len(d) else None
+
+
+def run_jobs(jobs: list[dict], n_parallel: int, logs: Path, extra: list[str]) -> int:
+    """Run the training jobs, at most ``n_parallel`` at a time; returns the number that failed."""
+    logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    pending, running, failed = list(jobs), [], 0
+    while pending or running:
+        while pending and len(running) < n_parallel:
+            job = pending.pop(0)
+            log = logs / f"{job['name']}.log"
+            cmd = [sys.executable, "-m", "dpsgd.train", *job["args"], *extra]
+            print(f"[{time.strftime('%H:%M:%S')}] start {job['name']}: {' '.join(cmd[1:])}  (log {log})", flush=True)
+            fh = open(log, "a")
+            running.append((job, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT),
+                            fh, time.time()))
+        time.sleep(2)
+        for item in list(running):
+            job, proc, fh, t0 = item
+            if proc.poll() is not None:
+                fh.close()
+                running.remove(item)
+                ok = proc.returncode == 0
+                failed += not ok
+                print(f"[{time.strftime('%H:%M:%S')}] {'done' if ok else 'FAILED'} {job['name']} "
+                      f"(exit {proc.returncode}) in {(time.time() - t0) / 60:.1f} min", flush=True)
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Rerun every experiment, then collect and redraw.")
+    ap.add_argument("--only", choices=PARTS, nargs="+", help="run only these parts (default: all, in order)")
+    ap.add_argument("--presets", nargs="+", choices=PRESETS, default=PRESETS)
+    ap.add_argument("--sweeps", nargs="+", choices=SWEEPS, default=SWEEPS)
+    ap.add_argument("--jobs", type=int, default=2, help="training processes at a time (default 2)")
+    ap.add_argument("--sec-per-epoch", type=float, help="seconds per epoch for the wall-time estimate")
+    ap.add_argument("--results", type=Path, default=ROOT / "results")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and the estimate only")
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every training job (e.g. device=cuda)")
+    args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error("--jobs must be >= 1")
+    parts = args.only or list(PARTS)
+    jobs = ((plan_jobs(args.presets, []) if "presets" in parts else [])
+            + (plan_jobs([], args.sweeps) if "sweeps" in parts else []))
+    spe = args.sec_per_epoch or measured_sec_per_epoch(args.results) or DEFAULT_SEC_PER_EPOCH
+    total = sum(j["epochs"] for j in jobs)
+    longest = max((j["epochs"] for j in jobs), default=0.0)
+    wall = max(total / args.jobs, longest) * spe
+    print(f"plan: {', '.join(parts)}")
+    for j in jobs:
+        print(f"  {j['name']:22s} ≈ {j['epochs']:6.0f} epoch-equivalents  python -m dpsgd.train {' '.join(j['args'])}")
+    print(f"expected wall time: ≈ {wall / 3600:.1f} h for training ({total:.0f} epoch-equivalents at "
+          f"{spe:.2f} s/epoch, {args.jobs} at a time) + ~1 min for figure2, collect and figures")
+    if args.dry_run:
+        return 0
+    t0 = time.time()
+    if "figure2" in parts:
+        subprocess.run([sys.executable, "-m", "experiments.figure2", "--out", str(args.results / "figure2.csv")],
+                       cwd=ROOT, check=True)
+    failed = run_jobs(jobs, args.jobs, ROOT / "outputs" / "paper_logs", args.overrides) if jobs else 0
+    if "collect" in parts:
+        subprocess.run([sys.executable, "-m", "experiments.collect", "--results", str(args.results)],
+                       cwd=ROOT, check=True)
+    if "figures" in parts:
+        subprocess.run([sys.executable, "-m", "experiments.figures", "--results", str(args.results)],
+                       cwd=ROOT, check=True)
+    print(f"experiments.paper: done in {(time.time() - t0) / 60:.1f} min, {failed} training job(s) failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Experiments: Figure-5 sweep files compose and run, output folders never collide, figures and
+results/README.md regenerate from the committed CSVs, and the numbers there are the CSVs' numbers."""
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from dpsgd.accountant import Ledger
+from dpsgd.config import validate
+from dpsgd.train import _compose
+from experiments import claims, collect, figure2, figures, readme
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "results"
+SWEEPS = sorted(p.stem for p in (REPO / "conf" / "sweep").glob("*.yaml"))
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
+def _sweep_values(name):
+    c = yaml.safe_load((REPO / "conf" / "sweep" / f"{name}.yaml").read_text())
+    (key, values), = c["hydra"]["sweeper"]["params"].items()
+    values = str(values)
+    vals = re.findall(r"\[[^\]]*\]", values) if values.startswith("[") else values.split(",")
+    return key, [v.strip() for v in vals]
+
+
+def _multirun(sweep_dir, *args, timeout=600):
+    cmd = [sys.executable, "-m", "dpsgd.train", "-m", *args, "device=cpu", f"hydra.sweep.dir={sweep_dir}"]
+    res = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
+# ------------------------------------------------------------------------------- sweep files
+def test_every_figure5_panel_has_a_sweep_file():
+    assert set(claims.FIGURE5_PANELS) <= set(SWEEPS)
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_sweep_file_composes_and_validates_every_value(name):
+    """Each value of each sweep composes on top of the medium preset and passes config validation."""
+    key, values = _sweep_values(name)
+    assert len(values) >= 3
+    for v in values:
+        c = validate(_compose([f"+sweep={name}", f"{key}={v}"]))
+        assert c.name == f"fig5_{name}"
+        assert c.privacy.target_epsilon == claims.FIGURE5_BUDGET["epsilon"]      # run to the (2, 1e-5) budget
+        assert c.privacy.delta == claims.FIGURE5_BUDGET["delta"]
+        assert c.privacy.convention == "per_tensor" and c.privacy.sampling == "poisson"
+        others = {"sigma": 4.0, "sigma_p": 7.0, "clip_norm": 4.0, "lot_size": 600}   # the medium preset
+        for k, want in others.items():
+            if not key.endswith(k):
+                assert getattr(c.privacy, k) == want, (name, v, k)
+    if name == "lot_size":   # the paper's √N ≈ 245 and its L = 600 (the latter via the medium preset run)
+        assert "245" in values
+    if name == "pca_dims":
+        labels = {collect.panel_value("pca_dims", validate(_compose([f"+sweep={name}", f"{key}={v}"])).to_dict())[1]
+                  for v in values}
+        assert {"none", "random 60"} <= labels
+
+
+def test_pca_sweep_multirun_runs_and_folders_never_collide(tmp_path):
+    """A real multirun of the trickiest sweep file (a config-group sweep), two seeds, tiny mode:
+    every (value, seed) gets its own folder, and collect turns them into Figure-5 rows."""
+    key, values = _sweep_values("pca_dims")
+    _multirun(tmp_path / "mr", "+sweep=pca_dims", "dataset.subset=1000", "training.max_steps=1", "seed=0,1")
+    runs = sorted(p.parent for p in (tmp_path / "mr").rglob("metrics.csv"))
+    assert len(runs) == 2 * len(values) == len(set(runs))
+    written = collect.collect([tmp_path / "mr"], tmp_path / "res", include_tiny=True, hardware="test")
+    f5 = pd.read_csv(tmp_path / "res" / "figure5.csv")
+    assert written["figure5.csv"] == len(f5) == 2 * len(values)
+    assert sorted(f5["seed"].unique()) == [0, 1] and f5["run"].is_unique
+    assert {"none", "random 60", "20"} <= set(f5["value"].astype(str))
+    assert (f5["steps"] == 1).all() and (f5["stop_reason"] == "max_steps").all()
+    # no projection and the random projection release nothing but SGD lots; DP-PCA also charges σ_p
+    by = f5.set_index(f5["value"].astype(str))
+    assert by.loc["none", "epsilon"].iloc[0] < by.loc["20", "epsilon"].iloc[0]
+
+
+@pytest.mark.slow
+def test_every_sweep_file_runs_in_tiny_mode(tmp_path):
+    """Every sweep file as a real multirun: all values, 2 lots each, on a 3000-example subset."""
+    for name in SWEEPS:
+        _, values = _sweep_values(name)
+        _multirun(tmp_path / name, f"+sweep={name}", "dataset.subset=3000", "training.max_steps=2")
+        assert len(list((tmp_path / name).rglob("metrics.csv"))) == len(values), name
+
+
+def test_hydra_folders_include_seed_and_job_number():
+    cfg = yaml.safe_load((REPO / "conf" / "config.yaml").read_text())
+    sub = cfg["hydra"]["sweep"]["subdir"]
+    assert "${hydra.job.num}" in sub and "${seed}" in sub
+    assert "${seed}" in cfg["hydra"]["run"]["dir"] and "%f" in cfg["hydra"]["run"]["dir"]
+
+
+# ------------------------------------------------------------------------------- collect
+def test_figure4_recomputes_the_runs_own_epsilon(tmp_path):
+    """ε rebuilt from privacy.json's ledger truncated to an epoch's lots equals the ε the run logged."""
+    run = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-m", "dpsgd.train", "experiment=mnist_medium", "dataset.subset=2000",
+                          "privacy.lot_size=200", "training.max_steps=12", "device=cpu", f"hydra.run.dir={run}"],
+                         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    r = collect.load_run(run)
+    rows = pd.DataFrame(collect.figure4_rows("mnist_medium", r))
+    m = r["metrics"]
+    assert len(m) >= 2                                     # 10 lots per epoch: 2 epochs
+    for e in m.itertuples():
+        got = rows[(rows.epoch == e.epoch) & (rows.delta == 1e-5)].set_index(["accountant", "convention"])["epsilon"]
+        assert got[("moments", "per_tensor")] == pytest.approx(e.epsilon_moments, rel=1e-12)
+        assert got[("moments", "joint")] == pytest.approx(e.epsilon_moments_joint, rel=1e-12)
+        assert got[("pld", "joint")] == pytest.approx(e.epsilon_pld_joint, rel=1e-9)
+    assert set(rows["delta"]) == set(claims.FIGURE4_DELTAS)
+    # a larger δ never costs more ε
+    g = rows[(rows.accountant == "moments") & (rows.convention == "per_tensor")].sort_values(["epoch", "delta"])
+    assert (g.groupby("epoch")["epsilon"].diff().dropna() <= 1e-12).all()
+
+
+def test_ledger_prefix_keeps_the_pca_release():
+    entries = [{"q": 1.0, "sigma": 7.0, "count": 1, "groups": 1, "label": "pca"},
+               {"q": 0.01, "sigma": 4.0, "count": 300, "groups": 2, "label": "sgd"}]
+    pre = collect.ledger_prefix(entries, 120)
+    assert [(e.label, e.count) for e in pre] == [("pca", 1), ("sgd", 120)]
+    assert Ledger(pre).steps == 121
+
+
+# ------------------------------------------------------------------------------- figure 2
+def test_figure2_compute_small_grid():
+    df = figure2.compute(max_epochs=4, every=2, pld_every=2)
+    assert set(df["curve"]) == set(figure2.CURVES)
+    assert not df[df.curve == "strong_composition_paper"]["valid_bound"].any()
+    e = df[df.epoch == 4].set_index("curve")["epsilon"]
+    assert e["pld"] <= e["rdp_improved"] <= e["moments"] < e["strong_composition_paper"]
+
+
+def test_committed_figure2_is_the_accountants_output_and_pins_the_paper():
+    f2 = pd.read_csv(RESULTS / "figure2.csv")
+    assert f2["epoch"].max() == 400 and set(f2["curve"]) == set(figure2.CURVES)
+    at = f2.set_index(["curve", "epoch"])["epsilon"]
+    # the paper's stated values (§3.1): E = 100 → 1.26 (moments), 9.34 (strong composition, paper variant)
+    assert at[("moments", 100)] == pytest.approx(1.26, abs=0.01)
+    assert at[("strong_composition_paper", 100)] == pytest.approx(9.34, abs=0.05)
+    assert at[("moments", 400)] == pytest.approx(2.55, abs=0.05)
+    # recomputed now from the accountant: the CSV is its output, not typed in
+    for curve, e in [("moments", 100), ("pld", 400), ("rdp_improved", 250), ("strong_composition_valid", 100)]:
+        assert at[(curve, e)] == pytest.approx(figure2.epsilon(curve, e * 100)[0], rel=1e-9)
+
+
+# ------------------------------------------------------------------------------- figures + README
+def test_figures_redraw_from_committed_csvs(tmp_path):
+    """`make figures` on a copy of results/: every CSV present gives its PNG and PDF, and the
+    regenerated README.md is byte-identical to the committed one (it is generated, never hand-edited)."""
+    res = tmp_path / "results"
+    shutil.copytree(RESULTS, res, ignore=shutil.ignore_patterns("figures"))
+    rc = figures.main(["--results", str(res)])
+    assert rc == 0
+    for csv, draw in figures.DRAWERS:
+        if (RESULTS / csv).exists():
+            name = "privacy_utility" if csv == "summary.csv" else csv[:-4]
+            for ext in ("png", "pdf"):
+                assert (res / "figures" / f"{name}.{ext}").stat().st_size > 1000
+    committed = (RESULTS / "README.md").read_text(encoding="utf-8")
+    # the image list depends on which PNGs exist; compare with the committed figures in place
+    assert readme.render(RESULTS) == committed
+
+
+def test_readme_numbers_come_from_the_csvs():
+    text = (RESULTS / "README.md").read_text(encoding="utf-8")
+    f2 = pd.read_csv(RESULTS / "figure2.csv").set_index(["curve", "epoch"])["epsilon"]
+    row = next(l for l in text.splitlines() if l.startswith("| ε at E = 100, moments"))
+    assert f"| 1.26 | {f2[('moments', 100)]:.2f} |" in row
+    row = next(l for l in text.splitlines() if l.startswith("| ε at E = 100, strong composition paper"))
+    assert "not a valid bound" in row and f"| 9.34 | {f2[('strong_composition_paper', 100)]:.2f} |" in row
+    row = next(l for l in text.splitlines() if l.startswith("| ε at E = 400, PLD"))
+    assert f"{f2[('pld', 400)]:.2f}" in row
+    summary = RESULTS / "summary.csv"
+    if summary.exists():
+        s = pd.read_csv(summary)
+        for r in s[s.kind == "preset"].itertuples():
+            line = next(l for l in text.splitlines() if l.startswith(f"| {r.preset} |"))
+            assert f"{100 * r.test_accuracy:.2f} %" in line
+            if math.isfinite(r.epsilon):
+                assert f"| {r.epsilon:.2f} |" in line
+    f5 = RESULTS / "figure5.csv"
+    if f5.exists():
+        df = pd.read_csv(f5)
+        for c in claims.FIGURE5_CLAIMS:
+            if c["panel"] in set(df["panel"]):
+                line = next(l for l in text.splitlines() if l.startswith(f"| {c['panel']} | {c['paper']}"))
+                assert readme.figure5_ours(df, c) in line
+
+
+def test_paper_dry_run_prints_plan_and_wall_time(capsys):
+    from experiments import paper
+    assert paper.main(["--dry-run", "--sec-per-epoch", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "expected wall time" in out and "+sweep=lot_size" in out and "experiment=mnist_small" in out
