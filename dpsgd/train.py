@@ -77,6 +77,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 @torch.no_grad()
+@torch.no_grad()
 def evaluate(model, X, y, batch_size: int) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) on (X, y), eval mode, batched."""
     was = model.training
