@@ -53,7 +53,7 @@ class PrivacyConfig:
     secure_rng: bool = False
     noise_seed: int | None = None      # None: derived from seed
     target_epsilon: float | None = None
-    physical_batch_size: int = 600
+    physical_batch_size: int | None = None   # None: the whole lot in one forward/backward
     pca_fraction: float = 1.0          # DP-PCA sampling rate
 
 
@@ -244,7 +244,8 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     if p.target_epsilon is not None and not p.private:
         raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: a non-private run "
                           "(privacy.private=false) has no ε to stop at")
-    p.physical_batch_size = _num("privacy.physical_batch_size", p.physical_batch_size, integer=True, lo=1)
+    p.physical_batch_size = _num("privacy.physical_batch_size", p.physical_batch_size, integer=True,
+                                 optional=True, lo=1)
     p.pca_fraction = _num("privacy.pca_fraction", p.pca_fraction, lo=0, lo_open=True, hi=1)
 
     # accountant

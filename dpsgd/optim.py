@@ -44,8 +44,12 @@ class DPSGD:
     def set_lr(self, lr: float) -> None:
         self.lr = float(lr)
 
-    def noisy_gradient(self, x: torch.Tensor, y: torch.Tensor, physical_batch_size: int):
-        """g̃_t = (Σ_i clip(g_i) + N(0, σ²C²)) / L for one lot; returns (grads, loss_sum, lot_size)."""
+    def noisy_gradient(self, x: torch.Tensor, y: torch.Tensor, physical_batch_size: int | None = None):
+        """g̃_t = (Σ_i clip(g_i) + N(0, σ²C²)) / L for one lot; returns (grads, loss_sum, lot_size).
+
+        ``physical_batch_size`` bounds the examples per forward/backward (memory only; None = the
+        whole lot at once)."""
+        physical_batch_size = physical_batch_size or max(1, len(x))
         total = None                       # Σ_i clip(g_i), accumulated over physical batches
         loss_sum = 0.0
         for start in range(0, len(x), physical_batch_size):
@@ -65,7 +69,7 @@ class DPSGD:
                 g.add_(self.noise.sample(g.shape, std, dtype=g.dtype)).div_(self.L)
         return total, loss_sum, len(x)
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, physical_batch_size: int) -> dict:
+    def step(self, x: torch.Tensor, y: torch.Tensor, physical_batch_size: int | None = None) -> dict:
         """One lot of Algorithm 1. Returns {'loss_sum', 'lot_size'} for logging."""
         grads, loss_sum, lot_size = self.noisy_gradient(x, y, physical_batch_size)
         with torch.no_grad():

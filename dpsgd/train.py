@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from .checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, atomic_write_text, check_resumable,
                          fingerprint_hash,
                          load_checkpoint, save_checkpoint, write_json)
+from .runtime import tune_allocator
 from .config import Config, ConfigError, build_model, check_run_dir, privacy_fingerprint, validate
 from .data import DATASETS, DataUnavailable, ensure_dataset, load_dataset
 
@@ -447,6 +448,7 @@ def _task(cfg) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     import hydra
+    tune_allocator()  # speed only: glibc keeps per-step buffers instead of re-faulting them
     args = list(sys.argv[1:] if argv is None else argv)
     if not any(a.startswith("-") for a in args):  # a single run: validate before Hydra makes a folder
         try:
