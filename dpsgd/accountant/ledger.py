@@ -80,13 +80,7 @@ def _eps_from_total(accountant, total, delta, conversion):
         eps = (total - log_d) / _LAMBDAS                         # Abadi et al. 2016, Thm 2.2
         i = int(np.argmin(eps))
         return float(eps[i]), int(_LAMBDAS[i])
-    if conversion == "paper":
-        eps = total - log_d / (_ORDERS - 1.0)
-    else:
-        eps = total + np.log1p(-1.0 / _ORDERS) - (log_d + np.log(_ORDERS)) / (_ORDERS - 1.0)
-        eps = np.where(delta * delta + np.expm1(-total) > 0, 0.0, eps)
-    i = int(np.argmin(eps))
-    return max(0.0, float(eps[i])), float(_ORDERS[i])
+    return _rdp._rdp_to_epsilon(_ORDERS, total, delta, conversion)
 
 
 class Ledger:

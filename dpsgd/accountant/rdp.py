@@ -152,6 +152,11 @@ def rdp_to_epsilon(orders, rdp, delta: float, conversion: str = "improved"):
         raise ValueError(f"rdp must have one value per order, got {r.shape} for {a.shape} orders")
     if np.any(np.isnan(r)) or np.any(r < 0):
         raise ValueError(f"rdp must be >= 0 and not NaN, got rdp={r!r}")
+    return _rdp_to_epsilon(a, r, delta, conversion)
+
+
+def _rdp_to_epsilon(a: np.ndarray, r: np.ndarray, delta: float, conversion: str):
+    """The conversion itself, arguments already validated (also the ledger's per-epoch fast path)."""
     log_d = math.log(delta)
     if conversion == "paper":
         eps = r - log_d / (a - 1.0)
