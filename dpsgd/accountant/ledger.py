@@ -75,11 +75,8 @@ _ORDERS = np.asarray(_rdp.DEFAULT_ORDERS, dtype=float)
 
 def _eps_from_total(accountant, total, delta, conversion):
     """Fast path of moments.epsilon_from_log_moments / rdp.rdp_to_epsilon (arguments already valid)."""
-    log_d = math.log(delta)
     if accountant == "moments":
-        eps = (total - log_d) / _LAMBDAS                         # Abadi et al. 2016, Thm 2.2
-        i = int(np.argmin(eps))
-        return float(eps[i]), int(_LAMBDAS[i])
+        return _moments._epsilon_from_log_moments(total, _LAMBDAS, delta)   # Abadi et al. 2016, Thm 2.2
     return _rdp._rdp_to_epsilon(_ORDERS, total, delta, conversion)
 
 

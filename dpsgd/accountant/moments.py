@@ -58,6 +58,11 @@ def epsilon_from_log_moments(total_log_moments, delta: float, lambdas=PAPER_LAMB
     a = np.asarray(total_log_moments, dtype=float)
     if a.shape != lam.shape:
         raise ValueError(f"total_log_moments must have one value per lambda, got {a.shape} for {lam.shape}")
+    return _epsilon_from_log_moments(a, lam, delta)
+
+
+def _epsilon_from_log_moments(a: np.ndarray, lam: np.ndarray, delta: float):
+    """The tail bound itself, arguments already validated (also the ledger's per-epoch fast path)."""
     eps = (a + math.log(1.0 / delta)) / lam
     i = int(np.argmin(eps))
     return float(eps[i]), int(lam[i])
