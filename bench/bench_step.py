@@ -15,14 +15,20 @@ Peak memory: CUDA — torch.cuda.max_memory_allocated() during one step minus th
 it. CPU — in a fresh child process per (model, method), with MALLOC_MMAP_THRESHOLD_=64 KiB so that
 freed tensors leave the resident set, after one warm-up step on a single example (library
 initialisation): peak resident set (VmHWM) during one step on the lot minus the resident set
-before it. This counts activations, gradients, per-example buffers and what the step keeps
-(e.g. Opacus' grad_sample), not the model or the data.
+before it. Before that baseline every parameter's .grad (and Opacus' grad_sample) from the warm-up is dropped,
+so each method's step is measured from the same state and its own gradient buffers are counted
+(a non-private step's .grad included). This counts activations, gradients, per-example buffers
+and what the step keeps, not the model or the data.
+
+Timing runs in a process tuned as training is (``dpsgd.runtime.tune_allocator``: glibc keeps
+freed per-step buffers instead of re-faulting them; it applies to every method alike).
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import csv
+import gc
 import os
 import statistics
 import subprocess
@@ -36,6 +42,7 @@ import torch.nn.functional as F
 
 from dpsgd.clipping import PerExampleClipper
 from dpsgd.models import MLP, CifarCNN
+from dpsgd.runtime import tune_allocator
 
 COLUMNS = ["method", "model", "device", "lot", "examples_per_s", "ratio_to_nonprivate",
            "peak_mem_mb", "step_ms", "reps", "threads"]
@@ -140,8 +147,19 @@ def _status_kb(key):
     raise KeyError(key)
 
 
-def peak_mem_mb(step, x, y, dev):
+def drop_step_state(model):
+    """Free what a previous step left on the parameters (.grad, Opacus' grad_sample), so that every
+    method's step is measured from the same state and its own gradient buffers are counted."""
+    for p in model.parameters():
+        for attr in ("grad", "grad_sample", "summed_grad"):
+            if getattr(p, attr, None) is not None:
+                setattr(p, attr, None)
+    gc.collect()
+
+
+def peak_mem_mb(step, x, y, dev, model):
     """CUDA: peak allocated during one step above what was allocated before it."""
+    drop_step_state(model)
     sync(dev)
     base = torch.cuda.memory_allocated(dev)
     torch.cuda.reset_peak_memory_stats(dev)
@@ -183,7 +201,8 @@ def mem_child(spec, quick):
     model = factory()
     x, y = torch.randn((lot,) + shape), torch.randint(0, 10, (lot,))
     step = build(method, model, lot)
-    step(x[:1], y[:1])             # initialise libraries and caches; leaves ~no state behind
+    step(x[:1], y[:1])             # initialise libraries and caches
+    drop_step_state(model)
     Path("/proc/self/clear_refs").write_text("5")          # VmHWM := current RSS
     base = _status_kb("VmRSS")
     step(x, y)
@@ -195,10 +214,11 @@ def run_model(name, factory, in_shape, lot, dev, methods, reps, warmup, log, qui
     base = factory().to(dev)
     x = torch.randn((lot,) + in_shape, device=dev)
     y = torch.randint(0, 10, (lot,), device=dev)
-    steps = {}
+    steps, nets = {}, {}
     for m in methods:
         try:
-            steps[m] = build(m, copy.deepcopy(base), lot)
+            nets[m] = copy.deepcopy(base)
+            steps[m] = build(m, nets[m], lot)
         except Exception as e:                        # e.g. Opacus missing or incompatible
             log(f"  {m}: unavailable ({type(e).__name__}: {e})")
     times = {m: [] for m in steps}
@@ -215,7 +235,7 @@ def run_model(name, factory, in_shape, lot, dev, methods, reps, warmup, log, qui
         log(f"  rep {r + 1}/{warmup + reps}: " + ", ".join(
             f"{m} {1e3 * times[m][-1]:.1f} ms" for m in times if times[m] and r >= warmup))
     if dev.type == "cuda":
-        mem = {m: peak_mem_mb(step, x, y, dev) for m, step in steps.items()}
+        mem = {m: peak_mem_mb(step, x, y, dev, nets[m]) for m, step in steps.items()}
     else:
         log("  peak memory (child processes) ...")
         mem = {m: cpu_peak_mem_mb(name, m, lot, quick) for m in steps}
@@ -249,6 +269,9 @@ def main(argv=None):
                     help="torch CPU threads (default 1: the machine is shared; 0 = torch default)")
     ap.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     ap.add_argument("--lot", type=int, default=None, help="lot for the MLPs (default 600)")
+    ap.add_argument("--lots", default=None,
+                    help="comma list of MLP lots to scan (e.g. up to the largest that fits on a GPU); "
+                         "a lot that runs out of memory is reported and ends the scan")
     ap.add_argument("--cnn-lot", type=int, default=None, help="lot for the CNN (default 600; quick 64)")
     ap.add_argument("--models", default="all", help="comma list of model names, or all")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma list of methods")
@@ -265,6 +288,7 @@ def main(argv=None):
         ap.error("--reps must be >= 1 and --warmup >= 0")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    tuned = tune_allocator()
     dev = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                        else ("cpu" if args.device == "auto" else args.device))
     methods = [m for m in args.methods.split(",") if m]
@@ -284,12 +308,29 @@ def main(argv=None):
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    if args.lots:
+        chosen = [c for c in chosen if c[0] != "cifar_cnn"] if args.models == "all" else chosen
+        scan = []
+        for name, factory, shape, _ in chosen:
+            for lot in (int(v) for v in args.lots.split(",")):
+                scan.append((name, factory, shape, lot))
+        chosen = scan
     log(f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}, "
-        f"reps {reps} after {warmup} warm-up")
-    rows = []
+        f"reps {reps} after {warmup} warm-up, allocator tuned: {tuned}")
+    rows, oom = [], set()
     for name, factory, shape, lot in chosen:
+        if name in oom:
+            continue
         log(f"{name} (lot {lot})")
-        rows += run_model(name, factory, shape, lot, dev, methods, reps, warmup, log, args.quick)
+        try:
+            got = run_model(name, factory, shape, lot, dev, methods, reps, warmup, log, args.quick)
+            rows += got
+            if args.lots and not any(r["method"] != "nonprivate" for r in got):
+                oom.add(name)                         # no DP method ran at this lot: end the scan
+        except torch.OutOfMemoryError as e:
+            log(f"  out of memory at lot {lot}: {str(e).splitlines()[0]}")
+            oom.add(name)
+            torch.cuda.empty_cache()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")

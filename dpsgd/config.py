@@ -83,6 +83,7 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     seed: int = 0
     device: str = "auto"
+    tf32: bool = False
     resume: str | None = None
     name: str = "run"
 
@@ -277,6 +278,8 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
         raise ConfigError(f"name={_fmt(c.name)}: must be a non-empty folder name without '/'")
     if not isinstance(c.device, str) or not (c.device in ("auto", "cpu", "cuda") or c.device.startswith("cuda:")):
         raise ConfigError(f"device={_fmt(c.device)}: must be auto, cpu, cuda or cuda:N")
+    if not isinstance(c.tf32, bool):
+        raise ConfigError(f"tf32={_fmt(c.tf32)}: must be true or false")
     if c.device.startswith("cuda"):
         import torch
         if not torch.cuda.is_available():

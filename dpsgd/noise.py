@@ -20,6 +20,9 @@ import numpy as np
 import torch
 
 
+CHUNK = {"cpu": 1 << 16}           # elements drawn at once by add_ (other devices: whole tensor)
+
+
 class GaussianNoise:
     """Draws N(0, std²) tensors from a seeded generator or from OS entropy."""
 
@@ -55,6 +58,27 @@ class GaussianNoise:
             return torch.from_numpy(z * std).reshape(shape).to(device=self.device, dtype=dtype)
         return torch.normal(0.0, float(std), size=tuple(shape), generator=self.generator,
                             device=self.device, dtype=dtype)
+
+    def add_(self, t: torch.Tensor, std: float) -> torch.Tensor:
+        """t += N(0, std² I) in place, drawn in chunks into a small reusable buffer on CPU.
+
+        The same draws as ``sample`` would give for the same shapes in the seeded mode up to how
+        the stream is cut; no noise tensor of t's size is ever allocated (memory of the DP step)."""
+        if std == 0 or t.numel() == 0:
+            return t
+        flat = t.view(-1) if t.is_contiguous() else None
+        if flat is None or self.secure:
+            return t.add_(self.sample(t.shape, std, dtype=t.dtype))
+        chunk = min(flat.numel(), CHUNK.get(t.device.type, flat.numel()))
+        key = (t.dtype, t.device)
+        if getattr(self, "_scratch", None) is None or self._scratch[0] != key or self._scratch[1].numel() < chunk:
+            self._scratch = (key, torch.empty(chunk, dtype=t.dtype, device=t.device))
+        buf = self._scratch[1]
+        for s in range(0, flat.numel(), chunk):
+            z = buf[:min(chunk, flat.numel() - s)]
+            z.normal_(0.0, float(std), generator=self.generator)
+            flat[s:s + z.numel()].add_(z)
+        return t
 
     # --- checkpointing -------------------------------------------------------------------------
     def state_dict(self) -> dict:

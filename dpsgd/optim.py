@@ -49,9 +49,17 @@ class DPSGD:
 
         ``physical_batch_size`` bounds the examples per forward/backward (memory only; None = the
         whole lot at once)."""
+        total, loss_sum, lot_size = self._noisy_sum(x, y, physical_batch_size)
+        with torch.no_grad():
+            for g in total.values():
+                g.div_(self.L)
+        return total, loss_sum, lot_size
+
+    def _noisy_sum(self, x, y, physical_batch_size):
+        """Σ_i clip(g_i) + N(0, σ²C²) per parameter (noise added in place, no division yet)."""
         physical_batch_size = physical_batch_size or max(1, len(x))
         total = None                       # Σ_i clip(g_i), accumulated over physical batches
-        loss_sum = 0.0
+        loss_sum = None                    # Σ_i loss_i as a tensor: no device sync per step
         for start in range(0, len(x), physical_batch_size):
             res = self.clipper.clipped_sum(x[start:start + physical_batch_size],
                                            y[start:start + physical_batch_size])
@@ -60,19 +68,22 @@ class DPSGD:
             else:
                 for n, g in res.grads.items():
                     total[n].add_(g)
-            loss_sum += res.loss_sum
+            loss_sum = res.loss_sum if loss_sum is None else loss_sum + res.loss_sum
         if total is None:                  # empty lot: the step is the noise alone
             total = {n: torch.zeros_like(p) for n, p in self.params.items()}
-        std = self.sigma * self.C
+            loss_sum = torch.zeros((), device=x.device)
         with torch.no_grad():
-            for n, g in total.items():
-                g.add_(self.noise.sample(g.shape, std, dtype=g.dtype)).div_(self.L)
+            for g in total.values():
+                self.noise.add_(g, self.sigma * self.C)
         return total, loss_sum, len(x)
 
     def step(self, x: torch.Tensor, y: torch.Tensor, physical_batch_size: int | None = None) -> dict:
-        """One lot of Algorithm 1. Returns {'loss_sum', 'lot_size'} for logging."""
-        grads, loss_sum, lot_size = self.noisy_gradient(x, y, physical_batch_size)
+        """One lot of Algorithm 1: θ ← θ − (η/L)(Σ_i clip(g_i) + N(0, σ²C²)).
+
+        The division by L is folded into the update (one pass less over the parameters).
+        Returns {'loss_sum' (0-dim tensor, on the model's device), 'lot_size'} for logging."""
+        total, loss_sum, lot_size = self._noisy_sum(x, y, physical_batch_size)
         with torch.no_grad():
             for n, p in self.params.items():
-                p.add_(grads[n], alpha=-self.lr)
+                p.add_(total[n], alpha=-self.lr / self.L)
         return {"loss_sum": loss_sum, "lot_size": lot_size}

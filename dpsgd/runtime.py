@@ -1,4 +1,4 @@
-"""Process-level CPU tuning that changes speed, never results.
+"""Process-level settings: CPU allocator tuning (speed only) and GPU TF32 math (speed vs precision).
 
 glibc returns freed blocks above ``M_MMAP_THRESHOLD`` / at the top of the heap above
 ``M_TRIM_THRESHOLD`` to the operating system. A DP-SGD step allocates and frees the same
@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from contextlib import contextmanager
 
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 
@@ -29,3 +30,34 @@ def tune_allocator() -> bool:
     ok &= mallopt(_M_TRIM_THRESHOLD, 1 << 30)
     ok &= mallopt(_M_TOP_PAD, 64 << 20)
     return bool(ok)
+
+
+def set_tf32(enabled) -> tuple[bool, bool] | None:
+    """TF32 tensor-core math for float32 matmuls and cuDNN convolutions on Ampere+ GPUs.
+
+    PyTorch enables it for cuDNN convolutions by default. Its 10-bit mantissa puts ~1e-3 relative
+    error into per-example norms and clipped sums, so each clipped gradient's norm is C only to that
+    precision; dpsgd turns it off unless the config asks for it (``tf32=true``). No effect on CPU.
+    ``enabled`` is a bool or a (matmul, cudnn) pair; returns the previous pair, or None when the
+    process chose precisions through the newer ``fp32_precision`` API (then nothing is changed).
+    """
+    import torch
+
+    matmul, cudnn = (enabled, enabled) if isinstance(enabled, bool) else enabled
+    try:
+        before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = bool(matmul), bool(cudnn)
+    except RuntimeError:
+        return None
+    return before
+
+
+@contextmanager
+def ieee_float32(active: bool = True):
+    """TF32 off inside the block (when active), restored after it."""
+    before = set_tf32(False) if active else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            set_tf32(before)

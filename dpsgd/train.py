@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from .checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, atomic_write_text, check_resumable,
                          fingerprint_hash,
                          load_checkpoint, save_checkpoint, write_json)
-from .runtime import tune_allocator
+from .runtime import set_tf32, tune_allocator
 from .config import Config, ConfigError, build_model, check_run_dir, privacy_fingerprint, validate
 from .data import DATASETS, DataUnavailable, ensure_dataset, load_dataset
 
@@ -196,6 +196,7 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) ->
         raise ConfigError(f"hydra.run.dir={run_dir}: already holds a run; never overwritten (use resume={run_dir})")
 
     device = resolve_device(c.device)
+    set_tf32(c.tf32)
     # 1. data (in-memory tensors)
     Xtr, ytr, Xte, yte = load_dataset(c.dataset.name, c.dataset.root, c.dataset.subset, c.dataset.crop,
                                       download=c.dataset.download)
@@ -277,7 +278,7 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) ->
             t_epoch = time.time()
             lr = lr_at(t, epoch)
             dp.set_lr(lr)
-            lots, loss_sum, seen = 0, 0.0, 0
+            lots, loss_sum, seen = 0, torch.zeros((), device=device), 0
             for i, idx in enumerate(sampler.epoch()):
                 if t.max_steps is not None and steps >= t.max_steps:
                     stop_reason = "max_steps"
@@ -306,7 +307,7 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) ->
             else:
                 ev = (math.nan, math.nan, math.nan)
             now = time.time()
-            row = _row(epoch, steps, lr, loss_sum / max(1, seen), ev, eps, c, sampler, clipper, k,
+            row = _row(epoch, steps, lr, float(loss_sum) / max(1, seen), ev, eps, c, sampler, clipper, k,
                        now - t_epoch, wall_before + now - t_start)
             writer.append(row)
             _progress(row, c)

@@ -63,6 +63,7 @@ BAD = [
     (["dataset.subset=0"], "dataset.subset"),
     (["seed=-1"], "seed"),
     (["device=tpu"], "device"),
+    (["tf32=sometimes"], "tf32"),
     (["resume=/nonexistent/run"], "resume=/nonexistent/run: no such run directory"),
 ]
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..models import check_dp_compatible
+from ..runtime import ieee_float32
 from .ghost import DEFAULT_BUDGET_BYTES, Unsupported, build_layers, ghost_clipped_sum
 from .vmap import vmap_clipped_sum
 
@@ -35,7 +36,7 @@ MODES = ("auto", "vmap", "ghost")
 @dataclass
 class ClipResult:
     grads: dict[str, torch.Tensor]   # Σ_i clip(g_i), same shape/device/dtype as each parameter
-    loss_sum: float                  # Σ_i loss_i (cross-entropy)
+    loss_sum: torch.Tensor           # Σ_i loss_i (cross-entropy), 0-dim, detached (no device sync)
     norms: torch.Tensor              # [B, k] per-example, per-group norms before clipping
 
 
@@ -82,16 +83,19 @@ class PerExampleClipper:
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> ClipResult:
         if x.shape[0] != y.shape[0]:
             raise ValueError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
-        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         if x.shape[0] == 0:
+            params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
             dtype = next(iter(params.values())).dtype
-            return ClipResult({n: torch.zeros_like(p) for n, p in params.items()}, 0.0,
+            return ClipResult({n: torch.zeros_like(p) for n, p in params.items()},
+                              torch.zeros((), dtype=dtype, device=x.device),
                               torch.zeros(0, len(self.groups), dtype=dtype, device=x.device))
         if self.mode == "ghost":
             try:
-                grads, loss_sum, norms = ghost_clipped_sum(
-                    self.model, self._layers, x, y, self.groups, self.max_grad_norm,
-                    verify=not self._verified, budget_bytes=self.budget)
+                # the verifying call compares with autograd at IEEE float32 precision (no TF32)
+                with ieee_float32(not self._verified):
+                    grads, loss_sum, norms = ghost_clipped_sum(
+                        self.model, self._layers, x, y, self.groups, self.max_grad_norm,
+                        verify=not self._verified, budget_bytes=self.budget)
                 self._verified = True
                 return ClipResult(grads, loss_sum, norms)
             except Unsupported as e:
@@ -102,3 +106,4 @@ class PerExampleClipper:
         grads, loss_sum, norms = vmap_clipped_sum(self.model, x, y, self.groups,
                                                   self.max_grad_norm, chunk_bytes=self.budget)
         return ClipResult(grads, loss_sum, norms)
+

@@ -27,6 +27,7 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
 from .layers import Conv2dLayer, GenericLayer, LinearLayer, Unsupported, _Layer
+from .vmap import clip_factors
 
 DEFAULT_BUDGET_BYTES = 64 * 2**20    # per-example products kept in memory for reuse, all layers
 
@@ -60,6 +61,10 @@ def build_layers(model: nn.Module) -> tuple[list[_Layer], bool]:
             raise Unsupported(f"module '{mname}' ({type(m).__name__}) owns parameters and has "
                               "submodules; its forward may use its parameters in any way")
     return layers, native
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 class Capture:
@@ -102,8 +107,6 @@ class Capture:
 def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool = False,
                       budget_bytes: int = DEFAULT_BUDGET_BYTES):
     """Σ_i clip(g_i) by ghost norms + book-keeping. Returns (grads by name, loss_sum, norms [B, k])."""
-    from .vmap import clip_factors
-
     capture = Capture(layers)
     with torch.enable_grad(), capture:
         logits = model(x)
@@ -127,9 +130,8 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
         ref = {n: g for n, g in zip(names, ref_grads)}
 
     B = x.shape[0]
-    dtype = next((l.module.weight.dtype for l in layers if hasattr(l.module, "weight")), logits.dtype)
     group_of = {n: g for g, names in enumerate(groups) for n in names}
-    sq = torch.zeros(B, len(groups), dtype=dtype, device=x.device)
+    sq = [None] * len(groups)                    # per group: Σ over its tensors of ‖g_i‖², [B]
     work, kept = [], 0
     for i, b in zip(order, bs):
         layer = layers[i]
@@ -145,10 +147,16 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
         kept += need if keep else 0
         sqn, state = layer.sq_norms(a, b, keep)
         for attr, v in sqn.items():
-            sq[:, group_of[layer.names[attr]]] += v
+            k = group_of[layer.names[attr]]
+            sq[k] = v if sq[k] is None else sq[k] + v
         work.append((layer, a, b, state))
+    dtype = work[0][2].dtype if work else logits.dtype
+    if any(v is None for v in sq):               # a group with no gradient at all
+        sq = [torch.zeros(B, dtype=dtype, device=x.device) if v is None else v for v in sq]
+    sq = sq[0].unsqueeze(1) if len(sq) == 1 else torch.stack(sq, 1)
+    factors = clip_factors(sq, max_grad_norm)
+    cols = factors.unbind(1)
     norms = sq.sqrt()
-    factors = clip_factors(norms, max_grad_norm)
 
     if verify:                                   # exact-structure check against autograd
         ones = torch.ones(B, dtype=dtype, device=x.device)
@@ -165,12 +173,18 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
                     raise Unsupported(f"parameter '{n}' receives gradient from outside its module's "
                                       "forward call (e.g. weight tying or functional use)")
     grads = {}
+    owners = {}                                  # memory -> how many of the a's and b's use it
+    for _, a, b, _ in work:
+        for t in (a, b):
+            owners[_storage(t)] = owners.get(_storage(t), 0) + 1
+    owners[_storage(x)] = owners.get(_storage(x), 0) + 1
     for layer, a, b, state in work:
-        f = {attr: factors[:, group_of[n]] for attr, n in layer.names.items()}
-        for attr, g in layer.clipped_sum(a, b, state, f).items():
+        f = {attr: cols[group_of[n]] for attr, n in layer.names.items()}
+        own_b = b.is_contiguous() and owners[_storage(b)] == 1
+        for attr, g in layer.clipped_sum(a, b, state, f, own_b=own_b).items():
             grads[layer.names[attr]] = g
     for layer in layers:                         # modules not called / not reaching the loss
         for attr, n in layer.names.items():
             if n not in grads:
                 grads[n] = torch.zeros_like(getattr(layer.module, attr))
-    return grads, float(total.detach()), norms
+    return grads, total.detach(), norms

@@ -35,8 +35,11 @@ class _Layer:
         """(dict attr -> [B] squared per-example norms, state reused by `clipped_sum`)."""
         raise NotImplementedError
 
-    def clipped_sum(self, a, b, state, factors: dict[str, torch.Tensor]):
-        """dict attr -> Σ_i factors[attr]_i g_i(attr)."""
+    def clipped_sum(self, a, b, state, factors: dict[str, torch.Tensor], own_b: bool = False):
+        """dict attr -> Σ_i factors[attr]_i g_i(attr).
+
+        own_b: b is a buffer nothing else reads afterwards (contiguous, sharing memory with no
+        other layer's a or b), so it may be rescaled in place instead of copied."""
         raise NotImplementedError
 
     def kept_bytes(self, a, b) -> int:
@@ -67,24 +70,30 @@ class LinearLayer(_Layer):
             return 0
         return a.shape[0] * a.shape[-1] * b.shape[-1] * b.element_size()
 
-    def clipped_sum(self, a, b, state, factors):
+    def clipped_sum(self, a, b, state, factors, own_b=False):
         grads = {}
         if a.dim() == 2:
-            if "weight" in self.names:                           # (c ⊙ b)ᵀ a: scale the smaller
-                f = factors["weight"][:, None]
-                grads["weight"] = ((b * f).t() @ a if b.shape[1] <= a.shape[1] else b.t() @ (a * f))
-            if "bias" in self.names:
+            if "bias" in self.names:                             # before b may be rescaled
                 grads["bias"] = factors["bias"] @ b
+            if "weight" in self.names:                           # (c ⊙ b)ᵀ a: scale the smaller,
+                f = factors["weight"][:, None]                   # or b in place (no new buffer)
+                if own_b and b.shape[1] <= 2 * a.shape[1]:
+                    grads["weight"] = b.mul_(f).t() @ a
+                elif b.shape[1] <= a.shape[1]:
+                    grads["weight"] = (b * f).t() @ a
+                else:
+                    grads["weight"] = b.t() @ (a * f)
             return grads
         A, Bm = a.flatten(1, -2), b.flatten(1, -2)
+        if "bias" in self.names:
+            grads["bias"] = factors["bias"] @ Bm.sum(1)
         if "weight" in self.names:
             if state is not None:                                # reuse explicit b_iᵀ a_i
                 grads["weight"] = torch.tensordot(factors["weight"], state, dims=1)
             else:
-                Bc = Bm * factors["weight"][:, None, None]
+                f = factors["weight"][:, None, None]
+                Bc = Bm.mul_(f) if own_b else Bm * f
                 grads["weight"] = Bc.flatten(0, 1).t() @ A.flatten(0, 1)
-        if "bias" in self.names:
-            grads["bias"] = factors["bias"] @ Bm.sum(1)
         return grads
 
 
@@ -208,17 +217,18 @@ class Conv2dLayer(_Layer):
             out["bias"] = _sq(b.sum((2, 3)))
         return out, state
 
-    def clipped_sum(self, a, b, state, factors):
+    def clipped_sum(self, a, b, state, factors, own_b=False):
         grads = {}
+        if "bias" in self.names:
+            grads["bias"] = factors["bias"] @ b.sum((2, 3))
         if "weight" in self.names:
             if state is not None:                                   # reuse: Σ_i c_i G_i
                 G, perm = state
                 g = torch.tensordot(factors["weight"], G, dims=1)
                 grads["weight"] = g if perm is None else g.permute([d - 1 for d in perm[1:]]).contiguous()
             else:                                                   # book-keeping: ∇W for c ⊙ b
-                grads["weight"] = self._weight_grad(a, b * factors["weight"][:, None, None, None])
-        if "bias" in self.names:
-            grads["bias"] = factors["bias"] @ b.sum((2, 3))
+                f = factors["weight"][:, None, None, None]
+                grads["weight"] = self._weight_grad(a, b.mul_(f) if own_b else b * f)
         return grads
 
 
@@ -248,5 +258,5 @@ class GenericLayer(_Layer):
         G = vmap(one, in_dims=(None, 0, 0), randomness="different")(params, a, b)
         return {attr: _sq(g.flatten(1)) for attr, g in G.items()}, G
 
-    def clipped_sum(self, a, b, state, factors):
+    def clipped_sum(self, a, b, state, factors, own_b=False):
         return {attr: torch.tensordot(factors[attr], g, dims=1) for attr, g in state.items()}

@@ -55,12 +55,12 @@ def per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     return grads, losses
 
 
-def clip_factors(norms: torch.Tensor, max_grad_norm: float | None) -> torch.Tensor:
-    """min(1, C / ‖g_i‖) computed safely (C / max(‖g_i‖, tiny)); ones when clipping is disabled."""
+def clip_factors(sq: torch.Tensor, max_grad_norm: float | None) -> torch.Tensor:
+    """min(1, C / ‖g_i‖) from squared norms: C · rsqrt(max(‖g_i‖², C²)), capped at 1 against
+    rounding (exactly 1 for unclipped examples, finite for zero gradients); ones when disabled."""
     if max_grad_norm is None:
-        return torch.ones_like(norms)
-    tiny = torch.finfo(norms.dtype).tiny
-    return (max_grad_norm / norms.clamp_min(tiny)).clamp_max(1.0)
+        return torch.ones_like(sq)
+    return sq.clamp_min(max_grad_norm * max_grad_norm).rsqrt_().mul_(max_grad_norm).clamp_max_(1.0)
 
 
 def vmap_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, groups: list[list[str]],
@@ -75,7 +75,7 @@ def vmap_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, groups:
     sums = {n: torch.zeros_like(p) for n, p in params.items()}
     B = x.shape[0]
     if B == 0:
-        return sums, 0.0, x.new_zeros((0, len(groups)), dtype=_norm_dtype(params))
+        return sums, x.new_zeros((), dtype=_norm_dtype(params)), x.new_zeros((0, len(groups)), dtype=_norm_dtype(params))
     n_params = sum(p.numel() for p in params.values())
     chunk = max(1, min(B, chunk_bytes // max(1, n_params * x.element_size())))
     norms_all, loss_sum = [], x.new_zeros((), dtype=_norm_dtype(params))
@@ -83,12 +83,12 @@ def vmap_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, groups:
         g, losses = per_example(params, x[s:s + chunk], y[s:s + chunk])
         sq = torch.stack([sum(g[n].flatten(1).pow(2).sum(1) for n in names) for names in groups], 1)
         norms = sq.sqrt()
-        factors = clip_factors(norms, max_grad_norm)
+        factors = clip_factors(sq, max_grad_norm)
         for n, gn in g.items():
             sums[n] += torch.tensordot(factors[:, group_of[n]].to(gn.dtype), gn, dims=1)
         norms_all.append(norms)
         loss_sum = loss_sum + losses.sum()
-    return sums, float(loss_sum), torch.cat(norms_all)
+    return sums, loss_sum.detach(), torch.cat(norms_all)
 
 
 def _norm_dtype(params: dict) -> torch.dtype:

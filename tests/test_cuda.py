@@ -1,0 +1,163 @@
+"""The same code on CUDA: clipping engines, the DP step, noise and a short training run.
+
+Skipped where no GPU is present (CI has none); run on a GPU machine with
+``python -m pytest tests/test_cuda.py``. Each test compares the CUDA result with the CPU result
+or with the reference engine on the GPU, so a device-specific bug shows up as a mismatch.
+"""
+import copy
+import csv
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dpsgd.clipping import PerExampleClipper
+from dpsgd.models import MLP, CifarCNN
+from dpsgd.noise import GaussianNoise
+from dpsgd.optim import DPSGD
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+DT = torch.float64
+
+
+def _model(name):
+    torch.manual_seed(0)
+    if name == "mnist_mlp":
+        return MLP(60, (1000,), 10, bias=False), torch.randn(37, 60)
+    if name == "cifar_cnn":
+        return CifarCNN(10), torch.randn(6, 3, 24, 24)
+    net = nn.Sequential(nn.Conv2d(3, 8, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+    return net, torch.randn(9, 3, 8, 8)
+
+
+def _close(a: dict, b: dict, rtol):
+    assert a.keys() == b.keys()
+    for n in a:
+        assert a[n].device.type == "cuda" and a[n].shape == b[n].shape, n
+        err = (a[n].double().cpu() - b[n].double().cpu()).norm().item()
+        assert err <= rtol * b[n].double().cpu().norm().item(), (n, err)
+
+
+@pytest.mark.parametrize("name", ["mnist_mlp", "small_cnn", "cifar_cnn"])
+@pytest.mark.parametrize("clipping", ["global", "per_layer"])
+@pytest.mark.parametrize("budget", [2**28, 0])
+def test_ghost_on_cuda_equals_vmap_on_cuda_and_cpu(name, clipping, budget):
+    model, x = _model(name)
+    model, x = model.to(DT), x.to(DT)
+    y = torch.randint(0, 10, (x.shape[0],))
+    cpu = PerExampleClipper(model, 0.05, clipping, mode="vmap").clipped_sum(x, y)
+    gm = copy.deepcopy(model).cuda()
+    xg, yg = x.cuda(), y.cuda()
+    ghost = PerExampleClipper(gm, 0.05, clipping, mode="ghost", memory_budget_bytes=budget)
+    vmap = PerExampleClipper(gm, 0.05, clipping, mode="vmap")
+    for _ in range(2):                                   # verifying call, then the fast path
+        rg = ghost.clipped_sum(xg, yg)
+    rv = vmap.clipped_sum(xg, yg)
+    assert ghost.mode == "ghost"
+    _close(rg.grads, rv.grads, 1e-5)
+    _close(rg.grads, cpu.grads, 1e-5)
+    torch.testing.assert_close(rg.norms.cpu(), cpu.norms, rtol=1e-8, atol=1e-10)
+    assert float(rg.loss_sum) == pytest.approx(float(cpu.loss_sum), rel=1e-10)
+
+
+def test_float32_ghost_on_cuda_matches_float64_cpu():
+    model, x = _model("mnist_mlp")
+    y = torch.randint(0, 10, (x.shape[0],))
+    ref = PerExampleClipper(copy.deepcopy(model).to(DT), 4.0, "per_layer", mode="vmap").clipped_sum(x.to(DT), y)
+    gm = copy.deepcopy(model).cuda()
+    res = PerExampleClipper(gm, 4.0, "per_layer", mode="ghost").clipped_sum(x.cuda(), y.cuda())
+    _close(res.grads, ref.grads, 1e-4)
+
+
+def test_clipped_example_has_norm_C_on_cuda():
+    model, x = _model("mnist_mlp")
+    gm = model.cuda().to(DT)
+    x1, y1 = x[:1].cuda().to(DT) * 50, torch.tensor([3], device="cuda")
+    for clipping in ("global", "per_layer"):
+        g = PerExampleClipper(gm, 0.7, clipping, mode="ghost").clipped_sum(x1, y1).grads
+        if clipping == "global":
+            total = torch.sqrt(sum(v.pow(2).sum() for v in g.values()))
+            assert float(total) == pytest.approx(0.7, rel=1e-9)
+        else:
+            for v in g.values():
+                assert float(v.norm()) == pytest.approx(0.7, rel=1e-9)
+
+
+def test_dp_step_without_clip_or_noise_is_plain_sgd_on_cuda():
+    model, x = _model("mnist_mlp")
+    model, x = model.cuda(), x.cuda()
+    y = torch.randint(0, 10, (x.shape[0],), device="cuda")
+    ref = copy.deepcopy(model)
+    loss = F.cross_entropy(ref(x), y, reduction="sum") / 50.0
+    with torch.no_grad():
+        for p, g in zip(ref.parameters(), torch.autograd.grad(loss, list(ref.parameters()))):
+            p.sub_(0.1 * g)
+    dp = DPSGD(model, PerExampleClipper(model, None, mode="ghost"), GaussianNoise(seed=0, device="cuda"),
+               sigma=0.0, max_grad_norm=1.0, expected_lot_size=50, lr=0.1)
+    out = dp.step(x, y, physical_batch_size=16)
+    assert out["loss_sum"].device.type == "cuda"
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_noise_on_cuda_std_reproducibility_and_resume():
+    sigma_C = 3.0
+    a, b = GaussianNoise(seed=4, device="cuda"), GaussianNoise(seed=4, device="cuda")
+    t, u = torch.zeros(400_000, device="cuda"), torch.zeros(400_000, device="cuda")
+    a.add_(t, sigma_C), b.add_(u, sigma_C)
+    assert torch.equal(t, u) and t.device.type == "cuda"
+    assert float(t.std()) == pytest.approx(sigma_C, rel=0.01)          # SE ≈ 0.0011 relative
+    assert abs(float(t.mean())) < 6 * sigma_C / 400_000 ** 0.5
+    c = GaussianNoise(seed=0, device="cuda")
+    c.load_state_dict(a.state_dict())
+    assert torch.equal(a.sample((100,), 1.0), c.sample((100,), 1.0))
+    s = GaussianNoise(secure=True, device="cuda").sample((200_000,), 2.0)
+    assert s.device.type == "cuda" and float(s.std()) == pytest.approx(2.0, rel=0.01)
+
+
+def test_empty_lot_on_cuda_is_noise_only():
+    model, _ = _model("mnist_mlp")
+    model = model.cuda()
+    before = [p.detach().clone() for p in model.parameters()]
+    dp = DPSGD(model, PerExampleClipper(model, 4.0, "per_layer"), GaussianNoise(seed=1, device="cuda"),
+               sigma=4.0, max_grad_norm=4.0, expected_lot_size=600, lr=0.1)
+    out = dp.step(torch.zeros(0, 60, device="cuda"), torch.zeros(0, dtype=torch.long, device="cuda"))
+    assert out["lot_size"] == 0 and float(out["loss_sum"]) == 0.0
+    moved = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
+    assert float(moved.std()) == pytest.approx(0.1 * 4.0 * 4.0 / 600, rel=0.02)
+
+
+def test_short_mnist_run_on_cuda(tmp_path):
+    from dpsgd.config import validate
+    from dpsgd.train import _compose, train
+
+    c = validate(_compose(["dataset.subset=5000", "privacy.lot_size=250", "privacy.sigma=1.0",
+                           "privacy.sigma_p=4", "training.epochs=10", "device=cuda"]))
+    train(c, tmp_path / "run")
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert int(rows[-1]["steps"]) == 200
+    assert float(rows[-1]["test_accuracy"]) > 0.75
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_float32_cnn_ghost_on_cuda_whatever_the_tf32_setting(tf32):
+    # The verifying first call runs in IEEE float32, so TF32 (cuDNN's default) cannot make the
+    # engine mistake rounding for a structural problem and fall back to vmap.
+    from dpsgd.runtime import set_tf32
+
+    before = set_tf32(tf32)
+    try:
+        model, x = _model("cifar_cnn")
+        y = torch.randint(0, 10, (x.shape[0],))
+        ref = PerExampleClipper(copy.deepcopy(model).to(DT), 1.0, "global", mode="vmap").clipped_sum(x.to(DT), y)
+        gm = copy.deepcopy(model).cuda()
+        g = PerExampleClipper(gm, 1.0, "global", mode="ghost")
+        for _ in range(2):
+            res = g.clipped_sum(x.cuda(), y.cuda())
+        assert g.mode == "ghost"
+        _close(res.grads, ref.grads, 1e-2 if tf32 else 1e-4)
+    finally:
+        set_tf32(before)
