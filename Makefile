@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SWEEPS := $(basename $(notdir $(wildcard conf/sweep/*.yaml)))
 
-.PHONY: help install data mnist mnist-all test test-all bench figures paper clean $(addprefix sweep-,$(SWEEPS))
+.PHONY: help install data mnist mnist-all seeds test test-all bench figures paper clean $(addprefix sweep-,$(SWEEPS))
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -30,6 +30,11 @@ mnist: $(STAMP) data ## train the paper's medium-noise MNIST model (eps = 2, del
 
 mnist-all: $(STAMP) data ## the four paper presets: small, medium, large noise and non-private
 	for e in mnist_small mnist_medium mnist_large mnist_nonprivate; do $(PY) -m dpsgd.train experiment=$$e || exit 1; done
+
+seeds: $(STAMP) data ## the four presets over seeds 0-4, merged into results/seeds.csv (SEEDS=0-4 DEVICE=auto)
+	$(PY) -m experiments.seeds run --seeds $(or $(SEEDS),0-4) --device $(or $(DEVICE),auto)
+	$(PY) -m experiments.seeds collect
+	$(PY) -m experiments.figures
 
 test: $(STAMP) data ## run the test suite (slow end-to-end tests excluded)
 	$(PY) -m pytest -m "not slow" -q

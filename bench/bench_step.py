@@ -42,10 +42,10 @@ import torch.nn.functional as F
 
 from dpsgd.clipping import PerExampleClipper
 from dpsgd.models import MLP, CifarCNN
-from dpsgd.runtime import tune_allocator
+from dpsgd.runtime import set_tf32, tune_allocator
 
 COLUMNS = ["method", "model", "device", "lot", "examples_per_s", "ratio_to_nonprivate",
-           "peak_mem_mb", "step_ms", "reps", "threads"]
+           "peak_mem_mb", "step_ms", "reps", "threads", "tf32"]
 METHODS = ["nonprivate", "dpsgd_vmap", "dpsgd_ghost", "opacus_hooks", "opacus_ghost"]
 C, SIGMA, LR = 1.0, 1.0, 0.05
 
@@ -275,6 +275,12 @@ def main(argv=None):
     ap.add_argument("--cnn-lot", type=int, default=None, help="lot for the CNN (default 600; quick 64)")
     ap.add_argument("--models", default="all", help="comma list of model names, or all")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma list of methods")
+    ap.add_argument("--tf32", choices=["off", "on", "default"], default="off",
+                    help="CUDA TF32 math for every method: off (as training's default tf32=false), on, "
+                         "or PyTorch's default (cuDNN convolutions TF32, matmuls IEEE)")
+    ap.add_argument("--allocator", choices=["tuned", "default"], default="tuned",
+                    help="tuned: glibc keeps freed buffers (as dpsgd.train does), for every method; "
+                         "default: glibc's defaults (page faults on every large per-step buffer)")
     ap.add_argument("--out", default="results/bench.csv", help="CSV path (replaced atomically)")
     ap.add_argument("--mem-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -288,7 +294,9 @@ def main(argv=None):
         ap.error("--reps must be >= 1 and --warmup >= 0")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    tuned = tune_allocator()
+    tuned = tune_allocator() if args.allocator == "tuned" else False
+    if args.tf32 != "default":
+        set_tf32(args.tf32 == "on")
     dev = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                        else ("cpu" if args.device == "auto" else args.device))
     methods = [m for m in args.methods.split(",") if m]
@@ -316,7 +324,7 @@ def main(argv=None):
                 scan.append((name, factory, shape, lot))
         chosen = scan
     log(f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}, "
-        f"reps {reps} after {warmup} warm-up, allocator tuned: {tuned}")
+        f"reps {reps} after {warmup} warm-up, allocator tuned: {tuned}, tf32 {args.tf32}")
     rows, oom = [], set()
     for name, factory, shape, lot in chosen:
         if name in oom:
@@ -331,6 +339,8 @@ def main(argv=None):
             log(f"  out of memory at lot {lot}: {str(e).splitlines()[0]}")
             oom.add(name)
             torch.cuda.empty_cache()
+    for r in rows:
+        r["tf32"] = args.tf32 if dev.type == "cuda" else "n/a"
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")

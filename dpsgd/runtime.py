@@ -61,3 +61,30 @@ def ieee_float32(active: bool = True):
     finally:
         if before is not None:
             set_tf32(before)
+
+
+def describe_hardware(device=None) -> str:
+    """'NVIDIA H100 80GB HBM3' for a CUDA device, else the CPU model and core count."""
+    import platform
+
+    if device is not None and str(device).startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+def describe_runtime(device, tf32: bool = False) -> dict:
+    """Where a run ran, recorded in its privacy statement (results are attributed from it)."""
+    import torch
+
+    return {"device": str(device), "hardware": describe_hardware(device), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "tf32": bool(tf32) and str(device).startswith("cuda")}

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from .checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, atomic_write_text, check_resumable,
                          fingerprint_hash,
                          load_checkpoint, save_checkpoint, write_json)
-from .runtime import set_tf32, tune_allocator
+from .runtime import describe_runtime, set_tf32, tune_allocator
 from .config import Config, ConfigError, build_model, check_run_dir, privacy_fingerprint, validate
 from .data import DATASETS, DataUnavailable, ensure_dataset, load_dataset
 
@@ -125,7 +125,8 @@ def _row(epoch, steps, lr, lot_loss, ev, eps, c, sampler, clipper, k, epoch_time
     }
 
 
-def _statement(c: Config, status, stop_reason, ledger, eps, sampler, k, noise, steps, epochs, fp, resumes):
+def _statement(c: Config, status, stop_reason, ledger, eps, sampler, k, noise, steps, epochs, fp, resumes,
+               runtime=None):
     p = c.privacy
     st = {"status": status, "stop_reason": stop_reason, "private": p.private}
     if not p.private:
@@ -165,6 +166,7 @@ def _statement(c: Config, status, stop_reason, ledger, eps, sampler, k, noise, s
     st["target_epsilon"] = p.target_epsilon
     st["steps"], st["epochs"] = steps, epochs
     st["noise"] = {"source": noise.name, "seed": noise.seed}
+    st["runtime"] = runtime
     st["ledger"] = ledger.to_dict() if ledger is not None else None
     st["config_fingerprint"], st["config_hash"] = fp, fingerprint_hash(fp)
     st["resumes"] = resumes
@@ -197,6 +199,7 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) ->
 
     device = resolve_device(c.device)
     set_tf32(c.tf32)
+    runtime_info = describe_runtime(device, c.tf32)
     # 1. data (in-memory tensors)
     Xtr, ytr, Xte, yte = load_dataset(c.dataset.name, c.dataset.root, c.dataset.subset, c.dataset.crop,
                                       download=c.dataset.download)
@@ -252,7 +255,8 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) ->
     t_start = time.time()
 
     def statement(status, stop_reason):
-        return _statement(c, status, stop_reason, ledger, eps, sampler, k, noise, steps, epoch, fp, resumes)
+        return _statement(c, status, stop_reason, ledger, eps, sampler, k, noise, steps, epoch, fp, resumes,
+                          runtime_info)
 
     def checkpoint(complete, stop_reason):
         save_checkpoint(run_dir, {

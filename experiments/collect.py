@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import shutil
 import sys
 from pathlib import Path
@@ -35,6 +33,7 @@ import yaml
 from dpsgd.accountant import Ledger
 from dpsgd.accountant import pld as _pld
 from dpsgd.accountant.ledger import Entry, mechanisms
+from dpsgd.runtime import describe_hardware
 
 from . import claims
 
@@ -133,7 +132,8 @@ def run_row(r: dict, hardware: str) -> dict:
         "clip_norm": last["C"], "epochs": round(int(last["steps"]) * last["L"] / N, 3),
         "steps": int(last["steps"]), "stop_reason": st.get("stop_reason"), "seed": c.get("seed"),
         "wall_time_s": last["wall_time_s"], "sec_per_epoch": float(r["metrics"]["epoch_time_s"].median()),
-        "engine": last["grad_sample_mode"], "device": c.get("device"), "hardware": hardware,
+        "engine": last["grad_sample_mode"], "device": c.get("device"),
+        "hardware": (st.get("runtime") or {}).get("hardware") or hardware,
     }
 
 
@@ -143,15 +143,7 @@ def _rel(path: Path) -> str:
 
 
 def detect_hardware() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores"
+    return describe_hardware()
 
 
 # ------------------------------------------------------------------------------------- Figure 4

@@ -202,3 +202,60 @@ def test_paper_dry_run_prints_plan_and_wall_time(capsys):
     assert paper.main(["--dry-run", "--sec-per-epoch", "2"]) == 0
     out = capsys.readouterr().out
     assert "expected wall time" in out and "+sweep=lot_size" in out and "experiment=mnist_small" in out
+
+
+# ------------------------------------------------------------------------------- seeds
+def _fake_preset_run(root, src, preset, seed, acc=None, extra_override=None):
+    """A run folder as training writes it, from a committed run's metrics and privacy statement."""
+    run = root / f"{preset}_seed{seed}"
+    (run / ".hydra").mkdir(parents=True)
+    m = pd.read_csv(src / "metrics.csv")
+    if acc is not None:
+        m.loc[m.index[-1], "test_accuracy"] = acc
+    m.to_csv(run / "metrics.csv", index=False)
+    shutil.copy2(src / "privacy.json", run / "privacy.json")
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "device": "cpu", "name": preset}))
+    (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(
+        {"hydra": {"runtime": {"choices": {"experiment": preset}}}}))
+    over = [f"experiment={preset}", f"seed={seed}"] + ([extra_override] if extra_override else [])
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(over))
+    return run
+
+
+def test_seeds_collect_merges_replaces_and_summarises(tmp_path):
+    from experiments import seeds
+
+    src = RESULTS / "runs" / "mnist_large"
+    roots = tmp_path / "runs"
+    _fake_preset_run(roots, src, "mnist_large", 0, acc=0.91)
+    _fake_preset_run(roots, src, "mnist_large", 1, acc=0.89)
+    _fake_preset_run(roots, src, "mnist_large", 2, extra_override="privacy.sigma=3")   # not a preset run
+    res = tmp_path / "res"
+    seeds.collect([roots], res, hardware="test-hw")
+    df = pd.read_csv(res / "seeds.csv")
+    assert sorted(df["seed"]) == [0, 1] and set(df["hardware"]) == {"test-hw"}
+    assert (res / "seeds" / "test-hw" / "mnist_large_seed1" / "metrics.csv").exists()
+    # a later run of the same preset, seed and hardware replaces the row; another hardware adds one
+    shutil.rmtree(roots)
+    _fake_preset_run(roots, src, "mnist_large", 1, acc=0.93)
+    seeds.collect([roots], res, hardware="test-hw")
+    seeds.collect([roots], res, hardware="other-hw")
+    df = pd.read_csv(res / "seeds.csv")
+    assert len(df) == 3
+    sp = seeds.spread(df).set_index("hardware").loc["test-hw"]
+    assert sp["n"] == 2 and sp["mean"] == pytest.approx(0.92) and sp["sd"] == pytest.approx(0.02 / math.sqrt(2))
+    assert sp["at_or_above_paper"] == 2 and sp["seeds"] == "0,1"
+    assert seeds.parse_seeds("0-2,7") == [0, 1, 2, 7]
+
+
+def test_readme_seed_spread_comes_from_seeds_csv():
+    from experiments import seeds
+
+    path = RESULTS / "seeds.csv"
+    if not path.exists():
+        pytest.skip("no seeds.csv committed")
+    text = (RESULTS / "README.md").read_text(encoding="utf-8")
+    for r in seeds.spread(pd.read_csv(path)).itertuples():
+        line = next(l for l in text.splitlines()
+                    if l.startswith(f"| {r.preset} |") and f"| {r.hardware} | {r.seeds} |" in l)
+        assert f"{100 * r.mean:.2f}" in line and f"{r.at_or_above_paper}/{r.n}" in line

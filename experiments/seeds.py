@@ -1,0 +1,133 @@
+"""Seed spread of the §5.2 presets: how far one run's accuracy is from another's.
+
+    python -m experiments.seeds run [--presets mnist_small,mnist_medium] [--seeds 0-4] [--device cuda]
+    python -m experiments.seeds collect [--roots outputs/seeds ...] [--hardware "..."]
+
+``run`` trains each preset once per seed, in sequence (``python -m dpsgd.train experiment=<preset>
+seed=<s> name=seeds``; outputs under ``outputs/seeds/``, which ``experiments.collect`` does not take
+as the canonical preset runs). ``collect`` reads every complete, full-size preset run under the
+roots (overrides limited to experiment / seed / device / name) and merges one row per run into
+``results/seeds.csv`` (a later run of the same preset, seed and hardware replaces the earlier one),
+copying its ``metrics.csv`` and ``privacy.json`` to ``results/seeds/<hardware>/<preset>_seed<s>/``.
+A run's hardware is the one its privacy statement records; older runs without it take
+``--hardware`` (default: this machine). ``results/README.md`` tabulates mean ± sd per preset.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from . import claims
+from .collect import ROOT, _is_tiny, _override_keys, detect_hardware, find_runs, run_row
+
+OK_OVERRIDES = ("experiment", "seed", "device", "name")
+KEY = ["preset", "seed", "hardware"]
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-4' or '0,3,7' → list of seeds."""
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    return out
+
+
+def run(presets: list[str], seeds: list[int], device: str) -> None:
+    for preset in presets:
+        for s in seeds:
+            cmd = [sys.executable, "-m", "dpsgd.train", f"experiment={preset}", f"seed={s}",
+                   f"device={device}", "name=seeds"]
+            print("+", " ".join(cmd[1:]), flush=True)
+            subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def rows_from(roots: list[Path], hardware: str) -> list[tuple[dict, Path]]:
+    out = []
+    for r in find_runs(roots):
+        exp = r["choices"].get("experiment")
+        if (exp not in claims.PRESETS or r["choices"].get("sweep") or _is_tiny(r)
+                or r["privacy"].get("status") != "complete"
+                or any(k not in OK_OVERRIDES for k in _override_keys(r))):
+            continue
+        row = run_row(r, hardware)
+        m = r["metrics"]["test_accuracy"].dropna()
+        out.append(({"preset": exp, **row, "best_test_accuracy": float(m.max()),
+                     "best_epoch": int(r["metrics"].loc[m.idxmax(), "epoch"])}, r["dir"]))
+    return out
+
+
+def collect(roots: list[Path], results: Path, hardware: str | None = None) -> Path:
+    hardware = hardware or detect_hardware()
+    new = rows_from(roots, hardware)
+    path = results / "seeds.csv"
+    old = pd.read_csv(path) if path.exists() else pd.DataFrame()
+    df = pd.DataFrame([row for row, _ in new])
+    if len(df):                                  # the same run found twice: keep one
+        df = df.drop_duplicates(KEY, keep="last")
+    if len(old):
+        keep = ~old.set_index(KEY).index.isin(df.set_index(KEY).index) if len(df) else slice(None)
+        df = pd.concat([old[keep], df], ignore_index=True)
+    for row, src in new:
+        dst = results / "seeds" / _slug(row["hardware"]) / f"{row['preset']}_seed{row['seed']}"
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in ("metrics.csv", "privacy.json"):
+            shutil.copy2(Path(src) / f, dst / f)
+    order = {p: i for i, p in enumerate(claims.PRESETS)}
+    df = df.sort_values(["preset", "hardware", "seed"], key=lambda s: s.map(order) if s.name == "preset" else s)
+    tmp = path.with_suffix(".csv.tmp")
+    df.to_csv(tmp, index=False)
+    tmp.replace(path)
+    print(f"{len(new)} run(s) merged; {len(df)} rows in {path}")
+    return path
+
+
+def spread(df: pd.DataFrame) -> pd.DataFrame:
+    """Per preset and hardware: n, mean, sd, min, max of the final test accuracy; runs ≥ the paper."""
+    rows = []
+    for (preset, hw), d in df.groupby(["preset", "hardware"], sort=False):
+        acc = d["test_accuracy"].astype(float)
+        paper = claims.PRESETS[preset]["accuracy"]
+        rows.append({"preset": preset, "hardware": hw, "n": len(acc), "mean": acc.mean(),
+                     "sd": acc.std(ddof=1) if len(acc) > 1 else float("nan"), "min": acc.min(),
+                     "max": acc.max(), "at_or_above_paper": int((acc >= paper - 1e-12).sum()),
+                     "paper": paper, "epsilon": d["epsilon"].astype(float).max(),
+                     "seeds": ",".join(str(s) for s in sorted(d["seed"]))})
+    return pd.DataFrame(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="train presets over seeds")
+    r.add_argument("--presets", default=",".join(claims.PRESETS))
+    r.add_argument("--seeds", default="0-4", help="e.g. 0-4 or 0,2,5")
+    r.add_argument("--device", default="auto")
+    c = sub.add_parser("collect", help="merge runs into results/seeds.csv")
+    c.add_argument("--roots", nargs="+", type=Path, default=[ROOT / "outputs" / "seeds"])
+    c.add_argument("--results", type=Path, default=ROOT / "results")
+    c.add_argument("--hardware", help="for runs whose privacy.json does not record it")
+    args = ap.parse_args(argv)
+    if args.cmd == "run":
+        presets = [p for p in args.presets.split(",") if p]
+        bad = [p for p in presets if p not in claims.PRESETS]
+        if bad:
+            ap.error(f"--presets: unknown {bad}; choose from {list(claims.PRESETS)}")
+        run(presets, parse_seeds(args.seeds), args.device)
+    else:
+        collect(args.roots, args.results, args.hardware)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
