@@ -26,28 +26,14 @@ import torch
 import torch.nn.functional as F
 
 from .checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, atomic_write_text, check_resumable,
-                         fingerprint_hash,
                          load_checkpoint, save_checkpoint, write_json)
-from .runtime import describe_runtime, set_tf32, tune_allocator
 from .config import Config, ConfigError, build_model, check_run_dir, privacy_fingerprint, validate
 from .data import DATASETS, DataUnavailable, ensure_dataset, load_dataset
+from .report import COLUMNS, epsilons, metrics_row, privacy_statement, progress_line  # noqa: F401 (COLUMNS re-exported)
+from .runtime import describe_runtime, set_tf32, tune_allocator
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 _T0 = time.time()
-
-COLUMNS = ["epoch", "steps", "lr", "lot_loss", "train_loss", "train_accuracy", "test_accuracy",
-           "epsilon", "epsilon_moments", "epsilon_rdp", "epsilon_pld", "epsilon_moments_joint",
-           "epsilon_rdp_joint", "epsilon_pld_joint", "lambda_star", "delta", "sigma", "sigma_p", "q",
-           "C", "L", "groups", "sampling", "clipping", "convention", "accountant", "grad_sample_mode",
-           "seed", "epoch_time_s", "wall_time_s"]
-ACCOUNTANTS = ("moments", "rdp", "pld")
-CONVERSIONS = {
-    "moments": "moments accountant: log moments α(λ) at integer λ = 1..32, tail bound "
-               "ε = min_λ (α(λ) + log(1/δ)) / λ (Abadi et al. 2016, Thm 2)",
-    "rdp": "Rényi DP of the subsampled Gaussian (Mironov et al. 2019) with the improved RDP→(ε,δ) "
-           "conversion (Balle et al. 2020)",
-    "pld": "privacy loss distribution, FFT composition, pessimistic discretisation (tight)",
-}
 
 
 def lr_at(t, epoch0: int) -> float:
@@ -78,7 +64,6 @@ def resolve_device(name: str) -> torch.device:
 
 
 @torch.no_grad()
-@torch.no_grad()
 def evaluate(model, X, y, batch_size: int) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) on (X, y), eval mode, batched."""
     was = model.training
@@ -90,87 +75,6 @@ def evaluate(model, X, y, batch_size: int) -> tuple[float, float]:
         correct += (out.argmax(1) == y[s:s + batch_size]).sum().item()
     model.train(was)
     return loss / max(1, len(X)), correct / max(1, len(X))
-
-
-def epsilons(ledger, c: Config) -> dict:
-    """ε under every accountant × {configured convention, joint}, plus λ* of the moments accountant."""
-    p = c.privacy
-    if not p.private:
-        return {"epsilon": math.inf, "by": {}, "lambda_star": None}
-    by = {}
-    for acc in ACCOUNTANTS:
-        by[acc] = {}
-        for conv in dict.fromkeys([p.convention, "joint", "per_tensor"]):
-            by[acc][conv] = ledger.epsilon(p.delta, accountant=acc, convention=conv)
-    eps, _ = by[c.accountant.name][p.convention]
-    return {"epsilon": eps, "by": by, "lambda_star": by["moments"][p.convention][1]}
-
-
-def _row(epoch, steps, lr, lot_loss, ev, eps, c, sampler, clipper, k, epoch_time, wall):
-    p, by = c.privacy, eps["by"]
-    e = lambda a, conv: by[a][conv][0] if by else math.inf  # noqa: E731
-    return {
-        "epoch": epoch, "steps": steps, "lr": lr, "lot_loss": lot_loss,
-        "train_loss": ev[0], "train_accuracy": ev[1], "test_accuracy": ev[2],
-        "epsilon": eps["epsilon"], "epsilon_moments": e("moments", p.convention),
-        "epsilon_rdp": e("rdp", p.convention), "epsilon_pld": e("pld", p.convention),
-        "epsilon_moments_joint": e("moments", "joint"), "epsilon_rdp_joint": e("rdp", "joint"),
-        "epsilon_pld_joint": e("pld", "joint"), "lambda_star": eps["lambda_star"], "delta": p.delta,
-        "sigma": p.sigma if p.private else 0.0, "sigma_p": p.sigma_p if p.private else 0.0,
-        "q": sampler.q, "C": p.clip_norm if p.private else math.inf, "L": p.lot_size, "groups": k,
-        "sampling": sampler.name, "clipping": p.clipping if p.private else "none",
-        "convention": p.convention, "accountant": c.accountant.name if p.private else "none",
-        "grad_sample_mode": clipper.mode, "seed": c.seed, "epoch_time_s": round(epoch_time, 3),
-        "wall_time_s": round(wall, 3),
-    }
-
-
-def _statement(c: Config, status, stop_reason, ledger, eps, sampler, k, noise, steps, epochs, fp, resumes,
-               runtime=None):
-    p = c.privacy
-    st = {"status": status, "stop_reason": stop_reason, "private": p.private}
-    if not p.private:
-        st["statement"] = ("NOT PRIVATE: no clipping, no noise, exact PCA; no privacy guarantee, "
-                           "nothing accounted")
-    else:
-        st["mechanism"] = (
-            f"DP-SGD (Abadi et al. 2016, Algorithm 1): each example's gradient clipped to C={p.clip_norm} "
-            f"({p.clipping}: k={k} group(s)), Gaussian noise N(0, σ²C²) with σ={p.sigma} added to each "
-            f"group's sum, divided by the expected lot size L={p.lot_size}"
-            + (f"; DP-PCA (§4) to {c.model.pca_dims} dims: one Gaussian release of the sum of x xᵀ over "
-               f"unit-norm images (sensitivity 1), σ_p={p.sigma_p}, sampling rate {p.pca_fraction}"
-               if c.model.projection == "pca" else ""))
-        st["statement"] = (f"({eps['epsilon']:.6g}, {p.delta:g})-differential privacy for the released "
-                           f"model, {c.accountant.name} accountant, {p.convention} convention")
-    st["sampling"] = {
-        "name": sampler.name, "N": sampler.N, "L": sampler.L, "q": sampler.q,
-        "lots_per_epoch": sampler.lots_per_epoch(), "adjacency": sampler.adjacency,
-        "amplification_by_sampling": sampler.amplification,
-        "charged": ("one subsampled Gaussian mechanism (q = L/N, noise multiplier σ) per lot"
-                    if sampler.name == "poisson" else
-                    "shuffle uses substitution adjacency without amplification: one Gaussian mechanism "
-                    "per epoch, q = 1, sensitivity 2C, noise multiplier σ/2 (each example is in exactly "
-                    "one lot per epoch); the Poisson analysis does not cover this sampler"),
-    }
-    st["convention"] = {
-        "configured": p.convention, "groups": k,
-        "joint": "k separately clipped groups on one lot = one Gaussian mechanism with multiplier σ/√k (correct)",
-        "per_tensor": "k mechanisms at σ per lot: the paper's original code; under-states ε",
-    }
-    st["accountant"] = c.accountant.name
-    st["conversion"] = CONVERSIONS
-    st["epsilon"] = eps["epsilon"]
-    st["epsilon_by_accountant"] = {a: {conv: v[0] for conv, v in d.items()} for a, d in eps["by"].items()}
-    st["lambda_star"] = eps["lambda_star"]
-    st["delta"] = p.delta
-    st["target_epsilon"] = p.target_epsilon
-    st["steps"], st["epochs"] = steps, epochs
-    st["noise"] = {"source": noise.name, "seed": noise.seed}
-    st["runtime"] = runtime
-    st["ledger"] = ledger.to_dict() if ledger is not None else None
-    st["config_fingerprint"], st["config_hash"] = fp, fingerprint_hash(fp)
-    st["resumes"] = resumes
-    return st
 
 
 def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) -> dict:
@@ -255,7 +159,7 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) ->
     t_start = time.time()
 
     def statement(status, stop_reason):
-        return _statement(c, status, stop_reason, ledger, eps, sampler, k, noise, steps, epoch, fp, resumes,
+        return privacy_statement(c, status, stop_reason, ledger, eps, sampler, k, noise, steps, epoch, fp, resumes,
                           runtime_info)
 
     def checkpoint(complete, stop_reason):
@@ -311,10 +215,10 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) ->
             else:
                 ev = (math.nan, math.nan, math.nan)
             now = time.time()
-            row = _row(epoch, steps, lr, float(loss_sum) / max(1, seen), ev, eps, c, sampler, clipper, k,
+            row = metrics_row(epoch, steps, lr, float(loss_sum) / max(1, seen), ev, eps, c, sampler, clipper, k,
                        now - t_epoch, wall_before + now - t_start)
             writer.append(row)
-            _progress(row, c)
+            progress_line(row, c)
             if not final:
                 write_json(run_dir / PRIVACY, statement("running", None))
                 if t.checkpoint_every and epoch % t.checkpoint_every == 0:
@@ -334,16 +238,6 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) ->
           f"results: {run_dir / METRICS}\n         {run_dir / PRIVACY}\n         {run_dir / '.hydra'}",
           flush=True)
     return final_statement
-
-
-def _progress(row: dict, c: Config) -> None:
-    def pct(v):
-        return "   -  " if v != v else f"{100 * v:6.2f}%"
-    eps = (f"ε={row['epsilon']:.4g} ({c.accountant.name}, {c.privacy.convention}; joint pld "
-           f"{row['epsilon_pld_joint']:.4g})" if c.privacy.private else "NOT PRIVATE")
-    print(f"epoch {row['epoch']:4d} | steps {row['steps']:6d} | lr {row['lr']:.4f} | loss {row['lot_loss']:.4f} "
-          f"| train {pct(row['train_accuracy'])} | test {pct(row['test_accuracy'])} | {eps} "
-          f"| {row['epoch_time_s']:.1f}s", flush=True)
 
 
 def _plain(obj):
