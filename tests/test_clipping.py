@@ -336,3 +336,16 @@ def test_vmap_chunking_is_exact():
     a = PerExampleClipper(model, 0.05, "per_layer", mode="vmap", memory_budget_bytes=1)
     b = PerExampleClipper(model, 0.05, "per_layer", mode="vmap")
     assert_close_dict(a.clipped_sum(x, y).grads, b.clipped_sum(x, y).grads, rtol=1e-12)
+
+
+@pytest.mark.parametrize("C", [0.1, 0.3, 1.0, 3.3, 4.0])
+def test_clip_factors_are_exactly_one_below_C_and_C_over_norm_above(C):
+    from dpsgd.clipping import clip_factors
+
+    g = torch.Generator().manual_seed(0)
+    below = torch.rand(50_000, generator=g) * C
+    below[:2] = torch.tensor([0.0, C])                        # zero gradient; exactly at the bound
+    assert torch.equal(clip_factors(below, C), torch.ones_like(below))
+    above = C * (1 + torch.rand(1000, generator=g, dtype=DT) * 10)
+    torch.testing.assert_close(clip_factors(above, C), C / above, rtol=0, atol=0)
+    assert torch.equal(clip_factors(above, None), torch.ones_like(above))

@@ -154,9 +154,9 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
     if any(v is None for v in sq):               # a group with no gradient at all
         sq = [torch.zeros(B, dtype=dtype, device=x.device) if v is None else v for v in sq]
     sq = sq[0].unsqueeze(1) if len(sq) == 1 else torch.stack(sq, 1)
-    factors = clip_factors(sq, max_grad_norm)
-    cols = factors.unbind(1)
     norms = sq.sqrt()
+    factors = clip_factors(norms, max_grad_norm)
+    cols = factors.unbind(1)
 
     if verify:                                   # exact-structure check against autograd
         ones = torch.ones(B, dtype=dtype, device=x.device)

@@ -55,12 +55,14 @@ def per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     return grads, losses
 
 
-def clip_factors(sq: torch.Tensor, max_grad_norm: float | None) -> torch.Tensor:
-    """min(1, C / ‖g_i‖) from squared norms: C · rsqrt(max(‖g_i‖², C²)), capped at 1 against
-    rounding (exactly 1 for unclipped examples, finite for zero gradients); ones when disabled."""
+def clip_factors(norms: torch.Tensor, max_grad_norm: float | None) -> torch.Tensor:
+    """min(1, C / ‖g_i‖); ones when clipping is disabled.
+
+    Exactly 1 for every unclipped example (‖g_i‖ ≤ C: the division is correctly rounded and
+    monotone, so C / ‖g_i‖ ≥ 1 before the cap) and for zero gradients (C / 0 = inf, capped)."""
     if max_grad_norm is None:
-        return torch.ones_like(sq)
-    return sq.clamp_min(max_grad_norm * max_grad_norm).rsqrt_().mul_(max_grad_norm).clamp_max_(1.0)
+        return torch.ones_like(norms)
+    return (max_grad_norm / norms).clamp_max_(1.0)
 
 
 def vmap_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, groups: list[list[str]],
@@ -83,7 +85,7 @@ def vmap_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, groups:
         g, losses = per_example(params, x[s:s + chunk], y[s:s + chunk])
         sq = torch.stack([sum(g[n].flatten(1).pow(2).sum(1) for n in names) for names in groups], 1)
         norms = sq.sqrt()
-        factors = clip_factors(sq, max_grad_norm)
+        factors = clip_factors(norms, max_grad_norm)
         for n, gn in g.items():
             sums[n] += torch.tensordot(factors[:, group_of[n]].to(gn.dtype), gn, dims=1)
         norms_all.append(norms)
