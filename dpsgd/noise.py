@@ -29,6 +29,7 @@ class GaussianNoise:
     def __init__(self, seed: int | None = None, secure: bool = False, device: str | torch.device = "cpu"):
         self.device = torch.device(device)
         self.secure = bool(secure)
+        self._scratch = None                 # add_'s reusable chunk buffer
         if self.secure:
             if seed is not None:
                 raise ValueError(
@@ -70,10 +71,9 @@ class GaussianNoise:
         if flat is None or self.secure:
             return t.add_(self.sample(t.shape, std, dtype=t.dtype))
         chunk = min(flat.numel(), CHUNK.get(t.device.type, flat.numel()))
-        key = (t.dtype, t.device)
-        if getattr(self, "_scratch", None) is None or self._scratch[0] != key or self._scratch[1].numel() < chunk:
-            self._scratch = (key, torch.empty(chunk, dtype=t.dtype, device=t.device))
-        buf = self._scratch[1]
+        buf = self._scratch
+        if buf is None or buf.dtype != t.dtype or buf.device != t.device or buf.numel() < chunk:
+            buf = self._scratch = torch.empty(chunk, dtype=t.dtype, device=t.device)
         for s in range(0, flat.numel(), chunk):
             z = buf[:min(chunk, flat.numel() - s)]
             z.normal_(0.0, float(std), generator=self.generator)

@@ -60,8 +60,8 @@ def metrics_row(epoch, steps, lr, lot_loss, ev, eps, c, sampler, clipper, k, epo
     }
 
 
-def privacy_statement(c: Config, status, stop_reason, ledger, eps, sampler, k, noise, steps, epochs, fp, resumes,
-               runtime=None):
+def privacy_statement(c: Config, status, stop_reason, ledger, eps, sampler, k, noise, steps, epochs, fp,
+                      resumes, runtime=None):
     p = c.privacy
     st = {"status": status, "stop_reason": stop_reason, "private": p.private}
     if not p.private:

@@ -83,12 +83,12 @@ def _override_keys(r: dict) -> list[str]:
     return [o.split("=", 1)[0].lstrip("+~") for o in r["overrides"]]
 
 
-def preset_of(r: dict, include_tiny: bool = False) -> str | None:
-    """The §5.2 preset a run is, or None (sweeps and runs with other overrides are not presets)."""
+def preset_of(r: dict, include_tiny: bool = False, allowed=PRESET_OVERRIDES_OK) -> str | None:
+    """The §5.2 preset a run is, or None (sweeps and runs with overrides outside ``allowed`` are not)."""
     exp = r["choices"].get("experiment")
     if exp not in claims.PRESETS or r["choices"].get("sweep"):
         return None
-    ok = PRESET_OVERRIDES_OK + (TINY_OVERRIDES if include_tiny else ())
+    ok = tuple(allowed) + (TINY_OVERRIDES if include_tiny else ())
     if any(k not in ok for k in _override_keys(r)):
         return None
     return exp
@@ -142,10 +142,6 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def detect_hardware() -> str:
-    return describe_hardware()
-
-
 # ------------------------------------------------------------------------------------- Figure 4
 def ledger_prefix(entries: list[dict], steps: int) -> list[Entry]:
     """The releases a run had made after its first ``steps`` SGD lots (other releases kept in order)."""
@@ -184,7 +180,7 @@ def figure4_rows(preset: str, r: dict, deltas=claims.FIGURE4_DELTAS) -> list[dic
 def collect(roots: list[Path], results: Path, include_tiny: bool = False, hardware: str | None = None,
             pinned: dict[str, Path] | None = None) -> dict:
     """Write the CSVs; ``pinned`` maps a preset to the run folder to use (else the most recent)."""
-    hardware = hardware or detect_hardware()
+    hardware = hardware or describe_hardware()
     runs = [r for r in find_runs(roots) if r["privacy"].get("status") == "complete"
             and (include_tiny or not _is_tiny(r))]
     presets: dict[str, dict] = {}

@@ -23,10 +23,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import claims
-from .collect import ROOT, _is_tiny, _override_keys, detect_hardware, find_runs, run_row
+from dpsgd.runtime import describe_hardware
 
-OK_OVERRIDES = ("experiment", "seed", "device", "name")
+from . import claims
+from .collect import ROOT, PRESET_OVERRIDES_OK, _is_tiny, find_runs, preset_of, run_row
+
+OK_OVERRIDES = PRESET_OVERRIDES_OK + ("name",)
 KEY = ["preset", "seed", "hardware"]
 
 
@@ -55,10 +57,8 @@ def _slug(text: str) -> str:
 def rows_from(roots: list[Path], hardware: str) -> list[tuple[dict, Path]]:
     out = []
     for r in find_runs(roots):
-        exp = r["choices"].get("experiment")
-        if (exp not in claims.PRESETS or r["choices"].get("sweep") or _is_tiny(r)
-                or r["privacy"].get("status") != "complete"
-                or any(k not in OK_OVERRIDES for k in _override_keys(r))):
+        exp = preset_of(r, allowed=OK_OVERRIDES)
+        if exp is None or _is_tiny(r) or r["privacy"].get("status") != "complete":
             continue
         row = run_row(r, hardware)
         m = r["metrics"]["test_accuracy"].dropna()
@@ -68,7 +68,7 @@ def rows_from(roots: list[Path], hardware: str) -> list[tuple[dict, Path]]:
 
 
 def collect(roots: list[Path], results: Path, hardware: str | None = None) -> Path:
-    hardware = hardware or detect_hardware()
+    hardware = hardware or describe_hardware()
     new = rows_from(roots, hardware)
     path = results / "seeds.csv"
     old = pd.read_csv(path) if path.exists() else pd.DataFrame()

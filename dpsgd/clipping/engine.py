@@ -106,4 +106,3 @@ class PerExampleClipper:
         grads, loss_sum, norms = vmap_clipped_sum(self.model, x, y, self.groups,
                                                   self.max_grad_norm, chunk_bytes=self.budget)
         return ClipResult(grads, loss_sum, norms)
-

@@ -21,6 +21,8 @@ per-example gradients from ``vmap`` over that module alone, using the same a and
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -173,11 +175,9 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
                     raise Unsupported(f"parameter '{n}' receives gradient from outside its module's "
                                       "forward call (e.g. weight tying or functional use)")
     grads = {}
-    owners = {}                                  # memory -> how many of the a's and b's use it
-    for _, a, b, _ in work:
-        for t in (a, b):
-            owners[_storage(t)] = owners.get(_storage(t), 0) + 1
-    owners[_storage(x)] = owners.get(_storage(x), 0) + 1
+    # memory -> how many of the a's, b's and the input x use it
+    owners = Counter(_storage(t) for _, a, b, _ in work for t in (a, b))
+    owners[_storage(x)] += 1
     for layer, a, b, state in work:
         f = {attr: cols[group_of[n]] for attr, n in layer.names.items()}
         own_b = b.is_contiguous() and owners[_storage(b)] == 1
