@@ -2,11 +2,17 @@
 
     python -m bench.bench_step            # full protocol, writes results/bench.csv
     python -m bench.bench_step --quick    # smoke run (few repetitions, small CNN lot)
+    python -m bench.bench_step --processes 1 --models mnist_pca60_mlp1000 --methods nonprivate,dpsgd_ghost
 
-Protocol (issue 5): one process; every method steps on the same in-memory lot; repetitions are
-interleaved (rep 1 of every method, then rep 2, ...) so that load drifts hit all methods alike;
-the first `--warmup` repetitions are dropped and the median of the rest is reported.
-A DP step is the lead's `dpsgd.optim.DPSGD.step` (clip, sum, noise σC, divide by L, SGD update),
+Protocol (issue 5): every method steps on the same in-memory lot; repetitions are interleaved
+(repetition 1 of every method, then repetition 2, ...) so that load drifts hit all methods alike;
+the first `--warmup` repetitions are dropped and the median of the rest is reported. A repetition
+is a block of consecutive steps, as a training loop runs them (`--block-s` seconds' worth, the
+count fixed per method from one timed step; `--block-s 0` times single steps). The whole protocol
+runs in `--processes` fresh processes one after the other (default 3); the CSV gives the median
+step time and the median, min and max of the in-process ratio to non-private SGD, because a
+process's memory layout alone moved the MNIST ratio by several hundredths on the 2-core CPU.
+A DP step is the lead's `dpsgd.optim.DPSGD.step` (noise, clip, sum, divide by L, SGD update),
 one physical batch = the whole lot, global clipping (Opacus' default, for a like-for-like
 comparison), C = 1, σ = 1. Opacus runs through `PrivacyEngine.make_private` (poisson_sampling off;
 the lot is fed directly) with grad_sample_mode "hooks" and "ghost".
@@ -29,6 +35,7 @@ import argparse
 import copy
 import csv
 import gc
+import math
 import os
 import statistics
 import subprocess
@@ -45,7 +52,8 @@ from dpsgd.models import MLP, CifarCNN
 from dpsgd.runtime import set_tf32, tune_allocator
 
 COLUMNS = ["method", "model", "device", "lot", "examples_per_s", "ratio_to_nonprivate",
-           "peak_mem_mb", "step_ms", "reps", "threads", "tf32"]
+           "ratio_min", "ratio_max", "peak_mem_mb", "step_ms", "processes", "reps", "steps_per_rep",
+           "threads", "tf32"]
 METHODS = ["nonprivate", "dpsgd_vmap", "dpsgd_ghost", "opacus_hooks", "opacus_ghost"]
 C, SIGMA, LR = 1.0, 1.0, 0.05
 
@@ -132,19 +140,14 @@ def sync(dev):
         torch.cuda.synchronize(dev)
 
 
-def timed(step, x, y, dev):
+def timed(step, x, y, dev, n: int = 1):
+    """Seconds per step over n consecutive steps (one synchronisation at each end)."""
     sync(dev)
     t0 = time.perf_counter()
-    step(x, y)
+    for _ in range(n):
+        step(x, y)
     sync(dev)
-    return time.perf_counter() - t0
-
-
-def _status_kb(key):
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
+    return (time.perf_counter() - t0) / n
 
 
 def drop_step_state(model):
@@ -209,7 +212,8 @@ def mem_child(spec, quick):
     print((_status_kb("VmHWM") - base) / 1024)
 
 
-def run_model(name, factory, in_shape, lot, dev, methods, reps, warmup, log, quick):
+def run_model(name, factory, in_shape, lot, dev, methods, reps, warmup, log, quick, block_s,
+              measure_mem=True):
     torch.manual_seed(0)
     base = factory().to(dev)
     x = torch.randn((lot,) + in_shape, device=dev)
@@ -221,11 +225,20 @@ def run_model(name, factory, in_shape, lot, dev, methods, reps, warmup, log, qui
             steps[m] = build(m, nets[m], lot)
         except Exception as e:                        # e.g. Opacus missing or incompatible
             log(f"  {m}: unavailable ({type(e).__name__}: {e})")
+    # steps per repetition: consecutive steps as a training loop runs them, enough for block_s
+    per_rep = {}
+    for m, step in list(steps.items()):
+        try:
+            step(x, y)                                # first call: library set-up, ghost's check
+            per_rep[m] = max(1, math.ceil(block_s / max(timed(step, x, y, dev), 1e-9)))
+        except Exception as e:
+            log(f"  {m}: failed ({type(e).__name__}: {e})")
+            del steps[m]
     times = {m: [] for m in steps}
     for r in range(warmup + reps):
         for m, step in list(steps.items()):
             try:
-                t = timed(step, x, y, dev)
+                t = timed(step, x, y, dev, per_rep[m])
             except Exception as e:
                 log(f"  {m}: failed ({type(e).__name__}: {e})")
                 del steps[m], times[m]
@@ -233,8 +246,10 @@ def run_model(name, factory, in_shape, lot, dev, methods, reps, warmup, log, qui
             if r >= warmup:
                 times[m].append(t)
         log(f"  rep {r + 1}/{warmup + reps}: " + ", ".join(
-            f"{m} {1e3 * times[m][-1]:.1f} ms" for m in times if times[m] and r >= warmup))
-    if dev.type == "cuda":
+            f"{m} {1e3 * times[m][-1]:.2f} ms" for m in times if times[m] and r >= warmup))
+    if not measure_mem:
+        mem = {m: float("nan") for m in steps}
+    elif dev.type == "cuda":
         mem = {m: peak_mem_mb(step, x, y, dev, nets[m]) for m, step in steps.items()}
     else:
         log("  peak memory (child processes) ...")
@@ -247,7 +262,8 @@ def run_model(name, factory, in_shape, lot, dev, methods, reps, warmup, log, qui
                          examples_per_s=round(lot / med[m], 1),
                          ratio_to_nonprivate=round(med[m] / ref, 3) if ref else float("nan"),
                          peak_mem_mb=round(mem[m], 1), step_ms=round(1e3 * med[m], 2),
-                         reps=len(times[m]), threads=torch.get_num_threads()))
+                         reps=len(times[m]), steps_per_rep=per_rep[m],
+                         threads=torch.get_num_threads()))
     return rows
 
 
@@ -265,6 +281,9 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="3 reps, 1 warm-up, CNN lot 64")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default 5; quick 3)")
     ap.add_argument("--warmup", type=int, default=None, help="dropped repetitions (default 1)")
+    ap.add_argument("--block-s", type=float, default=0.2,
+                    help="seconds of consecutive steps per repetition (steps per repetition fixed per "
+                         "method from one timed step; 0 = single steps)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: the machine is shared; 0 = torch default)")
     ap.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
@@ -281,7 +300,12 @@ def main(argv=None):
     ap.add_argument("--allocator", choices=["tuned", "default"], default="tuned",
                     help="tuned: glibc keeps freed buffers (as dpsgd.train does), for every method; "
                          "default: glibc's defaults (page faults on every large per-step buffer)")
+    ap.add_argument("--processes", type=int, default=3,
+                    help="repeat the whole measurement in this many fresh processes, one after the "
+                         "other, and report medians with the ratio's range: a process's memory "
+                         "layout alone moved the MNIST ratio by up to ±0.07 here")
     ap.add_argument("--out", default="results/bench.csv", help="CSV path (replaced atomically)")
+    ap.add_argument("--no-mem", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mem-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.mem_child:
@@ -290,8 +314,10 @@ def main(argv=None):
         return mem_child(args.mem_child, args.quick)
     reps = args.reps or (3 if args.quick else 5)
     warmup = args.warmup if args.warmup is not None else 1
-    if reps < 1 or warmup < 0:
-        ap.error("--reps must be >= 1 and --warmup >= 0")
+    if reps < 1 or warmup < 0 or args.block_s < 0 or args.processes < 1:
+        ap.error("--reps and --processes must be >= 1, --warmup >= 0 and --block-s >= 0")
+    if args.processes > 1:
+        return run_processes(args)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     tuned = tune_allocator() if args.allocator == "tuned" else False
@@ -324,14 +350,16 @@ def main(argv=None):
                 scan.append((name, factory, shape, lot))
         chosen = scan
     log(f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}, "
-        f"reps {reps} after {warmup} warm-up, allocator tuned: {tuned}, tf32 {args.tf32}")
+        f"reps {reps} after {warmup} warm-up, blocks of {args.block_s} s, allocator tuned: {tuned}, "
+        f"tf32 {args.tf32}")
     rows, oom = [], set()
     for name, factory, shape, lot in chosen:
         if name in oom:
             continue
         log(f"{name} (lot {lot})")
         try:
-            got = run_model(name, factory, shape, lot, dev, methods, reps, warmup, log, args.quick)
+            got = run_model(name, factory, shape, lot, dev, methods, reps, warmup, log, args.quick,
+                            args.block_s, measure_mem=not args.no_mem)
             rows += got
             if args.lots and not any(r["method"] != "nonprivate" for r in got):
                 oom.add(name)                         # no DP method ran at this lot: end the scan
@@ -341,7 +369,12 @@ def main(argv=None):
             torch.cuda.empty_cache()
     for r in rows:
         r["tf32"] = args.tf32 if dev.type == "cuda" else "n/a"
-    out = Path(args.out)
+        r.update(processes=1, ratio_min=r["ratio_to_nonprivate"], ratio_max=r["ratio_to_nonprivate"])
+    write_rows(rows, Path(args.out))
+    log(f"wrote {args.out}")
+
+
+def write_rows(rows, out: Path):
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
     with tmp.open("w", newline="") as f:
@@ -350,7 +383,42 @@ def main(argv=None):
         w.writerows(rows)
     os.replace(tmp, out)
     print_table(rows)
-    log(f"wrote {out}")
+
+
+def run_processes(args):
+    """The whole protocol in args.processes fresh processes, one after the other; per (model, lot,
+    method): median step time, median and range of the in-process ratio to non-private SGD.
+    Peak memory comes from the first process (it is deterministic)."""
+    import tempfile
+
+    flags = ["--reps", args.reps, "--warmup", args.warmup, "--block-s", args.block_s,
+             "--threads", args.threads, "--device", args.device, "--lot", args.lot,
+             "--lots", args.lots, "--cnn-lot", args.cnn_lot, "--models", args.models,
+             "--methods", args.methods, "--tf32", args.tf32, "--allocator", args.allocator]
+    base = [sys.executable, "-m", "bench.bench_step", "--processes", "1"] + (
+        ["--quick"] if args.quick else []) + [str(v) for pair in zip(flags[::2], flags[1::2])
+                                              if pair[1] is not None for v in pair]
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.processes):
+            print(f"== process {i + 1}/{args.processes}", file=sys.stderr, flush=True)
+            path = Path(tmp) / f"p{i}.csv"
+            subprocess.run(base + ["--out", str(path)] + (["--no-mem"] if i else []), check=True,
+                           cwd=Path(__file__).resolve().parents[1])
+            with path.open() as f:
+                runs.append(list(csv.DictReader(f)))
+    rows = []
+    for r0 in runs[0]:
+        key = (r0["model"], r0["lot"], r0["method"])
+        same = [r for run in runs for r in run if (r["model"], r["lot"], r["method"]) == key]
+        ms = statistics.median(float(r["step_ms"]) for r in same)
+        ratios = [float(r["ratio_to_nonprivate"]) for r in same]
+        rows.append(dict(r0, step_ms=round(ms, 3), examples_per_s=round(int(r0["lot"]) / ms * 1e3, 1),
+                         ratio_to_nonprivate=round(statistics.median(ratios), 3),
+                         ratio_min=min(ratios), ratio_max=max(ratios), processes=len(same),
+                         steps_per_rep=int(statistics.median(int(r["steps_per_rep"]) for r in same))))
+    write_rows(rows, Path(args.out))
+    print(f"wrote {args.out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -331,6 +331,23 @@ def test_conv_variants(conv, shape, budget):
         assert_close_dict(g.clipped_sum(x, y).grads, ref.grads)
 
 
+def test_conv_row_products_in_chunks_of_one_example(monkeypatch):
+    """The width-unfolded input is formed a chunk of examples at a time: chunks of one are exact."""
+    from dpsgd.clipping import layers
+
+    monkeypatch.setattr(layers, "CHUNK_BYTES", 1)
+    torch.manual_seed(0)
+    model = _conv_net(nn.Conv2d(16, 8, (3, 2), stride=(2, 1), dilation=(1, 2), padding=1)).to(DT)
+    x, y = torch.randn(5, 16, 9, 10, dtype=DT), torch.randint(0, 5, (5,))
+    model(x)
+    for budget in (2**28, 0):                    # kept per-example products; norms only
+        g = PerExampleClipper(model, 0.05, "global", mode="ghost", memory_budget_bytes=budget)
+        ref = PerExampleClipper(model, 0.05, "global", mode="vmap").clipped_sum(x, y)
+        res = g.clipped_sum(x, y)
+        assert_close_dict(res.grads, ref.grads)
+        torch.testing.assert_close(res.norms, ref.norms, rtol=1e-10, atol=1e-12)
+
+
 def test_vmap_chunking_is_exact():
     model, x, y = make("small_cnn", True)
     a = PerExampleClipper(model, 0.05, "per_layer", mode="vmap", memory_budget_bytes=1)
@@ -349,3 +366,49 @@ def test_clip_factors_are_exactly_one_below_C_and_C_over_norm_above(C):
     above = C * (1 + torch.rand(1000, generator=g, dtype=DT) * 10)
     torch.testing.assert_close(clip_factors(above, C), C / above, rtol=0, atol=0)
     assert torch.equal(clip_factors(above, None), torch.ones_like(above))
+
+
+def _accumulates_exactly(model, x, y, clipping, mode, budget=2**28):
+    """clipped_sum(out=acc) adds into acc in place: acc_after = acc_before + clipped_sum()."""
+    ref = PerExampleClipper(model, 0.05, clipping, mode="vmap").clipped_sum(x, y)
+    clipper = PerExampleClipper(model, 0.05, clipping, mode=mode, memory_budget_bytes=budget)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(2):                           # first call verifies, second is the fast path
+        before = {n: torch.randn(g.shape, generator=gen, dtype=g.dtype) for n, g in ref.grads.items()}
+        acc = {n: t.clone() for n, t in before.items()}
+        ptrs = {n: t.data_ptr() for n, t in acc.items()}
+        res = clipper.clipped_sum(x, y, out=acc)
+        assert all(res.grads[n] is acc[n] and acc[n].data_ptr() == ptrs[n] for n in acc)
+        assert_close_dict({n: acc[n] - before[n] for n in acc}, ref.grads, atol=1e-12)  # acc ~ 1
+    return clipper
+
+
+@pytest.mark.parametrize("clipping", ["global", "per_layer"])
+@pytest.mark.parametrize("mode", ["ghost", "vmap"])
+@pytest.mark.parametrize("name", ["mnist_mlp", "cifar_cnn"])
+def test_clipped_sum_accumulates_into_out(name, mode, clipping):
+    model, x, y = make(name, bias=True)
+    for budget in (2**28, 0):                    # conv: kept products / book-keeping
+        _accumulates_exactly(model, x, y, clipping, mode, budget)
+
+
+@pytest.mark.parametrize("budget", [2**28, 0])
+def test_clipped_sum_accumulates_into_out_for_every_layer_kind(budget):
+    torch.manual_seed(0)
+    seq = SeqModel().to(DT)                      # Embedding/LayerNorm (vmap), sequence Linear
+    _accumulates_exactly(seq, torch.randint(0, 20, (9, 4)), torch.randint(0, 10, (9,)), "global",
+                         "ghost", budget)
+    shared = SharedOutputGrad().to(DT)           # aliased output gradients, convs with bias
+    _accumulates_exactly(shared, torch.randn(7, 3, 4, 4, dtype=DT), torch.randint(0, 6, (7,)),
+                         "per_layer", "ghost", budget)
+
+
+def test_fallback_to_vmap_with_out_adds_once():
+    """A model ghost refuses on its first call falls back to vmap: out receives the sum once."""
+    torch.manual_seed(0)
+    model = Tied().to(DT)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        clipper = _accumulates_exactly(model, torch.randn(5, 6, dtype=DT), torch.randint(0, 3, (5,)),
+                                       "global", "auto")
+    assert clipper.mode == "vmap"

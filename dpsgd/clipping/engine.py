@@ -80,13 +80,18 @@ class PerExampleClipper:
         self.mode = "ghost" if mode in ("ghost", "auto") and ghost_ok else "vmap"
         self._verified = self.mode == "vmap"
 
-    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> ClipResult:
+    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor,
+                    out: dict[str, torch.Tensor] | None = None) -> ClipResult:
+        """Σ_i clip(g_i) for one physical batch. With ``out`` (a tensor per trainable parameter, e.g.
+        the noise already drawn, or the sum over earlier batches), the sum is added into it in
+        place and ``grads`` are those tensors: no parameter-sized temporary and no extra pass."""
         if x.shape[0] != y.shape[0]:
             raise ValueError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
         if x.shape[0] == 0:
             params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
             dtype = next(iter(params.values())).dtype
-            return ClipResult({n: torch.zeros_like(p) for n, p in params.items()},
+            grads = out if out is not None else {n: torch.zeros_like(p) for n, p in params.items()}
+            return ClipResult(grads,
                               torch.zeros((), dtype=dtype, device=x.device),
                               torch.zeros(0, len(self.groups), dtype=dtype, device=x.device))
         if self.mode == "ghost":
@@ -95,7 +100,7 @@ class PerExampleClipper:
                 with ieee_float32(not self._verified):
                     grads, loss_sum, norms = ghost_clipped_sum(
                         self.model, self._layers, x, y, self.groups, self.max_grad_norm,
-                        verify=not self._verified, budget_bytes=self.budget)
+                        verify=not self._verified, budget_bytes=self.budget, out=out)
                 self._verified = True
                 return ClipResult(grads, loss_sum, norms)
             except Unsupported as e:
@@ -103,6 +108,6 @@ class PerExampleClipper:
                     raise ValueError(f"mode='ghost' cannot handle this model: {e}") from None
                 warnings.warn(f"ghost clipping unavailable ({e}); falling back to vmap", stacklevel=2)
                 self.mode = "vmap"
-        grads, loss_sum, norms = vmap_clipped_sum(self.model, x, y, self.groups,
-                                                  self.max_grad_norm, chunk_bytes=self.budget)
+        grads, loss_sum, norms = vmap_clipped_sum(self.model, x, y, self.groups, self.max_grad_norm,
+                                                  chunk_bytes=self.budget, out=out)
         return ClipResult(grads, loss_sum, norms)

@@ -107,8 +107,11 @@ class Capture:
 
 
 def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool = False,
-                      budget_bytes: int = DEFAULT_BUDGET_BYTES):
-    """Σ_i clip(g_i) by ghost norms + book-keeping. Returns (grads by name, loss_sum, norms [B, k])."""
+                      budget_bytes: int = DEFAULT_BUDGET_BYTES, out: dict | None = None):
+    """Σ_i clip(g_i) by ghost norms + book-keeping. Returns (grads by name, loss_sum, norms [B, k]).
+
+    With ``out`` (a tensor per parameter name) the sums are accumulated into it in place. Every
+    Unsupported is raised before the first write into ``out``, so a caller may fall back to vmap."""
     capture = Capture(layers)
     with torch.enable_grad(), capture:
         logits = model(x)
@@ -178,13 +181,14 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
     # memory -> how many of the a's, b's and the input x use it
     owners = Counter(_storage(t) for _, a, b, _ in work for t in (a, b))
     owners[_storage(x)] += 1
-    for layer, a, b, state in work:
+    for layer, a, b, state in work:                # from here on: no Unsupported, writes into out
         f = {attr: cols[group_of[n]] for attr, n in layer.names.items()}
         own_b = b.is_contiguous() and owners[_storage(b)] == 1
-        for attr, g in layer.clipped_sum(a, b, state, f, own_b=own_b).items():
+        acc = None if out is None else {attr: out[n] for attr, n in layer.names.items()}
+        for attr, g in layer.clipped_sum(a, b, state, f, own_b=own_b, out=acc).items():
             grads[layer.names[attr]] = g
     for layer in layers:                         # modules not called / not reaching the loss
         for attr, n in layer.names.items():
             if n not in grads:
-                grads[n] = torch.zeros_like(getattr(layer.module, attr))
+                grads[n] = out[n] if out is not None else torch.zeros_like(getattr(layer.module, attr))
     return grads, total.detach(), norms

@@ -66,15 +66,16 @@ def clip_factors(norms: torch.Tensor, max_grad_norm: float | None) -> torch.Tens
 
 
 def vmap_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, groups: list[list[str]],
-                     max_grad_norm: float | None, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+                     max_grad_norm: float | None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                     out: dict[str, torch.Tensor] | None = None):
     """Σ_i clip(g_i) per parameter, Σ_i loss_i, per-example group norms [B, k].
 
     Chunks are clipped and summed one at a time, so at most one chunk of per-example gradients
-    is alive at once.
+    is alive at once. With ``out``, the sums are added into those tensors (and returned).
     """
     params, per_example = _per_example_fn(model)
     group_of = {n: g for g, names in enumerate(groups) for n in names}
-    sums = {n: torch.zeros_like(p) for n, p in params.items()}
+    sums = out if out is not None else {n: torch.zeros_like(p) for n, p in params.items()}
     B = x.shape[0]
     if B == 0:
         return sums, x.new_zeros((), dtype=_norm_dtype(params)), x.new_zeros((0, len(groups)), dtype=_norm_dtype(params))

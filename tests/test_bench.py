@@ -1,0 +1,23 @@
+"""The step benchmark's protocol runs end to end (tiny settings; timings are never asserted)."""
+import csv
+import sys
+
+import pytest
+
+from bench import bench_step
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory children read /proc")
+def test_bench_step_processes_aggregate(tmp_path):
+    out = tmp_path / "bench.csv"
+    bench_step.main(["--processes", "2", "--models", "mnist_pca60_mlp1000", "--methods",
+                     "nonprivate,dpsgd_ghost", "--reps", "2", "--warmup", "0", "--block-s", "0.01",
+                     "--lot", "64", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert [r["method"] for r in rows] == ["nonprivate", "dpsgd_ghost"]
+    assert all(r.keys() == set(bench_step.COLUMNS) for r in rows)
+    for r in rows:
+        assert r["processes"] == "2" and int(r["steps_per_rep"]) >= 1
+        assert float(r["ratio_min"]) <= float(r["ratio_to_nonprivate"]) <= float(r["ratio_max"])
+        assert float(r["examples_per_s"]) > 0 and float(r["peak_mem_mb"]) >= 0
+    assert float(rows[0]["ratio_to_nonprivate"]) == 1.0
