@@ -20,12 +20,16 @@ import numpy as np
 import torch
 
 
+CHUNK = {"cpu": 1 << 16}           # elements drawn at once by add_ (other devices: whole tensor)
+
+
 class GaussianNoise:
     """Draws N(0, std²) tensors from a seeded generator or from OS entropy."""
 
     def __init__(self, seed: int | None = None, secure: bool = False, device: str | torch.device = "cpu"):
         self.device = torch.device(device)
         self.secure = bool(secure)
+        self._scratch = None                 # add_'s reusable chunk buffer
         if self.secure:
             if seed is not None:
                 raise ValueError(
@@ -56,14 +60,25 @@ class GaussianNoise:
         return torch.normal(0.0, float(std), size=tuple(shape), generator=self.generator,
                             device=self.device, dtype=dtype)
 
-    def fill_(self, t: torch.Tensor, std: float) -> torch.Tensor:
-        """t ← N(0, std² I) in place: the noise is drawn straight into the buffer that the clipped
-        sum is then accumulated into (``DPSGD``), so no noise-sized tensor is allocated on top."""
+    def add_(self, t: torch.Tensor, std: float) -> torch.Tensor:
+        """t += N(0, std² I) in place, drawn in chunks into a small reusable buffer on CPU.
+
+        The same draws as ``sample`` would give for the same shapes in the seeded mode up to how
+        the stream is cut; no noise tensor of t's size is ever allocated (memory of the DP step)."""
         if std == 0 or t.numel() == 0:
-            return t.zero_()
-        if self.secure or not t.is_contiguous():
-            return t.copy_(self.sample(t.shape, std, dtype=t.dtype))
-        return t.normal_(0.0, float(std), generator=self.generator)
+            return t
+        flat = t.view(-1) if t.is_contiguous() else None
+        if flat is None or self.secure:
+            return t.add_(self.sample(t.shape, std, dtype=t.dtype))
+        chunk = min(flat.numel(), CHUNK.get(t.device.type, flat.numel()))
+        buf = self._scratch
+        if buf is None or buf.dtype != t.dtype or buf.device != t.device or buf.numel() < chunk:
+            buf = self._scratch = torch.empty(chunk, dtype=t.dtype, device=t.device)
+        for s in range(0, flat.numel(), chunk):
+            z = buf[:min(chunk, flat.numel() - s)]
+            z.normal_(0.0, float(std), generator=self.generator)
+            flat[s:s + z.numel()].add_(z)
+        return t
 
     # --- checkpointing -------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -56,24 +56,26 @@ class DPSGD:
         return total, loss_sum, lot_size
 
     def _noisy_sum(self, x, y, physical_batch_size):
-        """N(0, σ²C²) + Σ_i clip(g_i) per parameter (no division yet).
+        """Σ_i clip(g_i) + N(0, σ²C²) per parameter (no division yet).
 
-        The noise is drawn first, straight into the accumulators, and each physical batch's
-        clipped sum is added onto it in place (for Linear layers inside the weight-gradient GEMM
-        itself): no separate noise tensor and no extra pass over the parameters. The noise
-        stream does not depend on the data, so drawing it first changes nothing in distribution."""
+        The first physical batch's sums become the accumulators; later batches are added into
+        them in place (``clipped_sum(..., out=...)``; for Linear layers inside the weight-gradient
+        GEMM), and the noise is added last, in place. Allocating the accumulators only after the
+        first batch's backward pass keeps them out of the step's memory peak."""
         physical_batch_size = physical_batch_size or max(1, len(x))
-        total = {n: torch.empty_like(p) for n, p in self.params.items()}
-        with torch.no_grad():
-            for g in total.values():
-                self.noise.fill_(g, self.sigma * self.C)
+        total = None                       # Σ_i clip(g_i), accumulated over physical batches
         loss_sum = None                    # Σ_i loss_i as a tensor: no device sync per step
         for start in range(0, len(x), physical_batch_size):
             res = self.clipper.clipped_sum(x[start:start + physical_batch_size],
                                            y[start:start + physical_batch_size], out=total)
+            total = res.grads
             loss_sum = res.loss_sum if loss_sum is None else loss_sum + res.loss_sum
-        if loss_sum is None:               # empty lot: the step is the noise alone
+        if total is None:                  # empty lot: the step is the noise alone
+            total = {n: torch.zeros_like(p) for n, p in self.params.items()}
             loss_sum = torch.zeros((), device=x.device)
+        with torch.no_grad():
+            for g in total.values():
+                self.noise.add_(g, self.sigma * self.C)
         return total, loss_sum, len(x)
 
     def step(self, x: torch.Tensor, y: torch.Tensor, physical_batch_size: int | None = None) -> dict:

@@ -246,7 +246,7 @@ class Conv2dLayer(_Layer):
             else:                                                   # book-keeping: ∇W for c ⊙ b
                 f = factors["weight"][:, None, None, None]
                 g = self._weight_grad(a, b.mul_(f) if own_b else b * f)
-            grads["weight"] = _acc(g.contiguous(), out.get("weight"))
+            grads["weight"] = _acc(g, out.get("weight")) if "weight" in out else g.contiguous()
         return grads
 
 
