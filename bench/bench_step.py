@@ -6,7 +6,9 @@
 
 Protocol (issue 5): every method steps on the same in-memory lot; repetitions are interleaved
 (repetition 1 of every method, then repetition 2, ...) so that load drifts hit all methods alike;
-the first `--warmup` repetitions are dropped and the median of the rest is reported. A repetition
+the first `--warmup` repetitions are dropped and medians of the rest are reported: the step time,
+and the ratio to non-private SGD as the median of per-repetition ratios (each method's block over
+the non-private block of the same repetition, so drifts in machine speed cancel). A repetition
 is a block of consecutive steps, as a training loop runs them (`--block-s` seconds' worth, the
 count fixed per method from one timed step; `--block-s 0` times single steps). The whole protocol
 runs in `--processes` fresh processes one after the other (default 3); the CSV gives the median
@@ -255,12 +257,15 @@ def run_model(name, factory, in_shape, lot, dev, methods, reps, warmup, log, qui
         log("  peak memory (child processes) ...")
         mem = {m: cpu_peak_mem_mb(name, m, lot, quick) for m in steps}
     med = {m: statistics.median(t) for m, t in times.items() if t}
-    ref = med.get("nonprivate")
+    ref = times.get("nonprivate")
     rows = []
     for m in med:
+        # paired: the median over repetitions of (this method's block ÷ the non-private block
+        # of the same repetition), so drifts in machine speed between repetitions cancel
+        ratio = statistics.median(t / r for t, r in zip(times[m], ref)) if ref else float("nan")
         rows.append(dict(method=m, model=name, device=dev.type, lot=lot,
                          examples_per_s=round(lot / med[m], 1),
-                         ratio_to_nonprivate=round(med[m] / ref, 3) if ref else float("nan"),
+                         ratio_to_nonprivate=round(ratio, 3),
                          peak_mem_mb=round(mem[m], 1), step_ms=round(1e3 * med[m], 2),
                          reps=len(times[m]), steps_per_rep=per_rep[m],
                          threads=torch.get_num_threads()))
@@ -279,9 +284,9 @@ def print_table(rows, out=sys.stdout):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 reps, 1 warm-up, CNN lot 64")
-    ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default 5; quick 3)")
+    ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default 9; quick 3)")
     ap.add_argument("--warmup", type=int, default=None, help="dropped repetitions (default 1)")
-    ap.add_argument("--block-s", type=float, default=0.2,
+    ap.add_argument("--block-s", type=float, default=0.5,
                     help="seconds of consecutive steps per repetition (steps per repetition fixed per "
                          "method from one timed step; 0 = single steps)")
     ap.add_argument("--threads", type=int, default=1,
@@ -312,7 +317,7 @@ def main(argv=None):
         torch.set_num_threads(max(1, args.threads))
         warnings.filterwarnings("ignore")
         return mem_child(args.mem_child, args.quick)
-    reps = args.reps or (3 if args.quick else 5)
+    reps = args.reps or (3 if args.quick else 9)
     warmup = args.warmup if args.warmup is not None else 1
     if reps < 1 or warmup < 0 or args.block_s < 0 or args.processes < 1:
         ap.error("--reps and --processes must be >= 1, --warmup >= 0 and --block-s >= 0")
