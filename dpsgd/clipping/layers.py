@@ -158,12 +158,12 @@ class Conv2dLayer(_Layer):
         """Per-example weight gradients as (G, perm): G.permute(perm)[i] has the weight's shape."""
         m, n = self.module, a.shape[0]
         if m.groups == 1 and m.in_channels >= 16:
-            return self._per_example_offsets(a, b), (0, 1, 4, 2, 3)
+            return self._per_example_rows(a, b), (0, 1, 4, 2, 3)
         g = self._weight_grad(a.reshape((1, -1) + a.shape[2:]), b.reshape((1, -1) + b.shape[2:]),
                               groups_mult=n)
         return g.view((n,) + tuple(m.weight.shape)), None
 
-    def _per_example_offsets(self, a, b):
+    def _per_example_rows(self, a, b):
         """G[i, o, u, v, c] = Σ_t b[i, o, t] · x[i, c, t·stride + (u, v)·dilation] (groups = 1)."""
         n, cout = b.shape[:2]
         kh, kw = self.module.kernel_size
