@@ -83,8 +83,8 @@ class PerExampleClipper:
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor,
                     out: dict[str, torch.Tensor] | None = None) -> ClipResult:
         """Σ_i clip(g_i) for one physical batch. With ``out`` (a tensor per trainable parameter, e.g.
-        the noise already drawn, or the sum over earlier batches), the sum is added into it in
-        place and ``grads`` are those tensors: no parameter-sized temporary and no extra pass."""
+        the sum over the lot's earlier physical batches), the sum is added into it in place and
+        ``grads`` are those tensors: no parameter-sized temporary and no extra pass."""
         if x.shape[0] != y.shape[0]:
             raise ValueError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
         if x.shape[0] == 0:

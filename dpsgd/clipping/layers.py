@@ -3,7 +3,7 @@
 Each rule gets a layer's input a and output gradient b (of Σ_i loss_i) for the physical batch:
   LinearLayer  (any input [B, ..., d]): ‖a_i‖²‖b_i‖² on 2-D input; otherwise the ghost Gram form
                ⟨a_i a_iᵀ, b_i b_iᵀ⟩ or the explicit ‖b_iᵀ a_i‖², whichever is cheaper (Bu et al. 2023);
-  Conv2dLayer  explicit per-example products without unfolding (see the class);
+  Conv2dLayer  explicit per-example products, one kernel row at a time, without a full unfold (see the class);
   GenericLayer any other leaf module with parameters: vmap of the module's vjp (exact, materialises).
 Clipped sums are book-keeping: (c ⊙ b)ᵀ a, or the weighted sum of kept per-example products.
 """
@@ -202,7 +202,7 @@ class Conv2dLayer(_Layer):
                 rows = X[:, u * dh: u * dh + sh * (ho - 1) + 1: sh]  # [n, Ho, Wo, kw, Cin]
                 yield s, u, torch.bmm(bf[s:s + step], rows.reshape(x.shape[0], ho * wo, kw * cin))
 
-    def _sq_norms_offsets(self, a, b):
+    def _sq_norms_rows(self, a, b):
         """Σ_u ‖G[:, :, u]‖², one kernel row (and chunk of examples) at a time: nothing kept."""
         sq = torch.zeros(a.shape[0], dtype=b.dtype, device=b.device)
         for s, _, G_u in self._row_products(a, b):
@@ -221,7 +221,7 @@ class Conv2dLayer(_Layer):
                 state = self._per_example(a, b)
                 out["weight"] = _sq(state[0].flatten(1))
             elif self.module.groups == 1 and self.module.in_channels >= 16:
-                out["weight"] = self._sq_norms_offsets(a, b)
+                out["weight"] = self._sq_norms_rows(a, b)
             else:
                 step = max(1, CHUNK_BYTES // (self.module.weight.numel() * a.element_size()))
                 sq = torch.empty(a.shape[0], dtype=a.dtype, device=a.device)
