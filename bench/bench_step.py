@@ -396,13 +396,13 @@ def run_processes(args):
     Peak memory comes from the first process (it is deterministic)."""
     import tempfile
 
-    flags = ["--reps", args.reps, "--warmup", args.warmup, "--block-s", args.block_s,
-             "--threads", args.threads, "--device", args.device, "--lot", args.lot,
-             "--lots", args.lots, "--cnn-lot", args.cnn_lot, "--models", args.models,
-             "--methods", args.methods, "--tf32", args.tf32, "--allocator", args.allocator]
-    base = [sys.executable, "-m", "bench.bench_step", "--processes", "1"] + (
-        ["--quick"] if args.quick else []) + [str(v) for pair in zip(flags[::2], flags[1::2])
-                                              if pair[1] is not None for v in pair]
+    opts = {"--reps": args.reps, "--warmup": args.warmup, "--block-s": args.block_s,
+            "--threads": args.threads, "--device": args.device, "--lot": args.lot,
+            "--lots": args.lots, "--cnn-lot": args.cnn_lot, "--models": args.models,
+            "--methods": args.methods, "--tf32": args.tf32, "--allocator": args.allocator}
+    base = [sys.executable, "-m", "bench.bench_step", "--processes", "1"]
+    base += ["--quick"] if args.quick else []
+    base += [str(v) for opt, val in opts.items() if val is not None for v in (opt, val)]
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.processes):

@@ -131,6 +131,7 @@ class Conv2dLayer(_Layer):
         super().__init__(module, names)
         m = module
         self.explicit_pad = isinstance(m.padding, str) or m.padding_mode != "zeros"
+        self.by_rows = m.groups == 1 and m.in_channels >= 16       # `_row_products`, else grouped conv
         self.padding = [0, 0] if self.explicit_pad else list(m.padding)
 
     def prepare(self, a):
@@ -157,7 +158,7 @@ class Conv2dLayer(_Layer):
     def _per_example(self, a, b):
         """Per-example weight gradients as (G, perm): G.permute(perm)[i] has the weight's shape."""
         m, n = self.module, a.shape[0]
-        if m.groups == 1 and m.in_channels >= 16:
+        if self.by_rows:
             return self._per_example_rows(a, b), (0, 1, 4, 2, 3)
         g = self._weight_grad(a.reshape((1, -1) + a.shape[2:]), b.reshape((1, -1) + b.shape[2:]),
                               groups_mult=n)
@@ -220,7 +221,7 @@ class Conv2dLayer(_Layer):
             if keep:
                 state = self._per_example(a, b)
                 out["weight"] = _sq(state[0].flatten(1))
-            elif self.module.groups == 1 and self.module.in_channels >= 16:
+            elif self.by_rows:
                 out["weight"] = self._sq_norms_rows(a, b)
             else:
                 step = max(1, CHUNK_BYTES // (self.module.weight.numel() * a.element_size()))
@@ -246,7 +247,7 @@ class Conv2dLayer(_Layer):
             else:                                                   # book-keeping: ∇W for c ⊙ b
                 f = factors["weight"][:, None, None, None]
                 g = self._weight_grad(a, b.mul_(f) if own_b else b * f)
-            grads["weight"] = _acc(g, out.get("weight")) if "weight" in out else g.contiguous()
+            grads["weight"] = _acc(g, out.get("weight"))
         return grads
 
 
@@ -260,7 +261,7 @@ def _mv(mat, vec, out):
 
 
 def _acc(g, out):
-    return g if out is None else out.add_(g)
+    return g.contiguous() if out is None else out.add_(g)
 
 
 def _sq(t: torch.Tensor) -> torch.Tensor:

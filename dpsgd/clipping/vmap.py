@@ -77,11 +77,12 @@ def vmap_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, groups:
     group_of = {n: g for g, names in enumerate(groups) for n in names}
     sums = out if out is not None else {n: torch.zeros_like(p) for n, p in params.items()}
     B = x.shape[0]
+    loss_sum = x.new_zeros((), dtype=_norm_dtype(params))
     if B == 0:
-        return sums, x.new_zeros((), dtype=_norm_dtype(params)), x.new_zeros((0, len(groups)), dtype=_norm_dtype(params))
+        return sums, loss_sum, x.new_zeros((0, len(groups)), dtype=loss_sum.dtype)
     n_params = sum(p.numel() for p in params.values())
     chunk = max(1, min(B, chunk_bytes // max(1, n_params * x.element_size())))
-    norms_all, loss_sum = [], x.new_zeros((), dtype=_norm_dtype(params))
+    norms_all = []
     for s in range(0, B, chunk):
         g, losses = per_example(params, x[s:s + chunk], y[s:s + chunk])
         sq = torch.stack([sum(g[n].flatten(1).pow(2).sum(1) for n in names) for names in groups], 1)
