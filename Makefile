@@ -45,6 +45,7 @@ test-all: $(STAMP) data ## run every test, slow ones included
 bench: $(STAMP) data ## benchmarks: DP step vs non-private vs Opacus, accountant speed
 	$(PY) -m pip install -q opacus==1.6.0
 	$(PY) -m bench.bench_step
+	$(PY) -m bench.bench_gemm
 	$(PY) -m bench.bench_accountant
 
 figures: $(STAMP) ## redraw every figure from the committed CSVs in results/ (no training)

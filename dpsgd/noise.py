@@ -61,16 +61,18 @@ class GaussianNoise:
                             device=self.device, dtype=dtype)
 
     def add_(self, t: torch.Tensor, std: float) -> torch.Tensor:
-        """t += N(0, std² I) in place, drawn in chunks into a small reusable buffer on CPU.
+        """t += N(0, std² I) in place; on CPU, tensors over CHUNK elements are drawn in chunks into a
+        small reusable buffer, so no noise tensor of t's size is allocated (memory of the DP step).
 
         The same draws as ``sample`` would give for the same shapes in the seeded mode up to how
-        the stream is cut; no noise tensor of t's size is ever allocated (memory of the DP step)."""
-        if std == 0 or t.numel() == 0:
+        the stream is cut."""
+        n = t.numel()
+        if std == 0 or n == 0:
             return t
-        flat = t.view(-1) if t.is_contiguous() else None
-        if flat is None or self.secure:
+        chunk = CHUNK.get(t.device.type, n)
+        if n <= chunk or self.secure or not t.is_contiguous():    # small: one draw, no slicing
             return t.add_(self.sample(t.shape, std, dtype=t.dtype))
-        chunk = min(flat.numel(), CHUNK.get(t.device.type, flat.numel()))
+        flat = t.view(-1)
         buf = self._scratch
         if buf is None or buf.dtype != t.dtype or buf.device != t.device or buf.numel() < chunk:
             buf = self._scratch = torch.empty(chunk, dtype=t.dtype, device=t.device)

@@ -66,8 +66,9 @@ class DPSGD:
         total = None                       # Σ_i clip(g_i), accumulated over physical batches
         loss_sum = None                    # Σ_i loss_i as a tensor: no device sync per step
         for start in range(0, len(x), physical_batch_size):
-            res = self.clipper.clipped_sum(x[start:start + physical_batch_size],
-                                           y[start:start + physical_batch_size], out=total)
+            xb, yb = ((x, y) if physical_batch_size >= len(x) else
+                      (x[start:start + physical_batch_size], y[start:start + physical_batch_size]))
+            res = self.clipper.clipped_sum(xb, yb, out=total)
             total = res.grads
             loss_sum = res.loss_sum if loss_sum is None else loss_sum + res.loss_sum
         if total is None:                  # empty lot: the step is the noise alone

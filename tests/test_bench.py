@@ -21,3 +21,18 @@ def test_bench_step_processes_aggregate(tmp_path):
         assert float(r["ratio_min"]) <= float(r["ratio_to_nonprivate"]) <= float(r["ratio_max"])
         assert float(r["examples_per_s"]) > 0 and float(r["peak_mem_mb"]) >= 0
     assert float(rows[0]["ratio_to_nonprivate"]) == 1.0
+
+
+def test_bench_gemm_routes_agree_and_csv(tmp_path):
+    from bench import bench_gemm
+
+    for p, d in [(1000, 60), (10, 1000)]:
+        got = {k: f() for k, f in bench_gemm.routes(p, d, 16).items()}
+        assert got["direct"].shape == got["transposed"].shape == (p, d)
+        assert got["transposed"].is_contiguous()
+        assert (got["direct"] - got["transposed"]).abs().max() <= 1e-4 * got["direct"].abs().max()
+    out = tmp_path / "gemm.csv"
+    bench_gemm.main(["--batch", "8", "--rounds", "1", "--calls", "1", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == len(bench_gemm.SHAPES) and all(r.keys() == set(bench_gemm.COLUMNS) for r in rows)
+    assert {r["engine_uses"] for r in rows} == {"direct", "transposed"}

@@ -355,17 +355,22 @@ def test_vmap_chunking_is_exact():
     assert_close_dict(a.clipped_sum(x, y).grads, b.clipped_sum(x, y).grads, rtol=1e-12)
 
 
-@pytest.mark.parametrize("C", [0.1, 0.3, 1.0, 3.3, 4.0])
-def test_clip_factors_are_exactly_one_below_C_and_C_over_norm_above(C):
+# 10.25 (float32) and 12.25, 49.0 (float64): values where reciprocal(C)·C < 1
+@pytest.mark.parametrize("C", [0.1, 0.3, 1.0, 3.3, 4.0, 10.25, 12.25, 49.0])
+@pytest.mark.parametrize("dtype", [torch.float32, DT])
+def test_clip_factors_are_exactly_one_below_C_and_C_over_norm_above(C, dtype):
     from dpsgd.clipping import clip_factors
 
     g = torch.Generator().manual_seed(0)
-    below = torch.rand(50_000, generator=g) * C
-    below[:2] = torch.tensor([0.0, C])                        # zero gradient; exactly at the bound
+    below = torch.rand(50_000, generator=g, dtype=dtype) * C
+    below[:2] = torch.tensor([0.0, C], dtype=dtype)           # zero gradient; exactly at the bound
     assert torch.equal(clip_factors(below, C), torch.ones_like(below))
-    above = C * (1 + torch.rand(1000, generator=g, dtype=DT) * 10)
-    torch.testing.assert_close(clip_factors(above, C), C / above, rtol=0, atol=0)
+    above = C * (1 + torch.rand(1000, generator=g, dtype=dtype) * 10)
+    c = torch.tensor(C, dtype=dtype).item()              # C as the tensor's dtype holds it
+    exact = torch.tensor([c / v for v in above.tolist()], dtype=DT).to(dtype)  # correctly rounded
+    torch.testing.assert_close(clip_factors(above, C), exact, rtol=0, atol=0)
     assert torch.equal(clip_factors(above, None), torch.ones_like(above))
+    assert torch.equal(clip_factors(torch.tensor([float("inf")], dtype=dtype), C), torch.zeros(1, dtype=dtype))
 
 
 def _accumulates_exactly(model, x, y, clipping, mode, budget=2**28):
@@ -412,3 +417,18 @@ def test_fallback_to_vmap_with_out_adds_once():
         clipper = _accumulates_exactly(model, torch.randn(5, 6, dtype=DT), torch.randint(0, 3, (5,)),
                                        "global", "auto")
     assert clipper.mode == "vmap"
+
+
+@pytest.mark.parametrize("wide", [1, 10**9])     # every Linear weight sum transposed / none
+@pytest.mark.parametrize("name", ["mnist_mlp", "deep_mlp"])
+def test_linear_weight_sum_either_gemm_route(monkeypatch, name, wide):
+    """(c ⊙ b)ᵀ a and (aᵀ (c ⊙ b))ᵀ (layers.WIDE_OUTPUT) give the vmap sums, also into out."""
+    from dpsgd.clipping import layers
+    monkeypatch.setattr(layers, "WIDE_OUTPUT", wide)
+    model, x, y = make(name, bias=True)
+    for clipping in ("global", "per_layer"):
+        got = PerExampleClipper(model, 0.05, clipping, mode="ghost").clipped_sum(x, y)
+        ref = PerExampleClipper(model, 0.05, clipping, mode="vmap").clipped_sum(x, y)
+        assert_close_dict(got.grads, ref.grads)
+        assert all(g.is_contiguous() for g in got.grads.values())
+        _accumulates_exactly(model, x, y, clipping, "ghost")

@@ -106,6 +106,7 @@ class Capture:
         return hook
 
 
+@torch.no_grad()                     # only the forward pass records a graph (enable_grad below)
 def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool = False,
                       budget_bytes: int = DEFAULT_BUDGET_BYTES, out: dict | None = None):
     """Σ_i clip(g_i) by ghost norms + book-keeping. Returns (grads by name, loss_sum, norms [B, k]).
@@ -115,8 +116,7 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
     capture = Capture(layers)
     with torch.enable_grad(), capture:
         logits = model(x)
-        losses = F.cross_entropy(logits, y, reduction="none")
-        total = losses.sum()
+        total = F.cross_entropy(logits, y, reduction="sum")
     recs = capture.records
     order = [i for i in sorted(recs) if recs[i][1] is not None]
     for i in order:
@@ -143,10 +143,11 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
         if b is None:                            # output does not reach the loss: zero gradient
             continue
         p0 = getattr(layer.module, next(iter(layer.names)))
-        a = layer.prepare(recs[i][0].detach())
-        if a.is_floating_point():
+        a = layer.prepare(recs[i][0])
+        if a.is_floating_point() and a.dtype != p0.dtype:
             a = a.to(p0.dtype)
-        b = b.to(p0.dtype)
+        if b.dtype != p0.dtype:
+            b = b.to(p0.dtype)
         need = layer.kept_bytes(a, b)
         keep = 0 < need and kept + need <= budget_bytes
         kept += need if keep else 0
@@ -158,10 +159,12 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
     dtype = work[0][2].dtype if work else logits.dtype
     if any(v is None for v in sq):               # a group with no gradient at all
         sq = [torch.zeros(B, dtype=dtype, device=x.device) if v is None else v for v in sq]
-    sq = sq[0].unsqueeze(1) if len(sq) == 1 else torch.stack(sq, 1)
-    norms = sq.sqrt()
-    factors = clip_factors(norms, max_grad_norm)
-    cols = factors.unbind(1)
+    if len(sq) == 1:                             # global clipping: no [B, 1] round trip
+        norm = sq[0].sqrt()
+        cols, norms = (clip_factors(norm, max_grad_norm),), norm.unsqueeze(1)
+    else:
+        norms = torch.stack(sq, 1).sqrt()
+        cols = clip_factors(norms, max_grad_norm).unbind(1)
 
     if verify:                                   # exact-structure check against autograd
         ones = torch.ones(B, dtype=dtype, device=x.device)

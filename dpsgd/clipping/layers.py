@@ -15,6 +15,10 @@ from torch import nn
 from torch.func import functional_call, vjp, vmap
 
 CHUNK_BYTES = 32 * 2**20             # per-example products formed at once when not kept
+# On CPU, a Linear weight gradient whose layer widens its input p ≥ WIDE_OUTPUT·d times is formed
+# as (aᵀ (c ⊙ b))ᵀ: a [d, p] product and a transposed copy, which the CPU BLAS runs faster for such
+# shapes (measured by `python -m bench.bench_gemm`, results/bench_gemm.csv).
+WIDE_OUTPUT = 8
 
 
 class Unsupported(RuntimeError):
@@ -51,12 +55,12 @@ class _Layer:
 class LinearLayer(_Layer):
     def sq_norms(self, a, b, keep):
         out = {}
-        if a.dim() == 2:                                         # T = 1: ‖a_i‖²‖b_i‖²
-            b_sq = _sq(b)
+        if a.dim() == 2:                                         # T = 1: (‖a_i‖ ‖b_i‖)²
+            nb = torch.linalg.vector_norm(b, dim=1)
             if "weight" in self.names:
-                out["weight"] = _sq(a) * b_sq
+                out["weight"] = torch.linalg.vector_norm(a, dim=1).mul_(nb).square_()
             if "bias" in self.names:
-                out["bias"] = b_sq
+                out["bias"] = nb.square_()
             return out, None
         A, Bm = a.flatten(1, -2), b.flatten(1, -2)               # [B, T, d], [B, T, p]
         state = None
@@ -79,6 +83,9 @@ class LinearLayer(_Layer):
                 grads["bias"] = _mv(b.t(), factors["bias"], out.get("bias"))
             if "weight" in self.names:                           # (c ⊙ b)ᵀ a: scale the smaller,
                 f = factors["weight"][:, None]                   # or b in place (no new buffer)
+                if b.is_cpu and b.shape[1] >= WIDE_OUTPUT * a.shape[1]:
+                    grads["weight"] = _mm_t((a * f).t(), b, out.get("weight"))
+                    return grads
                 if own_b and b.shape[1] <= 2 * a.shape[1]:
                     lhs, rhs = b.mul_(f).t(), a
                 elif b.shape[1] <= a.shape[1]:
@@ -254,6 +261,12 @@ class Conv2dLayer(_Layer):
 def _mm(lhs, rhs, out):
     """lhs @ rhs, or out += lhs @ rhs in place (one GEMM with β = 1: no temporary, no extra pass)."""
     return lhs @ rhs if out is None else out.addmm_(lhs, rhs)
+
+
+def _mm_t(lhs, rhs, out):
+    """(lhs @ rhs)ᵀ as a contiguous tensor, or out += (lhs @ rhs)ᵀ in place."""
+    t = (lhs @ rhs).t()
+    return t.contiguous() if out is None else out.add_(t)
 
 
 def _mv(mat, vec, out):

@@ -56,13 +56,14 @@ def per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
 
 
 def clip_factors(norms: torch.Tensor, max_grad_norm: float | None) -> torch.Tensor:
-    """min(1, C / ‖g_i‖); ones when clipping is disabled.
+    """min(1, C / ‖g_i‖) = C / max(‖g_i‖, C); ones when clipping is disabled.
 
-    Exactly 1 for every unclipped example (‖g_i‖ ≤ C: the division is correctly rounded and
-    monotone, so C / ‖g_i‖ ≥ 1 before the cap) and for zero gradients (C / 0 = inf, capped)."""
+    Exactly 1 for every unclipped example and for zero gradients (C / C), and C / ‖g_i‖ correctly
+    rounded above the bound: one true division. (``C / norms`` would not do: a tensor's reflected
+    division is reciprocal-then-multiply, which gives 1 − 2⁻⁵³ for C = ‖g_i‖ = 49 in float64.)"""
     if max_grad_norm is None:
         return torch.ones_like(norms)
-    return (max_grad_norm / norms).clamp_max_(1.0)
+    return torch.div(max_grad_norm, norms.clamp_min(max_grad_norm))
 
 
 def vmap_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, groups: list[list[str]],
