@@ -8,12 +8,12 @@ on a shared machine (best of a few repeats is reported).
 """
 from __future__ import annotations
 
-import csv
 import os
 import platform
 import time
 from pathlib import Path
 
+from bench import write_csv
 from dpsgd.accountant import Ledger, moments, pld, rdp
 
 DELTA = 1e-5
@@ -87,14 +87,8 @@ def main():
     rows.append(("ledger_steps_within_pld", bench_steps_within_pld(), 2.0,
                  "target eps 8 after 20k lots, q=0.01 sigma=2 groups=2 joint"))
     host = f"{platform.machine()} {os.cpu_count()} cpus, shared machine (noisy)"
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    tmp = OUT.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["benchmark", "value_s", "target_s", "notes"])
-        for name, val, target, note in rows:
-            w.writerow([name, f"{val:.6f}", target, f"{note}; {host}"])
-    tmp.replace(OUT)
+    write_csv([{"benchmark": name, "value_s": f"{val:.6f}", "target_s": target, "notes": f"{note}; {host}"}
+               for name, val, target, note in rows], OUT, ["benchmark", "value_s", "target_s", "notes"])
     print(f"{'benchmark':<48}{'value_s':>12}{'target_s':>10}")
     for name, val, target, _ in rows:
         flag = "" if val <= target else "  (over target)"

@@ -13,14 +13,13 @@ models and a few others, interleaved (round r of every shape and route, then rou
 from __future__ import annotations
 
 import argparse
-import csv
-import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from bench import write_csv
 from dpsgd.clipping.layers import WIDE_OUTPUT
 from dpsgd.runtime import tune_allocator
 
@@ -66,13 +65,7 @@ def main(argv=None):
                          engine_uses="transposed" if p >= WIDE_OUTPUT * d else "direct",
                          threads=torch.get_num_threads()))
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, out)
+    write_csv(rows, out, COLUMNS)
     print(f"{'p x d':>12} {'direct ms':>10} {'transp. ms':>11} {'faster':>11} {'engine':>11}")
     for r in rows:
         print(f"{r['p']:>6} x {r['d']:<4} {r['direct_ms']:>10.3f} {r['transposed_ms']:>11.3f} "

@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bench import write_csv
 from dpsgd.clipping import PerExampleClipper
 from dpsgd.models import MLP, CifarCNN
 from dpsgd.runtime import set_tf32, tune_allocator
@@ -380,13 +381,7 @@ def main(argv=None):
 
 
 def write_rows(rows, out: Path):
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, out)
+    write_csv(rows, out, COLUMNS)
     print_table(rows)
 
 
