@@ -42,7 +42,7 @@ test: $(STAMP) data ## run the test suite (slow end-to-end tests excluded)
 test-all: $(STAMP) data ## run every test, slow ones included
 	$(PY) -m pytest -q
 
-bench: $(STAMP) data ## benchmarks: DP step vs non-private vs Opacus, accountant speed
+bench: $(STAMP) data ## benchmarks: DP step vs non-private vs Opacus, GEMM orientation, accountant speed
 	$(PY) -m pip install -q opacus==1.6.0
 	$(PY) -m bench.bench_step
 	$(PY) -m bench.bench_gemm
