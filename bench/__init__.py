@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 import csv
-import os
+import io
 from pathlib import Path
+
+from dpsgd.checkpoint import atomic_write_text
 
 
 def write_csv(rows: list[dict], out: Path, columns: list[str]) -> None:
-    """Write rows to out atomically (a temporary file, then a rename): a crash never leaves half a CSV."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, out)
+    """Write rows to out atomically: a crash never leaves half a CSV."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns)
+    w.writeheader()
+    w.writerows(rows)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, buf.getvalue())

@@ -6,7 +6,7 @@ The ghost engine's book-keeping sum for a Linear layer on 2-D input is one produ
 G = (c ⊙ b)ᵀ a, G of shape [p, d] (p outputs, d inputs, B examples). The same numbers come out of
 (aᵀ (c ⊙ b))ᵀ: a [d, p] product and a transposed copy. CPU BLAS speed depends on the output's shape,
 so the engine takes the transposed route when the layer widens its input p ≥ WIDE_OUTPUT·d times
-(``dpsgd.clipping.layers``). This script times both routes for the weight shapes of the bench's
+(``dpsgd.clipping.layers.transposed_weight_sum``). This script times both routes for the weight shapes of the bench's
 models and a few others, interleaved (round r of every shape and route, then round r + 1, ...),
 1 torch thread, tuned allocator, as bench_step; median of the rounds after one warm-up round.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from bench import write_csv
-from dpsgd.clipping.layers import WIDE_OUTPUT
+from dpsgd.clipping.layers import transposed_weight_sum
 from dpsgd.runtime import tune_allocator
 
 # (p, d): MNIST paper net, raw-784 MLP, CIFAR net's FC layers, and narrower/wider variants
@@ -62,7 +62,7 @@ def main(argv=None):
         rows.append(dict(p=p, d=d, batch=args.batch, direct_ms=round(direct, 3),
                          transposed_ms=round(trans, 3),
                          faster="transposed" if trans < direct else "direct",
-                         engine_uses="transposed" if p >= WIDE_OUTPUT * d else "direct",
+                         engine_uses="transposed" if transposed_weight_sum(p, d) else "direct",
                          threads=torch.get_num_threads()))
     out = Path(args.out)
     write_csv(rows, out, COLUMNS)

@@ -76,8 +76,8 @@ class GaussianNoise:
         buf = self._scratch
         if buf is None or buf.dtype != t.dtype or buf.device != t.device or buf.numel() < chunk:
             buf = self._scratch = torch.empty(chunk, dtype=t.dtype, device=t.device)
-        for s in range(0, flat.numel(), chunk):
-            z = buf[:min(chunk, flat.numel() - s)]
+        for s in range(0, n, chunk):
+            z = buf[:min(chunk, n - s)]
             z.normal_(0.0, float(std), generator=self.generator)
             flat[s:s + z.numel()].add_(z)
         return t

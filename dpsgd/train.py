@@ -159,8 +159,8 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) ->
     t_start = time.time()
 
     def statement(status, stop_reason):
-        return privacy_statement(c, status, stop_reason, ledger, eps, sampler, k, noise, steps, epoch, fp, resumes,
-                          runtime_info)
+        return privacy_statement(c, status, stop_reason, ledger, eps, sampler, k, noise, steps, epoch, fp,
+                                 resumes, runtime_info)
 
     def checkpoint(complete, stop_reason):
         save_checkpoint(run_dir, {
@@ -215,8 +215,8 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) ->
             else:
                 ev = (math.nan, math.nan, math.nan)
             now = time.time()
-            row = metrics_row(epoch, steps, lr, float(loss_sum) / max(1, seen), ev, eps, c, sampler, clipper, k,
-                       now - t_epoch, wall_before + now - t_start)
+            row = metrics_row(epoch, steps, lr, float(loss_sum) / max(1, seen), ev, eps, c, sampler, clipper,
+                              k, now - t_epoch, wall_before + now - t_start)
             writer.append(row)
             progress_line(row, c)
             if not final:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dpsgd.checkpoint import atomic_write_text
 from dpsgd.runtime import describe_hardware
 
 from . import claims
@@ -85,9 +86,7 @@ def collect(roots: list[Path], results: Path, hardware: str | None = None) -> Pa
             shutil.copy2(Path(src) / f, dst / f)
     order = {p: i for i, p in enumerate(claims.PRESETS)}
     df = df.sort_values(["preset", "hardware", "seed"], key=lambda s: s.map(order) if s.name == "preset" else s)
-    tmp = path.with_suffix(".csv.tmp")
-    df.to_csv(tmp, index=False)
-    tmp.replace(path)
+    atomic_write_text(path, df.to_csv(index=False))
     print(f"{len(new)} run(s) merged; {len(df)} rows in {path}")
     return path
 

@@ -15,10 +15,15 @@ from torch import nn
 from torch.func import functional_call, vjp, vmap
 
 CHUNK_BYTES = 32 * 2**20             # per-example products formed at once when not kept
-# On CPU, a Linear weight gradient whose layer widens its input p ≥ WIDE_OUTPUT·d times is formed
-# as (aᵀ (c ⊙ b))ᵀ: a [d, p] product and a transposed copy, which the CPU BLAS runs faster for such
-# shapes (measured by `python -m bench.bench_gemm`, results/bench_gemm.csv).
-WIDE_OUTPUT = 8
+WIDE_OUTPUT = 8                      # see `transposed_weight_sum`
+
+
+def transposed_weight_sum(p: int, d: int) -> bool:
+    """Whether a CPU Linear layer with d inputs and p outputs forms its clipped weight sum as
+    (aᵀ (c ⊙ b))ᵀ: a [d, p] product and a transposed copy, which the CPU BLAS runs faster when the
+    layer widens its input p ≥ WIDE_OUTPUT·d times (`python -m bench.bench_gemm`,
+    results/bench_gemm.csv)."""
+    return p >= WIDE_OUTPUT * d
 
 
 class Unsupported(RuntimeError):
@@ -83,16 +88,16 @@ class LinearLayer(_Layer):
                 grads["bias"] = _mv(b.t(), factors["bias"], out.get("bias"))
             if "weight" in self.names:                           # (c ⊙ b)ᵀ a: scale the smaller,
                 f = factors["weight"][:, None]                   # or b in place (no new buffer)
-                if b.is_cpu and b.shape[1] >= WIDE_OUTPUT * a.shape[1]:
-                    grads["weight"] = _mm_t((a * f).t(), b, out.get("weight"))
-                    return grads
-                if own_b and b.shape[1] <= 2 * a.shape[1]:
-                    lhs, rhs = b.mul_(f).t(), a
-                elif b.shape[1] <= a.shape[1]:
-                    lhs, rhs = (b * f).t(), a
+                if b.is_cpu and transposed_weight_sum(b.shape[1], a.shape[1]):
+                    grads["weight"] = _acc(((a * f).t() @ b).t(), out.get("weight"))
                 else:
-                    lhs, rhs = b.t(), a * f
-                grads["weight"] = _mm(lhs, rhs, out.get("weight"))
+                    if own_b and b.shape[1] <= 2 * a.shape[1]:
+                        lhs, rhs = b.mul_(f).t(), a
+                    elif b.shape[1] <= a.shape[1]:
+                        lhs, rhs = (b * f).t(), a
+                    else:
+                        lhs, rhs = b.t(), a * f
+                    grads["weight"] = _mm(lhs, rhs, out.get("weight"))
             return grads
         A, Bm = a.flatten(1, -2), b.flatten(1, -2)
         if "bias" in self.names:
@@ -261,12 +266,6 @@ class Conv2dLayer(_Layer):
 def _mm(lhs, rhs, out):
     """lhs @ rhs, or out += lhs @ rhs in place (one GEMM with β = 1: no temporary, no extra pass)."""
     return lhs @ rhs if out is None else out.addmm_(lhs, rhs)
-
-
-def _mm_t(lhs, rhs, out):
-    """(lhs @ rhs)ᵀ as a contiguous tensor, or out += (lhs @ rhs)ᵀ in place."""
-    t = (lhs @ rhs).t()
-    return t.contiguous() if out is None else out.add_(t)
 
 
 def _mv(mat, vec, out):
