@@ -40,13 +40,18 @@ def _fsync_dir(path: Path) -> None:
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Replace ``path`` by ``data`` atomically; on failure (disk full, read-only) no temp file is left."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 
@@ -66,17 +71,68 @@ def _json_default(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be trusted (truncated, corrupted, old format, missing keys); one line."""
+
+
+_MAGIC = b"DPSGD-CHECKPOINT\n"
+FORMAT_VERSION = 2
+REQUIRED_KEYS = ("version", "epoch", "steps", "complete", "stop_reason", "model", "ledger", "sampler", "noise",
+                 "projection", "target_epsilon", "rows", "fingerprint", "overrides", "replay", "wall_time_s",
+                 "resumes", "statement")
+
+
 def save_checkpoint(run_dir: str | Path, state: dict) -> None:
+    """``checkpoint.pt``: a magic line, a JSON header {format, sha256, bytes} and the torch.save payload.
+
+    The SHA-256 of the payload is checked on every load, so a flipped byte or a truncated file is
+    refused instead of resuming from a silently corrupted model, projection or ledger."""
     buf = io.BytesIO()
-    torch.save(state, buf)
-    atomic_write_bytes(Path(run_dir) / CHECKPOINT, buf.getvalue())
+    torch.save(dict(state, version=FORMAT_VERSION), buf)
+    payload = buf.getvalue()
+    header = json.dumps({"format": FORMAT_VERSION, "sha256": hashlib.sha256(payload).hexdigest(),
+                         "bytes": len(payload)}).encode() + b"\n"
+    atomic_write_bytes(Path(run_dir) / CHECKPOINT, _MAGIC + header + payload)
 
 
 def load_checkpoint(run_dir: str | Path) -> dict | None:
+    """The verified checkpoint of ``run_dir``, None when there is none; CheckpointError (one line) when it
+    is empty, truncated, corrupted, of another format version or lacks a key."""
     path = Path(run_dir) / CHECKPOINT
     if not path.is_file():
         return None
-    return torch.load(path, map_location="cpu", weights_only=True)
+
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"resume: {path}: {why}; it cannot be resumed from (start a new run)")
+
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise bad(f"unreadable ({e.strerror or e})") from None
+    if not data.startswith(_MAGIC):
+        raise bad("empty" if not data else "not a dpsgd checkpoint of format version "
+                  f"{FORMAT_VERSION} (older versions carry no content hash)")
+    head_end = data.find(b"\n", len(_MAGIC))
+    try:
+        header = json.loads(data[len(_MAGIC):head_end])
+        fmt, digest, size = header["format"], header["sha256"], header["bytes"]
+    except (ValueError, KeyError, TypeError):
+        raise bad("damaged header") from None
+    if fmt != FORMAT_VERSION:
+        raise bad(f"format version {fmt}, this dpsgd reads version {FORMAT_VERSION}")
+    payload = data[head_end + 1:]
+    if len(payload) != size:
+        raise bad(f"truncated ({len(payload)} of {size} bytes)")
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise bad("content hash mismatch (the file was modified or corrupted)")
+    try:
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 (a payload that hashes right but does not load)
+        raise bad(f"payload does not load ({type(e).__name__})") from None
+    missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise bad(f"missing {', '.join(missing)}")
+    return state
 
 
 def fingerprint_hash(fp: dict) -> str:
@@ -92,7 +148,11 @@ def check_resumable(saved: dict, current: dict) -> None:
 
 
 class MetricsWriter:
-    """Tidy ``metrics.csv``: one row per epoch, each appended with flush + fsync."""
+    """Tidy ``metrics.csv``: one row per epoch, each appended with flush + fsync.
+
+    The file is never trusted to still be what was written: if it was removed, replaced or changed
+    size since the last row, the whole file (header and every row so far) is rewritten atomically
+    instead of appending to something else."""
 
     def __init__(self, run_dir: str | Path, columns: list[str], rows: list[dict] | None = None):
         self.path = Path(run_dir) / METRICS
@@ -101,11 +161,26 @@ class MetricsWriter:
         # (Re)write header + the rows we know of atomically: on resume this drops rows written after
         # the checkpoint (they are recomputed identically), so no epoch appears twice.
         self._keep_superseded()
+        self._rewrite()
+
+    def _csv(self, rows, header: bool) -> str:
         buf = io.StringIO()
         w = csv.DictWriter(buf, self.columns, extrasaction="ignore", lineterminator="\n")
-        w.writeheader()
-        w.writerows(self.rows)
-        atomic_write_text(self.path, buf.getvalue())
+        if header:
+            w.writeheader()
+        w.writerows(rows)
+        return buf.getvalue()
+
+    def _rewrite(self) -> None:
+        atomic_write_text(self.path, self._csv(self.rows, header=True))
+        self._seen = self._stat()
+
+    def _stat(self):
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_size
 
     def _keep_superseded(self) -> None:
         """Rows on disk beyond the checkpoint's go to metrics.superseded.csv rather than being lost."""
@@ -123,10 +198,12 @@ class MetricsWriter:
                 os.fsync(f.fileno())
 
     def append(self, row: dict) -> None:
-        buf = io.StringIO()
-        csv.DictWriter(buf, self.columns, extrasaction="ignore", lineterminator="\n").writerow(row)
+        self.rows.append(dict(row))
+        if self._stat() != self._seen:            # removed or replaced under us: rewrite it whole
+            self._rewrite()
+            return
         with open(self.path, "a") as f:
-            f.write(buf.getvalue())
+            f.write(self._csv([row], header=False))
             f.flush()
             os.fsync(f.fileno())
-        self.rows.append(dict(row))
+        self._seen = self._stat()

@@ -325,7 +325,8 @@ def build_model(m: ModelConfig, shape, classes: int):
 
 
 def privacy_fingerprint(c: Config) -> dict:
-    """The values a resumed run must share with the original (refused otherwise)."""
+    """The values a resumed run must share with the original (refused otherwise): everything the
+    privacy claim depends on, the target ε and the accountant that enforces it included."""
     d, m, p = c.dataset, c.model, c.privacy
     return {
         "dataset.name": d.name, "dataset.subset": d.subset, "dataset.crop": d.crop,
@@ -336,4 +337,5 @@ def privacy_fingerprint(c: Config) -> dict:
         "privacy.delta": p.delta, "privacy.clipping": p.clipping, "privacy.convention": p.convention,
         "privacy.sampling": p.sampling, "privacy.pca_fraction": p.pca_fraction,
         "privacy.secure_rng": p.secure_rng, "privacy.noise_seed": p.noise_seed, "seed": c.seed,
+        "privacy.target_epsilon": p.target_epsilon, "accountant.name": c.accountant.name,
     }

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from dpsgd.checkpoint import load_checkpoint
 from dpsgd.config import ConfigError
 from dpsgd.config import validate
-from dpsgd.train import _compose, prepare, train
+from dpsgd.train import _compose, prepare_resume, train
 
 REPO = Path(__file__).resolve().parent.parent
 ARGS = ["dataset.subset=3000", "privacy.lot_size=100", "privacy.physical_batch_size=100",
@@ -52,7 +53,7 @@ def _start_and_wait(args, cwd, run, rows):
 
 
 def _final_params(run):
-    return torch.load(run / "checkpoint.pt", weights_only=True)["model"]
+    return load_checkpoint(run)["model"]
 
 
 def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
@@ -93,7 +94,7 @@ def test_resume_with_different_privacy_values_is_refused_untouched(tmp_path):
                      ("privacy.sampling=shuffle", "privacy.sampling"), ("model.hidden=[50]", "model.hidden"),
                      ("dataset.subset=2000", "dataset.subset")]:
         with pytest.raises(ConfigError, match=re.escape(key)):
-            prepare([f"resume={run}", "training.epochs=4", bad])
+            prepare_resume([f"resume={run}", "training.epochs=4", bad])
     r = _run([f"resume={run}", "training.epochs=4", "privacy.sigma=3"], tmp_path)    # the real CLI
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
