@@ -87,6 +87,10 @@ def _nan(x):
     return math.nan if x is None else x
 
 
+def _none(x):
+    return None if x is None or x != x else x
+
+
 def metrics_row(epoch, steps, lr, lot_loss, ev, eps, c, sampler, clipper, k, epoch_time, wall):
     p, by = c.privacy, eps["by"]
     e = lambda a, conv: _nan(by[a][conv][0]) if by else math.inf  # noqa: E731
@@ -211,11 +215,11 @@ def progress_line(row: dict, c: Config) -> None:
         return "   -  " if v != v else f"{100 * v:6.2f}%"
     if c.privacy.private:
         v = row["epsilon_valid"]
-        acc = next((a for a in VALID_ACCOUNTANTS if row[f"epsilon_{a}_joint"] == v), None)
+        acc = next((a for a in VALID_ACCOUNTANTS if _none(v) is not None and row[f"epsilon_{a}_joint"] == v), None)
         eps = f"ε≤{eps_up(v)} ({acc}, joint)" if acc is not None else "ε: no valid bound"
         if not (c.accountant.name == acc and c.privacy.convention == VALID_CONVENTION):
             name = "paper's" if c.privacy.convention == "per_tensor" else "configured"
-            eps += f"; {name} {c.accountant.name}/{c.privacy.convention} {row['epsilon']:.4g}"
+            eps += f"; {name} {c.accountant.name}/{c.privacy.convention} {eps_up(_none(row['epsilon']))}"
     else:
         eps = "NOT PRIVATE"
     print(f"epoch {row['epoch']:4d} | steps {row['steps']:6d} | lr {row['lr']:.4f} | loss {row['lot_loss']:.4f} "
