@@ -1,23 +1,39 @@
 """What a run reports: ε under every accountant, one metrics.csv row per epoch, the privacy
-statement (privacy.json) and the console progress line.
+statement (privacy.json), the console progress line and the final console line.
 
 The statement names the mechanism, the sampling actually run and how it was charged, the accountant
 and the (ε, δ) conversion used, the per-layer convention, the noise source and where the run ran
 (house rule: every result records sampling, accountant and conversion).
+
+It leads with the VALID guarantee: the smallest ε among the accountants whose ε is an upper bound
+on the privacy loss of the mechanism actually run — moments (Abadi et al. 2016, Thm 2 tail bound),
+RDP (Mironov et al. 2019, Balle et al. 2020 conversion) and PLD (pessimistic discretisation) —
+all under the JOINT convention (k separately clipped groups of one lot = one Gaussian mechanism
+at σ/√k). The min of valid upper bounds is itself a valid upper bound. The configured accountant
+and convention (``epsilon``, which the budget stop uses) is shown beside it, labelled; under the
+paper's per_tensor convention it under-states ε and is kept only to reproduce the paper's numbers.
+Every ε printed in a statement is rounded UP (4 significant digits), so no printed claim is below
+what was spent; privacy.json keeps the exact floats.
 """
 from __future__ import annotations
 
 import math
+from decimal import ROUND_CEILING, Decimal
+from pathlib import Path
 
-from .checkpoint import fingerprint_hash
+from .checkpoint import METRICS, PRIVACY, fingerprint_hash
 from .config import Config
 
 COLUMNS = ["epoch", "steps", "lr", "lot_loss", "train_loss", "train_accuracy", "test_accuracy",
            "epsilon", "epsilon_moments", "epsilon_rdp", "epsilon_pld", "epsilon_moments_joint",
            "epsilon_rdp_joint", "epsilon_pld_joint", "lambda_star", "delta", "sigma", "sigma_p", "q",
            "C", "L", "groups", "sampling", "clipping", "convention", "accountant", "grad_sample_mode",
-           "seed", "epoch_time_s", "wall_time_s"]
+           "seed", "epoch_time_s", "wall_time_s", "epsilon_valid"]
 ACCOUNTANTS = ("moments", "rdp", "pld")
+VALID_ACCOUNTANTS = ("moments", "rdp", "pld")   # each gives an upper bound on ε (joint convention)
+VALID_CONVENTION = "joint"
+STATUSES = ("running", "complete", "interrupted", "diverged")
+STOP_REASONS = ("epochs_completed", "max_steps", "target_epsilon_reached", "interrupted", "diverged")
 CONVERSIONS = {
     "moments": "moments accountant: log moments α(λ) at integer λ = 1..32, tail bound "
                "ε = min_λ (α(λ) + log(1/δ)) / λ (Abadi et al. 2016, Thm 2)",
@@ -28,26 +44,60 @@ CONVERSIONS = {
 
 
 def epsilons(ledger, c: Config) -> dict:
-    """ε under every accountant × {configured convention, joint}, plus λ* of the moments accountant."""
+    """ε under every accountant × {configured convention, joint, per_tensor}, λ* of the moments
+    accountant, and the valid ε (min over VALID_ACCOUNTANTS under the joint convention).
+
+    An accountant that refuses a ledger (raises ValueError) is recorded as (None, None) with its
+    reason under ``refused[accountant][convention]`` and skipped for the valid ε; it never stops
+    the run. ``epsilon`` (configured accountant and convention) is None when that one refused.
+    """
     p = c.privacy
     if not p.private:
-        return {"epsilon": math.inf, "by": {}, "lambda_star": None}
-    by = {}
+        return {"epsilon": math.inf, "by": {}, "lambda_star": None, "refused": {},
+                "epsilon_valid": math.inf, "valid_accountant": None}
+    by, refused = {}, {}
     for acc in ACCOUNTANTS:
         by[acc] = {}
-        for conv in dict.fromkeys([p.convention, "joint", "per_tensor"]):
-            by[acc][conv] = ledger.epsilon(p.delta, accountant=acc, convention=conv)
-    eps, _ = by[c.accountant.name][p.convention]
-    return {"epsilon": eps, "by": by, "lambda_star": by["moments"][p.convention][1]}
+        for conv in dict.fromkeys([p.convention, VALID_CONVENTION, "per_tensor"]):
+            try:
+                by[acc][conv] = ledger.epsilon(p.delta, accountant=acc, convention=conv)
+            except ValueError as e:
+                by[acc][conv] = (None, None)
+                refused.setdefault(acc, {})[conv] = " ".join(str(e).split()) or type(e).__name__
+    valid = [(by[a][VALID_CONVENTION][0], a) for a in VALID_ACCOUNTANTS if by[a][VALID_CONVENTION][0] is not None]
+    eps_valid, acc_valid = min(valid, key=lambda v: v[0]) if valid else (None, None)
+    return {"epsilon": by[c.accountant.name][p.convention][0], "by": by,
+            "lambda_star": by["moments"][p.convention][1], "refused": refused,
+            "epsilon_valid": eps_valid, "valid_accountant": acc_valid}
+
+
+def eps_up(x) -> str:
+    """ε rounded UP to 4 significant digits (exact decimal of the float), so a printed claim is never
+    below the computed one: 1.58269… → '1.583', 1.99998… → '2.000'; None → 'n/a'."""
+    if x is None or x != x:
+        return "n/a"
+    if math.isinf(x) or x == 0:
+        return "∞" if x > 0 else "0"
+    d = Decimal(x)
+    quantum = Decimal(1).scaleb(d.adjusted() - 3)
+    return format(d.quantize(quantum, rounding=ROUND_CEILING), "f")
+
+
+def _nan(x):
+    return math.nan if x is None else x
+
+
+def _none(x):
+    return None if x is None or x != x else x
 
 
 def metrics_row(epoch, steps, lr, lot_loss, ev, eps, c, sampler, clipper, k, epoch_time, wall):
     p, by = c.privacy, eps["by"]
-    e = lambda a, conv: by[a][conv][0] if by else math.inf  # noqa: E731
+    e = lambda a, conv: _nan(by[a][conv][0]) if by else math.inf  # noqa: E731
     return {
         "epoch": epoch, "steps": steps, "lr": lr, "lot_loss": lot_loss,
         "train_loss": ev[0], "train_accuracy": ev[1], "test_accuracy": ev[2],
-        "epsilon": eps["epsilon"], "epsilon_moments": e("moments", p.convention),
+        "epsilon": _nan(eps["epsilon"]), "epsilon_moments": e("moments", p.convention),
         "epsilon_rdp": e("rdp", p.convention), "epsilon_pld": e("pld", p.convention),
         "epsilon_moments_joint": e("moments", "joint"), "epsilon_rdp_joint": e("rdp", "joint"),
         "epsilon_pld_joint": e("pld", "joint"), "lambda_star": eps["lambda_star"], "delta": p.delta,
@@ -56,18 +106,67 @@ def metrics_row(epoch, steps, lr, lot_loss, ev, eps, c, sampler, clipper, k, epo
         "sampling": sampler.name, "clipping": p.clipping if p.private else "none",
         "convention": p.convention, "accountant": c.accountant.name if p.private else "none",
         "grad_sample_mode": clipper.mode, "seed": c.seed, "epoch_time_s": round(epoch_time, 3),
-        "wall_time_s": round(wall, 3),
+        "wall_time_s": round(wall, 3), "epsilon_valid": _nan(eps["epsilon_valid"]),
     }
+
+
+def valid_claim(eps, delta) -> str | None:
+    """'(1.583, 1e-05)-DP, pld accountant, joint convention' — the valid guarantee; None if none."""
+    if eps["epsilon_valid"] is None:
+        return None
+    return (f"({eps_up(eps['epsilon_valid'])}, {delta:g})-DP, {eps['valid_accountant']} accountant, "
+            f"{VALID_CONVENTION} convention")
+
+
+def configured_label(c: Config, eps) -> str | None:
+    """The configured accountant/convention's ε, labelled; None when it is the valid one itself."""
+    acc, conv = c.accountant.name, c.privacy.convention
+    if acc == eps["valid_accountant"] and conv == VALID_CONVENTION:
+        return None
+    v = eps_up(eps["epsilon"])
+    if eps["epsilon"] is None:
+        v += f" (refused: {eps['refused'][acc][conv]})"
+    if conv == "per_tensor":
+        return (f"paper's accounting ({acc}, per-tensor): ε = {v} — under-states ε, reproduces the "
+                "paper's numbers")
+    return f"configured accounting ({acc}, {conv}): ε = {v} — a valid but looser bound"
+
+
+def statement_text(c: Config, status: str, eps, steps: int) -> str:
+    """The one-line privacy statement: the valid guarantee first, the configured value beside it.
+
+    complete → a claim for the released model; running / interrupted → for the model after ``steps``
+    lots; diverged → no claim for a model (it is not released), only the privacy spent so far."""
+    p = c.privacy
+    if not p.private:
+        return "NOT PRIVATE: no clipping, no noise, exact PCA; no privacy guarantee, nothing accounted"
+    claim = valid_claim(eps, p.delta)
+    if claim is None:
+        why = "; ".join(f"{a}: {r[VALID_CONVENTION]}" for a, r in eps["refused"].items() if VALID_CONVENTION in r)
+        claim = f"no valid (ε, δ) bound: every accountant refused this run's ledger ({why})"
+    if status == "diverged":
+        text = (f"DIVERGED after {steps} lots (non-finite loss or parameter): the model is not released and "
+                f"no privacy claim is made for it; privacy spent on the training data so far: {claim}")
+    elif valid_claim(eps, p.delta) is None:
+        text = f"NO PRIVACY CLAIM: {claim}"
+    elif status == "complete":
+        text = f"{claim}, for the released model"
+    else:
+        text = f"{claim}, for the model after {steps} lots (run {status})"
+    label = configured_label(c, eps)
+    return text if label is None else f"{text}; {label}"
 
 
 def privacy_statement(c: Config, status, stop_reason, ledger, eps, sampler, k, noise, steps, epochs, fp,
                       resumes, runtime=None):
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {list(STATUSES)}, got status={status!r}")
+    if stop_reason is not None and stop_reason not in STOP_REASONS:
+        raise ValueError(f"stop_reason must be None or one of {list(STOP_REASONS)}, got stop_reason={stop_reason!r}")
     p = c.privacy
-    st = {"status": status, "stop_reason": stop_reason, "private": p.private}
-    if not p.private:
-        st["statement"] = ("NOT PRIVATE: no clipping, no noise, exact PCA; no privacy guarantee, "
-                           "nothing accounted")
-    else:
+    st = {"status": status, "stop_reason": stop_reason, "private": p.private,
+          "statement": statement_text(c, status, eps, steps)}
+    if p.private:
         st["mechanism"] = (
             f"DP-SGD (Abadi et al. 2016, Algorithm 1): each example's gradient clipped to C={p.clip_norm} "
             f"({p.clipping}: k={k} group(s)), Gaussian noise N(0, σ²C²) with σ={p.sigma} added to each "
@@ -75,8 +174,6 @@ def privacy_statement(c: Config, status, stop_reason, ledger, eps, sampler, k, n
             + (f"; DP-PCA (§4) to {c.model.pca_dims} dims: one Gaussian release of the sum of x xᵀ over "
                f"unit-norm images (sensitivity 1), σ_p={p.sigma_p}, sampling rate {p.pca_fraction}"
                if c.model.projection == "pca" else ""))
-        st["statement"] = (f"({eps['epsilon']:.6g}, {p.delta:g})-differential privacy for the released "
-                           f"model, {c.accountant.name} accountant, {p.convention} convention")
     st["sampling"] = {
         "name": sampler.name, "N": sampler.N, "L": sampler.L, "q": sampler.q,
         "lots_per_epoch": sampler.lots_per_epoch(), "adjacency": sampler.adjacency,
@@ -94,8 +191,12 @@ def privacy_statement(c: Config, status, stop_reason, ledger, eps, sampler, k, n
     }
     st["accountant"] = c.accountant.name
     st["conversion"] = CONVERSIONS
+    st["epsilon_valid"] = eps["epsilon_valid"]
+    st["epsilon_valid_accountant"] = eps["valid_accountant"]
+    st["epsilon_valid_convention"] = VALID_CONVENTION if p.private else None
     st["epsilon"] = eps["epsilon"]
     st["epsilon_by_accountant"] = {a: {conv: v[0] for conv, v in d.items()} for a, d in eps["by"].items()}
+    st["epsilon_refused"] = eps["refused"]
     st["lambda_star"] = eps["lambda_star"]
     st["delta"] = p.delta
     st["target_epsilon"] = p.target_epsilon
@@ -109,10 +210,30 @@ def privacy_statement(c: Config, status, stop_reason, ledger, eps, sampler, k, n
 
 
 def progress_line(row: dict, c: Config) -> None:
+    """One console line per epoch; ε leads with the valid bound (joint convention, best accountant)."""
     def pct(v):
         return "   -  " if v != v else f"{100 * v:6.2f}%"
-    eps = (f"ε={row['epsilon']:.4g} ({c.accountant.name}, {c.privacy.convention}; joint pld "
-           f"{row['epsilon_pld_joint']:.4g})" if c.privacy.private else "NOT PRIVATE")
+    if c.privacy.private:
+        v = row["epsilon_valid"]
+        acc = next((a for a in VALID_ACCOUNTANTS if _none(v) is not None and row[f"epsilon_{a}_joint"] == v), None)
+        eps = f"ε≤{eps_up(v)} ({acc}, joint)" if acc is not None else "ε: no valid bound"
+        if not (c.accountant.name == acc and c.privacy.convention == VALID_CONVENTION):
+            name = "paper's" if c.privacy.convention == "per_tensor" else "configured"
+            eps += f"; {name} {c.accountant.name}/{c.privacy.convention} {eps_up(_none(row['epsilon']))}"
+    else:
+        eps = "NOT PRIVATE"
     print(f"epoch {row['epoch']:4d} | steps {row['steps']:6d} | lr {row['lr']:.4f} | loss {row['lot_loss']:.4f} "
           f"| train {pct(row['train_accuracy'])} | test {pct(row['test_accuracy'])} | {eps} "
           f"| {row['epoch_time_s']:.1f}s", flush=True)
+
+
+def final_line(statement: dict, test_accuracy: float, run_dir=None) -> str:
+    """The trainer's closing console text: outcome, accuracy and the privacy statement (valid ε first),
+    then where the results are."""
+    head = "DIVERGED" if statement["status"] == "diverged" else "done"
+    text = (f"{head} ({statement['stop_reason']}): {statement['steps']} lots, {statement['epochs']} epochs, "
+            f"test accuracy {test_accuracy:.4f}\n{statement['statement']}")
+    if run_dir is not None:
+        run_dir = Path(run_dir)
+        text += f"\nresults: {run_dir / METRICS}\n         {run_dir / PRIVACY}\n         {run_dir / '.hydra'}"
+    return text

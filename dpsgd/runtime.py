@@ -1,4 +1,5 @@
-"""Process-level settings: CPU allocator tuning (speed only) and GPU TF32 math (speed vs precision).
+"""Process-level settings: CPU allocator tuning and the intra-op thread count (speed only), GPU TF32
+math (speed vs precision).
 
 glibc returns freed blocks above ``M_MMAP_THRESHOLD`` / at the top of the heap above
 ``M_TRIM_THRESHOLD`` to the operating system. A DP-SGD step allocates and frees the same
@@ -6,13 +7,27 @@ megabyte-sized activation and gradient buffers every lot, so by default every st
 faults for them (visible as high system time). Keeping freed memory in the heap removes that churn:
 steps of the paper's MNIST model ran about 20 % faster on the 2-core CPU of the README
 (0.90 s vs 1.14 s for 100 lots, one thread). Opt out with ``DPSGD_TUNE_MALLOC=0``.
+
+Threads (``configure_threads``): torch starts one OpenMP worker per core, and a parallel region waits
+for its slowest worker, so one busy core (another process) stalls every step. On the 2-core CPU of the
+README, 100 DP-SGD lots of the paper's MNIST model (bench/bench_threads.py, results/bench_threads.csv,
+9 interleaved repetitions, medians of paired 2-thread/1-thread ratios) took 0.7x the time with 2
+threads when no competing process ran (0.218 s vs 0.312 s), but 8.2x (4.0–14.6) beside one competing
+CPU-bound process and 2.7x (0.8–37) beside two; when other users loaded the machine during the
+"quiet" repetitions, 2 threads took 4x too. Beside one competing process the median for 100 lots
+was 0.54 s with 1 thread and 3.0 s with 2. The cost of guessing
+"quiet" wrongly dwarfs the gain, and a load average taken at the start does not predict the load of
+a run lasting minutes, so on <= 2 usable cores dpsgd uses 1 thread unless told otherwise.
 """
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import sys
 from contextlib import contextmanager
+
+from .config import ConfigError
 
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 
@@ -30,6 +45,75 @@ def tune_allocator() -> bool:
     ok &= mallopt(_M_TRIM_THRESHOLD, 1 << 30)
     ok &= mallopt(_M_TOP_PAD, 64 << 20)
     return bool(ok)
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        n = int(raw.strip())
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"{name}={raw!r}: must be a positive integer (threads)")
+    return n
+
+
+def physical_cores() -> int | None:
+    """Distinct (physical id, core id) pairs in /proc/cpuinfo; None where that is not available."""
+    try:
+        cores, phys = set(), "0"
+        for line in open("/proc/cpuinfo"):
+            key, _, val = line.partition(":")
+            key, val = key.strip(), val.strip()
+            if key == "physical id":
+                phys = val
+            elif key == "core id":
+                cores.add((phys, val))
+        return len(cores) or None
+    except OSError:
+        return None
+
+
+def thread_policy(env: dict, usable: int, physical: int | None, loadavg: float | None) -> tuple[int, str]:
+    """(intra-op threads, why) from the environment and the machine; pure, so it is testable.
+
+    1. ``DPSGD_THREADS`` if set (dpsgd's own knob), else ``OMP_NUM_THREADS`` if set (its first value:
+       the user already chose); each must be a positive integer.
+    2. <= 2 usable cores (``usable`` = CPUs this process may run on): 1 — measured in
+       results/bench_threads.csv, one competing process makes 2 threads several times slower.
+    3. more cores: min(physical cores, usable, max(1, usable − ⌈1-minute load average⌉)), leaving
+       the cores other processes already keep busy.
+    """
+    for name in ("DPSGD_THREADS", "OMP_NUM_THREADS"):
+        raw = env.get(name)
+        if raw is not None and raw.strip() != "":
+            first = raw.split(",")[0] if name == "OMP_NUM_THREADS" else raw
+            return _positive_int(name, first), f"{name}={raw.strip()}"
+    usable = max(1, int(usable))
+    if usable <= 2:
+        return 1, f"auto: {usable} usable core(s) <= 2 -> 1 thread (oversubscription under load)"
+    busy = 0 if loadavg is None or loadavg != loadavg else max(0, math.ceil(loadavg - 1e-9))
+    n = max(1, min(physical or usable, usable, usable - busy))
+    return n, (f"auto: min(physical {physical or usable}, usable {usable}, usable - load {busy}) "
+               f"-> {n}")
+
+
+def configure_threads(env: dict | None = None) -> dict:
+    """Apply ``thread_policy`` to torch (``torch.set_num_threads``); returns {"threads", "policy"}
+    for ``describe_runtime``. A bad DPSGD_THREADS / OMP_NUM_THREADS raises ConfigError naming it."""
+    import torch
+
+    env = os.environ if env is None else env
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = None
+    n, why = thread_policy(env, usable, physical_cores(), load)
+    torch.set_num_threads(n)
+    return {"threads": n, "policy": why}
 
 
 def set_tf32(enabled) -> tuple[bool, bool] | None:
@@ -82,9 +166,11 @@ def describe_hardware(device=None) -> str:
     return f"{cpu}, {os.cpu_count()} cores"
 
 
-def describe_runtime(device, tf32: bool = False) -> dict:
-    """Where a run ran, recorded in its privacy statement (results are attributed from it)."""
+def describe_runtime(device, tf32: bool = False, threads: dict | None = None) -> dict:
+    """Where a run ran, recorded in its privacy statement (results are attributed from it);
+    ``threads`` is what ``configure_threads`` returned (its policy is recorded beside the count)."""
     import torch
 
     return {"device": str(device), "hardware": describe_hardware(device), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "tf32": bool(tf32) and str(device).startswith("cuda")}
+            "threads": torch.get_num_threads(), "threads_policy": (threads or {}).get("policy"),
+            "tf32": bool(tf32) and str(device).startswith("cuda")}
