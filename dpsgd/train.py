@@ -32,9 +32,9 @@ from .checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, atomic_wri
                          load_checkpoint, save_checkpoint, write_json)
 from .config import Config, ConfigError, build_model, check_run_dir, privacy_fingerprint, validate
 from .data import DATASETS, DataUnavailable, ensure_dataset, load_dataset
-from .report import COLUMNS, epsilons, metrics_row, privacy_statement, progress_line  # noqa: F401 (COLUMNS re-exported)
+from .report import COLUMNS, epsilons, final_line, metrics_row, privacy_statement, progress_line  # noqa: F401 (COLUMNS re-exported)
 from .rundir import RESERVATIONS, LotReservations, RunLock
-from .runtime import describe_runtime, set_tf32, tune_allocator
+from .runtime import configure_threads, describe_runtime, set_tf32, tune_allocator
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 _T0 = time.time()
@@ -125,7 +125,7 @@ def _train(c: Config, run_dir: Path, overrides: list[str] | None) -> dict:
 
     device = resolve_device(c.device)
     set_tf32(c.tf32)
-    runtime_info = describe_runtime(device, c.tf32)
+    runtime_info = describe_runtime(device, c.tf32, configure_threads())
     replay = replay_key(c, device)
     # 1. data (in-memory tensors)
     Xtr, ytr, Xte, yte = load_dataset(c.dataset.name, c.dataset.root, c.dataset.subset, c.dataset.crop,
@@ -183,7 +183,7 @@ def _train(c: Config, run_dir: Path, overrides: list[str] | None) -> dict:
         q0, s0 = sampler.release(p.sigma, 0)
         budget = int(ledger.steps_within(p.target_epsilon, p.delta, q0, s0, k, c.accountant.name, p.convention))
         spent = epsilons(ledger, c)["epsilon"]
-        if ckpt is not None and budget == 0 and spent >= p.target_epsilon:
+        if ckpt is not None and budget == 0 and spent is not None and spent >= p.target_epsilon:
             raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: at or below the ε={spent:.6g} this run "
                               f"has already spent ({c.accountant.name}, {p.convention}); nothing left to resume")
     writer = MetricsWriter(run_dir, COLUMNS, ckpt["rows"] if ckpt is not None else [])
@@ -283,14 +283,10 @@ def _train(c: Config, run_dir: Path, overrides: list[str] | None) -> dict:
     final_statement = statement(status, stop_reason)
     write_json(run_dir / PRIVACY, final_statement)
     if status == "diverged":
-        raise Diverged(f"training diverged at epoch {epoch} (non-finite loss or parameters; training.lr="
-                       f"{t.lr:g} may be too large): the model is not released; ε spent = "
-                       f"{eps['epsilon']:.4g} (δ = {p.delta:g}), {run_dir / PRIVACY}")
+        raise Diverged(f"training diverged at epoch {epoch} (non-finite loss or parameters; training.lr={t.lr:g} "
+                       f"may be too large): {final_statement['statement']}; {run_dir / PRIVACY}")
     last = writer.rows[-1] if writer.rows else {}
-    print(f"done ({stop_reason}): {steps} lots, {epoch} epochs, test accuracy "
-          f"{last.get('test_accuracy', math.nan):.4f}, ε = {eps['epsilon']:.4g} (δ = {p.delta:g})\n"
-          f"results: {run_dir / METRICS}\n         {run_dir / PRIVACY}\n         {run_dir / '.hydra'}",
-          flush=True)
+    print(final_line(final_statement, last.get("test_accuracy", math.nan), run_dir), flush=True)
     return final_statement
 
 
