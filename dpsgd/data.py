@@ -11,8 +11,14 @@
 
 The data root is ``dataset.root`` in the config, else ``$DPSGD_DATA_ROOT``, else ``<repo>/data``.
 When it lacks the archives and a local source holds them (``$DPSGD_DATA_SOURCE``, else
-``<repo>/../shared/data`` when that exists) they are copied in (md5-checked; the source is only
-read); otherwise torchvision downloads them. ``python -m dpsgd.data`` seeds the root.
+``<repo>/../shared/data`` when that exists) they are copied in (the source is only read); otherwise
+torchvision downloads them. ``python -m dpsgd.data`` seeds the root and reports what it verified.
+
+Integrity: every file the loaders read is checked against its publisher's md5 on every load (a fresh
+process hashes again; within one process a verified digest is remembered while the file keeps its inode,
+size and mtime). A file in the root that fails is refused with one line naming it, never replaced. The
+``.npy`` decompression cache of an IDX archive is named after the archive's md5 and used only when it
+re-encodes to the CRC-32 and length recorded in the verified archive's gzip trailer.
 """
 from __future__ import annotations
 
@@ -440,7 +446,7 @@ def load_dataset(name: str, root: str | Path | None = None, subset: int | None =
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dpsgd.data",
-                                description="Seed the data root from a local source (or download).")
+                                description="Seed the data root from a local source (or download) and verify its md5s.")
     p.add_argument("names", nargs="*", metavar="NAME",
                    help=f"datasets among {sorted(DATASETS)} (default: mnist fashion_mnist)")
     p.add_argument("--root", default=None, help="data root (default $DPSGD_DATA_ROOT or <repo>/data)")
