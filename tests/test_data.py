@@ -154,3 +154,15 @@ def test_cifar_tar_md5_checked_when_copied(tmp_path, monkeypatch):
     msg = ensure_dataset("cifar10", root, source=src, download=False)
     assert msg.startswith(f"cifar10: copied {src / archive} to {root} and extracted it")
     assert load_dataset("cifar10", root, download=False)[0].shape == (10, 3, 24, 24)
+
+
+def test_cifar_tar_already_in_root_is_verified_then_extracted(tmp_path, monkeypatch):
+    root = _tar_source(tmp_path, "cifar100")                            # a root holding only the tar
+    archive, _ = data.EXPECTED_ARCHIVE_MD5["cifar100"]
+    with pytest.raises(DataUnavailable, match=f"{archive} fails its md5 check"):
+        ensure_dataset("cifar100", root, source=tmp_path / "none", download=False)
+    assert sorted(p.name for p in root.iterdir()) == [archive]          # refused, kept, nothing extracted
+    monkeypatch.setitem(data.EXPECTED_ARCHIVE_MD5, "cifar100", (archive, data._md5_of(root / archive)))
+    _trust(monkeypatch, "cifar100", tmp_path / "gen")
+    assert ensure_dataset("cifar100", root, source=tmp_path / "none", download=False).startswith(
+        f"cifar100: extracted {root / archive}, md5 verified (2 files)")
