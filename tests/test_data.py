@@ -1,12 +1,18 @@
-"""Datasets: MNIST from the original archives, root seeding from a local source, CIFAR layout."""
+"""Datasets: MNIST from the original archives, root seeding from a local source, CIFAR layout.
+
+CIFAR cases use small generated files in torchvision's pickled layout; generated files cannot match the
+publisher's md5, so each test registers their md5 in ``dpsgd.data.EXPECTED_MD5`` (monkeypatch, test only).
+"""
 import os
 import pickle
+import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import dpsgd.data as data
 from dpsgd.data import DataUnavailable, default_source, ensure_dataset, load_dataset, main
 
 
@@ -26,7 +32,7 @@ def test_seeds_root_from_source_without_writing_into_it(tmp_path):
     src = default_source()
     before = {p: p.stat().st_mtime for p in src.rglob("*")}
     msg = ensure_dataset("mnist", tmp_path / "root", download=False)
-    assert "copied 4 archives" in msg
+    assert "copied 4 files" in msg and "md5 verified" in msg
     assert sorted(os.listdir(tmp_path / "root" / "MNIST" / "raw")) == sorted(
         os.listdir(src / "MNIST" / "raw"))
     assert {p: p.stat().st_mtime for p in src.rglob("*")} == before
@@ -66,9 +72,17 @@ def _write_cifar(root: Path, name: str, n: int, seed: int = 0):
     return written
 
 
+def _trust(monkeypatch, name: str, root: Path) -> None:
+    """Register the md5 of generated files as expected (the test-only way past the integrity check)."""
+    folder = root / data.DATASETS[name][0]
+    for rel in data.EXPECTED_MD5[name]:
+        monkeypatch.setitem(data.EXPECTED_MD5[name], rel, data._md5_of(folder / rel))
+
+
 @pytest.mark.parametrize("name", ["cifar10", "cifar100"])
-def test_cifar_layout_nchw_center_crop(tmp_path, name):
+def test_cifar_layout_nchw_center_crop(tmp_path, name, monkeypatch):
     written = _write_cifar(tmp_path, name, n=4)
+    _trust(monkeypatch, name, tmp_path)
     Xtr, ytr, Xte, yte = load_dataset(name, tmp_path, crop=24, download=False, source=tmp_path / "none")
     n_train = 20 if name == "cifar10" else 4
     assert Xtr.shape == (n_train, 3, 24, 24) and Xte.shape == (4, 3, 24, 24)
@@ -82,8 +96,73 @@ def test_cifar_layout_nchw_center_crop(tmp_path, name):
     assert full.shape[1:] == (3, 32, 32) and np.allclose(full[0].numpy(), img)
 
 
-def test_cifar_copied_from_local_source(tmp_path):
+@pytest.mark.parametrize("name", ["cifar10", "cifar100"])
+def test_cifar_files_failing_md5_are_refused(tmp_path, name, capsys):
+    """Unregistered generated files are not the publisher's: refused, named, kept."""
+    _write_cifar(tmp_path, name, n=2)
+    with pytest.raises(DataUnavailable) as e:
+        load_dataset(name, tmp_path, download=False, source=tmp_path / "none")
+    msg = str(e.value)
+    folder = data.DATASETS[name][0]
+    first = "data_batch_1" if name == "cifar10" else "train"
+    assert "\n" not in msg and f"{folder}/{first}" in msg and "fail their md5 check" in msg
+    assert main([name, "--root", str(tmp_path), "--source", str(tmp_path / "none"), "--no-download"]) == 2
+    assert "md5 check" in capsys.readouterr().err
+    assert (tmp_path / folder / first).is_file()
+
+
+def test_cifar_unreadable_batch_is_one_line(tmp_path, monkeypatch):
+    _write_cifar(tmp_path, "cifar100", n=2)
+    path = tmp_path / "cifar-100-python" / "train"
+    path.write_bytes(path.read_bytes()[:500])                          # truncated pickle
+    _trust(monkeypatch, "cifar100", tmp_path)
+    with pytest.raises(DataUnavailable) as e:
+        load_dataset("cifar100", tmp_path, download=False, source=tmp_path / "none")
+    assert str(e.value).startswith(f"{path}: not a readable CIFAR batch (") and "\n" not in str(e.value)
+
+
+def test_cifar_copied_from_local_source(tmp_path, monkeypatch):
     _write_cifar(tmp_path / "src", "cifar10", n=2)
+    _trust(monkeypatch, "cifar10", tmp_path / "src")
     msg = ensure_dataset("cifar10", tmp_path / "root", source=tmp_path / "src", download=False)
-    assert "copied" in msg
+    assert "copied" in msg and "md5 verified (6 files)" in msg
     assert load_dataset("cifar10", tmp_path / "root", download=False)[0].shape == (10, 3, 24, 24)
+
+
+def _tar_source(tmp_path: Path, name: str) -> Path:
+    """A source holding only the CIFAR tar archive, built from generated files."""
+    _write_cifar(tmp_path / "gen", name, n=2)
+    src = tmp_path / "src"
+    src.mkdir()
+    archive, _ = data.EXPECTED_ARCHIVE_MD5[name]
+    with tarfile.open(src / archive, "w:gz") as tar:
+        tar.add(tmp_path / "gen" / data.DATASETS[name][0], arcname=data.DATASETS[name][0])
+    return src
+
+
+def test_cifar_tar_md5_checked_when_copied(tmp_path, monkeypatch):
+    src = _tar_source(tmp_path, "cifar10")
+    archive, _ = data.EXPECTED_ARCHIVE_MD5["cifar10"]
+    root = tmp_path / "root"
+    root.mkdir()
+    with pytest.raises(DataUnavailable) as e:
+        ensure_dataset("cifar10", root, source=src, download=False)
+    assert f"{src / archive} (from DPSGD_DATA_SOURCE={src}) fails its md5 check" in str(e.value)
+    assert list(root.iterdir()) == []                                   # bad copy removed, nothing extracted
+    monkeypatch.setitem(data.EXPECTED_ARCHIVE_MD5, "cifar10", (archive, data._md5_of(src / archive)))
+    _trust(monkeypatch, "cifar10", tmp_path / "gen")
+    msg = ensure_dataset("cifar10", root, source=src, download=False)
+    assert msg.startswith(f"cifar10: copied {src / archive} to {root} and extracted it")
+    assert load_dataset("cifar10", root, download=False)[0].shape == (10, 3, 24, 24)
+
+
+def test_cifar_tar_already_in_root_is_verified_then_extracted(tmp_path, monkeypatch):
+    root = _tar_source(tmp_path, "cifar100")                            # a root holding only the tar
+    archive, _ = data.EXPECTED_ARCHIVE_MD5["cifar100"]
+    with pytest.raises(DataUnavailable, match=f"{archive} fails its md5 check"):
+        ensure_dataset("cifar100", root, source=tmp_path / "none", download=False)
+    assert sorted(p.name for p in root.iterdir()) == [archive]          # refused, kept, nothing extracted
+    monkeypatch.setitem(data.EXPECTED_ARCHIVE_MD5, "cifar100", (archive, data._md5_of(root / archive)))
+    _trust(monkeypatch, "cifar100", tmp_path / "gen")
+    assert ensure_dataset("cifar100", root, source=tmp_path / "none", download=False).startswith(
+        f"cifar100: extracted {root / archive}, md5 verified (2 files)")
