@@ -1,14 +1,11 @@
-"""Atomic run files: checkpoint, privacy statement, metrics rows. Nothing written is ever half-written.
-
-Every file is replaced atomically (write a temporary file in the same folder, fsync it, ``os.replace``
-it over the target, fsync the folder), so a process killed at any moment (SIGKILL included) leaves
-either the old or the new version. ``metrics.csv`` rows are appended with flush + fsync.
+"""A run's files: the checkpoint (hash-checked) and ``metrics.csv`` (one fsync'd row per epoch).
 
 A checkpoint is taken at an epoch boundary and holds everything a resumed run needs to continue
 bit-identically: model parameters, epoch/step position (the learning rate is a function of the
 epoch), the privacy ledger, the sampler's and the noise's generator states, the input projection,
-the remaining budget, the metrics rows so far, and the privacy-relevant config values (a resumed run
-with different values is refused, naming the key).
+the metrics rows so far, the overrides the run was started with, and the privacy-relevant config
+values (a resumed run with different values is refused, naming the key). Files are written with
+``fileio`` (atomic replace).
 """
 from __future__ import annotations
 
@@ -22,53 +19,11 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError
+from .fileio import atomic_write_bytes, atomic_write_text
 
 CHECKPOINT = "checkpoint.pt"
 PRIVACY = "privacy.json"
 METRICS = "metrics.csv"
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover (platforms without directory fds)
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Replace ``path`` by ``data`` atomically; on failure (disk full, read-only) no temp file is left."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-def write_json(path: str | Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
-
-
-def _json_default(o):
-    if hasattr(o, "item"):
-        return o.item()
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 class CheckpointError(ConfigError):

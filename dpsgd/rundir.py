@@ -30,7 +30,7 @@ import os
 import time
 from pathlib import Path
 
-from .checkpoint import atomic_write_text
+from .fileio import atomic_write_text
 from .config import ConfigError
 
 RESERVATIONS = "lots.reserved"

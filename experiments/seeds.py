@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpsgd.checkpoint import atomic_write_text
+from dpsgd.fileio import atomic_write_text
 from dpsgd.runtime import describe_hardware
 
 from . import claims

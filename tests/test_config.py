@@ -7,22 +7,22 @@ from pathlib import Path
 import pytest
 
 from dpsgd.config import Config, ConfigError, validate
-from dpsgd.train import _compose, prepare
+from dpsgd.launch import compose, prepare
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_defaults_and_presets_validate():
-    c = validate(_compose([]))
+    c = validate(compose([]))
     assert isinstance(c, Config) and c.privacy.convention == "joint" and c.N == 60000
     for name, sigma, sigma_p, eps in [("small", 2, 4, 8), ("medium", 4, 7, 2), ("large", 8, 16, 0.5)]:
-        c = validate(_compose([f"experiment=mnist_{name}"]))
+        c = validate(compose([f"experiment=mnist_{name}"]))
         p = c.privacy
         assert (p.sigma, p.sigma_p, p.target_epsilon) == (sigma, sigma_p, eps)
         assert (p.clip_norm, p.lot_size, p.delta, p.clipping, p.convention) == (4, 600, 1e-5, "per_layer", "per_tensor")
         assert (c.model.pca_dims, c.model.hidden, c.model.bias) == (60, [1000], False)
         assert c.name == f"mnist_{name}"
-    c = validate(_compose(["experiment=mnist_nonprivate"]))
+    c = validate(compose(["experiment=mnist_nonprivate"]))
     assert not c.privacy.private and c.privacy.target_epsilon is None
 
 
@@ -71,7 +71,7 @@ BAD = [
 @pytest.mark.parametrize("overrides,expected", BAD, ids=[" ".join(o) for o, _ in BAD])
 def test_bad_values_refused_naming_the_key(overrides, expected):
     with pytest.raises(ConfigError) as e:
-        validate(_compose(overrides))
+        validate(compose(overrides))
     msg = str(e.value)
     assert expected in msg and "\n" not in msg
 
@@ -90,7 +90,7 @@ def test_batchnorm_models_are_refused(monkeypatch):
     monkeypatch.setattr(cfgmod, "build_model",
                         lambda m, shape, classes: nn.Sequential(nn.Linear(60, 10), nn.BatchNorm1d(10)))
     with pytest.raises(ConfigError, match="model.name=mlp: .*BatchNorm"):
-        validate(_compose([]))
+        validate(compose([]))
 
 
 def _cli(args, cwd):

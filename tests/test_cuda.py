@@ -131,9 +131,10 @@ def test_empty_lot_on_cuda_is_noise_only():
 
 def test_short_mnist_run_on_cuda(tmp_path):
     from dpsgd.config import validate
-    from dpsgd.train import _compose, train
+    from dpsgd.launch import compose
+    from dpsgd.train import train
 
-    c = validate(_compose(["dataset.subset=5000", "privacy.lot_size=250", "privacy.sigma=1.0",
+    c = validate(compose(["dataset.subset=5000", "privacy.lot_size=250", "privacy.sigma=1.0",
                            "privacy.sigma_p=4", "training.epochs=10", "device=cuda"]))
     train(c, tmp_path / "run")
     with open(tmp_path / "run" / "metrics.csv") as f:

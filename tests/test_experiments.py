@@ -14,7 +14,7 @@ import yaml
 
 from dpsgd.accountant import Ledger
 from dpsgd.config import validate
-from dpsgd.train import _compose
+from dpsgd.launch import compose
 from experiments import claims, collect, figure2, figures, readme
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ def test_sweep_file_composes_and_validates_every_value(name):
     key, values = _sweep_values(name)
     assert len(values) >= 3
     for v in values:
-        c = validate(_compose([f"+sweep={name}", f"{key}={v}"]))
+        c = validate(compose([f"+sweep={name}", f"{key}={v}"]))
         assert c.name == f"fig5_{name}"
         assert c.privacy.target_epsilon == claims.FIGURE5_BUDGET["epsilon"]      # run to the (2, 1e-5) budget
         assert c.privacy.delta == claims.FIGURE5_BUDGET["delta"]
@@ -61,7 +61,7 @@ def test_sweep_file_composes_and_validates_every_value(name):
     if name == "lot_size":   # the paper's √N ≈ 245 and its L = 600 (the latter via the medium preset run)
         assert "245" in values
     if name == "pca_dims":
-        labels = {collect.panel_value("pca_dims", validate(_compose([f"+sweep={name}", f"{key}={v}"])).to_dict())[1]
+        labels = {collect.panel_value("pca_dims", validate(compose([f"+sweep={name}", f"{key}={v}"])).to_dict())[1]
                   for v in values}
         assert {"none", "random 60"} <= labels
 

@@ -15,7 +15,8 @@ import torch
 from dpsgd.checkpoint import load_checkpoint
 from dpsgd.config import ConfigError
 from dpsgd.config import validate
-from dpsgd.train import _compose, prepare_resume, train
+from dpsgd.launch import compose, prepare_resume
+from dpsgd.train import train
 
 REPO = Path(__file__).resolve().parent.parent
 ARGS = ["dataset.subset=3000", "privacy.lot_size=100", "privacy.physical_batch_size=100",
@@ -58,7 +59,7 @@ def _final_params(run):
 
 def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     ref, run = tmp_path / "ref", tmp_path / "run"
-    train(validate(_compose(ARGS)), ref)          # the uninterrupted run (same code path, in-process)
+    train(validate(compose(ARGS)), ref)          # the uninterrupted run (same code path, in-process)
     # kill mid-training: just after epoch 2's row (before or after its checkpoint, whichever comes)
     proc = _start_and_wait([*ARGS, f"hydra.run.dir={run}"], tmp_path, run, rows=2)
     time.sleep(0.05)

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from dpsgd import train as T
-from dpsgd.checkpoint import (CheckpointError, MetricsWriter, atomic_write_bytes, load_checkpoint,
-                              save_checkpoint)
-from dpsgd.config import ConfigError, validate
+from dpsgd import launch as T
+from dpsgd import train as training
+from dpsgd.checkpoint import CheckpointError, MetricsWriter, load_checkpoint, save_checkpoint
+from dpsgd.fileio import atomic_write_bytes
+from dpsgd.config import validate
 from dpsgd.rundir import CHUNK, RESERVATIONS, LotReservations, RunLock
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +39,7 @@ def _snapshot(root: Path) -> dict:
 def _fresh(run: Path, *extra: str) -> dict:
     """A finished tiny run in ``run`` (in-process, same code path as the CLI's)."""
     args = [*TINY, *extra]
-    c = validate(T._compose(args))
+    c = validate(T.compose(args))
     return T.train(c, run, args)
 
 
@@ -305,7 +306,7 @@ def test_disk_errors_during_training_are_one_line(tmp_path, capsys, monkeypatch)
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "checkpoint.pt"))
 
-    monkeypatch.setattr(T, "save_checkpoint", full)
+    monkeypatch.setattr(training, "save_checkpoint", full)
     code, err = _main(capsys, *TINY, "training.epochs=1", f"hydra.run.dir={tmp_path / 'run'}")
     assert code == 1 and err == f"error: {tmp_path / 'run' / 'checkpoint.pt'}: No space left on device"
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from dpsgd.config import validate
-from dpsgd.train import COLUMNS, _compose, derive_seed, lr_at, train
+from dpsgd.launch import compose
+from dpsgd.report import COLUMNS
+from dpsgd.train import derive_seed, lr_at, train
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["dataset.subset=3000", "privacy.lot_size=150", "privacy.physical_batch_size=150",
@@ -18,7 +20,7 @@ TINY = ["dataset.subset=3000", "privacy.lot_size=150", "privacy.physical_batch_s
 
 
 def _cfg(*overrides):
-    return validate(_compose(list(overrides)))
+    return validate(compose(list(overrides)))
 
 
 def _rows(run):

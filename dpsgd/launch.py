@@ -1,0 +1,274 @@
+"""The command line: ``python -m dpsgd.train [key=value ...] | -m [key=value ...] | resume=<run dir>``.
+
+Everything is decided before anything is written:
+
+* a single run: the config is composed and validated, and the output folder is resolved the way Hydra
+  will resolve it (any spelling of ``hydra.run.dir``) and must be new or empty; then Hydra runs
+  ``train`` in it;
+* a sweep (``-m``): the sweep folder must be new or empty and each job gets a folder of its own; each
+  job's config is validated when it starts, and a refused job's fresh folder is removed;
+* a resume: the config comes from the run's checkpoint (not from Hydra's files), the new overrides are
+  applied after it, and Hydra is not involved (nothing of Hydra's is written into the run).
+
+Every expected failure is one line on stderr and an exit code (2: bad input; 1: diverged, disk
+error; 128 + n: signal n), never a traceback.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .checkpoint import check_resumable, load_checkpoint
+from .config import Config, ConfigError, check_run_dir, privacy_fingerprint, validate
+from .data import DataUnavailable, ensure_dataset
+from .rundir import RunLock
+from .runtime import tune_allocator
+from .train import Diverged, Interrupted, train
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+_T0 = time.time()
+
+
+def _one_line(e: BaseException) -> str:
+    msg = " ".join(s.strip() for s in str(e).splitlines() if s.strip()) or type(e).__name__
+    return msg.split(" Config search path:")[0]
+
+
+def compose(args: list[str], hydra_config: bool = False):
+    """The composed (not yet validated) config of command-line overrides; ConfigError in one line.
+    ``hydra_config=True`` includes Hydra's own node (run and sweep folders)."""
+    import hydra
+    from hydra.core.global_hydra import GlobalHydra
+    GlobalHydra.instance().clear()
+    try:
+        with hydra.initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="train"):
+            return hydra.compose("config", overrides=args, return_hydra_config=hydra_config)
+    except Exception as e:
+        raise ConfigError(_one_line(e)) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+_INFO_FLAGS = ("--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i", "--resolve",
+               "--package", "-p", "--shell-completion", "-sc")
+_MULTIRUN_FLAGS = ("--multirun", "-m")
+_CONFIG_DIR_FLAGS = ("--config-dir", "-cd")     # an extra config folder (searched after conf/)
+_HYDRA_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.verbose", "hydra.job.name")
+_HYDRA_PREFIXES = ("hydra.launcher.", "hydra.sweeper.", "hydra/launcher", "hydra/sweeper")
+
+
+def _key(a: str) -> str:
+    """The config key of an override, whatever its spelling (+key, ++key, ~key)."""
+    return a.split("=", 1)[0].lstrip("+~").strip()
+
+
+def _check_overrides(overrides: list[str], resume: bool) -> None:
+    """Refuse Hydra overrides that could write outside a fresh run directory (or anything of Hydra's
+    on resume, which runs without Hydra)."""
+    for a in overrides:
+        k = _key(a)
+        if not (k.startswith("hydra.") or k.startswith("hydra/")):
+            continue
+        if resume:
+            raise ConfigError(f"{k}: Hydra settings cannot be given with resume= (a resume writes only into "
+                              "its own run directory)")
+        if k not in _HYDRA_KEYS and not k.startswith(_HYDRA_PREFIXES):
+            raise ConfigError(f"{k}: not supported (dpsgd accepts hydra.run.dir, hydra.sweep.dir, "
+                              "hydra.sweep.subdir, hydra/launcher and hydra/sweeper settings)")
+
+
+def _fresh_dir(key: str, d: Path) -> None:
+    """``d`` is a folder that holds nothing yet and can be created; else ConfigError naming ``key``."""
+    if d.exists() and (not d.is_dir() or any(d.iterdir())):
+        raise ConfigError(f"{key}={d}: already exists and is not empty; never overwritten "
+                          f"(pick a new dir, or resume=<run dir>)")
+    parent = d
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={d}: cannot be created ({parent} is not a writable folder)")
+
+
+def prepare(args: list[str], multirun: bool = False, search: list[str] = ()) -> list[str]:
+    """Validate a run's overrides before Hydra creates anything; returns the overrides to run.
+
+    The output folder is resolved the way Hydra will resolve it (any spelling of the key), and must be
+    new or empty: a refused command never writes into an existing run. For a sweep, the sweep folder
+    must be new or empty and the job sub-folder must contain ``${hydra.job.num}`` (one folder per
+    job); each job's config is validated when it starts, before it writes anything but Hydra's
+    ``.hydra`` files into its own new folder.
+    """
+    from omegaconf import OmegaConf, open_dict
+    if any(_key(a) == "resume" for a in args):
+        raise ConfigError("resume: resume a single run on its own: python -m dpsgd.train resume=<run dir> "
+                          "[key=value ...]")
+    _check_overrides(args, resume=False)
+    if multirun:
+        hc = compose([a for a in args if "," not in a.split("=", 1)[-1]] + list(search), hydra_config=True).hydra
+        subdir = str(OmegaConf.to_container(hc.sweep, resolve=False)["subdir"])
+        if "hydra.job.num" not in subdir or ".." in Path(subdir).parts or Path(subdir).is_absolute():
+            raise ConfigError(f"hydra.sweep.subdir={subdir}: must contain ${{hydra.job.num}} and stay inside the "
+                              "sweep folder (one new folder per job)")
+        _fresh_dir("hydra.sweep.dir", Path(hc.sweep.dir))
+        return args
+    cfg = compose(args + list(search), hydra_config=True)
+    _fresh_dir("hydra.run.dir", Path(cfg.hydra.run.dir))
+    with open_dict(cfg):
+        del cfg["hydra"]          # resolved by Hydra itself at run time (hydra.job.num, ...)
+    c = validate(cfg)
+    try:
+        ensure_dataset(c.dataset.name, c.dataset.root, download=c.dataset.download)
+    except DataUnavailable as e:
+        raise ConfigError(str(e)) from None
+    return args
+
+
+def prepare_resume(args: list[str]) -> tuple[Config, Path, list[str]]:
+    """(config, run dir, overrides) of ``resume=<dir> [key=value ...]``, validated; nothing is written.
+
+    The run's own overrides come from its checkpoint (verified by its content hash), never from
+    ``.hydra/overrides.yaml``, which any later command could have rewritten; the new overrides are
+    applied after them. Privacy-relevant values (the fingerprint: σ, C, L, δ, the target ε, the
+    accountant, the convention, ...) cannot change.
+    """
+    resume = [a for a in args if _key(a) == "resume"]
+    rest = [a for a in args if _key(a) != "resume"]
+    _check_overrides(rest, resume=True)
+    rd = check_run_dir(resume[-1].split("=", 1)[1].strip().strip("'\"")).resolve()
+    ckpt = load_checkpoint(rd)
+    if ckpt is None:
+        raise ConfigError(f"resume={rd}: no checkpoint.pt (the run stopped before its first checkpoint); "
+                          "start a new run")
+    saved = [o for o in ckpt["overrides"] if _key(o) != "resume"]
+    c = validate(compose(saved + rest), check_resume_dir=False)
+    c.resume = str(rd)
+    check_resumable(ckpt["fingerprint"], privacy_fingerprint(c))
+    try:
+        ensure_dataset(c.dataset.name, c.dataset.root, download=c.dataset.download)
+    except DataUnavailable as e:
+        raise ConfigError(str(e)) from None
+    return c, rd, rest
+
+
+def _discard_fresh_run_dir(run_dir: Path) -> None:
+    """Remove a run dir that Hydra created for this refused job and that holds only Hydra's files."""
+    hydra_files = {".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"}
+    try:
+        entries = {str(f.relative_to(run_dir)) for f in run_dir.rglob("*")}
+        if not entries <= hydra_files or any((run_dir / f).stat().st_mtime < _T0 - 1 for f in entries):
+            return
+        shutil.rmtree(run_dir)
+        for parent in run_dir.parents:
+            if parent == Path.cwd() or parent.stat().st_ctime < _T0 - 1:
+                break
+            sweep_file = parent / "multirun.yaml"   # written by Hydra into a fresh sweep dir
+            if [f.name for f in parent.iterdir()] == ["multirun.yaml"] and sweep_file.stat().st_mtime >= _T0 - 1:
+                sweep_file.unlink()
+            if any(parent.iterdir()):
+                break
+            parent.rmdir()
+    except OSError:
+        pass
+
+
+def _run_or_exit(fn, *a) -> None:
+    """Run ``fn``; every expected failure is one line on stderr and an exit code, never a traceback."""
+    try:
+        fn(*a)
+    except (ConfigError, DataUnavailable) as e:
+        _fail(_one_line(e), 2)
+    except Diverged as e:
+        _fail(str(e), 1)
+    except (Interrupted, KeyboardInterrupt) as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        rd = getattr(e, "run_dir", None)
+        hint = f": {rd} (resume with: python -m dpsgd.train resume={rd})" if rd else ""
+        _fail(f"interrupted by {signal.Signals(signum).name}{hint}", 128 + signum)
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        _fail(f"{where}{e.strerror or e}", 1)
+
+
+def _fail(msg: str, code: int) -> None:
+    print(f"error: {msg}" if code in (1, 2) else msg, file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def _task(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    overrides = list(hc.overrides.task)
+
+    def run():
+        with RunLock(run_dir):        # held before anything is decided about this folder
+            try:
+                c = validate(cfg)
+                if c.resume:
+                    raise ConfigError("resume: resume a single run on its own: python -m dpsgd.train resume=<run dir>")
+                ensure_dataset(c.dataset.name, c.dataset.root, download=c.dataset.download)
+                train(c, run_dir, overrides)
+            except (ConfigError, DataUnavailable):
+                _discard_fresh_run_dir(run_dir)
+                raise
+
+    _run_or_exit(run)
+
+
+def _split_cli(args: list[str]) -> tuple[bool, list[str], list[str]]:
+    """(multirun, extra config dirs, overrides) of a command line; ConfigError for flags dpsgd refuses."""
+    multirun, dirs, overrides, i = False, [], [], 0
+    while i < len(args):
+        a = args[i]
+        if a in _MULTIRUN_FLAGS:
+            multirun = True
+        elif a.split("=", 1)[0] in _CONFIG_DIR_FLAGS:
+            if "=" in a:
+                dirs.append(a.split("=", 1)[1])
+            elif i + 1 < len(args):
+                i += 1
+                dirs.append(args[i])
+            else:
+                raise ConfigError(f"{a}: needs a folder")
+        elif a.startswith("-"):
+            raise ConfigError(f"{a}: not supported (dpsgd takes key=value overrides, -m/--multirun, "
+                              "-cd/--config-dir, --cfg, --help)")
+        else:
+            overrides.append(a)
+        i += 1
+    return multirun, dirs, overrides
+
+
+def main(argv: list[str] | None = None) -> None:
+    import hydra
+    tune_allocator()  # speed only: glibc keeps per-step buffers instead of re-faulting them
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a.split("=", 1)[0] in _INFO_FLAGS for a in args):     # help / print the config: no run
+        sys.argv = [sys.argv[0]] + args
+        hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(lambda cfg: None)()
+        return
+    try:
+        multirun, dirs, overrides = _split_cli(args)
+        search = [f"hydra.searchpath=[{','.join('file://' + str(Path(d).resolve()) for d in dirs)}]"] if dirs else []
+        if any(_key(a) == "resume" for a in overrides) and not multirun and not dirs:
+            def resume():
+                c, rd, rest = prepare_resume(overrides)
+                train(c, rd, rest)
+            _run_or_exit(resume)
+            return
+        prepare(overrides, multirun, search)
+    except ConfigError as e:
+        _fail(_one_line(e), 2)
+    sys.argv = [sys.argv[0]] + args
+    try:
+        hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(_task)()
+    except KeyboardInterrupt:
+        _fail("interrupted by SIGINT", 128 + signal.SIGINT)
+
+
+if __name__ == "__main__":
+    main()
