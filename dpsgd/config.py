@@ -370,7 +370,7 @@ def _check_model(c: Config, shape) -> None:
         model = build_model(c.model, shape, DATASETS[c.dataset.name][3])
     n_params = sum(p.numel() for p in model.parameters())
     if n_params > PARAMS_MAX:
-        raise ConfigError(f"model.hidden={list(c.model.hidden)}: {n_params:.3g} parameters ({c.model.name}), more "
+        raise ConfigError(f"model.hidden={list(c.model.hidden)}: {n_params} parameters ({c.model.name}), more "
                           f"than PARAMS_MAX={PARAMS_MAX:.0e} (4 GB of float32 weights before gradients and noise)")
     try:
         check_dp_compatible(model)
