@@ -8,7 +8,7 @@ non-integer epochs, NaN learning rates, PCA wider than the input, models that mi
 It also refuses what would only fail once training has started:
 
 * values the accountants cannot serve (their ranges are ``dpsgd.accountant._checks``: σ and σ_p in
-  [SIGMA_MIN, SIGMA_MAX] for private runs, q = L/N >= Q_MIN, δ >= DELTA_MIN, target ε <= EPSILON_MAX,
+  [SIGMA_MIN, SIGMA_MAX] for private runs, as charged (σ/2 under shuffle sampling), q = L/N >= Q_MIN, δ >= DELTA_MIN, target ε <= EPSILON_MAX,
   at most STEPS_MAX lots, at most GROUPS_MAX per-layer clipped groups);
 * δ >= 1/N in a private run (δ is the probability of a catastrophic failure: at δ >= 1/N a mechanism
   that publishes one random example in full is (0, δ)-DP; Dwork & Roth 2014 §2.3). Only
@@ -167,11 +167,13 @@ def _bool(key: str, v: Any) -> bool:
     return v
 
 
-def _within(key: str, v: float, lo: float, hi: float, limits: str) -> None:
-    """Refuse v outside [lo, hi], the range the accountants serve (``limits`` names the constants)."""
-    if not lo <= v <= hi:
-        raise ConfigError(f"{key}={_fmt(v)}: must be in [{lo:g}, {hi:g}], the range the accountants serve "
-                          f"({limits} in dpsgd/accountant/_checks.py)")
+def _sigma_served(key: str, v: float, charged: float) -> None:
+    """Refuse a noise multiplier whose charge to the ledger lies outside [SIGMA_MIN, SIGMA_MAX]."""
+    lo, hi = acc_limits.SIGMA_MIN, acc_limits.SIGMA_MAX
+    if not lo <= charged <= hi:
+        how = "" if charged == v else f" (charged as {charged:g})"
+        raise ConfigError(f"{key}={_fmt(v)}{how}: must be in [{lo:g}, {hi:g}], the range the accountants serve "
+                          "(SIGMA_MIN, SIGMA_MAX in dpsgd/accountant/_checks.py)")
 
 
 def _choice(key: str, v: Any) -> str:
@@ -268,11 +270,13 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
         raise ConfigError(f"privacy.delta={p.delta:g}: must be < 1/N = {1 / N:.4g} (N={N} training examples), "
                           "else publishing one random example is within the guarantee; "
                           "set privacy.allow_large_delta=true to accept it")
-    if p.private and p.lot_size / N < acc_limits.Q_MIN:
-        raise ConfigError(f"privacy.lot_size={p.lot_size}: q = L/N = {p.lot_size / N:.4g} (N={N}) is below "
-                          f"Q_MIN={acc_limits.Q_MIN:g}, the smallest sampling rate the accountants serve")
     for k in ("clipping", "convention", "sampling", "grad_sample_mode"):
         _choice(f"privacy.{k}", getattr(p, k))
+    sampler = SAMPLERS[p.sampling](N, p.lot_size)
+    q, charged = sampler.release(p.sigma, 0)     # what the ledger records per charge (shuffle: 1, σ/2)
+    if p.private and q < acc_limits.Q_MIN:
+        raise ConfigError(f"privacy.lot_size={p.lot_size}: q = L/N = {q:.4g} (N={N}) is below "
+                          f"Q_MIN={acc_limits.Q_MIN:g}, the smallest sampling rate the accountants serve")
     p.secure_rng = _bool("privacy.secure_rng", p.secure_rng)
     p.noise_seed = _num("privacy.noise_seed", p.noise_seed, integer=True, optional=True, lo=0)
     if p.secure_rng and p.noise_seed is not None:
@@ -285,10 +289,9 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
         raise ConfigError("privacy.sigma_p=0.0: DP-PCA needs noise (σ_p > 0) in a private run; use "
                           "model.projection=random|none or privacy.private=false")
     if p.private:
-        _within("privacy.sigma", p.sigma, acc_limits.SIGMA_MIN, acc_limits.SIGMA_MAX, "SIGMA_MIN, SIGMA_MAX")
+        _sigma_served("privacy.sigma", p.sigma, charged)
         if m.projection == "pca":
-            _within("privacy.sigma_p", p.sigma_p, acc_limits.SIGMA_MIN, acc_limits.SIGMA_MAX,
-                    "SIGMA_MIN, SIGMA_MAX")
+            _sigma_served("privacy.sigma_p", p.sigma_p, p.sigma_p)
     p.target_epsilon = _num("privacy.target_epsilon", p.target_epsilon, optional=True, lo=0, lo_open=True,
                             hi=acc_limits.EPSILON_MAX)
     if p.target_epsilon is not None and not p.private:
@@ -319,7 +322,7 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     t.lr_saturate_epochs = _num("training.lr_saturate_epochs", t.lr_saturate_epochs, integer=True, lo=0)
     t.max_steps = _num("training.max_steps", t.max_steps, integer=True, optional=True, lo=1,
                        hi=acc_limits.STEPS_MAX)
-    lots = t.epochs * SAMPLERS[p.sampling](N, p.lot_size).lots_per_epoch()
+    lots = t.epochs * sampler.lots_per_epoch()
     if lots > acc_limits.STEPS_MAX:
         raise ConfigError(f"training.epochs={t.epochs}: {lots} lots ({p.sampling} sampling, L={p.lot_size}, N={N}) "
                           f"exceed STEPS_MAX={acc_limits.STEPS_MAX}, the most the accountants serve; "

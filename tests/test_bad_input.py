@@ -8,11 +8,13 @@ Three tables:
 * ``PRIVACY_CLI``: ``dpsgd.privacy.main(argv)`` in-process: ``SystemExit(2)`` and one stderr line
   naming the parameter.
 * ``PROCESS``: real subprocesses, only where the behaviour is about processes, files or exit codes:
-  missing data with no network, an existing run dir, resuming a real run with changed privacy values,
-  and three end-to-end representatives of the tables above. Each runs in its own working directory
+  missing data with no network, an existing run dir, resuming a real run with a changed σ, and three
+  end-to-end representatives of the tables above. Each runs in its own working directory
   that already holds earlier outputs and must exit 2, print exactly one stderr line
   (``error: <message>``; the privacy CLI prefixes its program name, argparse style) naming the key,
   and leave every pre-existing file byte-identical and create nothing. They run in a thread pool.
+
+Resuming that real run with another L or dataset is refused in-process too (``RESUME``).
 
 ``test_every_checked_key_has_a_refusal_case`` computes the table's coverage: every key with a fixed
 set of choices and every numeric or boolean field of the config dataclasses.
@@ -229,9 +231,9 @@ PROCESS = [
     # --- outputs and resume
     Case("existing_run_dir", "train", TINY + ["hydra.run.dir={tmp}/outputs/old"], "hydra.run.dir"),
     Case("resume_changed_sigma", "train", ["resume={run}", "privacy.sigma=2"], "privacy.sigma"),
-    Case("resume_changed_lot", "train", ["resume={run}", "privacy.lot_size=30"], "privacy.lot_size"),
-    Case("resume_changed_dataset", "train", ["resume={run}", "dataset=fashion_mnist"], "dataset.name"),
 ]
+RESUME = [Bad(["resume={run}", "privacy.lot_size=30"], "privacy.lot_size"),
+          Bad(["resume={run}", "dataset=fashion_mnist"], "dataset.name")]
 
 
 def _snapshot(root: Path) -> dict[str, str]:
@@ -300,6 +302,7 @@ def outcomes(tmp_path_factory):
         futures = {c.id: pool.submit(play, c, run_ready) for c in ordered}
         results = {k: f.result() for k, f in futures.items()}
         results["__run__"] = (run_ready.result(), _snapshot(run))
+        results["__run_dir__"] = run
     return results
 
 
@@ -320,3 +323,15 @@ def test_refused_before_training(outcomes, case):
 def test_resumed_run_untouched(outcomes):
     before, after = outcomes["__run__"]
     assert after == before, "a refused resume modified the run directory"
+
+
+@pytest.mark.parametrize("bad", RESUME, ids=_id)
+def test_resume_with_changed_privacy_values_refused_in_process(outcomes, bad, tmp_path, monkeypatch):
+    run = outcomes["__run_dir__"]
+    before = _snapshot(run)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        prepare([_fill(a, {"run": run}) for a in bad.args])
+    msg = str(e.value)
+    assert "\n" not in msg and bad.key in msg, msg
+    assert _snapshot(run) == before and list(tmp_path.iterdir()) == []

@@ -83,6 +83,10 @@ def test_accountant_ranges_are_inclusive_and_private_only():
         for v in (lo * (1 - 1e-9), hi * (1 + 1e-9)):
             with pytest.raises(ConfigError, match=rf"^{key}=.*: must be in \[0\.01, 1e\+06\]"):
                 validate(_compose([f"{key}={v!r}"]))
+    # shuffle sampling charges σ/2 per epoch (substitution adjacency): the charge must be served
+    assert validate(_compose(["privacy.sampling=shuffle", "privacy.sigma=0.02"])).privacy.sigma == 0.02
+    with pytest.raises(ConfigError, match=r"^privacy\.sigma=0\.015 \(charged as 0\.0075\): must be in \[0\.01,"):
+        validate(_compose(["privacy.sampling=shuffle", "privacy.sigma=0.015"]))
     # σ_p is not used without DP-PCA, σ not without privacy: only σ >= 0 is asked
     assert validate(_compose(["model.projection=random", "privacy.sigma_p=1e-300"])).privacy.sigma_p == 1e-300
     assert validate(_compose(["experiment=mnist_nonprivate", "privacy.sigma=1e308"])).privacy.sigma == 1e308
