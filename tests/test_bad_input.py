@@ -34,7 +34,7 @@ import pytest
 
 from dpsgd import privacy
 from dpsgd.config import CHOICES, GROUPS, Config, ConfigError
-from dpsgd.train import prepare
+from dpsgd.train import prepare, prepare_resume
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 180
@@ -159,7 +159,7 @@ def _id(b: Bad) -> str:
 def test_train_refuses_in_process(bad, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as e:
-        prepare(bad.args)
+        (prepare_resume if any(a.startswith("resume=") for a in bad.args) else prepare)(bad.args)
     msg = str(e.value)
     assert "\n" not in msg, msg
     assert bad.key in msg, f"error does not name {bad.key!r}: {msg}"
@@ -331,7 +331,7 @@ def test_resume_with_changed_privacy_values_refused_in_process(outcomes, bad, tm
     before = _snapshot(run)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as e:
-        prepare([_fill(a, {"run": run}) for a in bad.args])
+        prepare_resume([_fill(a, {"run": run}) for a in bad.args])
     msg = str(e.value)
     assert "\n" not in msg and bad.key in msg, msg
     assert _snapshot(run) == before and list(tmp_path.iterdir()) == []
