@@ -3,24 +3,52 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 PYTHON ?= python3
+# The venv and what goes into it; overridable on the command line (tests/test_makefile.py builds a
+# throwaway venv with a fake interpreter). requirements*.txt pin the direct dependencies, LOCK (a pip
+# constraints file, rewritten by `make lock`) pins every transitive one.
 VENV := .venv
+REQUIREMENTS := requirements.txt requirements-test.txt
+LOCK := requirements.lock
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SWEEPS := $(basename $(notdir $(wildcard conf/sweep/*.yaml)))
 
-.PHONY: help install data mnist mnist-all seeds test test-all bench figures paper clean $(addprefix sweep-,$(SWEEPS))
+.PHONY: help install lock data mnist mnist-all seeds test test-all bench figures paper clean $(addprefix sweep-,$(SWEEPS))
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 	@echo "  make sweep-NAME   run one Figure-5 sweep (NAME in: $(SWEEPS))"
 
-$(STAMP): requirements.txt requirements-test.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt -r requirements-test.txt
+# Safe when several `make` start at once on a fresh clone: the whole build holds an exclusive flock on
+# $(VENV).lock, and re-checks the stamp once it has the lock (a concurrent make may have finished it).
+# $(VENV)/.created is written only after `python -m venv` and the pip upgrade succeeded, so a venv
+# left half built by an interrupted make is removed and rebuilt, never installed into; the stamp is
+# written last, so it only ever marks a finished install.
+$(STAMP): $(REQUIREMENTS) $(LOCK)
+	@mkdir -p $(dir $(VENV)); exec 9> $(VENV).lock; \
+	if command -v flock > /dev/null; then flock 9; else echo "warning: no flock, $(VENV) build not locked" >&2; fi; \
+	set -e; \
+	if [ -e $(STAMP) ] && [ -z "$$(find $^ -newer $(STAMP))" ]; then echo "$(VENV) is up to date"; exit 0; fi; \
+	if [ -e $(STAMP) ]; then touch $(VENV)/.created; fi; \
+	if [ ! -e $(VENV)/.created ]; then \
+		echo "creating $(VENV) with $(PYTHON)"; rm -rf $(VENV); $(PYTHON) -m venv $(VENV); \
+		$(PY) -m pip install -q -c $(LOCK) --upgrade pip; touch $(VENV)/.created; fi; \
+	rm -f $(STAMP); \
+	echo "installing $(REQUIREMENTS) into $(VENV), constrained by $(LOCK)"; \
+	$(PY) -m pip install -q -c $(LOCK) $(addprefix -r ,$(REQUIREMENTS)); \
 	touch $(STAMP)
 
-install: $(STAMP) ## build the virtual environment (.venv)
+install: $(STAMP) ## build the virtual environment (.venv) from the pinned requirements and the lock
+
+# Updating a pin: edit requirements*.txt, then `make lock` re-resolves them in the existing .venv
+# WITHOUT the lock (only what the new pins demand moves) and rewrites the lock from pip freeze, keeping
+# its comment header; then `make test-all` and commit both files.
+lock: ## after editing a pin in requirements*.txt: re-resolve it in .venv and rewrite requirements.lock
+	@test -e $(VENV)/.created || test -e $(STAMP) || { echo "lock: no finished $(VENV); run make install first" >&2; exit 2; }
+	@exec 9> $(VENV).lock; command -v flock > /dev/null && flock 9; set -e; \
+	$(PY) -m pip install -q $(addprefix -r ,$(REQUIREMENTS)); \
+	{ grep '^#' $(LOCK); $(PY) -m pip freeze --all --exclude-editable; } > $(LOCK).tmp; \
+	mv $(LOCK).tmp $(LOCK); echo "rewrote $(LOCK): $$(grep -vc '^#' $(LOCK)) packages"
 
 data: $(STAMP) ## seed the git-ignored data root (copies local archives, else downloads)
 	$(PY) -m dpsgd.data

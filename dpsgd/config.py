@@ -4,6 +4,20 @@
 ``ConfigError`` with a one-line message naming the offending key (``privacy.sigma=-1: must be >= 0``)
 for every bad value: unknown keys and names, σ < 0, C <= 0, L outside [1, N], δ outside (0, 1),
 non-integer epochs, NaN learning rates, PCA wider than the input, models that mix examples, ...
+
+It also refuses what would only fail once training has started:
+
+* values the accountants cannot serve (their ranges are ``dpsgd.accountant._checks``: σ and σ_p in
+  [SIGMA_MIN, SIGMA_MAX] for private runs, as charged (σ/2 under shuffle sampling), q = L/N >= Q_MIN, δ >= DELTA_MIN, target ε <= EPSILON_MAX,
+  at most STEPS_MAX lots, at most GROUPS_MAX per-layer clipped groups);
+* δ >= 1/N in a private run (δ is the probability of a catastrophic failure: at δ >= 1/N a mechanism
+  that publishes one random example in full is (0, δ)-DP; Dwork & Roth 2014 §2.3). Only
+  ``privacy.allow_large_delta=true`` accepts it, and that is recorded in the resolved config;
+* models over PARAMS_MAX parameters (counted on the meta device), physical batches larger than N and
+  evaluation batches larger than the largest evaluated set (such a batch is never formed).
+
+Learning rates are only required to be finite and > 0: no principled upper bound exists (divergence
+depends on the loss surface and C), so a run that diverges is the trainer's to stop.
 """
 from __future__ import annotations
 
@@ -12,7 +26,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .accountant import _checks as acc_limits
 from .data import DATASETS, input_shape
+from .sampling import SAMPLERS
+
+# The largest model validated: 10**9 float32 parameters are 4 GB of weights alone, before gradients,
+# noise and optimiser buffers (several times that); beyond what one CPU or GPU run of this repo holds.
+PARAMS_MAX = 10**9
 
 
 class ConfigError(ValueError):
@@ -45,7 +65,8 @@ class PrivacyConfig:
     sigma_p: float = 7.0               # σ_p: DP-PCA noise
     clip_norm: float = 4.0             # C
     lot_size: int = 600                # L (expected lot size; q = L/N)
-    delta: float = 1e-5                # δ
+    delta: float = 1e-5                # δ, < 1/N unless allow_large_delta
+    allow_large_delta: bool = False    # true: accept δ >= 1/N (recorded in config.resolved.yaml)
     clipping: str = "per_layer"        # per_layer | global
     convention: str = "joint"          # joint | per_tensor (the paper's code)
     sampling: str = "poisson"          # poisson | shuffle
@@ -146,6 +167,15 @@ def _bool(key: str, v: Any) -> bool:
     return v
 
 
+def _sigma_served(key: str, v: float, charged: float) -> None:
+    """Refuse a noise multiplier whose charge to the ledger lies outside [SIGMA_MIN, SIGMA_MAX]."""
+    lo, hi = acc_limits.SIGMA_MIN, acc_limits.SIGMA_MAX
+    if not lo <= charged <= hi:
+        how = "" if charged == v else f" (charged as {charged:g})"
+        raise ConfigError(f"{key}={_fmt(v)}{how}: must be in [{lo:g}, {hi:g}], the range the accountants serve "
+                          "(SIGMA_MIN, SIGMA_MAX in dpsgd/accountant/_checks.py)")
+
+
 def _choice(key: str, v: Any) -> str:
     if v not in CHOICES[key]:
         raise ConfigError(f"{key}={_fmt(v)}: unknown, must be one of {CHOICES[key]}")
@@ -200,7 +230,14 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     _choice("model.name", m.name)
     if not isinstance(m.hidden, (list, tuple)):
         raise ConfigError(f"model.hidden={_fmt(m.hidden)}: must be a list of layer widths")
+    if m.name == "mlp" and len(m.hidden) + 1 > acc_limits.GROUPS_MAX:
+        raise ConfigError(f"model.hidden: {len(m.hidden)} hidden layers; per-layer clipping charges one group "
+                          f"per layer, at most GROUPS_MAX={acc_limits.GROUPS_MAX} (dpsgd/accountant/_checks.py)")
     m.hidden = [_num(f"model.hidden[{i}]", h, integer=True, lo=1) for i, h in enumerate(m.hidden)]
+    for i, h in enumerate(m.hidden):   # a layer of width h has >= h weights (checked before any build)
+        if h > PARAMS_MAX:
+            raise ConfigError(f"model.hidden[{i}]={h}: a layer this wide holds more than PARAMS_MAX={PARAMS_MAX:.0e} "
+                              "parameters (4 GB of float32 weights before gradients and noise)")
     m.bias = _bool("model.bias", m.bias)
     _choice("model.projection", m.projection)
     _choice("model.init", m.init)
@@ -227,9 +264,19 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     p.lot_size = _num("privacy.lot_size", p.lot_size, integer=True, lo=1)
     if p.lot_size > N:
         raise ConfigError(f"privacy.lot_size={p.lot_size}: must be <= N={N} (the number of training examples)")
-    p.delta = _num("privacy.delta", p.delta, lo=0, lo_open=True, hi=1, hi_open=True)
+    p.delta = _num("privacy.delta", p.delta, lo=acc_limits.DELTA_MIN, hi=1, hi_open=True)
+    p.allow_large_delta = _bool("privacy.allow_large_delta", p.allow_large_delta)
+    if p.private and p.delta >= 1 / N and not p.allow_large_delta:
+        raise ConfigError(f"privacy.delta={p.delta:g}: must be < 1/N = {1 / N:.4g} (N={N} training examples), "
+                          "else publishing one random example is within the guarantee; "
+                          "set privacy.allow_large_delta=true to accept it")
     for k in ("clipping", "convention", "sampling", "grad_sample_mode"):
         _choice(f"privacy.{k}", getattr(p, k))
+    sampler = SAMPLERS[p.sampling](N, p.lot_size)
+    q, charged = sampler.release(p.sigma, 0)     # what the ledger records per charge (shuffle: 1, σ/2)
+    if p.private and q < acc_limits.Q_MIN:
+        raise ConfigError(f"privacy.lot_size={p.lot_size}: q = L/N = {q:.4g} (N={N}) is below "
+                          f"Q_MIN={acc_limits.Q_MIN:g}, the smallest sampling rate the accountants serve")
     p.secure_rng = _bool("privacy.secure_rng", p.secure_rng)
     p.noise_seed = _num("privacy.noise_seed", p.noise_seed, integer=True, optional=True, lo=0)
     if p.secure_rng and p.noise_seed is not None:
@@ -241,13 +288,19 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     if p.private and p.sigma_p == 0 and m.projection == "pca":
         raise ConfigError("privacy.sigma_p=0.0: DP-PCA needs noise (σ_p > 0) in a private run; use "
                           "model.projection=random|none or privacy.private=false")
-    p.target_epsilon = _num("privacy.target_epsilon", p.target_epsilon, optional=True, lo=0, lo_open=True)
+    if p.private:
+        _sigma_served("privacy.sigma", p.sigma, charged)
+        if m.projection == "pca":
+            _sigma_served("privacy.sigma_p", p.sigma_p, p.sigma_p)
+    p.target_epsilon = _num("privacy.target_epsilon", p.target_epsilon, optional=True, lo=0, lo_open=True,
+                            hi=acc_limits.EPSILON_MAX)
     if p.target_epsilon is not None and not p.private:
         raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: a non-private run "
                           "(privacy.private=false) has no ε to stop at")
+    # a lot holds at most N examples, so a larger physical batch is never formed
     p.physical_batch_size = _num("privacy.physical_batch_size", p.physical_batch_size, integer=True,
-                                 optional=True, lo=1)
-    p.pca_fraction = _num("privacy.pca_fraction", p.pca_fraction, lo=0, lo_open=True, hi=1)
+                                 optional=True, lo=1, hi=N)
+    p.pca_fraction = _num("privacy.pca_fraction", p.pca_fraction, lo=acc_limits.Q_MIN, hi=1)
 
     # accountant
     _choice("accountant.name", a.name)
@@ -267,9 +320,17 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     t.lr = _num("training.lr", t.lr, lo=0, lo_open=True)
     t.lr_end = _num("training.lr_end", t.lr_end, lo=0, lo_open=True)
     t.lr_saturate_epochs = _num("training.lr_saturate_epochs", t.lr_saturate_epochs, integer=True, lo=0)
-    t.max_steps = _num("training.max_steps", t.max_steps, integer=True, optional=True, lo=1)
+    t.max_steps = _num("training.max_steps", t.max_steps, integer=True, optional=True, lo=1,
+                       hi=acc_limits.STEPS_MAX)
+    lots = t.epochs * sampler.lots_per_epoch()
+    if lots > acc_limits.STEPS_MAX:
+        raise ConfigError(f"training.epochs={t.epochs}: {lots} lots ({p.sampling} sampling, L={p.lot_size}, N={N}) "
+                          f"exceed STEPS_MAX={acc_limits.STEPS_MAX}, the most the accountants serve; "
+                          "lower training.epochs")
     t.eval_every = _num("training.eval_every", t.eval_every, integer=True, lo=1)
-    t.eval_batch_size = _num("training.eval_batch_size", t.eval_batch_size, integer=True, lo=1)
+    # evaluation runs over the training set (N) and the test set; a larger batch is never formed
+    n_eval = max(N, DATASETS[d.name][2])
+    t.eval_batch_size = _num("training.eval_batch_size", t.eval_batch_size, integer=True, lo=1, hi=n_eval)
     t.checkpoint_every = _num("training.checkpoint_every", t.checkpoint_every, integer=True, lo=0)
 
     # top level
@@ -303,12 +364,17 @@ def check_run_dir(path: str) -> Path:
 
 
 def _check_model(c: Config, shape) -> None:
-    """Refuse models that mix examples (BatchNorm, ...), built on the meta device (no memory, no time)."""
+    """Refuse models over PARAMS_MAX parameters or that mix examples (BatchNorm, ...), built on the meta
+    device (no memory, no time)."""
     import torch
 
     from .models import check_dp_compatible
     with torch.device("meta"):
         model = build_model(c.model, shape, DATASETS[c.dataset.name][3])
+    n_params = sum(p.numel() for p in model.parameters())
+    if n_params > PARAMS_MAX:
+        raise ConfigError(f"model.hidden={list(c.model.hidden)}: {n_params} parameters ({c.model.name}), more "
+                          f"than PARAMS_MAX={PARAMS_MAX:.0e} (4 GB of float32 weights before gradients and noise)")
     try:
         check_dp_compatible(model)
     except ValueError as e:

@@ -1,15 +1,23 @@
-"""Bad input is refused before any work (brief, house style 10; issue 6 item 5).
+"""Bad input is refused before any work, with one line naming the offending key.
 
-Every case runs the real CLI as a subprocess — ``python -m dpsgd.train <overrides>`` or
-``python -m dpsgd.privacy <args>`` — in its own working directory that already holds earlier
-outputs, and must:
+Three tables:
 
-* exit with code 2,
-* print exactly one line to stderr, ``error: <message>`` (the privacy CLI prefixes its program
-  name, argparse style), naming the offending key,
-* leave every pre-existing file byte-identical and create nothing (no new run dir).
+* ``VALIDATION``: the train CLI's overrides, checked in-process by ``dpsgd.train.prepare(args)`` (what
+  ``python -m dpsgd.train`` runs before Hydra creates anything): ``ConfigError``, one line, naming
+  the key, nothing written in the working directory.
+* ``PRIVACY_CLI``: ``dpsgd.privacy.main(argv)`` in-process: ``SystemExit(2)`` and one stderr line
+  naming the parameter.
+* ``PROCESS``: real subprocesses, only where the behaviour is about processes, files or exit codes:
+  missing data with no network, an existing run dir, resuming a real run with a changed σ, and three
+  end-to-end representatives of the tables above. Each runs in its own working directory
+  that already holds earlier outputs and must exit 2, print exactly one stderr line
+  (``error: <message>``; the privacy CLI prefixes its program name, argparse style) naming the key,
+  and leave every pre-existing file byte-identical and create nothing. They run in a thread pool.
 
-The cases run in parallel (a thread pool over subprocesses) to keep the table fast.
+Resuming that real run with another L or dataset is refused in-process too (``RESUME``).
+
+``test_every_checked_key_has_a_refusal_case`` computes the table's coverage: every key with a fixed
+set of choices and every numeric or boolean field of the config dataclasses.
 """
 from __future__ import annotations
 
@@ -20,20 +28,187 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 import pytest
+
+from dpsgd import privacy
+from dpsgd.config import CHOICES, GROUPS, Config, ConfigError
+from dpsgd.launch import prepare, prepare_resume
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 180
 
 
 @dataclass
+class Bad:
+    args: list[str]
+    key: str                      # the config key refused: the one-line message must name it
+    expect: str | None = None     # more of the message, where the reason matters
+
+
+VALIDATION = [
+    # --- dataset
+    Bad(["dataset=imagenet"], "dataset"),                       # Hydra: no such group option
+    Bad(["dataset=svhn"], "dataset/svhn"),
+    Bad(["dataset.name=imagenet"], "dataset.name", "dataset.name=imagenet: unknown"),
+    Bad(["dataset.subset=0"], "dataset.subset"),
+    Bad(["dataset.subset=60001"], "dataset.subset", "must be <= 60000"),
+    Bad(["dataset.crop=0"], "dataset.crop"),
+    Bad(["dataset.crop=33"], "dataset.crop"),
+    Bad(["dataset.download=maybe"], "dataset.download", "must be true or false"),
+    Bad(["dataset.root=5"], "dataset.root", "must be a path"),
+    # --- model
+    Bad(["model.name=resnet"], "model.name", "unknown"),
+    Bad(["model.name=cnn"], "model.name", "model.name=cnn: needs 3x24x24 images"),
+    Bad(["model=cnn"], "model.name", "model.name=cnn"),
+    Bad(["model.hidden=1000"], "model.hidden", "must be a list"),
+    Bad(["model.hidden=[1000,0]"], "model.hidden", "model.hidden[1]"),
+    Bad(["model.hidden=[2000000000]"], "model.hidden", "model.hidden[0]=2000000000: a layer this wide"),
+    Bad(["model.hidden=[100000000]"], "model.hidden", "parameters (mlp), more than PARAMS_MAX"),
+    Bad(["model.bias=yes"], "model.bias"),
+    Bad(["model.projection=svd"], "model.projection"),
+    Bad(["model.init=xavier"], "model.init"),
+    Bad(["model.pca_dims=785"], "model.pca_dims", "model.pca_dims=785: exceeds the input dimension"),
+    Bad(["model.pca_dims=-1"], "model.pca_dims"),
+    # --- privacy
+    Bad(["privacy.private=1"], "privacy.private"),
+    Bad(["privacy.sigma=-1"], "privacy.sigma", "privacy.sigma=-1.0: must be >= 0"),
+    Bad(["privacy.sigma=0"], "privacy.sigma", "privacy.sigma=0.0: a private run needs noise"),
+    Bad(["privacy.sigma=four"], "privacy.sigma"),
+    Bad(["privacy.sigma=nan"], "privacy.sigma"),
+    Bad(["privacy.sigma=1e308"], "privacy.sigma", "SIGMA_MAX"),
+    Bad(["privacy.sigma=1e-300"], "privacy.sigma", "SIGMA_MIN"),
+    Bad(["privacy.sigma_p=-0.5"], "privacy.sigma_p"),
+    Bad(["privacy.sigma_p=0"], "privacy.sigma_p", "privacy.sigma_p=0.0"),
+    Bad(["privacy.sigma_p=0.001"], "privacy.sigma_p", "SIGMA_MIN"),
+    Bad(["privacy.sigma_p=1e7"], "privacy.sigma_p", "SIGMA_MAX"),
+    Bad(["privacy.clip_norm=0"], "privacy.clip_norm"),
+    Bad(["privacy.clip_norm=-4"], "privacy.clip_norm"),
+    Bad(["privacy.clip_norm=inf"], "privacy.clip_norm"),
+    Bad(["privacy.lot_size=60001"], "privacy.lot_size", "privacy.lot_size=60001: must be <= N=60000"),
+    Bad(["dataset.subset=1000", "privacy.lot_size=1001"], "privacy.lot_size", "N=1000"),
+    Bad(["privacy.lot_size=0"], "privacy.lot_size"),
+    Bad(["privacy.delta=0"], "privacy.delta"),
+    Bad(["privacy.delta=1"], "privacy.delta"),
+    Bad(["privacy.delta=1e-101"], "privacy.delta", "must be >= 1e-100"),
+    Bad(["privacy.delta=0.5"], "privacy.delta", "must be < 1/N = 1.667e-05 (N=60000"),
+    Bad(["dataset.subset=600", "privacy.delta=0.002"], "privacy.delta", "privacy.allow_large_delta=true"),
+    Bad(["privacy.allow_large_delta=sure"], "privacy.allow_large_delta"),
+    Bad(["privacy.clipping=perlayer"], "privacy.clipping", "privacy.clipping=perlayer: unknown"),
+    Bad(["privacy.convention=paper"], "privacy.convention"),
+    Bad(["privacy.sampling=uniform"], "privacy.sampling"),
+    Bad(["privacy.grad_sample_mode=jax"], "privacy.grad_sample_mode"),
+    Bad(["privacy.secure_rng=2"], "privacy.secure_rng"),
+    Bad(["privacy.secure_rng=true", "privacy.noise_seed=3"], "privacy.noise_seed", "refused with"),
+    Bad(["privacy.noise_seed=-1"], "privacy.noise_seed"),
+    Bad(["privacy.target_epsilon=-1"], "privacy.target_epsilon"),
+    Bad(["privacy.target_epsilon=0"], "privacy.target_epsilon"),
+    Bad(["privacy.target_epsilon=1e5"], "privacy.target_epsilon", "must be <= 10000"),
+    Bad(["privacy.target_epsilon=0.5"], "privacy.target_epsilon", "the DP-PCA release alone costs"),
+    Bad(["experiment=mnist_nonprivate", "privacy.target_epsilon=2"], "privacy.target_epsilon", "non-private"),
+    Bad(["privacy.physical_batch_size=0"], "privacy.physical_batch_size"),
+    Bad(["privacy.physical_batch_size=60001"], "privacy.physical_batch_size", "must be <= 60000"),
+    Bad(["privacy.pca_fraction=1.5"], "privacy.pca_fraction"),
+    Bad(["privacy.pca_fraction=1e-10"], "privacy.pca_fraction", "must be >= 1e-09"),
+    Bad(["+privacy.sigmaa=4"], "privacy.sigmaa", "unknown config key"),
+    Bad(["privacy.sigmaa=1"], "privacy.sigmaa"),                # Hydra: not in the struct
+    # --- accountant
+    Bad(["accountant=gdp"], "accountant"),
+    Bad(["accountant.name=gdp"], "accountant.name"),
+    # --- training
+    Bad(["training.epochs=1.5"], "training.epochs", "must be an integer"),
+    Bad(["training.epochs=-1"], "training.epochs"),
+    Bad(["training.epochs=ten"], "training.epochs"),
+    Bad(["privacy.lot_size=1", "training.epochs=16667"], "training.epochs",
+        "1000020000 lots (poisson sampling, L=1, N=60000) exceed STEPS_MAX"),
+    Bad(["training.lr=nan"], "training.lr", "training.lr=nan"),
+    Bad(["training.lr=inf"], "training.lr"),
+    Bad(["training.lr=0"], "training.lr"),
+    Bad(["training.lr_end=-0.1"], "training.lr_end"),
+    Bad(["training.lr_saturate_epochs=-1"], "training.lr_saturate_epochs"),
+    Bad(["training.max_steps=0"], "training.max_steps"),
+    Bad(["training.max_steps=10000000000"], "training.max_steps", "must be <= 1000000000"),
+    Bad(["training.eval_every=0"], "training.eval_every"),
+    Bad(["training.eval_batch_size=0"], "training.eval_batch_size"),
+    Bad(["training.eval_batch_size=60001"], "training.eval_batch_size", "must be <= 60000"),
+    Bad(["training.checkpoint_every=-1"], "training.checkpoint_every"),
+    # --- top level
+    Bad(["seed=-1"], "seed"),
+    Bad(["device=tpu"], "device"),
+    Bad(["tf32=sometimes"], "tf32"),
+    Bad(["name=a/b"], "name"),
+    Bad(["resume=/nonexistent/run"], "resume", "resume=/nonexistent/run: no such run directory"),
+    Bad(["resume=."], "resume", "not a dpsgd run directory"),
+]
+
+PRIVACY_CLI = [
+    Bad(["--q", "1.5", "--sigma", "4", "--epochs", "10"], "q"),
+    Bad(["--q", "0.01", "--sigma", "-1", "--epochs", "10"], "sigma"),
+    Bad(["--q", "0.01", "--sigma", "nan", "--epochs", "10"], "sigma"),
+    Bad(["--q", "0.01", "--sigma", "4", "--epochs", "10", "--delta", "1"], "delta"),
+    Bad(["--q", "0.01", "--sigma", "4", "--epochs", "-3"], "epochs"),
+]
+
+
+def _id(b: Bad) -> str:
+    return " ".join(b.args)
+
+
+@pytest.mark.parametrize("bad", VALIDATION, ids=_id)
+def test_train_refuses_in_process(bad, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        (prepare_resume if any(a.startswith("resume=") for a in bad.args) else prepare)(bad.args)
+    msg = str(e.value)
+    assert "\n" not in msg, msg
+    assert bad.key in msg, f"error does not name {bad.key!r}: {msg}"
+    assert (bad.expect or bad.key) in msg, msg
+    assert list(tmp_path.iterdir()) == [], "validation wrote into the working directory"
+
+
+@pytest.mark.parametrize("bad", PRIVACY_CLI, ids=_id)
+def test_privacy_cli_refuses_in_process(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        privacy.main(bad.args)
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == 1, err
+    assert lines[0].startswith(f"{privacy.PROG}: error: ") and bad.key in lines[0], lines[0]
+
+
+def _checked_keys() -> set[str]:
+    """Every CHOICES key, and every numeric (int, float, list[int]) or boolean config field."""
+    keys = set(CHOICES)
+    for prefix, cls in [*GROUPS.items(), ("", Config)]:
+        for name, hint in get_type_hints(cls).items():
+            types = set(get_args(hint)) | {hint}
+            if types & {int, float, bool, list[int]}:
+                keys.add(f"{prefix}.{name}" if prefix else name)
+    return keys
+
+
+def _uncovered(table: list[Bad]) -> set[str]:
+    return _checked_keys() - {b.key for b in table}
+
+
+def test_every_checked_key_has_a_refusal_case():
+    assert {"privacy.sigma", "privacy.allow_large_delta", "model.hidden", "training.max_steps", "seed",
+            "tf32", "accountant.name"} <= _checked_keys()
+    assert not _uncovered(VALIDATION), f"no refusal case for {sorted(_uncovered(VALIDATION))}"
+    assert len({_id(b) for b in VALIDATION}) == len(VALIDATION)
+
+
+# --------------------------------------------------------------------------- real processes
+@dataclass
 class Case:
     id: str
     cli: str                      # "train" | "privacy"
-    args: list[str]               # "{run}", "{tmp}", "{empty}" are filled in by the fixture
+    args: list[str]               # "{run}", "{tmp}" are filled in by the fixture
     key: str                      # must appear in the one-line error
     env: dict = field(default_factory=dict)
+    line: str | None = None       # the exact stderr line, where given
 
 
 # A valid, tiny training configuration: each bad case changes one thing.
@@ -44,45 +219,21 @@ NO_DATA = {"DPSGD_DATA_ROOT": "{tmp}/empty_root", "DPSGD_DATA_SOURCE": "{tmp}/em
            "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
            "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "no_proxy": ""}
 
-CASES = [
-    # --- privacy parameters
-    Case("negative_sigma", "train", ["privacy.sigma=-1"], "privacy.sigma"),
-    Case("zero_sigma_private", "train", ["privacy.sigma=0"], "privacy.sigma"),
-    Case("string_sigma", "train", ["privacy.sigma=four"], "privacy.sigma"),
-    Case("zero_clip_norm", "train", ["privacy.clip_norm=0"], "privacy.clip_norm"),
-    Case("delta_one", "train", ["privacy.delta=1"], "privacy.delta"),
-    Case("lot_larger_than_dataset", "train", ["privacy.lot_size=60001"], "privacy.lot_size"),
-    Case("secure_rng_with_noise_seed", "train", ["privacy.secure_rng=true", "privacy.noise_seed=3"],
-         "privacy.noise_seed"),
-    Case("nonpositive_target_eps", "train", ["privacy.target_epsilon=-1"], "privacy.target_epsilon"),
-    Case("unknown_sampling", "train", ["privacy.sampling=uniform"], "privacy.sampling"),
-    Case("unknown_privacy_key", "train", ["+privacy.sigmaa=4"], "privacy.sigmaa"),
-    # --- accountant, dataset, model
-    Case("unknown_accountant", "train", ["accountant=gdp"], "accountant"),
-    Case("unknown_dataset", "train", ["dataset=imagenet"], "dataset"),
-    Case("pca_wider_than_input", "train", ["model.pca_dims=1000"], "model.pca_dims"),
-    Case("cnn_on_mnist", "train", ["model.name=cnn"], "model.name"),
-    # --- training
-    Case("nan_lr", "train", ["training.lr=nan"], "training.lr"),
-    Case("non_integer_epochs", "train", ["training.epochs=1.5"], "training.epochs"),
+PROCESS = [
+    # --- end to end: one case of each table above
+    Case("e2e_negative_sigma", "train", ["privacy.sigma=-1"], "privacy.sigma",
+         line="error: privacy.sigma=-1.0: must be >= 0"),
+    Case("e2e_unknown_dataset", "train", ["dataset=imagenet"], "dataset"),
+    Case("e2e_privacy_q_above_one", "privacy", ["--q", "1.5", "--sigma", "4", "--epochs", "10"], "q"),
     # --- data: missing, with no network
     Case("missing_data_no_download", "train", TINY + ["dataset.download=false"], "dataset.root", env=NO_DATA),
     Case("missing_data_download_fails", "train", TINY, "dataset.root", env=NO_DATA),
     # --- outputs and resume
     Case("existing_run_dir", "train", TINY + ["hydra.run.dir={tmp}/outputs/old"], "hydra.run.dir"),
-    Case("unknown_resume_dir", "train", ["resume={tmp}/no_such_run"], "resume"),
-    Case("resume_dir_not_a_run", "train", ["resume={tmp}/outputs"], "resume"),
     Case("resume_changed_sigma", "train", ["resume={run}", "privacy.sigma=2"], "privacy.sigma"),
-    Case("resume_changed_lot", "train", ["resume={run}", "privacy.lot_size=30"], "privacy.lot_size"),
-    Case("resume_changed_dataset", "train", ["resume={run}", "dataset=fashion_mnist"], "dataset.name"),
-    # --- the privacy CLI
-    Case("privacy_q_above_one", "privacy", ["--q", "1.5", "--sigma", "4", "--epochs", "10"], "q"),
-    Case("privacy_negative_sigma", "privacy", ["--q", "0.01", "--sigma", "-1", "--epochs", "10"], "sigma"),
-    Case("privacy_nan_sigma", "privacy", ["--q", "0.01", "--sigma", "nan", "--epochs", "10"], "sigma"),
-    Case("privacy_delta_one", "privacy", ["--q", "0.01", "--sigma", "4", "--epochs", "10", "--delta", "1"],
-         "delta"),
-    Case("privacy_negative_epochs", "privacy", ["--q", "0.01", "--sigma", "4", "--epochs", "-3"], "epochs"),
 ]
+RESUME = [Bad(["resume={run}", "privacy.lot_size=30"], "privacy.lot_size"),
+          Bad(["resume={run}", "dataset=fashion_mnist"], "dataset.name")]
 
 
 def _snapshot(root: Path) -> dict[str, str]:
@@ -145,16 +296,17 @@ def outcomes(tmp_path_factory):
         return res, before, _snapshot(tmp)
 
     # the run to resume is made while the other cases run; cases that resume it are queued last
-    ordered = sorted(CASES, key=lambda c: any("{run}" in a for a in c.args))
+    ordered = sorted(PROCESS, key=lambda c: any("{run}" in a for a in c.args))
     with ThreadPoolExecutor(max_workers=min(4, (os.cpu_count() or 2) + 1)) as pool:
         run_ready = pool.submit(make_run)
         futures = {c.id: pool.submit(play, c, run_ready) for c in ordered}
         results = {k: f.result() for k, f in futures.items()}
         results["__run__"] = (run_ready.result(), _snapshot(run))
+        results["__run_dir__"] = run
     return results
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", PROCESS, ids=[c.id for c in PROCESS])
 def test_refused_before_training(outcomes, case):
     res, before, after = outcomes[case.id]
     err = res.stderr.strip()
@@ -164,6 +316,7 @@ def test_refused_before_training(outcomes, case):
     # train: "error: <message>"; privacy (argparse style): "python -m dpsgd.privacy: error: <message>"
     assert lines[0].startswith("error: ") if case.cli == "train" else "error: " in lines[0], lines[0]
     assert case.key in lines[0], f"error does not name {case.key!r}: {lines[0]}"
+    assert case.line is None or lines[0] == case.line, lines[0]
     assert after == before, "existing outputs changed or new files appeared"
 
 
@@ -172,6 +325,13 @@ def test_resumed_run_untouched(outcomes):
     assert after == before, "a refused resume modified the run directory"
 
 
-def test_table_is_large_enough():
-    assert len(CASES) >= 20
-    assert len({c.id for c in CASES}) == len(CASES)
+@pytest.mark.parametrize("bad", RESUME, ids=_id)
+def test_resume_with_changed_privacy_values_refused_in_process(outcomes, bad, tmp_path, monkeypatch):
+    run = outcomes["__run_dir__"]
+    before = _snapshot(run)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        prepare_resume([_fill(a, {"run": run}) for a in bad.args])
+    msg = str(e.value)
+    assert "\n" not in msg and bad.key in msg, msg
+    assert _snapshot(run) == before and list(tmp_path.iterdir()) == []

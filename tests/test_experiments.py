@@ -149,8 +149,14 @@ def test_committed_figure2_is_the_accountants_output_and_pins_the_paper():
     assert at[("strong_composition_paper", 100)] == pytest.approx(9.34, abs=0.05)
     assert at[("moments", 400)] == pytest.approx(2.55, abs=0.05)
     # recomputed now from the accountant: the CSV is its output, not typed in
-    for curve, e in [("moments", 100), ("pld", 400), ("rdp_improved", 250), ("strong_composition_valid", 100)]:
+    for curve, e in [("moments", 100), ("rdp_improved", 250), ("strong_composition_valid", 100)]:
         assert at[(curve, e)] == pytest.approx(figure2.epsilon(curve, e * 100)[0], rel=1e-9)
+    # PLD ε is an FFT composition over 40 000 lots: its last bits depend on the numpy/scipy build and
+    # the CPU they run on (the committed 2.0333569584, written with pld.py as it is now, vs 2.0333569156
+    # recomputed under numpy 2.4.6 / scipy 1.17.1 and under 2.3.5 / 1.16.3: rel 2.1e-8). rel 1e-7
+    # still catches any real change: one extra lot (40 001) moves ε by rel 1.4e-5, σ = 4.0001
+    # instead of 4 by rel 2.9e-5, δ = 1.001e-5 instead of 1e-5 by rel 6.0e-5.
+    assert at[("pld", 400)] == pytest.approx(figure2.epsilon("pld", 400 * 100)[0], rel=1e-7)
 
 
 # ------------------------------------------------------------------------------- figures + README
