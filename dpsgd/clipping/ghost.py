@@ -29,7 +29,7 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
 from .layers import Conv2dLayer, GenericLayer, LinearLayer, Unsupported, _Layer
-from .vmap import clip_factors
+from .clip import clip_factors
 
 DEFAULT_BUDGET_BYTES = 64 * 2**20    # per-example products kept in memory for reuse, all layers
 

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from .clip import clip_factors
+
 # Bytes of per-example gradients materialised at once (the batch is split into chunks to fit).
 DEFAULT_CHUNK_BYTES = 256 * 2**20
 
@@ -53,17 +55,6 @@ def per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     grads = {n: torch.cat([g[n] for g, _ in outs]) for n in params}
     losses = torch.cat([l for _, l in outs])
     return grads, losses
-
-
-def clip_factors(norms: torch.Tensor, max_grad_norm: float | None) -> torch.Tensor:
-    """min(1, C / ‖g_i‖) = C / max(‖g_i‖, C); ones when clipping is disabled.
-
-    Exactly 1 for every unclipped example and for zero gradients (C / C), and C / ‖g_i‖ correctly
-    rounded above the bound: one true division. (``C / norms`` would not do: a tensor's reflected
-    division is reciprocal-then-multiply, which gives 1 − 2⁻⁵³ for C = ‖g_i‖ = 49 in float64.)"""
-    if max_grad_norm is None:
-        return torch.ones_like(norms)
-    return torch.div(max_grad_norm, norms.clamp_min(max_grad_norm))
 
 
 def vmap_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, groups: list[list[str]],
