@@ -22,7 +22,7 @@ from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 
 from .checkpoint import METRICS, PRIVACY, fingerprint_hash
-from .config import Config
+from .config import Config, privacy_fingerprint
 
 COLUMNS = ["epoch", "steps", "lr", "lot_loss", "train_loss", "train_accuracy", "test_accuracy",
            "epsilon", "epsilon_moments", "epsilon_rdp", "epsilon_pld", "epsilon_moments_joint",
@@ -91,21 +91,24 @@ def _none(x):
     return None if x is None or x != x else x
 
 
-def metrics_row(epoch, steps, lr, lot_loss, ev, eps, c, sampler, clipper, k, epoch_time, wall):
-    p, by = c.privacy, eps["by"]
+def metrics_row(c: Config, run, lr: float, lot_loss: float, ev, epoch_time: float, wall: float) -> dict:
+    """One metrics.csv row after an epoch of ``run`` (a ``train.Run``: epoch, steps, eps, sampler,
+    clipper, k); ``ev`` = (train loss, train accuracy, test accuracy)."""
+    p, eps, sampler = c.privacy, run.eps, run.sampler
+    by = eps["by"]
     e = lambda a, conv: _nan(by[a][conv][0]) if by else math.inf  # noqa: E731
     return {
-        "epoch": epoch, "steps": steps, "lr": lr, "lot_loss": lot_loss,
+        "epoch": run.epoch, "steps": run.steps, "lr": lr, "lot_loss": lot_loss,
         "train_loss": ev[0], "train_accuracy": ev[1], "test_accuracy": ev[2],
         "epsilon": _nan(eps["epsilon"]), "epsilon_moments": e("moments", p.convention),
         "epsilon_rdp": e("rdp", p.convention), "epsilon_pld": e("pld", p.convention),
         "epsilon_moments_joint": e("moments", "joint"), "epsilon_rdp_joint": e("rdp", "joint"),
         "epsilon_pld_joint": e("pld", "joint"), "lambda_star": eps["lambda_star"], "delta": p.delta,
         "sigma": p.sigma if p.private else 0.0, "sigma_p": p.sigma_p if p.private else 0.0,
-        "q": sampler.q, "C": p.clip_norm if p.private else math.inf, "L": p.lot_size, "groups": k,
+        "q": sampler.q, "C": p.clip_norm if p.private else math.inf, "L": p.lot_size, "groups": run.k,
         "sampling": sampler.name, "clipping": p.clipping if p.private else "none",
         "convention": p.convention, "accountant": c.accountant.name if p.private else "none",
-        "grad_sample_mode": clipper.mode, "seed": c.seed, "epoch_time_s": round(epoch_time, 3),
+        "grad_sample_mode": run.clipper.mode, "seed": c.seed, "epoch_time_s": round(epoch_time, 3),
         "wall_time_s": round(wall, 3), "epsilon_valid": _nan(eps["epsilon_valid"]),
     }
 
@@ -157,15 +160,17 @@ def statement_text(c: Config, status: str, eps, steps: int) -> str:
     return text if label is None else f"{text}; {label}"
 
 
-def privacy_statement(c: Config, status, stop_reason, ledger, eps, sampler, k, noise, steps, epochs, fp,
-                      resumes, runtime=None):
+def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> dict:
+    """privacy.json of ``run`` (a ``train.Run``: ledger, eps, sampler, k, noise, steps, epoch, resumes,
+    runtime) with the given status and stop reason."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {list(STATUSES)}, got status={status!r}")
     if stop_reason is not None and stop_reason not in STOP_REASONS:
         raise ValueError(f"stop_reason must be None or one of {list(STOP_REASONS)}, got stop_reason={stop_reason!r}")
-    p = c.privacy
+    p, eps, sampler, k, ledger = c.privacy, run.eps, run.sampler, run.k, run.ledger
+    fp = privacy_fingerprint(c)
     st = {"status": status, "stop_reason": stop_reason, "private": p.private,
-          "statement": statement_text(c, status, eps, steps)}
+          "statement": statement_text(c, status, eps, run.steps)}
     if p.private:
         st["mechanism"] = (
             f"DP-SGD (Abadi et al. 2016, Algorithm 1): each example's gradient clipped to C={p.clip_norm} "
@@ -200,12 +205,12 @@ def privacy_statement(c: Config, status, stop_reason, ledger, eps, sampler, k, n
     st["lambda_star"] = eps["lambda_star"]
     st["delta"] = p.delta
     st["target_epsilon"] = p.target_epsilon
-    st["steps"], st["epochs"] = steps, epochs
-    st["noise"] = {"source": noise.name, "seed": noise.seed}
-    st["runtime"] = runtime
+    st["steps"], st["epochs"] = run.steps, run.epoch
+    st["noise"] = {"source": run.noise.name, "seed": run.noise.seed}
+    st["runtime"] = run.runtime
     st["ledger"] = ledger.to_dict() if ledger is not None else None
     st["config_fingerprint"], st["config_hash"] = fp, fingerprint_hash(fp)
-    st["resumes"] = resumes
+    st["resumes"] = run.resumes
     return st
 
 

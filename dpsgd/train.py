@@ -126,10 +126,12 @@ class Run:
     def k(self) -> int:          # separately clipped groups per lot
         return len(self.clipper.groups)
 
+    @property
+    def noise(self):
+        return self.dp.noise
+
     def statement(self, status: str, stop_reason: str | None) -> dict:
-        return privacy_statement(self.c, status, stop_reason, self.ledger, self.eps, self.sampler, self.k,
-                                 self.dp.noise, self.steps, self.epoch, privacy_fingerprint(self.c),
-                                 self.resumes, self.runtime)
+        return privacy_statement(self.c, self, status, stop_reason)
 
     def checkpoint(self, complete: bool, stop_reason: str | None, status: str | None = None) -> None:
         save_checkpoint(self.run_dir, {
@@ -365,8 +367,7 @@ def end_of_epoch(run: Run, stop_reason, lr: float, lot_loss: float, t_epoch: flo
     else:
         ev = (math.nan, math.nan, math.nan)
     now = time.time()
-    row = metrics_row(run.epoch, run.steps, lr, lot_loss, ev, run.eps, c, run.sampler, run.clipper, run.k,
-                      now - t_epoch, run.wall_before + now - run.t_start)
+    row = metrics_row(c, run, lr, lot_loss, ev, now - t_epoch, run.wall_before + now - run.t_start)
     run.writer.append(row)
     progress_line(row, c)
     if not final:

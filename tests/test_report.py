@@ -4,6 +4,7 @@ nothing for a model. In-process, a small ledger, no training."""
 import math
 import random
 from decimal import Decimal
+from types import SimpleNamespace
 
 import mpmath
 import pytest
@@ -40,17 +41,20 @@ def paper():
     return c, led, epsilons(led, c)
 
 
+def _run(led, eps, steps=300):
+    """The run state the report reads (train.Run has these attributes)."""
+    return SimpleNamespace(ledger=led, eps=eps, sampler=make_sampler("poisson", 60_000, 600,
+                                                                     torch.Generator().manual_seed(0)),
+                           k=K, noise=GaussianNoise(seed=0), steps=steps, epoch=3, resumes=[], runtime=None,
+                           clipper=SimpleNamespace(mode="ghost"))
+
+
 def _statement(c, led, eps, status="complete", stop_reason="epochs_completed", steps=300):
-    sampler = make_sampler("poisson", 60_000, 600, torch.Generator().manual_seed(0))
-    return privacy_statement(c, status, stop_reason, led, eps, sampler, K, GaussianNoise(seed=0), steps, 3,
-                             {"sigma": 4.0}, [])
+    return privacy_statement(c, _run(led, eps, steps), status, stop_reason)
 
 
 def _row(c, eps):
-    class Clip:
-        mode = "ghost"
-    sampler = make_sampler("poisson", 60_000, 600, torch.Generator().manual_seed(0))
-    return metrics_row(3, 300, 0.1, 0.5, (0.4, 0.9, 0.9), eps, c, sampler, Clip(), K, 1.0, 3.0)
+    return metrics_row(c, _run(None, eps), 0.1, 0.5, (0.4, 0.9, 0.9), 1.0, 3.0)
 
 
 def test_valid_epsilon_is_the_min_over_valid_accountants_under_the_joint_convention(paper):
