@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dpsgd import launch as T
-from dpsgd import train as training
+from dpsgd import runstate
 from dpsgd.checkpoint import CheckpointError, MetricsWriter, load_checkpoint, save_checkpoint
 from dpsgd.fileio import atomic_write_bytes
 from dpsgd.config import validate
@@ -306,7 +306,7 @@ def test_disk_errors_during_training_are_one_line(tmp_path, capsys, monkeypatch)
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "checkpoint.pt"))
 
-    monkeypatch.setattr(training, "save_checkpoint", full)
+    monkeypatch.setattr(runstate, "save_checkpoint", full)
     code, err = _main(capsys, *TINY, "training.epochs=1", f"hydra.run.dir={tmp_path / 'run'}")
     assert code == 1 and err == f"error: {tmp_path / 'run' / 'checkpoint.pt'}: No space left on device"
 

@@ -12,7 +12,8 @@ import pytest
 from dpsgd.config import validate
 from dpsgd.launch import compose
 from dpsgd.report import COLUMNS
-from dpsgd.train import derive_seed, lr_at, train
+from dpsgd.runstate import derive_seed
+from dpsgd.train import lr_at, train
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["dataset.subset=3000", "privacy.lot_size=150", "privacy.physical_batch_size=150",
