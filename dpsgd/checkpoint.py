@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .config import ConfigError
+from .errors import ConfigError
 from .fileio import atomic_write_bytes, atomic_write_text
 
 CHECKPOINT = "checkpoint.pt"

@@ -26,17 +26,19 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .accountant import ACCOUNTANTS, CONVENTIONS
 from .accountant import _checks as acc_limits
+from .clipping.clip import CLIPPINGS, MODES
 from .data import DATASETS, input_shape
+from .errors import ConfigError
+from .models import INITS, MODELS
+from .pca import PROJECTIONS
 from .sampling import SAMPLERS
 
 # The largest model validated: 10**9 float32 parameters are 4 GB of weights alone, before gradients,
 # noise and optimiser buffers (several times that); beyond what one CPU or GPU run of this repo holds.
 PARAMS_MAX = 10**9
 
-
-class ConfigError(ValueError):
-    """A bad configuration value; str(e) is one line naming the key."""
 
 
 @dataclass
@@ -117,16 +119,16 @@ class Config:
         return asdict(self)
 
 
-CHOICES = {
+CHOICES = {   # each list is defined once, where the choice is implemented
     "dataset.name": sorted(DATASETS),
-    "model.name": ["cnn", "mlp"],
-    "model.projection": ["none", "pca", "random"],
-    "model.init": ["paper", "torch"],
-    "privacy.clipping": ["global", "per_layer"],
-    "privacy.convention": ["joint", "per_tensor"],
-    "privacy.sampling": ["poisson", "shuffle"],
-    "privacy.grad_sample_mode": ["auto", "ghost", "vmap"],
-    "accountant.name": ["moments", "pld", "rdp"],
+    "model.name": sorted(MODELS),
+    "model.projection": sorted(PROJECTIONS),
+    "model.init": sorted(INITS),
+    "privacy.clipping": sorted(CLIPPINGS),
+    "privacy.convention": sorted(CONVENTIONS),
+    "privacy.sampling": sorted(SAMPLERS),
+    "privacy.grad_sample_mode": sorted(MODES),
+    "accountant.name": sorted(ACCOUNTANTS),
 }
 GROUPS = {"dataset": DatasetConfig, "model": ModelConfig, "privacy": PrivacyConfig,
           "accountant": AccountantConfig, "training": TrainingConfig}
@@ -383,11 +385,9 @@ def _check_model(c: Config, shape) -> None:
 
 def build_model(m: ModelConfig, shape, classes: int):
     """The network of ``model.*`` for inputs of ``shape`` (after any projection)."""
-    from .models import MLP, CifarCNN
-    if m.name == "cnn":
-        return CifarCNN(num_classes=classes, bias=m.bias, init=m.init)
     in_features = m.pca_dims if m.projection != "none" else math.prod(shape)
-    return MLP(in_features, tuple(m.hidden), classes, bias=m.bias, init=m.init)
+    return MODELS[m.name](in_features=in_features, hidden=tuple(m.hidden), num_classes=classes, bias=m.bias,
+                          init=m.init)
 
 
 def privacy_fingerprint(c: Config) -> dict:

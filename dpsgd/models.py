@@ -49,10 +49,10 @@ class MLP(nn.Module):
 def init_weights(model: nn.Module, init: str) -> None:
     """``init="paper"``: the original code's initialisation (TF ``utils.BuildNetwork``): weights from a
     normal truncated at ±2 std with std 1/√fan_in, biases zero. ``init="torch"``: PyTorch's default."""
+    if init not in INITS:
+        raise ValueError(f"model.init={init!r}: must be one of {list(INITS)}")
     if init == "torch":
         return
-    if init != "paper":
-        raise ValueError(f"model.init={init!r}: must be 'paper' or 'torch'")
     for m in model.modules():
         if isinstance(m, (nn.Linear, nn.Conv2d)):
             std = 1.0 / (m.weight[0].numel() ** 0.5)
@@ -85,6 +85,13 @@ class CifarCNN(nn.Module):
         if x.shape[1:] != (3, 24, 24):
             raise ValueError(f"CifarCNN expects input of shape [B, 3, 24, 24], got {list(x.shape)}")
         return self.classifier(self.features(x))
+
+
+INITS = ("paper", "torch")
+MODELS = {   # model.name -> network for (input features after any projection, hidden widths, classes)
+    "mlp": lambda in_features, hidden, num_classes, bias, init: MLP(in_features, hidden, num_classes, bias, init),
+    "cnn": lambda in_features, hidden, num_classes, bias, init: CifarCNN(num_classes, bias, init),
+}
 
 
 def _mixes_examples(module: nn.Module) -> str | None:

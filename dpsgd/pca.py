@@ -61,6 +61,9 @@ def project(X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     return X.reshape(len(X), -1) @ V
 
 
+PROJECTIONS = ("none", "pca", "random")   # model.projection
+
+
 def fit_projection(kind: str, X: torch.Tensor, k: int, sigma_p: float, generator: torch.Generator,
                    ledger=None, fraction: float = 1.0) -> torch.Tensor | None:
     """The input projection of the config (``model.projection``); DP-PCA's release is charged to ``ledger``.
@@ -76,4 +79,4 @@ def fit_projection(kind: str, X: torch.Tensor, k: int, sigma_p: float, generator
         if ledger is not None:
             ledger.record(q=float(fraction), sigma=float(sigma_p), count=1, groups=1, label="pca")
         return V
-    raise ValueError(f"model.projection={kind!r}: must be one of ['none', 'pca', 'random']")
+    raise ValueError(f"model.projection={kind!r}: must be one of {list(PROJECTIONS)}")

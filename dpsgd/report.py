@@ -21,6 +21,7 @@ import math
 from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 
+from .accountant import ACCOUNTANTS, CONVENTIONS
 from .checkpoint import METRICS, PRIVACY, fingerprint_hash
 from .config import Config, privacy_fingerprint
 
@@ -29,8 +30,7 @@ COLUMNS = ["epoch", "steps", "lr", "lot_loss", "train_loss", "train_accuracy", "
            "epsilon_rdp_joint", "epsilon_pld_joint", "lambda_star", "delta", "sigma", "sigma_p", "q",
            "C", "L", "groups", "sampling", "clipping", "convention", "accountant", "grad_sample_mode",
            "seed", "epoch_time_s", "wall_time_s", "epsilon_valid"]
-ACCOUNTANTS = ("moments", "rdp", "pld")
-VALID_ACCOUNTANTS = ("moments", "rdp", "pld")   # each gives an upper bound on ε (joint convention)
+VALID_ACCOUNTANTS = ACCOUNTANTS   # each gives an upper bound on ε (joint convention)
 VALID_CONVENTION = "joint"
 STATUSES = ("running", "complete", "interrupted", "diverged")
 STOP_REASONS = ("epochs_completed", "max_steps", "target_epsilon_reached", "interrupted", "diverged")
@@ -58,7 +58,7 @@ def epsilons(ledger, c: Config) -> dict:
     by, refused = {}, {}
     for acc in ACCOUNTANTS:
         by[acc] = {}
-        for conv in dict.fromkeys([p.convention, VALID_CONVENTION, "per_tensor"]):
+        for conv in dict.fromkeys([p.convention, VALID_CONVENTION, *CONVENTIONS]):
             try:
                 by[acc][conv] = ledger.epsilon(p.delta, accountant=acc, convention=conv)
             except ValueError as e:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from .fileio import atomic_write_text
-from .config import ConfigError
+from .errors import ConfigError
 
 RESERVATIONS = "lots.reserved"
 CHUNK = 16          # lots in the first reservation of a process (and the smallest chunk)

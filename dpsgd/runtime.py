@@ -27,7 +27,7 @@ import os
 import sys
 from contextlib import contextmanager
 
-from .config import ConfigError
+from .errors import ConfigError
 
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 

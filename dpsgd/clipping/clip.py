@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+CLIPPINGS = ("global", "per_layer")   # privacy.clipping: one norm over all parameters, or one per layer
+MODES = ("auto", "vmap", "ghost")     # privacy.grad_sample_mode: the engine computing the clipped sum
+
 
 def clip_factors(norms: torch.Tensor, max_grad_norm: float | None) -> torch.Tensor:
     """min(1, C / ‖g_i‖) = C / max(‖g_i‖, C); ones when clipping is disabled.

@@ -26,11 +26,10 @@ from torch import nn
 
 from ..models import check_dp_compatible
 from ..runtime import ieee_float32
+from .clip import CLIPPINGS, MODES
 from .ghost import DEFAULT_BUDGET_BYTES, Unsupported, build_layers, ghost_clipped_sum
 from .vmap import vmap_clipped_sum
 
-CLIPPINGS = ("global", "per_layer")
-MODES = ("auto", "vmap", "ghost")
 
 
 @dataclass
