@@ -101,6 +101,3 @@ def main(argv=None) -> int:
             json.dump([dict(asdict(r), violation=r.violation) for r in results], f, indent=2)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
