@@ -15,7 +15,8 @@ import pytest
 from scipy import stats
 
 from dpsgd import audit
-from dpsgd.audit import AuditConfig, run_audit
+from dpsgd.accountant.strong_composition import gaussian_epsilon
+from dpsgd.audit import AuditConfig, claimed_epsilon, run_audit
 
 TRIALS = 20_000
 
@@ -57,7 +58,7 @@ def test_mnist_shape_with_per_layer_clipping():
     base = dict(setting="mnist", sigma=4.0, clip_norm=4.0, clipping="per_layer", trials=1200, seed=1)
     broken = run_audit(AuditConfig(mechanism="noise_div10", **base))
     assert broken.groups == 2
-    assert broken.eps_claimed["exact"] == pytest.approx(audit.gaussian_epsilon(math.sqrt(2) / 4, 1e-5))
+    assert broken.eps_claimed["exact"] == pytest.approx(gaussian_epsilon(1e-5, 4 / math.sqrt(2)))
     assert broken.violation and broken.eps_lb > max(broken.eps_claimed.values())
     correct = run_audit(AuditConfig(mechanism="correct", **base))
     assert correct.eps_lb <= min(correct.eps_claimed.values())
@@ -76,12 +77,18 @@ def test_clopper_pearson_closed_forms():
     assert stats.binom.cdf(37, n, p) == pytest.approx(1 - conf, rel=1e-6)
 
 
-def test_gaussian_epsilon_closed_form():
-    for mu in (0.25, 0.5, 1.0, 2.0):
-        eps = audit.gaussian_epsilon(mu, 1e-5)
+def test_claimed_exact_epsilon_closed_form():
+    """The audit's exact ε for k groups at σ is the Gaussian mechanism with μ = √k/σ: Balle & Wang
+    2018, Thm 8, δ(ε) = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ), checked here with scipy's normal CDF."""
+    for sigma, groups in ((4.0, 1), (2.0, 1), (1.0, 1), (0.5, 1), (4.0, 2), (2.0, 4)):
+        mu = math.sqrt(groups) / sigma
+        eps = claimed_epsilon(AuditConfig(sigma=sigma, q=1.0, accountants=()), groups)["exact"]
         d = stats.norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * stats.norm.cdf(-mu / 2 - eps / mu)
         assert d == pytest.approx(1e-5, rel=1e-6)
-    assert audit.gaussian_epsilon(1.0, 1e-5) == pytest.approx(4.3772, abs=1e-3)
+    one = claimed_epsilon(AuditConfig(sigma=1.0, q=1.0, accountants=()), 1)
+    assert one == {"exact": pytest.approx(4.3772, abs=1e-3)}
+    # q < 1 has no closed form here: only the accountants speak
+    assert claimed_epsilon(AuditConfig(q=0.5, accountants=("pld",)), 1).keys() == {"pld"}
 
 
 def test_perfect_separation_bound():
@@ -100,6 +107,7 @@ def test_lower_bound_is_statistically_honest():
     the true ε of the test it certifies (computed from the Gaussian CDFs at the chosen threshold)
     in at most ~α of them — the threshold is chosen on separate trials."""
     mu, delta, n, exceed = 1.0, 1e-5, 2000, 0
+    exact = gaussian_epsilon(delta, 1 / mu)
     for seed in range(300):
         rng = np.random.default_rng(1000 + seed)
         present = rng.random(n) < 0.5
@@ -112,7 +120,7 @@ def test_lower_bound_is_statistically_honest():
             fpr, fnr = stats.norm.cdf(t - mu), stats.norm.sf(t)
         true_eps = float(audit.eps_from_rates(fpr, fnr, delta))
         exceed += r["eps_lb"] > true_eps
-        assert r["eps_lb"] <= audit.gaussian_epsilon(mu, delta)
+        assert r["eps_lb"] <= exact
     assert exceed <= 0.05 * 300
 
 
@@ -136,8 +144,11 @@ def test_cli_help_and_run(tmp_path):
     (["--delta", "1"], "delta"),
     (["--clip-norm", "0"], "clip_norm"),
     (["--trials", "5"], "trials"),
+    (["--accountants", "pld,foo"], "accountants"),
 ])
 def test_cli_refuses_bad_input(args, key, capsys):
     assert audit.main(args) == 2
-    err = capsys.readouterr().err.strip()
+    captured = capsys.readouterr()
+    err = captured.err.strip()
     assert err.startswith("error: ") and key in err and "\n" not in err
+    assert captured.out == ""          # refused before any work: not even the header line

@@ -1,0 +1,157 @@
+"""The distinguishing game, played against the real DP-SGD step (Abadi et al. 2016, Algorithm 1).
+
+* **Neighbours** (add/remove adjacency, the one the Poisson-sampling analysis covers):
+  D = ∅ and D' = {canary}. The other examples of a real lot are known to a white-box adversary and
+  can be subtracted; leaving them out is the worst case (Nasr et al. 2021, "Adversary instantiation:
+  lower bounds for differentially private machine learning"; Nasr et al. 2023, "Tight auditing of
+  differentially private machine learning").
+* **Mechanism**: ``dpsgd.optim.DPSGD`` with ``dpsgd.clipping.PerExampleClipper`` and
+  ``dpsgd.noise.GaussianNoise`` as training builds them, with L = η = 1 (post-processing of the
+  noisy sum, so the released step is the noisy sum itself).
+* **Gradient canary**: one crafted input whose per-example gradient at the initial parameters θ₀
+  has norm ≥ ``canary_norm`` × C in every clipping group, so that clipping gives it exactly the
+  sensitivity C (per group) the analysis allows and no more. It is injected through the data:
+  the lot passed to ``DPSGD.step`` is [canary] or empty (the canary with Poisson inclusion q).
+* **Score**: the projection of the released noisy sum (θ₀ − θ₁)·L/η onto the direction u of the
+  canary's (clipped) gradient — the likelihood-ratio statistic for a Gaussian mechanism
+  (Neyman–Pearson lemma: for N(0, s²I) vs N(g, s²I) the optimal test thresholds ⟨x, g⟩).
+
+``run_audit`` plays ``cfg.trials`` trials, half with the canary, bounds ε from below with
+``dpsgd.audit.stats`` and sets it beside the claimed ε of ``dpsgd.audit.claim``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+from dpsgd.clipping import PerExampleClipper
+from dpsgd.models import MLP
+from dpsgd.noise import GaussianNoise
+from dpsgd.optim import DPSGD
+
+from .claim import claimed_epsilon
+from .settings import AuditConfig, AuditResult
+from .stats import epsilon_lower_bound
+
+
+def _mechanism(model, cfg: AuditConfig, noise):
+    """(clipper, DPSGD) as the mechanism under audit builds them; L = η = 1 (post-processing)."""
+    clip = None if cfg.mechanism == "no_clip" else cfg.clip_norm
+    clipper = PerExampleClipper(model, max_grad_norm=clip, clipping=cfg.clipping)
+    sigma = cfg.sigma / 10 if cfg.mechanism == "noise_div10" else cfg.sigma
+    dp = DPSGD(model, clipper, noise, sigma=sigma, max_grad_norm=cfg.clip_norm,
+               expected_lot_size=1.0, lr=1.0)
+    return clipper, dp
+
+
+def _calibrate_canary(model, clipper, direction: torch.Tensor, cfg: AuditConfig):
+    """Scale M and label y so that x = M·direction has gradient norm ≥ canary_norm·C in every group.
+
+    y is the class with the lowest logit, so that the softmax saturating at large M does not make
+    the gradient vanish. Returns (x [1, d], y [1], the canary's contribution to the clipped sum).
+    """
+    with torch.no_grad():
+        y = model(direction[None]).argmin(1)
+    M = 1.0
+    for _ in range(200):
+        x = M * direction[None]
+        res = clipper.clipped_sum(x, y)
+        if float(res.norms.min()) >= cfg.canary_norm * cfg.clip_norm:
+            return x, y, res.grads
+        M *= 2.0
+    raise RuntimeError("could not craft a gradient canary with the requested norm")
+
+
+def _flat(d: dict, names) -> torch.Tensor:
+    return torch.cat([d[n].reshape(-1).double() for n in names])
+
+
+def _run_tiny(cfg: AuditConfig, noise, gen: torch.Generator):
+    """Vectorised trials: column t of nn.Linear(T, 2) is trial t's one-feature model (θ₀ = 0).
+    Example t only touches column t and the noise is i.i.d. per coordinate, so one step plays T
+    independent trials."""
+    scores, present = [], []
+    T = cfg.chunk
+    model = torch.nn.Linear(T, 2, bias=False)
+    clipper, dp = _mechanism(model, cfg, noise)
+    with torch.no_grad():
+        model.weight.zero_()
+    e0 = torch.zeros(T)
+    e0[0] = 1.0
+    x0, y0, g0 = _calibrate_canary(model, clipper, e0, cfg)
+    M, y_canary = float(x0[0, 0]), int(y0[0])
+    u = g0["weight"][:, 0].double()
+    u = u / u.norm()                                      # direction of the canary's contribution
+    remaining = cfg.trials
+    while remaining > 0:
+        n = min(T, remaining)
+        is_in = torch.zeros(T, dtype=torch.bool)          # columns beyond n are unused this round
+        is_in[torch.randperm(n, generator=gen)[: n // 2]] = True
+        sampled = is_in & (torch.rand(T, generator=gen) < cfg.q)
+        idx = sampled.nonzero().flatten()
+        x = torch.zeros(len(idx), T)
+        x[torch.arange(len(idx)), idx] = M
+        y = torch.full((len(idx),), y_canary, dtype=torch.long)
+        with torch.no_grad():
+            model.weight.zero_()
+        dp.step(x, y, physical_batch_size=512)
+        with torch.no_grad():
+            released = -model.weight.detach().double()   # (θ₀ − θ₁)·L/η with θ₀ = 0, L = η = 1
+        s = (u[:, None] * released).sum(0)
+        scores.append(s[:n].numpy())
+        present.append(is_in[:n].numpy())
+        remaining -= n
+    return np.concatenate(scores), np.concatenate(present), len(clipper.groups)
+
+
+def _run_mnist(cfg: AuditConfig, noise, gen: torch.Generator):
+    """The paper's MNIST network shape, one real DP-SGD step per trial from the same θ₀."""
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)
+        model = MLP(60, (1000,), 10, bias=False)
+    clipper, dp = _mechanism(model, cfg, noise)
+    names = list(dp.params)
+    theta0 = {n: p.detach().clone() for n, p in dp.params.items()}
+    direction = torch.randn(60, generator=gen)
+    x_c, y_c, g_c = _calibrate_canary(model, clipper, direction / direction.norm(), cfg)
+    u = _flat(g_c, names)
+    u = u / u.norm()
+    theta0_flat = _flat(theta0, names)
+    present = (torch.randperm(cfg.trials, generator=gen) < cfg.trials // 2).numpy()
+    sampled = present & (torch.rand(cfg.trials, generator=gen) < cfg.q).numpy()
+    empty_x, empty_y = x_c[:0], y_c[:0]
+    scores = np.empty(cfg.trials)
+    for i in range(cfg.trials):
+        with torch.no_grad():
+            for n, p in dp.params.items():
+                p.copy_(theta0[n])
+        if sampled[i]:
+            dp.step(x_c, y_c, physical_batch_size=1)
+        else:
+            dp.step(empty_x, empty_y, physical_batch_size=1)
+        released = theta0_flat - _flat({n: p.detach() for n, p in dp.params.items()}, names)
+        scores[i] = float(released @ u)
+    return scores, present, len(clipper.groups)
+
+
+def run_audit(cfg: AuditConfig) -> AuditResult:
+    """Play the distinguishing game for ``cfg.trials`` trials and bound ε from below."""
+    cfg.validate()
+    start = time.perf_counter()
+    gen = torch.Generator().manual_seed(cfg.seed)
+    noise = GaussianNoise(seed=None if cfg.secure_rng else cfg.seed + 1, secure=cfg.secure_rng)
+    run = _run_tiny if cfg.setting == "tiny" else _run_mnist
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        scores, present, groups = run(cfg, noise, gen)
+    finally:
+        torch.set_num_threads(threads)
+    stat = epsilon_lower_bound(scores, present, cfg.delta, cfg.alpha, cfg.select_fraction,
+                               seed=cfg.seed)
+    claimed = claimed_epsilon(cfg, groups)
+    return AuditResult(config=asdict(cfg), eps_claimed=claimed, groups=groups,
+                       seconds=time.perf_counter() - start, **stat)
