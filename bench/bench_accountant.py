@@ -1,4 +1,4 @@
-"""Accountant speed (issue 2): python -m bench.bench_accountant
+"""Accountant speed: python -m bench.bench_accountant
 
 Targets: ε after every epoch for 1,000 epochs at q = 0.01 under the moments accountant <= 50 ms in
 total; PLD for 10,000 steps at q = 0.01, σ = 1, δ = 1e-5 <= 2 s on one CPU core (cold caches).

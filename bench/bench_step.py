@@ -4,7 +4,7 @@
     python -m bench.bench_step --quick    # smoke run (few repetitions, small CNN lot)
     python -m bench.bench_step --processes 1 --models mnist_pca60_mlp1000 --methods nonprivate,dpsgd_ghost
 
-Protocol (issue 5): every method steps on the same in-memory lot; repetitions are interleaved
+Protocol: every method steps on the same in-memory lot; repetitions are interleaved
 (repetition 1 of every method, then repetition 2, ...) so that load drifts hit all methods alike;
 the first `--warmup` repetitions are dropped and medians of the rest are reported: the step time,
 and the ratio to non-private SGD as the median of per-repetition ratios (each method's block over

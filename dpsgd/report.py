@@ -3,7 +3,7 @@ statement (privacy.json), the console progress line and the final console line.
 
 The statement names the mechanism, the sampling actually run and how it was charged, the accountant
 and the (ε, δ) conversion used, the per-layer convention, the noise source and where the run ran
-(house rule: every result records sampling, accountant and conversion).
+(every result records the sampling, the accountant and the conversion it was charged with).
 
 It leads with the VALID guarantee: the smallest ε among the accountants whose ε is an upper bound
 on the privacy loss of the mechanism actually run — moments (Abadi et al. 2016, Thm 2 tail bound),

@@ -21,7 +21,7 @@ def test_valid_variant_is_larger_and_above_tight():
     paper = sc.epsilon(Q, SIGMA, 10_000, DELTA, "paper")
     classical = sc.epsilon(Q, SIGMA, 10_000, DELTA, "valid", gaussian="classical")
     valid = sc.epsilon(Q, SIGMA, 10_000, DELTA, "valid")
-    assert classical == pytest.approx(26.39, abs=0.05)      # "about 26" in issue 2
+    assert classical == pytest.approx(26.39, abs=0.05)      # "about 26" with the classical Gaussian mechanism
     assert paper < valid < classical
     assert valid >= pld.epsilon(Q, SIGMA, 10_000, DELTA)
 

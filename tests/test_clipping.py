@@ -1,4 +1,4 @@
-"""Per-example clipping engines at their limits (house style §5).
+"""Per-example clipping engines at their limits.
 
 Ghost norms + book-keeping must equal the torch.func vmap reference; vmap must equal a batch-of-1
 loop; a single clipped example has norm C; no clipping is the plain gradient of the summed loss.
