@@ -37,11 +37,20 @@ CURVE_STYLE = {   # figure2 curve -> (label, colour, linestyle)
 CONVENTION_TEXT = {"per_tensor": "per-tensor charges (paper's code)", "joint": "joint charge (σ/√k)"}
 
 
-def _save(fig, out: Path, name: str) -> list[Path]:
+# Byte-reproducible files: the same CSVs give the same bytes on every run, so `make figures` leaves
+# git clean. matplotlib stamps a PDF with its creation time (now, or SOURCE_DATE_EPOCH when set) unless
+# the entry is None, and a PNG with a "Software" text chunk; both are left out. Everything else in the
+# files (fonts subset to the glyphs used, object order) is a function of the figure alone; the bytes
+# still depend on the matplotlib and FreeType builds, pinned in requirements.lock.
+PDF_METADATA = {"CreationDate": None}
+PNG_METADATA = {"Software": None}
+
+
+def _save(fig, out: Path, name: str, dpi: int = 130) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
-    fig.savefig(paths[0], dpi=130, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
+    fig.savefig(paths[0], dpi=dpi, bbox_inches="tight", metadata=PNG_METADATA)
+    fig.savefig(paths[1], bbox_inches="tight", metadata=PDF_METADATA)
     plt.close(fig)
     return paths
 
