@@ -37,11 +37,20 @@ CURVE_STYLE = {   # figure2 curve -> (label, colour, linestyle)
 CONVENTION_TEXT = {"per_tensor": "per-tensor charges (paper's code)", "joint": "joint charge (σ/√k)"}
 
 
-def _save(fig, out: Path, name: str) -> list[Path]:
+# Byte-reproducible files: the same CSVs give the same bytes on every run, so `make figures` leaves
+# git clean. matplotlib stamps a PDF with its creation time (now, or SOURCE_DATE_EPOCH when set) unless
+# the entry is None, and a PNG with a "Software" text chunk; both are left out. Everything else in the
+# files (fonts subset to the glyphs used, object order) is a function of the figure alone; the bytes
+# still depend on the matplotlib and FreeType builds, pinned in requirements.lock.
+PDF_METADATA = {"CreationDate": None}
+PNG_METADATA = {"Software": None}
+
+
+def _save(fig, out: Path, name: str, dpi: int = 130) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
-    fig.savefig(paths[0], dpi=130, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
+    fig.savefig(paths[0], dpi=dpi, bbox_inches="tight", metadata=PNG_METADATA)
+    fig.savefig(paths[1], bbox_inches="tight", metadata=PDF_METADATA)
     plt.close(fig)
     return paths
 
@@ -59,6 +68,12 @@ def _log_x(ax, ticks=(0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32)) -> None:
     ax.xaxis.set_major_locator(FixedLocator([t for t in ticks if lo <= t <= hi] or list(ticks)))
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _delta(x: float) -> str:
+    """δ as the paper writes it: 1e-5, 1e-4 (not 1e-05, 0.0001)."""
+    mantissa, exponent = f"{float(x):e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
 def _fmt(x: float) -> str:
@@ -99,82 +114,115 @@ def figure2(df: pd.DataFrame, out: Path) -> list[Path]:
     return _save(fig, out, "figure2")
 
 
+# Figures 3 and 4 are laid out to be read at a paper's text width (7 in: a one-column paper's column,
+# a two-column paper's figure*), printed at that size: text 7-9 pt, one legend outside the panels.
+COLUMN_WIDTH_IN = 7.0
+COLUMN_DPI = 200
+COLUMN_RC = {"font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7.5,
+             "ytick.labelsize": 7.5, "legend.fontsize": 7.5, "figure.titlesize": 9, "lines.linewidth": 1.3}
+DELTA_STYLE = [("#0072B2", "o", "-"), ("#E69F00", "s", "--"), ("#009E73", "^", "-."),
+               ("#CC79A7", "D", ":")]   # Okabe–Ito colours, one marker and dash per δ; cycled past four
+ROW_LABEL = {("moments", "per_tensor"): "moments, per-tensor\n(paper's accounting)",
+             ("moments", "joint"): "moments, joint (σ/√k)", ("pld", "joint"): "PLD, joint (tight)"}
+
+
+def _grid(n: int, ncols: int, panel_h: float, extra_h: float, **kw):
+    nrows = max(1, math.ceil(n / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(COLUMN_WIDTH_IN, panel_h * nrows + extra_h),
+                             squeeze=False, layout="constrained", **kw)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    return fig, axes
+
+
+def _legend_below(fig, axes, ncol: int) -> None:
+    """One legend for the figure, below the panels: each label once, in first-drawn order."""
+    seen = {}
+    for ax in fig.axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, h)
+    fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=ncol, frameon=False)
+
+
 def figure3(df: pd.DataFrame, out: Path) -> list[Path]:
-    """Train/test accuracy vs epochs per preset, ε (δ = 1e-5) on a second axis (paper Figure 3)."""
+    """Train/test accuracy vs epochs per preset, ε (δ = 1e-5) on a second axis (paper Figure 3), 2 × 2."""
     presets = [p for p in claims.PRESETS if p in set(df["preset"])]
-    fig, axes = plt.subplots(1, len(presets), figsize=(4.4 * len(presets), 4.2), squeeze=False)
-    for ax, preset in zip(axes[0], presets):
-        d = df[df["preset"] == preset].sort_values("epoch")
-        paper = claims.PRESETS[preset]
-        ax.plot(d["epoch"], 100 * d["train_accuracy"], color="tab:blue", label="train accuracy")
-        ax.plot(d["epoch"], 100 * d["test_accuracy"], color="tab:orange", label="test accuracy")
-        ax.axhline(100 * paper["accuracy"], color="k", ls=":", lw=1,
-                   label=f"paper: {100 * paper['accuracy']:g} % at ε = {_fmt(paper['epsilon'])}")
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("accuracy (%)")
-        ax.set_ylim(80, 100)
-        ax.grid(alpha=0.3)
-        r = d.iloc[0]
-        if preset != "mnist_nonprivate" and d["epsilon"].notna().any():
-            ax2 = ax.twinx()
-            ax2.plot(d["epoch"], d["epsilon"], color="tab:red", ls="--", label="ε, moments (run's convention)")
-            if "epsilon_pld_joint" in d and d["epsilon_pld_joint"].notna().any():
-                ax2.plot(d["epoch"], d["epsilon_pld_joint"], color="tab:green", ls="-.",
-                         label="ε, PLD joint (tight)")
-            ax2.axhline(paper["epsilon"], color="tab:red", ls=":", lw=0.8)
-            ax2.set_ylabel("ε (at δ = 1e-5)", color="tab:red")
-            ax2.set_ylim(0, 1.6 * max(paper["epsilon"], d["epsilon"].max()))
-            h1, l1 = ax.get_legend_handles_labels()
-            h2, l2 = ax2.get_legend_handles_labels()
-            ax2.legend(h1 + h2, l1 + l2, fontsize=7, loc="lower right", framealpha=0.9)
-            ax.set_title(f"{claims.PRESET_LABEL[preset]}: q = {r['q']:.3g}, σ = {r['sigma']:g}, "
-                         f"σ_p = {r['sigma_p']:g}, δ = {r['delta']:g}\nmoments accountant, "
-                         f"{_convention(d)}, DP-PCA charged", fontsize=8.5)
-        else:
-            ax.legend(fontsize=7, loc="lower right")
-            ax.set_title(f"{claims.PRESET_LABEL[preset]}: q = {r['q']:.3g}, no noise, no clipping\n"
-                         "(no privacy guarantee)", fontsize=8.5)
-    fig.suptitle("Figure 3 — MNIST accuracy vs epochs (60-d PCA, 1000 hidden units, L = 600, C = 4)",
-                 fontsize=11)
-    fig.tight_layout()
-    return _save(fig, out, "figure3")
+    private = df[df["preset"] != "mnist_nonprivate"]
+    delta = _delta(df["delta"].dropna().iloc[0]) if df["delta"].notna().any() else "n/a"
+    with plt.rc_context(COLUMN_RC):
+        fig, axes = _grid(len(presets), 2 if len(presets) > 1 else 1, 2.45, 1.0)
+        for i, (ax, preset) in enumerate(zip(axes.flat, presets)):
+            d = df[df["preset"] == preset].sort_values("epoch")
+            paper = claims.PRESETS[preset]
+            r = d.iloc[0]
+            ax.plot(d["epoch"], 100 * d["train_accuracy"], color="tab:blue", label="train accuracy")
+            ax.plot(d["epoch"], 100 * d["test_accuracy"], color="tab:orange", label="test accuracy")
+            ax.axhline(100 * paper["accuracy"], color="k", ls=":", lw=1, label="paper's test accuracy")
+            ax.set_xlabel("epoch")
+            ax.set_ylabel("accuracy (%)")
+            ax.set_ylim(80, 100)
+            ax.grid(alpha=0.3)
+            stated = f"paper: {100 * paper['accuracy']:g} % at ε = {_fmt(paper['epsilon'])}"
+            if preset != "mnist_nonprivate" and d["epsilon"].notna().any():
+                ax2 = ax.twinx()
+                ax2.plot(d["epoch"], d["epsilon"], color="tab:red", ls="--",
+                         label="ε, moments (run's convention)")
+                if "epsilon_pld_joint" in d and d["epsilon_pld_joint"].notna().any():
+                    ax2.plot(d["epoch"], d["epsilon_pld_joint"], color="tab:green", ls="-.",
+                             label="ε, PLD joint (tight)")
+                ax2.axhline(paper["epsilon"], color="tab:red", ls=":", lw=1, label="paper's ε")
+                ax2.set_ylabel(f"ε (δ = {delta})", color="tab:red")
+                ax2.tick_params(axis="y", colors="tab:red")
+                ax2.set_ylim(0, 1.25 * max(paper["epsilon"], d["epsilon"].max()))
+                title = (f"({'abcd'[i]}) {claims.PRESET_LABEL[preset]}: q = {r['q']:.3g}, σ = {r['sigma']:g}, "
+                         f"σ_p = {r['sigma_p']:g}\n{stated}")
+            else:
+                title = (f"({'abcd'[i]}) {claims.PRESET_LABEL[preset]}: q = {r['q']:.3g}, no noise, "
+                         f"no clipping\n{stated} (no privacy guarantee)")
+            ax.set_title(title)
+        _legend_below(fig, axes, ncol=2)
+        fig.suptitle(f"Figure 3 — MNIST accuracy vs epochs (60-d PCA, 1000 hidden units, L = 600, C = 4)\n"
+                     f"ε at δ = {delta}: moments accountant, {_convention(private)}, DP-PCA charged; "
+                     "PLD: joint charge")
+        return _save(fig, out, "figure3", dpi=COLUMN_DPI)
 
 
 def figure4(df: pd.DataFrame, out: Path) -> list[Path]:
-    """Test accuracy vs ε for several δ (paper Figure 4), one panel per accountant/convention."""
+    """Test accuracy vs ε for several δ (paper Figure 4): a row per accountant/convention, a column per
+    preset, one curve per δ (one point per epoch; markers spaced evenly along each curve)."""
     keys = list(df.groupby(["accountant", "convention"], sort=False).groups)
-    fig, axes = plt.subplots(1, len(keys), figsize=(5.6 * len(keys), 4.4), squeeze=False)
-    markers = {"mnist_small": "o", "mnist_medium": "s", "mnist_large": "^"}
-    for ax, (acc, conv) in zip(axes[0], keys):
-        d = df[(df["accountant"] == acc) & (df["convention"] == conv)]
-        cmap = plt.get_cmap("viridis")
-        deltas = sorted(d["delta"].unique())
-        for i, delta in enumerate(deltas):
-            color = cmap(i / max(1, len(deltas) - 1))
-            label = f"δ = {delta:g}"
-            for preset, m in markers.items():
-                dd = d[(d["delta"] == delta) & (d["preset"] == preset)].sort_values("epsilon")
-                if len(dd):
-                    ax.plot(dd["epsilon"], 100 * dd["test_accuracy"], color=color, marker=m, ms=2.5,
-                            lw=1, label=label)
-                    label = None
-        for preset, m in markers.items():
-            p = claims.PRESETS[preset]
-            ax.plot([p["epsilon"]], [100 * p["accuracy"]], marker="*", ms=13, color="k", ls="none")
-            ax.plot([], [], marker=m, color="gray", ls="none", label=claims.PRESET_LABEL[preset])
-        ax.plot([], [], marker="*", ms=10, color="k", ls="none", label="paper (δ = 1e-5, its accounting)")
-        _log_x(ax)
-        ax.set_xlabel("ε (log scale)")
-        ax.set_ylabel("test accuracy (%)")
-        ax.set_ylim(80, 100)
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7, loc="lower right", ncol=2)
-        ax.set_title(f"{acc} accountant, {CONVENTION_TEXT.get(conv, conv)}, DP-PCA charged", fontsize=9)
-    q = df["q"].iloc[0] if "q" in df else float("nan")
-    fig.suptitle(f"Figure 4 — test accuracy vs ε at δ ∈ {{{', '.join(f'{x:g}' for x in claims.FIGURE4_DELTAS)}}}: "
-                 f"small/medium/large presets (q = {q:.3g}, σ = 2/4/8), one point per epoch", fontsize=10)
-    fig.tight_layout()
-    return _save(fig, out, "figure4")
+    presets = [p for p in claims.PRESETS if p in set(df["preset"])]
+    deltas = sorted(df["delta"].unique())
+    with plt.rc_context(COLUMN_RC):
+        fig, axes = plt.subplots(len(keys), len(presets), figsize=(COLUMN_WIDTH_IN, 1.95 * len(keys) + 1.0),
+                                 squeeze=False, sharex="col", sharey="col", layout="constrained")
+        for row, (acc, conv) in zip(axes, keys):
+            for ax, preset in zip(row, presets):
+                d = df[(df["accountant"] == acc) & (df["convention"] == conv) & (df["preset"] == preset)]
+                for i, delta in enumerate(deltas):
+                    color, marker, ls = DELTA_STYLE[i % len(DELTA_STYLE)]
+                    dd = d[d["delta"] == delta].sort_values("epsilon")
+                    ax.plot(dd["epsilon"], 100 * dd["test_accuracy"], color=color, ls=ls, lw=1.2, marker=marker,
+                            ms=4, mfc="white", mew=1, markevery=0.12, label=f"δ = {_delta(delta)}")
+                p = claims.PRESETS[preset]
+                ax.plot([p["epsilon"]], [100 * p["accuracy"]], marker="*", ms=10, color="k", ls="none",
+                        label=f"paper (δ = {_delta(claims.DELTA)}, its accounting)")
+                ax.grid(alpha=0.3, which="both")
+                ax.margins(0.06)
+        for j, preset in enumerate(presets):
+            r = df[df["preset"] == preset].iloc[0]
+            axes[0, j].set_title(f"{claims.PRESET_LABEL[preset]}: σ = {r['sigma']:g}, σ_p = {r['sigma_p']:g}")
+            _log_x(axes[-1, j], ticks=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32))
+            axes[-1, j].set_xlabel("ε (log scale)")
+        for i, key in enumerate(keys):
+            label = ROW_LABEL.get(key, f"{key[0]}, {CONVENTION_TEXT.get(key[1], key[1])}")
+            axes[i, 0].set_ylabel(f"{label}\ntest accuracy (%)")
+        _legend_below(fig, axes, ncol=len(deltas) + 1)
+        q = df["q"].iloc[0] if "q" in df else float("nan")
+        fig.suptitle(f"Figure 4 — test accuracy vs ε at δ ∈ {{{', '.join(map(_delta, claims.FIGURE4_DELTAS))}}}, "
+                     f"q = {q:.3g}, one point per epoch\nrows: accountant and charge (DP-PCA charged); "
+                     "columns: the paper's presets")
+        return _save(fig, out, "figure4", dpi=COLUMN_DPI)
 
 
 def _panel_x(d: pd.DataFrame) -> tuple[list, list[str], bool]:

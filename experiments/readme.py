@@ -35,6 +35,16 @@ def _num(x, nd: int = 2) -> str:
     return "∞" if math.isinf(x) else f"{x:.{nd}f}"
 
 
+def _epochs(x) -> str:
+    """Epochs as every table here states them: lots × q, one decimal (35318 lots at q = 0.01: 353.2)."""
+    return _num(x, 1)
+
+
+EPOCHS_RULE = "epochs = lots × q, to one decimal"
+EPOCHS_NOTE = ("a run stopped by its ε budget ends part-way through an epoch; `metrics.csv` numbers that epoch "
+               "as a whole one, so its last `epoch` is this value rounded up")
+
+
 def _read(results: Path, name: str) -> pd.DataFrame | None:
     p = results / name
     if not p.exists():
@@ -66,15 +76,15 @@ def _figure2_rows(f2: pd.DataFrame) -> list[str]:
 def _preset_rows(summary: pd.DataFrame) -> list[str]:
     out = ["## §5.2 / Figure 3 — the paper's MNIST presets (δ = 1e-5)", "",
            "ε under the paper's accounting (moments accountant, per-tensor charges, DP-PCA charged) and, "
-           "beside it, the correct joint charge under the tight PLD accountant for the same run.", "",
-           "| preset | paper | ours: test acc. | meets the paper? | ours: ε (paper's accounting) "
-           "| ours: ε (joint, PLD) | epochs | stop | wall time | hardware | command |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           f"beside it, the correct joint charge under the tight PLD accountant for the same run; {EPOCHS_RULE} ({EPOCHS_NOTE}).",
+           "", "| preset | paper | ours: test acc. | meets the paper? | ours: ε (paper's accounting) "
+           "| ours: ε (joint, PLD) | epochs | lots | stop | wall time | hardware | command |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for preset, p in claims.PRESETS.items():
         d = summary[(summary["kind"] == "preset") & (summary["preset"] == preset)]
         paper = f"{100 * p['accuracy']:g} % at ε = {_num(p['epsilon'], 1) if math.isfinite(p['epsilon']) else '∞'}"
         if d.empty:
-            out.append(f"| {preset} | {paper} | not run yet | — | — | — | — | — | — | — | "
+            out.append(f"| {preset} | {paper} | not run yet | — | — | — | — | — | — | — | — | "
                        f"`python -m dpsgd.train experiment={preset}` |")
             continue
         r = d.iloc[-1]
@@ -82,7 +92,8 @@ def _preset_rows(summary: pd.DataFrame) -> list[str]:
         within = not math.isfinite(p["epsilon"]) or float(r["epsilon"]) <= p["epsilon"]
         meets = f"{'yes' if gap >= 0 and within else 'no'} ({gap:+.2f} points)"
         out.append(f"| {preset} | {paper} | {_pct(r['test_accuracy'])} | {meets} | {_num(r['epsilon'])} | "
-                   f"{_num(r.get('epsilon_pld_joint'))} | {_num(r['epochs'], 0)} | {r.get('stop_reason', '—')} | "
+                   f"{_num(r.get('epsilon_pld_joint'))} | {_epochs(r['epochs'])} | {int(r['steps'])} | "
+                   f"{r.get('stop_reason', '—')} | "
                    f"{_num(r['wall_time_s'] / 60, 1)} min | {r.get('hardware', '—')} | "
                    f"`python -m dpsgd.train experiment={preset}` |")
     out.append("")
@@ -144,7 +155,8 @@ def _figure5_rows(f5: pd.DataFrame | None) -> list[str]:
         out.append(f"| {c['panel']} | {c['paper']} | {ours} | `python -m dpsgd.train -m +sweep={c['panel']}` |")
     out.append("")
     if f5 is not None:
-        out += ["Every Figure-5 run (ε: moments accountant, per-tensor charges, DP-PCA charged; epochs = lots × q; "
+        out += ["Every Figure-5 run (ε: moments accountant, per-tensor charges, DP-PCA charged; "
+                f"{EPOCHS_RULE}; "
                 "the medium preset run is the centre point of every panel whose parameter it shares, "
                 "`source = preset:mnist_medium`):", "",
                 "| panel | value | source | train acc. | test acc. | ε | ε (joint, PLD) | epochs | lots | stop | seed "
@@ -152,7 +164,7 @@ def _figure5_rows(f5: pd.DataFrame | None) -> list[str]:
                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in f5.itertuples():
             out.append(f"| {r.panel} | {r.value} | {r.source} | {_pct(r.train_accuracy)} | {_pct(r.test_accuracy)} | "
-                       f"{_num(r.epsilon)} | {_num(r.epsilon_pld_joint)} | {_num(r.epochs, 1)} | {r.steps} | "
+                       f"{_num(r.epsilon)} | {_num(r.epsilon_pld_joint)} | {_epochs(r.epochs)} | {r.steps} | "
                        f"{r.stop_reason} | {r.seed} | {_num(r.wall_time_s / 60, 1)} min |")
         out.append("")
     return out

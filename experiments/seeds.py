@@ -10,7 +10,8 @@ roots (overrides limited to experiment / seed / device / name) and merges one ro
 ``results/seeds.csv`` (a later run of the same preset, seed and hardware replaces the earlier one),
 copying its ``metrics.csv`` and ``privacy.json`` to ``results/seeds/<hardware>/<preset>_seed<s>/``.
 A run's hardware is the one its privacy statement records; older runs without it take
-``--hardware`` (default: this machine). ``results/README.md`` tabulates mean ± sd per preset.
+``--hardware`` (default: this machine). The ``run`` column names the run without this machine's
+paths (``run_label``). ``results/README.md`` tabulates mean ± sd per preset.
 """
 from __future__ import annotations
 
@@ -55,13 +56,27 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+def run_label(run_dir: Path, roots: list[Path]) -> str:
+    """The ``run`` column: where the run came from, free of this machine's layout. Inside the repository,
+    its path relative to the repository (``outputs/seeds/...``); elsewhere, its path below the parent of
+    the deepest root it was found under (root ``/any/where/runs`` → ``runs/mnist_small_seed0``)."""
+    d = Path(run_dir).resolve()
+    if d.is_relative_to(ROOT):
+        return d.relative_to(ROOT).as_posix()
+    under = [Path(r).resolve() for r in roots if d.is_relative_to(Path(r).resolve())]
+    if not under:
+        return d.name
+    root = max(under, key=lambda r: len(r.parts))
+    return (Path(root.name) / d.relative_to(root)).as_posix()
+
+
 def rows_from(roots: list[Path], hardware: str) -> list[tuple[dict, Path]]:
     out = []
     for r in find_runs(roots):
         exp = preset_of(r, allowed=OK_OVERRIDES)
         if exp is None or _is_tiny(r) or r["privacy"].get("status") != "complete":
             continue
-        row = run_row(r, hardware)
+        row = {**run_row(r, hardware), "run": run_label(r["dir"], roots)}
         m = r["metrics"]["test_accuracy"].dropna()
         out.append(({"preset": exp, **row, "best_test_accuracy": float(m.max()),
                      "best_epoch": int(r["metrics"].loc[m.idxmax(), "epoch"])}, r["dir"]))

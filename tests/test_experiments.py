@@ -160,6 +160,36 @@ def test_committed_figure2_is_the_accountants_output_and_pins_the_paper():
 
 
 # ------------------------------------------------------------------------------- figures + README
+def _png_size(path):
+    head = Path(path).read_bytes()[:24]            # signature, IHDR length and type, width, height
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def _png_text_chunks(data: bytes) -> list[bytes]:
+    out, i = [], 8
+    while i < len(data):
+        n, kind = int.from_bytes(data[i:i + 4], "big"), data[i + 4:i + 8]
+        if kind in (b"tEXt", b"iTXt", b"zTXt", b"tIME"):
+            out.append(kind + b" " + data[i + 8:i + 8 + n].split(b"\0")[0])
+        i += 12 + n
+    return out
+
+
+def test_a_figure_redrawn_is_byte_identical(tmp_path, monkeypatch):
+    """The same CSV drawn twice gives the same PNG and PDF bytes, whatever the clock or SOURCE_DATE_EPOCH:
+    no creation date in the PDF, no text chunks (Software, dates) in the PNG."""
+    df = pd.read_csv(RESULTS / "summary.csv", dtype={"value": str})
+    paths = {}
+    for run, epoch in (("a", "1"), ("b", "1700000000")):
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", epoch)
+        paths[run] = figures.privacy_utility(df, tmp_path / run)
+    for a, b in zip(paths["a"], paths["b"]):
+        assert a.read_bytes() == b.read_bytes(), a.name
+    png, pdf = (p.read_bytes() for p in paths["a"])
+    assert _png_text_chunks(png) == []
+    assert b"/CreationDate" not in pdf and b"/ModDate" not in pdf
+
+
 def test_figures_redraw_from_committed_csvs(tmp_path):
     """`make figures` on a copy of results/: every CSV present gives its PNG and PDF, and the
     regenerated README.md is byte-identical to the committed one (it is generated, never hand-edited)."""
@@ -172,6 +202,12 @@ def test_figures_redraw_from_committed_csvs(tmp_path):
             name = "privacy_utility" if csv == "summary.csv" else csv[:-4]
             for ext in ("png", "pdf"):
                 assert (res / "figures" / f"{name}.{ext}").stat().st_size > 1000
+    # Figures 3 and 4 print at a paper's text width: the saved width is that width plus the 0.1 in
+    # padding bbox_inches="tight" leaves on each side, at most
+    for name in ("figure3", "figure4"):
+        if (RESULTS / f"{name}.csv").exists():
+            width_px = _png_size(res / "figures" / f"{name}.png")[0]
+            assert width_px <= (figures.COLUMN_WIDTH_IN + 0.2) * figures.COLUMN_DPI, (name, width_px)
     committed = (RESULTS / "README.md").read_text(encoding="utf-8")
     # the image list depends on which PNGs exist; compare with the committed figures in place
     assert readme.render(RESULTS) == committed
@@ -194,6 +230,9 @@ def test_readme_numbers_come_from_the_csvs():
             assert f"{100 * r.test_accuracy:.2f} %" in line
             if math.isfinite(r.epsilon):
                 assert f"| {r.epsilon:.2f} |" in line
+            # epochs = lots × q to one decimal, lots beside it: one rule in every table
+            assert r.epochs == pytest.approx(r.steps * r.q, abs=5e-4)
+            assert f"| {r.steps * r.q:.1f} | {r.steps} |" in line
     f5 = RESULTS / "figure5.csv"
     if f5.exists():
         df = pd.read_csv(f5)
@@ -201,6 +240,8 @@ def test_readme_numbers_come_from_the_csvs():
             if c["panel"] in set(df["panel"]):
                 line = next(l for l in text.splitlines() if l.startswith(f"| {c['panel']} | {c['paper']}"))
                 assert readme.figure5_ours(df, c) in line
+        for r in df.itertuples():
+            assert f"| {r.epochs:.1f} | {r.steps} | {r.stop_reason} | {r.seed} |" in text
 
 
 def test_paper_dry_run_prints_plan_and_wall_time(capsys):
@@ -240,6 +281,8 @@ def test_seeds_collect_merges_replaces_and_summarises(tmp_path):
     seeds.collect([roots], res, hardware="test-hw")
     df = pd.read_csv(res / "seeds.csv")
     assert sorted(df["seed"]) == [0, 1] and set(df["hardware"]) == {"test-hw"}
+    # runs outside the repository are named below their root's parent, never by this machine's path
+    assert sorted(df["run"]) == ["runs/mnist_large_seed0", "runs/mnist_large_seed1"]
     assert (res / "seeds" / "test-hw" / "mnist_large_seed1" / "metrics.csv").exists()
     # a later run of the same preset, seed and hardware replaces the row; another hardware adds one
     shutil.rmtree(roots)
@@ -252,6 +295,20 @@ def test_seeds_collect_merges_replaces_and_summarises(tmp_path):
     assert sp["n"] == 2 and sp["mean"] == pytest.approx(0.92) and sp["sd"] == pytest.approx(0.02 / math.sqrt(2))
     assert sp["at_or_above_paper"] == 2 and sp["seeds"] == "0,1"
     assert seeds.parse_seeds("0-2,7") == [0, 1, 2, 7]
+
+
+def test_seed_run_labels_are_free_of_machine_paths(tmp_path):
+    from experiments import seeds
+
+    inside = REPO / "outputs" / "seeds" / "mnist_small" / "2026-01-01" / "00-00-00_seed0"
+    assert seeds.run_label(inside, [REPO / "outputs" / "seeds"]) == "outputs/seeds/mnist_small/2026-01-01/00-00-00_seed0"
+    run = tmp_path / "device" / "3" / "runs" / "mnist_small_seed0"
+    assert seeds.run_label(run, [tmp_path / "device"]) == "device/3/runs/mnist_small_seed0"
+    assert seeds.run_label(run, [tmp_path / "device", tmp_path / "device" / "3" / "runs"]) == "runs/mnist_small_seed0"
+    path = RESULTS / "seeds.csv"
+    if path.exists():
+        runs = pd.read_csv(path)["run"]
+        assert runs.is_unique and not runs.str.startswith("/").any()
 
 
 def test_readme_seed_spread_comes_from_seeds_csv():
