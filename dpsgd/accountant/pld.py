@@ -70,6 +70,7 @@ WINDOW_TAIL = 1e-15              # Chernoff bound on the composed mass above the
 TILT_BELOW = 1e-12               # δ below this: δ-scaled tails and the tilted FFT (module doc)
 TAIL_FRACTION = 1e-3             # tiny δ: share of δ allowed to each tail budget
 _TILT_TAIL = 1e-30               # tiny δ: tilted mass outside the window (tightness only)
+MAX_INTERVAL = 1.0               # coarser than this: refused (ValueError naming pld)
 _LOG_EXP_MAX = 700.0             # above this loss, e^ε·Q is formed in log space
 _T_GRID = np.concatenate([-np.logspace(-3, 2.5, 22)[::-1], np.logspace(-3, 2.5, 34)])
 DIRECTIONS = ("remove", "add")
@@ -289,6 +290,9 @@ def _plan(releases, direction, interval, z_tail=_z_tail(STEP_TAIL), delta=None, 
         # to one doubling short of the estimated fit, to save recomputing the per-lot pmf
         jump = (b - a + 1) // (2 * MAX_POINTS) if (k >= 0 or h > interval) else 0
         h *= 2.0 ** max(1, jump.bit_length())
+        if h > MAX_INTERVAL:
+            raise ValueError(f"pld: the composed privacy loss spans more than {MAX_POINTS} grid points even at "
+                             f"spacing h = {MAX_INTERVAL:g} (epsilon in the hundreds of thousands); not served")
 
 
 class _Composed:
