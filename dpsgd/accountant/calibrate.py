@@ -25,6 +25,8 @@ def epsilon(q: float, sigma: float, steps: int, delta: float, accountant: str = 
     check_choice(convention, "convention", CONVENTIONS)
     if accountant.startswith("strong_composition"):
         s_eff, n = (sigma / math.sqrt(groups), steps) if convention == "joint" else (sigma, steps * groups)
+        s_eff = check_sigma(s_eff, "sigma/sqrt(groups)")
+        n = check_steps(n, "steps*groups")
         variant = "valid" if accountant.endswith("_valid") else "paper"
         return _sc.epsilon(q, s_eff, n, delta, variant)
     led = Ledger()

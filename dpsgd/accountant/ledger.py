@@ -80,6 +80,13 @@ def _eps_from_total(accountant, total, delta, conversion):
     return _rdp._rdp_to_epsilon(_ORDERS, total, delta, conversion)
 
 
+def _pld_servable(mechs) -> None:
+    """The charged mechanisms within the PLD's ranges, named as charged (σ/√k, count·k)."""
+    for _, s, n in mechs:
+        check_sigma(s, "sigma/sqrt(groups)")
+        check_steps(n, "count*groups")
+
+
 class Ledger:
     """Records releases; answers ε(δ), δ(ε) and how many more lots fit in a budget."""
 
@@ -131,6 +138,7 @@ class Ledger:
         if not mechs:
             return 0.0, None
         if accountant == "pld":
+            _pld_servable(mechs)
             return _pld.epsilon_for_releases(mechs, delta), None
         eps, order = _eps_from_total(accountant, _total(accountant, mechs), delta, conversion)
         return eps, (int(order) if accountant == "moments" else float(order))
@@ -145,6 +153,7 @@ class Ledger:
         if not mechs:
             return 0.0, None
         if accountant == "pld":
+            _pld_servable(mechs)
             return _pld.delta_for_releases(mechs, epsilon), None
         total = _total(accountant, mechs)
         if accountant == "moments":
