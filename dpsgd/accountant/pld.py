@@ -274,6 +274,7 @@ def _tilted_window(lam, k, h, log_eta):
 def _plan(releases, direction, interval, z_tail=_z_tail(STEP_TAIL), delta=None, eps=None):
     """(h, a, m, lam, k_theta): grid spacing, window start, FFT size, Λ totals, tilt index (−1: none)."""
     h = _lot_interval(releases, direction, interval, z_tail)
+    ordinary = delta is None and eps is None and h == interval
     while True:
         if delta is None and eps is None:
             a, b, lam = _window(releases, h, direction, z_tail)
@@ -288,7 +289,7 @@ def _plan(releases, direction, interval, z_tail=_z_tail(STEP_TAIL), delta=None, 
             return h, a, m, lam, k
         # h doubles; off the ordinary path (tilted, or h already coarsened for a tiny σ) it jumps
         # to one doubling short of the estimated fit, to save recomputing the per-lot pmf
-        jump = (b - a + 1) // (2 * MAX_POINTS) if (k >= 0 or h > interval) else 0
+        jump = 0 if ordinary else (b - a + 1) // (2 * MAX_POINTS)
         h *= 2.0 ** max(1, jump.bit_length())
         if h > MAX_INTERVAL:
             raise ValueError(f"pld: the composed privacy loss spans more than {MAX_POINTS} grid points even at "
