@@ -66,10 +66,10 @@ def _steps(args, q) -> int:
     e = args.epochs
     if not (e > 0 and math.isfinite(e)):
         raise ValueError(f"epochs must be > 0 and finite, got epochs={e!r}")
-    lots = math.ceil(e / q - 1e-9)
-    if lots > STEPS_MAX:
+    lots = e / q - 1e-9
+    if not lots <= STEPS_MAX:                    # also inf (e / q overflows)
         raise ValueError(f"epochs={e!r} is {lots:.3g} lots at q={q!r}, more than STEPS_MAX = {STEPS_MAX:.0e}")
-    return int(lots)
+    return int(math.ceil(lots))
 
 
 def _attempt(name: str, fn) -> dict:

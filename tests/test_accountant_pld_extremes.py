@@ -31,8 +31,10 @@ def _exact_delta(eps, q, sigma):
         return max(rem, add)
 
 
-# σ ∈ {0.02, 0.03, 0.05} (single-lot losses 1250, 555, 200, up to ~1700) × δ ∈ {1e-14, 1e-20}
-GRID = [(q, s, d) for q, s in ((0.01, 0.02), (0.5, 0.03), (1.0, 0.05)) for d in (1e-14, 1e-20)]
+# σ ∈ {0.02, 0.03, 0.05} (single-lot losses 1250, 555, 200, up to ~1700) × δ ∈ {1e-14, 1e-20},
+# and small-loss corners (tiny q or large σ) at tiny δ
+GRID = ([(q, s, d) for q, s in ((0.01, 0.02), (0.5, 0.03), (1.0, 0.05)) for d in (1e-14, 1e-20)]
+        + [(1e-6, 1.0, 1e-14), (0.01, 4.0, 1e-14), (0.001, 2.0, 1e-30), (0.1, 1.0, 1e-50)])
 
 
 @pytest.mark.parametrize("q,sigma,delta", GRID)
@@ -40,7 +42,17 @@ def test_tiny_sigma_tiny_delta_never_below_exact(q, sigma, delta):
     ours = pld.epsilon(q, sigma, 1, delta)
     assert math.isfinite(ours)
     assert _exact_delta(ours, q, sigma) <= delta                    # an upper bound on ε
-    assert _exact_delta(ours * (1 - 1e-6), q, sigma) > delta        # within 1e-6 relative
+    # tight: within 1e-3 relative, or two grid steps h where ε itself is that small
+    assert _exact_delta(ours - max(1e-3 * ours, 2 * pld.DEFAULT_INTERVAL), q, sigma) > delta
+    if sigma < 0.1:
+        assert _exact_delta(ours * (1 - 1e-6), q, sigma) > delta    # within 1e-6 at large ε
+
+
+def test_tiny_loss_tiny_delta_is_not_zero():
+    # one lot at q = 1e-12, σ = 1e6 has δ(0) = q·TV(N(1, σ²), N(0, σ²)) ≈ 4e-19 > 1e-100, so ε > 0;
+    # P(I) − e^ε Q(I) (~1e-19) must not be lost in (1 − q)·Q(I) − Q(I) round-off
+    eps = pld.epsilon(1e-12, 1e6, 1, 1e-100)
+    assert 0.0 < eps <= 2 * pld.DEFAULT_INTERVAL
 
 
 def _gaussian_epsilon(sigma, delta):

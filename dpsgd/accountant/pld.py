@@ -82,11 +82,17 @@ def _z_tail(step_tail: float) -> float:
 
 
 def _step_tail(delta: float, lots: int) -> float:
-    """Per-lot tail mass: STEP_TAIL, or for tiny δ a power of ten <= TAIL_FRACTION·δ / lots."""
+    """Per-lot tail mass: STEP_TAIL, or for tiny δ a power of ten <= TAIL_FRACTION·δ / lots and
+    below STEP_TAIL (so that the tail also marks the tiny-δ pmfs and compositions: :func:`_tiny`)."""
     if delta >= TILT_BELOW:
         return STEP_TAIL
     v = TAIL_FRACTION * delta / max(1, lots)
-    return max(1e-300, min(STEP_TAIL, 10.0 ** math.floor(math.log10(v))))
+    return max(1e-300, min(STEP_TAIL / 10.0, 10.0 ** math.floor(math.log10(v))))
+
+
+def _tiny(z_tail: float) -> bool:
+    """Tiny-δ path (exact interval excess, support truncation): marked by its smaller tail."""
+    return z_tail != _z_tail(STEP_TAIL)
 
 
 def _gauss_mass(a, b, mean, sigma):
@@ -188,7 +194,14 @@ def _step_pmf(q: float, sigma: float, h: float, direction: str, z_tail: float = 
         B = np.exp(eps[:-1] + log_q(a, b))
         top = (t[-1], np.inf) if direction == "remove" else (-np.inf, t[-1])
         xq_above = float(np.exp(eps[-1] + log_q(*top)))
-    D = np.clip((p_int - B) / em1, 0.0, B)               # share moved to the right end point
+    excess = p_int - B                                   # P(I_i) − x_i Q(I_i)
+    if _tiny(z_tail) and eps[-1] <= _LOG_EXP_MAX:
+        # tiny δ: the same difference without cancelling (1 − q)·G0 against x_i·G0, which loses
+        # it entirely where q/σ is tiny (it is ~q/σ·G0, far below δ only for ordinary δ)
+        g0, g1 = _gauss_mass(a, b, 0.0, sigma), _gauss_mass(a, b, 1.0, sigma)
+        em = np.expm1(eps[:-1])
+        excess = q * (g1 - g0) - em * g0 if direction == "remove" else q * x[:-1] * (g0 - g1) - em * g0
+    D = np.clip(excess / em1, 0.0, B)                    # share moved to the right end point
     probs = np.zeros(eps.size)
     probs[:-1] += B - D
     probs[1:] += math.exp(h) * D
@@ -256,11 +269,21 @@ def _theta_index(lam, delta=None, eps=None) -> int:
     return int(ks[int(np.argmin(vals))])
 
 
-def _tilted_window(lam, k, h, log_eta):
+def _support_top(releases, h, direction, z_tail) -> int:
+    """Largest composed grid index with mass: Σ n·(largest index with mass of each lot's pmf)."""
+    top = 0
+    for q, s, n in releases:
+        i_lo, probs, _, _ = _step_pmf(q, s, h, direction, z_tail)
+        top += n * (i_lo + int(np.flatnonzero(probs)[-1]))
+    return top
+
+
+def _tilted_window(lam, k, h, log_eta, sup):
     """Window [a, b] (grid indices) for the pmf tilted by θ = _T_GRID[k] (module doc, tiny δ).
 
     a: tilted mass below <= _TILT_TAIL. b: tilted mass above <= _TILT_TAIL, and both aliasing
-    terms below e^{log_eta}: e^{θ(b − a)}·P(ℓ > b) (Chernoff, s > θ) and e^{−θ(b − a)}.
+    terms below e^{log_eta}: e^{θ(b − a)}·P(ℓ > b) (Chernoff, s > θ) and e^{−θ(b − a)}; the first
+    two are void above ``sup`` (the largest loss with mass), which caps them.
     """
     th, lt, log_tau = _T_GRID[k], lam[k], math.log(_TILT_TAIL)
     lo, hi = _T_GRID < th, _T_GRID > th
@@ -268,7 +291,7 @@ def _tilted_window(lam, k, h, log_eta):
     b1 = float(np.min((lam[hi] - lt - log_tau) / (_T_GRID[hi] - th)))
     b2 = float(np.min((lam[hi] - th * a - log_eta) / (_T_GRID[hi] - th)))
     b3 = a - log_eta / th
-    return math.floor(a / h), max(math.ceil(max(b1, b2, b3) / h), math.floor(a / h) + 1)
+    return math.floor(a / h), max(math.ceil(max(min(max(b1, b2), sup), b3) / h), math.floor(a / h) + 1)
 
 
 def _plan(releases, direction, interval, z_tail=_z_tail(STEP_TAIL), delta=None, eps=None):
@@ -283,7 +306,8 @@ def _plan(releases, direction, interval, z_tail=_z_tail(STEP_TAIL), delta=None, 
             lam = _lam(releases, h, direction, z_tail)
             k = _theta_index(lam, delta, eps)
             scale = delta if delta is not None else math.exp(min(0.0, lam[k] - _T_GRID[k] * eps))
-            a, b = _tilted_window(lam, k, h, math.log(TAIL_FRACTION * max(scale, 1e-300)))
+            sup = _support_top(releases, h, direction, z_tail) * h
+            a, b = _tilted_window(lam, k, h, math.log(TAIL_FRACTION * max(scale, 1e-300)), sup)
         if b - a + 1 <= MAX_POINTS:
             m = max(1 << 10, 1 << (b - a).bit_length())
             return h, a, m, lam, k
@@ -321,6 +345,11 @@ class _Composed:
         top = a + m                                      # first index above the window
         tp = _T_GRID > 0
         self.tail = float(min(1.0, np.exp(np.min(lam[tp] - _T_GRID[tp] * top * h))))
+        if _tiny(z_tail):                                # tiny δ: nothing has loss above the support
+            sup = _support_top(releases, h, direction, z_tail)
+            if top > sup:
+                self.tail = 0.0                          # no finite mass above the window
+            c[max(0, sup + 1 - a):] = 0.0                # above it: FFT round-off and aliasing only
         self.inf_mass = float(-math.expm1(log_fin))
         self.base = max(a, 0)                           # c[i] ↔ loss (base + i)·h, all >= 0
         self.floor = a * h                               # answers below this: not served (tilted)
