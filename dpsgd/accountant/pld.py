@@ -47,9 +47,20 @@ summed over ~10^5 bins) — so below ~1e-14 they, not the mechanism, would set �
   tilted pmf; its mass above the window (wrapped down by M·h, hence weighted e^{θMh} too much, and
   mass below it (weighted e^{−θMh}) only ever add to δ, and the window is made wide enough that
   both additions are below TAIL_FRACTION·δ; the untilted mass above the window is added to δ as
-  before. If the answer falls below the window, the untilted result is returned instead.
+  before. If the answer falls below the window, the untilted result is returned instead;
+* nothing is kept above the support's top (Σ n·largest per-lot loss with mass): there the
+  composed pmf is exactly 0, so round-off and aliasing are dropped and the tail is 0 if the
+  window reaches it;
+* the interval excess P(I) − e^{ε_i} Q(I) is formed as q(G1 − G0) − (e^{ε_i} − 1)G0 (remove; the
+  add direction likewise), not as the difference of two probabilities that agree to ~q/σ: for
+  tiny q/σ that difference, ~1e-19, is itself below δ's scale and must not round to 0.
 
-Both paths return upper bounds; the untilted one (all δ >= 1e-12) is unchanged.
+Both paths return upper bounds; the untilted one (all δ >= 1e-12) is unchanged. Where ε is below
+~log(1/δ)/316 (the largest tilt on the t grid; 0.15 at δ = 1e-20) the tilt cannot reach the answer
+and the tiny-δ ε can be loose (an upper bound still; e.g. 0.013 for q = 1e-6, σ = 1, δ = 1e-20).
+Off the ordinary path (tilted, or h already coarsened for tiny σ) h jumps straight to about the
+needed coarseness instead of doubling one step at a time; a grid coarser than MAX_INTERVAL = 1
+is refused (ValueError naming pld).
 """
 from __future__ import annotations
 
