@@ -96,10 +96,10 @@ def _epsilons(q, sigma, steps, delta, groups, convention) -> dict:
             eps, order = led.epsilon(delta, acc, convention)
             return {"epsilon": eps, "order": order, **extra}
         out[acc] = _attempt(acc, run)
-    paper = _attempt("strong_composition", lambda: {"epsilon": calibrate.epsilon(q, sigma, steps, delta, "strong_composition",
-                                                           groups, convention)})
-    valid = _attempt("strong_composition_valid", lambda: {"epsilon": calibrate.epsilon(q, sigma, steps, delta, "strong_composition_valid",
-                                                           groups, convention)})
+    sc = {name: _attempt(name, lambda name=name: {
+              "epsilon": calibrate.epsilon(q, sigma, steps, delta, name, groups, convention)})
+          for name in ("strong_composition", "strong_composition_valid")}
+    paper, valid = sc["strong_composition"], sc["strong_composition_valid"]
     out["strong_composition"] = dict(paper, variant="paper", valid_bound=False,
                                      valid_variant=dict(valid, variant="valid", valid_bound=True))
     return out

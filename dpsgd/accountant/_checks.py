@@ -9,8 +9,9 @@ memory; the training config validator imports the same constants):
 * ``SIGMA_MIN = 0.01``, ``SIGMA_MAX = 1e6`` — noise multiplier σ. At σ = 0.01 one lot at q = 1 has
   privacy loss ~1/(2σ²) = 5000 (ε ≈ 5400 at δ = 1e-5), which the PLD grid still resolves; below, ε
   is in the tens of thousands and means nothing. At σ = 1e6 even STEPS_MAX lots at q = 1 give
-  ε ≈ 0.1 (δ = 1e-5, RDP); larger σ only adds losses ~1/σ² far below the PLD grid spacing. (With per-layer clipping the mechanism is charged
-  at σ/√k, which must also be >= SIGMA_MIN for the PLD accountant.)
+  ε ≈ 0.1 (δ = 1e-5, RDP); larger σ only adds losses ~1/σ² far below the PLD grid spacing.
+  (With per-layer clipping the mechanism is charged at σ/√k, which must also be >= SIGMA_MIN
+  for the PLD and strong-composition accountants.)
 * ``Q_MIN = 1e-12`` — sampling rate q = L/N (N up to 10^12 examples); q ∈ [Q_MIN, 1].
 * ``STEPS_MAX = 10**9`` — lots / releases in one query (also the cap of ``Ledger.steps_within``).
   Near it the PLD's per-lot discretisation error (~h² per lot at h = 1e-4) adds up to O(1), so

@@ -12,11 +12,12 @@ is *smaller* (e^x − 1 >= x), so it is not a bound either — it is offered bec
 the figure's printed number: at the Figure-2 point (q = 0.01, σ = 4, δ = 1e-5, T = 10 000, E = 100
 epochs) the paper variant gives 9.3532 with ``"expm1"`` and 9.3376 with ``"square"``; the figure
 reads 9.34. The CLI and experiments keep ``"expm1"`` (9.353), the theorem's own form.
+
 Two labelled variants:
 
-* ``variant="paper"`` (Figure 2, to 0.02 with the default form; to 0.003 with "square"): ε0 from the classical Gaussian mechanism
-  σ = sqrt(2 ln(1.25/δ0))/ε0 (Dwork & Roth 2014, Thm A.1, stated for ε0 < 1) and *linear*
-  amplification by sampling ε' = q·ε0, δ' = q·δ0. At the paper's point ε0 ≈ 1.46, where neither
+* ``variant="paper"`` (Figure 2, to 0.02 with the default form; to 0.003 with "square"): ε0 from
+  the classical Gaussian mechanism σ = sqrt(2 ln(1.25/δ0))/ε0 (Dwork & Roth 2014, Thm A.1,
+  stated for ε0 < 1) and *linear* amplification by sampling ε' = q·ε0, δ' = q·δ0. At the paper's point ε0 ≈ 1.46, where neither
   step holds, so this variant is NOT a valid privacy bound: it only reproduces the figure.
 * ``variant="valid"``: the correct amplification by Poisson sampling
   ε' = log(1 + q(e^{ε0} − 1)), δ' = q·δ0 (Balle, Barthe & Gaboardi 2018, Thm 8; Li, Qardaji & Su
