@@ -138,13 +138,3 @@ def check_orders(orders, name: str = "orders", minimum: float = 1.0, integer: bo
             raise ValueError(f"{name} must be integers, got {name} containing {o!r}")
         out.append(int(v) if integer else v)
     return tuple(out)
-
-
-# The ranges the accountants serve (numerically tested); the trainer's config refuses anything outside.
-SIGMA_MIN = 0.01          # noise multiplier σ
-SIGMA_MAX = 1e6
-Q_MIN = 1e-9              # sampling rate q
-STEPS_MAX = 10**9         # lots T
-GROUPS_MAX = 10**6        # separately clipped tensors k
-DELTA_MIN = 1e-100        # δ
-EPSILON_MAX = 1e4         # ε
