@@ -4,9 +4,17 @@
     python -m dpsgd.privacy --q 0.01 --sigma 4 --steps 10000 --delta 1e-5 --json
     python -m dpsgd.privacy --q 0.01 --target-epsilon 2 --epochs 100 --delta 1e-5
 
-Prints a small table (accountant, ε, optimal order, what it is); ``--json`` prints one object keyed
-by accountant name (moments, rdp, pld, strong_composition), each with at least ``epsilon`` (and
-``sigma`` with ``--target-epsilon``). Bad arguments: a one-line error naming the parameter, exit 2.
+Prints a small table (accountant, ε, optimal order, what it is); ``--json`` prints one strict JSON
+object keyed by accountant name (moments, rdp, pld, strong_composition), each with at least
+``epsilon`` (and ``sigma`` with ``--target-epsilon``). An accountant that cannot answer (outside
+what it serves, no finite bound, a target below its floor) gets its own one-line refusal — in the
+table, and in JSON as ``{"epsilon": null, "refused": "<reason>"}`` — and the others still answer;
+the exit status is 0 if at least one accountant answered, 1 if none did.
+
+Bad arguments (outside the serviceable ranges of :mod:`dpsgd.accountant._checks`: q in
+[Q_MIN, 1], σ in [SIGMA_MIN, SIGMA_MAX], lots <= STEPS_MAX, groups <= GROUPS_MAX, δ in
+[DELTA_MIN, 1), target ε <= EPSILON_MAX; ``--target-epsilon`` together with ``--sigma``): a one-line
+error naming the parameter, exit 2, before any accounting.
 """
 from __future__ import annotations
 
@@ -16,7 +24,8 @@ import math
 import sys
 
 from .accountant import calibrate
-from .accountant._checks import check_delta, check_epsilon, check_groups, check_q, check_sigma, check_steps
+from .accountant._checks import (STEPS_MAX, check_delta, check_epsilon, check_groups, check_q, check_sigma,
+                                 check_steps)
 from .accountant.ledger import Ledger
 
 PROG = "python -m dpsgd.privacy"
@@ -51,65 +60,101 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _steps(args) -> int:
+def _steps(args, q) -> int:
     if args.steps is not None:
         return check_steps(args.steps, "steps")
-    if not (args.epochs > 0 and math.isfinite(args.epochs)):
-        raise ValueError(f"epochs must be > 0, got epochs={args.epochs!r}")
-    return int(math.ceil(args.epochs / args.q - 1e-9))
+    e = args.epochs
+    if not (e > 0 and math.isfinite(e)):
+        raise ValueError(f"epochs must be > 0 and finite, got epochs={e!r}")
+    lots = e / q - 1e-9
+    if not lots <= STEPS_MAX:                    # also inf (e / q overflows)
+        raise ValueError(f"epochs={e!r} is {lots:.3g} lots at q={q!r}, more than STEPS_MAX = {STEPS_MAX:.0e}")
+    return int(math.ceil(lots))
+
+
+def _attempt(name: str, fn) -> dict:
+    """Run one accountant: its answer, or {"epsilon": None, "refused": reason} (never raises on
+    a refusal of the accountant itself)."""
+    try:
+        out = fn()
+    except (ValueError, ArithmeticError) as e:
+        msg = " ".join(str(e).split()) or type(e).__name__
+        return {"epsilon": None, "refused": msg if msg.startswith(name) else f"{name}: {msg}"}
+    bad = [k for k in ("epsilon", "sigma") if k in out and not math.isfinite(out[k])]
+    if bad:
+        return {"epsilon": None, "refused": f"{name}: no finite bound ({bad[0]} = {out[bad[0]]}) at these parameters"}
+    return out
 
 
 def _epsilons(q, sigma, steps, delta, groups, convention) -> dict:
     led = Ledger()
     led.record(q, sigma, steps, groups)
     out = {}
-    for acc in ("moments", "rdp", "pld"):
-        eps, order = led.epsilon(delta, acc, convention)
-        out[acc] = {"epsilon": eps, "order": order}
-        if acc == "moments":
-            out[acc]["order_name"] = "lambda"
-        elif acc == "rdp":
-            out[acc].update(order_name="alpha", conversion="improved")
-    paper = calibrate.epsilon(q, sigma, steps, delta, "strong_composition", groups, convention)
-    valid = calibrate.epsilon(q, sigma, steps, delta, "strong_composition_valid", groups, convention)
-    out["strong_composition"] = {"epsilon": paper, "variant": "paper", "valid_bound": False,
-                                 "valid_variant": {"epsilon": valid, "variant": "valid", "valid_bound": True}}
+    for acc, extra in (("moments", {"order_name": "lambda"}),
+                       ("rdp", {"order_name": "alpha", "conversion": "improved"}), ("pld", {})):
+        def run(acc=acc, extra=extra):
+            eps, order = led.epsilon(delta, acc, convention)
+            return {"epsilon": eps, "order": order, **extra}
+        out[acc] = _attempt(acc, run)
+    sc = {name: _attempt(name, lambda name=name: {
+              "epsilon": calibrate.epsilon(q, sigma, steps, delta, name, groups, convention)})
+          for name in ("strong_composition", "strong_composition_valid")}
+    paper, valid = sc["strong_composition"], sc["strong_composition_valid"]
+    out["strong_composition"] = dict(paper, variant="paper", valid_bound=False,
+                                     valid_variant=dict(valid, variant="valid", valid_bound=True))
     return out
 
 
 def _sigmas(target, q, steps, delta, groups, convention) -> dict:
     out = {}
     for acc in ("moments", "rdp", "pld", "strong_composition", "strong_composition_valid"):
-        s = calibrate.sigma_for_epsilon(target, delta, q, steps, acc, groups, convention)
-        out[acc] = {"sigma": s, "epsilon": calibrate.epsilon(q, s, steps, delta, acc, groups, convention)}
+        def run(acc=acc):
+            s = calibrate.sigma_for_epsilon(target, delta, q, steps, acc, groups, convention)
+            return {"sigma": s, "epsilon": calibrate.epsilon(q, s, steps, delta, acc, groups, convention)}
+        out[acc] = _attempt(acc, run)
     valid = out.pop("strong_composition_valid")
     out["strong_composition"].update(variant="paper", valid_bound=False,
                                      valid_variant=dict(valid, variant="valid", valid_bound=True))
     return out
 
 
+def _num(x: float) -> str:
+    return f"{x:.4f}" if abs(x) < 1e5 else f"{x:.3e}"
+
+
+def _answered(res) -> int:
+    flat = list(res.values()) + [res["strong_composition"]["valid_variant"]]
+    return sum(r.get("epsilon") is not None for r in flat)
+
+
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        if args.target_epsilon is not None and args.sigma is not None:
+            raise ValueError("give either --sigma (compute epsilon) or --target-epsilon (calibrate sigma), "
+                             f"not both: sigma={args.sigma!r}, target_epsilon={args.target_epsilon!r}")
         q, delta = check_q(args.q), check_delta(args.delta)
         groups = check_groups(args.groups)
-        steps = _steps(args)
+        steps = _steps(args, q)
         if args.target_epsilon is not None:
             target = check_epsilon(args.target_epsilon, "target_epsilon")
             if steps < 1:
                 raise ValueError(f"steps must be >= 1 to calibrate sigma, got steps={steps}")
-            res = _sigmas(target, q, steps, delta, groups, args.convention)
         else:
             if args.sigma is None:
                 raise ValueError("sigma is required (or give --target-epsilon)")
             sigma = check_sigma(args.sigma)
-            res = _epsilons(q, sigma, steps, delta, groups, args.convention)
     except ValueError as e:
         parser.error(str(e))
+    if args.target_epsilon is not None:
+        res = _sigmas(target, q, steps, delta, groups, args.convention)
+    else:
+        res = _epsilons(q, sigma, steps, delta, groups, args.convention)
+    rc = 0 if _answered(res) else 1
     if args.json:
-        print(json.dumps(res))
-        return 0
+        print(json.dumps(res, allow_nan=False))
+        return rc
     head = f"q={q:g}  lots={steps} (epochs={steps * q:g})  delta={delta:g}  groups={groups} ({args.convention})"
     if args.target_epsilon is not None:
         print(f"sigma for target epsilon={args.target_epsilon:g}:  {head}")
@@ -121,10 +166,14 @@ def main(argv=None) -> int:
     flat["strong_composition_valid"] = res["strong_composition"]["valid_variant"]
     for key, label, oname, note in ROWS:
         r = flat[key]
+        if r.get("epsilon") is None:
+            sig = f"{'-':>10}" if target_mode else ""
+            print(f"{label:<28}{sig}{'refused':>10}{'-':>12}  {r['refused']}")
+            continue
         order = f"{oname}={r['order']:g}" if oname and r.get("order") is not None else "-"
-        sig = f"{r['sigma']:>10.4f}" if target_mode else ""
-        print(f"{label:<28}{sig}{r['epsilon']:>10.4f}{order:>12}  {note}")
-    return 0
+        sig = f"{_num(r['sigma']):>10}" if target_mode else ""
+        print(f"{label:<28}{sig}{_num(r['epsilon']):>10}{order:>12}  {note}")
+    return rc
 
 
 if __name__ == "__main__":

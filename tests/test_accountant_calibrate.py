@@ -33,3 +33,21 @@ def test_max_steps_and_epochs():
 def test_calibration_needs_steps():
     with pytest.raises(ValueError, match="steps"):
         calibrate.sigma_for_epsilon(1.0, DELTA, 0.01, 0)
+
+
+def test_moments_floor_is_named_and_others_still_answer():
+    # log(1/δ)/32 = 0.5756 > 0.491 at δ = 1e-8: no σ can reach it under the moments accountant
+    with pytest.raises(ValueError, match=r"moments.*floor.*0\.5756"):
+        calibrate.sigma_for_epsilon(0.491, 1e-8, 0.00187, 23915, "moments")
+    s_rdp = calibrate.sigma_for_epsilon(0.491, 1e-8, 0.00187, 23915, "rdp")
+    s_pld = calibrate.sigma_for_epsilon(0.491, 1e-8, 0.00187, 23915, "pld")
+    assert s_rdp == pytest.approx(3.18, abs=0.01) and s_pld == pytest.approx(3.02, abs=0.01)
+
+
+def test_search_stays_in_the_serviceable_sigma_range():
+    from dpsgd.accountant._checks import SIGMA_MIN
+    with pytest.raises(ValueError, match=r"rdp: .*SIGMA_MIN"):
+        calibrate.sigma_for_epsilon(10_000.0, DELTA, 1.0, 1, "rdp")
+    with pytest.raises(ValueError, match=r"strong_composition: .*SIGMA_MAX"):
+        calibrate.sigma_for_epsilon(1e-9, DELTA, 1.0, 1, "strong_composition")
+    assert calibrate.sigma_for_epsilon(600.0, DELTA, 1.0, 1, "rdp") >= SIGMA_MIN

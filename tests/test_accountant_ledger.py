@@ -116,3 +116,26 @@ def test_delta_query():
         eps, _ = led.epsilon(DELTA, acc)
         d, _ = led.delta(eps, acc)
         assert d == pytest.approx(DELTA, rel=1e-5)
+
+
+@pytest.mark.parametrize("accountant", ["moments", "rdp", "pld"])
+def test_steps_within_is_capped_at_steps_max(accountant):
+    # a mechanism that never spends the budget: the answer is the cap, not 10**12 / 10**15
+    from dpsgd.accountant._checks import STEPS_MAX
+    led = Ledger()
+    led.record(0.01, 4.0, 1000)
+    assert led.steps_within(1.0, DELTA, q=1e-12, sigma=1e6, accountant=accountant) == STEPS_MAX - 1000
+
+
+def test_steps_within_pld_at_tiny_delta():
+    led = Ledger()
+    led.record(0.01, 4.0, 1000)
+    n = led.steps_within(1.0, 1e-14, 0.01, 4.0, accountant="pld")
+
+    def eps_after(m):
+        other = Ledger.from_dict(led.to_dict())
+        other.record(0.01, 4.0, m)
+        return other.epsilon(1e-14, "pld")[0]
+
+    assert eps_after(n) <= 1.0 < eps_after(n + 1)
+    assert n >= led.steps_within(1.0, 1e-14, 0.01, 4.0, accountant="rdp")

@@ -1,4 +1,6 @@
 """Strong composition comparator (Abadi et al. 2016, Figure 2): paper and valid variants."""
+import math
+
 import pytest
 
 from dpsgd.accountant import pld, strong_composition as sc
@@ -36,3 +38,21 @@ def test_monotone_in_steps():
     eps = [sc.epsilon(Q, SIGMA, t, DELTA, v) for v in ("paper", "valid") for t in (100, 1000, 10_000)]
     assert eps[0] < eps[1] < eps[2] and eps[3] < eps[4] < eps[5]
     assert sc.epsilon(Q, SIGMA, 0, DELTA) == 0.0
+
+
+def test_figure2_forms_labelled():
+    # the theorem's form (default, pinned by the CLI) and the T·ε'² form that matches the figure's 9.34
+    assert sc.epsilon(Q, SIGMA, 10_000, DELTA, "paper") == pytest.approx(9.3532, abs=1e-4)
+    assert sc.epsilon(Q, SIGMA, 10_000, DELTA, "paper", form="square") == pytest.approx(9.3376, abs=1e-4)
+    with pytest.raises(ValueError, match="form"):
+        sc.epsilon(Q, SIGMA, 10_000, DELTA, form="cube")
+
+
+@pytest.mark.parametrize("variant", ["paper", "valid"])
+@pytest.mark.parametrize("q,sigma,steps", [(0.01, 0.03, 10), (1.0, 0.01, 1), (0.5, 0.01, 1), (1e-12, 0.01, 1)])
+def test_tiny_sigma_never_overflows(variant, q, sigma, steps):
+    # (0.01, 0.03, 10) raised OverflowError; (1e-12, ...) a math domain error (per-lot δ0 > 1)
+    eps = sc.epsilon(q, sigma, steps, 1e-5, variant)
+    assert eps >= 0.0 and not math.isnan(eps)
+    if variant == "valid" and q == 1.0:
+        assert eps == math.inf                      # no finite bound: e^{ε'} overflows

@@ -6,12 +6,12 @@ import pytest
 from dpsgd.accountant import Ledger, calibrate, moments, pld, rdp, strong_composition as sc
 
 GOOD = dict(q=0.01, sigma=1.0, steps=10, delta=1e-5, epsilon=1.0)
-BAD = {
-    "q": [0.0, -0.1, 1.5, math.nan, "0.1", True],
-    "sigma": [0.0, -1.0, math.inf, math.nan],
-    "delta": [0.0, 1.0, -1e-5, 2.0],
-    "epsilon": [0.0, -1.0, math.inf],
-    "steps": [-1, 2.5, math.nan],
+BAD = {   # the last values of each row are just outside the serviceable ranges (_checks)
+    "q": [0.0, -0.1, 1.5, math.nan, "0.1", True, 1e-300],
+    "sigma": [0.0, -1.0, math.inf, math.nan, 1e-300, 1e308, 0.0099],
+    "delta": [0.0, 1.0, -1e-5, 2.0, 1e-320],
+    "epsilon": [0.0, -1.0, math.inf, 1e9],
+    "steps": [-1, 2.5, math.nan, 99_999_999_999, 1e300],
 }
 
 
@@ -78,3 +78,29 @@ def test_accounting_does_not_import_torch():
     import sys
     code = "import sys, dpsgd.accountant, dpsgd.privacy; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_serviceable_range_constants_and_boundaries():
+    from dpsgd.accountant import _checks as c
+    assert (c.SIGMA_MIN, c.SIGMA_MAX, c.Q_MIN, c.STEPS_MAX, c.GROUPS_MAX, c.DELTA_MIN, c.EPSILON_MAX) == (
+        0.01, 1e6, 1e-12, 10 ** 9, 10 ** 5, 1e-100, 1e4)
+    # the boundaries themselves are served
+    assert c.check_sigma(c.SIGMA_MIN) == 0.01 and c.check_sigma(c.SIGMA_MAX) == 1e6 and c.check_sigma(4) == 4.0
+    assert c.check_q(c.Q_MIN) == 1e-12 and c.check_delta(c.DELTA_MIN) == 1e-100
+    assert c.check_steps(c.STEPS_MAX) == 10 ** 9 and c.check_groups(c.GROUPS_MAX) == 10 ** 5
+    assert c.check_epsilon(c.EPSILON_MAX) == 1e4
+    for fn, value, words in [(c.check_groups, 10 ** 8, ("groups", "1e+05")),
+                             (c.check_sigma, 1e-300, ("sigma", "[0.01, 1e+06]")),
+                             (c.check_steps, 10 ** 11, ("steps", "STEPS_MAX")),
+                             (c.check_delta, 1e-320, ("delta", "1e-100"))]:
+        with pytest.raises(ValueError) as exc:
+            fn(value)
+        assert all(w in str(exc.value) for w in words), str(exc.value)
+
+
+def test_extremes_of_the_ranges_answer_without_error():
+    # the corners each accountant is documented to serve (numbers only need to be finite, >= 0)
+    for q, s, t, d in [(1.0, 0.01, 1, 1e-5), (0.5, 0.01, 1, 1e-100), (1e-12, 1.0, 10 ** 9, 1e-5),
+                       (1.0, 1e6, 10 ** 9, 1e-5)]:
+        for e in (moments.epsilon(q, s, t, d)[0], rdp.epsilon(q, s, t, d)[0], pld.epsilon(q, s, t, d)):
+            assert 0.0 <= e < math.inf, (q, s, t, d, e)

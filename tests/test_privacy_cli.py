@@ -62,3 +62,80 @@ def test_module_entry_point():
     r = subprocess.run([sys.executable, "-m", "dpsgd.privacy", "--q", "2", "--sigma", "1", "--steps", "1"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "q" in r.stderr
+
+
+def _strict(text):
+    def no_constant(name):
+        raise ValueError(f"non-strict JSON token {name}")
+    return json.loads(text, parse_constant=no_constant)
+
+
+def test_tiny_sigma_prints_the_real_pld_epsilon(capsys):
+    # printed PLD ε 0.0000 before (e^ε overflow); exact Gaussian ε is 620.62
+    rc, out = _run(capsys, "--q", "1", "--sigma", "0.032", "--steps", "1", "--json")
+    d = _strict(out.out)
+    assert rc == 0 and d["pld"]["epsilon"] == pytest.approx(620.62, abs=0.01)
+
+
+def test_each_accountant_answers_or_refuses_alone(capsys):
+    # the moments floor log(1/δ)/32 = 0.576 > 0.491 used to abort the whole table
+    argv = ["--q", "0.00187", "--steps", "23915", "--delta", "1e-8", "--target-epsilon", "0.491"]
+    rc, out = _run(capsys, *argv, "--json")
+    d = _strict(out.out)
+    assert rc == 0
+    assert d["moments"]["epsilon"] is None and "floor" in d["moments"]["refused"]
+    assert d["moments"]["refused"].startswith("moments")
+    assert d["rdp"]["sigma"] == pytest.approx(3.18, abs=0.01) and d["pld"]["sigma"] == pytest.approx(3.02, abs=0.01)
+    rc, out = _run(capsys, *argv)
+    line = next(l for l in out.out.splitlines() if l.startswith("moments"))
+    assert rc == 0 and "refused" in line and "floor log(1/delta)/32 = 0.5756" in line
+
+
+def test_json_is_strict_where_a_bound_is_infinite(capsys):
+    # strong composition (valid) has no finite bound here; PLD refuses the too-wide grid
+    rc, out = _run(capsys, "--q", "0.01", "--sigma", "0.01", "--steps", "1000000000", "--json")
+    assert "Infinity" not in out.out and "NaN" not in out.out
+    d = _strict(out.out)
+    assert rc == 0 and d["rdp"]["epsilon"] > 0
+    valid = d["strong_composition"]["valid_variant"]
+    assert valid["epsilon"] is None and "no finite bound" in valid["refused"]
+    assert d["pld"]["epsilon"] is None and d["pld"]["refused"].startswith("pld")
+
+
+def test_groups_charged_below_sigma_min_is_refused_per_accountant(capsys):
+    rc, out = _run(capsys, "--q", "0.5", "--sigma", "1", "--steps", "10", "--groups", "100000", "--json")
+    d = _strict(out.out)
+    assert rc == 0 and d["moments"]["epsilon"] > 0 and d["rdp"]["epsilon"] > 0
+    assert d["pld"]["epsilon"] is None and "sigma/sqrt(groups)" in d["pld"]["refused"]
+
+
+def test_exit_1_when_no_accountant_answers(capsys, monkeypatch):
+    def refuse(*a, **k):
+        raise ValueError("refused for the test")
+    monkeypatch.setattr(privacy.Ledger, "epsilon", refuse)
+    monkeypatch.setattr(privacy.calibrate, "epsilon", refuse)
+    rc, out = _run(capsys, "--q", "0.01", "--sigma", "4", "--steps", "10", "--json")
+    d = _strict(out.out)
+    assert rc == 1 and all(v["epsilon"] is None for v in d.values())
+
+
+@pytest.mark.parametrize("argv,name", [
+    (["--q", "0.01", "--sigma", "1e-300", "--steps", "10"], "sigma"),
+    (["--q", "0.01", "--sigma", "1e308", "--steps", "10"], "sigma"),
+    (["--q", "0.01", "--sigma", "1", "--epochs", "1e300"], "epochs"),
+    (["--q", "0.01", "--sigma", "1", "--epochs", "nan"], "epochs"),
+    (["--q", "0.01", "--sigma", "1", "--steps", "99999999999"], "steps"),
+    (["--q", "1e-300", "--sigma", "1", "--steps", "10"], "q"),
+    (["--q", "0.01", "--sigma", "1", "--steps", "10", "--delta", "1e-320"], "delta"),
+    (["--q", "0.01", "--sigma", "1", "--steps", "10", "--groups", "100000000"], "groups"),
+    (["--q", "0.01", "--target-epsilon", "1e9", "--epochs", "10"], "target_epsilon"),
+    (["--q", "0.01", "--sigma", "1", "--target-epsilon", "1", "--steps", "10"], "sigma"),
+])
+def test_outside_the_serviceable_ranges_one_line_exit_2(capsys, argv, name):
+    with pytest.raises(SystemExit) as exc:
+        privacy.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and name in err
+    if "--target-epsilon" in argv and "--sigma" in argv:
+        assert "target_epsilon" in err

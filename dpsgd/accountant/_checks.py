@@ -1,12 +1,40 @@
-"""Argument validation shared by every public accountant function.
+"""Argument validation shared by every public accountant function, and the serviceable ranges.
 
 Each check raises ``ValueError`` naming the parameter *and* the offending value, before any work
-starts (house style rule 10). Booleans are rejected where numbers are expected.
+starts. Booleans are rejected where numbers are expected.
+
+Serviceable ranges (what the accountants can compute, in double precision, in bounded time and
+memory; the training config validator imports the same constants):
+
+* ``SIGMA_MIN = 0.01``, ``SIGMA_MAX = 1e6`` — noise multiplier σ. At σ = 0.01 one lot at q = 1 has
+  privacy loss ~1/(2σ²) = 5000 (ε ≈ 5400 at δ = 1e-5), which the PLD grid still resolves; below, ε
+  is in the tens of thousands and means nothing. At σ = 1e6 even STEPS_MAX lots at q = 1 give
+  ε ≈ 0.1 (δ = 1e-5, RDP); larger σ only adds losses ~1/σ² far below the PLD grid spacing.
+  (With per-layer clipping the mechanism is charged at σ/√k, which must also be >= SIGMA_MIN
+  for the PLD and strong-composition accountants.)
+* ``Q_MIN = 1e-12`` — sampling rate q = L/N (N up to 10^12 examples); q ∈ [Q_MIN, 1].
+* ``STEPS_MAX = 10**9`` — lots / releases in one query (also the cap of ``Ledger.steps_within``).
+  Near it the PLD's per-lot discretisation error (~h² per lot at h = 1e-4) adds up to O(1), so
+  PLD can come out above RDP there (still an upper bound), and at small σ its composed loss is too
+  wide for the grid (PLD refuses); beyond it nothing is meaningful.
+* ``GROUPS_MAX = 10**5`` — separately clipped tensors per lot.
+* ``DELTA_MIN = 1e-100`` — δ ∈ [DELTA_MIN, 1). PLD scales its tail budgets to δ (tested to 1e-100);
+  the moments accountant's tail bound then has the floor log(1/δ)/32 ≈ 7.2.
+* ``EPSILON_MAX = 1e4`` — a target ε, or the ε of a δ(ε) query; ε ∈ (0, EPSILON_MAX]. Every ε
+  reachable with σ >= SIGMA_MIN in a handful of lots is below it.
 """
 from __future__ import annotations
 
 import math
 import numbers
+
+SIGMA_MIN = 0.01
+SIGMA_MAX = 1e6
+Q_MIN = 1e-12
+STEPS_MAX = 10 ** 9
+GROUPS_MAX = 10 ** 5
+DELTA_MIN = 1e-100
+EPSILON_MAX = 1e4
 
 
 def _real(name: str, value) -> float:
@@ -23,40 +51,43 @@ def _real(name: str, value) -> float:
 
 
 def check_q(q, name: str = "q") -> float:
-    """Sampling rate q = L/N of the Poisson sampler: q ∈ (0, 1]."""
+    """Sampling rate q = L/N of the Poisson sampler: q ∈ [Q_MIN, 1]."""
     v = _real(name, q)
-    if not 0.0 < v <= 1.0:
-        raise ValueError(f"{name} (sampling rate) must be in (0, 1], got {name}={q!r}")
+    if not Q_MIN <= v <= 1.0:
+        raise ValueError(f"{name} (sampling rate) must be in [{Q_MIN:g}, 1], got {name}={q!r}")
     return v
 
 
 def check_sigma(sigma, name: str = "sigma") -> float:
-    """Noise multiplier σ (noise std / clipping bound C): σ > 0 and finite."""
+    """Noise multiplier σ (noise std / clipping bound C): σ ∈ [SIGMA_MIN, SIGMA_MAX]."""
+    if type(sigma) is float and SIGMA_MIN <= sigma <= SIGMA_MAX:     # fast path (Ledger.record)
+        return sigma
     v = _real(name, sigma)
-    if not (v > 0.0 and math.isfinite(v)):
-        raise ValueError(f"{name} (noise multiplier) must be > 0 and finite, got {name}={sigma!r}")
+    if not SIGMA_MIN <= v <= SIGMA_MAX:
+        raise ValueError(f"{name} (noise multiplier) must be in [{SIGMA_MIN:g}, {SIGMA_MAX:g}], "
+                         f"got {name}={sigma!r}")
     return v
 
 
 def check_delta(delta, name: str = "delta") -> float:
-    """δ ∈ (0, 1)."""
+    """δ ∈ [DELTA_MIN, 1)."""
     v = _real(name, delta)
-    if not 0.0 < v < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {name}={delta!r}")
+    if not DELTA_MIN <= v < 1.0:
+        raise ValueError(f"{name} must be in [{DELTA_MIN:g}, 1), got {name}={delta!r}")
     return v
 
 
 def check_epsilon(epsilon, name: str = "epsilon") -> float:
-    """ε > 0 and finite."""
+    """ε ∈ (0, EPSILON_MAX]."""
     v = _real(name, epsilon)
-    if not (v > 0.0 and math.isfinite(v)):
-        raise ValueError(f"{name} must be > 0 and finite, got {name}={epsilon!r}")
+    if not 0.0 < v <= EPSILON_MAX:
+        raise ValueError(f"{name} must be in (0, {EPSILON_MAX:g}], got {name}={epsilon!r}")
     return v
 
 
 def check_steps(steps, name: str = "steps") -> int:
-    """A number of lots / releases: an integer >= 0 (integral floats such as 1e4 are accepted)."""
-    if type(steps) is int and steps >= 0:               # fast path
+    """A number of lots / releases: an integer in [0, STEPS_MAX] (integral floats such as 1e4 too)."""
+    if type(steps) is int and 0 <= steps <= STEPS_MAX:               # fast path
         return steps
     if isinstance(steps, bool):
         raise ValueError(f"{name} must be an integer >= 0, got {name}={steps!r}")
@@ -68,15 +99,20 @@ def check_steps(steps, name: str = "steps") -> int:
         raise ValueError(f"{name} must be an integer >= 0, got {name}={steps!r}")
     if v < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {name}={steps!r}")
+    if v > STEPS_MAX:
+        raise ValueError(f"{name} must be at most {STEPS_MAX:.0e} (STEPS_MAX), got {name}={steps!r}")
     return v
 
 
 def check_groups(groups, name: str = "groups") -> int:
-    """Number k of separately clipped tensors on one lot: integer >= 1."""
-    v = check_steps(groups, name)
-    if v < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {name}={groups!r}")
-    return v
+    """Number k of separately clipped tensors on one lot: integer in [1, GROUPS_MAX]."""
+    if type(groups) is int and 1 <= groups <= GROUPS_MAX:            # fast path
+        return groups
+    integral = isinstance(groups, numbers.Integral) or (
+        isinstance(groups, numbers.Real) and math.isfinite(float(groups)) and float(groups).is_integer())
+    if isinstance(groups, bool) or not integral or not 1 <= int(groups) <= GROUPS_MAX:
+        raise ValueError(f"{name} must be an integer in [1, {GROUPS_MAX:.0e}] (GROUPS_MAX), got {name}={groups!r}")
+    return int(groups)
 
 
 def check_choice(value, name: str, choices) -> str:
@@ -102,13 +138,3 @@ def check_orders(orders, name: str = "orders", minimum: float = 1.0, integer: bo
             raise ValueError(f"{name} must be integers, got {name} containing {o!r}")
         out.append(int(v) if integer else v)
     return tuple(out)
-
-
-# The ranges the accountants serve (numerically tested); the trainer's config refuses anything outside.
-SIGMA_MIN = 0.01          # noise multiplier σ
-SIGMA_MAX = 1e6
-Q_MIN = 1e-9              # sampling rate q
-STEPS_MAX = 10**9         # lots T
-GROUPS_MAX = 10**6        # separately clipped tensors k
-DELTA_MIN = 1e-100        # δ
-EPSILON_MAX = 1e4         # ε

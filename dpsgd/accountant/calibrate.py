@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 
+from . import moments as _moments
 from . import strong_composition as _sc
-from ._checks import check_choice, check_delta, check_epsilon, check_groups, check_q, check_sigma, check_steps
+from ._checks import (SIGMA_MAX, SIGMA_MIN, check_choice, check_delta, check_epsilon, check_groups, check_q,
+                      check_sigma, check_steps)
 from .ledger import ACCOUNTANTS, CONVENTIONS, Ledger
 
 CALIBRATABLE = ACCOUNTANTS + ("strong_composition", "strong_composition_valid")
@@ -23,6 +25,8 @@ def epsilon(q: float, sigma: float, steps: int, delta: float, accountant: str = 
     check_choice(convention, "convention", CONVENTIONS)
     if accountant.startswith("strong_composition"):
         s_eff, n = (sigma / math.sqrt(groups), steps) if convention == "joint" else (sigma, steps * groups)
+        s_eff = check_sigma(s_eff, "sigma/sqrt(groups)")
+        n = check_steps(n, "steps*groups")
         variant = "valid" if accountant.endswith("_valid") else "paper"
         return _sc.epsilon(q, s_eff, n, delta, variant)
     led = Ledger()
@@ -36,23 +40,35 @@ def sigma_for_epsilon(target_epsilon: float, delta: float, q: float, steps: int,
 
     Bisection on log σ keeping ε(σ_hi) <= target; stops when ε(σ_hi) >= (1 − rtol)·target (so the
     calibrated ε is within rtol of the target from below) or the bracket is below 1e-12 relative.
+    σ is searched in [SIGMA_MIN, SIGMA_MAX]; a target outside what that range can give is refused
+    with a ValueError naming the accountant (for the moments accountant: its floor
+    log(1/δ)/max λ, which no σ can go below, since every log moment α(λ) >= 0).
     """
     target = check_epsilon(target_epsilon, "target_epsilon")
     delta, q, steps = check_delta(delta), check_q(q), check_steps(steps)
+    check_choice(accountant, "accountant", CALIBRATABLE)
     if steps < 1:
         raise ValueError(f"steps must be >= 1 to calibrate sigma, got steps={steps!r}")
     if not 0.0 < rtol < 1.0:
         raise ValueError(f"rtol must be in (0, 1), got rtol={rtol!r}")
+    if accountant == "moments":
+        lam_max = max(_moments.PAPER_LAMBDAS)
+        floor = math.log(1.0 / delta) / lam_max          # Abadi et al. 2016, Thm 2.2 with α(λ) >= 0
+        if target < floor:
+            raise ValueError(f"moments: target_epsilon={target_epsilon!r} is below the moments accountant's floor "
+                             f"log(1/delta)/{lam_max} = {floor:.4g} (lambda <= {lam_max}); no sigma reaches it")
     eps = lambda s: epsilon(q, s, steps, delta, accountant, groups, convention)
     lo, hi = 0.5, 1.0
     while eps(hi) > target:
-        lo, hi = hi, hi * 2.0
-        if hi > 1e6:
-            raise ValueError(f"target_epsilon={target_epsilon!r} is not reachable with sigma <= 1e6")
+        if hi >= SIGMA_MAX:
+            raise ValueError(f"{accountant}: target_epsilon={target_epsilon!r} is not reachable with "
+                             f"sigma <= {SIGMA_MAX:g} (SIGMA_MAX)")
+        lo, hi = hi, min(hi * 2.0, SIGMA_MAX)
     while eps(lo) <= target:
-        lo, hi = lo / 2.0, lo
-        if lo < 1e-4:
-            raise ValueError(f"target_epsilon={target_epsilon!r} is met at every sigma >= 1e-4 (too large)")
+        if lo <= SIGMA_MIN:
+            raise ValueError(f"{accountant}: target_epsilon={target_epsilon!r} is met at every sigma >= "
+                             f"{SIGMA_MIN:g} (SIGMA_MIN); too large to calibrate")
+        lo, hi = max(lo / 2.0, SIGMA_MIN), lo
     e_hi = eps(hi)
     while e_hi < (1.0 - rtol) * target and (hi - lo) > 1e-12 * hi:
         mid = math.sqrt(lo * hi)

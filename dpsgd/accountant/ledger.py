@@ -25,7 +25,7 @@ import numpy as np
 from . import moments as _moments
 from . import pld as _pld
 from . import rdp as _rdp
-from ._checks import (check_choice, check_delta, check_epsilon, check_groups, check_q, check_sigma,
+from ._checks import (STEPS_MAX, check_choice, check_delta, check_epsilon, check_groups, check_q, check_sigma,
                       check_steps)
 
 ACCOUNTANTS = ("moments", "rdp", "pld")
@@ -80,6 +80,13 @@ def _eps_from_total(accountant, total, delta, conversion):
     return _rdp._rdp_to_epsilon(_ORDERS, total, delta, conversion)
 
 
+def _pld_servable(mechs) -> None:
+    """The charged mechanisms within the PLD's ranges, named as charged (σ/√k, count·k)."""
+    for _, s, n in mechs:
+        check_sigma(s, "sigma/sqrt(groups)")
+        check_steps(n, "count*groups")
+
+
 class Ledger:
     """Records releases; answers ε(δ), δ(ε) and how many more lots fit in a budget."""
 
@@ -131,6 +138,7 @@ class Ledger:
         if not mechs:
             return 0.0, None
         if accountant == "pld":
+            _pld_servable(mechs)
             return _pld.epsilon_for_releases(mechs, delta), None
         eps, order = _eps_from_total(accountant, _total(accountant, mechs), delta, conversion)
         return eps, (int(order) if accountant == "moments" else float(order))
@@ -145,6 +153,7 @@ class Ledger:
         if not mechs:
             return 0.0, None
         if accountant == "pld":
+            _pld_servable(mechs)
             return _pld.delta_for_releases(mechs, epsilon), None
         total = _total(accountant, mechs)
         if accountant == "moments":
@@ -158,7 +167,8 @@ class Ledger:
 
         Moments / RDP: ε(n) = min_order (A + n·a + c)/…, solved per order in closed form and then
         checked exactly. PLD: safeguarded regula falsi on n, bracketed from the RDP answer
-        (PLD ε <= RDP ε), doubling upwards.
+        (PLD ε <= RDP ε), doubling upwards. The answer is capped where the total number of lots
+        would pass STEPS_MAX (more than that is not served by the accountants).
         """
         target = check_epsilon(target_epsilon, "target_epsilon")
         delta = check_delta(delta)
@@ -169,6 +179,8 @@ class Ledger:
         base = mechanisms(self._entries, convention)
         new = mechanisms([Entry(q, sigma, 1, groups)], convention)[0]      # (q, σ_eff, lots per lot)
 
+        cap = max(0, (STEPS_MAX - sum(n for _, _, n in base)) // new[2])
+
         def eps_at(n, acc=accountant):
             m = base + ([(new[0], new[1], n * new[2])] if n else [])
             return self._epsilon(m, delta, acc, conversion)[0]
@@ -176,18 +188,20 @@ class Ledger:
         if eps_at(0) > target:
             return 0
         if accountant == "pld":
-            lo = self.steps_within(target, delta, q, sigma, groups, "rdp", convention)
+            lo = min(self.steps_within(target, delta, q, sigma, groups, "rdp", convention), cap)
             e_lo = eps_at(lo)
-            if e_lo > target:                  # PLD above RDP (cannot happen beyond round-off)
+            if e_lo > target:                  # PLD above RDP (round-off, or a coarse grid at huge T)
                 lo, e_lo = 0, eps_at(0)
+            if lo >= cap:
+                return cap
             step = max(1, lo // 2)
-            hi = lo + step
+            hi = min(lo + step, cap)
             e_hi = eps_at(hi)
             while e_hi <= target:
+                if hi >= cap:
+                    return cap
                 lo, e_lo, step = hi, e_hi, step * 2
-                hi = lo + step
-                if hi > 10 ** 12:
-                    return hi
+                hi = min(lo + step, cap)
                 e_hi = eps_at(hi)
             # Illinois (regula falsi) on the integers, f = ε − target: f(lo) <= 0 < f(hi)
             f_lo, f_hi, last = e_lo - target, e_hi - target, 0
@@ -221,14 +235,12 @@ class Ledger:
             slack = target - c - tot
         with np.errstate(divide="ignore", invalid="ignore"):
             n_est = np.where(per > 0, np.floor(slack / per), np.where(slack >= 0, np.inf, -1))
-        n = int(min(float(np.max(n_est)), 10 ** 15))
+        n = int(min(float(np.max(n_est)), cap))
         n = max(n, 0)
         while n > 0 and eps_at(n) > target:     # guard against rounding at the boundary
             n -= 1
-        while eps_at(n + 1) <= target:          # (e.g. the RDP ε = 0 special case)
+        while n < cap and eps_at(n + 1) <= target:   # (e.g. the RDP ε = 0 special case)
             n += 1
-            if n > 10 ** 15:
-                break
         return n
 
     # -- serialisation ---------------------------------------------------------------------

@@ -34,10 +34,12 @@ from scipy import special
 
 from ._checks import check_choice, check_delta, check_epsilon, check_orders, check_q, check_sigma, check_steps
 
-#: Orders used by default: fractional orders where the optimum sits for large ε, integers 2..64,
-#: and a few large orders for very small ε.
+#: Orders used by default: fractional orders where the optimum sits for large ε (down to 1.02:
+#: for ε > 100 the optimum is below 1.25, e.g. opacus starts at 1.1), integers 2..64, and a few
+#: large orders for very small ε. The orders below 1.25 only win where ε is in the hundreds.
 DEFAULT_ORDERS: tuple = (
-    (1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.25, 3.5, 3.75, 4.0, 4.5, 5.0, 5.5)
+    (1.02, 1.05, 1.1, 1.15, 1.2)
+    + (1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.25, 3.5, 3.75, 4.0, 4.5, 5.0, 5.5)
     + tuple(float(a) for a in range(6, 65))
     + (80.0, 96.0, 128.0, 192.0, 256.0, 512.0)
 )
@@ -110,12 +112,22 @@ def log_a(q: float, sigma: float, alpha: float) -> float:
     return _log_a(q, sigma, alpha)
 
 
+_FRAC_FLOOR = 1e-12   # below this the signed series is round-off (~1e-16 absolute): use the bound
+
+
 def _log_a(q: float, sigma: float, alpha: float) -> float:
     if q == 1.0:
         return (alpha - 1.0) * alpha / (2.0 * sigma * sigma)    # Gaussian mechanism, exact
     if float(alpha).is_integer():
         return _log_a_int(q, sigma, int(alpha))
-    return _log_a_frac(q, sigma, float(alpha))
+    v = _log_a_frac(q, sigma, float(alpha))
+    if v < _FRAC_FLOOR:
+        # tiny q/σ: log A_α ~ α(α−1)q²/(2σ²) is below the series' round-off (it can even come out
+        # negative); R(α) <= R(⌈α⌉) (R non-decreasing, Mironov 2017 Prop. 9), and the integer
+        # order's sum has only non-negative terms, so this is an upper bound with full precision
+        up = math.ceil(alpha)
+        v = (alpha - 1.0) / (up - 1.0) * _log_a_int(q, sigma, up)
+    return v
 
 
 @lru_cache(maxsize=256)
