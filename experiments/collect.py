@@ -31,8 +31,7 @@ import pandas as pd
 import yaml
 
 from dpsgd.accountant import Ledger
-from dpsgd.accountant import pld as _pld
-from dpsgd.accountant.ledger import Entry, mechanisms
+from dpsgd.accountant.ledger import Entry
 from dpsgd.runtime import describe_hardware
 
 from . import claims
@@ -164,7 +163,7 @@ def figure4_rows(preset: str, r: dict, deltas=claims.FIGURE4_DELTAS) -> list[dic
     rows = []
     for m in r["metrics"].itertuples():
         led = Ledger(ledger_prefix(entries, int(m.steps)))
-        comp = _pld.compose(mechanisms(led.entries, "joint"))   # both directions, composed once per epoch
+        eps_pld = dict(zip(deltas, led.epsilons(deltas, accountant="pld", convention="joint")))  # composed once
         for delta in deltas:
             base = {"preset": preset, "epoch": m.epoch, "steps": m.steps, "q": m.q, "sigma": m.sigma,
                     "sigma_p": m.sigma_p, "train_accuracy": m.train_accuracy, "test_accuracy": m.test_accuracy,
@@ -172,7 +171,7 @@ def figure4_rows(preset: str, r: dict, deltas=claims.FIGURE4_DELTAS) -> list[dic
             for acc, cv in dict.fromkeys([("moments", conv), ("moments", "joint")]):
                 rows.append({**base, "accountant": acc, "convention": cv,
                              "epsilon": led.epsilon(delta, accountant=acc, convention=cv)[0]})
-            rows.append({**base, "accountant": "pld", "convention": "joint", "epsilon": max(d.epsilon(delta) for d in comp)})  # as pld.epsilon_for_releases
+            rows.append({**base, "accountant": "pld", "convention": "joint", "epsilon": eps_pld[delta]})
     return rows
 
 

@@ -2,10 +2,12 @@
 
 Modules: ``moments`` (Abadi et al. 2016), ``rdp`` (Mironov, Talwar & Zhang 2019), ``pld``
 (connect-the-dots PLD, FFT composition), ``strong_composition`` (Figure 2 comparator),
-``calibrate`` (σ for a target ε, steps within a budget), ``ledger`` (the record a run keeps).
+``compose`` (the per-layer convention and the composition of a run's releases), ``calibrate`` (σ
+for a target ε, lots within a budget), ``ledger`` (the record a run keeps).
 """
-from . import calibrate, moments, pld, rdp, strong_composition
-from .ledger import ACCOUNTANTS, CONVENTIONS, Entry, Ledger
+from . import calibrate, compose, moments, pld, rdp, strong_composition
+from .compose import ACCOUNTANTS, CONVENTIONS
+from .ledger import Entry, Ledger
 
 __all__ = ["Ledger", "Entry", "ACCOUNTANTS", "CONVENTIONS", "moments", "rdp", "pld",
-           "strong_composition", "calibrate"]
+           "strong_composition", "calibrate", "compose"]

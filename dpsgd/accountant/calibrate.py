@@ -1,17 +1,22 @@
 """Calibration: the noise multiplier σ for a target (ε, δ), and the number of lots within a budget.
 
 Both are monotone searches over an accountant (ε grows with the number of lots and falls with σ),
-built so that they never overshoot the target: the σ returned always has ε(σ) <= target.
+built so that they never overshoot the target: the σ returned always has ε(σ) <= target, and the
+number of lots n returned always has ε(n) <= target < ε(n + 1) (the training budget stop).
 """
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from . import compose
 from . import moments as _moments
 from . import strong_composition as _sc
-from ._checks import (SIGMA_MAX, SIGMA_MIN, check_choice, check_delta, check_epsilon, check_groups, check_q,
-                      check_sigma, check_steps)
-from .ledger import ACCOUNTANTS, CONVENTIONS, Ledger
+from ._checks import (SIGMA_MAX, SIGMA_MIN, STEPS_MAX, check_choice, check_delta, check_epsilon, check_groups,
+                      check_q, check_sigma, check_steps)
+from .compose import ACCOUNTANTS, CONVENTIONS
+from .rdp import CONVERSIONS, DEFAULT_ORDERS
 
 CALIBRATABLE = ACCOUNTANTS + ("strong_composition", "strong_composition_valid")
 
@@ -23,15 +28,13 @@ def epsilon(q: float, sigma: float, steps: int, delta: float, accountant: str = 
     groups = check_groups(groups)
     check_choice(accountant, "accountant", CALIBRATABLE)
     check_choice(convention, "convention", CONVENTIONS)
+    q, s_eff, per_lot = compose.charge(q, sigma, groups, convention)
     if accountant.startswith("strong_composition"):
-        s_eff, n = (sigma / math.sqrt(groups), steps) if convention == "joint" else (sigma, steps * groups)
         s_eff = check_sigma(s_eff, "sigma/sqrt(groups)")
-        n = check_steps(n, "steps*groups")
+        n = check_steps(steps * per_lot, "steps*groups")
         variant = "valid" if accountant.endswith("_valid") else "paper"
         return _sc.epsilon(q, s_eff, n, delta, variant)
-    led = Ledger()
-    led.record(q, sigma, steps, groups)
-    return led.epsilon(delta, accountant, convention)[0]
+    return compose.epsilon([(q, s_eff, steps * per_lot)] if steps else [], delta, accountant)[0]
 
 
 def sigma_for_epsilon(target_epsilon: float, delta: float, q: float, steps: int, accountant: str = "rdp",
@@ -80,15 +83,101 @@ def sigma_for_epsilon(target_epsilon: float, delta: float, q: float, steps: int,
     return hi
 
 
+def steps_within(entries, target_epsilon: float, delta: float, q: float, sigma: float, groups: int = 1,
+                 accountant: str = "moments", convention: str = "joint",
+                 conversion: str = "improved") -> int:
+    """Largest n >= 0 such that ε after ``entries`` (a ledger's records) and n more lots (q, σ,
+    groups) is <= target.
+
+    Moments / RDP: ε(n) = min_order (A + n·a + c)/…, solved per order in closed form and then
+    checked exactly. PLD: safeguarded regula falsi on n, bracketed from the RDP answer
+    (PLD ε <= RDP ε), doubling upwards. The answer is capped where the total number of lots
+    would pass STEPS_MAX (more than that is not served by the accountants).
+    """
+    target = check_epsilon(target_epsilon, "target_epsilon")
+    delta = check_delta(delta)
+    q, sigma, groups = check_q(q), check_sigma(sigma), check_groups(groups)
+    check_choice(accountant, "accountant", ACCOUNTANTS)
+    check_choice(convention, "convention", CONVENTIONS)
+    check_choice(conversion, "conversion", CONVERSIONS)
+    base = compose.mechanisms(entries, convention)
+    new = compose.charge(q, sigma, groups, convention)      # (q, σ_eff, mechanisms per lot)
+
+    cap = max(0, (STEPS_MAX - sum(n for _, _, n in base)) // new[2])
+
+    def eps_at(n, acc=accountant):
+        m = base + ([(new[0], new[1], n * new[2])] if n else [])
+        return compose.epsilon(m, delta, acc, conversion)[0]
+
+    if eps_at(0) > target:
+        return 0
+    if accountant == "pld":
+        lo = min(steps_within(entries, target, delta, q, sigma, groups, "rdp", convention), cap)
+        e_lo = eps_at(lo)
+        if e_lo > target:                  # PLD above RDP (round-off, or a coarse grid at huge T)
+            lo, e_lo = 0, eps_at(0)
+        if lo >= cap:
+            return cap
+        step = max(1, lo // 2)
+        hi = min(lo + step, cap)
+        e_hi = eps_at(hi)
+        while e_hi <= target:
+            if hi >= cap:
+                return cap
+            lo, e_lo, step = hi, e_hi, step * 2
+            hi = min(lo + step, cap)
+            e_hi = eps_at(hi)
+        # Illinois (regula falsi) on the integers, f = ε − target: f(lo) <= 0 < f(hi)
+        f_lo, f_hi, last = e_lo - target, e_hi - target, 0
+        while hi - lo > 1:
+            mid = lo + int(round(-f_lo / (f_hi - f_lo) * (hi - lo))) if f_hi > f_lo else (lo + hi) // 2
+            mid = min(max(mid, lo + 1), hi - 1)
+            f_mid = eps_at(mid) - target
+            if f_mid <= 0:
+                lo, f_lo = mid, f_mid
+                if last == 1:
+                    f_hi /= 2.0
+                last = 1
+            else:
+                hi, f_hi = mid, f_mid
+                if last == -1:
+                    f_lo /= 2.0
+                last = -1
+        return lo
+    # moments / RDP: per order, the bound is affine in n
+    per = compose.curve(accountant, new[0], new[1]) * new[2]
+    tot = compose.total(accountant, base) if base else np.zeros_like(per)
+    if accountant == "moments":
+        lam = np.asarray(_moments.PAPER_LAMBDAS, dtype=float)
+        slack = lam * target - math.log(1.0 / delta) - tot          # need n·per <= slack
+    else:
+        a = np.asarray(DEFAULT_ORDERS, dtype=float)
+        if conversion == "paper":
+            c = -math.log(delta) / (a - 1.0)
+        else:
+            c = np.log1p(-1.0 / a) - (math.log(delta) + np.log(a)) / (a - 1.0)
+        slack = target - c - tot
+    with np.errstate(divide="ignore", invalid="ignore"):
+        n_est = np.where(per > 0, np.floor(slack / per), np.where(slack >= 0, np.inf, -1))
+    n = int(min(float(np.max(n_est)), cap))
+    n = max(n, 0)
+    while n > 0 and eps_at(n) > target:     # guard against rounding at the boundary
+        n -= 1
+    while n < cap and eps_at(n + 1) <= target:   # (e.g. the RDP ε = 0 special case)
+        n += 1
+    return n
+
+
+
 def max_steps(target_epsilon: float, delta: float, q: float, sigma: float, accountant: str = "rdp",
-              groups: int = 1, convention: str = "joint", ledger: Ledger | None = None) -> int:
+              groups: int = 1, convention: str = "joint", ledger=None) -> int:
     """Largest number of further lots (q, σ, groups) keeping ε <= target (after ``ledger``, if any)."""
-    led = ledger if ledger is not None else Ledger()
-    return led.steps_within(target_epsilon, delta, q, sigma, groups, accountant, convention)
+    return steps_within(ledger.entries if ledger is not None else (), target_epsilon, delta, q, sigma, groups,
+                        accountant, convention)
 
 
 def max_epochs(target_epsilon: float, delta: float, q: float, sigma: float, accountant: str = "rdp",
-               groups: int = 1, convention: str = "joint", ledger: Ledger | None = None) -> int:
+               groups: int = 1, convention: str = "joint", ledger=None) -> int:
     """Largest whole number of epochs (1/q lots each) keeping ε <= target."""
     q = check_q(q)
     n = max_steps(target_epsilon, delta, q, sigma, accountant, groups, convention, ledger)

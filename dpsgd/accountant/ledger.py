@@ -3,33 +3,20 @@
 A release is (q, σ, count, groups, label): ``count`` lots of the Poisson-sampled Gaussian mechanism
 with sampling rate q and noise multiplier σ, where each lot clips ``groups = k`` tensors separately
 to C and adds N(0, σ²C²) to each (the DP-PCA release is q = 1, count = 1). Consecutive identical
-records are merged. Per-layer clipping is charged by an explicit ``convention``:
-
-* ``"joint"`` (correct, default): the k noisy tensors of one lot are one Gaussian mechanism whose
-  sensitivity is sqrt(k)·C (each block has norm <= C), i.e. noise multiplier σ/√k, charged once.
-* ``"per_tensor"`` (the paper's original code): k mechanisms at σ per lot. This under-states ε and
-  is offered only to reproduce the paper's numbers.
-
-Accountants: ``"moments"`` (Abadi et al. 2016, λ = 1..32, tail bound; order = λ*), ``"rdp"``
-(Mironov, Talwar & Zhang 2019, improved conversion by default; order = α*), ``"pld"``
-(connect-the-dots PLD, FFT; order = None). Per-(q, σ) curves are cached in the modules, so a query
-costs a weighted sum plus a minimum (moments, RDP) or one FFT power per direction (PLD).
+records are merged. Queries charge the records under an explicit ``convention`` (joint, correct; or
+the paper's per_tensor) and compose them under an accountant (``compose.py``): ``"moments"`` (Abadi
+et al. 2016, λ = 1..32, tail bound; order = λ*), ``"rdp"`` (Mironov, Talwar & Zhang 2019, improved
+conversion by default; order = α*), ``"pld"`` (connect-the-dots PLD, FFT; order = None).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
-import numpy as np
+from . import calibrate, compose
+from ._checks import check_choice, check_delta, check_epsilon, check_groups, check_q, check_sigma, check_steps
+from .compose import ACCOUNTANTS
+from .rdp import CONVERSIONS
 
-from . import moments as _moments
-from . import pld as _pld
-from . import rdp as _rdp
-from ._checks import (STEPS_MAX, check_choice, check_delta, check_epsilon, check_groups, check_q, check_sigma,
-                      check_steps)
-
-ACCOUNTANTS = ("moments", "rdp", "pld")
-CONVENTIONS = ("joint", "per_tensor")
 _FORMAT = "dpsgd.ledger/1"
 
 
@@ -40,51 +27,6 @@ class Entry:
     count: int
     groups: int = 1
     label: str = ""
-
-
-def mechanisms(entries, convention: str = "joint"):
-    """[(q, σ_eff, count)] charged for ``entries`` under a convention, merged by (q, σ_eff)."""
-    check_choice(convention, "convention", CONVENTIONS)
-    out: dict = {}
-    for e in entries:
-        if convention == "joint":
-            key, n = (e.q, e.sigma / math.sqrt(e.groups) if e.groups > 1 else e.sigma), e.count
-        else:
-            key, n = (e.q, e.sigma), e.count * e.groups
-        if n:
-            out[key] = out.get(key, 0) + n
-    return [(q, s, n) for (q, s), n in out.items()]
-
-
-def _curve(accountant, q, s):
-    if accountant == "moments":
-        return _moments._log_moments(q, s, _moments.PAPER_LAMBDAS)
-    return _rdp._rdp_curve(q, s, _rdp.DEFAULT_ORDERS)
-
-
-def _total(accountant, mechs):
-    total = 0.0
-    for q, s, n in mechs:
-        total = total + n * _curve(accountant, q, s)
-    return total
-
-
-_LAMBDAS = np.asarray(_moments.PAPER_LAMBDAS, dtype=float)
-_ORDERS = np.asarray(_rdp.DEFAULT_ORDERS, dtype=float)
-
-
-def _eps_from_total(accountant, total, delta, conversion):
-    """Fast path of moments.epsilon_from_log_moments / rdp.rdp_to_epsilon (arguments already valid)."""
-    if accountant == "moments":
-        return _moments._epsilon_from_log_moments(total, _LAMBDAS, delta)   # Abadi et al. 2016, Thm 2.2
-    return _rdp._rdp_to_epsilon(_ORDERS, total, delta, conversion)
-
-
-def _pld_servable(mechs) -> None:
-    """The charged mechanisms within the PLD's ranges, named as charged (σ/√k, count·k)."""
-    for _, s, n in mechs:
-        check_sigma(s, "sigma/sqrt(groups)")
-        check_steps(n, "count*groups")
 
 
 class Ledger:
@@ -130,118 +72,31 @@ class Ledger:
         """
         delta = check_delta(delta)
         check_choice(accountant, "accountant", ACCOUNTANTS)
-        check_choice(conversion, "conversion", _rdp.CONVERSIONS)
-        return self._epsilon(mechanisms(self._entries, convention), delta, accountant, conversion)
+        check_choice(conversion, "conversion", CONVERSIONS)
+        return compose.epsilon(compose.mechanisms(self._entries, convention), delta, accountant, conversion)
 
-    @staticmethod
-    def _epsilon(mechs, delta, accountant, conversion="improved"):
-        if not mechs:
-            return 0.0, None
-        if accountant == "pld":
-            _pld_servable(mechs)
-            return _pld.epsilon_for_releases(mechs, delta), None
-        eps, order = _eps_from_total(accountant, _total(accountant, mechs), delta, conversion)
-        return eps, (int(order) if accountant == "moments" else float(order))
+    def epsilons(self, deltas, accountant: str = "moments", convention: str = "joint",
+                 conversion: str = "improved") -> list[float]:
+        """ε at each δ of ``deltas`` (one composition for all of them)."""
+        deltas = [check_delta(d) for d in deltas]
+        check_choice(accountant, "accountant", ACCOUNTANTS)
+        check_choice(conversion, "conversion", CONVERSIONS)
+        return compose.epsilons(compose.mechanisms(self._entries, convention), deltas, accountant, conversion)
 
     def delta(self, epsilon: float, accountant: str = "moments", convention: str = "joint",
               conversion: str = "improved"):
         """(δ, order) at ε under the chosen accountant; (0.0, None) if empty."""
         epsilon = check_epsilon(epsilon)
         check_choice(accountant, "accountant", ACCOUNTANTS)
-        check_choice(conversion, "conversion", _rdp.CONVERSIONS)
-        mechs = mechanisms(self._entries, convention)
-        if not mechs:
-            return 0.0, None
-        if accountant == "pld":
-            _pld_servable(mechs)
-            return _pld.delta_for_releases(mechs, epsilon), None
-        total = _total(accountant, mechs)
-        if accountant == "moments":
-            return _moments.delta_from_log_moments(total, epsilon, _moments.PAPER_LAMBDAS)
-        return _rdp.rdp_to_delta(_rdp.DEFAULT_ORDERS, total, epsilon, conversion)
+        check_choice(conversion, "conversion", CONVERSIONS)
+        return compose.delta(compose.mechanisms(self._entries, convention), epsilon, accountant, conversion)
 
     def steps_within(self, target_epsilon: float, delta: float, q: float, sigma: float, groups: int = 1,
-                     accountant: str = "moments", convention: str = "joint",
-                     conversion: str = "improved") -> int:
-        """Largest n >= 0 such that ε after recording n more lots (q, σ, groups) is <= target.
-
-        Moments / RDP: ε(n) = min_order (A + n·a + c)/…, solved per order in closed form and then
-        checked exactly. PLD: safeguarded regula falsi on n, bracketed from the RDP answer
-        (PLD ε <= RDP ε), doubling upwards. The answer is capped where the total number of lots
-        would pass STEPS_MAX (more than that is not served by the accountants).
-        """
-        target = check_epsilon(target_epsilon, "target_epsilon")
-        delta = check_delta(delta)
-        q, sigma, groups = check_q(q), check_sigma(sigma), check_groups(groups)
-        check_choice(accountant, "accountant", ACCOUNTANTS)
-        check_choice(convention, "convention", CONVENTIONS)
-        check_choice(conversion, "conversion", _rdp.CONVERSIONS)
-        base = mechanisms(self._entries, convention)
-        new = mechanisms([Entry(q, sigma, 1, groups)], convention)[0]      # (q, σ_eff, lots per lot)
-
-        cap = max(0, (STEPS_MAX - sum(n for _, _, n in base)) // new[2])
-
-        def eps_at(n, acc=accountant):
-            m = base + ([(new[0], new[1], n * new[2])] if n else [])
-            return self._epsilon(m, delta, acc, conversion)[0]
-
-        if eps_at(0) > target:
-            return 0
-        if accountant == "pld":
-            lo = min(self.steps_within(target, delta, q, sigma, groups, "rdp", convention), cap)
-            e_lo = eps_at(lo)
-            if e_lo > target:                  # PLD above RDP (round-off, or a coarse grid at huge T)
-                lo, e_lo = 0, eps_at(0)
-            if lo >= cap:
-                return cap
-            step = max(1, lo // 2)
-            hi = min(lo + step, cap)
-            e_hi = eps_at(hi)
-            while e_hi <= target:
-                if hi >= cap:
-                    return cap
-                lo, e_lo, step = hi, e_hi, step * 2
-                hi = min(lo + step, cap)
-                e_hi = eps_at(hi)
-            # Illinois (regula falsi) on the integers, f = ε − target: f(lo) <= 0 < f(hi)
-            f_lo, f_hi, last = e_lo - target, e_hi - target, 0
-            while hi - lo > 1:
-                mid = lo + int(round(-f_lo / (f_hi - f_lo) * (hi - lo))) if f_hi > f_lo else (lo + hi) // 2
-                mid = min(max(mid, lo + 1), hi - 1)
-                f_mid = eps_at(mid) - target
-                if f_mid <= 0:
-                    lo, f_lo = mid, f_mid
-                    if last == 1:
-                        f_hi /= 2.0
-                    last = 1
-                else:
-                    hi, f_hi = mid, f_mid
-                    if last == -1:
-                        f_lo /= 2.0
-                    last = -1
-            return lo
-        # moments / RDP: per order, the bound is affine in n
-        per = _curve(accountant, new[0], new[1]) * new[2]
-        tot = _total(accountant, base) if base else np.zeros_like(per)
-        if accountant == "moments":
-            lam = np.asarray(_moments.PAPER_LAMBDAS, dtype=float)
-            slack = lam * target - math.log(1.0 / delta) - tot          # need n·per <= slack
-        else:
-            a = np.asarray(_rdp.DEFAULT_ORDERS, dtype=float)
-            if conversion == "paper":
-                c = -math.log(delta) / (a - 1.0)
-            else:
-                c = np.log1p(-1.0 / a) - (math.log(delta) + np.log(a)) / (a - 1.0)
-            slack = target - c - tot
-        with np.errstate(divide="ignore", invalid="ignore"):
-            n_est = np.where(per > 0, np.floor(slack / per), np.where(slack >= 0, np.inf, -1))
-        n = int(min(float(np.max(n_est)), cap))
-        n = max(n, 0)
-        while n > 0 and eps_at(n) > target:     # guard against rounding at the boundary
-            n -= 1
-        while n < cap and eps_at(n + 1) <= target:   # (e.g. the RDP ε = 0 special case)
-            n += 1
-        return n
+                     accountant: str = "moments", convention: str = "joint", conversion: str = "improved") -> int:
+        """Largest n >= 0 such that ε after n more lots (q, σ, groups) is <= target
+        (:func:`dpsgd.accountant.calibrate.steps_within`)."""
+        return calibrate.steps_within(self._entries, target_epsilon, delta, q, sigma, groups, accountant,
+                                      convention, conversion)
 
     # -- serialisation ---------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -9,7 +9,7 @@ log moment of order λ is (paper §3.2 and its ``gaussian_moments.py``)
 
 E2 = A_{λ+1} of Mironov, Talwar & Zhang 2019 and has the closed binomial form
 E2 = Σ_{k=0}^{λ+1} C(λ+1, k)(1−q)^{λ+1−k} q^k exp((k² − k)/(2σ²)), evaluated in log space
-(:func:`dpsgd.accountant.rdp._log_a_int`). E1 = B_{λ+1} ≤ A_{λ+1} = E2 for every integer λ ≥ 1
+(:func:`dpsgd.accountant.rdp.log_a`). E1 = B_{λ+1} ≤ A_{λ+1} = E2 for every integer λ ≥ 1
 (MTZ 2019, §3.3), so α(λ) = log E2; the test suite checks both E1 and E2 against a 50-digit mpmath
 integration. In RDP terms α(λ) = λ·R(λ + 1).
 
@@ -25,18 +25,19 @@ from functools import lru_cache
 import numpy as np
 
 from ._checks import check_delta, check_epsilon, check_orders, check_q, check_sigma, check_steps
-from .rdp import _log_a
+from .rdp import log_a_unchecked
 
 #: The paper's orders: λ = 1..32.
 PAPER_LAMBDAS: tuple = tuple(range(1, 33))
 
 
 @lru_cache(maxsize=256)
-def _log_moments(q: float, sigma: float, lambdas: tuple) -> np.ndarray:
+def log_moments_unchecked(q: float, sigma: float, lambdas: tuple) -> np.ndarray:
+    """:func:`log_moments` for arguments already valid (a ledger's charged mechanisms), cached."""
     if q == 1.0:   # Gaussian mechanism: α(λ) = λ(λ+1)/(2σ²) exactly
         out = np.array([lam * (lam + 1) / (2.0 * sigma * sigma) for lam in lambdas], dtype=float)
     else:
-        out = np.array([_log_a(q, sigma, lam + 1) for lam in lambdas], dtype=float)
+        out = np.array([log_a_unchecked(q, sigma, lam + 1) for lam in lambdas], dtype=float)
     out.setflags(write=False)
     return out
 
@@ -48,7 +49,7 @@ def log_moments(q: float, sigma: float, lambdas=PAPER_LAMBDAS) -> np.ndarray:
     """
     q, sigma = check_q(q), check_sigma(sigma)
     lambdas = check_orders(lambdas, "lambdas", minimum=0.0, integer=True)
-    return _log_moments(q, sigma, lambdas)
+    return log_moments_unchecked(q, sigma, lambdas)
 
 
 def epsilon_from_log_moments(total_log_moments, delta: float, lambdas=PAPER_LAMBDAS):

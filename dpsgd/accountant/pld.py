@@ -472,6 +472,18 @@ def epsilon_for_releases(releases, delta: float, interval: float = DEFAULT_INTER
     return max(_epsilon_tiny(rel, d, interval, delta) for d in DIRECTIONS)
 
 
+def epsilons_for_releases(releases, deltas, interval: float = DEFAULT_INTERVAL) -> list[float]:
+    """ε(δ) for each δ of ``deltas``, composing the PLDs once for all δ >= TILT_BELOW."""
+    deltas = [check_delta(d) for d in deltas]
+    rel = _normalise(releases)
+    if not rel:
+        return [0.0] * len(deltas)
+    interval = float(interval)
+    comp = [_Composed(rel, d, interval) for d in DIRECTIONS] if any(d >= TILT_BELOW for d in deltas) else []
+    return [max(c.epsilon(d) for c in comp) if d >= TILT_BELOW
+            else max(_epsilon_tiny(rel, direction, interval, d) for direction in DIRECTIONS) for d in deltas]
+
+
 def delta_for_releases(releases, epsilon: float, interval: float = DEFAULT_INTERVAL) -> float:
     """δ(ε) of a heterogeneous composition: max over the two adjacency directions (upper bound)."""
     epsilon = check_epsilon(epsilon)

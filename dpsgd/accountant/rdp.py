@@ -109,13 +109,14 @@ def log_a(q: float, sigma: float, alpha: float) -> float:
     """log A_α of the sampled Gaussian mechanism (MTZ 2019); A_α = exp((α−1)·R(α))."""
     q, sigma = check_q(q), check_sigma(sigma)
     alpha = check_orders([alpha], "alpha")[0]
-    return _log_a(q, sigma, alpha)
+    return log_a_unchecked(q, sigma, alpha)
 
 
 _FRAC_FLOOR = 1e-12   # below this the signed series is round-off (~1e-16 absolute): use the bound
 
 
-def _log_a(q: float, sigma: float, alpha: float) -> float:
+def log_a_unchecked(q: float, sigma: float, alpha: float) -> float:
+    """:func:`log_a` for arguments already valid."""
     if q == 1.0:
         return (alpha - 1.0) * alpha / (2.0 * sigma * sigma)    # Gaussian mechanism, exact
     if float(alpha).is_integer():
@@ -131,11 +132,12 @@ def _log_a(q: float, sigma: float, alpha: float) -> float:
 
 
 @lru_cache(maxsize=256)
-def _rdp_curve(q: float, sigma: float, orders: tuple) -> np.ndarray:
+def rdp_curve(q: float, sigma: float, orders: tuple = DEFAULT_ORDERS) -> np.ndarray:
+    """Per-lot RDP ε_α at each order for arguments already valid (a ledger's charged mechanisms), cached."""
     if q == 1.0:
         out = np.array(orders, dtype=float) / (2.0 * sigma * sigma)
     else:
-        out = np.array([_log_a(q, sigma, a) / (a - 1.0) for a in orders], dtype=float)
+        out = np.array([log_a_unchecked(q, sigma, a) / (a - 1.0) for a in orders], dtype=float)
     out.setflags(write=False)
     return out
 
@@ -147,7 +149,7 @@ def compute_rdp(q: float, sigma: float, orders=DEFAULT_ORDERS, steps: int = 1) -
     """
     q, sigma, steps = check_q(q), check_sigma(sigma), check_steps(steps)
     orders = check_orders(orders, minimum=1.0)
-    return steps * _rdp_curve(q, sigma, tuple(float(a) for a in orders))
+    return steps * rdp_curve(q, sigma, tuple(float(a) for a in orders))
 
 
 def rdp_to_epsilon(orders, rdp, delta: float, conversion: str = "improved"):
