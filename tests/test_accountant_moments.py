@@ -96,3 +96,54 @@ def test_monotone_in_steps_and_sigma():
     assert all(a < b for a, b in zip(eps_t, eps_t[1:]))
     eps_s = [moments.epsilon(Q, s, 10_000, DELTA)[0] for s in (0.7, 1, 2, 4, 8)]
     assert all(a > b for a, b in zip(eps_s, eps_s[1:]))
+
+
+# --- the paper's analytic results: Lemma 3 and Theorem 1 ------------------------------------------
+def _lemma3_grid():
+    for sigma in (1.0, 1.5, 2.0, 4.0, 8.0, 16.0):
+        for q in (1e-4, 1e-3, 5e-3, 0.01, 0.03, 0.06):
+            if q < 1 / (16 * sigma):
+                lam_max = int(sigma * sigma * math.log(1 / (q * sigma)))
+                for lam in sorted({1, 2, 5, 10, 32, min(lam_max, 200)}):
+                    if 1 <= lam <= lam_max:
+                        yield q, sigma, lam
+
+
+def test_exact_log_moments_stay_below_lemma3_inside_its_conditions():
+    """Inside Lemma 3's conditions the exact α(λ) is below the leading term q²λ(λ+1)/((1−q)σ²) alone
+    (max ratio 0.988 on this grid); the dropped O(q³λ³/σ³) remainder is not needed there."""
+    grid = list(_lemma3_grid())
+    assert len(grid) > 60
+    for q, sigma, lam in grid:
+        exact = float(moments.log_moments(q, sigma, (lam,))[0])
+        assert exact <= moments.lemma3_bound(q, sigma, lam), (q, sigma, lam)
+
+
+def test_lemma3_conditions_matter():
+    # outside them the leading term is far too small: q = 0.1, σ = 1 (q > 1/16) is off by 38x at λ = 32
+    assert not moments.lemma3_applies(0.1, 1.0, 32)
+    assert float(moments.log_moments(0.1, 1.0, (32,))[0]) > 10 * 0.1 ** 2 * 32 * 33 / (0.9 * 1.0)
+    with pytest.raises(ValueError, match="Lemma 3"):
+        moments.lemma3_bound(0.1, 1.0, 32)
+    # the paper's large-noise MNIST setting (σ = 8, q = 0.01) is outside the lemma: 1/(16σ) = 0.0078 < q
+    assert not moments.lemma3_applies(0.01, 8.0, 1)
+    assert moments.lemma3_applies(0.01, 4.0, 10) and not moments.lemma3_applies(0.01, 4.0, 0)
+
+
+def test_epsilon_scales_like_theorem1():
+    """ε / (q √(T log(1/δ)) / σ) stays in a narrow band wherever ε is above the λ <= 32 floor."""
+    floor = math.log(1 / DELTA) / 32
+    ratios = []
+    for q in (0.001, 0.01):
+        for sigma in (2.0, 4.0, 8.0):
+            for T in (1_000, 10_000, 100_000):
+                eps = moments.epsilon(q, sigma, T, DELTA)[0]
+                if eps >= 2 * floor:
+                    ratios.append(eps / moments.theorem1_scale(q, sigma, T, DELTA))
+    assert len(ratios) >= 7
+    assert 1.3 <= min(ratios) and max(ratios) <= 2.0, ratios
+    # and the scale itself: √T in the steps, 1/σ in the noise, linear in q
+    s = moments.theorem1_scale(0.01, 4.0, 10_000, DELTA)
+    assert moments.theorem1_scale(0.01, 4.0, 40_000, DELTA) == pytest.approx(2 * s)
+    assert moments.theorem1_scale(0.01, 8.0, 10_000, DELTA) == pytest.approx(s / 2)
+    assert moments.theorem1_scale(0.02, 4.0, 10_000, DELTA) == pytest.approx(2 * s)
