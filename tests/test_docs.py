@@ -214,3 +214,15 @@ def test_names_checker_catches_wrong_names():
     good = ("`dpsgd/sampling.py:PoissonSampler.epoch` `dpsgd/optim.py` `dpsgd/config.py:PrivacyConfig.sigma` "
             "`dpsgd.accountant.Ledger.steps_within` `python -m dpsgd.privacy` `make test` [r](RUNS.md)")
     assert name_problems(good, "synthetic") == []
+
+
+def test_configuration_lists_every_key():
+    """docs/CONFIGURATION.md has a row for every key of the typed config."""
+    from dataclasses import fields
+
+    from dpsgd.config import GROUPS, Config
+    text = (REPO / "docs" / "CONFIGURATION.md").read_text(encoding="utf-8")
+    keys = [f"{g}.{f.name}" for g, cls in GROUPS.items() for f in fields(cls)]
+    keys += [f.name for f in fields(Config) if f.name not in GROUPS]
+    missing = [k for k in keys if f"| `{k}` |" not in text]
+    assert not missing, f"docs/CONFIGURATION.md lacks a row for {missing}"
