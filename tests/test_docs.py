@@ -80,7 +80,7 @@ PATH_REF = re.compile(r"^((?:%s)/[\w./-]*|Makefile|pytest\.ini|requirements[\w.-
                       % "|".join(re.escape(d) for d in TOP_DIRS))
 DOTTED = re.compile(r"^((?:dpsgd|experiments|bench)(?:\.[A-Za-z_]\w*)+)(?:\(\))?$")
 MODULE_RUN = re.compile(r"python -m ([A-Za-z_][\w.]*)")
-MAKE = re.compile(r"(?<![\w-])make ([a-z][\w-]*)")
+MAKE = re.compile(r"(?<![\w-])make ([a-z][\w-]*)(?![\w<-])")
 FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 
