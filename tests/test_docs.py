@@ -140,6 +140,12 @@ def check_module_run(mod: str) -> str | None:
     path = REPO.joinpath(*mod.split("."))
     if path.with_suffix(".py").is_file() or (path / "__main__.py").is_file():
         return None
+    if mod.split(".")[0] not in TOP_DIRS:            # a third-party module (pytest, pip, venv)
+        try:
+            if importlib.util.find_spec(mod) is not None:
+                return None
+        except (ImportError, ValueError):
+            pass
     return f"python -m {mod}: no {path.relative_to(REPO)}.py"
 
 
