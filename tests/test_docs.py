@@ -105,15 +105,26 @@ def _members(node) -> dict[str, ast.AST]:
 
 
 def check_py_name(file: Path, dotted: str) -> str | None:
-    """None when ``dotted`` (``func``, ``Class``, ``Class.method``) is defined in ``file``."""
-    node: ast.AST = ast.parse(file.read_text(encoding="utf-8"))
+    """None when ``dotted`` (``func``, ``Class``, ``Class.method``) is defined in ``file``; a method may
+    come from a base class defined in the same file."""
+    module = ast.parse(file.read_text(encoding="utf-8"))
+    top = _members(module)
+    rel = file.relative_to(REPO) if file.is_relative_to(REPO) else file
+    node: ast.AST = module
+    where = str(rel)
     for part in dotted.split("."):
-        members = _members(node)
-        if part not in members:
-            return f"{part!r} is not defined in {file.relative_to(REPO) if file.is_relative_to(REPO) else file}"
-        node = members[part]
-        if not isinstance(node, (ast.ClassDef, ast.Module)) and part != dotted.split(".")[-1]:
-            return f"{part!r} in {file.name} is not a class, so {dotted!r} cannot be checked"
+        if not isinstance(node, (ast.ClassDef, ast.Module)):
+            return f"{where} is not a class, so {dotted!r} cannot be checked"
+        scope, found = [node], None
+        while scope and found is None:              # the class, then its bases from this file
+            cls = scope.pop(0)
+            found = _members(cls).get(part)
+            if isinstance(cls, ast.ClassDef):
+                scope += [top[b.id] for b in cls.bases if isinstance(b, ast.Name)
+                          and isinstance(top.get(b.id), ast.ClassDef)]
+        if found is None:
+            return f"{part!r} is not defined in {where}"
+        node, where = found, f"{rel}:{part}" if where == str(rel) else f"{where}.{part}"
     return None
 
 
@@ -217,7 +228,7 @@ def test_names_checker_catches_wrong_names():
            "`dpsgd.accountant.Ledger.no_such` `python -m dpsgd.nope` `make no-such-target` [x](NOPE.md)")
     problems = name_problems(bad, "synthetic")
     assert len(problems) == 7, problems
-    good = ("`dpsgd/sampling.py:PoissonSampler.epoch` `dpsgd/optim.py` `dpsgd/config.py:PrivacyConfig.sigma` "
+    good = ("`dpsgd/sampling.py:PoissonSampler.epoch` `dpsgd/sampling.py:PoissonSampler.state_dict` `dpsgd/optim.py` `dpsgd/config.py:PrivacyConfig.sigma` "
             "`dpsgd.accountant.Ledger.steps_within` `python -m dpsgd.privacy` `make test` [r](RUNS.md)")
     assert name_problems(good, "synthetic") == []
 
