@@ -33,6 +33,7 @@ from typing import get_args, get_type_hints
 import pytest
 
 from dpsgd import privacy
+from dpsgd.accountant import _checks as acc_limits
 from dpsgd.config import CHOICES, GROUPS, Config, ConfigError
 from dpsgd.launch import prepare, prepare_resume
 
@@ -110,7 +111,7 @@ VALIDATION = [
     Bad(["privacy.physical_batch_size=0"], "privacy.physical_batch_size"),
     Bad(["privacy.physical_batch_size=60001"], "privacy.physical_batch_size", "must be <= 60000"),
     Bad(["privacy.pca_fraction=1.5"], "privacy.pca_fraction"),
-    Bad(["privacy.pca_fraction=1e-10"], "privacy.pca_fraction", "must be >= 1e-09"),
+    Bad([f"privacy.pca_fraction={acc_limits.Q_MIN / 10:g}"], "privacy.pca_fraction", f"must be >= {acc_limits.Q_MIN}"),
     Bad(["+privacy.sigmaa=4"], "privacy.sigmaa", "unknown config key"),
     Bad(["privacy.sigmaa=1"], "privacy.sigmaa"),                # Hydra: not in the struct
     # --- accountant

@@ -50,6 +50,15 @@ def _main(capsys, *argv) -> tuple[int, str]:
     return e.value.code, err
 
 
+def _train_cli(capsys, run: Path, *extra: str) -> tuple[int, str]:
+    """A fresh run through the command line's error handling (exit code, one stderr line), without
+    running Hydra's app in this process (its logging would outlive pytest's captured streams)."""
+    args = [*TINY, *extra]
+    with pytest.raises(SystemExit) as e:
+        T._run_or_exit(lambda: T.train(validate(T.compose(args)), run, args))
+    return e.value.code, capsys.readouterr().err.strip()
+
+
 def _ledger_lots(st: dict, labels=("sgd", "lost")) -> int:
     return sum(e["count"] for e in st["ledger"]["entries"] if e["label"] in labels)
 
@@ -254,7 +263,7 @@ def test_secure_mode_charges_every_lot_that_ran_after_a_kill(tmp_path):
 # ----------------------------------------------------------------- failing loudly
 def test_nonfinite_training_stops_as_diverged(tmp_path, capsys):
     run = tmp_path / "run"
-    code, err = _main(capsys, *TINY, "training.lr=1e38", "training.epochs=3", f"hydra.run.dir={run}")
+    code, err = _train_cli(capsys, run, "training.lr=1e38", "training.epochs=3")
     assert code == 1 and len(err.splitlines()) == 1 and "diverged" in err
     st = json.loads((run / "privacy.json").read_text())
     assert st["status"] == "diverged" and st["stop_reason"] == "diverged" and st["epochs"] == 1
@@ -307,7 +316,7 @@ def test_disk_errors_during_training_are_one_line(tmp_path, capsys, monkeypatch)
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "checkpoint.pt"))
 
     monkeypatch.setattr(runstate, "save_checkpoint", full)
-    code, err = _main(capsys, *TINY, "training.epochs=1", f"hydra.run.dir={tmp_path / 'run'}")
+    code, err = _train_cli(capsys, tmp_path / "run", "training.epochs=1")
     assert code == 1 and err == f"error: {tmp_path / 'run' / 'checkpoint.pt'}: No space left on device"
 
 
