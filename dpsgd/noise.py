@@ -9,7 +9,7 @@ Two sources:
   draws scaled to the requested std (the mitigation of Holohan & Braghin 2021, "Secure random
   sampling in differential privacy", also used by Opacus' secure mode) against floating-point
   attacks on the noise (Mironov 2012). A fixed seed is refused in this mode. What it does not do is
-  discussed in the README (the float32 cast and the addition to the gradient are still floating point).
+  discussed in docs/SECURE_NOISE.md (the float32 cast and the addition to the gradient are still floating point).
 """
 from __future__ import annotations
 

@@ -5,12 +5,12 @@ glibc returns freed blocks above ``M_MMAP_THRESHOLD`` / at the top of the heap a
 ``M_TRIM_THRESHOLD`` to the operating system. A DP-SGD step allocates and frees the same
 megabyte-sized activation and gradient buffers every lot, so by default every step pays fresh page
 faults for them (visible as high system time). Keeping freed memory in the heap removes that churn:
-steps of the paper's MNIST model ran about 20 % faster on the 2-core CPU of the README
+steps of the paper's MNIST model ran about 20 % faster on a 2-core AMD EPYC (docs/PERFORMANCE.md)
 (0.90 s vs 1.14 s for 100 lots, one thread). Opt out with ``DPSGD_TUNE_MALLOC=0``.
 
 Threads (``configure_threads``): torch starts one OpenMP worker per core, and a parallel region waits
-for its slowest worker, so one busy core (another process) stalls every step. On the 2-core CPU of the
-README, 100 DP-SGD lots of the paper's MNIST model (bench/bench_threads.py, results/bench_threads.csv,
+for its slowest worker, so one busy core (another process) stalls every step. On a 2-core Xeon
+(docs/PERFORMANCE.md), 100 DP-SGD lots of the paper's MNIST model (bench/bench_threads.py, results/bench_threads.csv,
 9 interleaved repetitions, medians of paired 2-thread/1-thread ratios) took 0.7x the time with 2
 threads when no competing process ran (0.218 s vs 0.312 s), but 8.2x (4.0–14.6) beside one competing
 CPU-bound process and 2.7x (0.8–37) beside two; when other users loaded the machine during the
