@@ -1,6 +1,19 @@
-"""The one error type for bad input: a configuration value, a command-line flag, a run directory that
-cannot be used. ``str(e)`` is one line naming the key; the command line prints it and exits with 2."""
+"""The errors a run ends with, each turned by the command line (launch.py) into one line on stderr and an
+exit code: bad input (2), divergence (1), an interrupting signal (128 + its number)."""
+import signal
 
 
 class ConfigError(ValueError):
-    """A bad configuration value; str(e) is one line naming the key."""
+    """A bad configuration value, flag or run directory; str(e) is one line naming the key."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C, SIGTERM or SIGHUP during training (the run's privacy.json says 'interrupted')."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.run_dir = signum, None
+
+
+class Diverged(RuntimeError):
+    """A non-finite loss or parameter stopped the run (status 'diverged', no model released)."""

@@ -23,11 +23,11 @@ import time
 from pathlib import Path
 
 from .checkpoint import check_resumable, load_checkpoint
-from .config import Config, ConfigError, check_run_dir, privacy_fingerprint, validate
+from .config import Config, check_run_dir, privacy_fingerprint, validate
 from .data import DataUnavailable, ensure_dataset
+from .errors import ConfigError, Diverged, Interrupted
 from .rundir import RunLock
 from .runtime import tune_allocator
-from .train import Diverged, Interrupted, train
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 _T0 = time.time()
@@ -198,7 +198,8 @@ def _fail(msg: str, code: int) -> None:
     raise SystemExit(code)
 
 
-def _task(cfg) -> None:
+def _task(train, cfg) -> None:
+    """One Hydra job: ``train`` (Algorithm 1) in the job's new folder, held locked from the start."""
     from hydra.core.hydra_config import HydraConfig
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
@@ -243,7 +244,8 @@ def _split_cli(args: list[str]) -> tuple[bool, list[str], list[str]]:
     return multirun, dirs, overrides
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(train, argv: list[str] | None = None) -> None:
+    """The command line around ``train(config, run_dir, overrides)`` (Algorithm 1, dpsgd/train.py)."""
     import hydra
     tune_allocator()  # speed only: glibc keeps per-step buffers instead of re-faulting them
     args = list(sys.argv[1:] if argv is None else argv)
@@ -265,10 +267,6 @@ def main(argv: list[str] | None = None) -> None:
         _fail(_one_line(e), 2)
     sys.argv = [sys.argv[0]] + args
     try:
-        hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(_task)()
+        hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(lambda cfg: _task(train, cfg))()
     except KeyboardInterrupt:
         _fail("interrupted by SIGINT", 128 + signal.SIGINT)
-
-
-if __name__ == "__main__":
-    main()

@@ -23,7 +23,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import launch
 from .checkpoint import PRIVACY
+from .errors import Diverged, Interrupted
 from .config import Config
 from .fileio import write_json
 from .report import epsilons, final_line, metrics_row, progress_line
@@ -53,18 +55,6 @@ def evaluate(model, X, y, batch_size: int) -> tuple[float, float]:
         correct += (out.argmax(1) == y[s:s + batch_size]).sum().item()
     model.train(was)
     return loss / max(1, len(X)), correct / max(1, len(X))
-
-
-class Interrupted(Exception):
-    """Ctrl-C, SIGTERM or SIGHUP during training (the run's privacy.json says 'interrupted')."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum, self.run_dir = signum, None
-
-
-class Diverged(RuntimeError):
-    """A non-finite loss or parameter stopped the run (status 'diverged', no model released)."""
 
 
 def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) -> dict:
@@ -195,6 +185,10 @@ def _signals_as_interrupts():
             signal.signal(s, h)
 
 
+def main(argv: list[str] | None = None) -> None:
+    """``python -m dpsgd.train ...``: the command line (launch.py) running Algorithm 1."""
+    launch.main(train, argv)
+
+
 if __name__ == "__main__":
-    from .launch import main
     main()

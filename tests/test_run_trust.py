@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dpsgd import launch as T
+from dpsgd import train as training
 from dpsgd import runstate
 from dpsgd.checkpoint import CheckpointError, MetricsWriter, load_checkpoint, save_checkpoint
 from dpsgd.fileio import atomic_write_bytes
@@ -40,12 +41,12 @@ def _fresh(run: Path, *extra: str) -> dict:
     """A finished tiny run in ``run`` (in-process, same code path as the CLI's)."""
     args = [*TINY, *extra]
     c = validate(T.compose(args))
-    return T.train(c, run, args)
+    return training.train(c, run, args)
 
 
 def _main(capsys, *argv) -> tuple[int, str]:
     with pytest.raises(SystemExit) as e:
-        T.main(list(argv))
+        training.main(list(argv))
     err = capsys.readouterr().err.strip()
     return e.value.code, err
 
@@ -55,7 +56,7 @@ def _train_cli(capsys, run: Path, *extra: str) -> tuple[int, str]:
     running Hydra's app in this process (its logging would outlive pytest's captured streams)."""
     args = [*TINY, *extra]
     with pytest.raises(SystemExit) as e:
-        T._run_or_exit(lambda: T.train(validate(T.compose(args)), run, args))
+        T._run_or_exit(lambda: training.train(validate(T.compose(args)), run, args))
     return e.value.code, capsys.readouterr().err.strip()
 
 
@@ -105,7 +106,7 @@ def test_resume_reads_its_checkpoint_not_hydra_files(finished, tmp_path, capsys)
     shutil.rmtree(run / ".hydra", ignore_errors=True)
     (run / ".hydra").mkdir()
     (run / ".hydra" / "overrides.yaml").write_text("- privacy.target_epsilon=null\n- accountant=pld\n")
-    T.main([f"resume={run}", "training.epochs=40"])
+    training.main([f"resume={run}", "training.epochs=40"])
     st = json.loads((run / "privacy.json").read_text())
     assert st["target_epsilon"] == 1.5 and st["accountant"] == "moments"
     assert st["stop_reason"] == "target_epsilon_reached" and st["epsilon"] <= 1.5
@@ -214,7 +215,7 @@ def test_seeded_replay_is_not_charged_twice_but_a_changed_engine_is(tmp_path, ch
     save_checkpoint(run, ck)
     (run / RESERVATIONS).write_text('{"upto": 16}\n{"upto": 22}\n')
     c, rd, rest = T.prepare_resume([f"resume={run}", "training.epochs=3", *change])
-    st = T.train(c, rd, rest)
+    st = training.train(c, rd, rest)
     assert _ledger_lots(st, ("lost",)) == charged
     assert _ledger_lots(st, ("sgd",)) == 30 and st["resumes"][-1]["lost_lots_charged"] == charged
 
@@ -323,7 +324,7 @@ def test_disk_errors_during_training_are_one_line(tmp_path, capsys, monkeypatch)
 def test_run_dir_with_a_quote_can_be_resumed(tmp_path, capsys):
     run = tmp_path / "it's a run"
     _fresh(run, "training.epochs=1")
-    T.main([f"resume={run}", "training.epochs=2"])
+    training.main([f"resume={run}", "training.epochs=2"])
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     assert [r["epoch"] for r in rows] == ["1", "2"]
 
