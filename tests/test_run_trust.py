@@ -175,6 +175,22 @@ def test_second_writer_is_refused_while_the_first_holds_the_run(finished, capsys
         os.close(fd)
 
 
+def test_resume_while_the_original_process_runs_is_refused(tmp_path, capsys):
+    """The finding this guards: both exited 0 and metrics.csv held duplicated, out-of-order rows."""
+    run = tmp_path / "run"
+    proc = _start([*TINY, "training.epochs=100000", f"hydra.run.dir={run}"], tmp_path)
+    try:
+        _wait_rows(run, 2, proc)
+        code, err = _main(capsys, f"resume={run}", "training.epochs=100001")
+        assert code == 2 and "another process is writing this run directory" in err, err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    epochs = [int(r["epoch"]) for r in csv.DictReader(open(run / "metrics.csv"))]
+    assert epochs == list(range(1, len(epochs) + 1))
+
+
 def test_run_lock_is_reentrant_and_released(tmp_path):
     with RunLock(tmp_path):
         with RunLock(tmp_path):
