@@ -119,11 +119,7 @@ def prepare(args: list[str], multirun: bool = False, search: list[str] = ()) -> 
     _fresh_dir("hydra.run.dir", Path(cfg.hydra.run.dir))
     with open_dict(cfg):
         del cfg["hydra"]          # resolved by Hydra itself at run time (hydra.job.num, ...)
-    c = validate(cfg)
-    try:
-        ensure_dataset(c.dataset.name, c.dataset.root, download=c.dataset.download)
-    except DataUnavailable as e:
-        raise ConfigError(str(e)) from None
+    _data_ready(validate(cfg))
     return args
 
 
@@ -147,11 +143,16 @@ def prepare_resume(args: list[str]) -> tuple[Config, Path, list[str]]:
     c = validate(compose(saved + rest), check_resume_dir=False)
     c.resume = str(rd)
     check_resumable(ckpt["fingerprint"], privacy_fingerprint(c))
+    _data_ready(c)
+    return c, rd, rest
+
+
+def _data_ready(c: Config) -> None:
+    """The run's dataset is in its data root (seeded or downloaded now, md5-verified), else ConfigError."""
     try:
         ensure_dataset(c.dataset.name, c.dataset.root, download=c.dataset.download)
     except DataUnavailable as e:
         raise ConfigError(str(e)) from None
-    return c, rd, rest
 
 
 def _discard_fresh_run_dir(run_dir: Path) -> None:
@@ -211,7 +212,7 @@ def _task(train, cfg) -> None:
                 c = validate(cfg)
                 if c.resume:
                     raise ConfigError("resume: resume a single run on its own: python -m dpsgd.train resume=<run dir>")
-                ensure_dataset(c.dataset.name, c.dataset.root, download=c.dataset.download)
+                _data_ready(c)
                 train(c, run_dir, overrides)
             except (ConfigError, DataUnavailable):
                 _discard_fresh_run_dir(run_dir)
