@@ -173,3 +173,22 @@ def test_requires_grad_change_after_build_is_refused(change):
     with pytest.raises(ValueError, match=r"^requires_grad changed for "
                                          + ("features.0.weight" if change == "unfreeze" else "classifier.1.bias")):
         clipper.clipped_sum(x, y)
+
+
+def test_bench_frozen_runs_end_to_end(tmp_path):
+    """The benchmark's protocol on tiny lots (timings are never asserted)."""
+    import csv
+
+    from bench import bench_frozen
+
+    out = tmp_path / "frozen.csv"
+    bench_frozen.main(["--lots", "4", "--reps", "2", "--warmup", "0", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert all(r.keys() == set(bench_frozen.COLUMNS) for r in rows)
+    assert [(r["method"], r["groups"]) for r in rows] == [
+        ("nonprivate", "0"), ("dpsgd_ghost_frozen", "3"), ("dpsgd_ghost_all", "5")]
+    assert rows[0]["ratio_to_nonprivate"] == "1.000" and rows[0]["lots_per_epoch"] == "12500"
+    for r in rows:
+        assert float(r["step_s_min"]) <= float(r["step_s"]) <= float(r["step_s_max"])
+        # N / L lots × the median step, both as printed (step to 1e-4 s, epoch to 0.1 s)
+        assert float(r["epoch_s"]) == pytest.approx(12500 * float(r["step_s"]), abs=12500 * 5e-5 + 0.05)
