@@ -5,6 +5,8 @@
 clipping="global": one norm over all trainable parameters. clipping="per_layer": each module that
 owns trainable parameters (e.g. weight + bias of one Linear) is clipped to C on its own, as in the
 paper's experiments; the k groups are then k tensors of one Gaussian mechanism (see the ledger).
+Frozen parameters (requires_grad=False, e.g. the pretrained convolutions of the paper's CIFAR-10
+experiment, §5.3) are no group and get no gradient: k counts trained modules only.
 No noise and no division here: the DP optimiser adds N(0, σ²C²) per group and divides by L.
 
 mode="vmap": torch.func per-example gradients (reference). mode="ghost": ghost norms +
@@ -56,6 +58,7 @@ class PerExampleClipper:
         names = [n for n, p in model.named_parameters() if p.requires_grad]
         if not names:
             raise ValueError("model has no trainable parameters (requires_grad=True)")
+        self.trainable = tuple(names)    # frozen (requires_grad=False): not clipped, not a group
         if clipping == "global":
             self.groups = [names]
         else:
@@ -86,6 +89,7 @@ class PerExampleClipper:
         ``grads`` are those tensors: no parameter-sized temporary and no extra pass."""
         if x.shape[0] != y.shape[0]:
             raise ValueError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
+        self._check_trainable()
         if x.shape[0] == 0:
             params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
             dtype = next(iter(params.values())).dtype
@@ -110,3 +114,14 @@ class PerExampleClipper:
         grads, loss_sum, norms = vmap_clipped_sum(self.model, x, y, self.groups, self.max_grad_norm,
                                                   chunk_bytes=self.budget, out=out)
         return ClipResult(grads, loss_sum, norms)
+
+    def _check_trainable(self) -> None:
+        """The groups (and k, which the accountant charges) were fixed from requires_grad when the
+        clipper was built; freezing or unfreezing a parameter afterwards would clip, and let the
+        optimiser noise and update, a set of parameters other than the one those groups describe."""
+        now = tuple(n for n, p in self.model.named_parameters() if p.requires_grad)
+        if now != self.trainable:
+            changed = sorted(set(now).symmetric_difference(self.trainable)) or ["(order)"]
+            raise ValueError(f"requires_grad changed for {', '.join(changed)} after the "
+                             "PerExampleClipper was built; freeze layers first, then build the "
+                             "clipper and the optimiser")

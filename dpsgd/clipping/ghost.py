@@ -75,6 +75,11 @@ class Capture:
     Only the gradient edge of the output is kept (not the output tensor), so outputs are freed
     as in a plain forward pass, and the gradient w.r.t. the module's output is exact even when a
     later operation modifies the output in place (e.g. ReLU(inplace=True)).
+
+    Hooks go on the layers only, i.e. on modules owning trainable parameters: a frozen module
+    (all parameters requires_grad=False) is neither hooked nor recorded, and its activations are
+    kept only if autograd needs them to reach a trainable layer below it. A layer whose weight is
+    frozen and bias trained records its input's batch size, not the input (``needs_input``).
     """
 
     def __init__(self, layers: list[_Layer]):
@@ -101,8 +106,12 @@ class Capture:
             a = args[0]
             if a.dim() == 0 or output.dim() == 0 or a.shape[0] != output.shape[0]:
                 raise Unsupported(f"module {self.layers[i].names} does not keep the batch in dimension 0")
+            layer = self.layers[i]
             edge = get_gradient_edge(output) if output.requires_grad else None
-            self.records[i] = (a, edge, a._version)
+            if edge is not None:
+                layer.check_input(a)
+            kept = a if layer.needs_input else None
+            self.records[i] = (kept, edge, a._version, a.shape[0])
         return hook
 
 
@@ -120,9 +129,9 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
     recs = capture.records
     order = [i for i in sorted(recs) if recs[i][1] is not None]
     for i in order:
-        if recs[i][0]._version != recs[i][2]:
+        if recs[i][0] is not None and recs[i][0]._version != recs[i][2]:
             raise Unsupported(f"the input of {layers[i].names} was modified in place")
-        if recs[i][0].shape[0] != x.shape[0]:
+        if recs[i][3] != x.shape[0]:
             raise Unsupported(f"module {layers[i].names} does not keep the batch in dimension 0")
     edges = [recs[i][1] for i in order]
     bs = torch.autograd.grad(total, edges, allow_unused=True, retain_graph=verify) if edges else []
@@ -143,8 +152,8 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
         if b is None:                            # output does not reach the loss: zero gradient
             continue
         p0 = getattr(layer.module, next(iter(layer.names)))
-        a = layer.prepare(recs[i][0])
-        if a.is_floating_point() and a.dtype != p0.dtype:
+        a = None if recs[i][0] is None else layer.prepare(recs[i][0])
+        if a is not None and a.is_floating_point() and a.dtype != p0.dtype:
             a = a.to(p0.dtype)
         if b.dtype != p0.dtype:
             b = b.to(p0.dtype)
@@ -182,7 +191,7 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
                                       "forward call (e.g. weight tying or functional use)")
     grads = {}
     # memory -> how many of the a's, b's and the input x use it
-    owners = Counter(_storage(t) for _, a, b, _ in work for t in (a, b))
+    owners = Counter(_storage(t) for _, a, b, _ in work for t in (a, b) if t is not None)
     owners[_storage(x)] += 1
     for layer, a, b, state in work:                # from here on: no Unsupported, writes into out
         f = {attr: cols[group_of[n]] for attr, n in layer.names.items()}

@@ -37,6 +37,15 @@ class _Layer:
         self.module = module
         self.names = names          # attribute ("weight", "bias", ...) -> full parameter name
 
+    @property
+    def needs_input(self) -> bool:
+        """Whether the rules read the input a: not when the weight is frozen (requires_grad=False)
+        and only the bias is trained, whose per-example gradient is b alone. Then a is not kept."""
+        return "weight" in self.names
+
+    def check_input(self, a: torch.Tensor) -> None:
+        """Raise Unsupported for an input these rules cannot handle (checked even when a is not kept)."""
+
     def prepare(self, a: torch.Tensor) -> torch.Tensor:
         return a
 
@@ -60,30 +69,30 @@ class _Layer:
 class LinearLayer(_Layer):
     def sq_norms(self, a, b, keep):
         out = {}
-        if a.dim() == 2:                                         # T = 1: (‖a_i‖ ‖b_i‖)²
+        if b.dim() == 2:                                         # T = 1: (‖a_i‖ ‖b_i‖)²
             nb = torch.linalg.vector_norm(b, dim=1)
             if "weight" in self.names:
                 out["weight"] = torch.linalg.vector_norm(a, dim=1).mul_(nb).square_()
             if "bias" in self.names:
                 out["bias"] = nb.square_()
             return out, None
-        A, Bm = a.flatten(1, -2), b.flatten(1, -2)               # [B, T, d], [B, T, p]
+        Bm = b.flatten(1, -2)                                    # [B, T, p]
         state = None
-        if "weight" in self.names:
-            out["weight"], state = _seq_sq_norms(A, Bm, keep)
+        if "weight" in self.names:                               # a: [B, T, d]
+            out["weight"], state = _seq_sq_norms(a.flatten(1, -2), Bm, keep)
         if "bias" in self.names:
             out["bias"] = _sq(Bm.sum(1))
         return out, state
 
     def kept_bytes(self, a, b):
-        if a.dim() == 2 or "weight" not in self.names:
+        if "weight" not in self.names or a.dim() == 2:
             return 0
         return a.shape[0] * a.shape[-1] * b.shape[-1] * b.element_size()
 
     def clipped_sum(self, a, b, state, factors, own_b=False, out=None):
         out = out or {}
         grads = {}
-        if a.dim() == 2:
+        if b.dim() == 2:
             if "bias" in self.names:                             # before b may be rescaled
                 grads["bias"] = _mv(b.t(), factors["bias"], out.get("bias"))
             if "weight" in self.names:                           # (c ⊙ b)ᵀ a: scale the smaller,
@@ -99,10 +108,11 @@ class LinearLayer(_Layer):
                         lhs, rhs = b.t(), a * f
                     grads["weight"] = _mm(lhs, rhs, out.get("weight"))
             return grads
-        A, Bm = a.flatten(1, -2), b.flatten(1, -2)
+        Bm = b.flatten(1, -2)
         if "bias" in self.names:
             grads["bias"] = _mv(Bm.sum(1).t(), factors["bias"], out.get("bias"))
         if "weight" in self.names:
+            A = a.flatten(1, -2)
             if state is not None:                                # reuse explicit b_iᵀ a_i
                 grads["weight"] = _acc(torch.tensordot(factors["weight"], state, dims=1), out.get("weight"))
             else:
@@ -146,11 +156,14 @@ class Conv2dLayer(_Layer):
         self.by_rows = m.groups == 1 and m.in_channels >= 16       # `_row_products`, else grouped conv
         self.padding = [0, 0] if self.explicit_pad else list(m.padding)
 
-    def prepare(self, a):
-        m = self.module
+    def check_input(self, a):
         if a.dim() != 4:
             raise Unsupported(f"Conv2d '{self.names}' got input of shape {list(a.shape)}; "
                               "the ghost engine needs batched [B, C, H, W] input")
+
+    def prepare(self, a):
+        m = self.module
+        self.check_input(a)
         if self.explicit_pad:
             mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
             a = F.pad(a, m._reversed_padding_repeated_twice, mode=mode)
@@ -283,6 +296,8 @@ def _sq(t: torch.Tensor) -> torch.Tensor:
 
 class GenericLayer(_Layer):
     """Any other leaf module with parameters: per-example grads by vmap over vjp of the module."""
+
+    needs_input = True                   # the module's vjp at a, whatever it trains
 
     def kept_bytes(self, a, b):
         return 0
