@@ -355,6 +355,11 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     return c
 
 
+def override_key(a: str) -> str:
+    """The config key of a command-line override, whatever its spelling (key=, +key=, ++key=, ~key)."""
+    return a.split("=", 1)[0].lstrip("+~").strip()
+
+
 def check_run_dir(path: str) -> Path:
     """A directory holding a dpsgd run (privacy.json or checkpoint.pt), else ConfigError."""
     rd = Path(path)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .checkpoint import check_resumable, load_checkpoint
-from .config import Config, check_run_dir, privacy_fingerprint, validate
+from .config import Config, check_run_dir, override_key, privacy_fingerprint, validate
 from .data import DataUnavailable, ensure_dataset
 from .errors import ConfigError, Diverged, Interrupted
 from .rundir import RunLock
@@ -61,16 +61,11 @@ _HYDRA_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.
 _HYDRA_PREFIXES = ("hydra.launcher.", "hydra.sweeper.", "hydra/launcher", "hydra/sweeper")
 
 
-def _key(a: str) -> str:
-    """The config key of an override, whatever its spelling (+key, ++key, ~key)."""
-    return a.split("=", 1)[0].lstrip("+~").strip()
-
-
 def _check_overrides(overrides: list[str], resume: bool) -> None:
     """Refuse Hydra overrides that could write outside a fresh run directory (or anything of Hydra's
     on resume, which runs without Hydra)."""
     for a in overrides:
-        k = _key(a)
+        k = override_key(a)
         if not (k.startswith("hydra.") or k.startswith("hydra/")):
             continue
         if resume:
@@ -103,7 +98,7 @@ def prepare(args: list[str], multirun: bool = False, search: list[str] = ()) -> 
     ``.hydra`` files into its own new folder.
     """
     from omegaconf import OmegaConf, open_dict
-    if any(_key(a) == "resume" for a in args):
+    if any(override_key(a) == "resume" for a in args):
         raise ConfigError("resume: resume a single run on its own: python -m dpsgd.train resume=<run dir> "
                           "[key=value ...]")
     _check_overrides(args, resume=False)
@@ -131,15 +126,15 @@ def prepare_resume(args: list[str]) -> tuple[Config, Path, list[str]]:
     applied after them. Privacy-relevant values (the fingerprint: σ, C, L, δ, the target ε, the
     accountant, the convention, ...) cannot change.
     """
-    resume = [a for a in args if _key(a) == "resume"]
-    rest = [a for a in args if _key(a) != "resume"]
+    resume = [a for a in args if override_key(a) == "resume"]
+    rest = [a for a in args if override_key(a) != "resume"]
     _check_overrides(rest, resume=True)
     rd = check_run_dir(resume[-1].split("=", 1)[1].strip().strip("'\"")).resolve()
     ckpt = load_checkpoint(rd)
     if ckpt is None:
         raise ConfigError(f"resume={rd}: no checkpoint.pt (the run stopped before its first checkpoint); "
                           "start a new run")
-    saved = [o for o in ckpt["overrides"] if _key(o) != "resume"]
+    saved = [o for o in ckpt["overrides"] if override_key(o) != "resume"]
     c = validate(compose(saved + rest), check_resume_dir=False)
     c.resume = str(rd)
     check_resumable(ckpt["fingerprint"], privacy_fingerprint(c))
@@ -257,7 +252,7 @@ def main(train, argv: list[str] | None = None) -> None:
     try:
         multirun, dirs, overrides = _split_cli(args)
         search = [f"hydra.searchpath=[{','.join('file://' + str(Path(d).resolve()) for d in dirs)}]"] if dirs else []
-        if any(_key(a) == "resume" for a in overrides) and not multirun and not dirs:
+        if any(override_key(a) == "resume" for a in overrides) and not multirun and not dirs:
             def resume():
                 c, rd, rest = prepare_resume(overrides)
                 train(c, rd, rest)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .checkpoint import CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, load_checkpoint, save_checkpoint
-from .config import Config, ConfigError, build_model, privacy_fingerprint
+from .config import Config, ConfigError, build_model, override_key, privacy_fingerprint
 from .data import DATASETS, load_dataset
 from .fileio import atomic_write_text, plain, write_json
 from .report import COLUMNS, epsilons, privacy_statement
@@ -189,7 +189,8 @@ def _restore(run: Run, ckpt: dict) -> int:
     run.sampler.load_state_dict(ckpt["sampler"])
     run.dp.noise.load_state_dict(ckpt["noise"])
     run.epoch, run.steps, run.wall_before = ckpt["epoch"], ckpt["steps"], ckpt["wall_time_s"]
-    run.overrides = list(ckpt["overrides"]) + [o for o in run.overrides if o not in ckpt["overrides"]]
+    new_keys = {override_key(o) for o in run.overrides}        # a new value replaces the saved one
+    run.overrides = [o for o in ckpt["overrides"] if override_key(o) not in new_keys] + list(run.overrides)
     lost = max(0, (run.reservations.reserved() or 0) - run.steps)
     if not (lost and p.private and (p.secure_rng or ckpt["replay"] != replay_key(run.c, run.device))):
         lost = 0

@@ -351,3 +351,13 @@ def test_resume_without_checkpoint_is_refused(tmp_path, capsys):
     (run / "privacy.json").write_text('{"status": "running"}')
     code, err = _main(capsys, f"resume={run}")
     assert code == 2 and "no checkpoint.pt" in err
+
+
+def test_each_resume_replaces_the_overrides_it_changes(tmp_path):
+    run = tmp_path / "run"
+    _fresh(run, "training.epochs=1")
+    for e in (2, 3):
+        training.main([f"resume={run}", f"training.epochs={e}"])
+    ov = load_checkpoint(run)["overrides"]
+    assert [o for o in ov if o.startswith("training.epochs=")] == ["training.epochs=3"]
+    assert [r["epoch"] for r in csv.DictReader(open(run / "metrics.csv"))] == ["1", "2", "3"]
