@@ -31,7 +31,7 @@ from .accountant import _checks as acc_limits
 from .clipping.clip import CLIPPINGS, MODES
 from .data import DATASETS, input_shape
 from .errors import ConfigError
-from .models import INITS, MODELS
+from .models import INITS, MODELS, NORMS
 from .pca import PROJECTIONS
 from .sampling import SAMPLERS
 
@@ -52,12 +52,13 @@ class DatasetConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "mlp"                  # mlp | cnn
+    name: str = "mlp"                  # mlp | cnn | tanh_cnn
     hidden: list[int] = field(default_factory=lambda: [1000])
     bias: bool = False
     projection: str = "pca"            # pca | random | none
     pca_dims: int = 60                 # 0 = no projection
     init: str = "paper"                # paper (original code: truncated normal, std 1/sqrt(fan_in)) | torch
+    norm: str = "none"                 # none | group: GroupNorm after each convolution (tanh_cnn)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class PrivacyConfig:
     target_epsilon: float | None = None
     physical_batch_size: int | None = None   # None: the whole lot in one forward/backward
     pca_fraction: float = 1.0          # DP-PCA sampling rate
+    augment_multiplicity: int = 1      # K augmented copies per example, averaged before clipping
 
 
 @dataclass
@@ -95,6 +97,7 @@ class TrainingConfig:
     eval_every: int = 1
     eval_batch_size: int = 10000
     checkpoint_every: int = 1          # epochs; 0 = only at the end
+    ema_decay: float | None = None     # EMA of the weights (evaluated and released); None = off
 
 
 @dataclass
@@ -124,6 +127,7 @@ CHOICES = {   # each list is defined once, where the choice is implemented
     "model.name": sorted(MODELS),
     "model.projection": sorted(PROJECTIONS),
     "model.init": sorted(INITS),
+    "model.norm": sorted(NORMS),
     "privacy.clipping": sorted(CLIPPINGS),
     "privacy.convention": sorted(CONVENTIONS),
     "privacy.sampling": sorted(SAMPLERS),
@@ -256,6 +260,15 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
                               f"{d.name} gives {'x'.join(map(str, shape))}")
         if m.projection != "none":
             raise ConfigError(f"model.projection={m.projection}: the cnn model takes images; use none")
+    _choice("model.norm", m.norm)
+    if m.name == "tanh_cnn":
+        if d.name not in ("mnist", "fashion_mnist"):
+            raise ConfigError(f"model.name=tanh_cnn: needs 1x28x28 images (mnist, fashion_mnist), {d.name} "
+                              f"gives {'x'.join(map(str, shape))}")
+        if m.projection != "none":
+            raise ConfigError(f"model.projection={m.projection}: the tanh_cnn model takes images; use none")
+    elif m.norm != "none":
+        raise ConfigError(f"model.norm={m.norm}: only model.name=tanh_cnn has a normalisation option")
     _check_model(c, shape)
 
     # privacy
@@ -303,6 +316,7 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     p.physical_batch_size = _num("privacy.physical_batch_size", p.physical_batch_size, integer=True,
                                  optional=True, lo=1, hi=N)
     p.pca_fraction = _num("privacy.pca_fraction", p.pca_fraction, lo=acc_limits.Q_MIN, hi=1)
+    p.augment_multiplicity = _num("privacy.augment_multiplicity", p.augment_multiplicity, integer=True, lo=1)
 
     # accountant
     _choice("accountant.name", a.name)
@@ -334,6 +348,7 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     n_eval = max(N, DATASETS[d.name][2])
     t.eval_batch_size = _num("training.eval_batch_size", t.eval_batch_size, integer=True, lo=1, hi=n_eval)
     t.checkpoint_every = _num("training.checkpoint_every", t.checkpoint_every, integer=True, lo=0)
+    t.ema_decay = _num("training.ema_decay", t.ema_decay, optional=True, lo=0, lo_open=True, hi=1, hi_open=True)
 
     # top level
     c.seed = _num("seed", c.seed, integer=True, lo=0)
@@ -392,14 +407,18 @@ def build_model(m: ModelConfig, shape, classes: int):
     """The network of ``model.*`` for inputs of ``shape`` (after any projection)."""
     in_features = m.pca_dims if m.projection != "none" else math.prod(shape)
     return MODELS[m.name](in_features=in_features, hidden=tuple(m.hidden), num_classes=classes, bias=m.bias,
-                          init=m.init)
+                          init=m.init, norm=m.norm)
 
 
 def privacy_fingerprint(c: Config) -> dict:
     """The values a resumed run must share with the original (refused otherwise): everything the
     privacy claim depends on, the target ε and the accountant that enforces it included."""
     d, m, p = c.dataset, c.model, c.privacy
-    return {
+    # keys added after format version 2 appear only when set, so runs checkpointed before them resume
+    later = {k: v for k, v, off in (("model.norm", m.norm, "none"),
+                                    ("privacy.augment_multiplicity", p.augment_multiplicity, 1),
+                                    ("training.ema_decay", c.training.ema_decay, None)) if v != off}
+    return later | {
         "dataset.name": d.name, "dataset.subset": d.subset, "dataset.crop": d.crop,
         "model.name": m.name, "model.hidden": list(m.hidden), "model.bias": m.bias,
         "model.projection": m.projection, "model.pca_dims": m.pca_dims, "model.init": m.init,

@@ -5,6 +5,9 @@
 - CIFAR-10 (paper §5.3): 24×24×3 crops, two 5×5×64 convolutions (stride 1, ReLU, 2×2 max-pool),
   two fully connected layers of 384 ReLU units and a softmax layer ("SAME" padding, as in the
   TensorFlow CIFAR tutorial model the paper starts from: 24 → 12 → 6).
+- Beyond the paper, MNIST / Fashion-MNIST end to end: `TanhCNN`, the CNN with tanh ("tempered
+  sigmoid") activations of Papernot et al. 2021 (arXiv 2007.14191) in the layout of Tramèr & Boneh
+  2021 (arXiv 2011.11660, ftramer/Handcrafted-DP `models.py:MNIST_CNN`), optionally with GroupNorm.
 
 `check_dp_compatible` refuses layers that mix examples: per-example sensitivity (the C in
 Algorithm 1) only holds if example i's gradient depends on example i alone.
@@ -87,10 +90,51 @@ class CifarCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
+class TanhCNN(nn.Module):
+    """End-to-end CNN for 1×28×28 images with tanh activations (Papernot et al. 2021; the MNIST /
+    Fashion-MNIST network of Tramèr & Boneh 2021, ftramer/Handcrafted-DP ``MNIST_CNN``):
+
+        conv 16 8×8 stride 2 pad 2 → tanh → maxpool 2 stride 1      28 → 13 → 12
+        conv 32 4×4 stride 2       → tanh → maxpool 2 stride 1      12 →  5 →  4
+        flatten 512 → linear 32 → tanh → linear 10
+
+    ``norm="group"`` puts a GroupNorm (NORM_GROUPS groups, affine) after each convolution, before its
+    tanh (not in Tramèr & Boneh's end-to-end net; GroupNorm normalises each example on its own, so
+    per-example clipping stays exact; the ghost engine has a rule for it)."""
+
+    NORM_GROUPS = 4
+
+    def __init__(self, num_classes: int = 10, bias: bool = True, init: str = "torch", norm: str = "none"):
+        super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"model.norm={norm!r}: must be one of {list(NORMS)}")
+
+        def block(cin, cout, k, stride, pad):
+            conv = nn.Conv2d(cin, cout, kernel_size=k, stride=stride, padding=pad, bias=bias)
+            gn = [nn.GroupNorm(self.NORM_GROUPS, cout)] if norm == "group" else []
+            return [conv, *gn, nn.Tanh(), nn.MaxPool2d(2, stride=1)]
+
+        self.features = nn.Sequential(*block(1, 16, 8, 2, 2), *block(16, 32, 4, 2, 0))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(32 * 4 * 4, 32, bias=bias), nn.Tanh(),
+                                        nn.Linear(32, num_classes, bias=bias))
+        init_weights(self, init)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[1] == 28 * 28:
+            x = x.view(-1, 1, 28, 28)
+        if x.shape[1:] != (1, 28, 28):
+            raise ValueError(f"TanhCNN expects input of shape [B, 1, 28, 28], got {list(x.shape)}")
+        return self.classifier(self.features(x))
+
+
 INITS = ("paper", "torch")
+NORMS = ("none", "group")    # model.norm: normalisation after the convolutions (tanh_cnn)
 MODELS = {   # model.name -> network for (input features after any projection, hidden widths, classes)
-    "mlp": lambda in_features, hidden, num_classes, bias, init: MLP(in_features, hidden, num_classes, bias, init),
-    "cnn": lambda in_features, hidden, num_classes, bias, init: CifarCNN(num_classes, bias, init),
+    "mlp": lambda in_features, hidden, num_classes, bias, init, **_: MLP(in_features, hidden, num_classes,
+                                                                         bias, init),
+    "cnn": lambda in_features, hidden, num_classes, bias, init, **_: CifarCNN(num_classes, bias, init),
+    "tanh_cnn": lambda in_features, hidden, num_classes, bias, init, norm="none", **_:
+        TanhCNN(num_classes, bias, init, norm),
 }
 
 

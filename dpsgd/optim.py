@@ -10,6 +10,12 @@ The sum is divided by the *expected* lot size L, never by the realised Poisson l
 (dividing by |L_t| would make the sensitivity depend on the data). An empty lot still takes a step:
 the noise alone, divided by L.
 
+Augmentation multiplicity (De et al. 2022, arXiv 2204.13650): with K > 1 each example of the lot
+is replaced by K augmented copies (``augment(x, generator)``, an independent random draw per row),
+and the per-example gradient that is clipped is the mean over its copies, g(x_i) = (1/K) Σ_k
+∇ℓ(θ, aug_k(x_i)): averaged *before* clipping, so example i still adds one vector of norm ≤ C and
+the sensitivity, the noise σC and the accounting are those of K = 1. K = 1 is the plain step.
+
 The noise scale is σ·C where C is the clipping bound the privacy analysis uses; it is passed here
 explicitly so that a deliberately broken mechanism (clipping disabled in the clipper, used by the
 audit) still adds the noise it claims.
@@ -25,7 +31,8 @@ class DPSGD:
     """Noisy SGD on top of a per-example clipping engine (``dpsgd.clipping.PerExampleClipper``)."""
 
     def __init__(self, model: torch.nn.Module, clipper, noise: GaussianNoise, sigma: float,
-                 max_grad_norm: float, expected_lot_size: float, lr: float):
+                 max_grad_norm: float, expected_lot_size: float, lr: float,
+                 augment_multiplicity: int = 1, augment=None, augment_generator=None):
         if sigma < 0:
             raise ValueError(f"privacy.sigma={sigma!r} must be >= 0")
         if not max_grad_norm > 0:
@@ -40,6 +47,18 @@ class DPSGD:
         self.L = float(expected_lot_size)
         self.lr = float(lr)
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        K = augment_multiplicity
+        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+            raise ValueError(f"privacy.augment_multiplicity={K!r} must be an integer >= 1")
+        self.K = K
+        self.augment = augment                     # augment(x, generator) -> x, per-row random
+        self.augment_generator = augment_generator
+
+    def _rows(self, xb: torch.Tensor) -> torch.Tensor:
+        """The K augmented copies of each example of a physical batch, consecutive: [B·K, ...]."""
+        if self.K > 1:
+            xb = xb.repeat_interleave(self.K, 0)
+        return xb if self.augment is None else self.augment(xb, self.augment_generator)
 
     def set_lr(self, lr: float) -> None:
         self.lr = float(lr)
@@ -68,7 +87,10 @@ class DPSGD:
         for start in range(0, len(x), physical_batch_size):
             xb, yb = ((x, y) if physical_batch_size >= len(x) else
                       (x[start:start + physical_batch_size], y[start:start + physical_batch_size]))
-            res = self.clipper.clipped_sum(xb, yb, out=total)
+            if self.K > 1 or self.augment is not None:
+                res = self.clipper.clipped_sum(self._rows(xb), yb, out=total, multiplicity=self.K)
+            else:
+                res = self.clipper.clipped_sum(xb, yb, out=total)
             total = res.grads
             loss_sum = res.loss_sum if loss_sum is None else loss_sum + res.loss_sum
         if total is None:                  # empty lot: the step is the noise alone

@@ -178,7 +178,10 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
             f"group's sum, divided by the expected lot size L={p.lot_size}"
             + (f"; DP-PCA (§4) to {c.model.pca_dims} dims: one Gaussian release of the sum of x xᵀ over "
                f"unit-norm images (sensitivity 1), σ_p={p.sigma_p}, sampling rate {p.pca_fraction}"
-               if c.model.projection == "pca" else ""))
+               if c.model.projection == "pca" else "")
+            + (f"; augmentation multiplicity K={p.augment_multiplicity} (De et al. 2022): the gradients of an "
+               "example's K augmented copies are averaged before clipping, so its contribution still has "
+               "norm ≤ C and the sensitivity is unchanged" if p.augment_multiplicity > 1 else ""))
     st["sampling"] = {
         "name": sampler.name, "N": sampler.N, "L": sampler.L, "q": sampler.q,
         "lots_per_epoch": sampler.lots_per_epoch(), "adjacency": sampler.adjacency,
@@ -211,6 +214,12 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
     st["ledger"] = ledger.to_dict() if ledger is not None else None
     st["config_fingerprint"], st["config_hash"] = fp, fingerprint_hash(fp)
     st["resumes"] = run.resumes
+    ema = c.training.ema_decay
+    st["weights"] = {   # which weights the accuracies in metrics.csv and the released model are
+        "evaluated": "ema" if ema else "final", "ema_decay": ema,
+        "released": ("checkpoint.pt: ema (the EMA of the iterates, post-processing: no privacy cost)"
+                     if ema else "checkpoint.pt: model"),
+    }
     return st
 
 

@@ -71,6 +71,7 @@ class Run:
     steps: int = 0
     budget: int | None = None    # charges (lots; for shuffle, epochs) that still fit within the target ε
     resumes: list = field(default_factory=list)
+    ema: object = None           # ema.EMA of the weights (training.ema_decay), or None
     wall_before: float = 0.0
     eps: dict = field(default_factory=dict)
     t_start: float = field(default_factory=time.time)
@@ -97,6 +98,7 @@ class Run:
             "fingerprint": privacy_fingerprint(self.c), "overrides": list(self.overrides),
             "replay": replay_key(self.c, self.device),
             "wall_time_s": self.wall_before + time.time() - self.t_start, "resumes": plain(self.resumes),
+            "ema": None if self.ema is None else self.ema.state_dict(),   # the released model when on
             "statement": plain(self.statement(status or ("complete" if complete else "running"), stop_reason)),
         })
         self.reservations.clear()   # the checkpoint's ledger covers every lot reserved so far
@@ -146,11 +148,14 @@ def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run | dict:
                                             else derive_seed(c.seed, "noise"))
     noise = GaussianNoise(seed=noise_seed, secure=p.secure_rng, device=device)
     dp = DPSGD(model, clipper, noise, sigma=p.sigma if p.private else 0.0, max_grad_norm=p.clip_norm,
-               expected_lot_size=p.lot_size, lr=t.lr)
+               expected_lot_size=p.lot_size, lr=t.lr, augment_multiplicity=p.augment_multiplicity)
     sampler = make_sampler(p.sampling, len(Xtr), p.lot_size,
                            torch.Generator().manual_seed(derive_seed(c.seed, "sampler", p.secure_rng)))
     run = Run(c, run_dir, overrides, device, tuple(a.to(device) for a in (Xtr, ytr, Xte, yte)), V, model,
               clipper, dp, sampler, ledger, None, LotReservations(run_dir), runtime)
+    if t.ema_decay is not None:
+        from .ema import EMA
+        run.ema = EMA(model, t.ema_decay)
     lost = _restore(run, ckpt) if ckpt is not None else 0
     run.budget = _budget(run, resumed=ckpt is not None)
     run.writer = MetricsWriter(run_dir, COLUMNS, ckpt["rows"] if ckpt is not None else [])
@@ -188,6 +193,8 @@ def _restore(run: Run, ckpt: dict) -> int:
     p = run.c.privacy
     run.sampler.load_state_dict(ckpt["sampler"])
     run.dp.noise.load_state_dict(ckpt["noise"])
+    if run.ema is not None:     # training.ema_decay is in the fingerprint: the checkpoint has the EMA
+        run.ema.load_state_dict(ckpt["ema"])
     run.epoch, run.steps, run.wall_before = ckpt["epoch"], ckpt["steps"], ckpt["wall_time_s"]
     new_keys = {override_key(o) for o in run.overrides}        # a new value replaces the saved one
     run.overrides = [o for o in ckpt["overrides"] if override_key(o) not in new_keys] + list(run.overrides)

@@ -8,6 +8,7 @@
         stop before a lot that would pass max_steps or the target ε          (should_stop)
         g̃_t ← (Σ_i clip_C(∇ℓ(θ, x_i)) + N(0, σ²C² I)) / L ;  θ ← θ − η_t g̃_t   (dp.step)
         record the release (q, σ) in the ledger                             (ledger.record)
+        θ̄ ← β θ̄ + (1 − β) θ   when training.ema_decay = β (post-processing)  (ema.update)
     end of epoch: evaluate, ε under every accountant, one metrics.csv row, privacy.json, checkpoint
 
 Everything is written into the run directory, atomically, by one process at a time (rundir.RunLock).
@@ -17,7 +18,7 @@ from __future__ import annotations
 import math
 import signal
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -138,6 +139,8 @@ def run_epoch(run: Run):
             run.ledger.record(q=charge[0], sigma=charge[1], count=1, groups=run.k, label="sgd")
             if run.budget is not None:
                 run.budget -= 1
+        if run.ema is not None:
+            run.ema.update(run.model)
         run.steps, lots = run.steps + 1, lots + 1
         loss_sum, seen = loss_sum + out["loss_sum"], seen + out["lot_size"]
     return None, lots, loss_sum, seen
@@ -152,7 +155,8 @@ def end_of_epoch(run: Run, stop_reason, lr: float, lot_loss: float, t_epoch: flo
              or (run.budget is not None and run.budget <= 0))
     Xtr, ytr, Xte, yte = run.data
     if (run.epoch % t.eval_every == 0 or final) and stop_reason != "diverged":
-        ev = evaluate(run.model, Xtr, ytr, t.eval_batch_size) + (evaluate(run.model, Xte, yte, t.eval_batch_size)[1],)
+        with run.ema.applied(run.model) if run.ema is not None else nullcontext(run.model) as model:
+            ev = evaluate(model, Xtr, ytr, t.eval_batch_size) + (evaluate(model, Xte, yte, t.eval_batch_size)[1],)
     else:
         ev = (math.nan, math.nan, math.nan)
     now = time.time()

@@ -14,6 +14,15 @@ book-keeping (ghost.py), never materialising per-example gradients of Linear/Con
 per-module vmap for other parameter layers. mode="auto": ghost whenever the model's structure
 allows it (checked once, on the first non-empty batch, against plain autograd), else vmap.
 
+Augmentation multiplicity (De et al. 2022, arXiv 2204.13650, §"augmentation multiplicity"):
+``clipped_sum(x, y, multiplicity=K)`` takes K augmented copies of each example (B·K rows of x, the
+copies of example i consecutive; B labels) and clips, per example, the gradient of the mean loss
+over its K copies: g_i = (1/K) Σ_k ∇ℓ(θ, x_ik), averaged *before* clipping. Example i still
+contributes one vector of norm ≤ C, whatever its copies, so the sensitivity of Σ_i clip(g_i), and
+with it the accounting, is unchanged. Both engines implement it exactly (ghost: each layer rule sums
+an example's K rows before the norm; vmap: the per-example loss is the mean over the copies);
+K = 1 runs the unchanged code.
+
 memory_budget_bytes bounds per-example tensors held at once: the vmap path's chunk of
 per-example gradients, and the ghost path's explicit per-example products kept for reuse
 (beyond it, norms are formed in chunks and the clipped sum by book-keeping: same result).
@@ -83,12 +92,19 @@ class PerExampleClipper:
         self._verified = self.mode == "vmap"
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor,
-                    out: dict[str, torch.Tensor] | None = None) -> ClipResult:
+                    out: dict[str, torch.Tensor] | None = None, multiplicity: int = 1) -> ClipResult:
         """Σ_i clip(g_i) for one physical batch. With ``out`` (a tensor per trainable parameter, e.g.
         the sum over the lot's earlier physical batches), the sum is added into it in place and
-        ``grads`` are those tensors: no parameter-sized temporary and no extra pass."""
-        if x.shape[0] != y.shape[0]:
-            raise ValueError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
+        ``grads`` are those tensors: no parameter-sized temporary and no extra pass.
+
+        ``multiplicity`` K: x holds K augmented copies per example (B·K rows), y the B labels; see
+        the module docstring. ``norms`` and ``loss_sum`` are per example (loss: mean over copies)."""
+        K = multiplicity
+        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+            raise ValueError(f"multiplicity={K!r} must be an integer >= 1")
+        if x.shape[0] != y.shape[0] * K:
+            raise ValueError(f"x has {x.shape[0]} rows but y has {y.shape[0]} examples"
+                             + (f" × multiplicity {K}" if K > 1 else ""))
         self._check_trainable()
         if x.shape[0] == 0:
             params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
@@ -103,7 +119,8 @@ class PerExampleClipper:
                 with ieee_float32(not self._verified):
                     grads, loss_sum, norms = ghost_clipped_sum(
                         self.model, self._layers, x, y, self.groups, self.max_grad_norm,
-                        verify=not self._verified, budget_bytes=self.budget, out=out)
+                        verify=not self._verified, budget_bytes=self.budget, out=out,
+                        multiplicity=K)
                 self._verified = True
                 return ClipResult(grads, loss_sum, norms)
             except Unsupported as e:
@@ -112,7 +129,7 @@ class PerExampleClipper:
                 warnings.warn(f"ghost clipping unavailable ({e}); falling back to vmap", stacklevel=2)
                 self.mode = "vmap"
         grads, loss_sum, norms = vmap_clipped_sum(self.model, x, y, self.groups, self.max_grad_norm,
-                                                  chunk_bytes=self.budget, out=out)
+                                                  chunk_bytes=self.budget, out=out, multiplicity=K)
         return ClipResult(grads, loss_sum, norms)
 
     def _check_trainable(self) -> None:

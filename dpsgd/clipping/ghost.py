@@ -16,8 +16,14 @@ T = sequence length, or the number of output pixels of a Conv2d after unfolding 
 One forward pass records each layer's input a and the autograd edge of its output; one
 ``torch.autograd.grad`` call returns only the gradients w.r.t. those outputs (autograd never forms
 the weight gradients). A first call is checked once against plain autograd (engine.py).
-Parameter-bearing leaf modules other than Linear/Conv2d (LayerNorm, Embedding, ...) get their
-per-example gradients from ``vmap`` over that module alone, using the same a and b (hybrid).
+GroupNorm has its own exact rule (layers.py). Parameter-bearing leaf modules other than
+Linear/Conv2d/GroupNorm (LayerNorm, Embedding, ...) get their per-example gradients from ``vmap``
+over that module alone, using the same a and b (hybrid).
+
+Augmentation multiplicity K (De et al. 2022): x holds B·K rows, example i's K augmented copies in
+rows iK .. iK+K−1, and y holds B labels. The loss is Σ_i (1/K) Σ_k ℓ(θ, x_ik), so b carries the
+1/K; each layer rule sums an example's K rows before its norm (layers.py), and the clipped sum
+repeats the example's factor over its rows. One forward and one backward pass over B·K rows.
 """
 from __future__ import annotations
 
@@ -28,14 +34,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from .layers import Conv2dLayer, GenericLayer, LinearLayer, Unsupported, _Layer
+from .layers import Conv2dLayer, GenericLayer, GroupNormLayer, LinearLayer, Unsupported, _Layer
 from .clip import clip_factors
 
 DEFAULT_BUDGET_BYTES = 64 * 2**20    # per-example products kept in memory for reuse, all layers
 
 
 def build_layers(model: nn.Module) -> tuple[list[_Layer], bool]:
-    """Layers for every module owning trainable parameters; (layers, all Linear/Conv2d).
+    """Layers for every module owning trainable parameters; (layers, all Linear/Conv2d/GroupNorm).
 
     Raises Unsupported when a module owns parameters and also has submodules (its forward may use
     its parameters in any way), or when a parameter is shared between modules.
@@ -56,6 +62,8 @@ def build_layers(model: nn.Module) -> tuple[list[_Layer], bool]:
             layers.append(LinearLayer(m, names))
         elif isinstance(m, nn.Conv2d) and type(m).forward is nn.Conv2d.forward:
             layers.append(Conv2dLayer(m, names))
+        elif isinstance(m, nn.GroupNorm) and type(m).forward is nn.GroupNorm.forward:
+            layers.append(GroupNormLayer(m, names))
         elif next(m.children(), None) is None:
             layers.append(GenericLayer(m, names))
             native = False
@@ -117,15 +125,23 @@ class Capture:
 
 @torch.no_grad()                     # only the forward pass records a graph (enable_grad below)
 def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool = False,
-                      budget_bytes: int = DEFAULT_BUDGET_BYTES, out: dict | None = None):
+                      budget_bytes: int = DEFAULT_BUDGET_BYTES, out: dict | None = None,
+                      multiplicity: int = 1):
     """Σ_i clip(g_i) by ghost norms + book-keeping. Returns (grads by name, loss_sum, norms [B, k]).
+
+    With ``multiplicity`` K > 1, x has B·K rows (K augmented copies per example, consecutive) and
+    g_i is the gradient of the mean loss over example i's copies.
 
     With ``out`` (a tensor per parameter name) the sums are accumulated into it in place. Every
     Unsupported is raised before the first write into ``out``, so a caller may fall back to vmap."""
     capture = Capture(layers)
     with torch.enable_grad(), capture:
         logits = model(x)
-        total = F.cross_entropy(logits, y, reduction="sum")
+        K = multiplicity
+        if K == 1:
+            total = F.cross_entropy(logits, y, reduction="sum")
+        else:                                    # Σ_i mean_k ℓ(θ, x_ik)
+            total = F.cross_entropy(logits, y.repeat_interleave(K), reduction="sum") / K
     recs = capture.records
     order = [i for i in sorted(recs) if recs[i][1] is not None]
     for i in order:
@@ -143,7 +159,7 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
         ref_grads = torch.autograd.grad(total, params, allow_unused=True) if params else []
         ref = {n: g for n, g in zip(names, ref_grads)}
 
-    B = x.shape[0]
+    B = x.shape[0] // K
     group_of = {n: g for g, names in enumerate(groups) for n in names}
     sq = [None] * len(groups)                    # per group: Σ over its tensors of ‖g_i‖², [B]
     work, kept = [], 0
@@ -157,14 +173,15 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
             a = a.to(p0.dtype)
         if b.dtype != p0.dtype:
             b = b.to(p0.dtype)
+        a, b, k_rows = layer.group(a, b, K)      # k_rows: rows per example the rule still sums
         need = layer.kept_bytes(a, b)
         keep = 0 < need and kept + need <= budget_bytes
         kept += need if keep else 0
-        sqn, state = layer.sq_norms(a, b, keep)
+        sqn, state = layer.sq_norms(a, b, keep, k_rows)
         for attr, v in sqn.items():
             k = group_of[layer.names[attr]]
             sq[k] = v if sq[k] is None else sq[k] + v
-        work.append((layer, a, b, state))
+        work.append((layer, a, b, state, k_rows))
     dtype = work[0][2].dtype if work else logits.dtype
     if any(v is None for v in sq):               # a group with no gradient at all
         sq = [torch.zeros(B, dtype=dtype, device=x.device) if v is None else v for v in sq]
@@ -178,8 +195,8 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
     if verify:                                   # exact-structure check against autograd
         ones = torch.ones(B, dtype=dtype, device=x.device)
         plain = {}
-        for layer, a, b, state in work:
-            for attr, g in layer.clipped_sum(a, b, state, {k: ones for k in layer.names}).items():
+        for layer, a, b, state, k_rows in work:
+            for attr, g in layer.clipped_sum(a, b, state, {k: ones for k in layer.names}, K=k_rows).items():
                 plain[layer.names[attr]] = g
         for layer in layers:
             for attr, n in layer.names.items():
@@ -191,13 +208,13 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
                                       "forward call (e.g. weight tying or functional use)")
     grads = {}
     # memory -> how many of the a's, b's and the input x use it
-    owners = Counter(_storage(t) for _, a, b, _ in work for t in (a, b) if t is not None)
+    owners = Counter(_storage(t) for _, a, b, _, _ in work for t in (a, b) if t is not None)
     owners[_storage(x)] += 1
-    for layer, a, b, state in work:                # from here on: no Unsupported, writes into out
+    for layer, a, b, state, k_rows in work:        # from here on: no Unsupported, writes into out
         f = {attr: cols[group_of[n]] for attr, n in layer.names.items()}
         own_b = b.is_contiguous() and owners[_storage(b)] == 1
         acc = None if out is None else {attr: out[n] for attr, n in layer.names.items()}
-        for attr, g in layer.clipped_sum(a, b, state, f, own_b=own_b, out=acc).items():
+        for attr, g in layer.clipped_sum(a, b, state, f, own_b=own_b, out=acc, K=k_rows).items():
             grads[layer.names[attr]] = g
     for layer in layers:                         # modules not called / not reaching the loss
         for attr, n in layer.names.items():

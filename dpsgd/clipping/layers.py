@@ -4,8 +4,15 @@ Each rule gets a layer's input a and output gradient b (of Σ_i loss_i) for the 
   LinearLayer  (any input [B, ..., d]): ‖a_i‖²‖b_i‖² on 2-D input; otherwise the ghost Gram form
                ⟨a_i a_iᵀ, b_i b_iᵀ⟩ or the explicit ‖b_iᵀ a_i‖², whichever is cheaper (Bu et al. 2023);
   Conv2dLayer  explicit per-example products, one kernel row at a time, without a full unfold (see the class);
+  GroupNormLayer per-example [B, C] sums Σ_spatial x̂ ⊙ b (weight) and Σ_spatial b (bias), exact;
   GenericLayer any other leaf module with parameters: vmap of the module's vjp (exact, materialises).
 Clipped sums are book-keeping: (c ⊙ b)ᵀ a, or the weighted sum of kept per-example products.
+
+Augmentation multiplicity (De et al. 2022, arXiv 2204.13650): with K augmented copies per example the
+batch holds B·K rows (example i's copies are rows iK .. iK+K−1) and example i's gradient is the sum
+over its K rows (the 1/K of the mean is in b already). Every rule takes K: its per-row quantities are
+summed over each example's K rows *before* the norm (`group_rows`); book-keeping sums repeat each
+example's clip factor over its K rows. K = 1 runs the unchanged code.
 """
 from __future__ import annotations
 
@@ -24,6 +31,16 @@ def transposed_weight_sum(p: int, d: int) -> bool:
     layer widens its input p ≥ WIDE_OUTPUT·d times (`python -m bench.bench_gemm`,
     results/bench_gemm.csv)."""
     return p >= WIDE_OUTPUT * d
+
+
+def group_rows(t: torch.Tensor, K: int) -> torch.Tensor:
+    """[B·K, ...] per-row quantities → [B, ...] per-example sums over each example's K rows."""
+    return t if K == 1 else t.view((t.shape[0] // K, K) + tuple(t.shape[1:])).sum(1)
+
+
+def repeat_factors(f: torch.Tensor, K: int) -> torch.Tensor:
+    """Per-example clip factors [B] → per-row [B·K] (each example's factor on each of its rows)."""
+    return f if K == 1 else f.repeat_interleave(K)
 
 
 class Unsupported(RuntimeError):
@@ -49,12 +66,17 @@ class _Layer:
     def prepare(self, a: torch.Tensor) -> torch.Tensor:
         return a
 
-    def sq_norms(self, a, b, keep: bool):
+    def group(self, a, b, K: int):
+        """(a, b, K) as the rules below take them; a rule that can fold the K rows of an example
+        into its own layout (Linear: K·T positions) returns K = 1."""
+        return a, b, K
+
+    def sq_norms(self, a, b, keep: bool, K: int = 1):
         """(dict attr -> [B] squared per-example norms, state reused by `clipped_sum`)."""
         raise NotImplementedError
 
     def clipped_sum(self, a, b, state, factors: dict[str, torch.Tensor], own_b: bool = False,
-                    out: dict[str, torch.Tensor] | None = None):
+                    out: dict[str, torch.Tensor] | None = None, K: int = 1):
         """dict attr -> Σ_i factors[attr]_i g_i(attr), added into out[attr] in place when given.
 
         own_b: b is a buffer nothing else reads afterwards (contiguous, sharing memory with no
@@ -67,7 +89,15 @@ class _Layer:
 
 
 class LinearLayer(_Layer):
-    def sq_norms(self, a, b, keep):
+    def group(self, a, b, K):
+        """Example i's gradient Σ_k Σ_t b_iktᵀ a_ikt is a sequence layer's over K·T positions: the
+        rows [B·K, T, d] are viewed as [B, K·T, d] (no copy), and the sequence rules apply."""
+        if K == 1:
+            return a, b, 1
+        seq = lambda t: None if t is None else t.reshape(t.shape[0] // K, -1, t.shape[-1])
+        return seq(a), seq(b), 1
+
+    def sq_norms(self, a, b, keep, K=1):
         out = {}
         if b.dim() == 2:                                         # T = 1: (‖a_i‖ ‖b_i‖)²
             nb = torch.linalg.vector_norm(b, dim=1)
@@ -89,7 +119,7 @@ class LinearLayer(_Layer):
             return 0
         return a.shape[0] * a.shape[-1] * b.shape[-1] * b.element_size()
 
-    def clipped_sum(self, a, b, state, factors, own_b=False, out=None):
+    def clipped_sum(self, a, b, state, factors, own_b=False, out=None, K=1):
         out = out or {}
         grads = {}
         if b.dim() == 2:
@@ -198,7 +228,7 @@ class Conv2dLayer(_Layer):
             G[s:s + G_u.shape[0], :, u] = G_u.view(G_u.shape[0], cout, kw, -1)
         return G
 
-    def _row_products(self, a, b):
+    def _row_products(self, a, b, K: int = 1):
         """Yield (s, u, G_u): examples s.. of one kernel row u, G_u[i, o, (v, c)] = G[i, o, u, v, c].
 
         The input is unfolded along the width only: X[i, h, j, v, c] = x[i, c, h, j·sw + v·dw]
@@ -208,6 +238,7 @@ class Conv2dLayer(_Layer):
         b_i [Cout, Ho·Wo] @ X_i(u) [Ho·Wo, kw·Cin] without another copy. (One product per
         kernel offset on [Ho·Wo, Cin] slices, the earlier scheme, copied each slice first and ran
         ~30 % slower on the CIFAR net's 64-channel convolution.)
+        Chunks hold whole examples: a multiple of K rows (augmentation multiplicity).
         """
         m = self.module
         n, cout, ho, wo = b.shape
@@ -219,7 +250,7 @@ class Conv2dLayer(_Layer):
         _, hp, wp, cin = xp.shape
         bf = b.flatten(2)                                           # [B, Cout, Ho·Wo]
         per_example = hp * wo * kw * cin * xp.element_size()
-        step = max(1, CHUNK_BYTES // max(1, per_example))
+        step = max(1, CHUNK_BYTES // max(1, per_example) // K) * K
         for s in range(0, n, step):
             x = xp[s:s + step]
             X = x.as_strided((x.shape[0], hp, wo, kw, cin),
@@ -228,11 +259,12 @@ class Conv2dLayer(_Layer):
                 rows = X[:, u * dh: u * dh + sh * (ho - 1) + 1: sh]  # [n, Ho, Wo, kw, Cin]
                 yield s, u, torch.bmm(bf[s:s + step], rows.reshape(x.shape[0], ho * wo, kw * cin))
 
-    def _sq_norms_rows(self, a, b):
+    def _sq_norms_rows(self, a, b, K: int = 1):
         """Σ_u ‖G[:, :, u]‖², one kernel row (and chunk of examples) at a time: nothing kept."""
-        sq = torch.zeros(a.shape[0], dtype=b.dtype, device=b.device)
-        for s, _, G_u in self._row_products(a, b):
-            sq[s:s + G_u.shape[0]] += _sq(G_u.flatten(1))
+        sq = torch.zeros(a.shape[0] // K, dtype=b.dtype, device=b.device)
+        for s, _, G_u in self._row_products(a, b, K):
+            G_u = group_rows(G_u, K)
+            sq[s // K:s // K + G_u.shape[0]] += _sq(G_u.flatten(1))
         return sq
 
     def kept_bytes(self, a, b):
@@ -240,37 +272,39 @@ class Conv2dLayer(_Layer):
             return 0
         return a.shape[0] * self.module.weight.numel() * b.element_size()
 
-    def sq_norms(self, a, b, keep):
+    def sq_norms(self, a, b, keep, K=1):
         out, state = {}, None
         if "weight" in self.names:
             if keep:
-                state = self._per_example(a, b)
+                G, perm = self._per_example(a, b)
+                state = (group_rows(G, K), perm)
                 out["weight"] = _sq(state[0].flatten(1))
             elif self.by_rows:
-                out["weight"] = self._sq_norms_rows(a, b)
+                out["weight"] = self._sq_norms_rows(a, b, K)
             else:
-                step = max(1, CHUNK_BYTES // (self.module.weight.numel() * a.element_size()))
-                sq = torch.empty(a.shape[0], dtype=a.dtype, device=a.device)
+                step = max(1, CHUNK_BYTES // (self.module.weight.numel() * a.element_size()) // K) * K
+                sq = torch.empty(a.shape[0] // K, dtype=a.dtype, device=a.device)
                 for s in range(0, a.shape[0], step):
                     G, _ = self._per_example(a[s:s + step], b[s:s + step])
-                    sq[s:s + step] = _sq(G.flatten(1))
+                    G = group_rows(G, K)
+                    sq[s // K:s // K + G.shape[0]] = _sq(G.flatten(1))
                 out["weight"] = sq
         if "bias" in self.names:
-            out["bias"] = _sq(b.sum((2, 3)))
+            out["bias"] = _sq(group_rows(b.sum((2, 3)), K))
         return out, state
 
-    def clipped_sum(self, a, b, state, factors, own_b=False, out=None):
+    def clipped_sum(self, a, b, state, factors, own_b=False, out=None, K=1):
         out = out or {}
         grads = {}
         if "bias" in self.names:
-            grads["bias"] = _mv(b.sum((2, 3)).t(), factors["bias"], out.get("bias"))
+            grads["bias"] = _mv(group_rows(b.sum((2, 3)), K).t(), factors["bias"], out.get("bias"))
         if "weight" in self.names:
             if state is not None:                                   # reuse: Σ_i c_i G_i
                 G, perm = state
                 g = torch.tensordot(factors["weight"], G, dims=1)
                 g = g if perm is None else g.permute([d - 1 for d in perm[1:]])
             else:                                                   # book-keeping: ∇W for c ⊙ b
-                f = factors["weight"][:, None, None, None]
+                f = repeat_factors(factors["weight"], K)[:, None, None, None]
                 g = self._weight_grad(a, b.mul_(f) if own_b else b * f)
             grads["weight"] = _acc(g, out.get("weight"))
         return grads
@@ -294,6 +328,41 @@ def _sq(t: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(t, dim=1).square()
 
 
+class GroupNormLayer(_Layer):
+    """nn.GroupNorm (Wu & He 2018) with affine parameters, on input [B, C, *] (any spatial dims).
+
+    y = x̂ ⊙ γ + β per channel, with x̂ = (x − μ_g(x)) / √(σ²_g(x) + ε) normalised per example and
+    group (no statistic crosses examples). So example i's gradients are, exactly,
+        ∂ℓ_i/∂γ_c = Σ_s x̂_i[c, s] b_i[c, s],      ∂ℓ_i/∂β_c = Σ_s b_i[c, s]      ([B, C] each)
+    formed from the recorded input (x̂ recomputed by F.group_norm without affine) and the output
+    gradient b: nothing per-example beyond [B, C], the size of the parameters times B.
+    """
+
+    def check_input(self, a):
+        if a.dim() < 2:
+            raise Unsupported(f"GroupNorm {self.names} got input of shape {list(a.shape)}; needs [B, C, *]")
+
+    def prepare(self, a):
+        m = self.module
+        return F.group_norm(a, m.num_groups, None, None, m.eps)     # x̂
+
+    def _per_example(self, a, b, K):
+        G = {}
+        if "weight" in self.names:
+            G["weight"] = group_rows((a * b).flatten(2).sum(2) if b.dim() > 2 else a * b, K)
+        if "bias" in self.names:
+            G["bias"] = group_rows(b.flatten(2).sum(2) if b.dim() > 2 else b, K)
+        return G
+
+    def sq_norms(self, a, b, keep, K=1):
+        G = self._per_example(a, b, K)
+        return {attr: _sq(g) for attr, g in G.items()}, G
+
+    def clipped_sum(self, a, b, state, factors, own_b=False, out=None, K=1):
+        out = out or {}
+        return {attr: _mv(g.t(), factors[attr], out.get(attr)) for attr, g in state.items()}
+
+
 class GenericLayer(_Layer):
     """Any other leaf module with parameters: per-example grads by vmap over vjp of the module."""
 
@@ -302,7 +371,7 @@ class GenericLayer(_Layer):
     def kept_bytes(self, a, b):
         return 0
 
-    def sq_norms(self, a, b, keep):
+    def sq_norms(self, a, b, keep, K=1):
         m = self.module
         params = {attr: getattr(m, attr).detach() for attr in self.names}
 
@@ -311,9 +380,10 @@ class GenericLayer(_Layer):
             return pull(b_i.unsqueeze(0))[0]
 
         G = vmap(one, in_dims=(None, 0, 0), randomness="different")(params, a, b)
+        G = {attr: group_rows(g, K) for attr, g in G.items()}
         return {attr: _sq(g.flatten(1)) for attr, g in G.items()}, G
 
-    def clipped_sum(self, a, b, state, factors, own_b=False, out=None):
+    def clipped_sum(self, a, b, state, factors, own_b=False, out=None, K=1):
         out = out or {}
         return {attr: _acc(torch.tensordot(factors[attr], g, dims=1), out.get(attr))
                 for attr, g in state.items()}

@@ -24,14 +24,21 @@ def _split_params(model: nn.Module):
     return trainable, frozen
 
 
-def _per_example_fn(model: nn.Module):
-    """(detached trainable params, f(params, x, y) -> (per-example grads, per-example losses))."""
+def _per_example_fn(model: nn.Module, multiplicity: int = 1):
+    """(detached trainable params, f(params, x, y) -> (per-example grads, per-example losses)).
+
+    With ``multiplicity`` K > 1, x is [B, K, ...] (K augmented copies of each example) and example
+    i's loss is the mean over its copies (De et al. 2022, augmentation multiplicity)."""
     trainable, frozen = _split_params(model)
     params = {n: p.detach() for n, p in trainable.items()}
 
     def loss_i(p, x_i, y_i):
-        logits = functional_call(model, (p, frozen), (x_i.unsqueeze(0),))
-        loss = F.cross_entropy(logits, y_i.unsqueeze(0))
+        if multiplicity == 1:
+            logits = functional_call(model, (p, frozen), (x_i.unsqueeze(0),))
+            loss = F.cross_entropy(logits, y_i.unsqueeze(0))
+        else:
+            logits = functional_call(model, (p, frozen), (x_i,))
+            loss = F.cross_entropy(logits, y_i.expand(multiplicity))
         return loss, loss.detach()
 
     return params, vmap(grad(loss_i, has_aux=True), in_dims=(None, 0, 0), randomness="different")
@@ -59,13 +66,17 @@ def per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
 
 def vmap_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, groups: list[list[str]],
                      max_grad_norm: float | None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                     out: dict[str, torch.Tensor] | None = None):
+                     out: dict[str, torch.Tensor] | None = None, multiplicity: int = 1):
     """Σ_i clip(g_i) per parameter, Σ_i loss_i, per-example group norms [B, k].
 
     Chunks are clipped and summed one at a time, so at most one chunk of per-example gradients
     is alive at once. With ``out``, the sums are added into those tensors (and returned).
+    With ``multiplicity`` K > 1, x has B·K rows (example i's copies in rows iK .. iK+K−1) and
+    g_i is the gradient of the mean loss over them.
     """
-    params, per_example = _per_example_fn(model)
+    params, per_example = _per_example_fn(model, multiplicity)
+    if multiplicity > 1:
+        x = x.view((x.shape[0] // multiplicity, multiplicity) + tuple(x.shape[1:]))
     group_of = {n: g for g, names in enumerate(groups) for n in names}
     sums = out if out is not None else {n: torch.zeros_like(p) for n, p in params.items()}
     B = x.shape[0]
