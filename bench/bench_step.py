@@ -51,7 +51,7 @@ import torch.nn.functional as F
 
 from bench import write_csv
 from dpsgd.clipping import PerExampleClipper
-from dpsgd.models import MLP, CifarCNN
+from dpsgd.models import MLP, CifarCNN, TanhCNN
 from dpsgd.runtime import set_tf32, tune_allocator
 
 COLUMNS = ["method", "model", "device", "lot", "examples_per_s", "ratio_to_nonprivate",
@@ -68,6 +68,7 @@ def models(quick: bool, lot: int | None, cnn_lot: int | None):
         ("mnist_pca60_mlp1000", lambda: MLP(60, (1000,), 10, bias=False), (60,), mlp_lot),
         ("mnist_raw784_mlp1000", lambda: MLP(784, (1000,), 10, bias=False), (784,), mlp_lot),
         ("cifar_cnn", lambda: CifarCNN(10), (3, 24, 24), cnn),
+        ("mnist_tanh_cnn", lambda: TanhCNN(), (784,), cnn),          # Tramèr & Boneh's lot: 512
     ]
 
 
@@ -349,7 +350,7 @@ def main(argv=None):
         print(msg, file=sys.stderr, flush=True)
 
     if args.lots:
-        chosen = [c for c in chosen if c[0] != "cifar_cnn"] if args.models == "all" else chosen
+        chosen = [c for c in chosen if "cnn" not in c[0]] if args.models == "all" else chosen
         scan = []
         for name, factory, shape, _ in chosen:
             for lot in (int(v) for v in args.lots.split(",")):

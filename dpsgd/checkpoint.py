@@ -4,7 +4,10 @@ A checkpoint is taken at an epoch boundary and holds everything a resumed run ne
 bit-identically: model parameters, epoch/step position (the learning rate is a function of the
 epoch), the privacy ledger, the sampler's and the noise's generator states, the input projection,
 the metrics rows so far, the overrides the run was started with, and the privacy-relevant config
-values (a resumed run with different values is refused, naming the key). Files are written with
+values (a resumed run with different values is refused, naming the key). With ``training.ema_decay`` set it also
+holds ``ema`` (the EMA weights, the released model; ``dpsgd.ema``): an optional key (None when EMA is
+off, absent in checkpoints written before it), so the format version stays 2; a run with EMA has
+``training.ema_decay`` in its fingerprint, so its checkpoints always carry it. Files are written with
 ``fileio`` (atomic replace).
 """
 from __future__ import annotations

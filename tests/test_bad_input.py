@@ -70,6 +70,9 @@ VALIDATION = [
     Bad(["model.bias=yes"], "model.bias"),
     Bad(["model.projection=svd"], "model.projection"),
     Bad(["model.init=xavier"], "model.init"),
+    Bad(["model.norm=batch"], "model.norm", "unknown"),
+    Bad(["model.norm=group"], "model.norm", "only model.name=tanh_cnn"),
+    Bad(["model=tanh_cnn", "dataset=cifar10"], "model.name", "tanh_cnn: needs 1x28x28 images"),
     Bad(["model.pca_dims=785"], "model.pca_dims", "model.pca_dims=785: exceeds the input dimension"),
     Bad(["model.pca_dims=-1"], "model.pca_dims"),
     # --- privacy
@@ -112,6 +115,8 @@ VALIDATION = [
     Bad(["privacy.physical_batch_size=60001"], "privacy.physical_batch_size", "must be <= 60000"),
     Bad(["privacy.pca_fraction=1.5"], "privacy.pca_fraction"),
     Bad([f"privacy.pca_fraction={acc_limits.Q_MIN / 10:g}"], "privacy.pca_fraction", f"must be >= {acc_limits.Q_MIN}"),
+    Bad(["privacy.augment_multiplicity=0"], "privacy.augment_multiplicity", "must be >= 1"),
+    Bad(["privacy.augment_multiplicity=1.5"], "privacy.augment_multiplicity", "must be an integer"),
     Bad(["+privacy.sigmaa=4"], "privacy.sigmaa", "unknown config key"),
     Bad(["privacy.sigmaa=1"], "privacy.sigmaa"),                # Hydra: not in the struct
     # --- accountant
@@ -134,6 +139,8 @@ VALIDATION = [
     Bad(["training.eval_batch_size=0"], "training.eval_batch_size"),
     Bad(["training.eval_batch_size=60001"], "training.eval_batch_size", "must be <= 60000"),
     Bad(["training.checkpoint_every=-1"], "training.checkpoint_every"),
+    Bad(["training.ema_decay=1"], "training.ema_decay", "must be < 1"),
+    Bad(["training.ema_decay=0"], "training.ema_decay", "must be > 0"),
     # --- top level
     Bad(["seed=-1"], "seed"),
     Bad(["device=tpu"], "device"),

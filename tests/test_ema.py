@@ -105,3 +105,25 @@ def test_run_without_ema_keeps_the_old_fingerprint(tmp_path):
     assert not {"model.norm", "privacy.augment_multiplicity", "training.ema_decay"} & set(fp)
     fp = privacy_fingerprint(validate({"training": {"ema_decay": 0.9}, "privacy": {"augment_multiplicity": 2}}))
     assert fp["training.ema_decay"] == 0.9 and fp["privacy.augment_multiplicity"] == 2
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_equals_uninterrupted_run_with_ema_and_augmult(tmp_path):
+    """As tests/test_resume.py, with EMA and K = 2: a SIGKILL'd and resumed run ends bit-identical."""
+    import signal
+    import time
+    from test_resume import _n_rows, _run, _start_and_wait
+    args = [*ARGS, "training.epochs=6"]
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    train(validate(compose(args)), ref, args)
+    proc = _start_and_wait([*args, f"hydra.run.dir={run}"], tmp_path, run, rows=2)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert _n_rows(run) < 6
+    r = _run([f"resume={run}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    a, b = load_checkpoint(ref), load_checkpoint(run)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert all(torch.equal(a["ema"]["weights"][k], b["ema"]["weights"][k]) for k in a["ema"]["weights"])
+    assert [r["test_accuracy"] for r in _rows(ref)] == [r["test_accuracy"] for r in _rows(run)]
