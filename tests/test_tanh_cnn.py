@@ -83,7 +83,7 @@ def test_tiny_end_to_end_run(tmp_path):
     from dpsgd.train import evaluate
     args = ["model=tanh_cnn", "model.norm=group", "dataset.subset=600", "privacy.lot_size=100",
             "privacy.sigma=1.0", "privacy.clip_norm=0.1", "privacy.clipping=global", "training.lr=0.5",
-            "training.lr_saturate_epochs=0", "training.epochs=2", "device=cpu",
+            "training.lr_saturate_epochs=0", "training.epochs=2", "training.eval_every=2", "device=cpu",
             "privacy.augment_multiplicity=2", "training.ema_decay=0.9", "accountant=pld"]
     st = train(validate(compose(args)), tmp_path / "run", args)
     assert st["status"] == "complete" and st["steps"] == 12
@@ -96,8 +96,10 @@ def test_tiny_end_to_end_run(tmp_path):
     model = TanhCNN(norm="group")
     model.load_state_dict(ck["ema"]["weights"])
     from dpsgd.data import load_dataset
-    _, _, Xte, yte = load_dataset("mnist", None, 600, None, download=False)
-    assert float(rows[-1]["test_accuracy"]) == evaluate(model, Xte, yte, 10000)[1]
+    Xtr, ytr, _, _ = load_dataset("mnist", None, 600, None, download=False)
+    loss, acc = evaluate(model, Xtr, ytr, 10000)         # the EMA weights are the ones evaluated
+    assert float(rows[-1]["train_loss"]) == pytest.approx(loss, rel=1e-6)
+    assert float(rows[-1]["train_accuracy"]) == acc
     model.load_state_dict(ck["model"])               # the training weights differ from the EMA
     assert any(not torch.equal(a, b) for a, b in zip(ck["model"].values(), ck["ema"]["weights"].values()))
     assert json.loads((tmp_path / "run" / "privacy.json").read_text())["weights"]["evaluated"] == "ema"
