@@ -85,12 +85,12 @@ def from_env(env=None) -> Dist | None:
     return Dist(rank, world, local, "?")
 
 
-def init(d: Dist, init_method: str = "env://") -> Dist:
+def init(d: Dist, init_method: str = "env://", cuda: bool | None = None) -> Dist:
     """Join the process group (gloo for CPU tensors; with CUDA also nccl for CUDA tensors, device
-    cuda:LOCAL_RANK) and make ``d`` the current context."""
+    cuda:LOCAL_RANK) and make ``d`` the current context. ``cuda=False``: CPU only (forked test ranks)."""
     import torch.distributed as td
     global _CURRENT
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() if cuda is None else cuda
     backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
     if cuda:
         torch.cuda.set_device(d.local_rank % torch.cuda.device_count())
@@ -182,8 +182,8 @@ class Aggregator:
 
     ``seconds`` / ``calls`` / ``bytes`` count the all-reduces (the benchmark reads them)."""
 
-    def __init__(self, d: Dist, secure_noise: bool, order: list[str]):
-        self.d = d
+    def __init__(self, d: Dist, secure_noise: bool, order: list[str], group=None):
+        self.d, self.group = d, group               # group: a process subgroup (tests); None = all
         self.order = list(order)                   # the engine's parameter order (noise draw order)
         self.noise_before = bool(secure_noise)     # rank 0 adds its draw before the all-reduce
         self.seconds, self.calls, self.bytes = 0.0, 0, 0
@@ -199,7 +199,7 @@ class Aggregator:
         flat = torch.cat([g.reshape(-1) for g in grads]
                          + [loss_sum.detach().reshape(1).to(ref), torch.tensor([float(n)], dtype=ref.dtype, device=ref.device)])
         t0 = time.perf_counter()
-        _collective(td.all_reduce, flat, op=td.ReduceOp.SUM)
+        _collective(td.all_reduce, flat, op=td.ReduceOp.SUM, group=self.group)
         if flat.is_cuda:
             torch.cuda.synchronize(flat.device)
         self.seconds += time.perf_counter() - t0
