@@ -240,6 +240,13 @@ def _split_cli(args: list[str]) -> tuple[bool, list[str], list[str]]:
     return multirun, dirs, overrides
 
 
+def _or_exit_2(fn):
+    try:
+        return fn()
+    except ConfigError as e:
+        _fail(_one_line(e), 2)
+
+
 def main(train, argv: list[str] | None = None) -> None:
     """The command line around ``train(config, run_dir, overrides)`` (Algorithm 1, dpsgd/train.py)."""
     import hydra
@@ -248,6 +255,11 @@ def main(train, argv: list[str] | None = None) -> None:
     if any(a.split("=", 1)[0] in _INFO_FLAGS for a in args):     # help / print the config: no run
         sys.argv = [sys.argv[0]] + args
         hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(lambda cfg: None)()
+        return
+    from . import distributed
+    d = _or_exit_2(distributed.from_env)
+    if d is not None:               # under torchrun: one run over several processes
+        distributed.main(train, args, d)
         return
     try:
         multirun, dirs, overrides = _split_cli(args)

@@ -47,6 +47,7 @@ class DPSGD:
         self.L = float(expected_lot_size)
         self.lr = float(lr)
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+<<<<<<< HEAD
         K = augment_multiplicity
         if isinstance(K, bool) or not isinstance(K, int) or K < 1:
             raise ValueError(f"privacy.augment_multiplicity={K!r} must be an integer >= 1")
@@ -59,6 +60,9 @@ class DPSGD:
         if self.K > 1:
             xb = xb.repeat_interleave(self.K, 0)
         return xb if self.augment is None else self.augment(xb, self.augment_generator)
+=======
+        self.comm = None    # distributed.Aggregator under torchrun: Σ over ranks, the noise added once
+>>>>>>> wt-dist
 
     def set_lr(self, lr: float) -> None:
         self.lr = float(lr)
@@ -93,13 +97,19 @@ class DPSGD:
                 res = self.clipper.clipped_sum(xb, yb, out=total)
             total = res.grads
             loss_sum = res.loss_sum if loss_sum is None else loss_sum + res.loss_sum
-        if total is None:                  # empty lot: the step is the noise alone
+        if total is None:                  # empty lot (or share): the step is the noise alone
             total = {n: torch.zeros_like(p) for n, p in self.params.items()}
             loss_sum = torch.zeros((), device=x.device)
+        if self.comm is not None:          # the global sum over ranks, noised exactly once
+            return self.comm.aggregate(total, loss_sum, len(x), self._add_noise)
+        self._add_noise(total)
+        return total, loss_sum, len(x)
+
+    def _add_noise(self, total: dict) -> None:
+        """N(0, σ²C²) into each clipped group's sum, in place."""
         with torch.no_grad():
             for g in total.values():
                 self.noise.add_(g, self.sigma * self.C)
-        return total, loss_sum, len(x)
 
     def step(self, x: torch.Tensor, y: torch.Tensor, physical_batch_size: int | None = None) -> dict:
         """One lot of Algorithm 1: θ ← θ − (η/L)(Σ_i clip(g_i) + N(0, σ²C²)).

@@ -211,6 +211,9 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
     st["steps"], st["epochs"] = run.steps, run.epoch
     st["noise"] = {"source": run.noise.name, "seed": run.noise.seed}
     st["runtime"] = run.runtime
+    dist = getattr(run, "dist", None)      # torchrun: processes and the backend of the gradient all-reduce
+    st["distributed"] = (dist.describe(run.device) if dist is not None and dist.active
+                         else {"world_size": 1, "backend": None})
     st["ledger"] = ledger.to_dict() if ledger is not None else None
     st["config_fingerprint"], st["config_hash"] = fp, fingerprint_hash(fp)
     st["resumes"] = run.resumes

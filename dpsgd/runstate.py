@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .checkpoint import CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, load_checkpoint, save_checkpoint
+from . import distributed
 from .config import Config, ConfigError, build_model, override_key, privacy_fingerprint
 from .data import DATASETS, load_dataset
 from .fileio import atomic_write_text, plain, write_json
@@ -36,9 +37,12 @@ def derive_seed(seed: int, stream: str, secure: bool = False) -> int:
     return int(np.random.SeedSequence([seed, tag]).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
+    """``auto``: CUDA when present; under torchrun ``auto``/``cuda`` mean cuda:LOCAL_RANK."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and local_rank is not None:
+        return torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
     return torch.device(name)
 
 
@@ -67,6 +71,8 @@ class Run:
     writer: MetricsWriter
     reservations: LotReservations
     runtime: dict
+    dist: distributed.Dist = field(default_factory=distributed.Dist)
+    lost: int = 0                # lots charged on resume as lost (ran after the checkpoint, not replayable)
     epoch: int = 0
     steps: int = 0
     budget: int | None = None    # charges (lots; for shuffle, epochs) that still fit within the target ε
@@ -84,10 +90,16 @@ class Run:
     def noise(self):
         return self.dp.noise
 
+    @property
+    def writes(self) -> bool:    # rank 0 (or the one process) writes the run directory
+        return self.dist.writes
+
     def statement(self, status: str, stop_reason: str | None) -> dict:
         return privacy_statement(self.c, self, status, stop_reason)
 
     def checkpoint(self, complete: bool, stop_reason: str | None, status: str | None = None) -> None:
+        if not self.writes:
+            return
         save_checkpoint(self.run_dir, {
             "epoch": self.epoch, "steps": self.steps, "complete": complete, "stop_reason": stop_reason,
             "model": {n: v.detach().cpu() for n, v in self.model.state_dict().items()},
@@ -96,7 +108,7 @@ class Run:
             "projection": None if self.projection is None else self.projection.cpu(),
             "target_epsilon": self.c.privacy.target_epsilon, "rows": plain(self.writer.rows),
             "fingerprint": privacy_fingerprint(self.c), "overrides": list(self.overrides),
-            "replay": replay_key(self.c, self.device),
+            "replay": replay_key(self.c, self.device), "distributed": self.dist.describe(self.device),
             "wall_time_s": self.wall_before + time.time() - self.t_start, "resumes": plain(self.resumes),
             "ema": None if self.ema is None else self.ema.state_dict(),   # the released model when on
             "statement": plain(self.statement(status or ("complete" if complete else "running"), stop_reason)),
@@ -105,7 +117,58 @@ class Run:
 
 
 def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run | dict:
-    """Build a fresh run, or restore one from its checkpoint (a finished run: its statement)."""
+    """Build a fresh run, or restore one from its checkpoint (a finished run: its statement).
+
+    Under torchrun every rank reads and builds (the same run), then all agree (a barrier that also
+    agrees on refusals), then rank 0 alone writes: nothing is written before every rank has read."""
+    d = distributed.current()
+    p = c.privacy
+    seeds = distributed.broadcast_object(   # rank 0's (with secure_rng: OS-entropy) seeds on every rank
+        {s: derive_seed(c.seed, s, p.secure_rng) for s in ("pca", "sampler")})
+    try:
+        run, err = _build(c, run_dir, overrides, d, seeds), None
+    except Exception as e:  # noqa: BLE001 (re-raised by agree, on this rank; the others stop quietly)
+        run, err = None, e
+    distributed.agree(err)
+    if isinstance(run, dict):
+        return run
+    if d.active:
+        distributed.check_identical([*run.model.state_dict().values()]
+                                    + ([] if run.projection is None else [run.projection]),
+                                    "initial parameters or the projection")
+    if not run.writes:
+        return run
+    lost = run.lost
+    run.writer = MetricsWriter(run_dir, COLUMNS, run.writer.rows)
+    if lost:   # make the charge durable before anything else runs
+        run.checkpoint(False, None)
+    if not (run_dir / "config.resolved.yaml").exists():   # the validated, fully resolved config
+        import yaml
+        atomic_write_text(run_dir / "config.resolved.yaml", yaml.safe_dump(c.to_dict(), sort_keys=False))
+    write_json(run_dir / PRIVACY, run.statement("running", None))
+    ws = f", {d.world_size} processes ({d.describe(run.device)['backend']})" if d.active else ""
+    print(f"dpsgd: {c.dataset.name} N={len(run.data[0])} → {run_dir}  (device {run.device}{ws}, engine "
+          f"{run.clipper.mode}, k={run.k}, {run.sampler.name} q={run.sampler.q:.4g}, σ={p.sigma}, C={p.clip_norm}, "
+          f"L={p.lot_size})" if p.private else f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
+    if lost:
+        print(f"resume: charged {lost} lot(s) that ran after the last checkpoint and cannot be replayed "
+              "as the same releases", flush=True)
+    return run
+
+
+class _Rows:
+    """The metrics rows of a rank that does not write (ranks > 0): kept, never written."""
+
+    def __init__(self, rows: list):
+        self.rows = list(rows)
+
+    def append(self, row: dict) -> None:
+        self.rows.append(dict(row))
+
+
+def _build(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, seeds: dict) -> Run | dict:
+    """Every read and every refusal of ``setup``; writes nothing (``run.writer`` only holds the rows
+    so far)."""
     from .accountant import Ledger
     from .clipping import PerExampleClipper
     from .noise import GaussianNoise
@@ -114,12 +177,12 @@ def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run | dict:
     from .sampling import make_sampler
 
     p, t = c.privacy, c.training
-    ckpt, finished = _checkpoint_to_resume(c, run_dir) if c.resume else (None, None)
+    ckpt, finished = _checkpoint_to_resume(c, run_dir, d) if c.resume else (None, None)
     if finished is not None:
         return finished
-    if ckpt is None and any((run_dir / f).exists() for f in (CHECKPOINT, PRIVACY, METRICS, RESERVATIONS)):
+    if ckpt is None and d.writes and any((run_dir / f).exists() for f in (CHECKPOINT, PRIVACY, METRICS, RESERVATIONS)):
         raise ConfigError(f"hydra.run.dir={run_dir}: already holds a run; never overwritten (use resume={run_dir})")
-    device = resolve_device(c.device)
+    device = resolve_device(c.device, d.local_rank if d.active else None)
     set_tf32(c.tf32)
     runtime = describe_runtime(device, c.tf32, configure_threads())
     # data, then DP-PCA: the first release charged to the ledger
@@ -127,7 +190,7 @@ def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run | dict:
                                       download=c.dataset.download)
     ledger = Ledger() if ckpt is None else Ledger.from_dict(ckpt["ledger"])
     if ckpt is None:
-        gen = torch.Generator().manual_seed(derive_seed(c.seed, "pca", p.secure_rng))
+        gen = torch.Generator().manual_seed(seeds["pca"])
         V = fit_projection(c.model.projection, Xtr, c.model.pca_dims, p.sigma_p if p.private else 0.0,
                            gen, ledger if p.private else None, p.pca_fraction)
     else:
@@ -150,40 +213,36 @@ def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run | dict:
     dp = DPSGD(model, clipper, noise, sigma=p.sigma if p.private else 0.0, max_grad_norm=p.clip_norm,
                expected_lot_size=p.lot_size, lr=t.lr, augment_multiplicity=p.augment_multiplicity)
     sampler = make_sampler(p.sampling, len(Xtr), p.lot_size,
-                           torch.Generator().manual_seed(derive_seed(c.seed, "sampler", p.secure_rng)))
-    run = Run(c, run_dir, overrides, device, tuple(a.to(device) for a in (Xtr, ytr, Xte, yte)), V, model,
-              clipper, dp, sampler, ledger, None, LotReservations(run_dir), runtime)
+                           torch.Generator().manual_seed(seeds["sampler"]))
+    data = tuple(a.to(device) for a in (Xtr, ytr, Xte, yte))
+    if d.active:   # Σ over ranks, noise once; the noise is drawn in the engine's parameter order
+        dp.comm = distributed.Aggregator(d, p.secure_rng, list(clipper.clipped_sum(data[0][:1], data[1][:1]).grads))
+    run = Run(c, run_dir, overrides, device, data, V, model,
+              clipper, dp, sampler, ledger, None, LotReservations(run_dir), runtime, d)
     if t.ema_decay is not None:
         from .ema import EMA
         run.ema = EMA(model, t.ema_decay)
-    lost = _restore(run, ckpt) if ckpt is not None else 0
+    run.lost = _restore(run, ckpt) if ckpt is not None else 0
     run.budget = _budget(run, resumed=ckpt is not None)
-    run.writer = MetricsWriter(run_dir, COLUMNS, ckpt["rows"] if ckpt is not None else [])
+    run.writer = _Rows(ckpt["rows"] if ckpt is not None else [])
     run.eps = epsilons(ledger, c)
-    if lost:   # make the charge durable before anything else runs
-        run.checkpoint(False, None)
-    if not (run_dir / "config.resolved.yaml").exists():   # the validated, fully resolved config
-        import yaml
-        atomic_write_text(run_dir / "config.resolved.yaml", yaml.safe_dump(c.to_dict(), sort_keys=False))
-    write_json(run_dir / PRIVACY, run.statement("running", None))
-    print(f"dpsgd: {c.dataset.name} N={len(Xtr)} → {run_dir}  (device {device}, engine {clipper.mode}, "
-          f"k={run.k}, {sampler.name} q={sampler.q:.4g}, σ={p.sigma}, C={p.clip_norm}, L={p.lot_size})"
-          if p.private else f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
-    if lost:
-        print(f"resume: charged {lost} lot(s) that ran after the last checkpoint and cannot be replayed "
-              "as the same releases", flush=True)
     return run
 
 
-def _checkpoint_to_resume(c: Config, run_dir: Path) -> tuple[dict, dict | None]:
+def _checkpoint_to_resume(c: Config, run_dir: Path, d: distributed.Dist) -> tuple[dict, dict | None]:
     """(the verified checkpoint of a run to resume, its final statement when it has finished)."""
     ckpt = load_checkpoint(run_dir)
     if ckpt is None:
         raise ConfigError(f"resume={run_dir}: no checkpoint.pt (the run stopped before its first "
                           "checkpoint); start a new run")
     check_resumable(ckpt["fingerprint"], privacy_fingerprint(c))
+    saved = int((ckpt.get("distributed") or {}).get("world_size", 1))
+    if saved != d.world_size:
+        raise ConfigError(f"resume: world_size={d.world_size} differs from the run's world_size={saved} "
+                          f"(processes: torchrun --nnodes × --nproc_per_node); resume with {saved}")
     if ckpt["complete"] and (ckpt["stop_reason"] != "epochs_completed" or c.training.epochs <= ckpt["epoch"]):
-        print(f"{run_dir}: run already finished ({ckpt['stop_reason']}); nothing to do")
+        if d.writes:
+            print(f"{run_dir}: run already finished ({ckpt['stop_reason']}); nothing to do")
         return ckpt, ckpt["statement"]
     return ckpt, None
 

@@ -12,6 +12,8 @@
     end of epoch: evaluate, ε under every accountant, one metrics.csv row, privacy.json, checkpoint
 
 Everything is written into the run directory, atomically, by one process at a time (rundir.RunLock).
+Under torchrun (dpsgd/distributed.py) the lot is shared among the ranks, the clipped sums are
+all-reduced, the noise is added once, and rank 0 alone writes.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import launch
+from . import distributed, launch
 from .checkpoint import PRIVACY
 from .errors import Diverged, Interrupted
 from .config import Config
@@ -64,8 +66,10 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) ->
     The run directory is locked for the whole call (one writer); every refusal happens in ``setup``,
     before the first write into it."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with RunLock(run_dir, "resume" if c.resume else "hydra.run.dir"):
+    writer = distributed.current().writes           # under torchrun: rank 0 only
+    if writer:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    with RunLock(run_dir, "resume" if c.resume else "hydra.run.dir") if writer else nullcontext():
         run = setup(c, run_dir, list(overrides or []))
         return run if isinstance(run, dict) else algorithm1(run)
 
@@ -102,16 +106,20 @@ def algorithm1(run: Run) -> dict:
         stop_reason = stop_reason or "epochs_completed"
     except Interrupted as e:
         run.eps = epsilons(run.ledger, c)   # every lot that ran is in the ledger
-        write_json(run.run_dir / PRIVACY, run.statement("interrupted", "interrupted"))
+        if run.writes:
+            write_json(run.run_dir / PRIVACY, run.statement("interrupted", "interrupted"))
         e.run_dir = run.run_dir
         raise
     status = "diverged" if stop_reason == "diverged" else "complete"
     run.checkpoint(True, stop_reason, status)
     final = run.statement(status, stop_reason)
-    write_json(run.run_dir / PRIVACY, final)
+    if run.writes:
+        write_json(run.run_dir / PRIVACY, final)
     if status == "diverged":
         raise Diverged(f"training diverged at epoch {run.epoch} (non-finite loss or parameters; training.lr="
                        f"{t.lr:g} may be too large): {final['statement']}; {run.run_dir / PRIVACY}")
+    if not run.writes:
+        return final
     last = run.writer.rows[-1] if run.writer.rows else {}
     print(final_line(final, last.get("test_accuracy", math.nan), run.run_dir), flush=True)
     return final
@@ -132,8 +140,9 @@ def run_epoch(run: Run):
             limit = min(epoch_end, t.max_steps or epoch_end)
             if run.budget is not None and run.sampler.amplification:
                 limit = min(limit, run.steps + run.budget)
-            run.reservations.ensure(run.steps, limit)
-        idx = idx.to(run.device)
+            if run.writes:   # under torchrun no rank passes this lot's all-reduce before rank 0 reserved it
+                run.reservations.ensure(run.steps, limit)
+        idx = run.dist.share(idx).to(run.device)   # this rank's share of the global lot
         out = run.dp.step(X[idx], y[idx], physical_batch_size=p.physical_batch_size)
         if charge is not None:
             run.ledger.record(q=charge[0], sigma=charge[1], count=1, groups=run.k, label="sgd")
@@ -150,6 +159,8 @@ def end_of_epoch(run: Run, stop_reason, lr: float, lot_loss: float, t_epoch: flo
     """Evaluate (when due), one metrics.csv row, and (unless this was the last epoch) privacy.json and
     the checkpoint."""
     c, t = run.c, run.c.training
+    if not run.writes:          # ranks > 0: rank 0 evaluates and writes
+        return stop_reason
     final = (stop_reason is not None or run.epoch == t.epochs
              or (t.max_steps is not None and run.steps >= t.max_steps)
              or (run.budget is not None and run.budget <= 0))

@@ -36,3 +36,17 @@ def test_bench_gemm_routes_agree_and_csv(tmp_path):
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == len(bench_gemm.SHAPES) and all(r.keys() == set(bench_gemm.COLUMNS) for r in rows)
     assert {r["engine_uses"] for r in rows} == {"direct", "transposed"}
+
+
+def test_bench_distributed_protocol(tmp_path):
+    """1 plain process and 2 gloo ranks (forked) step real lots; the CSV has its columns."""
+    from bench import bench_distributed
+
+    out = tmp_path / "dist.csv"
+    bench_distributed.main(["--lots", "32", "--processes", "2", "--steps", "1", "--reps", "1",
+                            "--subset", "1000", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["mode"], r["processes"]) for r in rows] == [("plain", "1"), ("torch.distributed", "2")]
+    assert all(r.keys() == set(bench_distributed.COLUMNS) for r in rows)
+    assert int(rows[1]["allreduce_bytes"]) == 4 * (60 * 1000 + 1000 * 10 + 2)
+    assert float(rows[1]["examples_per_s"]) > 0 and 0 <= float(rows[1]["allreduce_share"])

@@ -1,0 +1,288 @@
+"""Data-parallel DP-SGD over torch.distributed: ``torchrun --nproc_per_node=P -m dpsgd.train ...``.
+
+The mechanism is the one of one process (Abadi et al. 2016, Algorithm 1), computed by P processes:
+
+* **lots**: every rank runs the same seeded Poisson sampler over the *whole* training set, so the
+  global lot is exactly one Poisson(q = L/N) lot, the very lot a 1-process run with the same seed
+  draws; rank r takes the deterministic share ``lot[r::P]`` (disjoint, union = the lot, sizes within
+  one). The sampler is the single source of q, as in one process; nothing is re-derived per shard.
+* **sum**: each rank computes Σ_i clip_C(g_i) over its share with the normal clipping engine; ONE
+  all-reduce (sum) of one flat buffer per lot carries the k clipped sums, Σ loss and the lot size.
+* **noise exactly once**: N(0, σ²C²) is added once to the global sum. Seeded noise: every rank holds
+  the identical generator and adds the identical draw *after* the all-reduce (so the noise is the
+  1-process run's draw). ``privacy.secure_rng``: only rank 0 draws (OS entropy cannot be shared);
+  it adds its draw to its own partial sum *before* the all-reduce, which delivers sum + noise to
+  every rank — rank 0 + broadcast folded into the one collective. Never one draw per rank (P× the
+  variance) nor a draw scaled to a local share (too little noise: praxis, optax #148, jax_privacy
+  PR #395); tests/test_distributed.py measures the std σC/L of the update with 2 and 4 processes.
+* then divided by the expected global L (DPSGD), so parameters stay identical on every rank.
+
+Only rank 0 writes (metrics.csv, privacy.json, checkpoints, lot reservations) and holds the run lock.
+Other ranks cannot run ahead of a reservation: rank 0 reserves lot t before its step, and no rank
+can finish lot t before the all-reduce, which needs rank 0's contribution. Every rank keeps the
+ledger (identical: same sampler, same stop rule); only rank 0's is written.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .errors import ConfigError
+
+ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Where this process sits in the run: rank, world size, local rank, process-group backend."""
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None          # None: one process, no process group
+
+    @property
+    def active(self) -> bool:
+        return self.backend is not None
+
+    @property
+    def writes(self) -> bool:            # the one writer of the run directory
+        return self.rank == 0
+
+    def share(self, idx: torch.Tensor) -> torch.Tensor:
+        """This rank's deterministic share of a global lot: every P-th index from position rank."""
+        return idx[self.rank::self.world_size] if self.world_size > 1 else idx
+
+    def describe(self, device: torch.device | None = None) -> dict:
+        """For privacy.json and the checkpoint: world size and the backend of the gradient all-reduce."""
+        if not self.active:
+            return {"world_size": 1, "backend": None}
+        cuda = device is not None and torch.device(device).type == "cuda"
+        return {"world_size": self.world_size, "backend": "nccl" if cuda else "gloo"}
+
+
+_CURRENT = Dist()
+
+
+def current() -> Dist:
+    return _CURRENT
+
+
+def from_env(env=None) -> Dist | None:
+    """The Dist torchrun describes in RANK / WORLD_SIZE / LOCAL_RANK, None outside torchrun."""
+    env = os.environ if env is None else env
+    if not all(k in env for k in ENV[:2]):
+        return None
+    try:
+        rank, world, local = (int(env.get(k, "0")) for k in ENV)
+    except ValueError:
+        raise ConfigError(f"{', '.join(ENV)}={[env.get(k) for k in ENV]}: must be integers (set by torchrun)") from None
+    if not (world >= 1 and 0 <= rank < world and local >= 0):
+        raise ConfigError(f"RANK={rank}, WORLD_SIZE={world}: need 0 <= RANK < WORLD_SIZE")
+    return Dist(rank, world, local, "?")
+
+
+def init(d: Dist, init_method: str = "env://", cuda: bool | None = None) -> Dist:
+    """Join the process group (gloo for CPU tensors; with CUDA also nccl for CUDA tensors, device
+    cuda:LOCAL_RANK) and make ``d`` the current context. ``cuda=False``: CPU only (forked test ranks)."""
+    import torch.distributed as td
+    global _CURRENT
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(d.local_rank % torch.cuda.device_count())
+    if not td.is_initialized():
+        td.init_process_group(backend, init_method=init_method, rank=d.rank, world_size=d.world_size)
+    _CURRENT = Dist(d.rank, d.world_size, d.local_rank, backend)
+    return _CURRENT
+
+
+def shutdown() -> None:
+    import torch.distributed as td
+    global _CURRENT
+    if td.is_initialized():
+        td.destroy_process_group()
+    _CURRENT = Dist()
+
+
+class PeerLost(OSError):
+    """A collective failed: another process of the run stopped (exit 1, one line)."""
+
+
+def _collective(fn, *a, **kw):
+    try:
+        return fn(*a, **kw)
+    except RuntimeError as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise PeerLost(f"distributed rank {_CURRENT.rank}: a collective failed ({first}); another process "
+                       "of this run stopped — resume from the last checkpoint with the same torchrun command "
+                       "and resume=<run dir>") from None
+
+
+def broadcast_object(obj):
+    """Rank 0's ``obj`` (picklable) on every rank, through CPU tensors (gloo); ``obj`` in one process."""
+    d = _CURRENT
+    if not d.active:
+        return obj
+    import torch.distributed as td
+    data = pickle.dumps(obj) if d.rank == 0 else b""
+    n = torch.tensor([len(data)], dtype=torch.int64)
+    _collective(td.broadcast, n, src=0)
+    buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if d.rank == 0
+           else torch.empty(int(n), dtype=torch.uint8))
+    _collective(td.broadcast, buf, src=0)
+    return pickle.loads(buf.numpy().tobytes()) if d.rank != 0 else obj
+
+
+class PeerRefused(ConfigError):
+    """Another rank refused the run (its own line says why); this rank exits 2 quietly."""
+
+
+def agree(err: BaseException | None) -> None:
+    """A barrier that also agrees on failure: re-raise ``err`` here, or PeerRefused when another rank
+    failed. Every rank must reach it (setup reads before it and writes after it)."""
+    d = _CURRENT
+    if d.active:
+        import torch.distributed as td
+        flag = torch.tensor([0 if err is None else 1], dtype=torch.int64)
+        _collective(td.all_reduce, flag, op=td.ReduceOp.MAX)
+        if err is None and int(flag) != 0:
+            raise PeerRefused("another process of this run refused it")
+    if err is not None:
+        raise err
+
+
+def fingerprints(tensors) -> torch.Tensor:
+    """float64 (Σx, Σx²) per tensor: cheap evidence that ranks hold identical values."""
+    rows = [torch.stack([t.detach().double().sum(), t.detach().double().square().sum()]).cpu() for t in tensors]
+    return torch.stack(rows) if rows else torch.zeros(0, 2, dtype=torch.float64)
+
+
+def check_identical(tensors, what: str) -> None:
+    """Refuse (ConfigError, one line) when ``tensors`` differ from rank 0's (e.g. heterogeneous nodes
+    computing a different projection); a no-op in one process."""
+    d = _CURRENT
+    if not d.active:
+        return
+    mine = fingerprints(tensors)
+    ref = broadcast_object(mine)
+    bad = torch.tensor([0 if torch.equal(mine, ref) else 1], dtype=torch.int64)
+    import torch.distributed as td
+    _collective(td.all_reduce, bad, op=td.ReduceOp.MAX)
+    if int(bad):
+        raise ConfigError(f"distributed: the {what} differ between ranks (not bit-identical to rank 0's); "
+                          "run every rank on the same hardware and software")
+
+
+class Aggregator:
+    """Σ over ranks of the clipped sums, with the noise added exactly once (see the module doc).
+
+    ``seconds`` / ``calls`` / ``bytes`` count the all-reduces (the benchmark reads them)."""
+
+    def __init__(self, d: Dist, secure_noise: bool, order: list[str], group=None):
+        self.d, self.group = d, group               # group: a process subgroup (tests); None = all
+        self.order = list(order)                   # the engine's parameter order (noise draw order)
+        self.noise_before = bool(secure_noise)     # rank 0 adds its draw before the all-reduce
+        self.seconds, self.calls, self.bytes = 0.0, 0, 0
+
+    def aggregate(self, total: dict, loss_sum: torch.Tensor, n: int, add_noise):
+        """(Σ_ranks total + N(0, σ²C²) once, Σ_ranks loss_sum, Σ_ranks n) on every rank."""
+        import torch.distributed as td
+        total = {n: total[n] for n in self.order}  # one layout on every rank, empty shares included
+        if self.noise_before and self.d.rank == 0:
+            add_noise(total)
+        grads = list(total.values())
+        ref = grads[0]
+        flat = torch.cat([g.reshape(-1) for g in grads]
+                         + [loss_sum.detach().reshape(1).to(ref), torch.tensor([float(n)], dtype=ref.dtype, device=ref.device)])
+        t0 = time.perf_counter()
+        _collective(td.all_reduce, flat, op=td.ReduceOp.SUM, group=self.group)
+        if flat.is_cuda:
+            torch.cuda.synchronize(flat.device)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        self.bytes = flat.numel() * flat.element_size()
+        o = 0
+        with torch.no_grad():
+            for g in grads:
+                g.copy_(flat[o:o + g.numel()].view_as(g))
+                o += g.numel()
+        if not self.noise_before:
+            add_noise(total)                       # the identical draw on every rank, once
+        return total, flat[o].clone(), int(round(float(flat[o + 1])))
+
+
+def main(train, args: list[str], d: Dist) -> None:
+    """The command line under torchrun: every rank agrees on one run directory before anything runs.
+
+    Rank 0 resolves the run folder once (Hydra's ``${now:...}`` differs per process), checks it like a
+    1-process run (launch.prepare) and runs Hydra in it; the other ranks receive that folder and run
+    ``train`` without Hydra (they write nothing). ``resume=<dir>``: every rank reads the same run.
+    A refusal is one line from rank 0 and exit 2 on every rank."""
+    import sys
+
+    import hydra
+
+    from . import launch
+    from .config import override_key, validate
+    try:
+        d = init(d)
+    except (RuntimeError, ValueError) as e:
+        launch._fail(f"distributed: cannot join the process group ({launch._one_line(e)})", 2)
+    try:
+        quiet = d.rank != 0
+
+        def run_quietly(fn):
+            def wrapped():
+                try:
+                    fn()
+                except ConfigError:
+                    if quiet:
+                        raise SystemExit(2) from None
+                    raise
+            launch._run_or_exit(wrapped)
+
+        try:
+            multirun, dirs, overrides = launch._split_cli(args)
+            if multirun:
+                raise ConfigError("-m/--multirun: not under torchrun (one torchrun trains one run; sweeps use "
+                                  "hydra/launcher, docs/SCALING.md)")
+            search = ([f"hydra.searchpath=[{','.join('file://' + os.path.abspath(x) for x in dirs)}]"]
+                      if dirs else [])
+        except ConfigError as e:
+            if quiet:
+                raise SystemExit(2) from None
+            launch._fail(launch._one_line(e), 2)
+        if any(override_key(a) == "resume" for a in overrides) and not dirs:
+            def resume():
+                c, rd, rest = launch.prepare_resume(overrides)
+                train(c, rd, rest)
+            run_quietly(resume)
+            return
+        msg, run_dir = None, None
+        if d.rank == 0:
+            try:
+                run_dir = str(launch.compose(overrides + search, hydra_config=True).hydra.run.dir)
+                launch.prepare(overrides + [f"hydra.run.dir='{run_dir}'"], False, search)
+            except ConfigError as e:
+                msg = launch._one_line(e)
+        msg, run_dir = broadcast_object((msg, run_dir))
+        if msg is not None:
+            if quiet:
+                raise SystemExit(2)
+            launch._fail(msg, 2)
+        if d.rank == 0:
+            sys.argv = [sys.argv[0]] + args + [f"hydra.run.dir='{run_dir}'"]
+            hydra.main(version_base="1.3", config_path=launch.CONF_DIR,
+                       config_name="config")(lambda cfg: launch._task(train, cfg))()
+        else:
+            def follow():
+                c = validate(launch.compose(overrides + search))
+                launch._data_ready(c)
+                train(c, run_dir, overrides)
+            run_quietly(follow)
+    finally:
+        shutdown()
