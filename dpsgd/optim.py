@@ -47,7 +47,7 @@ class DPSGD:
         self.L = float(expected_lot_size)
         self.lr = float(lr)
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-<<<<<<< HEAD
+        self.comm = None    # distributed.Aggregator under torchrun: Σ over ranks, the noise added once
         K = augment_multiplicity
         if isinstance(K, bool) or not isinstance(K, int) or K < 1:
             raise ValueError(f"privacy.augment_multiplicity={K!r} must be an integer >= 1")
@@ -60,9 +60,6 @@ class DPSGD:
         if self.K > 1:
             xb = xb.repeat_interleave(self.K, 0)
         return xb if self.augment is None else self.augment(xb, self.augment_generator)
-=======
-        self.comm = None    # distributed.Aggregator under torchrun: Σ over ranks, the noise added once
->>>>>>> wt-dist
 
     def set_lr(self, lr: float) -> None:
         self.lr = float(lr)
