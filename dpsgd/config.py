@@ -28,10 +28,11 @@ from typing import Any
 
 from .accountant import ACCOUNTANTS, CONVENTIONS
 from .accountant import _checks as acc_limits
+from .augment import AUGMENTATIONS
 from .clipping.clip import CLIPPINGS, MODES
 from .data import DATASETS, input_shape
 from .errors import ConfigError
-from .models import INITS, MODELS
+from .models import FREEZE, INITS, MODELS
 from .pca import PROJECTIONS
 from .sampling import SAMPLERS
 
@@ -48,6 +49,8 @@ class DatasetConfig:
     subset: int | None = None          # use only the first n training examples
     crop: int | None = 24              # CIFAR center crop (paper: 24); None keeps 32
     download: bool = True              # allow torchvision to download when no local copy exists
+    augment: str = "none"              # none | crop_flip (random crop to `crop` + horizontal flip, per lot)
+    standardize: bool = False          # per-image standardisation (TF per_image_standardization)
 
 
 @dataclass
@@ -58,6 +61,9 @@ class ModelConfig:
     projection: str = "pca"            # pca | random | none
     pca_dims: int = 60                 # 0 = no projection
     init: str = "paper"                # paper (original code: truncated normal, std 1/sqrt(fan_in)) | torch
+    pretrained: str | None = None      # artifact of python -m dpsgd.pretrain (public weights), loaded at setup
+    pretrained_sha256: str | None = None   # None: filled from the artifact's sidecar (after checking it)
+    freeze: str = "none"               # none | features: requires_grad=False (not clipped, noised, charged)
 
 
 @dataclass
@@ -124,6 +130,8 @@ CHOICES = {   # each list is defined once, where the choice is implemented
     "model.name": sorted(MODELS),
     "model.projection": sorted(PROJECTIONS),
     "model.init": sorted(INITS),
+    "model.freeze": sorted(FREEZE),
+    "dataset.augment": sorted(AUGMENTATIONS),
     "privacy.clipping": sorted(CLIPPINGS),
     "privacy.convention": sorted(CONVENTIONS),
     "privacy.sampling": sorted(SAMPLERS),
@@ -226,6 +234,13 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     if d.root is not None and not isinstance(d.root, str):
         raise ConfigError(f"dataset.root={_fmt(d.root)}: must be a path")
     d.download = _bool("dataset.download", d.download)
+    _choice("dataset.augment", d.augment)
+    d.standardize = _bool("dataset.standardize", d.standardize)
+    if d.augment != "none" and (len(DATASETS[d.name][4]) != 3 or not d.crop or d.crop >= DATASETS[d.name][4][-1]):
+        raise ConfigError(f"dataset.augment={d.augment}: random crops need images and dataset.crop smaller than "
+                          f"them ({d.name}, crop={_fmt(d.crop)})")
+    if d.standardize and len(DATASETS[d.name][4]) != 3:
+        raise ConfigError(f"dataset.standardize=true: per-image standardisation is for image datasets, not {d.name}")
     N = c.N
 
     # model
@@ -256,6 +271,10 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
                               f"{d.name} gives {'x'.join(map(str, shape))}")
         if m.projection != "none":
             raise ConfigError(f"model.projection={m.projection}: the cnn model takes images; use none")
+    if d.augment != "none" and m.projection != "none":
+        raise ConfigError(f"model.projection={m.projection}: a projection is fit on fixed inputs; "
+                          f"dataset.augment={d.augment} needs model.projection=none")
+    _choice("model.freeze", m.freeze)
     _check_model(c, shape)
 
     # privacy
@@ -386,6 +405,35 @@ def _check_model(c: Config, shape) -> None:
         check_dp_compatible(model)
     except ValueError as e:
         raise ConfigError(f"model.name={c.model.name}: {str(e).splitlines()[0]}") from None
+    m = c.model
+    frozen = frozen_names(model, m.freeze)
+    if m.freeze != "none" and not frozen:
+        raise ConfigError(f"model.freeze={m.freeze}: the {m.name} model has no such parameters")
+    if m.freeze != "none" and m.pretrained is None:
+        raise ConfigError(f"model.freeze={m.freeze}: freezes public weights; set model.pretrained to their artifact")
+    if len(frozen) == sum(1 for _ in model.parameters()):
+        raise ConfigError(f"model.freeze={m.freeze}: nothing left to train")
+    if m.pretrained_sha256 is not None and (not isinstance(m.pretrained_sha256, str) or m.pretrained is None):
+        raise ConfigError(f"model.pretrained_sha256={_fmt(m.pretrained_sha256)}: a hex digest, with model.pretrained")
+    if m.pretrained is not None:
+        if not isinstance(m.pretrained, str) or not m.pretrained:
+            raise ConfigError(f"model.pretrained={_fmt(m.pretrained)}: must be the path of an artifact")
+        from .pretrained import verify
+        tensors, m.pretrained_sha256 = verify(m.pretrained, m.pretrained_sha256)
+        shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+        for n, shape in tensors.items():
+            if shapes.get(n) != shape:
+                raise ConfigError(f"model.pretrained={m.pretrained}: its tensor {n} {list(shape)} does not fit the "
+                                  f"{m.name} model ({list(shapes[n]) if n in shapes else 'no such tensor'})")
+        missing = [n for n in frozen if n not in tensors]
+        if missing:
+            raise ConfigError(f"model.pretrained={m.pretrained}: holds no {missing[0]}, which model.freeze={m.freeze} "
+                              "freezes (a frozen tensor must be the public one)")
+
+
+def frozen_names(model, freeze: str) -> list[str]:
+    """The parameters ``model.freeze`` freezes (requires_grad=False: public, neither clipped nor noised)."""
+    return [n for n, _ in model.named_parameters() if n.startswith(FREEZE[freeze])] if FREEZE[freeze] else []
 
 
 def build_model(m: ModelConfig, shape, classes: int):
@@ -401,6 +449,8 @@ def privacy_fingerprint(c: Config) -> dict:
     d, m, p = c.dataset, c.model, c.privacy
     return {
         "dataset.name": d.name, "dataset.subset": d.subset, "dataset.crop": d.crop,
+        "dataset.augment": d.augment, "dataset.standardize": d.standardize,
+        "model.pretrained_sha256": m.pretrained_sha256, "model.freeze": m.freeze,
         "model.name": m.name, "model.hidden": list(m.hidden), "model.bias": m.bias,
         "model.projection": m.projection, "model.pca_dims": m.pca_dims, "model.init": m.init,
         "privacy.private": p.private, "privacy.sigma": p.sigma, "privacy.sigma_p": p.sigma_p,

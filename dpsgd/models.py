@@ -88,6 +88,10 @@ class CifarCNN(nn.Module):
 
 
 INITS = ("paper", "torch")
+FREEZE = {   # model.freeze -> prefix of the parameters frozen (public weights, e.g. CIFAR-100-pretrained convs)
+    "none": "",
+    "features": "features.",
+}
 MODELS = {   # model.name -> network for (input features after any projection, hidden widths, classes)
     "mlp": lambda in_features, hidden, num_classes, bias, init: MLP(in_features, hidden, num_classes, bias, init),
     "cnn": lambda in_features, hidden, num_classes, bias, init: CifarCNN(num_classes, bias, init),

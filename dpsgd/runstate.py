@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .augment import LotTransform
 from .checkpoint import CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, load_checkpoint, save_checkpoint
-from .config import Config, ConfigError, build_model, override_key, privacy_fingerprint
-from .data import DATASETS, load_dataset
+from .config import Config, ConfigError, build_model, frozen_names, override_key, privacy_fingerprint
+from .data import DATASETS, input_shape, load_dataset
 from .fileio import atomic_write_text, plain, write_json
 from .report import COLUMNS, epsilons, privacy_statement
 from .rundir import RESERVATIONS, LotReservations
@@ -74,6 +75,11 @@ class Run:
     wall_before: float = 0.0
     eps: dict = field(default_factory=dict)
     t_start: float = field(default_factory=time.time)
+    transform: LotTransform = field(default_factory=LotTransform)   # per-example: augmentation, standardisation
+
+    def augment(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        """Lot ``step``'s examples as the DP step sees them (seeded by the run's seed and ``step``)."""
+        return self.transform.train(x, step)
 
     @property
     def k(self) -> int:          # separately clipped groups per lot
@@ -120,9 +126,10 @@ def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run | dict:
     device = resolve_device(c.device)
     set_tf32(c.tf32)
     runtime = describe_runtime(device, c.tf32, configure_threads())
-    # data, then DP-PCA: the first release charged to the ledger
-    Xtr, ytr, Xte, yte = load_dataset(c.dataset.name, c.dataset.root, c.dataset.subset, c.dataset.crop,
-                                      download=c.dataset.download)
+    # data (kept at 32×32 when lots are randomly cropped), then DP-PCA: the first release charged to the ledger
+    d = c.dataset
+    Xtr, ytr, Xte, yte = load_dataset(d.name, d.root, d.subset, None if d.augment != "none" else d.crop,
+                                      download=d.download)
     ledger = Ledger() if ckpt is None else Ledger.from_dict(ckpt["ledger"])
     if ckpt is None:
         gen = torch.Generator().manual_seed(derive_seed(c.seed, "pca", p.secure_rng))
@@ -135,7 +142,11 @@ def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run | dict:
     # the model, initialised from its own seed (global RNG state untouched)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(c.seed, "model"))
-        model = build_model(c.model, tuple(Xtr.shape[1:]), DATASETS[c.dataset.name][3])
+        shape = input_shape(d.name, d.crop) if d.augment != "none" else tuple(Xtr.shape[1:])
+        model = build_model(c.model, shape, DATASETS[d.name][3])
+        if c.model.pretrained is not None:   # public weights (not charged); frozen before the clipper is built
+            from .pretrained import load
+            load(model, c.model.pretrained, c.model.pretrained_sha256, frozen_names(model, c.model.freeze))
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
     model.to(device)
@@ -150,7 +161,8 @@ def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run | dict:
     sampler = make_sampler(p.sampling, len(Xtr), p.lot_size,
                            torch.Generator().manual_seed(derive_seed(c.seed, "sampler", p.secure_rng)))
     run = Run(c, run_dir, overrides, device, tuple(a.to(device) for a in (Xtr, ytr, Xte, yte)), V, model,
-              clipper, dp, sampler, ledger, None, LotReservations(run_dir), runtime)
+              clipper, dp, sampler, ledger, None, LotReservations(run_dir), runtime,
+              transform=LotTransform(d.augment, d.standardize, d.crop, c.seed))
     lost = _restore(run, ckpt) if ckpt is not None else 0
     run.budget = _budget(run, resumed=ckpt is not None)
     run.writer = MetricsWriter(run_dir, COLUMNS, ckpt["rows"] if ckpt is not None else [])

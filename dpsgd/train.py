@@ -44,13 +44,15 @@ def lr_at(t, epoch0: int) -> float:
 
 
 @torch.no_grad()
-def evaluate(model, X, y, batch_size: int) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) on (X, y), eval mode, batched."""
+def evaluate(model, X, y, batch_size: int, transform=None) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) on (X, y), eval mode, batched; ``transform`` maps each batch
+    to what the model sees (augment.LotTransform.eval: centre crop, standardisation)."""
     was = model.training
     model.eval()
     loss, correct = 0.0, 0
     for s in range(0, len(X), batch_size):
-        out = model(X[s:s + batch_size])
+        xb = X[s:s + batch_size]
+        out = model(xb if transform is None else transform(xb))
         loss += F.cross_entropy(out, y[s:s + batch_size], reduction="sum").item()
         correct += (out.argmax(1) == y[s:s + batch_size]).sum().item()
     model.train(was)
@@ -133,7 +135,8 @@ def run_epoch(run: Run):
                 limit = min(limit, run.steps + run.budget)
             run.reservations.ensure(run.steps, limit)
         idx = idx.to(run.device)
-        out = run.dp.step(X[idx], y[idx], physical_batch_size=p.physical_batch_size)
+        X_lot = run.augment(X[idx], run.steps)     # per example (random crop, flip, standardisation)
+        out = run.dp.step(X_lot, y[idx], physical_batch_size=p.physical_batch_size)
         if charge is not None:
             run.ledger.record(q=charge[0], sigma=charge[1], count=1, groups=run.k, label="sgd")
             if run.budget is not None:
@@ -152,7 +155,8 @@ def end_of_epoch(run: Run, stop_reason, lr: float, lot_loss: float, t_epoch: flo
              or (run.budget is not None and run.budget <= 0))
     Xtr, ytr, Xte, yte = run.data
     if (run.epoch % t.eval_every == 0 or final) and stop_reason != "diverged":
-        ev = evaluate(run.model, Xtr, ytr, t.eval_batch_size) + (evaluate(run.model, Xte, yte, t.eval_batch_size)[1],)
+        tf = run.transform.eval
+        ev = evaluate(run.model, Xtr, ytr, t.eval_batch_size, tf) + (evaluate(run.model, Xte, yte, t.eval_batch_size, tf)[1],)
     else:
         ev = (math.nan, math.nan, math.nan)
     now = time.time()
