@@ -449,8 +449,6 @@ def privacy_fingerprint(c: Config) -> dict:
     d, m, p = c.dataset, c.model, c.privacy
     return {
         "dataset.name": d.name, "dataset.subset": d.subset, "dataset.crop": d.crop,
-        "dataset.augment": d.augment, "dataset.standardize": d.standardize,
-        "model.pretrained_sha256": m.pretrained_sha256, "model.freeze": m.freeze,
         "model.name": m.name, "model.hidden": list(m.hidden), "model.bias": m.bias,
         "model.projection": m.projection, "model.pca_dims": m.pca_dims, "model.init": m.init,
         "privacy.private": p.private, "privacy.sigma": p.sigma, "privacy.sigma_p": p.sigma_p,
@@ -459,4 +457,10 @@ def privacy_fingerprint(c: Config) -> dict:
         "privacy.sampling": p.sampling, "privacy.pca_fraction": p.pca_fraction,
         "privacy.secure_rng": p.secure_rng, "privacy.noise_seed": p.noise_seed, "seed": c.seed,
         "privacy.target_epsilon": p.target_epsilon, "accountant.name": c.accountant.name,
+        # added with the CIFAR path, present only when not at their defaults: earlier runs keep their
+        # fingerprint (their resume and config_hash are unchanged)
+        **{k: v for k, v, default in (("dataset.augment", d.augment, "none"),
+                                      ("dataset.standardize", d.standardize, False),
+                                      ("model.pretrained_sha256", m.pretrained_sha256, None),
+                                      ("model.freeze", m.freeze, "none")) if v != default},
     }

