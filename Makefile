@@ -21,7 +21,7 @@ NO_DOWNLOAD := $(if $(filter 0 no false,$(DOWNLOAD)),--no-download,)
 .PHONY: help install lock data mnist mnist-all cifar-data cifar10 cifar10-all seeds test test-all bench figures paper clean $(addprefix sweep-,$(SWEEPS))
 
 help: ## list targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 	@echo "  make sweep-NAME   run one Figure-5 sweep (NAME in: $(SWEEPS))"
 
 # Safe when several `make` start at once on a fresh clone: the whole build holds an exclusive flock on

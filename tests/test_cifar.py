@@ -28,6 +28,7 @@ from dpsgd.data import main as data_main
 from dpsgd.errors import ConfigError
 from dpsgd.launch import compose, prepare_resume
 from dpsgd.pretrain import pretrain
+from dpsgd.train import main as train_main
 from dpsgd.train import train
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,13 +43,13 @@ def pipeline(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     tmp = tmp_path_factory.mktemp("cifar")
     root = tmp / "data"
-    write_cifar10(root, n_train=1000, n_test=500)
-    write_cifar100(root, n_train=500, n_test=200)
+    write_cifar10(root, n_train=600, n_test=300)
+    write_cifar100(root, n_train=300, n_test=100)
     trust(mp, root)
     common = [f"dataset.root={root}", "dataset.download=false", "device=cpu"]
     artifact = tmp / "pretrained" / "convs.pt"
     meta = pretrain(common + ["training.epochs=1", "privacy.lot_size=100"], artifact, tmp / "pretrain_run")
-    args = ["experiment=cifar10_eps2", *common, f"model.pretrained={artifact}", "privacy.lot_size=250",
+    args = ["experiment=cifar10_eps2", *common, f"model.pretrained={artifact}", "privacy.lot_size=150",
             "privacy.sigma=1.0", "privacy.target_epsilon=null", "training.epochs=2"]
     run = tmp / "run"
     train(validate(compose(args)), run, args)
@@ -120,14 +121,14 @@ def test_resumed_run_replays_the_augmented_lots_bit_identically(pipeline):
     the very model of an uninterrupted two-epoch run."""
     tmp = pipeline["tmp"]
     args = [a for a in pipeline["args"] if not a.startswith(("privacy.lot_size=", "training.epochs="))]
-    args += ["dataset.subset=200", "privacy.lot_size=50", "seed=5"]
+    args += ["dataset.subset=120", "privacy.lot_size=40", "seed=5"]
     whole, part = tmp / "whole", tmp / "part"
     train(validate(compose(args + ["training.epochs=2"])), whole, args + ["training.epochs=2"])
     train(validate(compose(args + ["training.epochs=1"])), part, args + ["training.epochs=1"])
     c, rd, rest = prepare_resume([f"resume={part}", "training.epochs=2"])
     train(c, rd, rest)
     a, b = load_checkpoint(whole)["model"], load_checkpoint(part)["model"]
-    assert load_checkpoint(part)["steps"] == load_checkpoint(whole)["steps"] == 8
+    assert load_checkpoint(part)["steps"] == load_checkpoint(whole)["steps"] == 6
     for n in a:
         assert torch.equal(a[n], b[n]), n
 
@@ -218,14 +219,16 @@ def test_make_cifar10_without_data_fails_fast_in_one_line(tmp_path):
     print(f"make cifar10 without data: exit {p.returncode} after {took:.1f} s")
 
 
-def test_missing_artifact_stops_before_any_run_folder(tmp_path):
+def test_missing_artifact_stops_before_any_run_folder(tmp_path, monkeypatch, capsys):
+    """The command line refuses before Hydra starts (so in-process here: hydra.main is never reached)."""
+    monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "dpsgd.train", "experiment=cifar10_eps2",
-                        f"model.pretrained={tmp_path / 'none.pt'}", f"hydra.run.dir={run}"],
-                       cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
-    assert p.stderr.startswith(f"error: model.pretrained={tmp_path / 'none.pt'}: no such file")
-    assert not run.exists() and not (tmp_path / "outputs").exists()
+    with pytest.raises(SystemExit) as e:
+        train_main(["experiment=cifar10_eps2", f"model.pretrained={tmp_path / 'none.pt'}", f"hydra.run.dir={run}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: model.pretrained={tmp_path / 'none.pt'}: no such file")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_data_cli_seeds_cifar_only_when_present_locally(tmp_path, monkeypatch, capsys):
