@@ -102,10 +102,17 @@ class LotTransform:
     def identity(self) -> bool:
         return self.name == "none" and not self.standardize
 
-    def train(self, x: torch.Tensor, step: int) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """The training transform as a plain ``augment(x, generator)`` callable."""
         if self.name != "none":
-            x = self.fn(x, lot_generator(self.seed, step))
+            x = self.fn(x, generator)
         return per_image_standardization(x) if self.standardize else x
+
+    def train(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        """Lot ``step``'s examples, its randomness drawn from ``lot_generator(seed, step)``."""
+        if self.identity:
+            return x
+        return self(x, lot_generator(self.seed, step) if self.name != "none" else None)
 
     def eval(self, x: torch.Tensor) -> torch.Tensor:
         if self.crop is not None and x.dim() == 4 and x.shape[-1] > self.crop:

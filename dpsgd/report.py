@@ -226,6 +226,8 @@ def parameters(c: Config, run) -> dict:
     named = list(model.named_parameters())
     out = {"private_parameters" if c.privacy.private else "trained_parameters":
            [n for n, p in named if p.requires_grad]}
+    if c.privacy.private:        # the k separately clipped groups (per layer: a module's weight and bias)
+        out["clipping_groups"] = [list(g) for g in run.clipper.groups]
     m = c.model
     if m.pretrained is not None:
         from .pretrained import SOURCE, relative

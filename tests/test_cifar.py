@@ -68,6 +68,7 @@ def test_pretrain_freeze_dp_train(pipeline):
     assert pub["tensors"] == FEATURES and pub["sha256"] == side["sha256"] and "CIFAR-100" in pub["source"]
     assert js["private_parameters"] == DENSE
     assert js["k"] == 3 == js["convention"]["groups"]                 # per-layer: the three dense layers
+    assert js["clipping_groups"] == [DENSE[i:i + 2] for i in (0, 2, 4)]   # k counts trained groups only
     assert {e["label"] for e in js["ledger"]["entries"]} == {"sgd"}   # the pretraining is not charged
     assert all(e["groups"] == 3 for e in js["ledger"]["entries"])
     final = load_checkpoint(run)["model"]
