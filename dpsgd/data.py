@@ -12,7 +12,9 @@
 The data root is ``dataset.root`` in the config, else ``$DPSGD_DATA_ROOT``, else ``<repo>/data``.
 When it lacks the archives and a local source holds them (``$DPSGD_DATA_SOURCE``, else
 ``<repo>/../shared/data`` when that exists) they are copied in (the source is only read); otherwise
-torchvision downloads them. ``python -m dpsgd.data`` seeds the root and reports what it verified.
+torchvision downloads them. ``python -m dpsgd.data`` seeds the root and reports what it verified (without
+names: MNIST and Fashion-MNIST, and CIFAR-10/100 when the root or the source already holds them). A
+dataset found nowhere is one line naming it and both ways to provide it (``how_to_provide``).
 
 Integrity: every file the loaders read is checked against its publisher's md5 on every load (a fresh
 process hashes again; within one process a verified digest is remembered while the file keeps its inode,

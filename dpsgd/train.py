@@ -6,6 +6,7 @@
     setup:  data → (DP-)PCA, charged to the ledger → model → clipping engine → DPSGD → sampler (q = L/N)
     for each epoch, for each lot L_t drawn with probability q per example:
         stop before a lot that would pass max_steps or the target ε          (should_stop)
+        x_i ← augment(x_i), each example on its own (CIFAR: crop, flip, standardise)  (run.augment)
         g̃_t ← (Σ_i clip_C(∇ℓ(θ, x_i)) + N(0, σ²C² I)) / L ;  θ ← θ − η_t g̃_t   (dp.step)
         record the release (q, σ) in the ledger                             (ledger.record)
     end of epoch: evaluate, ε under every accountant, one metrics.csv row, privacy.json, checkpoint
