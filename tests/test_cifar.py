@@ -117,6 +117,15 @@ def test_changed_or_missing_artifact_is_refused(pipeline, tmp_path):
             shutil.move(moved / p.name, p)
 
 
+def test_pretrain_refuses_before_writing(pipeline, tmp_path):
+    common = [f"dataset.root={pipeline['root']}", "dataset.download=false", "device=cpu"]
+    with pytest.raises(ConfigError, match=r"^--out=\S+: \S+ already exists; never overwritten"):
+        pretrain(common, pipeline["artifact"], tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"^privacy.private=true: pretraining uses public data"):
+        pretrain(common + ["privacy.private=true", "privacy.sigma=1"], tmp_path / "a.pt", tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_resumed_run_replays_the_augmented_lots_bit_identically(pipeline):
     """Crops and flips are drawn from (seed, lot index): one epoch, then a resume to two, ends with
     the very model of an uninterrupted two-epoch run."""
