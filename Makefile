@@ -13,10 +13,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SWEEPS := $(basename $(notdir $(wildcard conf/sweep/*.yaml)))
 
-.PHONY: help install lock data mnist mnist-all seeds test test-all bench figures paper clean $(addprefix sweep-,$(SWEEPS))
+# The CIFAR-10 runs (paper §5.3) load convolutions pretrained on CIFAR-100 (public data) from this
+# artifact, built by `python -m dpsgd.pretrain` when it is missing. DOWNLOAD=0: never use the network.
+PRETRAINED := data/pretrained/cifar100_convs.pt
+NO_DOWNLOAD := $(if $(filter 0 no false,$(DOWNLOAD)),--no-download,)
+
+.PHONY: help install lock data mnist mnist-all cifar-data cifar10 cifar10-all seeds test test-all bench figures paper clean $(addprefix sweep-,$(SWEEPS))
 
 help: ## list targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 	@echo "  make sweep-NAME   run one Figure-5 sweep (NAME in: $(SWEEPS))"
 
 # Safe when several `make` start at once on a fresh clone: the whole build holds an exclusive flock on
@@ -50,7 +55,7 @@ lock: ## after editing a pin in requirements*.txt: re-resolve it in .venv and re
 	{ grep '^#' $(LOCK); $(PY) -m pip freeze --all --exclude-editable; } > $(LOCK).tmp; \
 	mv $(LOCK).tmp $(LOCK); echo "rewrote $(LOCK): $$(grep -vc '^#' $(LOCK)) packages"
 
-data: $(STAMP) ## seed the git-ignored data root (copies local archives, else downloads)
+data: $(STAMP) ## seed the git-ignored data root (copies local archives, else downloads; CIFAR when present locally)
 	$(PY) -m dpsgd.data
 
 mnist: $(STAMP) data ## train the paper's medium-noise MNIST model (eps = 2, delta = 1e-5)
@@ -58,6 +63,20 @@ mnist: $(STAMP) data ## train the paper's medium-noise MNIST model (eps = 2, del
 
 mnist-all: $(STAMP) data ## the four paper presets: small, medium, large noise and non-private
 	for e in mnist_small mnist_medium mnist_large mnist_nonprivate; do $(PY) -m dpsgd.train experiment=$$e || exit 1; done
+
+# CIFAR-10 first: without it nothing else is worth building (one line naming it, exit 2).
+cifar-data: $(STAMP) ## seed CIFAR-10 and CIFAR-100 (from $DPSGD_DATA_SOURCE, else download; DOWNLOAD=0: never)
+	$(PY) -m dpsgd.data cifar10 $(NO_DOWNLOAD)
+	$(PY) -m dpsgd.data cifar100 $(NO_DOWNLOAD)
+
+$(PRETRAINED): | $(STAMP) cifar-data
+	$(PY) -m dpsgd.pretrain --out $@
+
+cifar10: $(STAMP) cifar-data $(PRETRAINED) ## train the paper's CIFAR-10 model at eps = 2 (pretrains the convs on CIFAR-100 first if needed)
+	$(PY) -m dpsgd.train experiment=cifar10_eps2
+
+cifar10-all: $(STAMP) cifar-data $(PRETRAINED) ## the CIFAR-10 presets: eps = 2, 4, 8 and non-private
+	for e in cifar10_eps2 cifar10_eps4 cifar10_eps8 cifar10_nonprivate; do $(PY) -m dpsgd.train experiment=$$e || exit 1; done
 
 seeds: $(STAMP) data ## the four presets over seeds 0-4, merged into results/seeds.csv (SEEDS=0-4 DEVICE=auto)
 	$(PY) -m experiments.seeds run --seeds $(or $(SEEDS),0-4) --device $(or $(DEVICE),auto)

@@ -28,10 +28,11 @@ from typing import Any
 
 from .accountant import ACCOUNTANTS, CONVENTIONS
 from .accountant import _checks as acc_limits
+from .augment import AUGMENTATIONS
 from .clipping.clip import CLIPPINGS, MODES
 from .data import DATASETS, input_shape
 from .errors import ConfigError
-from .models import INITS, MODELS, NORMS
+from .models import FREEZE, INITS, MODELS, NORMS
 from .pca import PROJECTIONS
 from .sampling import SAMPLERS
 
@@ -48,6 +49,8 @@ class DatasetConfig:
     subset: int | None = None          # use only the first n training examples
     crop: int | None = 24              # CIFAR center crop (paper: 24); None keeps 32
     download: bool = True              # allow torchvision to download when no local copy exists
+    augment: str = "none"              # none | crop_flip (random crop to `crop` + horizontal flip, per lot)
+    standardize: bool = False          # per-image standardisation (TF per_image_standardization)
 
 
 @dataclass
@@ -59,6 +62,9 @@ class ModelConfig:
     pca_dims: int = 60                 # 0 = no projection
     init: str = "paper"                # paper (original code: truncated normal, std 1/sqrt(fan_in)) | torch
     norm: str = "none"                 # none | group: GroupNorm after each convolution (tanh_cnn)
+    pretrained: str | None = None      # artifact of python -m dpsgd.pretrain (public weights), loaded at setup
+    pretrained_sha256: str | None = None   # None: filled from the artifact's sidecar (after checking it)
+    freeze: str = "none"               # none | features: requires_grad=False (not clipped, noised, charged)
 
 
 @dataclass
@@ -128,6 +134,8 @@ CHOICES = {   # each list is defined once, where the choice is implemented
     "model.projection": sorted(PROJECTIONS),
     "model.init": sorted(INITS),
     "model.norm": sorted(NORMS),
+    "model.freeze": sorted(FREEZE),
+    "dataset.augment": sorted(AUGMENTATIONS),
     "privacy.clipping": sorted(CLIPPINGS),
     "privacy.convention": sorted(CONVENTIONS),
     "privacy.sampling": sorted(SAMPLERS),
@@ -230,6 +238,13 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     if d.root is not None and not isinstance(d.root, str):
         raise ConfigError(f"dataset.root={_fmt(d.root)}: must be a path")
     d.download = _bool("dataset.download", d.download)
+    _choice("dataset.augment", d.augment)
+    d.standardize = _bool("dataset.standardize", d.standardize)
+    if d.augment != "none" and (len(DATASETS[d.name][4]) != 3 or not d.crop or d.crop >= DATASETS[d.name][4][-1]):
+        raise ConfigError(f"dataset.augment={d.augment}: random crops need images and dataset.crop smaller than "
+                          f"them ({d.name}, crop={_fmt(d.crop)})")
+    if d.standardize and len(DATASETS[d.name][4]) != 3:
+        raise ConfigError(f"dataset.standardize=true: per-image standardisation is for image datasets, not {d.name}")
     N = c.N
 
     # model
@@ -269,6 +284,10 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
             raise ConfigError(f"model.projection={m.projection}: the tanh_cnn model takes images; use none")
     elif m.norm != "none":
         raise ConfigError(f"model.norm={m.norm}: only model.name=tanh_cnn has a normalisation option")
+    if d.augment != "none" and m.projection != "none":
+        raise ConfigError(f"model.projection={m.projection}: a projection is fit on fixed inputs; "
+                          f"dataset.augment={d.augment} needs model.projection=none")
+    _choice("model.freeze", m.freeze)
     _check_model(c, shape)
 
     # privacy
@@ -401,6 +420,35 @@ def _check_model(c: Config, shape) -> None:
         check_dp_compatible(model)
     except ValueError as e:
         raise ConfigError(f"model.name={c.model.name}: {str(e).splitlines()[0]}") from None
+    m = c.model
+    frozen = frozen_names(model, m.freeze)
+    if m.freeze != "none" and not frozen:
+        raise ConfigError(f"model.freeze={m.freeze}: the {m.name} model has no such parameters")
+    if m.freeze != "none" and m.pretrained is None:
+        raise ConfigError(f"model.freeze={m.freeze}: freezes public weights; set model.pretrained to their artifact")
+    if len(frozen) == sum(1 for _ in model.parameters()):
+        raise ConfigError(f"model.freeze={m.freeze}: nothing left to train")
+    if m.pretrained_sha256 is not None and (not isinstance(m.pretrained_sha256, str) or m.pretrained is None):
+        raise ConfigError(f"model.pretrained_sha256={_fmt(m.pretrained_sha256)}: a hex digest, with model.pretrained")
+    if m.pretrained is not None:
+        if not isinstance(m.pretrained, str) or not m.pretrained:
+            raise ConfigError(f"model.pretrained={_fmt(m.pretrained)}: must be the path of an artifact")
+        from .pretrained import verify
+        tensors, m.pretrained_sha256 = verify(m.pretrained, m.pretrained_sha256)
+        shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+        for n, shape in tensors.items():
+            if shapes.get(n) != shape:
+                raise ConfigError(f"model.pretrained={m.pretrained}: its tensor {n} {list(shape)} does not fit the "
+                                  f"{m.name} model ({list(shapes[n]) if n in shapes else 'no such tensor'})")
+        missing = [n for n in frozen if n not in tensors]
+        if missing:
+            raise ConfigError(f"model.pretrained={m.pretrained}: holds no {missing[0]}, which model.freeze={m.freeze} "
+                              "freezes (a frozen tensor must be the public one)")
+
+
+def frozen_names(model, freeze: str) -> list[str]:
+    """The parameters ``model.freeze`` freezes (requires_grad=False: public, neither clipped nor noised)."""
+    return [n for n, _ in model.named_parameters() if n.startswith(FREEZE[freeze])] if FREEZE[freeze] else []
 
 
 def build_model(m: ModelConfig, shape, classes: int):
@@ -428,4 +476,10 @@ def privacy_fingerprint(c: Config) -> dict:
         "privacy.sampling": p.sampling, "privacy.pca_fraction": p.pca_fraction,
         "privacy.secure_rng": p.secure_rng, "privacy.noise_seed": p.noise_seed, "seed": c.seed,
         "privacy.target_epsilon": p.target_epsilon, "accountant.name": c.accountant.name,
+        # added with the CIFAR path, present only when not at their defaults: earlier runs keep their
+        # fingerprint (their resume and config_hash are unchanged)
+        **{k: v for k, v, default in (("dataset.augment", d.augment, "none"),
+                                      ("dataset.standardize", d.standardize, False),
+                                      ("model.pretrained_sha256", m.pretrained_sha256, None),
+                                      ("model.freeze", m.freeze, "none")) if v != default},
     }

@@ -12,7 +12,9 @@
 The data root is ``dataset.root`` in the config, else ``$DPSGD_DATA_ROOT``, else ``<repo>/data``.
 When it lacks the archives and a local source holds them (``$DPSGD_DATA_SOURCE``, else
 ``<repo>/../shared/data`` when that exists) they are copied in (the source is only read); otherwise
-torchvision downloads them. ``python -m dpsgd.data`` seeds the root and reports what it verified.
+torchvision downloads them. ``python -m dpsgd.data`` seeds the root and reports what it verified (without
+names: MNIST and Fashion-MNIST, and CIFAR-10/100 when the root or the source already holds them). A
+dataset found nowhere is one line naming it and both ways to provide it (``how_to_provide``).
 
 Integrity: every file the loaders read is checked against its publisher's md5 on every load (a fresh
 process hashes again; within one process a verified digest is remembered while the file keeps its inode,
@@ -278,9 +280,28 @@ def _seed(name: str, root: Path, source: Path | None, download: bool, label: str
         cls(str(root), train=True, download=True)
         cls(str(root), train=False, download=True)
     except Exception as e:  # no network, mirror down, disk full, ...
-        raise DataUnavailable(f"{label}={root}: {name} not found there, nor under DPSGD_DATA_SOURCE={source}, "
-                              f"and the download failed ({_reason(e)})") from None
+        raise DataUnavailable(f"{label}={root}: {name} not found there, nor under DPSGD_DATA_SOURCE={source} "
+                              f"({how_to_provide(name)}), and the download failed ({_reason(e)})") from None
     return f"downloaded to {root}"
+
+
+def how_to_provide(name: str) -> str:
+    """The two ways to provide ``name``, in one clause (for the one-line 'not found' errors)."""
+    folder = DATASETS[name][0]
+    what = (f"{EXPECTED_ARCHIVE_MD5[name][0]} or its {folder}/ folder" if name in EXPECTED_ARCHIVE_MD5
+            else f"its {folder}/raw/*.gz archives")
+    return (f"put {what} under $DPSGD_DATA_SOURCE or the data root, or allow the download "
+            "(dataset.download=true, needs network)")
+
+
+def has_local_copy(name: str, root: str | Path | None = None, source: str | Path | None = None) -> bool:
+    """Whether the root or the source holds ``name`` (its folder or archive), unverified: what
+    ``python -m dpsgd.data`` without names seeds besides MNIST (CIFAR only when present locally)."""
+    places = [Path(root) if root else default_root()]
+    src = Path(source) if source else default_source()
+    places += [src] if src is not None else []
+    names = [DATASETS[name][0]] + ([EXPECTED_ARCHIVE_MD5[name][0]] if name in EXPECTED_ARCHIVE_MD5 else [])
+    return any((p / n).exists() for p in places for n in names)
 
 
 def ensure_dataset(name: str, root: str | Path | None = None, source: str | Path | None = None,
@@ -313,7 +334,8 @@ def ensure_dataset(name: str, root: str | Path | None = None, source: str | Path
         return f"{name}: {done}, md5 verified ({n} files)"
     undo()
     raise DataUnavailable(f"{label}={root}: {name} not found there, nor under DPSGD_DATA_SOURCE={source}"
-                          + ("" if download else ", and downloads are off (dataset.download=false)"))
+                          + ("" if download else ", and downloads are off (dataset.download=false)")
+                          + f"; {how_to_provide(name)}")
 
 
 def _read_idx(path: Path) -> np.ndarray:
@@ -448,13 +470,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dpsgd.data",
                                 description="Seed the data root from a local source (or download) and verify its md5s.")
     p.add_argument("names", nargs="*", metavar="NAME",
-                   help=f"datasets among {sorted(DATASETS)} (default: mnist fashion_mnist)")
+                   help=f"datasets among {sorted(DATASETS)} (default: mnist fashion_mnist, and cifar10 "
+                        "cifar100 when the root or the source holds them)")
     p.add_argument("--root", default=None, help="data root (default $DPSGD_DATA_ROOT or <repo>/data)")
     p.add_argument("--source", default=None, help="local source (default $DPSGD_DATA_SOURCE or ../shared/data)")
     p.add_argument("--no-download", action="store_true", help="never use the network")
     a = p.parse_args(argv)
     status = 0
-    for name in a.names or ["mnist", "fashion_mnist"]:
+    names = a.names or ["mnist", "fashion_mnist"] + [n for n in ("cifar10", "cifar100")
+                                                     if has_local_copy(n, a.root, a.source)]
+    for name in names:
         if name not in DATASETS:
             print(f"error: {name!r}: unknown dataset, must be one of {sorted(DATASETS)}", file=sys.stderr)
             status = 2

@@ -129,6 +129,10 @@ class TanhCNN(nn.Module):
 
 INITS = ("paper", "torch")
 NORMS = ("none", "group")    # model.norm: normalisation after the convolutions (tanh_cnn)
+FREEZE = {   # model.freeze -> prefix of the parameters frozen (public weights, e.g. CIFAR-100-pretrained convs)
+    "none": "",
+    "features": "features.",
+}
 MODELS = {   # model.name -> network for (input features after any projection, hidden widths, classes)
     "mlp": lambda in_features, hidden, num_classes, bias, init, **_: MLP(in_features, hidden, num_classes,
                                                                          bias, init),

@@ -197,6 +197,8 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
         "joint": "k separately clipped groups on one lot = one Gaussian mechanism with multiplier σ/√k (correct)",
         "per_tensor": "k mechanisms at σ per lot: the paper's original code; under-states ε",
     }
+    st["k"] = k
+    st.update(parameters(c, run))
     st["accountant"] = c.accountant.name
     st["conversion"] = CONVERSIONS
     st["epsilon_valid"] = eps["epsilon_valid"]
@@ -224,6 +226,29 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
                      if ema else "checkpoint.pt: model"),
     }
     return st
+
+
+def parameters(c: Config, run) -> dict:
+    """Which tensors were trained privately (clipped, noised, the k groups) and which are public:
+    loaded from a pretrained artifact and frozen, never charged (paper §5.3: convolutions pretrained on
+    CIFAR-100, "treated as public")."""
+    model = getattr(run, "model", None)
+    if model is None:
+        return {}
+    named = list(model.named_parameters())
+    out = {"private_parameters" if c.privacy.private else "trained_parameters":
+           [n for n, p in named if p.requires_grad]}
+    if c.privacy.private:        # the k separately clipped groups (per layer: a module's weight and bias)
+        out["clipping_groups"] = [list(g) for g in run.clipper.groups]
+    m = c.model
+    if m.pretrained is not None:
+        from .pretrained import SOURCE, relative
+        out["public_parameters"] = {"tensors": [n for n, p in named if not p.requires_grad],
+                                    "artifact": relative(m.pretrained), "sha256": m.pretrained_sha256,
+                                    "source": SOURCE}
+    else:
+        out["public_parameters"] = None
+    return out
 
 
 def progress_line(row: dict, c: Config) -> None:

@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .augment import LotTransform, lot_generator
 from .checkpoint import CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, load_checkpoint, save_checkpoint
 from . import distributed
-from .config import Config, ConfigError, build_model, override_key, privacy_fingerprint
-from .data import DATASETS, load_dataset
+from .config import Config, ConfigError, build_model, frozen_names, override_key, privacy_fingerprint
+from .data import DATASETS, input_shape, load_dataset
 from .fileio import atomic_write_text, plain, write_json
 from .report import COLUMNS, epsilons, privacy_statement
 from .rundir import RESERVATIONS, LotReservations
@@ -81,6 +82,19 @@ class Run:
     wall_before: float = 0.0
     eps: dict = field(default_factory=dict)
     t_start: float = field(default_factory=time.time)
+    transform: LotTransform = field(default_factory=LotTransform)   # per-example: augmentation, standardisation
+
+    def augment(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        """Lot ``step``'s examples as the DP step sees them (seeded by the run's seed and ``step``).
+
+        Under augmentation multiplicity (privacy.augment_multiplicity K > 1) the transform runs
+        inside the DP step instead, on the K copies of each example (each copy its own draw from
+        the lot's generator), so the lot is passed on as stored."""
+        if self.dp.K > 1 and not self.transform.identity:
+            self.dp.augment = self.transform
+            self.dp.augment_generator = lot_generator(self.transform.seed, step)
+            return x
+        return self.transform.train(x, step)
 
     @property
     def k(self) -> int:          # separately clipped groups per lot
@@ -185,9 +199,10 @@ def _build(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, 
     device = resolve_device(c.device, d.local_rank if d.active else None)
     set_tf32(c.tf32)
     runtime = describe_runtime(device, c.tf32, configure_threads())
-    # data, then DP-PCA: the first release charged to the ledger
-    Xtr, ytr, Xte, yte = load_dataset(c.dataset.name, c.dataset.root, c.dataset.subset, c.dataset.crop,
-                                      download=c.dataset.download)
+    # data (kept at 32×32 when lots are randomly cropped), then DP-PCA: the first release charged to the ledger
+    ds = c.dataset
+    Xtr, ytr, Xte, yte = load_dataset(ds.name, ds.root, ds.subset, None if ds.augment != "none" else ds.crop,
+                                      download=ds.download)
     ledger = Ledger() if ckpt is None else Ledger.from_dict(ckpt["ledger"])
     if ckpt is None:
         gen = torch.Generator().manual_seed(seeds["pca"])
@@ -200,7 +215,11 @@ def _build(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, 
     # the model, initialised from its own seed (global RNG state untouched)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(c.seed, "model"))
-        model = build_model(c.model, tuple(Xtr.shape[1:]), DATASETS[c.dataset.name][3])
+        shape = input_shape(ds.name, ds.crop) if ds.augment != "none" else tuple(Xtr.shape[1:])
+        model = build_model(c.model, shape, DATASETS[ds.name][3])
+        if c.model.pretrained is not None:   # public weights (not charged); frozen before the clipper is built
+            from .pretrained import load
+            load(model, c.model.pretrained, c.model.pretrained_sha256, frozen_names(model, c.model.freeze))
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
     model.to(device)
@@ -218,7 +237,8 @@ def _build(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, 
     if d.active:   # Σ over ranks, noise once; the noise is drawn in the engine's parameter order
         dp.comm = distributed.Aggregator(d, p.secure_rng, list(clipper.clipped_sum(data[0][:1], data[1][:1]).grads))
     run = Run(c, run_dir, overrides, device, data, V, model,
-              clipper, dp, sampler, ledger, None, LotReservations(run_dir), runtime, d)
+              clipper, dp, sampler, ledger, None, LotReservations(run_dir), runtime, d,
+              transform=LotTransform(ds.augment, ds.standardize, ds.crop, c.seed))
     if t.ema_decay is not None:
         from .ema import EMA
         run.ema = EMA(model, t.ema_decay)

@@ -6,6 +6,7 @@
     setup:  data → (DP-)PCA, charged to the ledger → model → clipping engine → DPSGD → sampler (q = L/N)
     for each epoch, for each lot L_t drawn with probability q per example:
         stop before a lot that would pass max_steps or the target ε          (should_stop)
+        x_i ← augment(x_i), each example on its own (CIFAR: crop, flip, standardise)  (run.augment)
         g̃_t ← (Σ_i clip_C(∇ℓ(θ, x_i)) + N(0, σ²C² I)) / L ;  θ ← θ − η_t g̃_t   (dp.step)
         record the release (q, σ) in the ledger                             (ledger.record)
         θ̄ ← β θ̄ + (1 − β) θ   when training.ema_decay = β (post-processing)  (ema.update)
@@ -47,13 +48,15 @@ def lr_at(t, epoch0: int) -> float:
 
 
 @torch.no_grad()
-def evaluate(model, X, y, batch_size: int) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) on (X, y), eval mode, batched."""
+def evaluate(model, X, y, batch_size: int, transform=None) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) on (X, y), eval mode, batched; ``transform`` maps each batch
+    to what the model sees (augment.LotTransform.eval: centre crop, standardisation)."""
     was = model.training
     model.eval()
     loss, correct = 0.0, 0
     for s in range(0, len(X), batch_size):
-        out = model(X[s:s + batch_size])
+        xb = X[s:s + batch_size]
+        out = model(xb if transform is None else transform(xb))
         loss += F.cross_entropy(out, y[s:s + batch_size], reduction="sum").item()
         correct += (out.argmax(1) == y[s:s + batch_size]).sum().item()
     model.train(was)
@@ -143,7 +146,8 @@ def run_epoch(run: Run):
             if run.writes:   # under torchrun no rank passes this lot's all-reduce before rank 0 reserved it
                 run.reservations.ensure(run.steps, limit)
         idx = run.dist.share(idx).to(run.device)   # this rank's share of the global lot
-        out = run.dp.step(X[idx], y[idx], physical_batch_size=p.physical_batch_size)
+        X_lot = run.augment(X[idx], run.steps)     # per example (random crop, flip, standardisation)
+        out = run.dp.step(X_lot, y[idx], physical_batch_size=p.physical_batch_size)
         if charge is not None:
             run.ledger.record(q=charge[0], sigma=charge[1], count=1, groups=run.k, label="sgd")
             if run.budget is not None:
@@ -166,8 +170,9 @@ def end_of_epoch(run: Run, stop_reason, lr: float, lot_loss: float, t_epoch: flo
              or (run.budget is not None and run.budget <= 0))
     Xtr, ytr, Xte, yte = run.data
     if (run.epoch % t.eval_every == 0 or final) and stop_reason != "diverged":
+        tf = run.transform.eval
         with run.ema.applied(run.model) if run.ema is not None else nullcontext(run.model) as model:
-            ev = evaluate(model, Xtr, ytr, t.eval_batch_size) + (evaluate(model, Xte, yte, t.eval_batch_size)[1],)
+            ev = evaluate(model, Xtr, ytr, t.eval_batch_size, tf) + (evaluate(model, Xte, yte, t.eval_batch_size, tf)[1],)
     else:
         ev = (math.nan, math.nan, math.nan)
     now = time.time()

@@ -59,6 +59,10 @@ VALIDATION = [
     Bad(["dataset.crop=33"], "dataset.crop"),
     Bad(["dataset.download=maybe"], "dataset.download", "must be true or false"),
     Bad(["dataset.root=5"], "dataset.root", "must be a path"),
+    Bad(["dataset.augment=rotate"], "dataset.augment"),
+    Bad(["dataset.augment=crop_flip"], "dataset.augment", "random crops need images"),
+    Bad(["dataset.standardize=maybe"], "dataset.standardize", "must be true or false"),
+    Bad(["dataset.standardize=true"], "dataset.standardize", "for image datasets"),
     # --- model
     Bad(["model.name=resnet"], "model.name", "unknown"),
     Bad(["model.name=cnn"], "model.name", "model.name=cnn: needs 3x24x24 images"),
@@ -73,6 +77,10 @@ VALIDATION = [
     Bad(["model.norm=batch"], "model.norm", "unknown"),
     Bad(["model.norm=group"], "model.norm", "only model.name=tanh_cnn"),
     Bad(["model=tanh_cnn", "dataset=cifar10"], "model.name", "tanh_cnn: needs 1x28x28 images"),
+    Bad(["model.freeze=all"], "model.freeze"),
+    Bad(["model.freeze=features"], "model.freeze", "the mlp model has no such parameters"),
+    Bad(["experiment=cifar10_eps2", "model.pretrained=null"], "model.freeze", "freezes public weights"),
+    Bad(["experiment=cifar10_eps2", "model.pretrained=none.pt"], "model.pretrained", "none.pt: no such file"),
     Bad(["model.pca_dims=785"], "model.pca_dims", "model.pca_dims=785: exceeds the input dimension"),
     Bad(["model.pca_dims=-1"], "model.pca_dims"),
     # --- privacy
