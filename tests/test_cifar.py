@@ -143,6 +143,40 @@ def test_resumed_run_replays_the_augmented_lots_bit_identically(pipeline):
         assert torch.equal(a[n], b[n]), n
 
 
+def test_augmentation_multiplicity_augments_each_copy_inside_the_step(pipeline):
+    """privacy.augment_multiplicity=K with dataset.augment=crop_flip: the lot reaches the DP step as
+    stored (32×32) and each of the K copies of an example gets its own crop from the lot's generator
+    (De et al. 2022); a resumed run replays those crops bit-identically."""
+    tmp = pipeline["tmp"]
+    args = [a for a in pipeline["args"] if not a.startswith(("privacy.lot_size=", "training.epochs="))]
+    args += ["dataset.subset=120", "privacy.lot_size=40", "seed=7", "privacy.augment_multiplicity=2"]
+    seen = []
+    from dpsgd import optim
+    real = optim.DPSGD._rows
+
+    def spy(self, xb):
+        rows = real(self, xb)
+        seen.append((tuple(xb.shape), tuple(rows.shape), rows))
+        return rows
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(optim.DPSGD, "_rows", spy)
+    try:
+        whole, part = tmp / "k2_whole", tmp / "k2_part"
+        train(validate(compose(args + ["training.epochs=2"])), whole, args + ["training.epochs=2"])
+    finally:
+        mp.undo()
+    assert seen and all(x[1:] == (3, 32, 32) and r == (2 * x[0], 3, 24, 24) for x, r, _ in seen)
+    rows = seen[0][2]
+    assert not torch.equal(rows[0::2], rows[1::2])          # the two copies were cropped differently
+    train(validate(compose(args + ["training.epochs=1"])), part, args + ["training.epochs=1"])
+    c, rd, rest = prepare_resume([f"resume={part}", "training.epochs=2"])
+    train(c, rd, rest)
+    a, b = load_checkpoint(whole)["model"], load_checkpoint(part)["model"]
+    for n in a:
+        assert torch.equal(a[n], b[n]), n
+
+
 def test_crop_flip_takes_a_window_of_each_example():
     x = torch.arange(12 * 3 * 32 * 32, dtype=torch.float64).reshape(12, 3, 32, 32)
     out = crop_flip(x, torch.Generator().manual_seed(0))
