@@ -51,6 +51,13 @@ def final(df: pd.DataFrame) -> dict[str, pd.Series]:
             for p in claims.CIFAR10_PRESETS if p in set(df["preset"])}
 
 
+def _configured(r: pd.Series) -> str:
+    """Legend label of the run's configured ε (the column ``epsilon``)."""
+    if (r["accountant"], r["convention"]) == ("moments", "per_tensor"):
+        return "ε, moments, per-tensor (paper's accounting)"
+    return f"ε, {r['accountant']}, {r['convention']} (run's accounting)"
+
+
 def draw(df: pd.DataFrame, out: Path) -> list[Path]:
     """Test (and train) accuracy vs epochs, one panel per preset; ε (paper's accounting, and the valid
     joint PLD) on the second axis; the paper's accuracy and ε as dotted lines. 1 × 3, or 2 × 2 with
@@ -62,6 +69,7 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
     acc = 100 * df["test_accuracy"].dropna()
     lo = max(0.0, 10 * math.floor((acc.min() - 5) / 10)) if len(acc) else 0.0
     delta = _delta(df["delta"].dropna().iloc[0]) if df["delta"].notna().any() else "n/a"
+    sep = "\n" if ncols > 2 else " "          # narrow panels: the settings on a line of their own
     with plt.rc_context(COLUMN_RC):
         fig, axes = _grid(len(presets), ncols, 2.45 if ncols <= 2 else 2.2, 1.0)
         for i, (ax, preset) in enumerate(zip(axes.flat, presets)):
@@ -79,8 +87,7 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
             letter = "abcd"[i]
             if math.isfinite(paper["epsilon"]) and d["epsilon"].notna().any():
                 ax2 = ax.twinx()
-                ax2.plot(d["epoch"], d["epsilon"], color=EPS_COLOR, ls="--",
-                         label="ε, moments, per-tensor (paper's accounting)")
+                ax2.plot(d["epoch"], d["epsilon"], color=EPS_COLOR, ls="--", label=_configured(r))
                 if d["epsilon_pld_joint"].notna().any():
                     ax2.plot(d["epoch"], d["epsilon_pld_joint"], color=PLD_COLOR, ls="-.",
                              label="ε, PLD joint (valid, tight)")
@@ -88,7 +95,7 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
                 ax2.set_ylabel(f"ε (δ = {delta})", color=EPS_COLOR)
                 ax2.tick_params(axis="y", colors=EPS_COLOR)
                 ax2.set_ylim(0, 1.25 * max(paper["epsilon"], d["epsilon"].max()))
-                ax.set_title(f"({letter}) {claims.CIFAR10_LABEL[preset]}: q = {r['q']:.3g}, σ = {r['sigma']:g}, "
+                ax.set_title(f"({letter}) {claims.CIFAR10_LABEL[preset]}:{sep}q = {r['q']:.3g}, σ = {r['sigma']:g}, "
                              f"C = {r['C']:g}, k = {int(r['groups'])}\n"
                              f"paper: {100 * paper['accuracy']:g} % at ε = {paper['epsilon']:g}")
             else:

@@ -33,19 +33,28 @@ def _png_width(path: Path) -> int:
 
 
 # ------------------------------------------------------------------------------- from the fixture
-def test_figure6_renders_from_the_fixture(tmp_path):
-    """(Byte-determinism is `_save`'s, shared with every figure: tests/test_experiments.py.)"""
+def test_figure6_and_the_readme_section_render_from_the_fixture(tmp_path):
+    """`make figures` on a results folder holding the fixture as figure6.csv: the figure, and the README's
+    CIFAR section, file list and image. (Byte-determinism is `_save`'s, shared with every figure and
+    checked in tests/test_experiments.py.)"""
     df = _fixture()
     assert set(df.columns) == set(figure6.COLUMNS)
     assert set(df["hardware"]) == {"FIXTURE (synthetic, not a measurement)"}     # labelled, never a result
-    a = figures.figure6(df, tmp_path)
-    assert [p.name for p in a] == ["figure6.png", "figure6.pdf"]
-    assert all(p.stat().st_size > 1000 for p in a)
+    res = tmp_path / "results"
+    res.mkdir()
+    shutil.copy(FIXTURE, res / "figure6.csv")
+    assert figures.main(["--results", str(res)]) == 0
+    png, pdf = res / "figures" / "figure6.png", res / "figures" / "figure6.pdf"
+    assert png.stat().st_size > 1000 and pdf.stat().st_size > 1000
     # printed at a paper's text width, as Figures 3 and 4
-    assert _png_width(a[0]) <= (figures.COLUMN_WIDTH_IN + 0.2) * figures.COLUMN_DPI
+    assert _png_width(png) <= (figures.COLUMN_WIDTH_IN + 0.2) * figures.COLUMN_DPI
+    out = (res / "README.md").read_text(encoding="utf-8")
+    assert "## §5.3 / Figure 6 — CIFAR-10" in out and "- `figure6.csv`" in out
+    assert "![figure6](figures/figure6.png)" in out and readme.CIFAR_NOT_MEASURED not in out
+    assert "\n".join(readme.cifar_rows(df)) in out
 
 
-def test_readme_cifar_rows_come_from_figure6_csv(tmp_path):
+def test_readme_cifar_rows_come_from_figure6_csv():
     df = _fixture()
     text = "\n".join(readme.cifar_rows(df))
     assert readme.CIFAR_NOT_MEASURED not in text
@@ -60,14 +69,9 @@ def test_readme_cifar_rows_come_from_figure6_csv(tmp_path):
             assert f"ε = {p['epsilon']:g}, L = {p['lot_size']}" in line
             assert f"| {r['epsilon']:.2f} | {r['epsilon_pld_joint']:.2f} |" in line
             assert r["epsilon"] <= p["epsilon"]                          # the budget stop: never above
-    # the whole README, with the CSV beside the others: the section, the file, the figure
-    res = tmp_path / "results"
-    res.mkdir()
-    shutil.copy(FIXTURE, res / "figure6.csv")
-    assert figures.main(["--results", str(res)]) == 0
-    out = (res / "README.md").read_text(encoding="utf-8")
-    assert "## §5.3 / Figure 6 — CIFAR-10" in out and "- `figure6.csv`" in out
-    assert "![figure6](figures/figure6.png)" in out and readme.CIFAR_NOT_MEASURED not in out
+    # a preset not run yet says so
+    text = "\n".join(readme.cifar_rows(df[df["preset"] != "cifar10_eps8"]))
+    assert "| cifar10_eps8 |" in text and "not run yet" in text
 
 
 # ------------------------------------------------------------------------------- without the CSV
