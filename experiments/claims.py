@@ -75,5 +75,3 @@ CIFAR10_PRESETS = {
     "cifar10_nonprivate": {"epsilon": math.inf, "lot_size": 120, "sigma": 0.0, "clip_norm": math.inf,
                            "accuracy": 0.80, "epochs": 250, "source": "§5.3 text (non-private baseline)"},
 }
-CIFAR10_LABEL = {"cifar10_eps2": "ε = 2, L = 2000", "cifar10_eps4": "ε = 4, L = 4000",
-                 "cifar10_eps8": "ε = 8, L = 4000", "cifar10_nonprivate": "non-private"}

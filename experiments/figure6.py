@@ -63,6 +63,7 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
     joint PLD) on the second axis; the paper's accuracy and ε as dotted lines. 1 × 3, or 2 × 2 with
     the non-private run."""
     from .figures import COLUMN_DPI, COLUMN_RC, _delta, _grid, _legend_below, _save, plt   # Agg backend
+    from matplotlib.ticker import MaxNLocator
 
     presets = [p for p in claims.CIFAR10_PRESETS if p in set(df["preset"])]
     ncols = 2 if len(presets) == 4 else max(1, len(presets))
@@ -81,6 +82,7 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
             ax.plot(d["epoch"][ok], 100 * d["test_accuracy"][ok], color=ACC_COLOR, label="test accuracy")
             ax.axhline(100 * paper["accuracy"], color="k", ls=":", lw=1, label="paper's test accuracy")
             ax.set_xlabel("epoch")
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
             ax.set_ylabel("accuracy (%)")
             ax.set_ylim(lo, 100)
             ax.grid(alpha=0.3)
@@ -94,14 +96,13 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
                 ax2.axhline(paper["epsilon"], color=EPS_COLOR, ls=":", lw=1, label="paper's ε")
                 ax2.set_ylabel(f"ε (δ = {delta})", color=EPS_COLOR)
                 ax2.tick_params(axis="y", colors=EPS_COLOR)
-                ax2.set_ylim(0, 1.25 * max(paper["epsilon"], d["epsilon"].max()))
-                ax.set_title(f"({letter}) {claims.CIFAR10_LABEL[preset]}:{sep}q = {r['q']:.3g}, σ = {r['sigma']:g}, "
+                ax2.set_ylim(0, 1.25 * max(paper["epsilon"], d["epsilon"].max(), d["epsilon_pld_joint"].max()))
+                ax.set_title(f"({letter}) {preset}: L = {int(r['L'])},{sep}q = {r['q']:.3g}, σ = {r['sigma']:g}, "
                              f"C = {r['C']:g}, k = {int(r['groups'])}\n"
-                             f"paper: {100 * paper['accuracy']:g} % at ε = {paper['epsilon']:g}")
+                             f"paper: {100 * paper['accuracy']:g} % at ε = {paper['epsilon']:g}, L = {paper['lot_size']}")
             else:
-                ax.set_title(f"({letter}) {claims.CIFAR10_LABEL.get(preset, preset)}: lot {int(r['L'])}, "
-                             f"no noise, no clipping\npaper: ≈ {100 * paper['accuracy']:g} % "
-                             "(no privacy guarantee)")
+                ax.set_title(f"({letter}) {preset}: L = {int(r['L'])}, no noise, no clipping\n"
+                             f"paper: ≈ {100 * paper['accuracy']:g} % (no privacy guarantee)")
         _legend_below(fig, axes, ncol=3)
         fig.suptitle("Figure 6 — CIFAR-10 accuracy vs epochs, convolutions pretrained on CIFAR-100 and frozen\n"
                      f"ε at δ = {delta}: moments, per-tensor charges (paper's accounting); PLD, joint charge")
