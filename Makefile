@@ -89,7 +89,7 @@ test: $(STAMP) data ## run the test suite (slow end-to-end tests excluded)
 test-all: $(STAMP) data ## run every test, slow ones included
 	$(PY) -m pytest -q
 
-bench: $(STAMP) data ## benchmarks: DP step vs non-private vs Opacus, GEMM orientation, accountant speed, frozen layers, threads, torch.distributed
+bench: $(STAMP) data ## benchmarks: DP step vs non-private vs Opacus, GEMM orientation, accountant speed, frozen layers, threads, torch.distributed, CIFAR-10 epoch
 	$(PY) -m pip install -q opacus==1.6.0
 	$(PY) -m bench.bench_step
 	$(PY) -m bench.bench_gemm
@@ -97,6 +97,7 @@ bench: $(STAMP) data ## benchmarks: DP step vs non-private vs Opacus, GEMM orien
 	$(PY) -m bench.bench_frozen
 	$(PY) -m bench.bench_threads
 	$(PY) -m bench.bench_distributed
+	$(PY) -m bench.bench_cifar_epoch
 
 figures: $(STAMP) ## redraw every figure from the committed CSVs in results/ (no training)
 	$(PY) -m experiments.figures

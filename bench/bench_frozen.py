@@ -83,28 +83,35 @@ def network(frozen: bool, seed: int = 0) -> CifarCNN:
     return model
 
 
-def make_methods(lot: int, baseline: str | None):
-    """name -> (frozen, engine label, groups k, step(x, y))."""
-    def dp(frozen, clipper_cls=PerExampleClipper):
-        model = network(frozen)
-        clipper = clipper_cls(model, C, "per_layer", mode="ghost")
-        opt = DPSGD(model, clipper, GaussianNoise(seed=1), SIGMA, C, expected_lot_size=lot, lr=LR)
-        return len(clipper.groups), opt.step
+def dp_step(lot: int, frozen: bool = True, clipper_cls=PerExampleClipper):
+    """(groups k, step(x, y)): one `DPSGD.step` (per-layer ghost clipping to C, noise σC per group,
+    divided by the expected lot size L) on a fresh copy of the network."""
+    model = network(frozen)
+    clipper = clipper_cls(model, C, "per_layer", mode="ghost")
+    opt = DPSGD(model, clipper, GaussianNoise(seed=1), SIGMA, C, expected_lot_size=lot, lr=LR)
+    return len(clipper.groups), opt.step
 
+
+def nonprivate_step():
+    """step(x, y): plain autograd of the mean loss + SGD on a fresh copy, convolutions frozen."""
     model = network(True)
     sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
 
-    def nonprivate(x, y):
+    def step(x, y):
         sgd.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         sgd.step()
+    return step
 
-    methods = {"nonprivate": (True, "autograd", 0, nonprivate),
-               "dpsgd_ghost_frozen": (True, "working tree", *dp(True))}
+
+def make_methods(lot: int, baseline: str | None):
+    """name -> (frozen, engine label, groups k, step(x, y))."""
+    methods = {"nonprivate": (True, "autograd", 0, nonprivate_step()),
+               "dpsgd_ghost_frozen": (True, "working tree", *dp_step(lot))}
     if baseline:
         cls, sha = clipper_at(baseline)
-        methods["dpsgd_ghost_frozen_baseline"] = (True, sha, *dp(True, cls))
-    methods["dpsgd_ghost_all"] = (False, "working tree", *dp(False))
+        methods["dpsgd_ghost_frozen_baseline"] = (True, sha, *dp_step(lot, True, cls))
+    methods["dpsgd_ghost_all"] = (False, "working tree", *dp_step(lot, False))
     return methods
 
 

@@ -11,6 +11,8 @@ Reads every run folder holding ``metrics.csv`` + ``privacy.json`` + ``.hydra/`` 
   epochs, lots, stop reason, seed), plus the medium preset run as the centre point of each panel
   whose parameter it shares (``source = preset:mnist_medium``);
 - ``summary.csv``: one row per run (presets and sweeps), with wall time and hardware;
+- ``figure6.csv``: the per-epoch rows of the CIFAR-10 presets (§5.3, ``experiment=cifar10_*``;
+  ``experiments.figure6``), written only when such runs exist;
 - ``runs/<preset>/{metrics.csv,privacy.json,config.yaml}``: the preset runs as training wrote them.
 
 Only complete runs are taken (privacy.json ``status == "complete"``). Preset runs count only when
@@ -34,7 +36,7 @@ from dpsgd.accountant import Ledger
 from dpsgd.accountant.ledger import Entry
 from dpsgd.runtime import describe_hardware
 
-from . import claims
+from . import claims, figure6
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESET_OVERRIDES_OK = ("experiment", "seed", "device")
@@ -82,10 +84,12 @@ def _override_keys(r: dict) -> list[str]:
     return [o.split("=", 1)[0].lstrip("+~") for o in r["overrides"]]
 
 
-def preset_of(r: dict, include_tiny: bool = False, allowed=PRESET_OVERRIDES_OK) -> str | None:
-    """The §5.2 preset a run is, or None (sweeps and runs with overrides outside ``allowed`` are not)."""
+def preset_of(r: dict, include_tiny: bool = False, allowed=PRESET_OVERRIDES_OK,
+              presets=claims.PRESETS) -> str | None:
+    """The preset (of ``presets``: §5.2's by default) a run is, or None (sweeps and runs with
+    overrides outside ``allowed`` are not)."""
     exp = r["choices"].get("experiment")
-    if exp not in claims.PRESETS or r["choices"].get("sweep"):
+    if exp not in presets or r["choices"].get("sweep"):
         return None
     ok = tuple(allowed) + (TINY_OVERRIDES if include_tiny else ())
     if any(k not in ok for k in _override_keys(r)):
@@ -183,16 +187,20 @@ def collect(roots: list[Path], results: Path, include_tiny: bool = False, hardwa
     runs = [r for r in find_runs(roots) if r["privacy"].get("status") == "complete"
             and (include_tiny or not _is_tiny(r))]
     presets: dict[str, dict] = {}
+    cifar: dict[str, dict] = {}
     pinned = {k: Path(v).resolve() for k, v in (pinned or {}).items()}
     sweeps: dict[tuple, dict] = {}
     for r in sorted(runs, key=lambda r: r["mtime"]):
         pr = preset_of(r, include_tiny)
+        group = presets
+        if pr is None:
+            pr, group = preset_of(r, include_tiny, presets=claims.CIFAR10_PRESETS), cifar
         if pr is not None:
             if pr in pinned and Path(r["dir"]).resolve() != pinned[pr]:
                 continue
-            if pr in presets:
-                print(f"  {pr}: newer run {r['dir']} replaces {presets[pr]['dir']}")
-            presets[pr] = r
+            if pr in group:
+                print(f"  {pr}: newer run {r['dir']} replaces {group[pr]['dir']}")
+            group[pr] = r
         elif r["choices"].get("sweep"):
             panel = r["choices"]["sweep"]
             key = (panel, panel_value(panel, r["config"], r["overrides"])[1], r["config"].get("seed"))
@@ -203,21 +211,27 @@ def collect(roots: list[Path], results: Path, include_tiny: bool = False, hardwa
     written = {}
 
     # presets: figure3, runs/<preset>/, figure4
+    for p, r in {**presets, **cifar}.items():
+        dst = results / "runs" / p
+        dst.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(r["dir"] / "metrics.csv", dst / "metrics.csv")
+        shutil.copyfile(r["dir"] / "privacy.json", dst / "privacy.json")
+        shutil.copyfile(r["dir"] / ".hydra" / "config.yaml", dst / "config.yaml")
     if presets:
         f3 = pd.concat([r["metrics"].assign(preset=p) for p, r in presets.items()], ignore_index=True)
         f3 = f3[["preset"] + [c for c in f3.columns if c != "preset"]]
         f3.to_csv(results / "figure3.csv", index=False)
         written["figure3.csv"] = len(f3)
-        for p, r in presets.items():
-            dst = results / "runs" / p
-            dst.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(r["dir"] / "metrics.csv", dst / "metrics.csv")
-            shutil.copyfile(r["dir"] / "privacy.json", dst / "privacy.json")
-            shutil.copyfile(r["dir"] / ".hydra" / "config.yaml", dst / "config.yaml")
         f4 = [row for p, r in presets.items() if r["privacy"].get("private") for row in figure4_rows(p, r)]
         if f4:
             pd.DataFrame(f4).to_csv(results / "figure4.csv", index=False)
             written["figure4.csv"] = len(f4)
+
+    # CIFAR-10 presets (§5.3): figure6
+    if cifar:
+        f6 = figure6.rows(cifar, _rel, hardware)
+        f6.to_csv(results / "figure6.csv", index=False)
+        written["figure6.csv"] = len(f6)
 
     # sweeps: figure5 (+ the medium preset as each panel's centre point)
     f5 = []
@@ -268,8 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     pinned = {}
     for item in args.run:
         preset, sep, path = item.partition("=")
-        if not sep or preset not in claims.PRESETS or not (Path(path) / "metrics.csv").exists():
-            ap.error(f"--run {item!r}: expected PRESET=DIR with PRESET in {list(claims.PRESETS)} "
+        known = list(claims.PRESETS) + list(claims.CIFAR10_PRESETS)
+        if not sep or preset not in known or not (Path(path) / "metrics.csv").exists():
+            ap.error(f"--run {item!r}: expected PRESET=DIR with PRESET in {known} "
                      "and DIR a run folder holding metrics.csv")
         pinned[preset] = Path(path)
     written = collect(args.roots, args.results, args.include_tiny, args.hardware, pinned)

@@ -2,9 +2,10 @@
 
     python -m experiments.figures [--results results]
 
-Writes results/figures/{figure2,figure3,figure4,figure5,privacy_utility}.{png,pdf} and regenerates
-results/README.md (``experiments.readme``). A figure whose CSV is missing is skipped with a note,
-so the script also works part-way through a ``make paper``.
+Writes results/figures/{figure2,figure3,figure4,figure5,figure6,privacy_utility}.{png,pdf} and
+regenerates results/README.md (``experiments.readme``). A figure whose CSV is missing is skipped with
+a note, so the script also works part-way through a ``make paper`` (and Figure 6 is drawn only once
+real CIFAR-10 runs have been collected into results/figure6.csv).
 
 Every figure states (q, σ, δ) and the accounting convention in its title, and overlays the numbers
 the paper states (``experiments.claims``).
@@ -345,9 +346,15 @@ def privacy_utility(df: pd.DataFrame, out: Path) -> list[Path]:
     return _save(fig, out, "privacy_utility")
 
 
+def figure6(df: pd.DataFrame, out: Path) -> list[Path]:
+    """CIFAR-10 accuracy vs epochs per ε (paper Figure 6): `experiments/figure6.py:draw`."""
+    from .figure6 import draw
+    return draw(df, out)
+
+
 # ----------------------------------------------------------------------------------------------
 DRAWERS = [("figure2.csv", figure2), ("figure3.csv", figure3), ("figure4.csv", figure4),
-           ("figure5.csv", figure5), ("summary.csv", privacy_utility)]
+           ("figure5.csv", figure5), ("figure6.csv", figure6), ("summary.csv", privacy_utility)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -170,8 +170,49 @@ def _figure5_rows(f5: pd.DataFrame | None) -> list[str]:
     return out
 
 
+CIFAR_MEASURE = "`make cifar10-all`, then `python -m experiments.collect` and `make figures`"
+CIFAR_NOT_MEASURED = ("The CIFAR-10 numbers (§5.3, Figure 6) have not been measured by this repository "
+                      f"(CIFAR is not reachable from our machines): {CIFAR_MEASURE} measure them.")
+
+
+def cifar_rows(f6: pd.DataFrame | None) -> list[str]:
+    """§5.3 / Figure 6: the paper's CIFAR-10 numbers next to ours (results/figure6.csv), or one
+    sentence saying they have not been measured and how to measure them."""
+    from .figure6 import final
+
+    out = ["## §5.3 / Figure 6 — CIFAR-10 (δ = 1e-5)", ""]
+    if f6 is None:
+        return out + [CIFAR_NOT_MEASURED, ""]
+    out += ["Convolutions pretrained on CIFAR-100 (public, not charged) and frozen; DP-SGD on the dense "
+            "layers with per-layer clipping. ε under the paper's accounting (moments accountant, per-tensor "
+            f"charges) and, beside it, the joint charge under the tight PLD accountant; {EPOCHS_RULE}. "
+            f"Measured by {CIFAR_MEASURE}.", "",
+            "| preset | paper | source | ours: test acc. | meets the paper? | ours: ε (paper's accounting) "
+            "| ours: ε (joint, PLD) | epochs | lots | stop | wall time | hardware | command |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    last = final(f6)
+    for preset, p in claims.CIFAR10_PRESETS.items():
+        private = math.isfinite(p["epsilon"])
+        paper = (f"{100 * p['accuracy']:g} % at ε = {p['epsilon']:g}, L = {p['lot_size']}" if private else
+                 f"≈ {100 * p['accuracy']:g} % (≈ {p['epochs']} epochs, batch {p['lot_size']})")
+        cmd = f"`python -m dpsgd.train experiment={preset}`"
+        if preset not in last:
+            out.append(f"| {preset} | {paper} | {p['source']} | not run yet | — | — | — | — | — | — | — | — | {cmd} |")
+            continue
+        r = last[preset]
+        gap = 100 * (float(r["test_accuracy"]) - p["accuracy"])
+        within = not private or float(r["epsilon"]) <= p["epsilon"]
+        out.append(f"| {preset} | {paper} | {p['source']} | {_pct(r['test_accuracy'])} | "
+                   f"{'yes' if gap >= 0 and within else 'no'} ({gap:+.2f} points) | "
+                   f"{_num(r['epsilon']) if private else '∞'} | {_num(r['epsilon_pld_joint']) if private else '∞'} | "
+                   f"{_epochs(r['steps'] * r['q'])} | {int(r['steps'])} | {r['stop_reason']} | "
+                   f"{_num(r['wall_time_s'] / 60, 1)} min | {r['hardware']} | {cmd} |")
+    return out + ["", "Per-epoch rows: `figure6.csv`; the runs: `runs/<preset>/` (`python -m experiments.collect`).", ""]
+
+
 def render(results: Path) -> str:
     f2, summary, f5 = _read(results, "figure2.csv"), _read(results, "summary.csv"), _read(results, "figure5.csv")
+    f6 = _read(results, "figure6.csv")
     lines = [HEADER]
     if f2 is not None:
         lines += _figure2_rows(f2)
@@ -179,6 +220,7 @@ def render(results: Path) -> str:
         lines += _preset_rows(summary)
     lines += _seed_rows(_read(results, "seeds.csv"))
     lines += _figure5_rows(f5)
+    lines += cifar_rows(f6)
     if summary is not None:
         hw = "; ".join(sorted(set(summary["hardware"].astype(str))))
         eng = ", ".join(sorted(set(summary["engine"].astype(str))))
@@ -202,7 +244,8 @@ def render(results: Path) -> str:
               "- `figure3.csv` — per-epoch metrics of the four presets",
               "- `figure4.csv` — per-epoch test accuracy and ε at δ ∈ {1e-5, 1e-4, 1e-3, 1e-2}",
               "- `figure5.csv` — one row per Figure-5 sweep run",
-              "- `summary.csv` — one row per run (presets and sweeps)",
+              "- `summary.csv` — one row per run (MNIST presets and sweeps)",
+              *(["- `figure6.csv` — per-epoch metrics of the CIFAR-10 presets"] if f6 is not None else []),
               "- `seeds.csv` — one row per preset run over seeds and hardware (`python -m experiments.seeds collect`)",
               "- `runs/<preset>/metrics.csv`, `runs/<preset>/privacy.json` — the preset runs as written by training",
               ""]

@@ -50,3 +50,38 @@ def test_bench_distributed_protocol(tmp_path):
     assert all(r.keys() == set(bench_distributed.COLUMNS) for r in rows)
     assert int(rows[1]["allreduce_bytes"]) == 4 * (60 * 1000 + 1000 * 10 + 2)
     assert float(rows[1]["examples_per_s"]) > 0 and 0 <= float(rows[1]["allreduce_share"])
+
+
+def test_bench_cifar_epoch_protocol_and_preset_budgets(tmp_path):
+    """One epoch per method on 100 images (lots scaled by 100/50 000), the eval pass, and each preset's
+    lots within its target ε from the accountant (timings are never asserted)."""
+    from bench import bench_cifar_epoch as b
+    from dpsgd.accountant import Ledger
+    from experiments.claims import DELTA
+
+    out = tmp_path / "cifar_epoch.csv"
+    b.main(["--n", "100", "--n-test", "10", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert all(r.keys() == set(b.COLUMNS) for r in rows)
+    epochs = [r for r in rows if r["kind"] == "epoch"]
+    settings = b.preset_settings()
+    dp_lots = {p["lot_size"] for p in settings.values() if p["sigma"] > 0}
+    assert {(r["name"], int(r["lot"])) for r in epochs if r["name"] != "nonprivate"} == \
+        {("dpsgd_ghost_frozen", round(L * 100 / b.N)) for L in dp_lots}
+    for r in epochs:
+        assert int(r["examples"]) > 0 and float(r["cpu_s"]) > 0 and float(r["examples_per_s"]) > 0
+        assert r["groups"] == ("0" if r["name"] == "nonprivate" else "3")   # frozen convs: 3 dense layers
+    assert [r["kind"] for r in rows].count("eval") == 1
+    presets = {r["name"]: r for r in rows if r["kind"] == "preset"}
+    assert set(presets) == set(settings)
+    for name, p in settings.items():
+        r = presets[name]
+        q = p["lot_size"] / b.N
+        if p["sigma"] > 0:      # the accountant's budget at k = 3 groups; its PLD ε never above the target
+            lots = Ledger().steps_within(p["epsilon"], DELTA, q, p["sigma"], 3, p["accountant"], p["convention"])
+            assert int(r["preset_lots"]) == lots and float(r["epochs"]) == pytest.approx(lots * q, abs=0.005)
+            assert 0 < float(r["epsilon_pld_joint"]) <= p["epsilon"]
+        else:
+            assert float(r["epochs"]) == p["epochs"]
+        per_epoch = float(r["epoch_s"]) + float(r["eval_s"]) / int(r["eval_every"])
+        assert float(r["projected_h"]) == pytest.approx(float(r["epochs"]) * per_epoch / 3600, abs=0.006)
