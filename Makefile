@@ -12,12 +12,17 @@ LOCK := requirements.lock
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SWEEPS := $(basename $(notdir $(wildcard conf/sweep/*.yaml)))
+# LAUNCHER=joblib|submitit_local|submitit_slurm|slurm runs the jobs of `make paper`, `make seeds` and
+# `make sweep-NAME` through that Hydra launcher (docs/SCALING.md); unset: one job after another
+# (make paper: its own processes, 2 at a time).
+LAUNCHER ?=
 
 .PHONY: help install lock data mnist mnist-all seeds test test-all bench figures paper clean $(addprefix sweep-,$(SWEEPS))
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 	@echo "  make sweep-NAME   run one Figure-5 sweep (NAME in: $(SWEEPS))"
+	@echo "  LAUNCHER=joblib|submitit_local|submitit_slurm|slurm: paper, seeds and sweeps through a Hydra launcher"
 
 # Safe when several `make` start at once on a fresh clone: the whole build holds an exclusive flock on
 # $(VENV).lock, and re-checks the stamp once it has the lock (a concurrent make may have finished it).
@@ -59,8 +64,8 @@ mnist: $(STAMP) data ## train the paper's medium-noise MNIST model (eps = 2, del
 mnist-all: $(STAMP) data ## the four paper presets: small, medium, large noise and non-private
 	for e in mnist_small mnist_medium mnist_large mnist_nonprivate; do $(PY) -m dpsgd.train experiment=$$e || exit 1; done
 
-seeds: $(STAMP) data ## the four presets over seeds 0-4, merged into results/seeds.csv (SEEDS=0-4 DEVICE=auto)
-	$(PY) -m experiments.seeds run --seeds $(or $(SEEDS),0-4) --device $(or $(DEVICE),auto)
+seeds: $(STAMP) data ## the four presets over seeds 0-4, merged into results/seeds.csv (SEEDS=0-4 DEVICE=auto LAUNCHER=)
+	$(PY) -m experiments.seeds run --seeds $(or $(SEEDS),0-4) --device $(or $(DEVICE),auto) $(if $(LAUNCHER),--launcher $(LAUNCHER))
 	$(PY) -m experiments.seeds collect
 	$(PY) -m experiments.figures
 
@@ -81,11 +86,11 @@ bench: $(STAMP) data ## benchmarks: DP step vs non-private vs Opacus, GEMM orien
 figures: $(STAMP) ## redraw every figure from the committed CSVs in results/ (no training)
 	$(PY) -m experiments.figures
 
-paper: $(STAMP) data ## rerun every experiment, collect results/ and redraw (hours; see README)
-	$(PY) -m experiments.paper
+paper: $(STAMP) data ## rerun every experiment, collect results/ and redraw (hours; see README; LAUNCHER=)
+	$(PY) -m experiments.paper $(if $(LAUNCHER),--launcher $(LAUNCHER))
 
 $(addprefix sweep-,$(SWEEPS)): sweep-%: $(STAMP) data
-	$(PY) -m dpsgd.train -m +sweep=$*
+	$(PY) -m dpsgd.train -m +sweep=$* $(if $(LAUNCHER),hydra/launcher=$(LAUNCHER))
 
 clean: ## remove outputs of runs (keeps data, venv and results/)
 	rm -rf outputs multirun .pytest_cache
