@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .checkpoint import check_resumable, load_checkpoint
 from .config import Config, check_run_dir, override_key, privacy_fingerprint, validate
-from .data import DataUnavailable, ensure_dataset
+from .data import DATASETS, DataUnavailable, ensure_dataset
 from .errors import ConfigError, Diverged, Interrupted
 from .launchers import JobFailed, Launch, check as check_launcher, parallel_jobs, share_cores, sweep_size
 from .rundir import RunLock
@@ -115,7 +115,8 @@ def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = 
                           "[key=value ...]")
     _check_overrides(args, resume=False)
     if multirun:
-        hc = compose([a for a in args if "," not in a.split("=", 1)[-1]] + list(search), hydra_config=True).hydra
+        cfg = compose([a for a in args if "," not in a.split("=", 1)[-1]] + list(search), hydra_config=True)
+        hc = cfg.hydra
         subdir = str(OmegaConf.to_container(hc.sweep, resolve=False)["subdir"])
         if "hydra.job.num" not in subdir or ".." in Path(subdir).parts or Path(subdir).is_absolute():
             raise ConfigError(f"hydra.sweep.subdir={subdir}: must contain ${{hydra.job.num}} and stay inside the "
@@ -124,6 +125,13 @@ def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = 
         _fresh_dir("hydra.sweep.dir", Path(hc.sweep.dir))
         jobs = sweep_size(hc, [a for a in args if not override_key(a).startswith("hydra")])
         params = OmegaConf.to_container(hc.launcher, resolve=False)
+        swept = {override_key(a).split(".")[0] for a in args if "," in a.split("=", 1)[-1]}
+        if launcher != "basic" and "dataset" not in swept and cfg.get("dataset", {}).get("name") in DATASETS:
+            # seeded here, once: jobs running at the same time never seed one data root together
+            try:
+                ensure_dataset(cfg.dataset.name, cfg.dataset.get("root"), download=bool(cfg.dataset.get("download")))
+            except DataUnavailable as e:
+                raise ConfigError(str(e)) from None
         return Launch(args, launcher, jobs, parallel_jobs(launcher, params, jobs))
     cfg = compose(args + list(search), hydra_config=True)
     check_launcher(cfg.hydra)
