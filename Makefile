@@ -16,6 +16,7 @@ SWEEPS := $(basename $(notdir $(wildcard conf/sweep/*.yaml)))
 # `make sweep-NAME` through that Hydra launcher (docs/SCALING.md); unset: one job after another
 # (make paper: its own processes, 2 at a time).
 LAUNCHER ?=
+LAUNCH_FLAG = $(if $(LAUNCHER),--launcher $(LAUNCHER))
 
 .PHONY: help install lock data mnist mnist-all seeds test test-all bench figures paper clean $(addprefix sweep-,$(SWEEPS))
 
@@ -65,7 +66,7 @@ mnist-all: $(STAMP) data ## the four paper presets: small, medium, large noise a
 	for e in mnist_small mnist_medium mnist_large mnist_nonprivate; do $(PY) -m dpsgd.train experiment=$$e || exit 1; done
 
 seeds: $(STAMP) data ## the four presets over seeds 0-4, merged into results/seeds.csv (SEEDS=0-4 DEVICE=auto LAUNCHER=)
-	$(PY) -m experiments.seeds run --seeds $(or $(SEEDS),0-4) --device $(or $(DEVICE),auto) $(if $(LAUNCHER),--launcher $(LAUNCHER))
+	$(PY) -m experiments.seeds run --seeds $(or $(SEEDS),0-4) --device $(or $(DEVICE),auto) $(LAUNCH_FLAG)
 	$(PY) -m experiments.seeds collect
 	$(PY) -m experiments.figures
 
@@ -87,7 +88,7 @@ figures: $(STAMP) ## redraw every figure from the committed CSVs in results/ (no
 	$(PY) -m experiments.figures
 
 paper: $(STAMP) data ## rerun every experiment, collect results/ and redraw (hours; see README; LAUNCHER=)
-	$(PY) -m experiments.paper $(if $(LAUNCHER),--launcher $(LAUNCHER))
+	$(PY) -m experiments.paper $(LAUNCH_FLAG)
 
 $(addprefix sweep-,$(SWEEPS)): sweep-%: $(STAMP) data
 	$(PY) -m dpsgd.train -m +sweep=$* $(if $(LAUNCHER),hydra/launcher=$(LAUNCHER))
