@@ -125,6 +125,8 @@ def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = 
         _fresh_dir("hydra.sweep.dir", Path(hc.sweep.dir))
         jobs = sweep_size(hc, [a for a in args if not override_key(a).startswith("hydra")])
         params = OmegaConf.to_container(hc.launcher, resolve=False)
+        if "n_jobs" in params:
+            params["n_jobs"] = hc.launcher.n_jobs          # resolved (checked above)
         swept = {override_key(a).split(".")[0] for a in args if "," in a.split("=", 1)[-1]}
         if launcher != "basic" and "dataset" not in swept and cfg.get("dataset", {}).get("name") in DATASETS:
             # seeded here, once: jobs running at the same time never seed one data root together

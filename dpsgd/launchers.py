@@ -92,6 +92,11 @@ def check(hc) -> str:
         if key not in params:
             continue
         v = params[key]
+        if isinstance(v, str) and "${" in v:     # an interpolation: its value
+            try:
+                v = hc.launcher[key]
+            except Exception:
+                continue
         if v is None and optional:
             continue
         if isinstance(v, bool) or not isinstance(v, int):
@@ -133,7 +138,10 @@ def parallel_jobs(kind: str, params: dict, jobs: int, cores: int | None = None) 
     submitit_local: every job; submitit_slurm (and launchers dpsgd does not know): 1, each job on
     the cores of its own allocation."""
     if kind == "joblib":
-        n = int(params.get("n_jobs") or -1)
+        try:
+            n = int(params.get("n_jobs") or -1)
+        except (TypeError, ValueError):   # an unresolved interpolation: as many as joblib's default
+            n = -1
         cores = usable_cores() if cores is None else cores
         n = max(1, cores + 1 + n) if n < 0 else n
         return max(1, min(jobs, n))
