@@ -61,6 +61,7 @@ def test_two_job_sweep_through_a_launcher_completes_in_distinct_folders(tmp_path
     assert (f5["stop_reason"] == "max_steps").all()
 
 
+@pytest.mark.slow     # a third real multirun (~15 s on a loaded 2-core machine): make test-all
 def test_a_refused_job_in_a_worker_does_not_stop_its_siblings(tmp_path):
     """joblib: job 0 is refused (σ < 0) in its worker; job 1 still completes; the command exits with the
     refused job's code (2) and names it; the refused job's fresh folder is removed."""
