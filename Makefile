@@ -12,6 +12,11 @@ LOCK := requirements.lock
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SWEEPS := $(basename $(notdir $(wildcard conf/sweep/*.yaml)))
+# LAUNCHER=joblib|submitit_local|submitit_slurm|slurm runs the jobs of `make paper`, `make seeds` and
+# `make sweep-NAME` through that Hydra launcher (docs/SCALING.md); unset: one job after another
+# (make paper: its own processes, 2 at a time).
+LAUNCHER ?=
+LAUNCH_FLAG = $(if $(LAUNCHER),--launcher $(LAUNCHER))
 
 # The CIFAR-10 runs (paper §5.3) load convolutions pretrained on CIFAR-100 (public data) from this
 # artifact, built by `python -m dpsgd.pretrain` when it is missing. DOWNLOAD=0: never use the network.
@@ -23,6 +28,7 @@ NO_DOWNLOAD := $(if $(filter 0 no false,$(DOWNLOAD)),--no-download,)
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 	@echo "  make sweep-NAME   run one Figure-5 sweep (NAME in: $(SWEEPS))"
+	@echo "  LAUNCHER=joblib|submitit_local|submitit_slurm|slurm: paper, seeds and sweeps through a Hydra launcher"
 
 # Safe when several `make` start at once on a fresh clone: the whole build holds an exclusive flock on
 # $(VENV).lock, and re-checks the stamp once it has the lock (a concurrent make may have finished it).
@@ -78,8 +84,8 @@ cifar10: $(STAMP) cifar-data $(PRETRAINED) ## train the paper's CIFAR-10 model a
 cifar10-all: $(STAMP) cifar-data $(PRETRAINED) ## the CIFAR-10 presets: eps = 2, 4, 8 and non-private
 	for e in cifar10_eps2 cifar10_eps4 cifar10_eps8 cifar10_nonprivate; do $(PY) -m dpsgd.train experiment=$$e || exit 1; done
 
-seeds: $(STAMP) data ## the four presets over seeds 0-4, merged into results/seeds.csv (SEEDS=0-4 DEVICE=auto)
-	$(PY) -m experiments.seeds run --seeds $(or $(SEEDS),0-4) --device $(or $(DEVICE),auto)
+seeds: $(STAMP) data ## the four presets over seeds 0-4, merged into results/seeds.csv (SEEDS=0-4 DEVICE=auto LAUNCHER=)
+	$(PY) -m experiments.seeds run --seeds $(or $(SEEDS),0-4) --device $(or $(DEVICE),auto) $(LAUNCH_FLAG)
 	$(PY) -m experiments.seeds collect
 	$(PY) -m experiments.figures
 
@@ -102,11 +108,11 @@ bench: $(STAMP) data ## benchmarks: DP step vs non-private vs Opacus, GEMM orien
 figures: $(STAMP) ## redraw every figure from the committed CSVs in results/ (no training)
 	$(PY) -m experiments.figures
 
-paper: $(STAMP) data ## rerun every experiment, collect results/ and redraw (hours; see README)
-	$(PY) -m experiments.paper
+paper: $(STAMP) data ## rerun every experiment, collect results/ and redraw (hours; see README; LAUNCHER=)
+	$(PY) -m experiments.paper $(LAUNCH_FLAG)
 
 $(addprefix sweep-,$(SWEEPS)): sweep-%: $(STAMP) data
-	$(PY) -m dpsgd.train -m +sweep=$*
+	$(PY) -m dpsgd.train -m +sweep=$* $(if $(LAUNCHER),hydra/launcher=$(LAUNCHER))
 
 clean: ## remove outputs of runs (keeps data, venv and results/)
 	rm -rf outputs multirun .pytest_cache

@@ -6,7 +6,10 @@ Everything is decided before anything is written:
   will resolve it (any spelling of ``hydra.run.dir``) and must be new or empty; then Hydra runs
   ``train`` in it;
 * a sweep (``-m``): the sweep folder must be new or empty and each job gets a folder of its own; each
-  job's config is validated when it starts, and a refused job's fresh folder is removed;
+  job's config is validated when it starts, and a refused job's fresh folder is removed. The launcher
+  (``hydra/launcher=basic|joblib|submitit_local|submitit_slurm``, dpsgd/launchers.py) is checked
+  here too; jobs in worker processes or cluster jobs run only ``_task`` (never these checks, which
+  their siblings' folders would fail) and report a failure back instead of exiting;
 * a resume: the config comes from the run's checkpoint (not from Hydra's files), the new overrides are
   applied after it, and Hydra is not involved (nothing of Hydra's is written into the run).
 
@@ -15,6 +18,7 @@ error; 128 + n: signal n), never a traceback.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import signal
@@ -24,13 +28,15 @@ from pathlib import Path
 
 from .checkpoint import check_resumable, load_checkpoint
 from .config import Config, check_run_dir, override_key, privacy_fingerprint, validate
-from .data import DataUnavailable, ensure_dataset
+from .data import DATASETS, DataUnavailable, ensure_dataset
 from .errors import ConfigError, Diverged, Interrupted
+from .launchers import JobFailed, Launch, check as check_launcher, parallel_jobs, share_cores, sweep_size
 from .rundir import RunLock
 from .runtime import tune_allocator
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 _T0 = time.time()
+_LAUNCHER_PID = None    # set by main(): the process that runs Hydra (a worker or cluster job has another)
 
 
 def _one_line(e: BaseException) -> str:
@@ -89,7 +95,8 @@ def _fresh_dir(key: str, d: Path) -> None:
 
 
 def prepare(args: list[str], multirun: bool = False, search: list[str] = ()) -> list[str]:
-    """Validate a run's overrides before Hydra creates anything; returns the overrides to run.
+    """Validate a run's overrides before Hydra creates anything; returns the overrides to run
+    (``prepare_launch`` also says how its jobs will be launched).
 
     The output folder is resolved the way Hydra will resolve it (any spelling of the key), and must be
     new or empty: a refused command never writes into an existing run. For a sweep, the sweep folder
@@ -97,25 +104,44 @@ def prepare(args: list[str], multirun: bool = False, search: list[str] = ()) -> 
     job); each job's config is validated when it starts, before it writes anything but Hydra's
     ``.hydra`` files into its own new folder.
     """
+    return prepare_launch(args, multirun, search).args
+
+
+def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = ()) -> Launch:
+    """``prepare``, and the launch plan: the launcher (checked), the sweep's jobs, how many run at once."""
     from omegaconf import OmegaConf, open_dict
     if any(override_key(a) == "resume" for a in args):
         raise ConfigError("resume: resume a single run on its own: python -m dpsgd.train resume=<run dir> "
                           "[key=value ...]")
     _check_overrides(args, resume=False)
     if multirun:
-        hc = compose([a for a in args if "," not in a.split("=", 1)[-1]] + list(search), hydra_config=True).hydra
+        cfg = compose([a for a in args if "," not in a.split("=", 1)[-1]] + list(search), hydra_config=True)
+        hc = cfg.hydra
         subdir = str(OmegaConf.to_container(hc.sweep, resolve=False)["subdir"])
         if "hydra.job.num" not in subdir or ".." in Path(subdir).parts or Path(subdir).is_absolute():
             raise ConfigError(f"hydra.sweep.subdir={subdir}: must contain ${{hydra.job.num}} and stay inside the "
                               "sweep folder (one new folder per job)")
+        launcher = check_launcher(hc)
         _fresh_dir("hydra.sweep.dir", Path(hc.sweep.dir))
-        return args
+        jobs = sweep_size(hc, [a for a in args if not override_key(a).startswith("hydra")])
+        params = OmegaConf.to_container(hc.launcher, resolve=False)
+        if "n_jobs" in params:
+            params["n_jobs"] = hc.launcher.n_jobs          # resolved (checked above)
+        swept = {override_key(a).split(".")[0] for a in args if "," in a.split("=", 1)[-1]}
+        if launcher != "basic" and "dataset" not in swept and cfg.get("dataset", {}).get("name") in DATASETS:
+            # seeded here, once: jobs running at the same time never seed one data root together
+            try:
+                ensure_dataset(cfg.dataset.name, cfg.dataset.get("root"), download=bool(cfg.dataset.get("download")))
+            except DataUnavailable as e:
+                raise ConfigError(str(e)) from None
+        return Launch(args, launcher, jobs, parallel_jobs(launcher, params, jobs))
     cfg = compose(args + list(search), hydra_config=True)
+    check_launcher(cfg.hydra)
     _fresh_dir("hydra.run.dir", Path(cfg.hydra.run.dir))
     with open_dict(cfg):
         del cfg["hydra"]          # resolved by Hydra itself at run time (hydra.job.num, ...)
     _data_ready(validate(cfg))
-    return args
+    return Launch(args)
 
 
 def prepare_resume(args: list[str]) -> tuple[Config, Path, list[str]]:
@@ -150,14 +176,18 @@ def _data_ready(c: Config) -> None:
         raise ConfigError(str(e)) from None
 
 
-def _discard_fresh_run_dir(run_dir: Path) -> None:
-    """Remove a run dir that Hydra created for this refused job and that holds only Hydra's files."""
+def _discard_fresh_run_dir(run_dir: Path, parents: bool = True) -> None:
+    """Remove a run dir that Hydra created for this refused job and that holds only Hydra's files;
+    with ``parents``, also the sweep folders this process created that are left empty (never from a
+    worker process: its siblings may be creating their folders there at the same time)."""
     hydra_files = {".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"}
     try:
         entries = {str(f.relative_to(run_dir)) for f in run_dir.rglob("*")}
         if not entries <= hydra_files or any((run_dir / f).stat().st_mtime < _T0 - 1 for f in entries):
             return
         shutil.rmtree(run_dir)
+        if not parents:
+            return
         for parent in run_dir.parents:
             if parent == Path.cwd() or parent.stat().st_ctime < _T0 - 1:
                 break
@@ -171,35 +201,52 @@ def _discard_fresh_run_dir(run_dir: Path) -> None:
         pass
 
 
-def _run_or_exit(fn, *a) -> None:
-    """Run ``fn``; every expected failure is one line on stderr and an exit code, never a traceback."""
+def _failure(fn, *a) -> tuple[str, int] | None:
+    """Run ``fn``; an expected failure becomes (one-line message, exit code), else None."""
     try:
         fn(*a)
     except (ConfigError, DataUnavailable) as e:
-        _fail(_one_line(e), 2)
+        return _one_line(e), 2
     except Diverged as e:
-        _fail(str(e), 1)
+        return str(e), 1
     except (Interrupted, KeyboardInterrupt) as e:
         signum = getattr(e, "signum", signal.SIGINT)
         rd = getattr(e, "run_dir", None)
         hint = f": {rd} (resume with: python -m dpsgd.train resume={rd})" if rd else ""
-        _fail(f"interrupted by {signal.Signals(signum).name}{hint}", 128 + signum)
+        return f"interrupted by {signal.Signals(signum).name}{hint}", 128 + signum
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
-        _fail(f"{where}{e.strerror or e}", 1)
+        return f"{where}{e.strerror or e}", 1
+    return None
+
+
+def _run_or_exit(fn, *a) -> None:
+    """Run ``fn``; every expected failure is one line on stderr and an exit code, never a traceback."""
+    failed = _failure(fn, *a)
+    if failed is not None:
+        _fail(*failed)
+
+
+def _line(msg: str, code: int) -> str:
+    return f"error: {msg}" if code in (1, 2) else msg
 
 
 def _fail(msg: str, code: int) -> None:
-    print(f"error: {msg}" if code in (1, 2) else msg, file=sys.stderr, flush=True)
+    print(_line(msg, code), file=sys.stderr, flush=True)
     raise SystemExit(code)
 
 
 def _task(train, cfg) -> None:
-    """One Hydra job: ``train`` (Algorithm 1) in the job's new folder, held locked from the start."""
+    """One Hydra job: ``train`` (Algorithm 1) in the job's new folder, held locked from the start.
+
+    In the launching process (basic launcher) a failure exits at once, as a single run does. In a
+    worker process (joblib) or a cluster job (submitit) it is printed into the job's log and returned
+    to the launching process as ``JobFailed``, so that the siblings still finish."""
     from hydra.core.hydra_config import HydraConfig
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     overrides = list(hc.overrides.task)
+    launching = os.getpid() == _LAUNCHER_PID
 
     def run():
         with RunLock(run_dir):        # held before anything is decided about this folder
@@ -210,10 +257,17 @@ def _task(train, cfg) -> None:
                 _data_ready(c)
                 train(c, run_dir, overrides)
             except (ConfigError, DataUnavailable):
-                _discard_fresh_run_dir(run_dir)
+                _discard_fresh_run_dir(run_dir, parents=launching)
                 raise
 
-    _run_or_exit(run)
+    if launching:
+        _run_or_exit(run)
+        return
+    failed = _failure(run)
+    if failed is not None:
+        msg, code = failed
+        print(_line(msg, code), file=sys.stderr, flush=True)
+        raise JobFailed(_line(f"sweep job {hc.job.num} ({run_dir}): {msg}", code), code)
 
 
 def _split_cli(args: list[str]) -> tuple[bool, list[str], list[str]]:
@@ -247,10 +301,23 @@ def _or_exit_2(fn):
         _fail(_one_line(e), 2)
 
 
+def _importable(fn):
+    """``fn`` as an attribute of an importable module: ``python -m dpsgd.train`` runs that module as
+    ``__main__``, and a worker process or cluster job must find the task by its module's name."""
+    if getattr(fn, "__module__", None) == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        if spec is not None and spec.name:
+            return getattr(importlib.import_module(spec.name), fn.__qualname__, fn)
+    return fn
+
+
 def main(train, argv: list[str] | None = None) -> None:
     """The command line around ``train(config, run_dir, overrides)`` (Algorithm 1, dpsgd/train.py)."""
     import hydra
+    global _LAUNCHER_PID
+    _LAUNCHER_PID = os.getpid()
     tune_allocator()  # speed only: glibc keeps per-step buffers instead of re-faulting them
+    train = _importable(train)
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a.split("=", 1)[0] in _INFO_FLAGS for a in args):     # help / print the config: no run
         sys.argv = [sys.argv[0]] + args
@@ -270,11 +337,16 @@ def main(train, argv: list[str] | None = None) -> None:
                 train(c, rd, rest)
             _run_or_exit(resume)
             return
-        prepare(overrides, multirun, search)
+        plan = prepare_launch(overrides, multirun, search)
     except ConfigError as e:
         _fail(_one_line(e), 2)
+    share_cores(plan, os.environ)     # inherited by joblib workers and submitit_local jobs
     sys.argv = [sys.argv[0]] + args
     try:
         hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(lambda cfg: _task(train, cfg))()
     except KeyboardInterrupt:
         _fail("interrupted by SIGINT", 128 + signal.SIGINT)
+    except SystemExit as e:         # Hydra printed a failed sweep job's line and exits 1: use its code
+        if isinstance(e.__context__, JobFailed):
+            raise SystemExit(e.__context__.code) from None
+        raise

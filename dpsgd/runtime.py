@@ -76,19 +76,31 @@ def physical_cores() -> int | None:
 def thread_policy(env: dict, usable: int, physical: int | None, loadavg: float | None) -> tuple[int, str]:
     """(intra-op threads, why) from the environment and the machine; pure, so it is testable.
 
-    1. ``DPSGD_THREADS`` if set (dpsgd's own knob), else ``OMP_NUM_THREADS`` if set (its first value:
-       the user already chose); each must be a positive integer.
-    2. <= 2 usable cores (``usable`` = CPUs this process may run on): 1 — measured in
+    1. ``DPSGD_THREADS`` if set (dpsgd's own knob).
+    2. ``DPSGD_PARALLEL_JOBS`` = P > 1 (exported by the launching process of a joblib or
+       submitit_local sweep, dpsgd/launchers.py): this job's share of the cores,
+       max(1, min(physical, usable) // P), so that P jobs × threads never exceed the cores. It comes
+       before ``OMP_NUM_THREADS``, which a joblib worker inherits from joblib itself (the launching
+       process exports P only when the user had set neither thread variable).
+    3. ``OMP_NUM_THREADS`` if set (its first value: the user already chose). 1–3 must be positive
+       integers.
+    4. <= 2 usable cores (``usable`` = CPUs this process may run on): 1 — measured in
        results/bench_threads.csv, one competing process makes 2 threads several times slower.
-    3. more cores: min(physical cores, usable, max(1, usable − ⌈1-minute load average⌉)), leaving
+    5. more cores: min(physical cores, usable, max(1, usable − ⌈1-minute load average⌉)), leaving
        the cores other processes already keep busy.
     """
-    for name in ("DPSGD_THREADS", "OMP_NUM_THREADS"):
-        raw = env.get(name)
-        if raw is not None and raw.strip() != "":
-            first = raw.split(",")[0] if name == "OMP_NUM_THREADS" else raw
-            return _positive_int(name, first), f"{name}={raw.strip()}"
+    raw = env.get("DPSGD_THREADS")
+    if raw is not None and raw.strip() != "":
+        return _positive_int("DPSGD_THREADS", raw), f"DPSGD_THREADS={raw.strip()}"
     usable = max(1, int(usable))
+    raw = env.get("DPSGD_PARALLEL_JOBS")
+    if raw is not None and raw.strip() != "" and _positive_int("DPSGD_PARALLEL_JOBS", raw) > 1:
+        jobs, cores = _positive_int("DPSGD_PARALLEL_JOBS", raw), min(physical or usable, usable)
+        n = max(1, cores // jobs)
+        return n, f"auto: {cores} core(s) / DPSGD_PARALLEL_JOBS={jobs} parallel jobs -> {n}"
+    raw = env.get("OMP_NUM_THREADS")
+    if raw is not None and raw.strip() != "":
+        return _positive_int("OMP_NUM_THREADS", raw.split(",")[0]), f"OMP_NUM_THREADS={raw.strip()}"
     if usable <= 2:
         return 1, f"auto: {usable} usable core(s) <= 2 -> 1 thread (oversubscription under load)"
     busy = 0 if loadavg is None or loadavg != loadavg else max(0, math.ceil(loadavg - 1e-9))

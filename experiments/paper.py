@@ -5,11 +5,16 @@
     python -m experiments.paper --only sweeps --sweeps lot_size noise
     python -m experiments.paper --only figure2|collect|figures
     python -m experiments.paper --dry-run             # print the plan and the expected wall time
+    python -m experiments.paper --launcher joblib     # sweeps through a Hydra launcher (make paper LAUNCHER=joblib)
 
 Each training job is a subprocess ``python -m dpsgd.train ...`` (presets: ``experiment=<name>``;
 Figure-5 panels: ``-m +sweep=<name>``), at most ``--jobs`` at a time, each with OMP_NUM_THREADS=1
-and its console output in ``outputs/paper_logs/<job>.log``. Runs land in Hydra's own folders
-(``outputs/``, ``multirun/``); ``experiments.collect`` then writes the tidy CSVs into results/.
+and its console output in ``outputs/paper_logs/<job>.log``. With ``--launcher <name>`` the four
+presets are one multirun (``-m experiment=a,b,c,d``, under ``multirun/presets/``) and each panel
+another, each run by that Hydra launcher (experiments/jobs.py): joblib or submitit_local spread a
+multirun's points over this machine's cores, one multirun at a time; a SLURM launcher submits them all.
+Runs land in Hydra's own folders (``outputs/``, ``multirun/``); ``experiments.collect`` then writes the
+tidy CSVs into results/.
 
 The expected wall time is printed before anything starts: the number of epochs each job needs
 (from the accountant: lots within the ε budget, or the preset's epoch count) times the seconds per
@@ -18,7 +23,6 @@ epoch measured in the committed results/summary.csv (``--sec-per-epoch`` overrid
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -29,6 +33,7 @@ import yaml
 from dpsgd.accountant import Ledger
 
 from . import claims
+from .jobs import LOCAL, checked_launcher, commands, default_parallel, launcher_kind, run_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = list(claims.PRESETS)
@@ -53,8 +58,13 @@ def _epochs_needed(sigma: float, sigma_p: float, L: int, eps: float | None, epoc
     return min(epochs, lots * L / N) * hidden_scale
 
 
-def plan_jobs(presets: list[str], sweeps: list[str]) -> list[dict]:
-    """[{name, args, epochs}] — ``epochs`` in medium-preset epoch equivalents (for the estimate)."""
+PRESETS_SWEEP_DIR = "hydra.sweep.dir=multirun/presets/${now:%Y-%m-%d}/${now:%H-%M-%S.%f}"
+PRESETS_SUBDIR = "hydra.sweep.subdir=${hydra.job.num}_${hydra.runtime.choices.experiment}_seed${seed}"
+
+
+def plan_jobs(presets: list[str], sweeps: list[str], launcher: str | None = None) -> list[dict]:
+    """[{name, args, epochs, each}] — ``epochs`` in medium-preset epoch equivalents (for the estimate),
+    ``each`` the epochs of every run the job makes. With a launcher the presets are one multirun."""
     jobs = []
     medium = _conf(ROOT / "conf" / "experiment" / "mnist_medium.yaml")
     for p in presets:
@@ -63,11 +73,15 @@ def plan_jobs(presets: list[str], sweeps: list[str]) -> list[dict]:
         private = pr.get("private", True)
         ep = _epochs_needed(pr.get("sigma", 4.0), pr.get("sigma_p", 7.0), 600,
                             pr.get("target_epsilon") if private else None, tr.get("epochs", 100))
-        jobs.append({"name": p, "args": [f"experiment={p}"], "epochs": ep})
+        jobs.append({"name": p, "args": [f"experiment={p}"], "epochs": ep, "each": [ep]})
+    if launcher is not None and presets:
+        each = [e for j in jobs for e in j["each"]]
+        jobs = [{"name": "presets", "args": ["-m", f"experiment={','.join(presets)}", PRESETS_SWEEP_DIR,
+                                             PRESETS_SUBDIR], "epochs": sum(each), "each": each}]
     for s in sweeps:
         c = _conf(ROOT / "conf" / "sweep" / f"{s}.yaml")
         (key, values), = c["hydra"]["sweeper"]["params"].items()
-        ep = 0.0
+        each = []
         for v in str(values).replace("],[", "];[").split(";" if "[" in str(values) else ","):
             sigma, L, scale, pca = medium["privacy"]["sigma"], 600, 1.0, True
             if key == "privacy.sigma":
@@ -79,10 +93,26 @@ def plan_jobs(presets: list[str], sweeps: list[str]) -> list[dict]:
             elif key.startswith("sweep/projection"):
                 scale = {"none": 3.0, "pca_200": 1.3}.get(v.strip(), 1.0)
                 pca = v.strip().startswith("pca")
-            ep += _epochs_needed(sigma, medium["privacy"]["sigma_p"], L, medium["privacy"]["target_epsilon"],
-                                 medium["training"]["epochs"], pca=pca, hidden_scale=scale)
-        jobs.append({"name": f"sweep_{s}", "args": ["-m", f"+sweep={s}"], "epochs": ep})
+            each.append(_epochs_needed(sigma, medium["privacy"]["sigma_p"], L, medium["privacy"]["target_epsilon"],
+                                       medium["training"]["epochs"], pca=pca, hidden_scale=scale))
+        jobs.append({"name": f"sweep_{s}", "args": ["-m", f"+sweep={s}"], "epochs": sum(each), "each": each})
     return jobs
+
+
+def wall_epochs(jobs: list[dict], n_parallel: int, launcher: str | None) -> float:
+    """Expected wall time in epoch equivalents. Own processes: ``n_parallel`` jobs at a time, each
+    running its points in sequence. A local launcher: its multiruns one after another (n_parallel
+    of them at once), each point-parallel over the jobs it runs at once. A cluster launcher: every
+    point at once (queue waits not counted)."""
+    if launcher is None:
+        return max(sum(j["epochs"] for j in jobs) / n_parallel, max((j["epochs"] for j in jobs), default=0.0))
+    from dpsgd.launchers import parallel_jobs
+    kind, params = launcher_kind(launcher)
+    if kind not in LOCAL:
+        return max((e for j in jobs for e in j["each"]), default=0.0)
+    walls = [max(j["epochs"] / parallel_jobs(kind, params, len(j["each"])), max(j["each"], default=0.0))
+             for j in jobs]
+    return max(sum(walls) / n_parallel, max(walls, default=0.0))
 
 
 def measured_sec_per_epoch(results: Path) -> float | None:
@@ -95,65 +125,44 @@ def measured_sec_per_epoch(results: Path) -> float | None:
     return float(d["epoch_time_s"].median()) if len(d) else None
 
 
-def run_jobs(jobs: list[dict], n_parallel: int, logs: Path, extra: list[str]) -> int:
-    """Run the training jobs, at most ``n_parallel`` at a time; returns the number that failed."""
-    logs.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    pending, running, failed = list(jobs), [], 0
-    while pending or running:
-        while pending and len(running) < n_parallel:
-            job = pending.pop(0)
-            log = logs / f"{job['name']}.log"
-            cmd = [sys.executable, "-m", "dpsgd.train", *job["args"], *extra]
-            print(f"[{time.strftime('%H:%M:%S')}] start {job['name']}: {' '.join(cmd[1:])}  (log {log})", flush=True)
-            fh = open(log, "a")
-            running.append((job, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT),
-                            fh, time.time()))
-        time.sleep(2)
-        for item in list(running):
-            job, proc, fh, t0 = item
-            if proc.poll() is not None:
-                fh.close()
-                running.remove(item)
-                ok = proc.returncode == 0
-                failed += not ok
-                print(f"[{time.strftime('%H:%M:%S')}] {'done' if ok else 'FAILED'} {job['name']} "
-                      f"(exit {proc.returncode}) in {(time.time() - t0) / 60:.1f} min", flush=True)
-    return failed
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Rerun every experiment, then collect and redraw.")
     ap.add_argument("--only", choices=PARTS, nargs="+", help="run only these parts (default: all, in order)")
     ap.add_argument("--presets", nargs="+", choices=PRESETS, default=PRESETS)
     ap.add_argument("--sweeps", nargs="+", choices=SWEEPS, default=SWEEPS)
-    ap.add_argument("--jobs", type=int, default=2, help="training processes at a time (default 2)")
+    ap.add_argument("--jobs", type=int, help="training commands at a time (default 2; with a local launcher 1, "
+                    "with a cluster launcher all)")
+    ap.add_argument("--launcher", help="run each multirun through this hydra/launcher (joblib, submitit_local, "
+                    "submitit_slurm, slurm; default: own processes)")
     ap.add_argument("--sec-per-epoch", type=float, help="seconds per epoch for the wall-time estimate")
     ap.add_argument("--results", type=Path, default=ROOT / "results")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the estimate only")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every training job (e.g. device=cuda)")
     args = ap.parse_args(argv)
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         ap.error("--jobs must be >= 1")
+    launcher = checked_launcher(args.launcher)
     parts = args.only or list(PARTS)
-    jobs = ((plan_jobs(args.presets, []) if "presets" in parts else [])
-            + (plan_jobs([], args.sweeps) if "sweeps" in parts else []))
+    jobs = ((plan_jobs(args.presets, [], launcher) if "presets" in parts else [])
+            + (plan_jobs([], args.sweeps, launcher) if "sweeps" in parts else []))
+    n_parallel = args.jobs or default_parallel(launcher, len(jobs))
     spe = args.sec_per_epoch or measured_sec_per_epoch(args.results) or DEFAULT_SEC_PER_EPOCH
     total = sum(j["epochs"] for j in jobs)
-    longest = max((j["epochs"] for j in jobs), default=0.0)
-    wall = max(total / args.jobs, longest) * spe
-    print(f"plan: {', '.join(parts)}")
-    for j in jobs:
-        print(f"  {j['name']:22s} ≈ {j['epochs']:6.0f} epoch-equivalents  python -m dpsgd.train {' '.join(j['args'])}")
+    wall = wall_epochs(jobs, n_parallel, launcher) * spe
+    print(f"plan: {', '.join(parts)}" + (f" (hydra/launcher={launcher})" if launcher else ""))
+    for args_, j in zip(commands(jobs, launcher), jobs):
+        print(f"  {j['name']:22s} ≈ {j['epochs']:6.0f} epoch-equivalents  python -m dpsgd.train {' '.join(args_)}")
+    how = (f"hydra/launcher={launcher}, {n_parallel} multirun(s) at a time" if launcher
+           else f"own processes, {n_parallel} at a time")
     print(f"expected wall time: ≈ {wall / 3600:.1f} h for training ({total:.0f} epoch-equivalents at "
-          f"{spe:.2f} s/epoch, {args.jobs} at a time) + ~1 min for figure2, collect and figures")
+          f"{spe:.2f} s/epoch, {how}) + ~1 min for figure2, collect and figures")
     if args.dry_run:
         return 0
     t0 = time.time()
     if "figure2" in parts:
         subprocess.run([sys.executable, "-m", "experiments.figure2", "--out", str(args.results / "figure2.csv")],
                        cwd=ROOT, check=True)
-    failed = run_jobs(jobs, args.jobs, ROOT / "outputs" / "paper_logs", args.overrides) if jobs else 0
+    failed = run_jobs(jobs, n_parallel, ROOT / "outputs" / "paper_logs", args.overrides, launcher) if jobs else 0
     if "collect" in parts:
         subprocess.run([sys.executable, "-m", "experiments.collect", "--results", str(args.results)],
                        cwd=ROOT, check=True)

@@ -1,11 +1,14 @@
 """Seed spread of the §5.2 presets: how far one run's accuracy is from another's.
 
     python -m experiments.seeds run [--presets mnist_small,mnist_medium] [--seeds 0-4] [--device cuda]
+                                    [--launcher joblib|submitit_local|submitit_slurm|slurm]
     python -m experiments.seeds collect [--roots outputs/seeds ...] [--hardware "..."]
 
 ``run`` trains each preset once per seed, in sequence (``python -m dpsgd.train experiment=<preset>
 seed=<s> name=seeds``; outputs under ``outputs/seeds/``, which ``experiments.collect`` does not take
-as the canonical preset runs). ``collect`` reads every complete, full-size preset run under the
+as the canonical preset runs). With ``--launcher`` (``make seeds LAUNCHER=joblib``) they are one
+multirun over presets × seeds through that Hydra launcher (experiments/jobs.py), its folders under
+``outputs/seeds/<date>/<time>/`` too. ``collect`` reads every complete, full-size preset run under the
 roots (overrides limited to experiment / seed / device / name) and merges one row per run into
 ``results/seeds.csv`` (a later run of the same preset, seed and hardware replaces the earlier one),
 copying its ``metrics.csv`` and ``privacy.json`` to ``results/seeds/<hardware>/<preset>_seed<s>/``.
@@ -28,6 +31,7 @@ from dpsgd.fileio import atomic_write_text
 from dpsgd.runtime import describe_hardware
 
 from . import claims
+from .jobs import checked_launcher
 from .collect import ROOT, PRESET_OVERRIDES_OK, _is_tiny, find_runs, preset_of, run_row
 
 OK_OVERRIDES = PRESET_OVERRIDES_OK + ("name",)
@@ -43,7 +47,18 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-def run(presets: list[str], seeds: list[int], device: str) -> None:
+SWEEP_DIR = "hydra.sweep.dir=outputs/seeds/${now:%Y-%m-%d}/${now:%H-%M-%S.%f}"
+SUBDIR = "hydra.sweep.subdir=${hydra.job.num}_${hydra.runtime.choices.experiment}_seed${seed}"
+
+
+def run(presets: list[str], seeds: list[int], device: str, launcher: str | None = None) -> None:
+    if launcher is not None:   # one multirun over presets × seeds, run by the launcher
+        cmd = [sys.executable, "-m", "dpsgd.train", "-m", f"experiment={','.join(presets)}",
+               f"seed={','.join(map(str, seeds))}", f"device={device}", "name=seeds", SWEEP_DIR, SUBDIR,
+               f"hydra/launcher={launcher}"]
+        print("+", " ".join(cmd[1:]), flush=True)
+        subprocess.run(cmd, cwd=ROOT, check=True)
+        return
     for preset in presets:
         for s in seeds:
             cmd = [sys.executable, "-m", "dpsgd.train", f"experiment={preset}", f"seed={s}",
@@ -127,6 +142,7 @@ def main(argv=None) -> int:
     r.add_argument("--presets", default=",".join(claims.PRESETS))
     r.add_argument("--seeds", default="0-4", help="e.g. 0-4 or 0,2,5")
     r.add_argument("--device", default="auto")
+    r.add_argument("--launcher", help="one multirun through this hydra/launcher (default: one run after another)")
     c = sub.add_parser("collect", help="merge runs into results/seeds.csv")
     c.add_argument("--roots", nargs="+", type=Path, default=[ROOT / "outputs" / "seeds"])
     c.add_argument("--results", type=Path, default=ROOT / "results")
@@ -137,7 +153,7 @@ def main(argv=None) -> int:
         bad = [p for p in presets if p not in claims.PRESETS]
         if bad:
             ap.error(f"--presets: unknown {bad}; choose from {list(claims.PRESETS)}")
-        run(presets, parse_seeds(args.seeds), args.device)
+        run(presets, parse_seeds(args.seeds), args.device, checked_launcher(args.launcher))
     else:
         collect(args.roots, args.results, args.hardware)
     return 0

@@ -156,6 +156,10 @@ VALIDATION = [
     Bad(["name=a/b"], "name"),
     Bad(["resume=/nonexistent/run"], "resume", "resume=/nonexistent/run: no such run directory"),
     Bad(["resume=."], "resume", "not a dpsgd run directory"),
+    # --- hydra launcher (sweeps; dpsgd/launchers.py)
+    Bad(["hydra/launcher=slurmm"], "hydra/launcher"),
+    Bad(["hydra/launcher=joblib", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs"),
+    Bad(["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2"], "hydra.launcher.tasks_per_node", "must be 1"),
 ]
 
 PRIVACY_CLI = [

@@ -26,8 +26,26 @@ def test_thread_policy_respects_explicit_settings_first():
     assert thread_policy({"OMP_NUM_THREADS": " "}, 2, 2, 0.0)[0] == 1         # blank = unset
 
 
+def test_thread_policy_parallel_jobs_share_the_cores():
+    """P jobs of a joblib / submitit_local sweep (DPSGD_PARALLEL_JOBS, exported by the launching
+    process) take min(physical, usable) // P threads each: P × threads never exceeds the cores."""
+    share = {"DPSGD_PARALLEL_JOBS": "4"}
+    assert thread_policy(share, 16, 16, 9.0)[0] == 4          # the siblings are the load: not subtracted
+    assert thread_policy(share, 16, 8, 0.0)[0] == 2           # physical cores
+    assert thread_policy(share, 2, 2, 0.0)[0] == 1            # never below one
+    assert thread_policy({**share, "OMP_NUM_THREADS": "1"}, 16, 16, 0.0)[0] == 4   # joblib's own OMP: ignored
+    assert thread_policy({**share, "DPSGD_THREADS": "3"}, 16, 16, 0.0)[0] == 3     # dpsgd's own knob wins
+    assert "DPSGD_PARALLEL_JOBS=4" in thread_policy(share, 16, 16, 0.0)[1]
+    for p in (48, 16):
+        for usable in (1, 2, 3, 8, 16, 64):
+            n, _ = thread_policy({"DPSGD_PARALLEL_JOBS": str(p)}, usable, None, None)
+            assert n >= 1 and (n * p <= usable or n == 1)
+    assert thread_policy({"DPSGD_PARALLEL_JOBS": "1"}, 16, 16, 0.0)[0] == 16      # one job: the usual policy
+
+
 @pytest.mark.parametrize("env, name", [({"DPSGD_THREADS": "0"}, "DPSGD_THREADS"),
                                        ({"DPSGD_THREADS": "two"}, "DPSGD_THREADS"),
+                                       ({"DPSGD_PARALLEL_JOBS": "0"}, "DPSGD_PARALLEL_JOBS"),
                                        ({"OMP_NUM_THREADS": "-1"}, "OMP_NUM_THREADS")])
 def test_thread_policy_refuses_bad_values_naming_the_variable(env, name):
     with pytest.raises(ConfigError, match=f"^{name}=.*positive integer") as e:
