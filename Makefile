@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SWEEPS := $(basename $(notdir $(wildcard conf/sweep/*.yaml)))
 
-.PHONY: help install lock data mnist mnist-all seeds test test-all bench figures paper clean $(addprefix sweep-,$(SWEEPS))
+.PHONY: help install lock data mnist mnist-all seeds test test-all bench figures paper frontier clean $(addprefix sweep-,$(SWEEPS))
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -83,6 +83,9 @@ figures: $(STAMP) ## redraw every figure from the committed CSVs in results/ (no
 
 paper: $(STAMP) data ## rerun every experiment, collect results/ and redraw (hours; see README)
 	$(PY) -m experiments.paper
+
+frontier: $(STAMP) data ## privacy-utility frontier (issue 15): plan + time estimate, runs, frontier.csv, figure, table
+	$(PY) -m experiments.frontier
 
 $(addprefix sweep-,$(SWEEPS)): sweep-%: $(STAMP) data
 	$(PY) -m dpsgd.train -m +sweep=$*

@@ -91,7 +91,7 @@ class Run:
             "epoch": self.epoch, "steps": self.steps, "complete": complete, "stop_reason": stop_reason,
             "model": {n: v.detach().cpu() for n, v in self.model.state_dict().items()},
             "ledger": plain(self.ledger.to_dict()), "sampler": self.sampler.state_dict(),
-            "noise": self.dp.noise.state_dict(),
+            "noise": self.dp.noise.state_dict(), "optimizer": self.dp.state_dict(),
             "projection": None if self.projection is None else self.projection.cpu(),
             "target_epsilon": self.c.privacy.target_epsilon, "rows": plain(self.writer.rows),
             "fingerprint": privacy_fingerprint(self.c), "overrides": list(self.overrides),
@@ -123,6 +123,12 @@ def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run | dict:
     # data, then DP-PCA: the first release charged to the ledger
     Xtr, ytr, Xte, yte = load_dataset(c.dataset.name, c.dataset.root, c.dataset.subset, c.dataset.crop,
                                       download=c.dataset.download)
+    if c.model.features != "none":   # fixed per-example features (ScatterNet): no privacy cost, cached
+        from .data import default_root
+        from .features import transform
+        Xtr, Xte = transform(c.model.features, Xtr, Xte, dataset=c.dataset.name,
+                             root=Path(c.dataset.root) if c.dataset.root else default_root(),
+                             norm=c.model.feature_norm, groups=c.model.feature_groups)
     ledger = Ledger() if ckpt is None else Ledger.from_dict(ckpt["ledger"])
     if ckpt is None:
         gen = torch.Generator().manual_seed(derive_seed(c.seed, "pca", p.secure_rng))
@@ -146,7 +152,7 @@ def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run | dict:
                                             else derive_seed(c.seed, "noise"))
     noise = GaussianNoise(seed=noise_seed, secure=p.secure_rng, device=device)
     dp = DPSGD(model, clipper, noise, sigma=p.sigma if p.private else 0.0, max_grad_norm=p.clip_norm,
-               expected_lot_size=p.lot_size, lr=t.lr)
+               expected_lot_size=p.lot_size, lr=t.lr, momentum=t.momentum)
     sampler = make_sampler(p.sampling, len(Xtr), p.lot_size,
                            torch.Generator().manual_seed(derive_seed(c.seed, "sampler", p.secure_rng)))
     run = Run(c, run_dir, overrides, device, tuple(a.to(device) for a in (Xtr, ytr, Xte, yte)), V, model,
@@ -188,6 +194,7 @@ def _restore(run: Run, ckpt: dict) -> int:
     p = run.c.privacy
     run.sampler.load_state_dict(ckpt["sampler"])
     run.dp.noise.load_state_dict(ckpt["noise"])
+    run.dp.load_state_dict(ckpt["optimizer"])
     run.epoch, run.steps, run.wall_before = ckpt["epoch"], ckpt["steps"], ckpt["wall_time_s"]
     new_keys = {override_key(o) for o in run.overrides}        # a new value replaces the saved one
     run.overrides = [o for o in ckpt["overrides"] if override_key(o) not in new_keys] + list(run.overrides)

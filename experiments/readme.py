@@ -179,6 +179,10 @@ def render(results: Path) -> str:
         lines += _preset_rows(summary)
     lines += _seed_rows(_read(results, "seeds.csv"))
     lines += _figure5_rows(f5)
+    frontier = _read(results, "frontier.csv")
+    if frontier is not None:
+        from .frontier_figure import table_rows
+        lines += table_rows(frontier)
     if summary is not None:
         hw = "; ".join(sorted(set(summary["hardware"].astype(str))))
         eng = ", ".join(sorted(set(summary["engine"].astype(str))))
@@ -203,8 +207,10 @@ def render(results: Path) -> str:
               "- `figure4.csv` — per-epoch test accuracy and ε at δ ∈ {1e-5, 1e-4, 1e-3, 1e-2}",
               "- `figure5.csv` — one row per Figure-5 sweep run",
               "- `summary.csv` — one row per run (presets and sweeps)",
+              "- `frontier.csv` — one row per frontier run (`python -m experiments.frontier`)",
               "- `seeds.csv` — one row per preset run over seeds and hardware (`python -m experiments.seeds collect`)",
               "- `runs/<preset>/metrics.csv`, `runs/<preset>/privacy.json` — the preset runs as written by training",
+              "- `runs/frontier/<recipe>/eps<ε>_seed<s>/` — the frontier runs' `metrics.csv`, `privacy.json`, `config.yaml`",
               ""]
     return "\n".join(lines)
 
