@@ -134,7 +134,8 @@ def cached_scatter(X: torch.Tensor, dataset: str, split: str, root: Path | None)
     if root is None:
         return scatter(X)
     n_full = DATASETS[dataset][1 if split == "train" else 2]
-    for n in dict.fromkeys((len(X), n_full)):
+    # a small subset is cheaper to compute than the full split's cache is to load and hash
+    for n in dict.fromkeys((len(X),) if 10 * len(X) <= n_full else (len(X), n_full)):
         key = cache_key(dataset, split, n)
         F = _load_cache(_cache_path(Path(root), key), key) if n >= len(X) else None
         if F is not None:

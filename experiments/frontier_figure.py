@@ -46,10 +46,12 @@ def summarise(df: pd.DataFrame) -> pd.DataFrame:
 
 def draw(df: pd.DataFrame, out: Path) -> list[Path]:
     """frontier.png and frontier.pdf in the folder ``out`` (byte-reproducible, as every figure here)."""
-    from .figures import _save, plt
+    import matplotlib.ticker
+
+    from .figures import _save, matplotlib, plt
 
     s = summarise(df)
-    datasets = [d for d in DATASET_TITLES if d in set(s["dataset"])] or sorted(set(s["dataset"]))
+    datasets = list(DATASET_TITLES) + sorted(set(s["dataset"]) - set(DATASET_TITLES))
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 4.2), squeeze=False)
     recipes = list(dict.fromkeys(list(ANCHORS) + list(s["recipe"])))
     color = {r: COLORS[i % len(COLORS)] for i, r in enumerate(recipes)}
@@ -65,13 +67,15 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
                 ax.plot([e for e, _ in pts], [a for _, a in pts], ls="none", marker="D", mfc="none", ms=7,
                         color=color[r], label=f"published: {label} ({ANCHORS[r][3]})")
         ax.set_xscale("log")
-        ax.set_xticks([0.5, 1, 2, 3, 8])
-        ax.set_xticklabels(["0.5", "1", "2", "3", "8"])
+        ax.set_xlim(0.4, 10)
+        ax.set_xticks([0.5, 1, 1.2, 2, 3, 8])
+        ax.set_xticklabels(["0.5", "1", "1.2", "2", "3", "8"])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("ε at δ = 1e-5 (PLD, joint convention; log scale)")
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(f"{DATASET_TITLES.get(ds, ds)}: Poisson lots, mean ± sd over seeds", fontsize=10)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=6.5, loc="lower right")
+        ax.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     return _save(fig, out, "frontier")
 

@@ -219,9 +219,10 @@ def test_calibrated_sigma_spends_the_target_over_the_planned_epochs(eps):
 
 @pytest.mark.parametrize("recipe, extra", [
     ("mnist_scatter_linear", []),
-    ("mnist_scatter_cnn", []),
-    ("fmnist_scatter_linear", []),
-    ("mnist_paper_tight", ["model.hidden=[100]", "privacy.target_epsilon=8", "training.epochs=2"]),
+    pytest.param("mnist_scatter_cnn", [], marks=pytest.mark.slow),
+    pytest.param("fmnist_scatter_linear", [], marks=pytest.mark.slow),   # first use: F-MNIST test features
+    ("mnist_paper_tight", ["model.hidden=[100]", "privacy.lot_size=60", "privacy.sigma=2.0",
+                           "privacy.sigma_p=4.0", "training.epochs=5"]),   # stopped by the ε = 2 budget
 ])
 def test_each_recipe_runs_end_to_end_on_a_subset(tmp_path, recipe, extra):
     c = _cfg(f"experiment={recipe}", "dataset.subset=1200", "privacy.lot_size=300", "training.epochs=2",
@@ -234,6 +235,8 @@ def test_each_recipe_runs_end_to_end_on_a_subset(tmp_path, recipe, extra):
     assert float(rows[-1]["test_accuracy"]) > 0.3             # chance is 0.1
     if c.privacy.calibrate_sigma:
         assert st["stop_reason"] == "epochs_completed" and st["steps"] == 2 * 4
+    else:
+        assert st["stop_reason"] == "target_epsilon_reached" and c.accountant.name == "pld"
 
 
 # --- the runner, the figure, the table ------------------------------------------------------------------
@@ -293,3 +296,13 @@ def test_frontier_table_and_figure_from_the_fixture(tmp_path):
     assert [p.name for p in paths] == ["frontier.png", "frontier.pdf"] and all(p.stat().st_size > 1000 for p in paths)
     s = frontier_figure.summarise(df)
     assert math.isclose(float(s[(s.recipe == "mnist_scatter_linear") & (s.epsilon_target == 1.2)]["mean"].iloc[0]), 98.2)
+
+
+def test_a_version_2_checkpoint_without_optimizer_state_is_refused_in_one_line(tmp_path, monkeypatch):
+    from dpsgd import checkpoint
+    monkeypatch.setattr(checkpoint, "FORMAT_VERSION", 2)
+    checkpoint.save_checkpoint(tmp_path, {"epoch": 1})
+    monkeypatch.undo()
+    with pytest.raises(checkpoint.CheckpointError, match="format version 2, this dpsgd reads version 3") as e:
+        load_checkpoint(tmp_path)
+    assert "\n" not in str(e.value)
