@@ -21,6 +21,7 @@ depends on the loss surface and C), so a run that diverges is the trainer's to s
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -388,7 +389,6 @@ def _calibrated_sigma(c: Config, sampler, shape) -> float:
     (``dpsgd/accountant/calibrate.py:sigma_for_epsilon``; ε within 0.5 % below the target)."""
     import torch
 
-    from .accountant.calibrate import sigma_for_epsilon
     p, t, key = c.privacy, c.training, "privacy.calibrate_sigma=true"
     if not p.private:
         raise ConfigError(f"{key}: a non-private run has no σ to calibrate")
@@ -407,10 +407,16 @@ def _calibrated_sigma(c: Config, sampler, shape) -> float:
         model = build_model(c.model, shape, DATASETS[c.dataset.name][3])
     k = clipping_groups(model, p.clipping)
     try:
-        return float(sigma_for_epsilon(p.target_epsilon, p.delta, sampler.q, steps, c.accountant.name, k,
-                                       p.convention))
+        return _sigma_for_epsilon(p.target_epsilon, p.delta, sampler.q, steps, c.accountant.name, k, p.convention)
     except ValueError as e:
         raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+
+
+@functools.lru_cache(maxsize=32)
+def _sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention) -> float:
+    """``sigma_for_epsilon``, remembered per process (a command validates its config more than once)."""
+    from .accountant.calibrate import sigma_for_epsilon
+    return float(sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention))
 
 
 def clipping_groups(model, clipping: str) -> int:

@@ -39,7 +39,9 @@ def summarise(df: pd.DataFrame) -> pd.DataFrame:
     g = df.assign(acc=100 * df["test_accuracy"]).groupby(["recipe", "dataset", "epsilon_target"], sort=False)
     out = g.agg(mean=("acc", "mean"), sd=("acc", "std"), n=("acc", "size"),
                 eps_spent=("epsilon_pld_joint", "max"), wall_s=("wall_time_s", "median"),
-                command=("command", "first")).reset_index()
+                command=("command", "first"),
+                seeds=("seed", lambda v: ", ".join(str(int(x)) for x in sorted(v)))).reset_index()
+    out["command"] = out["command"].str.replace(r"seed=\d+", "seed=S", regex=True)
     out["sd"] = out["sd"].fillna(0.0)
     return out
 
@@ -99,14 +101,14 @@ def table_rows(df: pd.DataFrame) -> list[str]:
              "ε (Papernot & Steinke 2022). Published anchors are the authors' numbers, whose reference code "
              "accounts shuffled fixed-size batches as if Poisson-sampled. Per-run rows: `frontier.csv`; "
              "figure: `figures/frontier.png`; rerun: `make frontier`.", "",
-             "| recipe | dataset | ε | ours, mean ± sd (n seeds) | ε spent (max) | wall time per run | "
+             "| recipe | dataset | ε | ours, mean ± sd (n seeds) | ε spent (max) | training time per run (median) | "
              "published anchor | command |",
              "|---|---|---|---|---|---|---|---|"]
     for _, r in s.iterrows():
         lines.append(f"| `{r['recipe']}` | {DATASET_TITLES.get(r['dataset'], r['dataset'])} | {r['epsilon_target']:g} | "
                      f"{r['mean']:.2f} ± {r['sd']:.2f} % ({int(r['n'])}) | {r['eps_spent']:.3f} | "
                      f"{r['wall_s'] / 60:.1f} min | {_anchor(r['recipe'], r['epsilon_target'])} | "
-                     f"`{r['command']}` |")
+                     f"`{r['command']}`, S = {r['seeds']} |")
     return lines + [""]
 
 
