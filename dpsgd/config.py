@@ -48,6 +48,7 @@ class DatasetConfig:
     name: str = "mnist"
     root: str | None = None            # None: $DPSGD_DATA_ROOT or <repo>/data
     subset: int | None = None          # use only the first n training examples
+    validation: int | None = None      # hold out the last n of them and evaluate on those, not the test set
     crop: int | None = 24              # CIFAR center crop (paper: 24); None keeps 32
     download: bool = True              # allow torchvision to download when no local copy exists
 
@@ -120,7 +121,8 @@ class Config:
     @property
     def N(self) -> int:
         n = DATASETS[self.dataset.name][1]
-        return min(n, self.dataset.subset) if self.dataset.subset else n
+        n = min(n, self.dataset.subset) if self.dataset.subset else n
+        return n - (self.dataset.validation or 0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -231,6 +233,8 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     _choice("dataset.name", d.name)
     full_n = DATASETS[d.name][1]
     d.subset = _num("dataset.subset", d.subset, integer=True, optional=True, lo=1, hi=full_n)
+    d.validation = _num("dataset.validation", d.validation, integer=True, optional=True, lo=1,
+                        hi=(d.subset or full_n) - 1)
     d.crop = _num("dataset.crop", d.crop, integer=True, optional=True, lo=1, hi=32)
     if d.root is not None and not isinstance(d.root, str):
         raise ConfigError(f"dataset.root={_fmt(d.root)}: must be a path")
@@ -473,6 +477,7 @@ def privacy_fingerprint(c: Config) -> dict:
     d, m, p = c.dataset, c.model, c.privacy
     return {
         "dataset.name": d.name, "dataset.subset": d.subset, "dataset.crop": d.crop,
+        "dataset.validation": d.validation,
         "model.name": m.name, "model.hidden": list(m.hidden), "model.bias": m.bias,
         "model.projection": m.projection, "model.pca_dims": m.pca_dims, "model.init": m.init,
         "model.features": m.features, "model.feature_norm": m.feature_norm,

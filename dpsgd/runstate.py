@@ -129,6 +129,9 @@ def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run | dict:
         Xtr, Xte = transform(c.model.features, Xtr, Xte, dataset=c.dataset.name,
                              root=Path(c.dataset.root) if c.dataset.root else default_root(),
                              norm=c.model.feature_norm, groups=c.model.feature_groups)
+    if c.dataset.validation:   # tuning: train on the rest, evaluate on held-out training examples (never the test set)
+        n = len(Xtr) - c.dataset.validation
+        Xtr, ytr, Xte, yte = Xtr[:n], ytr[:n], Xtr[n:], ytr[n:]
     ledger = Ledger() if ckpt is None else Ledger.from_dict(ckpt["ledger"])
     if ckpt is None:
         gen = torch.Generator().manual_seed(derive_seed(c.seed, "pca", p.secure_rng))

@@ -306,3 +306,19 @@ def test_a_version_2_checkpoint_without_optimizer_state_is_refused_in_one_line(t
     with pytest.raises(checkpoint.CheckpointError, match="format version 2, this dpsgd reads version 3") as e:
         load_checkpoint(tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_validation_split_holds_out_training_examples_never_the_test_set(tmp_path):
+    c = _cfg("experiment=mnist_scatter_linear", "dataset.subset=1500", "dataset.validation=300",
+             "privacy.lot_size=300", "training.epochs=1", "device=cpu")
+    assert c.N == 1200 and c.dataset.validation == 300
+    from dpsgd.runstate import setup
+    (tmp_path / "run").mkdir()
+    run = setup(c, tmp_path / "run", [])
+    Xtr, ytr, Xval, yval = run.data
+    assert len(Xtr) == 1200 and len(Xval) == 300 and run.sampler.q == 300 / 1200
+    from dpsgd.data import load_dataset
+    _, y_all, _, _ = load_dataset("mnist", None, 1500, None)
+    assert torch.equal(yval.cpu(), y_all[1200:]) and torch.equal(ytr.cpu(), y_all[:1200])
+    with pytest.raises(ConfigError, match=r"^dataset.validation=1500: must be <= 1499"):
+        _cfg("dataset.subset=1500", "dataset.validation=1500")
