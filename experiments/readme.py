@@ -208,6 +208,8 @@ def render(results: Path) -> str:
               "- `figure5.csv` — one row per Figure-5 sweep run",
               "- `summary.csv` — one row per run (presets and sweeps)",
               "- `frontier.csv` — one row per frontier run (`python -m experiments.frontier`)",
+              "- `tuning/mnist_scatter_linear_eps1.2.csv` — the validation-split runs that chose `mnist_scatter_linear_val`'s "
+              "epochs (accuracy on 10 000 held-out training examples, never the test set)",
               "- `seeds.csv` — one row per preset run over seeds and hardware (`python -m experiments.seeds collect`)",
               "- `runs/<preset>/metrics.csv`, `runs/<preset>/privacy.json` — the preset runs as written by training",
               "- `runs/frontier/<recipe>/eps<ε>_seed<s>/` — the frontier runs' `metrics.csv`, `privacy.json`, `config.yaml`",

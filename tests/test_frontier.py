@@ -244,7 +244,8 @@ def test_each_recipe_runs_end_to_end_on_a_subset(tmp_path, recipe, extra):
 def test_frontier_plan_covers_recipes_eps_seeds_and_prints_the_time(capsys):
     from experiments import frontier
     jobs = frontier.plan(frontier.RECIPES, frontier.EPSILONS, frontier.SEEDS)
-    assert len(jobs) == len(frontier.RECIPES) * 6 * 3
+    assert len(jobs) == sum(len(frontier.RECIPE_EPSILONS.get(r, frontier.EPSILONS)) for r in frontier.RECIPES) * 3
+    assert {j["eps"] for j in jobs if j["recipe"] == "mnist_scatter_linear_val"} == {1.2}
     assert frontier.EPSILONS == (0.5, 1.0, 1.2, 2.0, 3.0, 8.0)
     j = next(j for j in jobs if j["name"] == "mnist_paper_tight/eps0.5_seed1")
     assert "privacy.sigma=8.0" in j["cmd"] and "seed=1" in j["cmd"] and 0 < j["epochs"] < 2000
