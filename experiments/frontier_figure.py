@@ -64,9 +64,11 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
             d = s[(s["recipe"] == r) & (s["dataset"] == ds)].sort_values("epsilon_target")
             label = ANCHORS.get(r, (r,))[0]
             if len(d):
+                lo, hi = int(d["n"].min()), int(d["n"].max())
+                n = f"{lo}" if lo == hi else f"{lo}–{hi}"
                 ax.errorbar(d["epsilon_target"], d["mean"], yerr=d["sd"], color=color[r], marker="o", ms=4,
-                            capsize=3, label=f"ours: {label} (n = {int(d['n'].min())}–{int(d['n'].max())} seeds)")
-            if r in ANCHORS and ANCHORS[r][1] == ds:
+                            capsize=3, label=f"ours: {label} (n = {n} seeds)")
+            if r in ANCHORS and ANCHORS[r][1] == ds and ANCHORS[r][2]:
                 pts = sorted(ANCHORS[r][2].items())
                 ax.plot([e for e, _ in pts], [a for _, a in pts], ls="none", marker="D", mfc="none", ms=7,
                         color=color[r], label=f"published: {label} ({ANCHORS[r][3]})")
