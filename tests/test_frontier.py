@@ -219,7 +219,7 @@ def test_calibrated_sigma_spends_the_target_over_the_planned_epochs(eps):
 
 @pytest.mark.parametrize("recipe, extra", [
     ("mnist_scatter_linear", []),
-    pytest.param("mnist_scatter_cnn", [], marks=pytest.mark.slow),
+    ("mnist_scatter_cnn", []),
     pytest.param("fmnist_scatter_linear", [], marks=pytest.mark.slow),   # first use: F-MNIST test features
     ("mnist_paper_tight", ["model.hidden=[100]", "privacy.lot_size=60", "privacy.sigma=2.0",
                            "privacy.sigma_p=4.0", "training.epochs=5"]),   # stopped by the ε = 2 budget
