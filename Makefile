@@ -23,7 +23,7 @@ LAUNCH_FLAG = $(if $(LAUNCHER),--launcher $(LAUNCHER))
 PRETRAINED := data/pretrained/cifar100_convs.pt
 NO_DOWNLOAD := $(if $(filter 0 no false,$(DOWNLOAD)),--no-download,)
 
-.PHONY: help install lock data mnist mnist-all cifar-data cifar10 cifar10-all seeds test test-all bench figures paper clean $(addprefix sweep-,$(SWEEPS))
+.PHONY: help install lock data mnist mnist-all cifar-data cifar10 cifar10-all seeds test test-all bench figures paper frontier clean $(addprefix sweep-,$(SWEEPS))
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -110,6 +110,9 @@ figures: $(STAMP) ## redraw every figure from the committed CSVs in results/ (no
 
 paper: $(STAMP) data ## rerun every experiment, collect results/ and redraw (hours; see README; LAUNCHER=)
 	$(PY) -m experiments.paper $(LAUNCH_FLAG)
+
+frontier: $(STAMP) data ## privacy-utility frontier (issue 15): plan + time estimate, runs, frontier.csv, figure, table
+	$(PY) -m experiments.frontier
 
 $(addprefix sweep-,$(SWEEPS)): sweep-%: $(STAMP) data
 	$(PY) -m dpsgd.train -m +sweep=$* $(if $(LAUNCHER),hydra/launcher=$(LAUNCHER))

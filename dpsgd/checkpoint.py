@@ -2,7 +2,8 @@
 
 A checkpoint is taken at an epoch boundary and holds everything a resumed run needs to continue
 bit-identically: model parameters, epoch/step position (the learning rate is a function of the
-epoch), the privacy ledger, the sampler's and the noise's generator states, the input projection,
+epoch), the optimiser state (momentum buffers), the privacy ledger, the sampler's and the noise's
+generator states, the input projection,
 the metrics rows so far, the overrides the run was started with, and the privacy-relevant config
 values (a resumed run with different values is refused, naming the key). With ``training.ema_decay`` set it also
 holds ``ema`` (the EMA weights, the released model; ``dpsgd.ema``): an optional key (None when EMA is
@@ -34,8 +35,9 @@ class CheckpointError(ConfigError):
 
 
 _MAGIC = b"DPSGD-CHECKPOINT\n"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3      # 3: the optimiser state (momentum buffers)
 REQUIRED_KEYS = ("version", "epoch", "steps", "complete", "stop_reason", "model", "ledger", "sampler", "noise",
+                 "optimizer",
                  "projection", "target_epsilon", "rows", "fingerprint", "overrides", "replay", "wall_time_s",
                  "resumes", "statement")
 

@@ -21,6 +21,7 @@ depends on the loss surface and C), so a run that diverges is the trainer's to s
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -32,6 +33,7 @@ from .augment import AUGMENTATIONS
 from .clipping.clip import CLIPPINGS, MODES
 from .data import DATASETS, input_shape
 from .errors import ConfigError
+from .features import FEATURE_NORMS, FEATURES, feature_shape
 from .models import FREEZE, INITS, MODELS, NORMS
 from .pca import PROJECTIONS
 from .sampling import SAMPLERS
@@ -47,6 +49,7 @@ class DatasetConfig:
     name: str = "mnist"
     root: str | None = None            # None: $DPSGD_DATA_ROOT or <repo>/data
     subset: int | None = None          # use only the first n training examples
+    validation: int | None = None      # hold out the last n of them and evaluate on those, not the test set
     crop: int | None = 24              # CIFAR center crop (paper: 24); None keeps 32
     download: bool = True              # allow torchvision to download when no local copy exists
     augment: str = "none"              # none | crop_flip (random crop to `crop` + horizontal flip, per lot)
@@ -65,6 +68,9 @@ class ModelConfig:
     pretrained: str | None = None      # artifact of python -m dpsgd.pretrain (public weights), loaded at setup
     pretrained_sha256: str | None = None   # None: filled from the artifact's sidecar (after checking it)
     freeze: str = "none"               # none | features: requires_grad=False (not clipped, noised, charged)
+    features: str = "none"             # none | scatter (fixed ScatterNet features, dpsgd/features.py)
+    feature_norm: str = "group"        # none | group (per-example GroupNorm of the features; free)
+    feature_groups: int = 27           # G of the GroupNorm (Tramèr & Boneh 2021: 27 for 81 channels)
 
 
 @dataclass
@@ -86,6 +92,7 @@ class PrivacyConfig:
     physical_batch_size: int | None = None   # None: the whole lot in one forward/backward
     pca_fraction: float = 1.0          # DP-PCA sampling rate
     augment_multiplicity: int = 1      # K augmented copies per example, averaged before clipping
+    calibrate_sigma: bool = False      # true: σ computed from target_epsilon and training.epochs (accountant)
 
 
 @dataclass
@@ -99,6 +106,7 @@ class TrainingConfig:
     lr: float = 0.1
     lr_end: float = 0.052
     lr_saturate_epochs: int = 10
+    momentum: float = 0.0              # heavy-ball momentum on the noisy gradient (post-processing; 0 = plain SGD)
     max_steps: int | None = None       # stop after this many lots in total (tiny runs)
     eval_every: int = 1
     eval_batch_size: int = 10000
@@ -122,7 +130,8 @@ class Config:
     @property
     def N(self) -> int:
         n = DATASETS[self.dataset.name][1]
-        return min(n, self.dataset.subset) if self.dataset.subset else n
+        n = min(n, self.dataset.subset) if self.dataset.subset else n
+        return n - (self.dataset.validation or 0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -136,6 +145,8 @@ CHOICES = {   # each list is defined once, where the choice is implemented
     "model.norm": sorted(NORMS),
     "model.freeze": sorted(FREEZE),
     "dataset.augment": sorted(AUGMENTATIONS),
+    "model.features": sorted(FEATURES),
+    "model.feature_norm": sorted(FEATURE_NORMS),
     "privacy.clipping": sorted(CLIPPINGS),
     "privacy.convention": sorted(CONVENTIONS),
     "privacy.sampling": sorted(SAMPLERS),
@@ -234,6 +245,8 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     _choice("dataset.name", d.name)
     full_n = DATASETS[d.name][1]
     d.subset = _num("dataset.subset", d.subset, integer=True, optional=True, lo=1, hi=full_n)
+    d.validation = _num("dataset.validation", d.validation, integer=True, optional=True, lo=1,
+                        hi=(d.subset or full_n) - 1)
     d.crop = _num("dataset.crop", d.crop, integer=True, optional=True, lo=1, hi=32)
     if d.root is not None and not isinstance(d.root, str):
         raise ConfigError(f"dataset.root={_fmt(d.root)}: must be a path")
@@ -262,7 +275,20 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     m.bias = _bool("model.bias", m.bias)
     _choice("model.projection", m.projection)
     _choice("model.init", m.init)
+    _choice("model.features", m.features)
+    _choice("model.feature_norm", m.feature_norm)
     shape = input_shape(d.name, d.crop)
+    if m.features != "none":
+        try:
+            shape = feature_shape(m.features, shape)
+        except ValueError as e:
+            raise ConfigError(f"model.features={m.features}: {e}") from None
+        if m.projection != "none" and m.pca_dims != 0:
+            raise ConfigError(f"model.projection={m.projection}: the {m.features} features are the input "
+                              "transform; use model.projection=none")
+        m.feature_groups = _num("model.feature_groups", m.feature_groups, integer=True, lo=1)
+        if m.feature_norm == "group" and shape[0] % m.feature_groups:
+            raise ConfigError(f"model.feature_groups={m.feature_groups}: must divide the {shape[0]} feature channels")
     in_dim = math.prod(shape)
     m.pca_dims = _num("model.pca_dims", m.pca_dims, integer=True, lo=0)
     if m.projection != "none" and m.pca_dims > in_dim:
@@ -362,12 +388,18 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
         raise ConfigError(f"training.epochs={t.epochs}: {lots} lots ({p.sampling} sampling, L={p.lot_size}, N={N}) "
                           f"exceed STEPS_MAX={acc_limits.STEPS_MAX}, the most the accountants serve; "
                           "lower training.epochs")
+    t.momentum = _num("training.momentum", t.momentum, lo=0, hi=1, hi_open=True)
     t.eval_every = _num("training.eval_every", t.eval_every, integer=True, lo=1)
     # evaluation runs over the training set (N) and the test set; a larger batch is never formed
     n_eval = max(N, DATASETS[d.name][2])
     t.eval_batch_size = _num("training.eval_batch_size", t.eval_batch_size, integer=True, lo=1, hi=n_eval)
     t.checkpoint_every = _num("training.checkpoint_every", t.checkpoint_every, integer=True, lo=0)
     t.ema_decay = _num("training.ema_decay", t.ema_decay, optional=True, lo=0, lo_open=True, hi=1, hi_open=True)
+
+    p.calibrate_sigma = _bool("privacy.calibrate_sigma", p.calibrate_sigma)
+    if p.calibrate_sigma:
+        p.sigma = _calibrated_sigma(c, sampler, shape)
+        _sigma_served("privacy.sigma", p.sigma, sampler.release(p.sigma, 0)[1])
 
     # top level
     c.seed = _num("seed", c.seed, integer=True, lo=0)
@@ -387,6 +419,50 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
         if check_resume_dir:
             check_run_dir(c.resume)
     return c
+
+
+def _calibrated_sigma(c: Config, sampler, shape) -> float:
+    """σ such that the planned lots (training.epochs, or training.max_steps if fewer) spend at most
+    privacy.target_epsilon under the configured accountant and convention
+    (``dpsgd/accountant/calibrate.py:sigma_for_epsilon``; ε within 0.5 % below the target)."""
+    import torch
+
+    p, t, key = c.privacy, c.training, "privacy.calibrate_sigma=true"
+    if not p.private:
+        raise ConfigError(f"{key}: a non-private run has no σ to calibrate")
+    if p.target_epsilon is None:
+        raise ConfigError(f"{key}: needs privacy.target_epsilon (the ε to spend over training.epochs)")
+    if p.sampling != "poisson":
+        raise ConfigError(f"{key}: calibrates Poisson-sampled lots only (privacy.sampling=poisson)")
+    if c.model.projection == "pca":
+        raise ConfigError(f"{key}: does not include the DP-PCA release; set privacy.sigma or model.projection=none")
+    steps = t.epochs * sampler.lots_per_epoch()
+    if t.max_steps is not None:
+        steps = min(steps, t.max_steps)
+    if steps < 1:
+        raise ConfigError(f"{key}: training.epochs={t.epochs} plans no lot to calibrate σ for")
+    with torch.device("meta"):
+        model = build_model(c.model, shape, DATASETS[c.dataset.name][3])
+    k = clipping_groups(model, p.clipping)
+    try:
+        return _sigma_for_epsilon(p.target_epsilon, p.delta, sampler.q, steps, c.accountant.name, k, p.convention)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+
+
+@functools.lru_cache(maxsize=32)
+def _sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention) -> float:
+    """``sigma_for_epsilon``, remembered per process (a command validates its config more than once)."""
+    from .accountant.calibrate import sigma_for_epsilon
+    return float(sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention))
+
+
+def clipping_groups(model, clipping: str) -> int:
+    """k, the separately clipped groups: 1 (global), else the modules owning trainable parameters
+    (the rule of ``dpsgd/clipping/engine.py:PerExampleClipper``)."""
+    if clipping == "global":
+        return 1
+    return sum(1 for m in model.modules() if any(q.requires_grad for q in m.parameters(recurse=False)))
 
 
 def override_key(a: str) -> str:
@@ -453,7 +529,7 @@ def frozen_names(model, freeze: str) -> list[str]:
 
 def build_model(m: ModelConfig, shape, classes: int):
     """The network of ``model.*`` for inputs of ``shape`` (after any projection)."""
-    in_features = m.pca_dims if m.projection != "none" else math.prod(shape)
+    in_features = m.pca_dims if m.projection != "none" and m.features == "none" else math.prod(shape)
     return MODELS[m.name](in_features=in_features, hidden=tuple(m.hidden), num_classes=classes, bias=m.bias,
                           init=m.init, norm=m.norm)
 
@@ -468,8 +544,11 @@ def privacy_fingerprint(c: Config) -> dict:
                                     ("training.ema_decay", c.training.ema_decay, None)) if v != off}
     return later | {
         "dataset.name": d.name, "dataset.subset": d.subset, "dataset.crop": d.crop,
+        "dataset.validation": d.validation,
         "model.name": m.name, "model.hidden": list(m.hidden), "model.bias": m.bias,
         "model.projection": m.projection, "model.pca_dims": m.pca_dims, "model.init": m.init,
+        "model.features": m.features, "model.feature_norm": m.feature_norm,
+        "model.feature_groups": m.feature_groups, "privacy.calibrate_sigma": p.calibrate_sigma,
         "privacy.private": p.private, "privacy.sigma": p.sigma, "privacy.sigma_p": p.sigma_p,
         "privacy.clip_norm": p.clip_norm, "privacy.lot_size": p.lot_size, "q": p.lot_size / c.N,
         "privacy.delta": p.delta, "privacy.clipping": p.clipping, "privacy.convention": p.convention,

@@ -2,6 +2,8 @@
 
 - MNIST (paper §5.2): a fixed 60-d PCA projection (applied to the data, outside the model), one
   hidden layer of 1000 ReLU units, 10 logits; the paper's network has no biases.
+- ``linear`` and ``scatter_cnn``: Tramèr & Boneh 2021 (arXiv 2011.11660) on ScatterNet features
+  (``dpsgd/features.py``): a linear classifier, and their small tanh CNN for MNIST.
 - CIFAR-10 (paper §5.3): 24×24×3 crops, two 5×5×64 convolutions (stride 1, ReLU, 2×2 max-pool),
   two fully connected layers of 384 ReLU units and a softmax layer ("SAME" padding, as in the
   TensorFlow CIFAR tutorial model the paper starts from: 24 → 12 → 6).
@@ -127,6 +129,46 @@ class TanhCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
+class Linear(nn.Module):
+    """A linear classifier on the flattened input: Tramèr & Boneh 2021's ``ScatterLinear`` (their
+    ``models.py``) once the fixed features and their normalisation are applied outside the model."""
+
+    def __init__(self, in_features: int, num_classes: int = 10, bias: bool = True, init: str = "torch"):
+        super().__init__()
+        self.fc = nn.Linear(int(in_features), num_classes, bias=bias)
+        init_weights(self, init)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+
+
+class ScatterCNN(nn.Module):
+    """Tramèr & Boneh 2021's CNN on ScatterNet features for MNIST (their ``models.py`` ``MNIST_CNN``
+    with ``in_channels`` = 81): conv 3×3/2 (16) → tanh → conv 3×3/1 (32) → tanh → FC 32 → tanh → FC.
+
+    Input: K × 7 × 7 scattering coefficients (K = in_features / 49), already normalised."""
+
+    SIDE = 7
+
+    def __init__(self, in_features: int, num_classes: int = 10, bias: bool = True, init: str = "torch",
+                 channels: tuple[int, int] = (16, 32), hidden: int = 32):
+        super().__init__()
+        if in_features % (self.SIDE * self.SIDE):
+            raise ValueError(f"ScatterCNN expects K x 7 x 7 inputs, got {in_features} features")
+        self.K = in_features // (self.SIDE * self.SIDE)
+        c1, c2 = channels
+        self.features = nn.Sequential(
+            nn.Conv2d(self.K, c1, kernel_size=3, stride=2, padding=1, bias=bias), nn.Tanh(),   # 7 -> 4
+            nn.Conv2d(c1, c2, kernel_size=3, stride=1, padding=1, bias=bias), nn.Tanh(),       # 4 -> 4
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(c2 * 4 * 4, hidden, bias=bias), nn.Tanh(), nn.Linear(hidden, num_classes, bias=bias))
+        init_weights(self, init)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x.reshape(len(x), self.K, self.SIDE, self.SIDE)))
+
+
 INITS = ("paper", "torch")
 NORMS = ("none", "group")    # model.norm: normalisation after the convolutions (tanh_cnn)
 FREEZE = {   # model.freeze -> prefix of the parameters frozen (public weights, e.g. CIFAR-100-pretrained convs)
@@ -139,6 +181,9 @@ MODELS = {   # model.name -> network for (input features after any projection, h
     "cnn": lambda in_features, hidden, num_classes, bias, init, **_: CifarCNN(num_classes, bias, init),
     "tanh_cnn": lambda in_features, hidden, num_classes, bias, init, norm="none", **_:
         TanhCNN(num_classes, bias, init, norm),
+    "linear": lambda in_features, hidden, num_classes, bias, init, **_: Linear(in_features, num_classes, bias, init),
+    "scatter_cnn": lambda in_features, hidden, num_classes, bias, init, **_: ScatterCNN(in_features, num_classes,
+                                                                                        bias, init),
 }
 
 

@@ -19,6 +19,11 @@ the sensitivity, the noise σC and the accounting are those of K = 1. K = 1 is t
 The noise scale is σ·C where C is the clipping bound the privacy analysis uses; it is passed here
 explicitly so that a deliberately broken mechanism (clipping disabled in the clipper, used by the
 audit) still adds the noise it claims.
+
+Momentum (``training.momentum`` = μ > 0; heavy ball, Polyak 1964, as ``torch.optim.SGD`` with
+dampening 0): v_t ← μ v_{t−1} + g̃_t (v_1 = g̃_1), θ_{t+1} ← θ_t − η_t v_t. It only post-processes the
+released noisy gradients g̃_t, so it costs no privacy (Dwork & Roth 2014, Prop. 2.1). μ = 0 runs the
+plain update above, operation for operation.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ class DPSGD:
     """Noisy SGD on top of a per-example clipping engine (``dpsgd.clipping.PerExampleClipper``)."""
 
     def __init__(self, model: torch.nn.Module, clipper, noise: GaussianNoise, sigma: float,
-                 max_grad_norm: float, expected_lot_size: float, lr: float,
+                 max_grad_norm: float, expected_lot_size: float, lr: float, momentum: float = 0.0,
                  augment_multiplicity: int = 1, augment=None, augment_generator=None):
         if sigma < 0:
             raise ValueError(f"privacy.sigma={sigma!r} must be >= 0")
@@ -39,6 +44,8 @@ class DPSGD:
             raise ValueError(f"privacy.clip_norm={max_grad_norm!r} must be > 0")
         if not expected_lot_size > 0:
             raise ValueError(f"privacy.lot_size={expected_lot_size!r} must be > 0")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"training.momentum={momentum!r} must be in [0, 1)")
         self.model = model
         self.clipper = clipper
         self.noise = noise
@@ -54,6 +61,18 @@ class DPSGD:
         self.K = K
         self.augment = augment                     # augment(x, generator) -> x, per-row random
         self.augment_generator = augment_generator
+        self.momentum = float(momentum)
+        self.velocity: dict[str, torch.Tensor] = {}     # v_t per parameter (empty before the first step)
+
+    def state_dict(self) -> dict:
+        """The optimiser state a resumed run needs (the momentum buffers v_t, on the CPU)."""
+        return {"momentum": self.momentum, "velocity": {n: v.detach().cpu() for n, v in self.velocity.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        unknown = set(state["velocity"]) - set(self.params)
+        if unknown:
+            raise ValueError(f"optimizer state names unknown parameters: {sorted(unknown)}")
+        self.velocity = {n: v.to(self.params[n].device, self.params[n].dtype) for n, v in state["velocity"].items()}
 
     def _rows(self, xb: torch.Tensor) -> torch.Tensor:
         """The K augmented copies of each example of a physical batch, consecutive: [B·K, ...]."""
@@ -115,6 +134,16 @@ class DPSGD:
         Returns {'loss_sum' (0-dim tensor, on the model's device), 'lot_size'} for logging."""
         total, loss_sum, lot_size = self._noisy_sum(x, y, physical_batch_size)
         with torch.no_grad():
-            for n, p in self.params.items():
-                p.add_(total[n], alpha=-self.lr / self.L)
+            if self.momentum == 0.0:
+                for n, p in self.params.items():
+                    p.add_(total[n], alpha=-self.lr / self.L)
+            else:
+                for n, p in self.params.items():
+                    g = total[n].div_(self.L)                      # g̃_t
+                    v = self.velocity.get(n)
+                    if v is None:
+                        self.velocity[n] = v = g.clone()
+                    else:
+                        v.mul_(self.momentum).add_(g)
+                    p.add_(v, alpha=-self.lr)
         return {"loss_sum": loss_sum, "lot_size": lot_size}

@@ -118,7 +118,7 @@ class Run:
             "epoch": self.epoch, "steps": self.steps, "complete": complete, "stop_reason": stop_reason,
             "model": {n: v.detach().cpu() for n, v in self.model.state_dict().items()},
             "ledger": plain(self.ledger.to_dict()), "sampler": self.sampler.state_dict(),
-            "noise": self.dp.noise.state_dict(),
+            "noise": self.dp.noise.state_dict(), "optimizer": self.dp.state_dict(),
             "projection": None if self.projection is None else self.projection.cpu(),
             "target_epsilon": self.c.privacy.target_epsilon, "rows": plain(self.writer.rows),
             "fingerprint": privacy_fingerprint(self.c), "overrides": list(self.overrides),
@@ -203,6 +203,15 @@ def _build(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, 
     ds = c.dataset
     Xtr, ytr, Xte, yte = load_dataset(ds.name, ds.root, ds.subset, None if ds.augment != "none" else ds.crop,
                                       download=ds.download)
+    if c.model.features != "none":   # fixed per-example features (ScatterNet): no privacy cost, cached
+        from .data import default_root
+        from .features import transform
+        Xtr, Xte = transform(c.model.features, Xtr, Xte, dataset=c.dataset.name,
+                             root=Path(c.dataset.root) if c.dataset.root else default_root(),
+                             norm=c.model.feature_norm, groups=c.model.feature_groups)
+    if c.dataset.validation:   # tuning: train on the rest, evaluate on held-out training examples (never the test set)
+        n = len(Xtr) - c.dataset.validation
+        Xtr, ytr, Xte, yte = Xtr[:n], ytr[:n], Xtr[n:], ytr[n:]
     ledger = Ledger() if ckpt is None else Ledger.from_dict(ckpt["ledger"])
     if ckpt is None:
         gen = torch.Generator().manual_seed(seeds["pca"])
@@ -230,7 +239,8 @@ def _build(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, 
                                             else derive_seed(c.seed, "noise"))
     noise = GaussianNoise(seed=noise_seed, secure=p.secure_rng, device=device)
     dp = DPSGD(model, clipper, noise, sigma=p.sigma if p.private else 0.0, max_grad_norm=p.clip_norm,
-               expected_lot_size=p.lot_size, lr=t.lr, augment_multiplicity=p.augment_multiplicity)
+               expected_lot_size=p.lot_size, lr=t.lr, momentum=t.momentum,
+               augment_multiplicity=p.augment_multiplicity)
     sampler = make_sampler(p.sampling, len(Xtr), p.lot_size,
                            torch.Generator().manual_seed(seeds["sampler"]))
     data = tuple(a.to(device) for a in (Xtr, ytr, Xte, yte))
@@ -272,6 +282,7 @@ def _restore(run: Run, ckpt: dict) -> int:
     p = run.c.privacy
     run.sampler.load_state_dict(ckpt["sampler"])
     run.dp.noise.load_state_dict(ckpt["noise"])
+    run.dp.load_state_dict(ckpt["optimizer"])
     if run.ema is not None:     # training.ema_decay is in the fingerprint: the checkpoint has the EMA
         run.ema.load_state_dict(ckpt["ema"])
     run.epoch, run.steps, run.wall_before = ckpt["epoch"], ckpt["steps"], ckpt["wall_time_s"]

@@ -352,9 +352,15 @@ def figure6(df: pd.DataFrame, out: Path) -> list[Path]:
     return draw(df, out)
 
 
+def frontier(df: pd.DataFrame, out: Path) -> list[Path]:
+    from .frontier_figure import draw
+    return draw(df, out)
+
+
 # ----------------------------------------------------------------------------------------------
 DRAWERS = [("figure2.csv", figure2), ("figure3.csv", figure3), ("figure4.csv", figure4),
-           ("figure5.csv", figure5), ("figure6.csv", figure6), ("summary.csv", privacy_utility)]
+           ("figure5.csv", figure5), ("figure6.csv", figure6), ("summary.csv", privacy_utility),
+           ("frontier.csv", frontier)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -221,6 +221,10 @@ def render(results: Path) -> str:
     lines += _seed_rows(_read(results, "seeds.csv"))
     lines += _figure5_rows(f5)
     lines += cifar_rows(f6)
+    frontier = _read(results, "frontier.csv")
+    if frontier is not None:
+        from .frontier_figure import table_rows
+        lines += table_rows(frontier)
     if summary is not None:
         hw = "; ".join(sorted(set(summary["hardware"].astype(str))))
         eng = ", ".join(sorted(set(summary["engine"].astype(str))))
@@ -246,8 +250,12 @@ def render(results: Path) -> str:
               "- `figure5.csv` — one row per Figure-5 sweep run",
               "- `summary.csv` — one row per run (MNIST presets and sweeps)",
               *(["- `figure6.csv` — per-epoch metrics of the CIFAR-10 presets"] if f6 is not None else []),
+              "- `frontier.csv` — one row per frontier run (`python -m experiments.frontier`)",
+              "- `tuning/mnist_scatter_linear_eps1.2.csv` — the validation-split runs that chose `mnist_scatter_linear_val`'s "
+              "epochs (accuracy on 10 000 held-out training examples, never the test set)",
               "- `seeds.csv` — one row per preset run over seeds and hardware (`python -m experiments.seeds collect`)",
               "- `runs/<preset>/metrics.csv`, `runs/<preset>/privacy.json` — the preset runs as written by training",
+              "- `runs/frontier/<recipe>/eps<ε>_seed<s>/` — the frontier runs' `metrics.csv`, `privacy.json`, `config.yaml`",
               ""]
     return "\n".join(lines)
 

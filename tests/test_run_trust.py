@@ -159,7 +159,8 @@ def test_checkpoint_missing_a_key_is_refused(tmp_path):
 
 def test_checkpoint_round_trip_is_exact(finished):
     ck = load_checkpoint(finished)
-    assert ck["version"] == 2 and ck["target_epsilon"] == 1.5 and ck["fingerprint"]["accountant.name"] == "moments"
+    assert ck["version"] == 3 and ck["target_epsilon"] == 1.5 and ck["fingerprint"]["accountant.name"] == "moments"
+    assert ck["optimizer"] == {"momentum": 0.0, "velocity": {}}      # plain SGD: no buffers
 
 
 # ----------------------------------------------------------------- one writer
