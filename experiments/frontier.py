@@ -1,4 +1,4 @@
-"""The privacy–utility frontier: each recipe × target ε × seed, trained, collected, drawn (issue 15).
+"""The privacy–utility frontier: each recipe × target ε × seed, trained, collected, drawn.
 
     python -m experiments.frontier --dry-run          # the plan and the expected wall time only
     python -m experiments.frontier                    # run what is missing, collect, draw (make frontier)

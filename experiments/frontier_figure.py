@@ -1,4 +1,4 @@
-"""The frontier figure and table, from ``results/frontier.csv`` only (issue 15).
+"""The frontier figure and table, from ``results/frontier.csv`` only.
 
     python -m experiments.frontier_figure            # results/figures/frontier.png
     (also drawn by ``make figures``; results/README.md's frontier table: experiments/readme.py calls
@@ -96,7 +96,7 @@ def _anchor(recipe: str, eps: float) -> str:
 def table_rows(df: pd.DataFrame) -> list[str]:
     """The results/README.md section: recipe | ε | ours mean ± sd (n seeds) | published anchor | command."""
     s = summarise(df)
-    lines = ["## The privacy–utility frontier (issue 15): modern recipes at the same ε", "",
+    lines = ["## The privacy–utility frontier: modern recipes at the same ε", "",
              "Test accuracy at the end of training, mean ± sd over seeds, each run Poisson-sampled (q = L/N) and "
              "accounted with the PLD accountant under the joint convention at δ = 1e-5; σ is calibrated so that "
              "the preset's epochs spend the target ε (ScatterNet recipes) or the run is stopped by the budget "

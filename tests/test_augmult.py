@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dp_reference import assert_close, loop_clipped_sum
 from dpsgd.clipping import PerExampleClipper
 from dpsgd.config import ConfigError, validate
 from dpsgd.models import MLP, TanhCNN
@@ -74,28 +75,7 @@ def make(name, B, K, seed=0):
 
 def reference(model, rows, y, K, groups, C):
     """For each example: the mean of its K copies' gradients (plain autograd), clip per group, sum."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    sums = {n: torch.zeros_like(p) for n, p in named}
-    norms = []
-    for i in range(len(y)):
-        grads = [torch.autograd.grad(F.cross_entropy(model(rows[i * K + k:i * K + k + 1]), y[i:i + 1]),
-                                     [p for _, p in named]) for k in range(K)]
-        g = {n: sum(gk[j] for gk in grads) / K for j, (n, _) in enumerate(named)}
-        row = []
-        for names in groups:
-            nrm = torch.sqrt(sum(g[n].pow(2).sum() for n in names))
-            row.append(nrm)
-            for n in names:
-                sums[n] += g[n] * min(1.0, C / nrm.item())
-        norms.append(torch.stack(row))
-    return sums, torch.stack(norms)
-
-
-def assert_close(a, b, rtol=1e-10):
-    assert a.keys() == b.keys()
-    for n in a:
-        err = (a[n] - b[n]).norm().item()
-        assert err <= rtol * b[n].norm().item() + 1e-14, (n, err)
+    return loop_clipped_sum(model, rows, y, groups, C, K)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

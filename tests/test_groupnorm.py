@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dp_reference import assert_close, loop_clipped_sum
 from dpsgd.clipping import PerExampleClipper
 from dpsgd.clipping.layers import GenericLayer, GroupNormLayer
 
@@ -28,27 +29,7 @@ def data(n=7, seed=0):
 
 def loop_reference(model, x, y, groups, max_norm):
     """Algorithm 1 read literally: one example at a time through plain autograd, clip, sum."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    sums = {n: torch.zeros_like(p) for n, p in named}
-    norms = []
-    for i in range(len(y)):
-        loss = F.cross_entropy(model(x[i:i + 1]), y[i:i + 1])
-        g = dict(zip([n for n, _ in named], torch.autograd.grad(loss, [p for _, p in named])))
-        row = []
-        for names in groups:
-            nrm = torch.sqrt(sum(g[n].pow(2).sum() for n in names))
-            row.append(nrm)
-            for n in names:
-                sums[n] += g[n] * min(1.0, max_norm / nrm.item())
-        norms.append(torch.stack(row))
-    return sums, torch.stack(norms)
-
-
-def assert_close(a, b, rtol=1e-10):
-    assert a.keys() == b.keys()
-    for n in a:
-        err = (a[n] - b[n]).norm().item()
-        assert err <= rtol * b[n].norm().item() + 1e-14, (n, err)
+    return loop_clipped_sum(model, x, y, groups, max_norm)
 
 
 @pytest.mark.parametrize("clipping", ["global", "per_layer"])

@@ -1,0 +1,34 @@
+"""Algorithm 1 read literally, for tests: one example at a time through plain autograd, clip, sum.
+
+``loop_clipped_sum(model, rows, y, groups, C, K)``: rows holds K consecutive copies of each example
+(K = 1: the examples themselves); example i's gradient is the mean of its K copies' gradients
+(augmentation multiplicity, De et al. 2022), clipped per group of parameter names to norm C, summed.
+Returns (Σ_i clip(g_i) per parameter, per-example group norms [B, groups])."""
+import torch
+import torch.nn.functional as F
+
+
+def loop_clipped_sum(model, rows, y, groups, C, K=1):
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    sums = {n: torch.zeros_like(p) for n, p in named}
+    norms = []
+    for i in range(len(y)):
+        grads = [torch.autograd.grad(F.cross_entropy(model(rows[i * K + k:i * K + k + 1]), y[i:i + 1]),
+                                     [p for _, p in named]) for k in range(K)]
+        g = {n: sum(gk[j] for gk in grads) / K for j, (n, _) in enumerate(named)}
+        row = []
+        for names in groups:
+            nrm = torch.sqrt(sum(g[n].pow(2).sum() for n in names))
+            row.append(nrm)
+            for n in names:
+                sums[n] += g[n] * min(1.0, C / nrm.item())
+        norms.append(torch.stack(row))
+    return sums, torch.stack(norms)
+
+
+def assert_close(a, b, rtol=1e-10):
+    """Per-parameter relative error ≤ rtol, with an absolute floor of 1e-14 (float64)."""
+    assert a.keys() == b.keys()
+    for n in a:
+        err = (a[n] - b[n]).norm().item()
+        assert err <= rtol * b[n].norm().item() + 1e-14, (n, err)
