@@ -36,18 +36,28 @@ import sys
 import tarfile
 import zlib
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
 
-# name -> (folder under root, train size, test size, classes, input shape)
-DATASETS = {
-    "mnist": ("MNIST", 60000, 10000, 10, (784,)),
-    "fashion_mnist": ("FashionMNIST", 60000, 10000, 10, (784,)),
-    "cifar10": ("cifar-10-batches-py", 50000, 10000, 10, (3, 32, 32)),
-    "cifar100": ("cifar-100-python", 50000, 10000, 100, (3, 32, 32)),
+
+
+class Dataset(NamedTuple):
+    folder: str                  # under the data root (torchvision's layout)
+    n_train: int                 # training examples
+    n_test: int                  # test examples
+    classes: int
+    shape: tuple[int, ...]       # one example as loaded, before any crop: flat 784, or C×H×W
+
+
+DATASETS = {   # dataset.name -> Dataset
+    "mnist": Dataset("MNIST", 60000, 10000, 10, (784,)),
+    "fashion_mnist": Dataset("FashionMNIST", 60000, 10000, 10, (784,)),
+    "cifar10": Dataset("cifar-10-batches-py", 50000, 10000, 10, (3, 32, 32)),
+    "cifar100": Dataset("cifar-100-python", 50000, 10000, 100, (3, 32, 32)),
 }
 
 # Every file the loaders read, by path under the dataset's folder, with its publisher's md5: the same
@@ -94,12 +104,11 @@ class DataUnavailable(ValueError):
 
 
 def dataset_info(name: str) -> dict:
-    folder, n_train, n_test, classes, shape = DATASETS[name]
-    return {"folder": folder, "n_train": n_train, "n_test": n_test, "classes": classes, "shape": shape}
+    return DATASETS[name]._asdict()
 
 
 def input_shape(name: str, crop: int | None = 24) -> tuple[int, ...]:
-    shape = DATASETS[name][4]
+    shape = DATASETS[name].shape
     if len(shape) == 3 and crop:
         return (shape[0], int(crop), int(crop))
     return shape
@@ -139,7 +148,7 @@ def _md5(path: Path) -> str:
 
 
 def _refused(label: str, root: Path, name: str, bad: list[str]) -> DataUnavailable:
-    files = ", ".join(f"{DATASETS[name][0]}/{rel}" for rel in bad)
+    files = ", ".join(f"{DATASETS[name].folder}/{rel}" for rel in bad)
     verb = "fails its" if len(bad) == 1 else "fail their"
     return DataUnavailable(f"{label}={root}: {files} {verb} md5 check (truncated, corrupted or altered); delete "
                            f"{'it' if len(bad) == 1 else 'them'} and re-seed with python -m dpsgd.data {name}")
@@ -147,7 +156,7 @@ def _refused(label: str, root: Path, name: str, bad: list[str]) -> DataUnavailab
 
 def _verified(name: str, root: Path, label: str) -> list[str]:
     """The expected files missing under ``root``; raises if one that is there fails its md5 check."""
-    folder = root / DATASETS[name][0]
+    folder = root / DATASETS[name].folder
     missing, bad = [], []
     for rel, md5 in EXPECTED_MD5[name].items():
         path = folder / rel
@@ -198,7 +207,7 @@ class _Undo:
         p = root
         while not p.exists() and p != p.parent:
             self.top, p = p, p.parent
-        self.watched = [root / DATASETS[name][0]]
+        self.watched = [root / DATASETS[name].folder]
         if name in EXPECTED_ARCHIVE_MD5:
             self.watched.append(root / EXPECTED_ARCHIVE_MD5[name][0])
         self.before = self._paths()
@@ -251,7 +260,7 @@ def _extract(archive: Path, md5: str, label: str, root: Path) -> None:
 
 def _seed(name: str, root: Path, source: Path | None, download: bool, label: str, missing: list[str]) -> str | None:
     """Copy the missing files from ``source``, else download them; None when neither applies."""
-    folder = DATASETS[name][0]
+    folder = DATASETS[name].folder
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -287,7 +296,7 @@ def _seed(name: str, root: Path, source: Path | None, download: bool, label: str
 
 def how_to_provide(name: str) -> str:
     """The two ways to provide ``name``, in one clause (for the one-line 'not found' errors)."""
-    folder = DATASETS[name][0]
+    folder = DATASETS[name].folder
     what = (f"{EXPECTED_ARCHIVE_MD5[name][0]} or its {folder}/ folder" if name in EXPECTED_ARCHIVE_MD5
             else f"its {folder}/raw/*.gz archives")
     return (f"put {what} under $DPSGD_DATA_SOURCE or the data root, or allow the download "
@@ -300,7 +309,7 @@ def has_local_copy(name: str, root: str | Path | None = None, source: str | Path
     places = [Path(root) if root else default_root()]
     src = Path(source) if source else default_source()
     places += [src] if src is not None else []
-    names = [DATASETS[name][0]] + ([EXPECTED_ARCHIVE_MD5[name][0]] if name in EXPECTED_ARCHIVE_MD5 else [])
+    names = [DATASETS[name].folder] + ([EXPECTED_ARCHIVE_MD5[name][0]] if name in EXPECTED_ARCHIVE_MD5 else [])
     return any((p / n).exists() for p in places for n in names)
 
 
@@ -401,7 +410,7 @@ def _idx_array(path: Path, md5: str) -> np.ndarray:
 
 
 def _load_idx(name: str, root: Path, subset: int | None = None):
-    folder = root / DATASETS[name][0]
+    folder = root / DATASETS[name].folder
     out = []
     for split, n in (("train", subset), ("t10k", None)):
         arrays = []
@@ -419,7 +428,7 @@ def _load_idx(name: str, root: Path, subset: int | None = None):
 
 
 def _load_cifar(name: str, root: Path, crop: int | None):
-    folder = root / DATASETS[name][0]
+    folder = root / DATASETS[name].folder
     if name == "cifar10":
         train_files, test_files, key = [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels"
     else:

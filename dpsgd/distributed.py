@@ -21,6 +21,9 @@ Only rank 0 writes (metrics.csv, privacy.json, checkpoints, lot reservations) an
 Other ranks cannot run ahead of a reservation: rank 0 reserves lot t before its step, and no rank
 can finish lot t before the all-reduce, which needs rank 0's contribution. Every rank keeps the
 ledger (identical: same sampler, same stop rule); only rank 0's is written.
+
+The command line under torchrun (one run directory agreed by every rank) is
+``dpsgd/launch.py:torchrun_main``; this module is the communication only.
 """
 from __future__ import annotations
 
@@ -214,75 +217,3 @@ class Aggregator:
             add_noise(total)                       # the identical draw on every rank, once
         return total, flat[o].clone(), int(round(float(flat[o + 1])))
 
-
-def main(train, args: list[str], d: Dist) -> None:
-    """The command line under torchrun: every rank agrees on one run directory before anything runs.
-
-    Rank 0 resolves the run folder once (Hydra's ``${now:...}`` differs per process), checks it like a
-    1-process run (launch.prepare) and runs Hydra in it; the other ranks receive that folder and run
-    ``train`` without Hydra (they write nothing). ``resume=<dir>``: every rank reads the same run.
-    A refusal is one line from rank 0 and exit 2 on every rank."""
-    import sys
-
-    import hydra
-
-    from . import launch
-    from .config import override_key, validate
-    try:
-        d = init(d)
-    except (RuntimeError, ValueError) as e:
-        launch._fail(f"distributed: cannot join the process group ({launch._one_line(e)})", 2)
-    try:
-        quiet = d.rank != 0
-
-        def run_quietly(fn):
-            def wrapped():
-                try:
-                    fn()
-                except ConfigError:
-                    if quiet:
-                        raise SystemExit(2) from None
-                    raise
-            launch._run_or_exit(wrapped)
-
-        try:
-            multirun, dirs, overrides = launch._split_cli(args)
-            if multirun:
-                raise ConfigError("-m/--multirun: not under torchrun (one torchrun trains one run; sweeps use "
-                                  "hydra/launcher, docs/SCALING.md)")
-            search = ([f"hydra.searchpath=[{','.join('file://' + os.path.abspath(x) for x in dirs)}]"]
-                      if dirs else [])
-        except ConfigError as e:
-            if quiet:
-                raise SystemExit(2) from None
-            launch._fail(launch._one_line(e), 2)
-        if any(override_key(a) == "resume" for a in overrides) and not dirs:
-            def resume():
-                c, rd, rest = launch.prepare_resume(overrides)
-                train(c, rd, rest)
-            run_quietly(resume)
-            return
-        msg, run_dir = None, None
-        if d.rank == 0:
-            try:
-                run_dir = str(launch.compose(overrides + search, hydra_config=True).hydra.run.dir)
-                launch.prepare(overrides + [f"hydra.run.dir='{run_dir}'"], False, search)
-            except ConfigError as e:
-                msg = launch._one_line(e)
-        msg, run_dir = broadcast_object((msg, run_dir))
-        if msg is not None:
-            if quiet:
-                raise SystemExit(2)
-            launch._fail(msg, 2)
-        if d.rank == 0:
-            sys.argv = [sys.argv[0]] + args + [f"hydra.run.dir='{run_dir}'"]
-            hydra.main(version_base="1.3", config_path=launch.CONF_DIR,
-                       config_name="config")(lambda cfg: launch._task(train, cfg))()
-        else:
-            def follow():
-                c = validate(launch.compose(overrides + search))
-                launch._data_ready(c)
-                train(c, run_dir, overrides)
-            run_quietly(follow)
-    finally:
-        shutdown()

@@ -133,7 +133,7 @@ def cached_scatter(X: torch.Tensor, dataset: str, split: str, root: Path | None)
     from .data import DATASETS
     if root is None:
         return scatter(X)
-    n_full = DATASETS[dataset][1 if split == "train" else 2]
+    n_full = DATASETS[dataset].n_train if split == "train" else DATASETS[dataset].n_test
     # a small subset is cheaper to compute than the full split's cache is to load and hash
     for n in dict.fromkeys((len(X),) if 10 * len(X) <= n_full else (len(X), n_full)):
         key = cache_key(dataset, split, n)

@@ -8,13 +8,16 @@ Everything is decided before anything is written:
 * a sweep (``-m``): the sweep folder must be new or empty and each job gets a folder of its own; each
   job's config is validated when it starts, and a refused job's fresh folder is removed. The launcher
   (``hydra/launcher=basic|joblib|submitit_local|submitit_slurm``, dpsgd/launchers.py) is checked
-  here too; jobs in worker processes or cluster jobs run only ``_task`` (never these checks, which
+  here too; jobs in worker processes or cluster jobs run only ``task`` (never these checks, which
   their siblings' folders would fail) and report a failure back instead of exiting;
 * a resume: the config comes from the run's checkpoint (not from Hydra's files), the new overrides are
-  applied after it, and Hydra is not involved (nothing of Hydra's is written into the run).
+  applied after it, and Hydra is not involved (nothing of Hydra's is written into the run);
+* under torchrun (``torchrun --nproc_per_node=P -m dpsgd.train ...``, ``torchrun_main``): rank 0
+  makes the checks of a single run and every rank agrees on its folder before anything runs; the
+  communication itself is dpsgd/distributed.py.
 
 Every expected failure is one line on stderr and an exit code (2: bad input; 1: diverged, disk
-error; 128 + n: signal n), never a traceback.
+error; 128 + n: signal n), never a traceback (dpsgd/cli.py, shared with ``python -m dpsgd.pretrain``).
 """
 from __future__ import annotations
 
@@ -26,43 +29,21 @@ import sys
 import time
 from pathlib import Path
 
+from . import distributed
 from .checkpoint import check_resumable, load_checkpoint
+from .cli import (CONF_DIR, compose, data_ready, error_line, fail, failure, fresh_dir, one_line, run_or_exit,
+                  search_path, split_cli)
 from .config import Config, check_run_dir, override_key, privacy_fingerprint, validate
 from .data import DATASETS, DataUnavailable, ensure_dataset
-from .errors import ConfigError, Diverged, Interrupted
+from .errors import ConfigError
 from .launchers import JobFailed, Launch, check as check_launcher, parallel_jobs, share_cores, sweep_size
 from .rundir import RunLock
 from .runtime import tune_allocator
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 _T0 = time.time()
 _LAUNCHER_PID = None    # set by main(): the process that runs Hydra (a worker or cluster job has another)
-
-
-def _one_line(e: BaseException) -> str:
-    msg = " ".join(s.strip() for s in str(e).splitlines() if s.strip()) or type(e).__name__
-    return msg.split(" Config search path:")[0]
-
-
-def compose(args: list[str], hydra_config: bool = False):
-    """The composed (not yet validated) config of command-line overrides; ConfigError in one line.
-    ``hydra_config=True`` includes Hydra's own node (run and sweep folders)."""
-    import hydra
-    from hydra.core.global_hydra import GlobalHydra
-    GlobalHydra.instance().clear()
-    try:
-        with hydra.initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="train"):
-            return hydra.compose("config", overrides=args, return_hydra_config=hydra_config)
-    except Exception as e:
-        raise ConfigError(_one_line(e)) from None
-    finally:
-        GlobalHydra.instance().clear()
-
-
 _INFO_FLAGS = ("--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i", "--resolve",
                "--package", "-p", "--shell-completion", "-sc")
-_MULTIRUN_FLAGS = ("--multirun", "-m")
-_CONFIG_DIR_FLAGS = ("--config-dir", "-cd")     # an extra config folder (searched after conf/)
 _HYDRA_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.verbose", "hydra.job.name")
 _HYDRA_PREFIXES = ("hydra.launcher.", "hydra.sweeper.", "hydra/launcher", "hydra/sweeper")
 
@@ -80,18 +61,6 @@ def _check_overrides(overrides: list[str], resume: bool) -> None:
         if k not in _HYDRA_KEYS and not k.startswith(_HYDRA_PREFIXES):
             raise ConfigError(f"{k}: not supported (dpsgd accepts hydra.run.dir, hydra.sweep.dir, "
                               "hydra.sweep.subdir, hydra/launcher and hydra/sweeper settings)")
-
-
-def _fresh_dir(key: str, d: Path) -> None:
-    """``d`` is a folder that holds nothing yet and can be created; else ConfigError naming ``key``."""
-    if d.exists() and (not d.is_dir() or any(d.iterdir())):
-        raise ConfigError(f"{key}={d}: already exists and is not empty; never overwritten "
-                          f"(pick a new dir, or resume=<run dir>)")
-    parent = d
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{key}={d}: cannot be created ({parent} is not a writable folder)")
 
 
 def prepare(args: list[str], multirun: bool = False, search: list[str] = ()) -> list[str]:
@@ -122,7 +91,7 @@ def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = 
             raise ConfigError(f"hydra.sweep.subdir={subdir}: must contain ${{hydra.job.num}} and stay inside the "
                               "sweep folder (one new folder per job)")
         launcher = check_launcher(hc)
-        _fresh_dir("hydra.sweep.dir", Path(hc.sweep.dir))
+        fresh_dir("hydra.sweep.dir", Path(hc.sweep.dir))
         jobs = sweep_size(hc, [a for a in args if not override_key(a).startswith("hydra")])
         params = OmegaConf.to_container(hc.launcher, resolve=False)
         if "n_jobs" in params:
@@ -137,10 +106,10 @@ def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = 
         return Launch(args, launcher, jobs, parallel_jobs(launcher, params, jobs))
     cfg = compose(args + list(search), hydra_config=True)
     check_launcher(cfg.hydra)
-    _fresh_dir("hydra.run.dir", Path(cfg.hydra.run.dir))
+    fresh_dir("hydra.run.dir", Path(cfg.hydra.run.dir))
     with open_dict(cfg):
         del cfg["hydra"]          # resolved by Hydra itself at run time (hydra.job.num, ...)
-    _data_ready(validate(cfg))
+    data_ready(validate(cfg))
     return Launch(args)
 
 
@@ -164,16 +133,8 @@ def prepare_resume(args: list[str]) -> tuple[Config, Path, list[str]]:
     c = validate(compose(saved + rest), check_resume_dir=False)
     c.resume = str(rd)
     check_resumable(ckpt["fingerprint"], privacy_fingerprint(c))
-    _data_ready(c)
+    data_ready(c)
     return c, rd, rest
-
-
-def _data_ready(c: Config) -> None:
-    """The run's dataset is in its data root (seeded or downloaded now, md5-verified), else ConfigError."""
-    try:
-        ensure_dataset(c.dataset.name, c.dataset.root, download=c.dataset.download)
-    except DataUnavailable as e:
-        raise ConfigError(str(e)) from None
 
 
 def _discard_fresh_run_dir(run_dir: Path, parents: bool = True) -> None:
@@ -201,42 +162,7 @@ def _discard_fresh_run_dir(run_dir: Path, parents: bool = True) -> None:
         pass
 
 
-def _failure(fn, *a) -> tuple[str, int] | None:
-    """Run ``fn``; an expected failure becomes (one-line message, exit code), else None."""
-    try:
-        fn(*a)
-    except (ConfigError, DataUnavailable) as e:
-        return _one_line(e), 2
-    except Diverged as e:
-        return str(e), 1
-    except (Interrupted, KeyboardInterrupt) as e:
-        signum = getattr(e, "signum", signal.SIGINT)
-        rd = getattr(e, "run_dir", None)
-        hint = f": {rd} (resume with: python -m dpsgd.train resume={rd})" if rd else ""
-        return f"interrupted by {signal.Signals(signum).name}{hint}", 128 + signum
-    except OSError as e:
-        where = f"{e.filename}: " if e.filename else ""
-        return f"{where}{e.strerror or e}", 1
-    return None
-
-
-def _run_or_exit(fn, *a) -> None:
-    """Run ``fn``; every expected failure is one line on stderr and an exit code, never a traceback."""
-    failed = _failure(fn, *a)
-    if failed is not None:
-        _fail(*failed)
-
-
-def _line(msg: str, code: int) -> str:
-    return f"error: {msg}" if code in (1, 2) else msg
-
-
-def _fail(msg: str, code: int) -> None:
-    print(_line(msg, code), file=sys.stderr, flush=True)
-    raise SystemExit(code)
-
-
-def _task(train, cfg) -> None:
+def task(train, cfg) -> None:
     """One Hydra job: ``train`` (Algorithm 1) in the job's new folder, held locked from the start.
 
     In the launching process (basic launcher) a failure exits at once, as a single run does. In a
@@ -254,51 +180,27 @@ def _task(train, cfg) -> None:
                 c = validate(cfg)
                 if c.resume:
                     raise ConfigError("resume: resume a single run on its own: python -m dpsgd.train resume=<run dir>")
-                _data_ready(c)
+                data_ready(c)
                 train(c, run_dir, overrides)
             except (ConfigError, DataUnavailable):
                 _discard_fresh_run_dir(run_dir, parents=launching)
                 raise
 
     if launching:
-        _run_or_exit(run)
+        run_or_exit(run)
         return
-    failed = _failure(run)
+    failed = failure(run)
     if failed is not None:
         msg, code = failed
-        print(_line(msg, code), file=sys.stderr, flush=True)
-        raise JobFailed(_line(f"sweep job {hc.job.num} ({run_dir}): {msg}", code), code)
-
-
-def _split_cli(args: list[str]) -> tuple[bool, list[str], list[str]]:
-    """(multirun, extra config dirs, overrides) of a command line; ConfigError for flags dpsgd refuses."""
-    multirun, dirs, overrides, i = False, [], [], 0
-    while i < len(args):
-        a = args[i]
-        if a in _MULTIRUN_FLAGS:
-            multirun = True
-        elif a.split("=", 1)[0] in _CONFIG_DIR_FLAGS:
-            if "=" in a:
-                dirs.append(a.split("=", 1)[1])
-            elif i + 1 < len(args):
-                i += 1
-                dirs.append(args[i])
-            else:
-                raise ConfigError(f"{a}: needs a folder")
-        elif a.startswith("-"):
-            raise ConfigError(f"{a}: not supported (dpsgd takes key=value overrides, -m/--multirun, "
-                              "-cd/--config-dir, --cfg, --help)")
-        else:
-            overrides.append(a)
-        i += 1
-    return multirun, dirs, overrides
+        print(error_line(msg, code), file=sys.stderr, flush=True)
+        raise JobFailed(error_line(f"sweep job {hc.job.num} ({run_dir}): {msg}", code), code)
 
 
 def _or_exit_2(fn):
     try:
         return fn()
     except ConfigError as e:
-        _fail(_one_line(e), 2)
+        fail(one_line(e), 2)
 
 
 def _importable(fn):
@@ -311,42 +213,116 @@ def _importable(fn):
     return fn
 
 
+def _resume(train, overrides: list[str]) -> None:
+    c, rd, rest = prepare_resume(overrides)
+    train(c, rd, rest)
+
+
+def _run_hydra(app, args: list[str]) -> None:
+    """Hydra's command line over ``args`` (conf/config.yaml), running ``app(cfg)``."""
+    import hydra
+    sys.argv = [sys.argv[0]] + args
+    hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(app)()
+
+
 def main(train, argv: list[str] | None = None) -> None:
     """The command line around ``train(config, run_dir, overrides)`` (Algorithm 1, dpsgd/train.py)."""
-    import hydra
     global _LAUNCHER_PID
     _LAUNCHER_PID = os.getpid()
     tune_allocator()  # speed only: glibc keeps per-step buffers instead of re-faulting them
     train = _importable(train)
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a.split("=", 1)[0] in _INFO_FLAGS for a in args):     # help / print the config: no run
-        sys.argv = [sys.argv[0]] + args
-        hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(lambda cfg: None)()
+        _run_hydra(lambda cfg: None, args)
         return
-    from . import distributed
     d = _or_exit_2(distributed.from_env)
     if d is not None:               # under torchrun: one run over several processes
-        distributed.main(train, args, d)
+        torchrun_main(train, args, d)
         return
     try:
-        multirun, dirs, overrides = _split_cli(args)
-        search = [f"hydra.searchpath=[{','.join('file://' + str(Path(d).resolve()) for d in dirs)}]"] if dirs else []
+        multirun, dirs, overrides = split_cli(args)
+        search = search_path(dirs)
         if any(override_key(a) == "resume" for a in overrides) and not multirun and not dirs:
-            def resume():
-                c, rd, rest = prepare_resume(overrides)
-                train(c, rd, rest)
-            _run_or_exit(resume)
+            run_or_exit(_resume, train, overrides)
             return
         plan = prepare_launch(overrides, multirun, search)
     except ConfigError as e:
-        _fail(_one_line(e), 2)
+        fail(one_line(e), 2)
     share_cores(plan, os.environ)     # inherited by joblib workers and submitit_local jobs
-    sys.argv = [sys.argv[0]] + args
     try:
-        hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(lambda cfg: _task(train, cfg))()
+        _run_hydra(lambda cfg: task(train, cfg), args)
     except KeyboardInterrupt:
-        _fail("interrupted by SIGINT", 128 + signal.SIGINT)
+        fail("interrupted by SIGINT", 128 + signal.SIGINT)
     except SystemExit as e:         # Hydra printed a failed sweep job's line and exits 1: use its code
         if isinstance(e.__context__, JobFailed):
             raise SystemExit(e.__context__.code) from None
         raise
+
+
+def torchrun_main(train, args: list[str], d: distributed.Dist) -> None:
+    """The command line under torchrun: every rank agrees on one run directory before anything runs.
+
+    Rank 0 resolves the run folder once (Hydra's ``${now:...}`` differs per process), checks it like a
+    1-process run (``prepare``) and runs Hydra in it; the other ranks receive that folder and run
+    ``train`` without Hydra (they write nothing). ``resume=<dir>``: every rank reads the same run.
+    A refusal is one line from rank 0 and exit 2 on every rank."""
+    try:
+        d = distributed.init(d)
+    except (RuntimeError, ValueError) as e:
+        fail(f"distributed: cannot join the process group ({one_line(e)})", 2)
+    try:
+        _torchrun(train, args, d)
+    finally:
+        distributed.shutdown()
+
+
+def _torchrun(train, args: list[str], d: distributed.Dist) -> None:
+    quiet = d.rank != 0
+
+    def refuse(msg: str) -> None:       # rank 0 says why; every rank exits 2
+        if quiet:
+            raise SystemExit(2) from None
+        fail(msg, 2)
+
+    def run_quietly(fn, *a) -> None:
+        def wrapped():
+            try:
+                fn(*a)
+            except ConfigError:
+                if quiet:
+                    raise SystemExit(2) from None
+                raise
+        run_or_exit(wrapped)
+
+    try:
+        multirun, dirs, overrides = split_cli(args)
+        if multirun:
+            raise ConfigError("-m/--multirun: not under torchrun (one torchrun trains one run; sweeps use "
+                              "hydra/launcher, docs/SCALING.md)")
+        search = search_path(dirs)
+    except ConfigError as e:
+        refuse(one_line(e))
+    if any(override_key(a) == "resume" for a in overrides) and not dirs:
+        run_quietly(_resume, train, overrides)
+        return
+    msg, run_dir = None, None
+    if d.rank == 0:
+        try:
+            run_dir = str(compose(overrides + search, hydra_config=True).hydra.run.dir)
+            prepare(overrides + [f"hydra.run.dir='{run_dir}'"], False, search)
+        except ConfigError as e:
+            msg = one_line(e)
+    msg, run_dir = distributed.broadcast_object((msg, run_dir))
+    if msg is not None:
+        refuse(msg)
+    if d.rank == 0:
+        _run_hydra(lambda cfg: task(train, cfg), args + [f"hydra.run.dir='{run_dir}'"])
+    else:
+        run_quietly(_follow, train, overrides + search, run_dir, overrides)
+
+
+def _follow(train, composed: list[str], run_dir: str, overrides: list[str]) -> None:
+    """A rank other than 0: the run rank 0 checked, without Hydra (it writes nothing)."""
+    c = validate(compose(composed))
+    data_ready(c)
+    train(c, run_dir, overrides)

@@ -19,7 +19,7 @@ import argparse
 import time
 from pathlib import Path
 
-from . import launch
+from .cli import compose, data_ready, fresh_dir, run_or_exit
 from .config import validate
 from .errors import ConfigError
 from .models import FREEZE
@@ -37,7 +37,7 @@ def pretrain(overrides: list[str], out: str | Path, run_dir: str | Path | None =
     from .train import train
 
     out = Path(out)
-    c = validate(launch.compose([PRESET, *overrides]))
+    c = validate(compose([PRESET, *overrides]))
     if c.privacy.private:
         raise ConfigError("privacy.private=true: pretraining uses public data (CIFAR-100) and is not private; "
                           "its cost is never charged")
@@ -46,10 +46,10 @@ def pretrain(overrides: list[str], out: str | Path, run_dir: str | Path | None =
     for p in (out, sidecar(out)):
         if p.exists():
             raise ConfigError(f"--out={out}: {p} already exists; never overwritten (delete it to rebuild)")
-    launch._data_ready(c)
+    data_ready(c)
     run_dir = Path(run_dir) if run_dir else Path("outputs", c.name, time.strftime("%Y-%m-%d"),
                                                  time.strftime("%H-%M-%S") + f".{time.time_ns() % 10**6:06d}_seed{c.seed}")
-    launch._fresh_dir("hydra.run.dir", run_dir)
+    fresh_dir("hydra.run.dir", run_dir)
     st = train(c, run_dir, [PRESET, *overrides])
     model = load_checkpoint(run_dir)["model"]
     tensors = {n: t for n, t in model.items() if n.startswith(FREEZE[EXPORT])}
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=DEFAULT_OUT, help=f"artifact path (default {DEFAULT_OUT}; sidecar .json beside it)")
     p.add_argument("--run-dir", default=None, help="run folder of the pretraining (default outputs/<name>/<date>/...)")
     a = p.parse_args(argv)
-    launch._run_or_exit(lambda: pretrain(a.overrides, a.out, a.run_dir))
+    run_or_exit(lambda: pretrain(a.overrides, a.out, a.run_dir))
 
 
 if __name__ == "__main__":

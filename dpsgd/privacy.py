@@ -11,7 +11,7 @@ what it serves, no finite bound, a target below its floor) gets its own one-line
 table, and in JSON as ``{"epsilon": null, "refused": "<reason>"}`` — and the others still answer;
 the exit status is 0 if at least one accountant answered, 1 if none did.
 
-Bad arguments (outside the serviceable ranges of :mod:`dpsgd.accountant._checks`: q in
+Bad arguments (outside the serviceable ranges of ``dpsgd.accountant.limits``: q in
 [Q_MIN, 1], σ in [SIGMA_MIN, SIGMA_MAX], lots <= STEPS_MAX, groups <= GROUPS_MAX, δ in
 [DELTA_MIN, 1), target ε <= EPSILON_MAX; ``--target-epsilon`` together with ``--sigma``): a one-line
 error naming the parameter, exit 2, before any accounting.
@@ -23,10 +23,8 @@ import json
 import math
 import sys
 
-from .accountant import calibrate
-from .accountant._checks import (STEPS_MAX, check_delta, check_epsilon, check_groups, check_q, check_sigma,
-                                 check_steps)
-from .accountant.ledger import Ledger
+from .accountant import ACCOUNTANTS, CONVENTIONS, Ledger, calibrate, limits
+from .accountant.calibrate import CALIBRATABLE
 
 PROG = "python -m dpsgd.privacy"
 ROWS = [  # key, label, order name, note
@@ -36,6 +34,7 @@ ROWS = [  # key, label, order name, note
     ("strong_composition", "strong composition (paper)", None, "Figure 2 comparator: NOT a valid bound"),
     ("strong_composition_valid", "strong composition (valid)", None, "correct amplification, exact Gaussian"),
 ]
+EXTRA = {"moments": {"order_name": "lambda"}, "rdp": {"order_name": "alpha", "conversion": "improved"}}  # JSON fields
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     n.add_argument("--steps", type=int, help="number of lots T")
     p.add_argument("--delta", type=float, default=1e-5, help="delta (default 1e-5)")
     p.add_argument("--groups", type=int, default=1, help="tensors clipped separately per lot (k)")
-    p.add_argument("--convention", choices=["joint", "per_tensor"], default="joint",
+    p.add_argument("--convention", choices=list(CONVENTIONS), default="joint",
                    help="joint: one mechanism at sigma/sqrt(k) (correct); per_tensor: paper's code")
     p.add_argument("--target-epsilon", type=float, dest="target_epsilon",
                    help="calibrate sigma for this epsilon instead of computing epsilon")
@@ -62,13 +61,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _steps(args, q) -> int:
     if args.steps is not None:
-        return check_steps(args.steps, "steps")
+        return limits.check_steps(args.steps, "steps")
     e = args.epochs
     if not (e > 0 and math.isfinite(e)):
         raise ValueError(f"epochs must be > 0 and finite, got epochs={e!r}")
     lots = e / q - 1e-9
-    if not lots <= STEPS_MAX:                    # also inf (e / q overflows)
-        raise ValueError(f"epochs={e!r} is {lots:.3g} lots at q={q!r}, more than STEPS_MAX = {STEPS_MAX:.0e}")
+    if not lots <= limits.STEPS_MAX:             # also inf (e / q overflows)
+        raise ValueError(f"epochs={e!r} is {lots:.3g} lots at q={q!r}, more than STEPS_MAX = {limits.STEPS_MAX:.0e}")
     return int(math.ceil(lots))
 
 
@@ -90,15 +89,14 @@ def _epsilons(q, sigma, steps, delta, groups, convention) -> dict:
     led = Ledger()
     led.record(q, sigma, steps, groups)
     out = {}
-    for acc, extra in (("moments", {"order_name": "lambda"}),
-                       ("rdp", {"order_name": "alpha", "conversion": "improved"}), ("pld", {})):
-        def run(acc=acc, extra=extra):
+    for acc in ACCOUNTANTS:
+        def run(acc=acc, extra=EXTRA.get(acc, {})):
             eps, order = led.epsilon(delta, acc, convention)
             return {"epsilon": eps, "order": order, **extra}
         out[acc] = _attempt(acc, run)
     sc = {name: _attempt(name, lambda name=name: {
               "epsilon": calibrate.epsilon(q, sigma, steps, delta, name, groups, convention)})
-          for name in ("strong_composition", "strong_composition_valid")}
+          for name in CALIBRATABLE if name not in ACCOUNTANTS}
     paper, valid = sc["strong_composition"], sc["strong_composition_valid"]
     out["strong_composition"] = dict(paper, variant="paper", valid_bound=False,
                                      valid_variant=dict(valid, variant="valid", valid_bound=True))
@@ -107,7 +105,7 @@ def _epsilons(q, sigma, steps, delta, groups, convention) -> dict:
 
 def _sigmas(target, q, steps, delta, groups, convention) -> dict:
     out = {}
-    for acc in ("moments", "rdp", "pld", "strong_composition", "strong_composition_valid"):
+    for acc in CALIBRATABLE:
         def run(acc=acc):
             s = calibrate.sigma_for_epsilon(target, delta, q, steps, acc, groups, convention)
             return {"sigma": s, "epsilon": calibrate.epsilon(q, s, steps, delta, acc, groups, convention)}
@@ -134,17 +132,17 @@ def main(argv=None) -> int:
         if args.target_epsilon is not None and args.sigma is not None:
             raise ValueError("give either --sigma (compute epsilon) or --target-epsilon (calibrate sigma), "
                              f"not both: sigma={args.sigma!r}, target_epsilon={args.target_epsilon!r}")
-        q, delta = check_q(args.q), check_delta(args.delta)
-        groups = check_groups(args.groups)
+        q, delta = limits.check_q(args.q), limits.check_delta(args.delta)
+        groups = limits.check_groups(args.groups)
         steps = _steps(args, q)
         if args.target_epsilon is not None:
-            target = check_epsilon(args.target_epsilon, "target_epsilon")
+            target = limits.check_epsilon(args.target_epsilon, "target_epsilon")
             if steps < 1:
                 raise ValueError(f"steps must be >= 1 to calibrate sigma, got steps={steps}")
         else:
             if args.sigma is None:
                 raise ValueError("sigma is required (or give --target-epsilon)")
-            sigma = check_sigma(args.sigma)
+            sigma = limits.check_sigma(args.sigma)
     except ValueError as e:
         parser.error(str(e))
     if args.target_epsilon is not None:

@@ -225,7 +225,7 @@ def _build(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(c.seed, "model"))
         shape = input_shape(ds.name, ds.crop) if ds.augment != "none" else tuple(Xtr.shape[1:])
-        model = build_model(c.model, shape, DATASETS[ds.name][3])
+        model = build_model(c.model, shape, DATASETS[ds.name].classes)
         if c.model.pretrained is not None:   # public weights (not charged); frozen before the clipper is built
             from .pretrained import load
             load(model, c.model.pretrained, c.model.pretrained_sha256, frozen_names(model, c.model.freeze))

@@ -156,7 +156,7 @@ def _in_process(args, run_dir=None):
         c, run_dir, rest = prepare_resume(args)
     else:
         c, rest = validate(compose(args)), args
-    launch._run_or_exit(lambda: train(c, run_dir, rest))
+    launch.run_or_exit(lambda: train(c, run_dir, rest))
 
 
 @pytest.mark.skipif(TORCHRUN is None, reason="torchrun not installed")

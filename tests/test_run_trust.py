@@ -56,7 +56,7 @@ def _train_cli(capsys, run: Path, *extra: str) -> tuple[int, str]:
     running Hydra's app in this process (its logging would outlive pytest's captured streams)."""
     args = [*TINY, *extra]
     with pytest.raises(SystemExit) as e:
-        T._run_or_exit(lambda: training.train(validate(T.compose(args)), run, args))
+        T.run_or_exit(lambda: training.train(validate(T.compose(args)), run, args))
     return e.value.code, capsys.readouterr().err.strip()
 
 

@@ -1,0 +1,127 @@
+"""What every command line of dpsgd shares (``python -m dpsgd.train``, under torchrun or not, and
+``python -m dpsgd.pretrain``): the composed config, the checks made before anything is written, and
+the rule that every expected failure is one line on stderr and an exit code, never a traceback.
+
+Exit codes: 2 bad input (``ConfigError``, ``DataUnavailable``); 1 divergence or a disk error;
+128 + n an interrupting signal n.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from .data import DataUnavailable, ensure_dataset
+from .errors import ConfigError, Diverged, Interrupted
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+MULTIRUN_FLAGS = ("--multirun", "-m")
+CONFIG_DIR_FLAGS = ("--config-dir", "-cd")     # an extra config folder (searched after conf/)
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line (Hydra's long "Config search path" tail cut off)."""
+    msg = " ".join(s.strip() for s in str(e).splitlines() if s.strip()) or type(e).__name__
+    return msg.split(" Config search path:")[0]
+
+
+def compose(args: list[str], hydra_config: bool = False):
+    """The composed (not yet validated) config of command-line overrides; ConfigError in one line.
+    ``hydra_config=True`` includes Hydra's own node (run and sweep folders)."""
+    import hydra
+    from hydra.core.global_hydra import GlobalHydra
+    GlobalHydra.instance().clear()
+    try:
+        with hydra.initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="train"):
+            return hydra.compose("config", overrides=args, return_hydra_config=hydra_config)
+    except Exception as e:
+        raise ConfigError(one_line(e)) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def split_cli(args: list[str]) -> tuple[bool, list[str], list[str]]:
+    """(multirun, extra config dirs, overrides) of a command line; ConfigError for flags dpsgd refuses."""
+    multirun, dirs, overrides, i = False, [], [], 0
+    while i < len(args):
+        a = args[i]
+        if a in MULTIRUN_FLAGS:
+            multirun = True
+        elif a.split("=", 1)[0] in CONFIG_DIR_FLAGS:
+            if "=" in a:
+                dirs.append(a.split("=", 1)[1])
+            elif i + 1 < len(args):
+                i += 1
+                dirs.append(args[i])
+            else:
+                raise ConfigError(f"{a}: needs a folder")
+        elif a.startswith("-"):
+            raise ConfigError(f"{a}: not supported (dpsgd takes key=value overrides, -m/--multirun, "
+                              "-cd/--config-dir, --cfg, --help)")
+        else:
+            overrides.append(a)
+        i += 1
+    return multirun, dirs, overrides
+
+
+def search_path(dirs: list[str]) -> list[str]:
+    """The override that adds the extra config folders (``-cd``) to Hydra's search path; [] for none."""
+    return [f"hydra.searchpath=[{','.join('file://' + str(Path(d).resolve()) for d in dirs)}]"] if dirs else []
+
+
+def data_ready(c) -> None:
+    """The run's dataset is in its data root (seeded or downloaded now, md5-verified), else ConfigError."""
+    try:
+        ensure_dataset(c.dataset.name, c.dataset.root, download=c.dataset.download)
+    except DataUnavailable as e:
+        raise ConfigError(str(e)) from None
+
+
+def fresh_dir(key: str, d: Path) -> None:
+    """``d`` is a folder that holds nothing yet and can be created; else ConfigError naming ``key``."""
+    if d.exists() and (not d.is_dir() or any(d.iterdir())):
+        raise ConfigError(f"{key}={d}: already exists and is not empty; never overwritten "
+                          f"(pick a new dir, or resume=<run dir>)")
+    parent = d
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={d}: cannot be created ({parent} is not a writable folder)")
+
+
+def failure(fn, *a) -> tuple[str, int] | None:
+    """Run ``fn``; an expected failure becomes (one-line message, exit code), else None."""
+    try:
+        fn(*a)
+    except (ConfigError, DataUnavailable) as e:
+        return one_line(e), 2
+    except Diverged as e:
+        return str(e), 1
+    except (Interrupted, KeyboardInterrupt) as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        rd = getattr(e, "run_dir", None)
+        hint = f": {rd} (resume with: python -m dpsgd.train resume={rd})" if rd else ""
+        return f"interrupted by {signal.Signals(signum).name}{hint}", 128 + signum
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        return f"{where}{e.strerror or e}", 1
+    return None
+
+
+def error_line(msg: str, code: int) -> str:
+    """The stderr line of a failure: ``error: ...`` for bad input and run failures, a signal's as it is."""
+    return f"error: {msg}" if code in (1, 2) else msg
+
+
+def fail(msg: str, code: int) -> None:
+    """Print the failure's one line and exit with ``code``."""
+    print(error_line(msg, code), file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def run_or_exit(fn, *a) -> None:
+    """Run ``fn``; every expected failure is one line on stderr and an exit code, never a traceback."""
+    failed = failure(fn, *a)
+    if failed is not None:
+        fail(*failed)
