@@ -5,16 +5,16 @@
 for every bad value: unknown keys and names, σ < 0, C <= 0, L outside [1, N], δ outside (0, 1),
 non-integer epochs, NaN learning rates, PCA wider than the input, models that mix examples, ...
 
-It also refuses what would only fail once training has started:
+Each group is checked next to what it configures, in this order (the first bad key is reported):
 
-* values the accountants cannot serve (their ranges are ``dpsgd.accountant._checks``: σ and σ_p in
-  [SIGMA_MIN, SIGMA_MAX] for private runs, as charged (σ/2 under shuffle sampling), q = L/N >= Q_MIN, δ >= DELTA_MIN, target ε <= EPSILON_MAX,
-  at most STEPS_MAX lots, at most GROUPS_MAX per-layer clipped groups);
-* δ >= 1/N in a private run (δ is the probability of a catastrophic failure: at δ >= 1/N a mechanism
-  that publishes one random example in full is (0, δ)-DP; Dwork & Roth 2014 §2.3). Only
-  ``privacy.allow_large_delta=true`` accepts it, and that is recorded in the resolved config;
-* models over PARAMS_MAX parameters (counted on the meta device), physical batches larger than N and
-  evaluation batches larger than the largest evaluated set (such a batch is never formed).
+* ``dataset.*``: ``dpsgd/data.py:validate_dataset``;
+* ``model.*``: ``dpsgd/model_config.py:validate_model`` (the inputs each network takes:
+  ``dpsgd/models.py:check_input``);
+* ``privacy.*`` and ``accountant.*``: ``dpsgd/privacy_config.py:validate_privacy`` and
+  ``validate_accountant`` (the ranges the accountants serve, δ < 1/N, noise);
+* ``training.*`` (``validate_training``: at most STEPS_MAX lots, evaluation batches no larger than the
+  largest evaluated set), then σ from the target ε with ``privacy.calibrate_sigma``, then the
+  top-level keys (``validate_top``), here.
 
 Learning rates are only required to be finite and > 0: no principled upper bound exists (divergence
 depends on the loss surface and C), so a run that diverges is the trainer's to stop.
@@ -22,26 +22,21 @@ depends on the loss surface and C), so a run that diverges is the trainer's to s
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
-from .accountant import ACCOUNTANTS, CONVENTIONS
-from .accountant import _checks as acc_limits
+from .accountant import ACCOUNTANTS, CONVENTIONS, limits
 from .augment import AUGMENTATIONS
+from .checks import boolean, fmt, num
 from .clipping.clip import CLIPPINGS, MODES
-from .data import DATASETS, input_shape
+from .data import DATASETS, validate_dataset
 from .errors import ConfigError
-from .features import FEATURE_NORMS, FEATURES, feature_shape
-from .models import FREEZE, INITS, MODELS, NORMS
+from .features import FEATURE_NORMS, FEATURES
+from .model_config import validate_model
+from .models import FREEZE, INITS, MODELS, NORMS, build_model
 from .pca import PROJECTIONS
+from .privacy_config import sigma_served, validate_accountant, validate_privacy
 from .sampling import SAMPLERS
-
-# The largest model validated: 10**9 float32 parameters are 4 GB of weights alone, before gradients,
-# noise and optimiser buffers (several times that); beyond what one CPU or GPU run of this repo holds.
-PARAMS_MAX = 10**9
-
 
 
 @dataclass
@@ -129,7 +124,7 @@ class Config:
 
     @property
     def N(self) -> int:
-        n = DATASETS[self.dataset.name][1]
+        n = DATASETS[self.dataset.name].n_train
         n = min(n, self.dataset.subset) if self.dataset.subset else n
         return n - (self.dataset.validation or 0)
 
@@ -157,56 +152,6 @@ GROUPS = {"dataset": DatasetConfig, "model": ModelConfig, "privacy": PrivacyConf
           "accountant": AccountantConfig, "training": TrainingConfig}
 
 
-def _fmt(v: Any) -> str:
-    return "null" if v is None else str(v)
-
-
-def _num(key: str, v: Any, *, integer: bool = False, optional: bool = False, lo=None, lo_open=False,
-         hi=None, hi_open=False):
-    """Coerce a number, refusing bools, strings, NaN/inf and (for integers) fractional values."""
-    if v is None:
-        if optional:
-            return None
-        raise ConfigError(f"{key}=null: a value is required")
-    what = "an integer" if integer else "a number"
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ConfigError(f"{key}={_fmt(v)}: must be {what}")
-    if not math.isfinite(v):
-        raise ConfigError(f"{key}={_fmt(v)}: must be a finite number")
-    if integer:
-        if isinstance(v, float) and not v.is_integer():
-            raise ConfigError(f"{key}={_fmt(v)}: must be an integer")
-        v = int(v)
-    else:
-        v = float(v)
-    if lo is not None and (v <= lo if lo_open else v < lo):
-        raise ConfigError(f"{key}={_fmt(v)}: must be {'>' if lo_open else '>='} {lo}")
-    if hi is not None and (v >= hi if hi_open else v > hi):
-        raise ConfigError(f"{key}={_fmt(v)}: must be {'<' if hi_open else '<='} {hi}")
-    return v
-
-
-def _bool(key: str, v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ConfigError(f"{key}={_fmt(v)}: must be true or false")
-    return v
-
-
-def _sigma_served(key: str, v: float, charged: float) -> None:
-    """Refuse a noise multiplier whose charge to the ledger lies outside [SIGMA_MIN, SIGMA_MAX]."""
-    lo, hi = acc_limits.SIGMA_MIN, acc_limits.SIGMA_MAX
-    if not lo <= charged <= hi:
-        how = "" if charged == v else f" (charged as {charged:g})"
-        raise ConfigError(f"{key}={_fmt(v)}{how}: must be in [{lo:g}, {hi:g}], the range the accountants serve "
-                          "(SIGMA_MIN, SIGMA_MAX in dpsgd/accountant/_checks.py)")
-
-
-def _choice(key: str, v: Any) -> str:
-    if v not in CHOICES[key]:
-        raise ConfigError(f"{key}={_fmt(v)}: unknown, must be one of {CHOICES[key]}")
-    return v
-
-
 def _plain(cfg) -> dict:
     try:
         from omegaconf import DictConfig, OmegaConf
@@ -219,6 +164,23 @@ def _plain(cfg) -> dict:
 
 def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     """The typed ``Config`` of a composed config, or ``ConfigError`` naming the first bad key."""
+    c = _typed(cfg)
+    validate_dataset(c.dataset)
+    shape = validate_model(c.model, c.dataset)
+    sampler = validate_privacy(c)
+    validate_accountant(c)
+    validate_training(c, sampler)
+    p = c.privacy
+    p.calibrate_sigma = boolean("privacy.calibrate_sigma", p.calibrate_sigma)
+    if p.calibrate_sigma:
+        p.sigma = _calibrated_sigma(c, sampler, shape)
+        sigma_served("privacy.sigma", p.sigma, sampler.release(p.sigma, 0)[1])
+    validate_top(c, check_resume_dir)
+    return c
+
+
+def _typed(cfg) -> Config:
+    """The ``Config`` of a composed config, its values not yet checked; unknown keys refused."""
     try:
         raw = _plain(cfg)
     except Exception as e:  # an interpolation that cannot be resolved, ...
@@ -232,193 +194,58 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     for g, cls in GROUPS.items():
         sub = raw.get(g) or {}
         if not isinstance(sub, dict):
-            raise ConfigError(f"{g}={_fmt(sub)}: must be a config group")
+            raise ConfigError(f"{g}={fmt(sub)}: must be a config group")
         names = {f.name for f in fields(cls)}
         for k in sub:
             if k not in names:
                 raise ConfigError(f"{g}.{k}: unknown config key (known: {sorted(names)})")
         groups[g] = cls(**sub)
-    c = Config(**groups, **{k: raw[k] for k in top - set(GROUPS) if k in raw})
-    d, m, p, a, t = c.dataset, c.model, c.privacy, c.accountant, c.training
+    return Config(**groups, **{k: raw[k] for k in top - set(GROUPS) if k in raw})
 
-    # dataset
-    _choice("dataset.name", d.name)
-    full_n = DATASETS[d.name][1]
-    d.subset = _num("dataset.subset", d.subset, integer=True, optional=True, lo=1, hi=full_n)
-    d.validation = _num("dataset.validation", d.validation, integer=True, optional=True, lo=1,
-                        hi=(d.subset or full_n) - 1)
-    d.crop = _num("dataset.crop", d.crop, integer=True, optional=True, lo=1, hi=32)
-    if d.root is not None and not isinstance(d.root, str):
-        raise ConfigError(f"dataset.root={_fmt(d.root)}: must be a path")
-    d.download = _bool("dataset.download", d.download)
-    _choice("dataset.augment", d.augment)
-    d.standardize = _bool("dataset.standardize", d.standardize)
-    if d.augment != "none" and (len(DATASETS[d.name][4]) != 3 or not d.crop or d.crop >= DATASETS[d.name][4][-1]):
-        raise ConfigError(f"dataset.augment={d.augment}: random crops need images and dataset.crop smaller than "
-                          f"them ({d.name}, crop={_fmt(d.crop)})")
-    if d.standardize and len(DATASETS[d.name][4]) != 3:
-        raise ConfigError(f"dataset.standardize=true: per-image standardisation is for image datasets, not {d.name}")
-    N = c.N
 
-    # model
-    _choice("model.name", m.name)
-    if not isinstance(m.hidden, (list, tuple)):
-        raise ConfigError(f"model.hidden={_fmt(m.hidden)}: must be a list of layer widths")
-    if m.name == "mlp" and len(m.hidden) + 1 > acc_limits.GROUPS_MAX:
-        raise ConfigError(f"model.hidden: {len(m.hidden)} hidden layers; per-layer clipping charges one group "
-                          f"per layer, at most GROUPS_MAX={acc_limits.GROUPS_MAX} (dpsgd/accountant/_checks.py)")
-    m.hidden = [_num(f"model.hidden[{i}]", h, integer=True, lo=1) for i, h in enumerate(m.hidden)]
-    for i, h in enumerate(m.hidden):   # a layer of width h has >= h weights (checked before any build)
-        if h > PARAMS_MAX:
-            raise ConfigError(f"model.hidden[{i}]={h}: a layer this wide holds more than PARAMS_MAX={PARAMS_MAX:.0e} "
-                              "parameters (4 GB of float32 weights before gradients and noise)")
-    m.bias = _bool("model.bias", m.bias)
-    _choice("model.projection", m.projection)
-    _choice("model.init", m.init)
-    _choice("model.features", m.features)
-    _choice("model.feature_norm", m.feature_norm)
-    shape = input_shape(d.name, d.crop)
-    if m.features != "none":
-        try:
-            shape = feature_shape(m.features, shape)
-        except ValueError as e:
-            raise ConfigError(f"model.features={m.features}: {e}") from None
-        if m.projection != "none" and m.pca_dims != 0:
-            raise ConfigError(f"model.projection={m.projection}: the {m.features} features are the input "
-                              "transform; use model.projection=none")
-        m.feature_groups = _num("model.feature_groups", m.feature_groups, integer=True, lo=1)
-        if m.feature_norm == "group" and shape[0] % m.feature_groups:
-            raise ConfigError(f"model.feature_groups={m.feature_groups}: must divide the {shape[0]} feature channels")
-    in_dim = math.prod(shape)
-    m.pca_dims = _num("model.pca_dims", m.pca_dims, integer=True, lo=0)
-    if m.projection != "none" and m.pca_dims > in_dim:
-        raise ConfigError(f"model.pca_dims={m.pca_dims}: exceeds the input dimension {in_dim} of {d.name}")
-    if m.projection != "none" and m.pca_dims == 0:
-        m.projection = "none"
-    if m.name == "cnn":
-        if shape != (3, 24, 24):
-            raise ConfigError(f"model.name=cnn: needs 3x24x24 images (cifar10/cifar100 with dataset.crop=24), "
-                              f"{d.name} gives {'x'.join(map(str, shape))}")
-        if m.projection != "none":
-            raise ConfigError(f"model.projection={m.projection}: the cnn model takes images; use none")
-    _choice("model.norm", m.norm)
-    if m.name == "tanh_cnn":
-        if d.name not in ("mnist", "fashion_mnist"):
-            raise ConfigError(f"model.name=tanh_cnn: needs 1x28x28 images (mnist, fashion_mnist), {d.name} "
-                              f"gives {'x'.join(map(str, shape))}")
-        if m.projection != "none":
-            raise ConfigError(f"model.projection={m.projection}: the tanh_cnn model takes images; use none")
-    elif m.norm != "none":
-        raise ConfigError(f"model.norm={m.norm}: only model.name=tanh_cnn has a normalisation option")
-    if d.augment != "none" and m.projection != "none":
-        raise ConfigError(f"model.projection={m.projection}: a projection is fit on fixed inputs; "
-                          f"dataset.augment={d.augment} needs model.projection=none")
-    _choice("model.freeze", m.freeze)
-    _check_model(c, shape)
-
-    # privacy
-    p.private = _bool("privacy.private", p.private)
-    p.sigma = _num("privacy.sigma", p.sigma, lo=0)
-    p.sigma_p = _num("privacy.sigma_p", p.sigma_p, lo=0)
-    p.clip_norm = _num("privacy.clip_norm", p.clip_norm, lo=0, lo_open=True)
-    p.lot_size = _num("privacy.lot_size", p.lot_size, integer=True, lo=1)
-    if p.lot_size > N:
-        raise ConfigError(f"privacy.lot_size={p.lot_size}: must be <= N={N} (the number of training examples)")
-    p.delta = _num("privacy.delta", p.delta, lo=acc_limits.DELTA_MIN, hi=1, hi_open=True)
-    p.allow_large_delta = _bool("privacy.allow_large_delta", p.allow_large_delta)
-    if p.private and p.delta >= 1 / N and not p.allow_large_delta:
-        raise ConfigError(f"privacy.delta={p.delta:g}: must be < 1/N = {1 / N:.4g} (N={N} training examples), "
-                          "else publishing one random example is within the guarantee; "
-                          "set privacy.allow_large_delta=true to accept it")
-    for k in ("clipping", "convention", "sampling", "grad_sample_mode"):
-        _choice(f"privacy.{k}", getattr(p, k))
-    sampler = SAMPLERS[p.sampling](N, p.lot_size)
-    q, charged = sampler.release(p.sigma, 0)     # what the ledger records per charge (shuffle: 1, σ/2)
-    if p.private and q < acc_limits.Q_MIN:
-        raise ConfigError(f"privacy.lot_size={p.lot_size}: q = L/N = {q:.4g} (N={N}) is below "
-                          f"Q_MIN={acc_limits.Q_MIN:g}, the smallest sampling rate the accountants serve")
-    p.secure_rng = _bool("privacy.secure_rng", p.secure_rng)
-    p.noise_seed = _num("privacy.noise_seed", p.noise_seed, integer=True, optional=True, lo=0)
-    if p.secure_rng and p.noise_seed is not None:
-        raise ConfigError(f"privacy.noise_seed={p.noise_seed}: a fixed noise seed is refused with "
-                          "privacy.secure_rng=true")
-    if p.private and p.sigma == 0:
-        raise ConfigError("privacy.sigma=0.0: a private run needs noise (σ > 0); for a non-private run "
-                          "set privacy.private=false")
-    if p.private and p.sigma_p == 0 and m.projection == "pca":
-        raise ConfigError("privacy.sigma_p=0.0: DP-PCA needs noise (σ_p > 0) in a private run; use "
-                          "model.projection=random|none or privacy.private=false")
-    if p.private:
-        _sigma_served("privacy.sigma", p.sigma, charged)
-        if m.projection == "pca":
-            _sigma_served("privacy.sigma_p", p.sigma_p, p.sigma_p)
-    p.target_epsilon = _num("privacy.target_epsilon", p.target_epsilon, optional=True, lo=0, lo_open=True,
-                            hi=acc_limits.EPSILON_MAX)
-    if p.target_epsilon is not None and not p.private:
-        raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: a non-private run "
-                          "(privacy.private=false) has no ε to stop at")
-    # a lot holds at most N examples, so a larger physical batch is never formed
-    p.physical_batch_size = _num("privacy.physical_batch_size", p.physical_batch_size, integer=True,
-                                 optional=True, lo=1, hi=N)
-    p.pca_fraction = _num("privacy.pca_fraction", p.pca_fraction, lo=acc_limits.Q_MIN, hi=1)
-    p.augment_multiplicity = _num("privacy.augment_multiplicity", p.augment_multiplicity, integer=True, lo=1)
-
-    # accountant
-    _choice("accountant.name", a.name)
-    if p.private and p.target_epsilon is not None and m.projection == "pca":
-        # The DP-PCA release is charged before the first lot: a target below its cost is unreachable.
-        from .accountant import Ledger
-        led = Ledger()
-        led.record(q=p.pca_fraction, sigma=p.sigma_p, count=1, groups=1, label="pca")
-        eps_pca, _ = led.epsilon(p.delta, accountant=a.name, convention=p.convention)
-        if eps_pca >= p.target_epsilon:
-            raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: the DP-PCA release alone costs "
-                              f"ε={eps_pca:.4g} (σ_p={p.sigma_p}, δ={p.delta:g}, {a.name}); raise the target "
-                              "or privacy.sigma_p")
-
-    # training
-    t.epochs = _num("training.epochs", t.epochs, integer=True, lo=0)
-    t.lr = _num("training.lr", t.lr, lo=0, lo_open=True)
-    t.lr_end = _num("training.lr_end", t.lr_end, lo=0, lo_open=True)
-    t.lr_saturate_epochs = _num("training.lr_saturate_epochs", t.lr_saturate_epochs, integer=True, lo=0)
-    t.max_steps = _num("training.max_steps", t.max_steps, integer=True, optional=True, lo=1,
-                       hi=acc_limits.STEPS_MAX)
+def validate_training(c: Config, sampler) -> None:
+    """The ``training.*`` group, checked and coerced in place: at most STEPS_MAX planned lots (those of
+    ``sampler``), evaluation batches no larger than the largest evaluated set."""
+    t, N = c.training, c.N
+    t.epochs = num("training.epochs", t.epochs, integer=True, lo=0)
+    t.lr = num("training.lr", t.lr, lo=0, lo_open=True)
+    t.lr_end = num("training.lr_end", t.lr_end, lo=0, lo_open=True)
+    t.lr_saturate_epochs = num("training.lr_saturate_epochs", t.lr_saturate_epochs, integer=True, lo=0)
+    t.max_steps = num("training.max_steps", t.max_steps, integer=True, optional=True, lo=1,
+                      hi=limits.STEPS_MAX)
     lots = t.epochs * sampler.lots_per_epoch()
-    if lots > acc_limits.STEPS_MAX:
+    if lots > limits.STEPS_MAX:
+        p = c.privacy
         raise ConfigError(f"training.epochs={t.epochs}: {lots} lots ({p.sampling} sampling, L={p.lot_size}, N={N}) "
-                          f"exceed STEPS_MAX={acc_limits.STEPS_MAX}, the most the accountants serve; "
+                          f"exceed STEPS_MAX={limits.STEPS_MAX}, the most the accountants serve; "
                           "lower training.epochs")
-    t.momentum = _num("training.momentum", t.momentum, lo=0, hi=1, hi_open=True)
-    t.eval_every = _num("training.eval_every", t.eval_every, integer=True, lo=1)
+    t.momentum = num("training.momentum", t.momentum, lo=0, hi=1, hi_open=True)
+    t.eval_every = num("training.eval_every", t.eval_every, integer=True, lo=1)
     # evaluation runs over the training set (N) and the test set; a larger batch is never formed
-    n_eval = max(N, DATASETS[d.name][2])
-    t.eval_batch_size = _num("training.eval_batch_size", t.eval_batch_size, integer=True, lo=1, hi=n_eval)
-    t.checkpoint_every = _num("training.checkpoint_every", t.checkpoint_every, integer=True, lo=0)
-    t.ema_decay = _num("training.ema_decay", t.ema_decay, optional=True, lo=0, lo_open=True, hi=1, hi_open=True)
+    n_eval = max(N, DATASETS[c.dataset.name].n_test)
+    t.eval_batch_size = num("training.eval_batch_size", t.eval_batch_size, integer=True, lo=1, hi=n_eval)
+    t.checkpoint_every = num("training.checkpoint_every", t.checkpoint_every, integer=True, lo=0)
+    t.ema_decay = num("training.ema_decay", t.ema_decay, optional=True, lo=0, lo_open=True, hi=1, hi_open=True)
 
-    p.calibrate_sigma = _bool("privacy.calibrate_sigma", p.calibrate_sigma)
-    if p.calibrate_sigma:
-        p.sigma = _calibrated_sigma(c, sampler, shape)
-        _sigma_served("privacy.sigma", p.sigma, sampler.release(p.sigma, 0)[1])
 
-    # top level
-    c.seed = _num("seed", c.seed, integer=True, lo=0)
+def validate_top(c: Config, check_resume_dir: bool = True) -> None:
+    """The top-level keys: seed, name (a folder name), device (CUDA present if asked for), tf32, resume."""
+    c.seed = num("seed", c.seed, integer=True, lo=0)
     if not isinstance(c.name, str) or not c.name or "/" in c.name or c.name.startswith("."):
-        raise ConfigError(f"name={_fmt(c.name)}: must be a non-empty folder name without '/'")
+        raise ConfigError(f"name={fmt(c.name)}: must be a non-empty folder name without '/'")
     if not isinstance(c.device, str) or not (c.device in ("auto", "cpu", "cuda") or c.device.startswith("cuda:")):
-        raise ConfigError(f"device={_fmt(c.device)}: must be auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"device={fmt(c.device)}: must be auto, cpu, cuda or cuda:N")
     if not isinstance(c.tf32, bool):
-        raise ConfigError(f"tf32={_fmt(c.tf32)}: must be true or false")
+        raise ConfigError(f"tf32={fmt(c.tf32)}: must be true or false")
     if c.device.startswith("cuda"):
         import torch
         if not torch.cuda.is_available():
             raise ConfigError(f"device={c.device}: CUDA is not available on this machine (use device=auto or cpu)")
     if c.resume is not None:
         if not isinstance(c.resume, str) or not c.resume:
-            raise ConfigError(f"resume={_fmt(c.resume)}: must be a run directory")
+            raise ConfigError(f"resume={fmt(c.resume)}: must be a run directory")
         if check_resume_dir:
             check_run_dir(c.resume)
-    return c
 
 
 def _calibrated_sigma(c: Config, sampler, shape) -> float:
@@ -442,7 +269,7 @@ def _calibrated_sigma(c: Config, sampler, shape) -> float:
     if steps < 1:
         raise ConfigError(f"{key}: training.epochs={t.epochs} plans no lot to calibrate σ for")
     with torch.device("meta"):
-        model = build_model(c.model, shape, DATASETS[c.dataset.name][3])
+        model = build_model(c.model, shape, DATASETS[c.dataset.name].classes)
     k = clipping_groups(model, p.clipping)
     try:
         return _sigma_for_epsilon(p.target_epsilon, p.delta, sampler.q, steps, c.accountant.name, k, p.convention)
@@ -478,60 +305,6 @@ def check_run_dir(path: str) -> Path:
     if not ((rd / "privacy.json").is_file() or (rd / "checkpoint.pt").is_file()):
         raise ConfigError(f"resume={path}: not a dpsgd run directory (no privacy.json or checkpoint.pt)")
     return rd
-
-
-def _check_model(c: Config, shape) -> None:
-    """Refuse models over PARAMS_MAX parameters or that mix examples (BatchNorm, ...), built on the meta
-    device (no memory, no time)."""
-    import torch
-
-    from .models import check_dp_compatible
-    with torch.device("meta"):
-        model = build_model(c.model, shape, DATASETS[c.dataset.name][3])
-    n_params = sum(p.numel() for p in model.parameters())
-    if n_params > PARAMS_MAX:
-        raise ConfigError(f"model.hidden={list(c.model.hidden)}: {n_params} parameters ({c.model.name}), more "
-                          f"than PARAMS_MAX={PARAMS_MAX:.0e} (4 GB of float32 weights before gradients and noise)")
-    try:
-        check_dp_compatible(model)
-    except ValueError as e:
-        raise ConfigError(f"model.name={c.model.name}: {str(e).splitlines()[0]}") from None
-    m = c.model
-    frozen = frozen_names(model, m.freeze)
-    if m.freeze != "none" and not frozen:
-        raise ConfigError(f"model.freeze={m.freeze}: the {m.name} model has no such parameters")
-    if m.freeze != "none" and m.pretrained is None:
-        raise ConfigError(f"model.freeze={m.freeze}: freezes public weights; set model.pretrained to their artifact")
-    if len(frozen) == sum(1 for _ in model.parameters()):
-        raise ConfigError(f"model.freeze={m.freeze}: nothing left to train")
-    if m.pretrained_sha256 is not None and (not isinstance(m.pretrained_sha256, str) or m.pretrained is None):
-        raise ConfigError(f"model.pretrained_sha256={_fmt(m.pretrained_sha256)}: a hex digest, with model.pretrained")
-    if m.pretrained is not None:
-        if not isinstance(m.pretrained, str) or not m.pretrained:
-            raise ConfigError(f"model.pretrained={_fmt(m.pretrained)}: must be the path of an artifact")
-        from .pretrained import verify
-        tensors, m.pretrained_sha256 = verify(m.pretrained, m.pretrained_sha256)
-        shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
-        for n, shape in tensors.items():
-            if shapes.get(n) != shape:
-                raise ConfigError(f"model.pretrained={m.pretrained}: its tensor {n} {list(shape)} does not fit the "
-                                  f"{m.name} model ({list(shapes[n]) if n in shapes else 'no such tensor'})")
-        missing = [n for n in frozen if n not in tensors]
-        if missing:
-            raise ConfigError(f"model.pretrained={m.pretrained}: holds no {missing[0]}, which model.freeze={m.freeze} "
-                              "freezes (a frozen tensor must be the public one)")
-
-
-def frozen_names(model, freeze: str) -> list[str]:
-    """The parameters ``model.freeze`` freezes (requires_grad=False: public, neither clipped nor noised)."""
-    return [n for n, _ in model.named_parameters() if n.startswith(FREEZE[freeze])] if FREEZE[freeze] else []
-
-
-def build_model(m: ModelConfig, shape, classes: int):
-    """The network of ``model.*`` for inputs of ``shape`` (after any projection)."""
-    in_features = m.pca_dims if m.projection != "none" and m.features == "none" else math.prod(shape)
-    return MODELS[m.name](in_features=in_features, hidden=tuple(m.hidden), num_classes=classes, bias=m.bias,
-                          init=m.init, norm=m.norm)
 
 
 def privacy_fingerprint(c: Config) -> dict:

@@ -41,6 +41,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .augment import AUGMENTATIONS
+from .checks import boolean, choice, fmt, num
+from .errors import ConfigError
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -112,6 +116,27 @@ def input_shape(name: str, crop: int | None = 24) -> tuple[int, ...]:
     if len(shape) == 3 and crop:
         return (shape[0], int(crop), int(crop))
     return shape
+
+
+def validate_dataset(d) -> None:
+    """The ``dataset.*`` group (``DatasetConfig``), checked and coerced in place; ConfigError naming the key."""
+    choice("dataset.name", d.name, DATASETS)
+    full_n = DATASETS[d.name].n_train
+    d.subset = num("dataset.subset", d.subset, integer=True, optional=True, lo=1, hi=full_n)
+    d.validation = num("dataset.validation", d.validation, integer=True, optional=True, lo=1,
+                       hi=(d.subset or full_n) - 1)
+    d.crop = num("dataset.crop", d.crop, integer=True, optional=True, lo=1, hi=32)
+    if d.root is not None and not isinstance(d.root, str):
+        raise ConfigError(f"dataset.root={fmt(d.root)}: must be a path")
+    d.download = boolean("dataset.download", d.download)
+    choice("dataset.augment", d.augment, AUGMENTATIONS)
+    d.standardize = boolean("dataset.standardize", d.standardize)
+    shape = DATASETS[d.name].shape
+    if d.augment != "none" and (len(shape) != 3 or not d.crop or d.crop >= shape[-1]):
+        raise ConfigError(f"dataset.augment={d.augment}: random crops need images and dataset.crop smaller than "
+                          f"them ({d.name}, crop={fmt(d.crop)})")
+    if d.standardize and len(shape) != 3:
+        raise ConfigError(f"dataset.standardize=true: per-image standardisation is for image datasets, not {d.name}")
 
 
 def default_root() -> Path:

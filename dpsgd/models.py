@@ -12,14 +12,19 @@
   2021 (arXiv 2011.11660, ftramer/Handcrafted-DP `models.py:MNIST_CNN`), optionally with GroupNorm.
 
 `check_dp_compatible` refuses layers that mix examples: per-example sensitivity (the C in
-Algorithm 1) only holds if example i's gradient depends on example i alone.
+Algorithm 1) only holds if example i's gradient depends on example i alone. `check_input` holds the
+inputs each network takes (the rest of the ``model.*`` group is checked in dpsgd/model_config.py).
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
 from torch import nn
+
+from .checks import choice
+from .errors import ConfigError
 
 
 class MLP(nn.Module):
@@ -212,3 +217,39 @@ def check_dp_compatible(model: nn.Module) -> None:
                 f"module '{label}' ({type(module).__name__}) mixes examples: {reason}; per-example "
                 "gradient clipping (DP-SGD) needs each example's gradient to depend on that example "
                 "only. Replace it, e.g. with nn.GroupNorm or nn.LayerNorm.")
+
+TANH_CNN_DATASETS = ("mnist", "fashion_mnist")   # 1×28×28 images
+
+
+def check_input(m, dataset: str, shape: tuple[int, ...]) -> None:
+    """Refuse a network of ``model.*`` (a ``ModelConfig``) that cannot take the inputs of ``dataset``
+    (``shape``: one example after ``model.features``): the image models take images (no projection) of
+    their size, and only ``tanh_cnn`` has a normalisation option (``model.norm``)."""
+    dims = "x".join(map(str, shape))
+    if m.name == "cnn":
+        if shape != (3, 24, 24):
+            raise ConfigError(f"model.name=cnn: needs 3x24x24 images (cifar10/cifar100 with dataset.crop=24), "
+                              f"{dataset} gives {dims}")
+        if m.projection != "none":
+            raise ConfigError(f"model.projection={m.projection}: the cnn model takes images; use none")
+    choice("model.norm", m.norm, NORMS)
+    if m.name == "tanh_cnn":
+        if dataset not in TANH_CNN_DATASETS:
+            raise ConfigError(f"model.name=tanh_cnn: needs 1x28x28 images ({', '.join(TANH_CNN_DATASETS)}), "
+                              f"{dataset} gives {dims}")
+        if m.projection != "none":
+            raise ConfigError(f"model.projection={m.projection}: the tanh_cnn model takes images; use none")
+    elif m.norm != "none":
+        raise ConfigError(f"model.norm={m.norm}: only model.name=tanh_cnn has a normalisation option")
+
+
+def build_model(m, shape, classes: int):
+    """The network of ``model.*`` (a ``ModelConfig``) for inputs of ``shape`` (after any projection)."""
+    in_features = m.pca_dims if m.projection != "none" and m.features == "none" else math.prod(shape)
+    return MODELS[m.name](in_features=in_features, hidden=tuple(m.hidden), num_classes=classes, bias=m.bias,
+                          init=m.init, norm=m.norm)
+
+
+def frozen_names(model, freeze: str) -> list[str]:
+    """The parameters ``model.freeze`` freezes (requires_grad=False: public, neither clipped nor noised)."""
+    return [n for n, _ in model.named_parameters() if n.startswith(FREEZE[freeze])] if FREEZE[freeze] else []

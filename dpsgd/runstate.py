@@ -19,9 +19,10 @@ import torch
 from .augment import LotTransform, lot_generator
 from .checkpoint import CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, load_checkpoint, save_checkpoint
 from . import distributed
-from .config import Config, ConfigError, build_model, frozen_names, override_key, privacy_fingerprint
+from .config import Config, ConfigError, override_key, privacy_fingerprint
 from .data import DATASETS, input_shape, load_dataset
 from .fileio import atomic_write_text, plain, write_json
+from .models import build_model, frozen_names
 from .report import COLUMNS, epsilons, privacy_statement
 from .rundir import RESERVATIONS, LotReservations
 from .runtime import configure_threads, describe_runtime, set_tf32

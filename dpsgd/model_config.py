@@ -1,0 +1,133 @@
+"""The ``model.*`` group of the config, checked against the dataset it trains on and the networks of
+dpsgd/models.py (whose ``check_input`` says which inputs each network takes).
+
+Besides the types, names and ranges of each value, this refuses what would only fail once training
+has started: PCA wider than the input, features with a projection, group counts that do not divide
+the feature channels, models over PARAMS_MAX parameters (counted on the meta device, no memory, no
+time) or that mix examples (BatchNorm, ...), frozen parameters that are not public ones, and
+pretrained weights that do not fit the network.
+"""
+from __future__ import annotations
+
+import math
+
+from .accountant import limits
+from .checks import boolean, choice, fmt, num
+from .data import DATASETS, input_shape
+from .errors import ConfigError
+from .features import FEATURE_NORMS, FEATURES, feature_shape
+from .models import FREEZE, INITS, MODELS, build_model, check_dp_compatible, check_input, frozen_names
+from .pca import PROJECTIONS
+
+# The largest model validated: 10**9 float32 parameters are 4 GB of weights alone, before gradients,
+# noise and optimiser buffers (several times that); beyond what one CPU or GPU run of this repo holds.
+PARAMS_MAX = 10**9
+
+
+def validate_model(m, d) -> tuple[int, ...]:
+    """The ``model.*`` group (a ``ModelConfig``), checked and coerced in place against the validated
+    ``dataset.*`` group ``d``; returns the shape of one example after ``model.features``."""
+    choice("model.name", m.name, MODELS)
+    _check_widths(m)
+    m.bias = boolean("model.bias", m.bias)
+    choice("model.projection", m.projection, PROJECTIONS)
+    choice("model.init", m.init, INITS)
+    choice("model.features", m.features, FEATURES)
+    choice("model.feature_norm", m.feature_norm, FEATURE_NORMS)
+    shape = _features(m, d)
+    _check_projection(m, d, shape)
+    check_input(m, d.name, shape)
+    if d.augment != "none" and m.projection != "none":
+        raise ConfigError(f"model.projection={m.projection}: a projection is fit on fixed inputs; "
+                          f"dataset.augment={d.augment} needs model.projection=none")
+    choice("model.freeze", m.freeze, FREEZE)
+    _check_built(m, d, shape)
+    return shape
+
+
+def _check_widths(m) -> None:
+    """``model.hidden``: a list of positive widths, each layer below PARAMS_MAX, within GROUPS_MAX layers."""
+    if not isinstance(m.hidden, (list, tuple)):
+        raise ConfigError(f"model.hidden={fmt(m.hidden)}: must be a list of layer widths")
+    if m.name == "mlp" and len(m.hidden) + 1 > limits.GROUPS_MAX:
+        raise ConfigError(f"model.hidden: {len(m.hidden)} hidden layers; per-layer clipping charges one group "
+                          f"per layer, at most GROUPS_MAX={limits.GROUPS_MAX} (dpsgd/accountant/_checks.py)")
+    m.hidden = [num(f"model.hidden[{i}]", h, integer=True, lo=1) for i, h in enumerate(m.hidden)]
+    for i, h in enumerate(m.hidden):   # a layer of width h has >= h weights (checked before any build)
+        if h > PARAMS_MAX:
+            raise ConfigError(f"model.hidden[{i}]={h}: a layer this wide holds more than PARAMS_MAX={PARAMS_MAX:.0e} "
+                              "parameters (4 GB of float32 weights before gradients and noise)")
+
+
+def _features(m, d) -> tuple[int, ...]:
+    """The shape of one example after ``model.features`` (the fixed transform replaces any projection)."""
+    shape = input_shape(d.name, d.crop)
+    if m.features == "none":
+        return shape
+    try:
+        shape = feature_shape(m.features, shape)
+    except ValueError as e:
+        raise ConfigError(f"model.features={m.features}: {e}") from None
+    if m.projection != "none" and m.pca_dims != 0:
+        raise ConfigError(f"model.projection={m.projection}: the {m.features} features are the input "
+                          "transform; use model.projection=none")
+    m.feature_groups = num("model.feature_groups", m.feature_groups, integer=True, lo=1)
+    if m.feature_norm == "group" and shape[0] % m.feature_groups:
+        raise ConfigError(f"model.feature_groups={m.feature_groups}: must divide the {shape[0]} feature channels")
+    return shape
+
+
+def _check_projection(m, d, shape) -> None:
+    """``model.pca_dims`` within the input dimension; 0 means no projection."""
+    in_dim = math.prod(shape)
+    m.pca_dims = num("model.pca_dims", m.pca_dims, integer=True, lo=0)
+    if m.projection != "none" and m.pca_dims > in_dim:
+        raise ConfigError(f"model.pca_dims={m.pca_dims}: exceeds the input dimension {in_dim} of {d.name}")
+    if m.projection != "none" and m.pca_dims == 0:
+        m.projection = "none"
+
+
+def _check_built(m, d, shape) -> None:
+    """The network itself, built on the meta device (no memory, no time): at most PARAMS_MAX
+    parameters, no layer that mixes examples, something left to train, public frozen weights."""
+    import torch
+
+    with torch.device("meta"):
+        model = build_model(m, shape, DATASETS[d.name].classes)
+    n_params = sum(p.numel() for p in model.parameters())
+    if n_params > PARAMS_MAX:
+        raise ConfigError(f"model.hidden={list(m.hidden)}: {n_params} parameters ({m.name}), more "
+                          f"than PARAMS_MAX={PARAMS_MAX:.0e} (4 GB of float32 weights before gradients and noise)")
+    try:
+        check_dp_compatible(model)
+    except ValueError as e:
+        raise ConfigError(f"model.name={m.name}: {str(e).splitlines()[0]}") from None
+    frozen = frozen_names(model, m.freeze)
+    if m.freeze != "none" and not frozen:
+        raise ConfigError(f"model.freeze={m.freeze}: the {m.name} model has no such parameters")
+    if m.freeze != "none" and m.pretrained is None:
+        raise ConfigError(f"model.freeze={m.freeze}: freezes public weights; set model.pretrained to their artifact")
+    if len(frozen) == sum(1 for _ in model.parameters()):
+        raise ConfigError(f"model.freeze={m.freeze}: nothing left to train")
+    _check_pretrained(m, model, frozen)
+
+
+def _check_pretrained(m, model, frozen: list[str]) -> None:
+    """``model.pretrained``: a hash-checked artifact whose tensors fit the network and hold every frozen one."""
+    if m.pretrained_sha256 is not None and (not isinstance(m.pretrained_sha256, str) or m.pretrained is None):
+        raise ConfigError(f"model.pretrained_sha256={fmt(m.pretrained_sha256)}: a hex digest, with model.pretrained")
+    if m.pretrained is None:
+        return
+    if not isinstance(m.pretrained, str) or not m.pretrained:
+        raise ConfigError(f"model.pretrained={fmt(m.pretrained)}: must be the path of an artifact")
+    from .pretrained import verify
+    tensors, m.pretrained_sha256 = verify(m.pretrained, m.pretrained_sha256)
+    shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    for n, shape in tensors.items():
+        if shapes.get(n) != shape:
+            raise ConfigError(f"model.pretrained={m.pretrained}: its tensor {n} {list(shape)} does not fit the "
+                              f"{m.name} model ({list(shapes[n]) if n in shapes else 'no such tensor'})")
+    missing = [n for n in frozen if n not in tensors]
+    if missing:
+        raise ConfigError(f"model.pretrained={m.pretrained}: holds no {missing[0]}, which model.freeze={m.freeze} "
+                          "freezes (a frozen tensor must be the public one)")

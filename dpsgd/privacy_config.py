@@ -1,0 +1,110 @@
+"""The ``privacy.*`` and ``accountant.*`` groups of the config, checked against what the mechanism and
+the accountants serve.
+
+Besides the types and ranges of each value, these refuse what would only fail once training has
+started:
+
+* values the accountants cannot serve (their ranges are ``dpsgd.accountant.limits``: σ and σ_p in
+  [SIGMA_MIN, SIGMA_MAX] for private runs, as charged (σ/2 under shuffle sampling), q = L/N >= Q_MIN,
+  δ >= DELTA_MIN, target ε <= EPSILON_MAX);
+* δ >= 1/N in a private run (δ is the probability of a catastrophic failure: at δ >= 1/N a mechanism
+  that publishes one random example in full is (0, δ)-DP; Dwork & Roth 2014 §2.3). Only
+  ``privacy.allow_large_delta=true`` accepts it, and that is recorded in the resolved config;
+* a private run without noise, a fixed noise seed with OS-entropy noise, a target ε in a non-private
+  run or below what the DP-PCA release alone costs; physical batches larger than N (never formed).
+"""
+from __future__ import annotations
+
+from .accountant import ACCOUNTANTS, CONVENTIONS, Ledger, limits
+from .checks import boolean, choice, fmt, num
+from .clipping.clip import CLIPPINGS, MODES
+from .errors import ConfigError
+from .sampling import SAMPLERS
+
+
+def validate_privacy(c):
+    """The ``privacy.*`` group of ``c`` (a ``Config`` whose dataset and model are validated), checked
+    and coerced in place; returns the run's sampler (the one source of q). ConfigError naming the key."""
+    p, N = c.privacy, c.N
+    _check_lot(p, N)
+    sampler = SAMPLERS[p.sampling](N, p.lot_size)
+    _check_noise(p, sampler, c.model.projection)
+    p.target_epsilon = num("privacy.target_epsilon", p.target_epsilon, optional=True, lo=0, lo_open=True,
+                           hi=limits.EPSILON_MAX)
+    if p.target_epsilon is not None and not p.private:
+        raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: a non-private run "
+                          "(privacy.private=false) has no ε to stop at")
+    # a lot holds at most N examples, so a larger physical batch is never formed
+    p.physical_batch_size = num("privacy.physical_batch_size", p.physical_batch_size, integer=True,
+                                optional=True, lo=1, hi=N)
+    p.pca_fraction = num("privacy.pca_fraction", p.pca_fraction, lo=limits.Q_MIN, hi=1)
+    p.augment_multiplicity = num("privacy.augment_multiplicity", p.augment_multiplicity, integer=True, lo=1)
+    return sampler
+
+
+def _check_lot(p, N: int) -> None:
+    """σ, σ_p, C, L and δ as numbers in range, δ < 1/N, and the named choices of the group."""
+    p.private = boolean("privacy.private", p.private)
+    p.sigma = num("privacy.sigma", p.sigma, lo=0)
+    p.sigma_p = num("privacy.sigma_p", p.sigma_p, lo=0)
+    p.clip_norm = num("privacy.clip_norm", p.clip_norm, lo=0, lo_open=True)
+    p.lot_size = num("privacy.lot_size", p.lot_size, integer=True, lo=1)
+    if p.lot_size > N:
+        raise ConfigError(f"privacy.lot_size={p.lot_size}: must be <= N={N} (the number of training examples)")
+    p.delta = num("privacy.delta", p.delta, lo=limits.DELTA_MIN, hi=1, hi_open=True)
+    p.allow_large_delta = boolean("privacy.allow_large_delta", p.allow_large_delta)
+    if p.private and p.delta >= 1 / N and not p.allow_large_delta:
+        raise ConfigError(f"privacy.delta={p.delta:g}: must be < 1/N = {1 / N:.4g} (N={N} training examples), "
+                          "else publishing one random example is within the guarantee; "
+                          "set privacy.allow_large_delta=true to accept it")
+    for k, options in (("clipping", CLIPPINGS), ("convention", CONVENTIONS), ("sampling", SAMPLERS),
+                       ("grad_sample_mode", MODES)):
+        choice(f"privacy.{k}", getattr(p, k), options)
+
+
+def _check_noise(p, sampler, projection: str) -> None:
+    """q and the noise as the ledger charges them: within what the accountants serve, never zero in a
+    private run, a fixed seed only for seeded noise."""
+    q, charged = sampler.release(p.sigma, 0)     # what the ledger records per charge (shuffle: 1, σ/2)
+    if p.private and q < limits.Q_MIN:
+        raise ConfigError(f"privacy.lot_size={p.lot_size}: q = L/N = {q:.4g} (N={sampler.N}) is below "
+                          f"Q_MIN={limits.Q_MIN:g}, the smallest sampling rate the accountants serve")
+    p.secure_rng = boolean("privacy.secure_rng", p.secure_rng)
+    p.noise_seed = num("privacy.noise_seed", p.noise_seed, integer=True, optional=True, lo=0)
+    if p.secure_rng and p.noise_seed is not None:
+        raise ConfigError(f"privacy.noise_seed={p.noise_seed}: a fixed noise seed is refused with "
+                          "privacy.secure_rng=true")
+    if p.private and p.sigma == 0:
+        raise ConfigError("privacy.sigma=0.0: a private run needs noise (σ > 0); for a non-private run "
+                          "set privacy.private=false")
+    if p.private and p.sigma_p == 0 and projection == "pca":
+        raise ConfigError("privacy.sigma_p=0.0: DP-PCA needs noise (σ_p > 0) in a private run; use "
+                          "model.projection=random|none or privacy.private=false")
+    if p.private:
+        sigma_served("privacy.sigma", p.sigma, charged)
+        if projection == "pca":
+            sigma_served("privacy.sigma_p", p.sigma_p, p.sigma_p)
+
+
+def sigma_served(key: str, v: float, charged: float) -> None:
+    """Refuse a noise multiplier whose charge to the ledger lies outside [SIGMA_MIN, SIGMA_MAX]."""
+    lo, hi = limits.SIGMA_MIN, limits.SIGMA_MAX
+    if not lo <= charged <= hi:
+        how = "" if charged == v else f" (charged as {charged:g})"
+        raise ConfigError(f"{key}={fmt(v)}{how}: must be in [{lo:g}, {hi:g}], the range the accountants serve "
+                          "(SIGMA_MIN, SIGMA_MAX in dpsgd/accountant/_checks.py)")
+
+
+def validate_accountant(c) -> None:
+    """The ``accountant.*`` group: a known accountant, and a target ε above the DP-PCA release's cost
+    (charged before the first lot, so a lower target is unreachable)."""
+    p, a = c.privacy, c.accountant
+    choice("accountant.name", a.name, ACCOUNTANTS)
+    if p.private and p.target_epsilon is not None and c.model.projection == "pca":
+        led = Ledger()
+        led.record(q=p.pca_fraction, sigma=p.sigma_p, count=1, groups=1, label="pca")
+        eps_pca, _ = led.epsilon(p.delta, accountant=a.name, convention=p.convention)
+        if eps_pca >= p.target_epsilon:
+            raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: the DP-PCA release alone costs "
+                              f"ε={eps_pca:.4g} (σ_p={p.sigma_p}, δ={p.delta:g}, {a.name}); raise the target "
+                              "or privacy.sigma_p")
