@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .accountant import ACCOUNTANTS, CONVENTIONS, limits
-from .augment import AUGMENTATIONS
+from .augment import AUGMENTATIONS, CROP
 from .checks import boolean, fmt, num
 from .clipping.clip import CLIPPINGS, MODES
 from .data import DATASETS, validate_dataset
@@ -45,7 +45,7 @@ class DatasetConfig:
     root: str | None = None            # None: $DPSGD_DATA_ROOT or <repo>/data
     subset: int | None = None          # use only the first n training examples
     validation: int | None = None      # hold out the last n of them and evaluate on those, not the test set
-    crop: int | None = 24              # CIFAR center crop (paper: 24); None keeps 32
+    crop: int | None = CROP            # CIFAR center crop (paper: 24); None keeps 32
     download: bool = True              # allow torchvision to download when no local copy exists
     augment: str = "none"              # none | crop_flip (random crop to `crop` + horizontal flip, per lot)
     standardize: bool = False          # per-image standardisation (TF per_image_standardization)
@@ -328,7 +328,7 @@ def privacy_fingerprint(c: Config) -> dict:
         "privacy.sampling": p.sampling, "privacy.pca_fraction": p.pca_fraction,
         "privacy.secure_rng": p.secure_rng, "privacy.noise_seed": p.noise_seed, "seed": c.seed,
         "privacy.target_epsilon": p.target_epsilon, "accountant.name": c.accountant.name,
-        # added with the CIFAR path, present only when not at their defaults: earlier runs keep their
+        # the CIFAR path's keys, present only when not at their defaults: earlier runs keep their
         # fingerprint (their resume and config_hash are unchanged)
         **{k: v for k, v, default in (("dataset.augment", d.augment, "none"),
                                       ("dataset.standardize", d.standardize, False),

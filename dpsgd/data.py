@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .augment import AUGMENTATIONS
+from .augment import AUGMENTATIONS, CROP
 from .checks import boolean, choice, fmt, num
 from .errors import ConfigError
 
@@ -111,7 +111,7 @@ def dataset_info(name: str) -> dict:
     return DATASETS[name]._asdict()
 
 
-def input_shape(name: str, crop: int | None = 24) -> tuple[int, ...]:
+def input_shape(name: str, crop: int | None = CROP) -> tuple[int, ...]:
     shape = DATASETS[name].shape
     if len(shape) == 3 and crop:
         return (shape[0], int(crop), int(crop))
@@ -487,7 +487,7 @@ def _load_cifar(name: str, root: Path, crop: int | None):
 
 
 def load_dataset(name: str, root: str | Path | None = None, subset: int | None = None,
-                 crop: int | None = 24, download: bool = True, source: str | Path | None = None):
+                 crop: int | None = CROP, download: bool = True, source: str | Path | None = None):
     """(X_train, y_train, X_test, y_test) as CPU tensors; ``subset`` keeps the first n training examples."""
     ensure_dataset(name, root, source=source, download=download)
     root = Path(root) if root else default_root()
