@@ -72,8 +72,13 @@ def search_path(dirs: list[str]) -> list[str]:
 
 def data_ready(c) -> None:
     """The run's dataset is in its data root (seeded or downloaded now, md5-verified), else ConfigError."""
+    dataset_ready(c.dataset.name, c.dataset.root, c.dataset.download)
+
+
+def dataset_ready(name: str, root: str | None, download: bool) -> None:
+    """``name`` is in the data root ``root`` (seeded or downloaded now, md5-verified), else ConfigError."""
     try:
-        ensure_dataset(c.dataset.name, c.dataset.root, download=c.dataset.download)
+        ensure_dataset(name, root, download=download)
     except DataUnavailable as e:
         raise ConfigError(str(e)) from None
 

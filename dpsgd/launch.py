@@ -31,10 +31,10 @@ from pathlib import Path
 
 from . import distributed
 from .checkpoint import check_resumable, load_checkpoint
-from .cli import (CONF_DIR, compose, data_ready, error_line, fail, failure, fresh_dir, one_line, run_or_exit,
-                  search_path, split_cli)
+from .cli import (CONF_DIR, compose, data_ready, dataset_ready, error_line, fail, failure, fresh_dir, one_line,
+                  run_or_exit, search_path, split_cli)
 from .config import Config, check_run_dir, override_key, privacy_fingerprint, validate
-from .data import DATASETS, DataUnavailable, ensure_dataset
+from .data import DATASETS, DataUnavailable
 from .errors import ConfigError
 from .launchers import JobFailed, Launch, check as check_launcher, parallel_jobs, share_cores, sweep_size
 from .rundir import RunLock
@@ -99,10 +99,7 @@ def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = 
         swept = {override_key(a).split(".")[0] for a in args if "," in a.split("=", 1)[-1]}
         if launcher != "basic" and "dataset" not in swept and cfg.get("dataset", {}).get("name") in DATASETS:
             # seeded here, once: jobs running at the same time never seed one data root together
-            try:
-                ensure_dataset(cfg.dataset.name, cfg.dataset.get("root"), download=bool(cfg.dataset.get("download")))
-            except DataUnavailable as e:
-                raise ConfigError(str(e)) from None
+            dataset_ready(cfg.dataset.name, cfg.dataset.get("root"), bool(cfg.dataset.get("download")))
         return Launch(args, launcher, jobs, parallel_jobs(launcher, params, jobs))
     cfg = compose(args + list(search), hydra_config=True)
     check_launcher(cfg.hydra)
