@@ -39,8 +39,7 @@ from .planning import composed, epochs_needed
 
 EPSILONS = (0.5, 1.0, 1.2, 2.0, 3.0, 8.0)
 SEEDS = (0, 1, 2)
-# The recipes, in plotting order: presets of conf/experiment/. The end-to-end tanh CNN presets
-# (mnist_tanh_cnn, fmnist_tanh_cnn) join this list once they exist.
+# The recipes, in plotting order: presets of conf/experiment/.
 RECIPES = ["mnist_paper_tight", "mnist_scatter_linear", "mnist_scatter_linear_val", "mnist_scatter_cnn",
            "fmnist_scatter_linear", "mnist_tanh_cnn", "fmnist_tanh_cnn"]
 # Recipes run at some ε only: mnist_scatter_linear_val's epochs were chosen on a validation split at ε = 1.2.

@@ -18,8 +18,7 @@ import pandas as pd
 
 from .style import plt, save
 
-# recipe -> (label, dataset, {ε: published test accuracy in %}, source). The tanh-CNN rows are the
-# anchors of the end-to-end presets (mnist_tanh_cnn, fmnist_tanh_cnn) when they are run.
+# recipe -> (label, dataset, {ε: published test accuracy in %}, source).
 ANCHORS = {
     "mnist_paper_tight": ("paper network (MLP on DP-PCA)", "mnist", {0.5: 90.0, 2.0: 95.0, 8.0: 97.0},
                           "Abadi et al. 2016, §5.2"),
