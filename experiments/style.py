@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 __all__ = ["COLUMN_DPI", "COLUMN_RC", "COLUMN_WIDTH_IN", "CONVENTION_TEXT", "convention", "fmt_delta",
-           "fmt_value", "grid", "legend_below", "log_x", "matplotlib", "plt", "save"]
+           "fmt_value", "grid", "legend_below", "log_x", "plt", "save"]
 
 # Byte-reproducible files: the same CSVs give the same bytes on every run, so `make figures` leaves
 # git clean. matplotlib stamps a PDF with its creation time (now, or SOURCE_DATE_EPOCH when set) unless
