@@ -15,7 +15,7 @@ import yaml
 from dpsgd.accountant import Ledger
 from dpsgd.config import validate
 from dpsgd.launch import compose
-from experiments import claims, collect, figure2, figures, readme
+from experiments import claims, collect, figure2, figures, mnist_figures, readme, runs, style
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"
@@ -108,7 +108,7 @@ def test_figure4_recomputes_the_runs_own_epsilon(tmp_path):
                           "privacy.lot_size=200", "training.max_steps=12", "device=cpu", f"hydra.run.dir={run}"],
                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    r = collect.load_run(run)
+    r = runs.load_run(run)
     rows = pd.DataFrame(collect.figure4_rows("mnist_medium", r))
     m = r["metrics"]
     assert len(m) >= 2                                     # 10 lots per epoch: 2 epochs
@@ -182,7 +182,7 @@ def test_a_figure_redrawn_is_byte_identical(tmp_path, monkeypatch):
     paths = {}
     for run, epoch in (("a", "1"), ("b", "1700000000")):
         monkeypatch.setenv("SOURCE_DATE_EPOCH", epoch)
-        paths[run] = figures.privacy_utility(df, tmp_path / run)
+        paths[run] = mnist_figures.privacy_utility(df, tmp_path / run)
     for a, b in zip(paths["a"], paths["b"]):
         assert a.read_bytes() == b.read_bytes(), a.name
     png, pdf = (p.read_bytes() for p in paths["a"])
@@ -207,7 +207,7 @@ def test_figures_redraw_from_committed_csvs(tmp_path):
     for name in ("figure3", "figure4"):
         if (RESULTS / f"{name}.csv").exists():
             width_px = _png_size(res / "figures" / f"{name}.png")[0]
-            assert width_px <= (figures.COLUMN_WIDTH_IN + 0.2) * figures.COLUMN_DPI, (name, width_px)
+            assert width_px <= (style.COLUMN_WIDTH_IN + 0.2) * style.COLUMN_DPI, (name, width_px)
     committed = (RESULTS / "README.md").read_text(encoding="utf-8")
     # the image list depends on which PNGs exist; compare with the committed figures in place
     assert readme.render(RESULTS) == committed

@@ -17,7 +17,7 @@ from dpsgd.config import validate
 from dpsgd.launch import compose
 from dpsgd.report import COLUMNS as METRICS_COLUMNS
 from dpsgd.train import train
-from experiments import claims, collect, figure6, figures, readme
+from experiments import claims, collect, figure6, figures, readme, style
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"
@@ -47,7 +47,7 @@ def test_figure6_and_the_readme_section_render_from_the_fixture(tmp_path):
     png, pdf = res / "figures" / "figure6.png", res / "figures" / "figure6.pdf"
     assert png.stat().st_size > 1000 and pdf.stat().st_size > 1000
     # printed at a paper's text width, as Figures 3 and 4
-    assert _png_width(png) <= (figures.COLUMN_WIDTH_IN + 0.2) * figures.COLUMN_DPI
+    assert _png_width(png) <= (style.COLUMN_WIDTH_IN + 0.2) * style.COLUMN_DPI
     out = (res / "README.md").read_text(encoding="utf-8")
     assert "## §5.3 / Figure 6 — CIFAR-10" in out and "- `figure6.csv`" in out
     assert "![figure6](figures/figure6.png)" in out and readme.CIFAR_NOT_MEASURED not in out
