@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(res, allow_nan=False))
         return rc
-    head = f"q={q:g}  lots={steps} (epochs={steps * q:g})  delta={delta:g}  groups={groups} ({args.convention})"
+    head = f"q={q:g}  lots={steps} (epochs={steps / calibrate.lots_per_epoch(1, q):g})  delta={delta:g}  groups={groups} ({args.convention})"
     if args.target_epsilon is not None:
         print(f"sigma for target epsilon={args.target_epsilon:g}:  {head}")
     else:

@@ -296,11 +296,14 @@ def _open_run_dir(run: Run) -> None:
         import yaml
         atomic_write_text(run_dir / "config.resolved.yaml", yaml.safe_dump(c.to_dict(), sort_keys=False))
     write_json(run_dir / PRIVACY, run.statement("running", None))
-    b, d = run.parts, run.dist
-    ws = f", {d.world_size} processes ({d.describe(b.device)['backend']})" if d.active else ""
-    print(f"dpsgd: {c.dataset.name} N={len(b.data.X_train)} → {run_dir}  (device {b.device}{ws}, engine "
-          f"{b.clipper.mode}, k={b.k}, {b.sampler.name} q={b.sampler.q:.4g}, σ={p.sigma}, C={p.clip_norm}, "
-          f"L={p.lot_size})" if p.private else f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
+    built, d = run.parts, run.dist
+    ws = f", {d.world_size} processes ({d.describe(built.device)['backend']})" if d.active else ""
+    if p.private:
+        print(f"dpsgd: {c.dataset.name} N={len(built.data.X_train)} → {run_dir}  (device {built.device}{ws}, engine "
+              f"{built.clipper.mode}, k={built.k}, {built.sampler.name} q={built.sampler.q:.4g}, σ={p.sigma}, "
+              f"C={p.clip_norm}, L={p.lot_size})", flush=True)
+    else:
+        print(f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
     if lost:
         print(f"resume: charged {lost} lot(s) that ran after the last checkpoint and cannot be replayed "
               "as the same releases", flush=True)

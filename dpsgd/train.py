@@ -119,22 +119,24 @@ def algorithm1(run: Run) -> dict:
 
 def run_epoch(run: Run):
     """One epoch of lots (Algorithm 1's inner loop); (stop reason or None, lots, Σ loss, Σ lot sizes)."""
-    p, b, at = run.c.privacy, run.parts, run.progress
-    X, y = b.data.X_train, b.data.y_train
-    lots, loss_sum, seen = 0, torch.zeros((), device=b.device), 0
-    for i, idx in enumerate(b.sampler.epoch()):
+    p, parts, at = run.c.privacy, run.parts, run.progress
+    X, y = parts.data.X_train, parts.data.y_train
+    lots, loss_sum, seen = 0, torch.zeros((), device=parts.device), 0
+    for i, idx in enumerate(parts.sampler.epoch()):
         stop_reason = run.stop_reason(i)
         if stop_reason is not None:
             return stop_reason, lots, loss_sum, seen
-        release = b.sampler.release(p.sigma, i) if p.private else None
-        if p.private and run.writes:   # write-ahead, never past what may run; under torchrun no rank
-            run.reservations.ensure(at.steps, at.steps + run.lots_left(i))   # passes this lot before rank 0 reserved it
-        idx = run.dist.share(idx).to(b.device)     # this rank's share of the global lot
-        X_lot = b.augment(X[idx], at.steps)         # per example (random crop, flip, standardisation)
-        out = b.dp.step(X_lot, y[idx], physical_batch_size=p.physical_batch_size)
+        release = parts.sampler.release(p.sigma, i) if p.private else None
+        if p.private and run.writes:
+            # write-ahead, never past what may still run; under torchrun no rank passes this lot's
+            # all-reduce before rank 0 reserved it
+            run.reservations.ensure(at.steps, at.steps + run.lots_left(i))
+        idx = run.dist.share(idx).to(parts.device)   # this rank's share of the global lot
+        X_lot = parts.augment(X[idx], at.steps)       # per example (random crop, flip, standardisation)
+        out = parts.dp.step(X_lot, y[idx], physical_batch_size=p.physical_batch_size)
         run.charge(release)
-        if b.ema is not None:
-            b.ema.update(b.model)
+        if parts.ema is not None:
+            parts.ema.update(parts.model)
         at.steps, lots = at.steps + 1, lots + 1
         loss_sum, seen = loss_sum + out["loss_sum"], seen + out["lot_size"]
     return None, lots, loss_sum, seen
@@ -143,15 +145,16 @@ def run_epoch(run: Run):
 def end_of_epoch(run: Run, stop_reason: str | None, lr: float, lot_loss: float, t_epoch: float) -> None:
     """Evaluate (when due), one metrics.csv row, and (unless this was the last epoch) privacy.json and
     the checkpoint."""
-    c, t, b = run.c, run.c.training, run.parts
+    c, t, parts = run.c, run.c.training, run.parts
     if not run.writes:          # ranks > 0: rank 0 evaluates and writes
         return
     final = stop_reason is not None or run.stop_reason(0) is not None   # no lot of the next epoch may run
     if (run.progress.epoch % t.eval_every == 0 or final) and stop_reason != "diverged":
-        Xtr, ytr, Xte, yte = b.data
-        tf = b.transform.eval
-        with b.ema.applied(b.model) if b.ema is not None else nullcontext(b.model) as model:
-            ev = evaluate(model, Xtr, ytr, t.eval_batch_size, tf) + (evaluate(model, Xte, yte, t.eval_batch_size, tf)[1],)
+        Xtr, ytr, Xte, yte = parts.data
+        tf = parts.transform.eval
+        with parts.ema.applied(parts.model) if parts.ema is not None else nullcontext(parts.model) as model:
+            ev = evaluate(model, Xtr, ytr, t.eval_batch_size, tf)         # (train loss, train accuracy)
+            ev += (evaluate(model, Xte, yte, t.eval_batch_size, tf)[1],)  # test accuracy
     else:
         ev = (math.nan, math.nan, math.nan)
     now = time.time()
