@@ -71,7 +71,8 @@ class Rows:
 
 @dataclass
 class Progress:
-    """Where a run stands: what moves with every lot, saved in the checkpoint."""
+    """Where a run stands: what moves with every lot. The checkpoint saves it, all but the budget and
+    ε, which are recomputed from the ledger."""
     ledger: Ledger                   # every release so far (DP-PCA, lots, lots lost on resume)
     epoch: int = 0
     steps: int = 0                   # lots run
