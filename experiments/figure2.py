@@ -30,6 +30,7 @@ import pandas as pd
 
 from dpsgd.accountant import Ledger
 from dpsgd.accountant import strong_composition as sc
+from dpsgd.accountant.calibrate import lots_for_epochs
 
 from . import claims
 from .style import plt, save
@@ -78,7 +79,7 @@ def compute(max_epochs: int = 400, every: int = 1, pld_every: int = 1, q: float 
             epochs = np.concatenate([[1, 2, 5], epochs])
         t0 = time.perf_counter()
         for e in epochs:
-            steps = int(round(e / q))
+            steps = lots_for_epochs(e, 1, q)      # q = L/N: N/L = 1/q lots an epoch
             eps, order = epsilon(curve, steps, q, sigma, delta)
             acc, conv, valid = CURVES[curve]
             rows.append({"epoch": int(e), "steps": steps, "q": q, "sigma": sigma, "delta": delta,

@@ -316,8 +316,8 @@ def test_validation_split_holds_out_training_examples_never_the_test_set(tmp_pat
     from dpsgd.runstate import setup
     (tmp_path / "run").mkdir()
     run = setup(c, tmp_path / "run", [])
-    Xtr, ytr, Xval, yval = run.data
-    assert len(Xtr) == 1200 and len(Xval) == 300 and run.sampler.q == 300 / 1200
+    Xtr, ytr, Xval, yval = run.parts.data
+    assert len(Xtr) == 1200 and len(Xval) == 300 and run.parts.sampler.q == 300 / 1200
     from dpsgd.data import load_dataset
     _, y_all, _, _ = load_dataset("mnist", None, 1500, None)
     assert torch.equal(yval.cpu(), y_all[1200:]) and torch.equal(ytr.cpu(), y_all[:1200])
