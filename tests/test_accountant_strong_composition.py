@@ -2,8 +2,10 @@
 import math
 
 import pytest
+from scipy import special
 
 from dpsgd.accountant import pld, strong_composition as sc
+from tolerances import GAUSSIAN_EPSILON_RTOL, GAUSSIAN_EPSILON_XTOL, chain_rel_tol, propagated_tol, root_tol
 
 Q, SIGMA, DELTA = 0.01, 4.0, 1e-5
 
@@ -30,7 +32,11 @@ def test_valid_variant_is_larger_and_above_tight():
 
 def test_exact_gaussian_inverse():
     e0 = sc.gaussian_epsilon(1e-6, 2.0)
-    assert sc.gaussian_delta(e0, 2.0) == pytest.approx(1e-6, rel=1e-9)
+    # e0 is a brentq root (gaussian_epsilon's xtol, rtol), carried through δ(ε); δ itself is
+    # Φ(a) − e^ε Φ(b), two terms <= Φ(a) of a few float64 ops each (ndtr, exp, log_ndtr)
+    dx = root_tol(e0, GAUSSIAN_EPSILON_XTOL, GAUSSIAN_EPSILON_RTOL)
+    tol = propagated_tol(lambda e: sc.gaussian_delta(e, 2.0), e0, dx) + chain_rel_tol(8) * 2 * special.ndtr(0.25 - 2 * e0)
+    assert sc.gaussian_delta(e0, 2.0) == pytest.approx(1e-6, abs=tol)
     assert e0 < sc.gaussian_epsilon(1e-6, 2.0, "classical")
 
 
