@@ -65,8 +65,8 @@ def _gaussian_epsilon(sigma, delta):
 
 
 @pytest.mark.parametrize("sigma,steps,delta,tol", [
-    (0.032, 1, 1e-5, 1e-5),        # printed 0.0000 before (e^ε overflowed), exact 620.62
-    (0.02, 1, 1e-5, 1e-5),         # raised "zero-size array" before
+    (0.032, 1, 1e-5, 1e-5),        # e^ε overflows at these losses; exact 620.62
+    (0.02, 1, 1e-5, 1e-5),         # a per-lot grid beyond e^700: log-space masses
     (4.0, 100, 1e-20, 1e-4),       # composition (FFT, tilted) at tiny δ
 ])
 def test_q_one_tiny_sigma_and_delta_against_exact_gaussian(sigma, steps, delta, tol):
@@ -76,7 +76,8 @@ def test_q_one_tiny_sigma_and_delta_against_exact_gaussian(sigma, steps, delta, 
 
 
 def test_small_sigma_subsampled_composition_not_optimistic():
-    # was 0.1007; dp_accounting's PLD says 1737.3. ε cannot fall below one lot's exact ε.
+    # dp_accounting's PLD says 1737.3. ε cannot fall below one lot's exact ε (a composition that
+    # loses the large losses to overflow or truncation would report ~0.1).
     ours = pld.epsilon(0.01, 0.03, 10, 1e-5)
     one = pld.epsilon(0.01, 0.03, 1, 1e-5)
     assert _exact_delta(one, 0.01, 0.03) <= 1e-5
@@ -85,8 +86,8 @@ def test_small_sigma_subsampled_composition_not_optimistic():
 
 
 def test_tiny_delta_is_tight_and_consistent():
-    # δ = 1e-14 was 4.167 (tails and FFT round-off of ~1e-15 added to δ), δ = 1e-20 was loose;
-    # RDP gives 1.946 / 2.373 and dp_accounting's PLD (tails 1e-15) 1.891 at 1e-14
+    # with tails and FFT round-off of ~1e-15 added to δ, δ = 1e-14 would give 4.167; RDP gives
+    # 1.946 / 2.373 and dp_accounting's PLD (tails 1e-15) 1.891 at 1e-14
     e14 = pld.epsilon(0.01, 4.0, 10_000, 1e-14)
     e20 = pld.epsilon(0.01, 4.0, 10_000, 1e-20)
     assert 1.85 < e14 < 1.891 and e14 < rdp.epsilon(0.01, 4.0, 10_000, 1e-14)[0]

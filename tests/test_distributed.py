@@ -237,4 +237,4 @@ def test_sigkill_one_rank_then_resume(tmp_path, victim):
     assert done["complete"] and done["steps"] == want["steps"]
     assert done["ledger"] == want["ledger"]      # a seeded replay on the same setup: charged once
     for k in want["model"]:
-        torch.testing.assert_close(done["model"][k], want["model"][k], rtol=0, atol=0)
+        torch.testing.assert_close(done["model"][k], want["model"][k], rtol=0, atol=0)   # bit-identical replay

@@ -1,7 +1,7 @@
-"""Issue 15: momentum, ScatterNet features and models, σ calibration, the frontier recipes and runner.
+"""Momentum, ScatterNet features and models, σ calibration, the frontier recipes and runner.
 
-Momentum 0 is today's step bit for bit, momentum follows a hand-written heavy-ball reference, and a
-resumed run with momentum ends where the uninterrupted one does. The scattering features have the
+Momentum 0 is the plain DP-SGD step bit for bit, momentum follows a hand-written heavy-ball
+reference, and a resumed run with momentum ends where the uninterrupted one does. The scattering features have the
 published shape, their cache is keyed and hash-checked (a corrupt or mismatched file is recomputed).
 The ScatterNet models' ghost norms equal the vmap reference in float64. Each recipe runs end to end on
 a small subset; the runner's plan/collect and the figure/table rendering run on fake runs and a fixture.
@@ -53,7 +53,7 @@ def _batches(n=4, seed=1):
 
 # --- momentum -------------------------------------------------------------------------------------
 
-def test_momentum_zero_is_todays_step_bit_for_bit():
+def test_momentum_zero_is_the_plain_step_bit_for_bit():
     torch.manual_seed(0)
     a = MLP(6, (5,), 3, bias=True)
     b = MLP(6, (5,), 3, bias=True)
@@ -61,7 +61,7 @@ def test_momentum_zero_is_todays_step_bit_for_bit():
     dp_a, dp_b = _dp(a, 0.0), _dp(b, 0.0)
     for x, y in _batches():
         dp_a.step(x, y)
-        total, _, _ = dp_b._noisy_sum(x, y, None)          # today's update, written out
+        total, _, _ = dp_b._noisy_sum(x, y, None)          # the plain update, written out
         with torch.no_grad():
             for n, p in dp_b.params.items():
                 p.add_(total[n], alpha=-dp_b.lr / dp_b.L)

@@ -71,14 +71,14 @@ def _strict(text):
 
 
 def test_tiny_sigma_prints_the_real_pld_epsilon(capsys):
-    # printed PLD ε 0.0000 before (e^ε overflow); exact Gaussian ε is 620.62
+    # e^ε overflows at this loss; the exact Gaussian ε is 620.62 and must be printed, not 0.0000
     rc, out = _run(capsys, "--q", "1", "--sigma", "0.032", "--steps", "1", "--json")
     d = _strict(out.out)
     assert rc == 0 and d["pld"]["epsilon"] == pytest.approx(620.62, abs=0.01)
 
 
 def test_each_accountant_answers_or_refuses_alone(capsys):
-    # the moments floor log(1/δ)/32 = 0.576 > 0.491 used to abort the whole table
+    # the moments floor log(1/δ)/32 = 0.576 > 0.491 refuses that accountant only, not the whole table
     argv = ["--q", "0.00187", "--steps", "23915", "--delta", "1e-8", "--target-epsilon", "0.491"]
     rc, out = _run(capsys, *argv, "--json")
     d = _strict(out.out)

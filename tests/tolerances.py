@@ -37,7 +37,7 @@ PLD_GRID_STEPS = 2
 
 # The xtol/rtol of the root-finders in dpsgd (tests/test_tolerance_policy.py checks them against
 # the source, so a change there shows up here).
-GAUSSIAN_EPSILON_XTOL = 1e-14               # strong_composition.gaussian_epsilon: brentq(xtol=1e-14, rtol=1e-14)
+GAUSSIAN_EPSILON_XTOL = 1e-14               # strong_composition.gaussian_epsilon: brentq, xtol and rtol 1e-14
 GAUSSIAN_EPSILON_RTOL = 1e-14
 
 
@@ -59,6 +59,19 @@ def pld_grid_step(releases, interval: float | None = None) -> float:
 def pld_epsilon_tol(releases, interval: float | None = None) -> float:
     """Absolute tolerance on a PLD ε: ``PLD_GRID_STEPS · h`` (:func:`pld_grid_step`)."""
     return PLD_GRID_STEPS * pld_grid_step(releases, interval)
+
+
+def ledger_pld_epsilon_tol(ledger, convention: str = "joint") -> float:
+    """:func:`pld_epsilon_tol` for the releases a Ledger charges under ``convention``."""
+    from dpsgd.accountant import compose
+    return pld_epsilon_tol(compose.mechanisms(ledger.entries, convention))
+
+
+def rdp_series_rtol() -> float:
+    """Relative round-off of an RDP ε at fractional orders: a series of at most rdp._FRAC_MAX_TERMS
+    terms (:func:`reduction_rtol`); integer orders need fewer."""
+    from dpsgd.accountant import rdp
+    return reduction_rtol(rdp._FRAC_MAX_TERMS)
 
 
 def root_tol(x: float, xtol: float, rtol: float = 0.0) -> float:
@@ -112,5 +125,5 @@ def assert_f64_close(a, b, rtol: float) -> None:
 
 
 __all__ = ["EPS64", "EPS32", "PLD_GRID_STEPS", "GAUSSIAN_EPSILON_XTOL", "GAUSSIAN_EPSILON_RTOL",
-           "pld_grid_step", "pld_epsilon_tol", "root_tol", "propagated_tol", "sum_tol", "chain_rel_tol",
+           "pld_grid_step", "pld_epsilon_tol", "ledger_pld_epsilon_tol", "rdp_series_rtol", "root_tol", "propagated_tol", "sum_tol", "chain_rel_tol",
            "reduction_rtol", "n_params", "f64_rtol", "assert_f64_close"]
