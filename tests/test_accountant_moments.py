@@ -51,6 +51,7 @@ def test_figure2_moments_paper_numbers():
     eps400, _ = moments.epsilon(Q, SIGMA, 40_000, DELTA)
     assert abs(eps400 - 2.55) <= 0.05
     # exact values (the paper prints 1.26 and 2.55)
+    # values printed to 5 significant digits (half a unit of the last)
     assert eps100 == pytest.approx(1.25857, abs=1e-4)
     assert eps400 == pytest.approx(2.57587, abs=1e-4)
 
@@ -148,6 +149,7 @@ def test_epsilon_scales_like_theorem1():
     assert 1.3 <= min(ratios) and max(ratios) <= 2.0, ratios
     # and the scale itself: √T in the steps, 1/σ in the noise, linear in q
     s = moments.theorem1_scale(0.01, 4.0, 10_000, DELTA)
+    # a closed form scaled by 2: pytest's default rel 1e-6, far above its few float64 ops
     assert moments.theorem1_scale(0.01, 4.0, 40_000, DELTA) == pytest.approx(2 * s)
     assert moments.theorem1_scale(0.01, 8.0, 10_000, DELTA) == pytest.approx(s / 2)
     assert moments.theorem1_scale(0.02, 4.0, 10_000, DELTA) == pytest.approx(2 * s)

@@ -24,6 +24,8 @@ def _dpa_epsilon(q, sigma, steps):
 def _check_vs_dpa(q, sigma, steps):
     ours = rdp.compute_rdp(q, sigma, INT_ORDERS, steps)
     ref = steps * dpa_rdp._compute_rdp_poisson_subsampled_gaussian(q, sigma, INT_ORDERS)
+    # an independent implementation (its own series and ε conversion): 0.5 % still catches any wrong
+    # factor of q or σ, which moves the RDP curve by far more
     np.testing.assert_allclose(ours, ref, rtol=5e-3)
     eps, _ = rdp.epsilon(q, sigma, steps, DELTA, orders=INT_ORDERS)
     assert eps == pytest.approx(_dpa_epsilon(q, sigma, steps), rel=5e-3)
@@ -78,6 +80,7 @@ def test_conversions():
     assert improved < paper
     for conv, eps in (("paper", paper), ("improved", improved)):
         d, _ = rdp.rdp_to_delta(orders, curve, eps, conv)
+        # δ(ε(δ)) through the conversion's minimum over orders (a few float64 ops; 1e-6 is loose)
         assert d == pytest.approx(DELTA, rel=1e-6)
     with pytest.raises(ValueError, match="conversion"):
         rdp.rdp_to_epsilon(orders, curve, DELTA, "tight")
@@ -87,6 +90,7 @@ def test_per_tensor_vs_joint_numbers_from_brief():
     # σ = 2, q = 0.01, 40 000 lots, k = 2 tensors, δ = 1e-5 (RDP, improved conversion, integer orders)
     per_tensor, _ = rdp.epsilon(0.01, 2.0, 2 * 40_000, DELTA, orders=INT_ORDERS)
     joint, _ = rdp.epsilon(0.01, 2.0 / math.sqrt(2), 40_000, DELTA, orders=INT_ORDERS)
+    # values as printed to 2 decimals (half a unit of the last digit)
     assert per_tensor == pytest.approx(7.66, abs=0.005)
     assert joint == pytest.approx(8.36, abs=0.005)
 
@@ -115,6 +119,7 @@ def test_large_epsilon_uses_small_orders(q, sigma, steps, from_1_1):
     # the new orders against 50-digit integration (dp_accounting 0.6 does not converge there and
     # drops these orders), and against dp_accounting's conversion at the orders it does compute
     for a in (1.02, 1.05, 1.1):
+        # rel: the 50-digit integration's quadrature accuracy
         assert rdp.compute_rdp(q, sigma, [a])[0] == pytest.approx(_rdp_mpmath(q, sigma, a), rel=1e-8)
 
 
@@ -126,6 +131,7 @@ def test_small_orders_not_worse_than_dp_accounting():
     acc = dpa_rdp.RdpAccountant(orders=list(rdp.DEFAULT_ORDERS))
     acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
     assert alpha < 1.25 and ours <= acc.get_epsilon(DELTA)
+    # value as printed to 2 decimals
     assert ours == pytest.approx(232.48, abs=0.01)
 
 

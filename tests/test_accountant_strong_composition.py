@@ -18,6 +18,7 @@ def test_paper_epsilon0_at_figure_point():
     # the paper's point: the optimum splits δ so that ε0 ≈ 1.46 (where linear amplification is invalid)
     eps, frac = sc.epsilon_and_split(Q, SIGMA, 10_000, DELTA, "paper")
     delta0 = (1 - frac) * DELTA / (10_000 * Q)
+    # the paper's 1.46, read off its text
     assert sc.gaussian_epsilon(delta0, SIGMA, "classical") == pytest.approx(1.46, abs=0.03)
 
 
@@ -48,6 +49,7 @@ def test_monotone_in_steps():
 
 def test_figure2_forms_labelled():
     # the theorem's form (default, pinned by the CLI) and the T·ε'² form that matches the figure's 9.34
+    # values printed to 5 significant digits
     assert sc.epsilon(Q, SIGMA, 10_000, DELTA, "paper") == pytest.approx(9.3532, abs=1e-4)
     assert sc.epsilon(Q, SIGMA, 10_000, DELTA, "paper", form="square") == pytest.approx(9.3376, abs=1e-4)
     with pytest.raises(ValueError, match="form"):

@@ -30,10 +30,12 @@ def results():
 def test_claimed_epsilon_matches_closed_form(results):
     r = results["correct"]
     exact = r.eps_claimed["exact"]
+    # printed to 4 decimals; brentq root of the Gaussian mechanism
     assert exact == pytest.approx(1.9931, abs=1e-3)
     # every accountant is an upper bound on the exact ε of one Gaussian mechanism; PLD is tight
     for acc in ("pld", "rdp", "moments"):
         assert r.eps_claimed[acc] >= exact - 1e-6, acc
+    # PLD is tight: within its discretisation and tails, far below 0.05
     assert r.eps_claimed["pld"] == pytest.approx(exact, abs=0.05)
 
 
@@ -76,6 +78,7 @@ def test_clopper_pearson_closed_forms():
     assert audit.cp_upper(37, n, conf) > 0.037
     # exact binomial tail at the bound equals 1 − conf
     p = float(audit.cp_upper(37, n, conf))
+    # p is Boost's beta quantile (an iterative inversion): 1e-6 relative in the tail it inverts
     assert stats.binom.cdf(37, n, p) == pytest.approx(1 - conf, rel=1e-6)
 
 
@@ -86,8 +89,10 @@ def test_claimed_exact_epsilon_closed_form():
         mu = math.sqrt(groups) / sigma
         eps = claimed_epsilon(AuditConfig(sigma=sigma, q=1.0, accountants=()), groups)["exact"]
         d = stats.norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * stats.norm.cdf(-mu / 2 - eps / mu)
+        # ε is a brentq root: its error carried through δ'(ε)
         assert d == pytest.approx(1e-5, rel=1e-6)
     one = claimed_epsilon(AuditConfig(sigma=1.0, q=1.0, accountants=()), 1)
+    # printed to 4 decimals
     assert one == {"exact": pytest.approx(4.3772, abs=1e-3)}
     # q < 1 has no closed form here: only the accountants speak
     assert claimed_epsilon(AuditConfig(q=0.5, accountants=("pld",)), 1).keys() == {"pld"}

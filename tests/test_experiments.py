@@ -308,6 +308,7 @@ def test_seeds_collect_merges_replaces_and_summarises(tmp_path):
     df = pd.read_csv(res / "seeds.csv")
     assert len(df) == 3
     sp = seeds.spread(df).set_index("hardware").loc["test-hw"]
+    # decimal inputs through a mean and a standard error: pytest's default rel 1e-6
     assert sp["n"] == 2 and sp["mean"] == pytest.approx(0.92) and sp["sd"] == pytest.approx(0.02 / math.sqrt(2))
     assert sp["at_or_above_paper"] == 2 and sp["seeds"] == "0,1"
     assert seeds.parse_seeds("0-2,7") == [0, 1, 2, 7]

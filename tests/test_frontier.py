@@ -279,6 +279,7 @@ def test_frontier_collect_makes_one_row_per_run(tmp_path):
     assert [(r["recipe"], r["epsilon_target"], r["seed"]) for r in rows] == [
         ("mnist_scatter_linear", 2.0, 0), ("mnist_scatter_linear", 2.0, 1), ("fmnist_scatter_linear", 3.0, 0)]
     r = rows[0]
+    # values copied from the fixture CSV (exact, decimal round trip); ε via pytest's default rel 1e-6
     assert r["test_accuracy"] == 0.985 and r["epsilon_pld_joint"] == pytest.approx(1.996) and r["wall_time_s"] == 80.0
     assert r["run"] == "runs/frontier/mnist_scatter_linear/eps2_seed0" and r["dataset"] == "mnist"
     assert r["command"] == "python -m dpsgd.train experiment=mnist_scatter_linear privacy.target_epsilon=2 seed=0"

@@ -28,11 +28,13 @@ import numpy as np
 EPS64 = float(np.finfo(np.float64).eps)     # 2.2e-16: spacing of float64 at 1 (twice the unit round-off)
 EPS32 = float(np.finfo(np.float32).eps)     # 1.2e-7: the same for float32
 
-# PLD: ε is solved on the grid of losses ε_i = i·h. Last-bit differences in exp/log/FFT between CPUs
-# move the composed pmf near the δ target and the root between grid points; observed: one other CPU
-# gives pld.epsilon(0.1, 0.5, 1000, 1e-10) = 165.68629090570252 (here 165.68442187235155, 1.17 steps
-# of h = 1.6e-3) and pld.epsilon(0.01, 4, 10000, 1e-5) = 0.9469993067888189 (here 0.9469993042704778,
-# 2.5e-5 steps of h = 1e-4). Two steps bound both.
+# PLD: ε is solved on the grid of losses ε_i = i·h, interpolated between the two grid losses around
+# the δ target. Last-bit differences in exp/log/FFT between CPUs can move that bracket by one grid
+# point (one step h), and the FFT round-off (~1e-16 of the largest probability per bin, clipped but
+# not bounded in pld.py) shifts δ near a tiny target, and with it ε, by up to about one more step.
+# Observed: another CPU gives pld.epsilon(0.1, 0.5, 1000, 1e-10) = 165.68629090570252 (here
+# 165.68442187235155: 1.17 steps of h = 1.6e-3) and pld.epsilon(0.01, 4, 10000, 1e-5) =
+# 0.9469993067888189 (here 0.9469993042704778: 2.5e-5 steps of h = 1e-4). Two steps bound both.
 PLD_GRID_STEPS = 2
 
 # The xtol/rtol of the root-finders in dpsgd (tests/test_tolerance_policy.py checks them against
