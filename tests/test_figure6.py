@@ -141,6 +141,7 @@ def test_collect_turns_cifar_run_folders_into_figure6_csv(real_run, tmp_path):
     for preset, acc in (("cifar10_eps2", 0.66), ("cifar10_eps8", 0.72)):
         d = f6[f6["preset"] == preset]
         assert len(d) == len(metrics)
+        # a decimal value through a CSV round trip: pytest's default rel 1e-6
         assert d["test_accuracy"].iloc[-1] == pytest.approx(acc)
         for col in ("epoch", "steps", "epsilon", "epsilon_pld_joint", "q", "L", "sigma", "groups"):
             assert list(d[col]) == pytest.approx(list(metrics[col])), col
@@ -151,6 +152,7 @@ def test_collect_turns_cifar_run_folders_into_figure6_csv(real_run, tmp_path):
     # pinning an older run of a preset
     collect.collect([roots], res, hardware="test-hw", pinned={"cifar10_eps2": roots / "a_old"})
     f6 = pd.read_csv(res / "figure6.csv")
+    # a decimal value through a CSV round trip: pytest's default rel 1e-6
     assert f6[f6["preset"] == "cifar10_eps2"]["test_accuracy"].iloc[-1] == pytest.approx(0.11)
 
 
