@@ -111,7 +111,7 @@ figures: $(STAMP) ## redraw every figure from the committed CSVs in results/ (no
 paper: $(STAMP) data ## rerun every experiment, collect results/ and redraw (hours; see README; LAUNCHER=)
 	$(PY) -m experiments.paper $(LAUNCH_FLAG)
 
-frontier: $(STAMP) data ## privacy-utility frontier (issue 15): plan + time estimate, runs, frontier.csv, figure, table
+frontier: $(STAMP) data ## privacy-utility frontier: plan + time estimate, runs, frontier.csv, figure, table
 	$(PY) -m experiments.frontier
 
 $(addprefix sweep-,$(SWEEPS)): sweep-%: $(STAMP) data

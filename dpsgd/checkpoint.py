@@ -95,6 +95,15 @@ def load_checkpoint(run_dir: str | Path) -> dict | None:
     return state
 
 
+def resume_checkpoint(run_dir: str | Path) -> dict:
+    """The verified checkpoint of the run that ``resume=run_dir`` continues; ConfigError when it has none."""
+    ckpt = load_checkpoint(run_dir)
+    if ckpt is None:
+        raise ConfigError(f"resume={run_dir}: no {CHECKPOINT} (the run stopped before its first checkpoint); "
+                          "start a new run")
+    return ckpt
+
+
 def fingerprint_hash(fp: dict) -> str:
     return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -33,7 +33,7 @@ from .data import DATASETS, validate_dataset
 from .errors import ConfigError
 from .features import FEATURE_NORMS, FEATURES
 from .model_config import validate_model
-from .models import FREEZE, INITS, MODELS, NORMS, build_model
+from .models import FREEZE, INITS, MODELS, NORMS, build_model, frozen_names
 from .pca import PROJECTIONS
 from .privacy_config import sigma_served, validate_accountant, validate_privacy
 from .sampling import SAMPLERS
@@ -270,7 +270,7 @@ def _calibrated_sigma(c: Config, sampler, shape) -> float:
         raise ConfigError(f"{key}: training.epochs={t.epochs} plans no lot to calibrate σ for")
     with torch.device("meta"):
         model = build_model(c.model, shape, DATASETS[c.dataset.name].classes)
-    k = clipping_groups(model, p.clipping)
+    k = clipping_groups(model, p.clipping, c.model.freeze)
     try:
         return _sigma_for_epsilon(p.target_epsilon, p.delta, sampler.q, steps, c.accountant.name, k, p.convention)
     except ValueError as e:
@@ -284,12 +284,13 @@ def _sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention) 
     return float(sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention))
 
 
-def clipping_groups(model, clipping: str) -> int:
-    """k, the separately clipped groups: 1 (global), else the modules owning trainable parameters
-    (the rule of ``dpsgd/clipping/engine.py:PerExampleClipper``)."""
-    if clipping == "global":
-        return 1
-    return sum(1 for m in model.modules() if any(q.requires_grad for q in m.parameters(recurse=False)))
+def clipping_groups(model, clipping: str, freeze: str = "none") -> int:
+    """k, the separately clipped groups of ``model`` once ``model.freeze`` has frozen its public tensors
+    (frozen here, in place): ``dpsgd/clipping/groups.py:clipping_groups``, the rule the engine clips by."""
+    from .clipping.groups import clipping_groups as groups
+    for n in frozen_names(model, freeze):
+        model.get_parameter(n).requires_grad_(False)
+    return len(groups(model, clipping))
 
 
 def override_key(a: str) -> str:

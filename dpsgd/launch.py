@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from . import distributed
-from .checkpoint import check_resumable, load_checkpoint
+from .checkpoint import check_resumable, resume_checkpoint
 from .cli import (CONF_DIR, compose, data_ready, dataset_ready, error_line, fail, failure, fresh_dir, one_line,
                   run_or_exit, search_path, split_cli)
 from .config import Config, check_run_dir, override_key, privacy_fingerprint, validate
@@ -122,10 +122,7 @@ def prepare_resume(args: list[str]) -> tuple[Config, Path, list[str]]:
     rest = [a for a in args if override_key(a) != "resume"]
     _check_overrides(rest, resume=True)
     rd = check_run_dir(resume[-1].split("=", 1)[1].strip().strip("'\"")).resolve()
-    ckpt = load_checkpoint(rd)
-    if ckpt is None:
-        raise ConfigError(f"resume={rd}: no checkpoint.pt (the run stopped before its first checkpoint); "
-                          "start a new run")
+    ckpt = resume_checkpoint(rd)
     saved = [o for o in ckpt["overrides"] if override_key(o) != "resume"]
     c = validate(compose(saved + rest), check_resume_dir=False)
     c.resume = str(rd)

@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--q", type=float, required=True, help="sampling rate q = L/N, in (0, 1]")
     p.add_argument("--sigma", type=float, help="noise multiplier sigma (noise std / C)")
     n = p.add_mutually_exclusive_group(required=True)
-    n.add_argument("--epochs", type=float, help="epochs E (lots = ceil(E / q))")
+    n.add_argument("--epochs", type=float, help="epochs E (lots = E × round(1/q), rounded up)")
     n.add_argument("--steps", type=int, help="number of lots T")
     p.add_argument("--delta", type=float, default=1e-5, help="delta (default 1e-5)")
     p.add_argument("--groups", type=int, default=1, help="tensors clipped separately per lot (k)")
@@ -65,10 +65,10 @@ def _steps(args, q) -> int:
     e = args.epochs
     if not (e > 0 and math.isfinite(e)):
         raise ValueError(f"epochs must be > 0 and finite, got epochs={e!r}")
-    lots = e / q - 1e-9
-    if not lots <= limits.STEPS_MAX:             # also inf (e / q overflows)
+    lots = e * calibrate.lots_per_epoch(1, q)    # q = L/N: an epoch is N/L = 1/q lots, as trained
+    if not lots <= limits.STEPS_MAX:             # also inf (the product overflows)
         raise ValueError(f"epochs={e!r} is {lots:.3g} lots at q={q!r}, more than STEPS_MAX = {limits.STEPS_MAX:.0e}")
-    return int(math.ceil(lots))
+    return calibrate.lots_for_epochs(e, 1, q)
 
 
 def _attempt(name: str, fn) -> dict:
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(res, allow_nan=False))
         return rc
-    head = f"q={q:g}  lots={steps} (epochs={steps * q:g})  delta={delta:g}  groups={groups} ({args.convention})"
+    head = f"q={q:g}  lots={steps} (epochs={steps / calibrate.lots_per_epoch(1, q):g})  delta={delta:g}  groups={groups} ({args.convention})"
     if args.target_epsilon is not None:
         print(f"sigma for target epsilon={args.target_epsilon:g}:  {head}")
     else:

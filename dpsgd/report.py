@@ -92,23 +92,24 @@ def _none(x):
 
 
 def metrics_row(c: Config, run, lr: float, lot_loss: float, ev, epoch_time: float, wall: float) -> dict:
-    """One metrics.csv row after an epoch of ``run`` (a ``train.Run``: epoch, steps, eps, sampler,
-    clipper, k); ``ev`` = (train loss, train accuracy, test accuracy)."""
-    p, eps, sampler = c.privacy, run.eps, run.sampler
+    """One metrics.csv row after an epoch of ``run`` (a ``runstate.Run``: its progress's epoch, steps
+    and eps, its parts' sampler, clipper and k); ``ev`` = (train loss, train accuracy, test accuracy)."""
+    p, at, b = c.privacy, run.progress, run.parts
+    eps, sampler = at.eps, b.sampler
     by = eps["by"]
     e = lambda a, conv: _nan(by[a][conv][0]) if by else math.inf  # noqa: E731
     return {
-        "epoch": run.epoch, "steps": run.steps, "lr": lr, "lot_loss": lot_loss,
+        "epoch": at.epoch, "steps": at.steps, "lr": lr, "lot_loss": lot_loss,
         "train_loss": ev[0], "train_accuracy": ev[1], "test_accuracy": ev[2],
         "epsilon": _nan(eps["epsilon"]), "epsilon_moments": e("moments", p.convention),
         "epsilon_rdp": e("rdp", p.convention), "epsilon_pld": e("pld", p.convention),
         "epsilon_moments_joint": e("moments", "joint"), "epsilon_rdp_joint": e("rdp", "joint"),
         "epsilon_pld_joint": e("pld", "joint"), "lambda_star": eps["lambda_star"], "delta": p.delta,
         "sigma": p.sigma if p.private else 0.0, "sigma_p": p.sigma_p if p.private else 0.0,
-        "q": sampler.q, "C": p.clip_norm if p.private else math.inf, "L": p.lot_size, "groups": run.k,
+        "q": sampler.q, "C": p.clip_norm if p.private else math.inf, "L": p.lot_size, "groups": b.k,
         "sampling": sampler.name, "clipping": p.clipping if p.private else "none",
         "convention": p.convention, "accountant": c.accountant.name if p.private else "none",
-        "grad_sample_mode": run.clipper.mode, "seed": c.seed, "epoch_time_s": round(epoch_time, 3),
+        "grad_sample_mode": b.clipper.mode, "seed": c.seed, "epoch_time_s": round(epoch_time, 3),
         "wall_time_s": round(wall, 3), "epsilon_valid": _nan(eps["epsilon_valid"]),
     }
 
@@ -161,16 +162,17 @@ def statement_text(c: Config, status: str, eps, steps: int) -> str:
 
 
 def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> dict:
-    """privacy.json of ``run`` (a ``train.Run``: ledger, eps, sampler, k, noise, steps, epoch, resumes,
-    runtime) with the given status and stop reason."""
+    """privacy.json of ``run`` (a ``runstate.Run``: its progress's ledger, eps, steps, epoch and resumes,
+    its parts' sampler, k, noise and runtime) with the given status and stop reason."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {list(STATUSES)}, got status={status!r}")
     if stop_reason is not None and stop_reason not in STOP_REASONS:
         raise ValueError(f"stop_reason must be None or one of {list(STOP_REASONS)}, got stop_reason={stop_reason!r}")
-    p, eps, sampler, k, ledger = c.privacy, run.eps, run.sampler, run.k, run.ledger
+    at, b = run.progress, run.parts
+    p, eps, sampler, k, ledger = c.privacy, at.eps, b.sampler, b.k, at.ledger
     fp = privacy_fingerprint(c)
     st = {"status": status, "stop_reason": stop_reason, "private": p.private,
-          "statement": statement_text(c, status, eps, run.steps)}
+          "statement": statement_text(c, status, eps, at.steps)}
     if p.private:
         st["mechanism"] = (
             f"DP-SGD (Abadi et al. 2016, Algorithm 1): each example's gradient clipped to C={p.clip_norm} "
@@ -210,15 +212,15 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
     st["lambda_star"] = eps["lambda_star"]
     st["delta"] = p.delta
     st["target_epsilon"] = p.target_epsilon
-    st["steps"], st["epochs"] = run.steps, run.epoch
-    st["noise"] = {"source": run.noise.name, "seed": run.noise.seed}
-    st["runtime"] = run.runtime
+    st["steps"], st["epochs"] = at.steps, at.epoch
+    st["noise"] = {"source": b.noise.name, "seed": b.noise.seed}
+    st["runtime"] = b.runtime
     dist = getattr(run, "dist", None)      # torchrun: processes and the backend of the gradient all-reduce
-    st["distributed"] = (dist.describe(run.device) if dist is not None and dist.active
+    st["distributed"] = (dist.describe(b.device) if dist is not None and dist.active
                          else {"world_size": 1, "backend": None})
     st["ledger"] = ledger.to_dict() if ledger is not None else None
     st["config_fingerprint"], st["config_hash"] = fp, fingerprint_hash(fp)
-    st["resumes"] = run.resumes
+    st["resumes"] = at.resumes
     ema = c.training.ema_decay
     st["weights"] = {   # which weights the accuracies in metrics.csv and the released model are
         "evaluated": "ema" if ema else "final", "ema_decay": ema,
@@ -232,14 +234,14 @@ def parameters(c: Config, run) -> dict:
     """Which tensors were trained privately (clipped, noised, the k groups) and which are public:
     loaded from a pretrained artifact and frozen, never charged (paper §5.3: convolutions pretrained on
     CIFAR-100, "treated as public")."""
-    model = getattr(run, "model", None)
+    model = getattr(run.parts, "model", None)
     if model is None:
         return {}
     named = list(model.named_parameters())
     out = {"private_parameters" if c.privacy.private else "trained_parameters":
            [n for n, p in named if p.requires_grad]}
     if c.privacy.private:        # the k separately clipped groups (per layer: a module's weight and bias)
-        out["clipping_groups"] = [list(g) for g in run.clipper.groups]
+        out["clipping_groups"] = [list(g) for g in run.parts.clipper.groups]
     m = c.model
     if m.pretrained is not None:
         from .pretrained import SOURCE, relative

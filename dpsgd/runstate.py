@@ -1,10 +1,13 @@
-"""The state of one run of Algorithm 1: built fresh, or restored from its checkpoint, and saved to one.
+"""The state of one run of Algorithm 1: its parts, its progress, the stop rule, and its checkpoint.
 
-``setup`` loads the data, runs (DP-)PCA (the first release charged to the ledger), builds the model,
-the clipping engine, the noise and the DP-SGD step, and the sampler (the one source of q). On resume it
-restores every generator and the ledger from the verified checkpoint, charges the lots that ran after
-it when they cannot be replayed as the same releases (see rundir.py), and recomputes the remaining
-budget from the ledger. Every refusal happens before the first write into the run directory.
+A ``Run`` is its built parts (parts.py: data, projection, model, clipping engine, DP-SGD step,
+sampler) and its progress (epoch, lots, the ledger and what still fits within the target ε, resumes,
+wall time). ``setup`` makes one of three: a fresh run (``Run.fresh``: the DP-PCA release is the first
+charge to a new ledger), a run continued from its verified checkpoint (``Run.from_checkpoint``: every
+generator and the ledger restored, the lots that ran after it charged when they cannot be replayed as
+the same releases (see rundir.py), the remaining budget recomputed from the ledger), or a run that
+has already finished (``Run.finished``: its final statement, nothing to build or run). Every refusal
+happens before the first write into the run directory.
 """
 from __future__ import annotations
 
@@ -16,13 +19,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .augment import LotTransform, lot_generator
-from .checkpoint import CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, load_checkpoint, save_checkpoint
-from . import distributed
+from . import distributed, parts
+from .accountant import Ledger
+from .checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, resume_checkpoint,
+                         save_checkpoint)
 from .config import Config, ConfigError, override_key, privacy_fingerprint
-from .data import DATASETS, input_shape, load_dataset
 from .fileio import atomic_write_text, plain, write_json
-from .models import build_model, frozen_names
+from .parts import Parts
 from .report import COLUMNS, epsilons, privacy_statement
 from .rundir import RESERVATIONS, LotReservations
 from .runtime import configure_threads, describe_runtime, set_tf32
@@ -56,123 +59,8 @@ def replay_key(c: Config, device: torch.device) -> dict:
             "torch": str(torch.__version__), "threads": torch.get_num_threads()}
 
 
-@dataclass
-class Run:
-    """One run of Algorithm 1: its parts (built by ``setup``) and the state that moves as it runs."""
-    c: Config
-    run_dir: Path
-    overrides: list
-    device: torch.device
-    data: tuple                  # X_train, y_train, X_test, y_test (projected, on the device)
-    projection: torch.Tensor | None
-    model: torch.nn.Module
-    clipper: object
-    dp: object                   # DPSGD: clip, noise, divide by L, descend
-    sampler: object              # the one source of q for the ledger
-    ledger: object
-    writer: MetricsWriter
-    reservations: LotReservations
-    runtime: dict
-    dist: distributed.Dist = field(default_factory=distributed.Dist)
-    lost: int = 0                # lots charged on resume as lost (ran after the checkpoint, not replayable)
-    epoch: int = 0
-    steps: int = 0
-    budget: int | None = None    # charges (lots; for shuffle, epochs) that still fit within the target ε
-    resumes: list = field(default_factory=list)
-    ema: object = None           # ema.EMA of the weights (training.ema_decay), or None
-    wall_before: float = 0.0
-    eps: dict = field(default_factory=dict)
-    t_start: float = field(default_factory=time.time)
-    transform: LotTransform = field(default_factory=LotTransform)   # per-example: augmentation, standardisation
-
-    def augment(self, x: torch.Tensor, step: int) -> torch.Tensor:
-        """Lot ``step``'s examples as the DP step sees them (seeded by the run's seed and ``step``).
-
-        Under augmentation multiplicity (privacy.augment_multiplicity K > 1) the transform runs
-        inside the DP step instead, on the K copies of each example (each copy its own draw from
-        the lot's generator), so the lot is passed on as stored."""
-        if self.dp.K > 1 and not self.transform.identity:
-            self.dp.augment = self.transform
-            self.dp.augment_generator = lot_generator(self.transform.seed, step)
-            return x
-        return self.transform.train(x, step)
-
-    @property
-    def k(self) -> int:          # separately clipped groups per lot
-        return len(self.clipper.groups)
-
-    @property
-    def noise(self):
-        return self.dp.noise
-
-    @property
-    def writes(self) -> bool:    # rank 0 (or the one process) writes the run directory
-        return self.dist.writes
-
-    def statement(self, status: str, stop_reason: str | None) -> dict:
-        return privacy_statement(self.c, self, status, stop_reason)
-
-    def checkpoint(self, complete: bool, stop_reason: str | None, status: str | None = None) -> None:
-        if not self.writes:
-            return
-        save_checkpoint(self.run_dir, {
-            "epoch": self.epoch, "steps": self.steps, "complete": complete, "stop_reason": stop_reason,
-            "model": {n: v.detach().cpu() for n, v in self.model.state_dict().items()},
-            "ledger": plain(self.ledger.to_dict()), "sampler": self.sampler.state_dict(),
-            "noise": self.dp.noise.state_dict(), "optimizer": self.dp.state_dict(),
-            "projection": None if self.projection is None else self.projection.cpu(),
-            "target_epsilon": self.c.privacy.target_epsilon, "rows": plain(self.writer.rows),
-            "fingerprint": privacy_fingerprint(self.c), "overrides": list(self.overrides),
-            "replay": replay_key(self.c, self.device), "distributed": self.dist.describe(self.device),
-            "wall_time_s": self.wall_before + time.time() - self.t_start, "resumes": plain(self.resumes),
-            "ema": None if self.ema is None else self.ema.state_dict(),   # the released model when on
-            "statement": plain(self.statement(status or ("complete" if complete else "running"), stop_reason)),
-        })
-        self.reservations.clear()   # the checkpoint's ledger covers every lot reserved so far
-
-
-def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run | dict:
-    """Build a fresh run, or restore one from its checkpoint (a finished run: its statement).
-
-    Under torchrun every rank reads and builds (the same run), then all agree (a barrier that also
-    agrees on refusals), then rank 0 alone writes: nothing is written before every rank has read."""
-    d = distributed.current()
-    p = c.privacy
-    seeds = distributed.broadcast_object(   # rank 0's (with secure_rng: OS-entropy) seeds on every rank
-        {s: derive_seed(c.seed, s, p.secure_rng) for s in ("pca", "sampler")})
-    try:
-        run, err = _build(c, run_dir, overrides, d, seeds), None
-    except Exception as e:  # noqa: BLE001 (re-raised by agree, on this rank; the others stop quietly)
-        run, err = None, e
-    distributed.agree(err)
-    if isinstance(run, dict):
-        return run
-    if d.active:
-        distributed.check_identical([*run.model.state_dict().values()]
-                                    + ([] if run.projection is None else [run.projection]),
-                                    "initial parameters or the projection")
-    if not run.writes:
-        return run
-    lost = run.lost
-    run.writer = MetricsWriter(run_dir, COLUMNS, run.writer.rows)
-    if lost:   # make the charge durable before anything else runs
-        run.checkpoint(False, None)
-    if not (run_dir / "config.resolved.yaml").exists():   # the validated, fully resolved config
-        import yaml
-        atomic_write_text(run_dir / "config.resolved.yaml", yaml.safe_dump(c.to_dict(), sort_keys=False))
-    write_json(run_dir / PRIVACY, run.statement("running", None))
-    ws = f", {d.world_size} processes ({d.describe(run.device)['backend']})" if d.active else ""
-    print(f"dpsgd: {c.dataset.name} N={len(run.data[0])} → {run_dir}  (device {run.device}{ws}, engine "
-          f"{run.clipper.mode}, k={run.k}, {run.sampler.name} q={run.sampler.q:.4g}, σ={p.sigma}, C={p.clip_norm}, "
-          f"L={p.lot_size})" if p.private else f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
-    if lost:
-        print(f"resume: charged {lost} lot(s) that ran after the last checkpoint and cannot be replayed "
-              "as the same releases", flush=True)
-    return run
-
-
-class _Rows:
-    """The metrics rows of a rank that does not write (ranks > 0): kept, never written."""
+class Rows:
+    """The metrics rows of a process that does not write them (ranks > 0, or before setup writes)."""
 
     def __init__(self, rows: list):
         self.rows = list(rows)
@@ -181,91 +69,211 @@ class _Rows:
         self.rows.append(dict(row))
 
 
-def _build(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, seeds: dict) -> Run | dict:
-    """Every read and every refusal of ``setup``; writes nothing (``run.writer`` only holds the rows
-    so far)."""
-    from .accountant import Ledger
-    from .clipping import PerExampleClipper
-    from .noise import GaussianNoise
-    from .optim import DPSGD
-    from .pca import fit_projection, project
-    from .sampling import make_sampler
+@dataclass
+class Progress:
+    """Where a run stands: what moves with every lot. The checkpoint saves it, all but the budget and
+    ε, which are recomputed from the ledger."""
+    ledger: Ledger                   # every release so far (DP-PCA, lots, lots lost on resume)
+    epoch: int = 0
+    steps: int = 0                   # lots run
+    budget: int | None = None        # charges (lots; for shuffle, epochs) that still fit within the target ε
+    resumes: list[dict] = field(default_factory=list)
+    lost: int = 0                    # lots charged on resume as lost (ran after the checkpoint, not replayable)
+    wall_before: float = 0.0         # seconds run before this process
+    t_start: float = field(default_factory=time.time)
+    eps: dict = field(default_factory=dict)   # report.epsilons of the ledger, after the last epoch
 
-    p, t = c.privacy, c.training
-    ckpt, finished = _checkpoint_to_resume(c, run_dir, d) if c.resume else (None, None)
-    if finished is not None:
-        return finished
-    if ckpt is None and d.writes and any((run_dir / f).exists() for f in (CHECKPOINT, PRIVACY, METRICS, RESERVATIONS)):
-        raise ConfigError(f"hydra.run.dir={run_dir}: already holds a run; never overwritten (use resume={run_dir})")
+    def wall_time(self, now: float | None = None) -> float:
+        return self.wall_before + (time.time() if now is None else now) - self.t_start
+
+
+@dataclass
+class Run:
+    """One run of Algorithm 1: its parts and its progress, in its run directory."""
+    c: Config
+    run_dir: Path
+    overrides: list[str]
+    dist: distributed.Dist
+    progress: Progress
+    parts: Parts | None              # None only for a run that had already finished
+    writer: MetricsWriter | Rows
+    reservations: LotReservations
+    finished: dict | None = None     # the final statement of a run that had already finished
+
+    @classmethod
+    def fresh(cls, c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, seeds: dict) -> Run:
+        """A new run: the data, DP-PCA charged to a new ledger, the model from its seed."""
+        device, runtime = _device(c, d)
+        ledger = Ledger()
+        data = parts.load_data(c)
+        V = parts.fit_projection(c, data, seeds["pca"], ledger)
+        data = parts.project(data, V)
+        model = parts.init_model(c, data, seeds["model"])
+        run = cls(c, run_dir, list(overrides), d, Progress(ledger=ledger),
+                  parts.build(c, d, device, runtime, data, V, model, seeds), Rows([]), LotReservations(run_dir))
+        run.progress.budget = run.compute_budget(resumed=False)
+        run.progress.eps = epsilons(ledger, c)
+        return run
+
+    @classmethod
+    def from_checkpoint(cls, c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, seeds: dict,
+                        ckpt: dict) -> Run:
+        """The run continued from its checkpoint: the projection, weights, generators, momentum, EMA
+        and ledger restored; the lots after the checkpoint that cannot be replayed charged as lost."""
+        device, runtime = _device(c, d)
+        data = parts.project(parts.load_data(c), ckpt["projection"])
+        model = parts.init_model(c, data, seeds["model"])
+        model.load_state_dict(ckpt["model"])
+        built = parts.build(c, d, device, runtime, data, ckpt["projection"], model, seeds)
+        built.load_state_dict(ckpt)
+        new_keys = {override_key(o) for o in overrides}        # a new value replaces the saved one
+        progress = Progress(ledger=Ledger.from_dict(ckpt["ledger"]), epoch=ckpt["epoch"], steps=ckpt["steps"],
+                            wall_before=ckpt["wall_time_s"])
+        run = cls(c, run_dir, [o for o in ckpt["overrides"] if override_key(o) not in new_keys] + list(overrides),
+                  d, progress, built, Rows(ckpt["rows"]), LotReservations(run_dir))
+        progress.lost = run.charge_lost(ckpt["replay"])
+        progress.resumes = list(ckpt["resumes"]) + [{
+            "at_epoch": progress.epoch, "at_steps": progress.steps, "lost_lots_charged": progress.lost,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "overrides": run.overrides}]
+        progress.budget = run.compute_budget(resumed=True)
+        progress.eps = epsilons(progress.ledger, c)
+        return run
+
+    @classmethod
+    def already_finished(cls, c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist,
+                         ckpt: dict) -> Run:
+        """A resume of a run that has finished: its progress and final statement, nothing to run."""
+        progress = Progress(ledger=Ledger.from_dict(ckpt["ledger"]), epoch=ckpt["epoch"], steps=ckpt["steps"],
+                            resumes=list(ckpt["resumes"]), wall_before=ckpt["wall_time_s"])
+        return cls(c, run_dir, list(overrides), d, progress, None, Rows(ckpt["rows"]), LotReservations(run_dir),
+                   finished=ckpt["statement"])
+
+    @property
+    def writes(self) -> bool:    # rank 0 (or the one process) writes the run directory
+        return self.dist.writes
+
+    # -- the stop rule ---------------------------------------------------------------------------
+
+    def lots_left(self, lot: int) -> int:
+        """How many lots may still run from lot ``lot`` (0-based) of the current epoch on: to the end
+        of the epoch (none once training.epochs have run), within training.max_steps, and within the
+        budget of the target ε."""
+        return max(0, min(self._limits(lot).values()))
+
+    def stop_reason(self, lot: int) -> str | None:
+        """Why lot ``lot`` (< lots_per_epoch) of the current epoch may not run; None when it may."""
+        return next((why for why, n in self._limits(lot).items() if n <= 0), None)
+
+    def _limits(self, lot: int) -> dict[str, int]:
+        """Lots that may still run from lot ``lot`` of the current epoch, by what stops the run."""
+        t, at, sampler = self.c.training, self.progress, self.parts.sampler
+        limits = {"epochs_completed": sampler.lots_per_epoch() - lot if at.epoch < t.epochs else 0}
+        if t.max_steps is not None:
+            limits["max_steps"] = t.max_steps - at.steps
+        if at.budget is not None:
+            limits["target_epsilon_reached"] = sampler.lots_within(at.budget, lot)
+        return limits
+
+    def charge(self, release: tuple[float, float] | None) -> None:
+        """Record one lot's release (q, σ) in the ledger: one charge less fits within the target ε."""
+        if release is None:
+            return
+        self.progress.ledger.record(q=release[0], sigma=release[1], count=1, groups=self.parts.k, label="sgd")
+        if self.progress.budget is not None:
+            self.progress.budget -= 1
+
+    def compute_budget(self, resumed: bool) -> int | None:
+        """Charges that still fit within the target ε, recomputed from the ledger (never read from a file)."""
+        c, p, ledger = self.c, self.c.privacy, self.progress.ledger
+        if not (p.private and p.target_epsilon is not None):
+            return None
+        q0, s0 = self.parts.sampler.release(p.sigma, 0)
+        budget = int(ledger.steps_within(p.target_epsilon, p.delta, q0, s0, self.parts.k, c.accountant.name,
+                                         p.convention))
+        spent = epsilons(ledger, c)["epsilon"]
+        if resumed and budget == 0 and spent is not None and spent >= p.target_epsilon:
+            raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: at or below the ε={spent:.6g} this run "
+                              f"has already spent ({c.accountant.name}, {p.convention}); nothing left to resume")
+        return budget
+
+    def charge_lost(self, replay: dict) -> int:
+        """On resume: charge the lots reserved after the checkpoint when they cannot be replayed as the
+        same releases (OS-entropy noise, or another device or engine); returns how many."""
+        p, sampler = self.c.privacy, self.parts.sampler
+        lost = max(0, (self.reservations.reserved() or 0) - self.progress.steps)
+        if not (lost and p.private and (p.secure_rng or replay != replay_key(self.c, self.parts.device))):
+            return 0
+        counts: dict = {}
+        for j in range(lost):   # from an epoch boundary on, each lot's release as the loop charges it
+            charge = sampler.release(p.sigma, j % sampler.lots_per_epoch())
+            if charge is not None:
+                counts[charge] = counts.get(charge, 0) + 1
+        for (q, s), n in counts.items():
+            self.progress.ledger.record(q=q, sigma=s, count=n, groups=self.parts.k, label="lost")
+        return lost
+
+    # -- what a run writes -----------------------------------------------------------------------
+
+    def statement(self, status: str, stop_reason: str | None) -> dict:
+        return privacy_statement(self.c, self, status, stop_reason)
+
+    def checkpoint(self, complete: bool, stop_reason: str | None, status: str | None = None) -> None:
+        if not self.writes:
+            return
+        at = self.progress
+        save_checkpoint(self.run_dir, {
+            "epoch": at.epoch, "steps": at.steps, "complete": complete, "stop_reason": stop_reason,
+            **self.parts.state_dict(), "ledger": plain(at.ledger.to_dict()),
+            "target_epsilon": self.c.privacy.target_epsilon, "rows": plain(self.writer.rows),
+            "fingerprint": privacy_fingerprint(self.c), "overrides": list(self.overrides),
+            "replay": replay_key(self.c, self.parts.device), "distributed": self.dist.describe(self.parts.device),
+            "wall_time_s": at.wall_time(), "resumes": plain(at.resumes),
+            "statement": plain(self.statement(status or ("complete" if complete else "running"), stop_reason)),
+        })
+        self.reservations.clear()   # the checkpoint's ledger covers every lot reserved so far
+
+
+def _device(c: Config, d: distributed.Dist) -> tuple[torch.device, dict]:
     device = resolve_device(c.device, d.local_rank if d.active else None)
     set_tf32(c.tf32)
-    runtime = describe_runtime(device, c.tf32, configure_threads())
-    # data (kept at 32×32 when lots are randomly cropped), then DP-PCA: the first release charged to the ledger
-    ds = c.dataset
-    Xtr, ytr, Xte, yte = load_dataset(ds.name, ds.root, ds.subset, None if ds.augment != "none" else ds.crop,
-                                      download=ds.download)
-    if c.model.features != "none":   # fixed per-example features (ScatterNet): no privacy cost, cached
-        from .data import default_root
-        from .features import transform
-        Xtr, Xte = transform(c.model.features, Xtr, Xte, dataset=c.dataset.name,
-                             root=Path(c.dataset.root) if c.dataset.root else default_root(),
-                             norm=c.model.feature_norm, groups=c.model.feature_groups)
-    if c.dataset.validation:   # tuning: train on the rest, evaluate on held-out training examples (never the test set)
-        n = len(Xtr) - c.dataset.validation
-        Xtr, ytr, Xte, yte = Xtr[:n], ytr[:n], Xtr[n:], ytr[n:]
-    ledger = Ledger() if ckpt is None else Ledger.from_dict(ckpt["ledger"])
-    if ckpt is None:
-        gen = torch.Generator().manual_seed(seeds["pca"])
-        V = fit_projection(c.model.projection, Xtr, c.model.pca_dims, p.sigma_p if p.private else 0.0,
-                           gen, ledger if p.private else None, p.pca_fraction)
-    else:
-        V = ckpt["projection"]
-    if V is not None:
-        Xtr, Xte = project(Xtr, V), project(Xte, V)
-    # the model, initialised from its own seed (global RNG state untouched)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(c.seed, "model"))
-        shape = input_shape(ds.name, ds.crop) if ds.augment != "none" else tuple(Xtr.shape[1:])
-        model = build_model(c.model, shape, DATASETS[ds.name].classes)
-        if c.model.pretrained is not None:   # public weights (not charged); frozen before the clipper is built
-            from .pretrained import load
-            load(model, c.model.pretrained, c.model.pretrained_sha256, frozen_names(model, c.model.freeze))
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-    model.to(device)
-    # clipping engine, noise, the DP-SGD step, the sampler
-    clipper = PerExampleClipper(model, p.clip_norm if p.private else None, clipping=p.clipping,
-                                mode=p.grad_sample_mode)
-    noise_seed = None if p.secure_rng else (p.noise_seed if p.noise_seed is not None
-                                            else derive_seed(c.seed, "noise"))
-    noise = GaussianNoise(seed=noise_seed, secure=p.secure_rng, device=device)
-    dp = DPSGD(model, clipper, noise, sigma=p.sigma if p.private else 0.0, max_grad_norm=p.clip_norm,
-               expected_lot_size=p.lot_size, lr=t.lr, momentum=t.momentum,
-               augment_multiplicity=p.augment_multiplicity)
-    sampler = make_sampler(p.sampling, len(Xtr), p.lot_size,
-                           torch.Generator().manual_seed(seeds["sampler"]))
-    data = tuple(a.to(device) for a in (Xtr, ytr, Xte, yte))
-    if d.active:   # Σ over ranks, noise once; the noise is drawn in the engine's parameter order
-        dp.comm = distributed.Aggregator(d, p.secure_rng, list(clipper.clipped_sum(data[0][:1], data[1][:1]).grads))
-    run = Run(c, run_dir, overrides, device, data, V, model,
-              clipper, dp, sampler, ledger, None, LotReservations(run_dir), runtime, d,
-              transform=LotTransform(ds.augment, ds.standardize, ds.crop, c.seed))
-    if t.ema_decay is not None:
-        from .ema import EMA
-        run.ema = EMA(model, t.ema_decay)
-    run.lost = _restore(run, ckpt) if ckpt is not None else 0
-    run.budget = _budget(run, resumed=ckpt is not None)
-    run.writer = _Rows(ckpt["rows"] if ckpt is not None else [])
-    run.eps = epsilons(ledger, c)
+    return device, describe_runtime(device, c.tf32, configure_threads())
+
+
+def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run:
+    """Build a fresh run, or restore one from its checkpoint (or the statement of one that finished).
+
+    Under torchrun every rank reads and builds (the same run), then all agree (a barrier that also
+    agrees on refusals), then rank 0 alone writes: nothing is written before every rank has read."""
+    d = distributed.current()
+    p = c.privacy
+    seeds = distributed.broadcast_object(   # rank 0's (with secure_rng: OS-entropy) seeds on every rank
+        {s: derive_seed(c.seed, s, p.secure_rng) for s in ("pca", "sampler")})
+    seeds["model"] = derive_seed(c.seed, "model")
+    seeds["noise"] = None if p.secure_rng else (p.noise_seed if p.noise_seed is not None
+                                                else derive_seed(c.seed, "noise"))
+    try:
+        run, err = _open(c, run_dir, overrides, d, seeds), None
+    except Exception as e:  # noqa: BLE001 (re-raised by agree, on this rank; the others stop quietly)
+        run, err = None, e
+    distributed.agree(err)
+    if run.finished is not None:
+        return run
+    if d.active:
+        distributed.check_identical([*run.parts.model.state_dict().values()]
+                                    + ([] if run.parts.projection is None else [run.parts.projection]),
+                                    "initial parameters or the projection")
+    if run.writes:
+        _open_run_dir(run)
     return run
 
 
-def _checkpoint_to_resume(c: Config, run_dir: Path, d: distributed.Dist) -> tuple[dict, dict | None]:
-    """(the verified checkpoint of a run to resume, its final statement when it has finished)."""
-    ckpt = load_checkpoint(run_dir)
-    if ckpt is None:
-        raise ConfigError(f"resume={run_dir}: no checkpoint.pt (the run stopped before its first "
-                          "checkpoint); start a new run")
+def _open(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, seeds: dict) -> Run:
+    """Every read and every refusal of ``setup``; writes nothing."""
+    if not c.resume:
+        if d.writes and any((run_dir / f).exists() for f in (CHECKPOINT, PRIVACY, METRICS, RESERVATIONS)):
+            raise ConfigError(f"hydra.run.dir={run_dir}: already holds a run; never overwritten (use resume={run_dir})")
+        return Run.fresh(c, run_dir, overrides, d, seeds)
+    ckpt = resume_checkpoint(run_dir)
     check_resumable(ckpt["fingerprint"], privacy_fingerprint(c))
     saved = int((ckpt.get("distributed") or {}).get("world_size", 1))
     if saved != d.world_size:
@@ -274,47 +282,29 @@ def _checkpoint_to_resume(c: Config, run_dir: Path, d: distributed.Dist) -> tupl
     if ckpt["complete"] and (ckpt["stop_reason"] != "epochs_completed" or c.training.epochs <= ckpt["epoch"]):
         if d.writes:
             print(f"{run_dir}: run already finished ({ckpt['stop_reason']}); nothing to do")
-        return ckpt, ckpt["statement"]
-    return ckpt, None
+        return Run.already_finished(c, run_dir, overrides, d, ckpt)
+    return Run.from_checkpoint(c, run_dir, overrides, d, seeds, ckpt)
 
 
-def _restore(run: Run, ckpt: dict) -> int:
-    """Continue from the checkpoint; charge the lots after it that cannot be replayed (returns how many)."""
-    p = run.c.privacy
-    run.sampler.load_state_dict(ckpt["sampler"])
-    run.dp.noise.load_state_dict(ckpt["noise"])
-    run.dp.load_state_dict(ckpt["optimizer"])
-    if run.ema is not None:     # training.ema_decay is in the fingerprint: the checkpoint has the EMA
-        run.ema.load_state_dict(ckpt["ema"])
-    run.epoch, run.steps, run.wall_before = ckpt["epoch"], ckpt["steps"], ckpt["wall_time_s"]
-    new_keys = {override_key(o) for o in run.overrides}        # a new value replaces the saved one
-    run.overrides = [o for o in ckpt["overrides"] if override_key(o) not in new_keys] + list(run.overrides)
-    lost = max(0, (run.reservations.reserved() or 0) - run.steps)
-    if not (lost and p.private and (p.secure_rng or ckpt["replay"] != replay_key(run.c, run.device))):
-        lost = 0
-    counts: dict = {}
-    for j in range(lost):   # from an epoch boundary on, each lot's release as the loop charges it
-        charge = run.sampler.release(p.sigma, j % run.sampler.lots_per_epoch())
-        if charge is not None:
-            counts[charge] = counts.get(charge, 0) + 1
-    for (q, s), n in counts.items():
-        run.ledger.record(q=q, sigma=s, count=n, groups=run.k, label="lost")
-    run.resumes = list(ckpt["resumes"]) + [{"at_epoch": run.epoch, "at_steps": run.steps, "lost_lots_charged": lost,
-                                            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                            "overrides": run.overrides}]
-    return lost
-
-
-def _budget(run: Run, resumed: bool) -> int | None:
-    """Charges that still fit within the target ε, recomputed from the ledger (never read from a file)."""
-    c, p = run.c, run.c.privacy
-    if not (p.private and p.target_epsilon is not None):
-        return None
-    q0, s0 = run.sampler.release(p.sigma, 0)
-    budget = int(run.ledger.steps_within(p.target_epsilon, p.delta, q0, s0, run.k, c.accountant.name,
-                                         p.convention))
-    spent = epsilons(run.ledger, c)["epsilon"]
-    if resumed and budget == 0 and spent is not None and spent >= p.target_epsilon:
-        raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: at or below the ε={spent:.6g} this run "
-                          f"has already spent ({c.accountant.name}, {p.convention}); nothing left to resume")
-    return budget
+def _open_run_dir(run: Run) -> None:
+    """Rank 0's first writes: metrics.csv (the checkpoint's rows), the charge for lost lots made
+    durable, config.resolved.yaml, privacy.json, and the opening console line."""
+    c, p, run_dir, lost = run.c, run.c.privacy, run.run_dir, run.progress.lost
+    run.writer = MetricsWriter(run_dir, COLUMNS, run.writer.rows)
+    if lost:   # make the charge durable before anything else runs
+        run.checkpoint(False, None)
+    if not (run_dir / "config.resolved.yaml").exists():   # the validated, fully resolved config
+        import yaml
+        atomic_write_text(run_dir / "config.resolved.yaml", yaml.safe_dump(c.to_dict(), sort_keys=False))
+    write_json(run_dir / PRIVACY, run.statement("running", None))
+    built, d = run.parts, run.dist
+    ws = f", {d.world_size} processes ({d.describe(built.device)['backend']})" if d.active else ""
+    if p.private:
+        print(f"dpsgd: {c.dataset.name} N={len(built.data.X_train)} → {run_dir}  (device {built.device}{ws}, engine "
+              f"{built.clipper.mode}, k={built.k}, {built.sampler.name} q={built.sampler.q:.4g}, σ={p.sigma}, "
+              f"C={p.clip_norm}, L={p.lot_size})", flush=True)
+    else:
+        print(f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
+    if lost:
+        print(f"resume: charged {lost} lot(s) that ran after the last checkpoint and cannot be replayed "
+              "as the same releases", flush=True)

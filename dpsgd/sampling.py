@@ -22,8 +22,10 @@ from typing import Iterator
 
 import torch
 
+from .accountant.calibrate import lots_per_epoch
 
-class _Sampler:
+
+class Sampler:
     name = "?"
     adjacency = "?"
     amplification = False
@@ -49,6 +51,11 @@ class _Sampler:
         epoch is used, or None when that lot is covered by an earlier charge."""
         raise NotImplementedError
 
+    def lots_within(self, charges: int, lot_in_epoch: int) -> int:
+        """How many lots, from lot ``lot_in_epoch`` of an epoch on, may run with ``charges`` more
+        charges (releases) recorded."""
+        raise NotImplementedError
+
     def state_dict(self) -> dict:
         return {"name": self.name, "N": self.N, "L": self.L, "generator": self.generator.get_state()}
 
@@ -59,8 +66,9 @@ class _Sampler:
         self.generator.set_state(state["generator"])
 
 
-class PoissonSampler(_Sampler):
-    """Each example independently with probability q = L/N; an epoch is round(N/L) lots."""
+class PoissonSampler(Sampler):
+    """Each example independently with probability q = L/N; an epoch is N/L lots, rounded to the
+    nearest whole lot (accountant.calibrate.lots_per_epoch)."""
 
     name = "poisson"
     adjacency = "add/remove one example"
@@ -71,7 +79,7 @@ class PoissonSampler(_Sampler):
         return self.L / self.N
 
     def lots_per_epoch(self) -> int:
-        return max(1, round(self.N / self.L))
+        return lots_per_epoch(self.N, self.L)
 
     def epoch(self) -> Iterator[torch.Tensor]:
         for _ in range(self.lots_per_epoch()):
@@ -81,8 +89,11 @@ class PoissonSampler(_Sampler):
     def release(self, sigma: float, lot_in_epoch: int) -> tuple[float, float]:
         return self.q, float(sigma)
 
+    def lots_within(self, charges: int, lot_in_epoch: int) -> int:
+        return max(0, charges)          # every lot is charged
 
-class ShuffleSampler(_Sampler):
+
+class ShuffleSampler(Sampler):
     """A fresh random permutation per epoch, cut into floor(N/L) lots of exactly L examples."""
 
     name = "shuffle"
@@ -106,11 +117,16 @@ class ShuffleSampler(_Sampler):
         # One Gaussian mechanism per epoch, sensitivity 2C (substitution) and noise σC: multiplier σ/2.
         return (1.0, float(sigma) / 2.0) if lot_in_epoch == 0 else None
 
+    def lots_within(self, charges: int, lot_in_epoch: int) -> int:
+        # the rest of an epoch already charged, then a whole epoch per charge
+        rest = self.lots_per_epoch() - lot_in_epoch if lot_in_epoch > 0 else 0
+        return rest + max(0, charges) * self.lots_per_epoch()
+
 
 SAMPLERS = {"poisson": PoissonSampler, "shuffle": ShuffleSampler}
 
 
-def make_sampler(name: str, N: int, L: int, generator: torch.Generator | None = None) -> _Sampler:
+def make_sampler(name: str, N: int, L: int, generator: torch.Generator | None = None) -> Sampler:
     if name not in SAMPLERS:
         raise ValueError(f"privacy.sampling={name!r}: must be one of {sorted(SAMPLERS)}")
     return SAMPLERS[name](N, L, generator)

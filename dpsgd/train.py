@@ -5,10 +5,10 @@
 
     setup:  data → (DP-)PCA, charged to the ledger → model → clipping engine → DPSGD → sampler (q = L/N)
     for each epoch, for each lot L_t drawn with probability q per example:
-        stop before a lot that would pass max_steps or the target ε          (should_stop)
-        x_i ← augment(x_i), each example on its own (CIFAR: crop, flip, standardise)  (run.augment)
+        stop before a lot that would pass max_steps or the target ε          (run.stop_reason)
+        x_i ← augment(x_i), each example on its own (CIFAR: crop, flip, standardise)  (parts.augment)
         g̃_t ← (Σ_i clip_C(∇ℓ(θ, x_i)) + N(0, σ²C² I)) / L ;  θ ← θ − η_t g̃_t   (dp.step)
-        record the release (q, σ) in the ledger                             (ledger.record)
+        record the release (q, σ) in the ledger                             (run.charge)
         θ̄ ← β θ̄ + (1 − β) θ   when training.ema_decay = β (post-processing)  (ema.update)
     end of epoch: evaluate, ε under every accountant, one metrics.csv row, privacy.json, checkpoint
 
@@ -74,41 +74,30 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None) ->
         run_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(run_dir, "resume" if c.resume else "hydra.run.dir") if writer else nullcontext():
         run = setup(c, run_dir, list(overrides or []))
-        return run if isinstance(run, dict) else algorithm1(run)
-
-
-def should_stop(run: Run, lot_in_epoch: int) -> str | None:
-    """The one stop rule, asked before each lot: max_steps, or the lot's charge would pass the target ε."""
-    t = run.c.training
-    if t.max_steps is not None and run.steps >= t.max_steps:
-        return "max_steps"
-    if run.budget is not None and run.budget <= 0 and run.c.privacy.private \
-            and run.sampler.release(run.c.privacy.sigma, lot_in_epoch) is not None:
-        return "target_epsilon_reached"
-    return None
+        return run.finished if run.finished is not None else algorithm1(run)
 
 
 def algorithm1(run: Run) -> dict:
     """Epochs of lots until the epochs, max_steps or the target ε are reached, or the run diverges."""
-    c, t = run.c, run.c.training
+    c, t, at = run.c, run.c.training, run.progress
     stop_reason = None
     try:
         with _signals_as_interrupts():
-            while stop_reason is None and run.epoch < t.epochs:
-                t_epoch, lr = time.time(), lr_at(t, run.epoch)
-                run.dp.set_lr(lr)
+            while stop_reason is None and at.epoch < t.epochs:
+                t_epoch, lr = time.time(), lr_at(t, at.epoch)
+                run.parts.dp.set_lr(lr)
                 stop_reason, lots, loss_sum, seen = run_epoch(run)
                 if lots == 0:
                     break
-                run.epoch += 1
-                run.eps = epsilons(run.ledger, c)
+                at.epoch += 1
+                at.eps = epsilons(at.ledger, c)
                 if not (bool(torch.isfinite(loss_sum)) and all(bool(torch.isfinite(w).all())
-                                                               for w in run.model.parameters())):
+                                                               for w in run.parts.model.parameters())):
                     stop_reason = "diverged"
-                stop_reason = end_of_epoch(run, stop_reason, lr, float(loss_sum) / max(1, seen), t_epoch)
+                end_of_epoch(run, stop_reason, lr, float(loss_sum) / max(1, seen), t_epoch)
         stop_reason = stop_reason or "epochs_completed"
     except Interrupted as e:
-        run.eps = epsilons(run.ledger, c)   # every lot that ran is in the ledger
+        at.eps = epsilons(at.ledger, c)   # every lot that ran is in the ledger
         if run.writes:
             write_json(run.run_dir / PRIVACY, run.statement("interrupted", "interrupted"))
         e.run_dir = run.run_dir
@@ -119,7 +108,7 @@ def algorithm1(run: Run) -> dict:
     if run.writes:
         write_json(run.run_dir / PRIVACY, final)
     if status == "diverged":
-        raise Diverged(f"training diverged at epoch {run.epoch} (non-finite loss or parameters; training.lr="
+        raise Diverged(f"training diverged at epoch {at.epoch} (non-finite loss or parameters; training.lr="
                        f"{t.lr:g} may be too large): {final['statement']}; {run.run_dir / PRIVACY}")
     if not run.writes:
         return final
@@ -130,60 +119,52 @@ def algorithm1(run: Run) -> dict:
 
 def run_epoch(run: Run):
     """One epoch of lots (Algorithm 1's inner loop); (stop reason or None, lots, Σ loss, Σ lot sizes)."""
-    p, t = run.c.privacy, run.c.training
-    X, y = run.data[0], run.data[1]
-    lots, loss_sum, seen = 0, torch.zeros((), device=run.device), 0
-    epoch_end = run.steps + run.sampler.lots_per_epoch()
-    for i, idx in enumerate(run.sampler.epoch()):
-        stop_reason = should_stop(run, i)
+    p, parts, at = run.c.privacy, run.parts, run.progress
+    X, y = parts.data.X_train, parts.data.y_train
+    lots, loss_sum, seen = 0, torch.zeros((), device=parts.device), 0
+    for i, idx in enumerate(parts.sampler.epoch()):
+        stop_reason = run.stop_reason(i)
         if stop_reason is not None:
             return stop_reason, lots, loss_sum, seen
-        charge = run.sampler.release(p.sigma, i) if p.private else None
-        if p.private:   # write-ahead: never past the epoch, max_steps or the budget
-            limit = min(epoch_end, t.max_steps or epoch_end)
-            if run.budget is not None and run.sampler.amplification:
-                limit = min(limit, run.steps + run.budget)
-            if run.writes:   # under torchrun no rank passes this lot's all-reduce before rank 0 reserved it
-                run.reservations.ensure(run.steps, limit)
-        idx = run.dist.share(idx).to(run.device)   # this rank's share of the global lot
-        X_lot = run.augment(X[idx], run.steps)     # per example (random crop, flip, standardisation)
-        out = run.dp.step(X_lot, y[idx], physical_batch_size=p.physical_batch_size)
-        if charge is not None:
-            run.ledger.record(q=charge[0], sigma=charge[1], count=1, groups=run.k, label="sgd")
-            if run.budget is not None:
-                run.budget -= 1
-        if run.ema is not None:
-            run.ema.update(run.model)
-        run.steps, lots = run.steps + 1, lots + 1
+        release = parts.sampler.release(p.sigma, i) if p.private else None
+        if p.private and run.writes:
+            # write-ahead, never past what may still run; under torchrun no rank passes this lot's
+            # all-reduce before rank 0 reserved it
+            run.reservations.ensure(at.steps, at.steps + run.lots_left(i))
+        idx = run.dist.share(idx).to(parts.device)   # this rank's share of the global lot
+        X_lot = parts.augment(X[idx], at.steps)       # per example (random crop, flip, standardisation)
+        out = parts.dp.step(X_lot, y[idx], physical_batch_size=p.physical_batch_size)
+        run.charge(release)
+        if parts.ema is not None:
+            parts.ema.update(parts.model)
+        at.steps, lots = at.steps + 1, lots + 1
         loss_sum, seen = loss_sum + out["loss_sum"], seen + out["lot_size"]
     return None, lots, loss_sum, seen
 
 
-def end_of_epoch(run: Run, stop_reason, lr: float, lot_loss: float, t_epoch: float) -> str | None:
+def end_of_epoch(run: Run, stop_reason: str | None, lr: float, lot_loss: float, t_epoch: float) -> None:
     """Evaluate (when due), one metrics.csv row, and (unless this was the last epoch) privacy.json and
     the checkpoint."""
-    c, t = run.c, run.c.training
+    c, t, parts = run.c, run.c.training, run.parts
     if not run.writes:          # ranks > 0: rank 0 evaluates and writes
-        return stop_reason
-    final = (stop_reason is not None or run.epoch == t.epochs
-             or (t.max_steps is not None and run.steps >= t.max_steps)
-             or (run.budget is not None and run.budget <= 0))
-    Xtr, ytr, Xte, yte = run.data
-    if (run.epoch % t.eval_every == 0 or final) and stop_reason != "diverged":
-        tf = run.transform.eval
-        with run.ema.applied(run.model) if run.ema is not None else nullcontext(run.model) as model:
-            ev = evaluate(model, Xtr, ytr, t.eval_batch_size, tf) + (evaluate(model, Xte, yte, t.eval_batch_size, tf)[1],)
+        return
+    final = stop_reason is not None or run.stop_reason(0) is not None   # no lot of the next epoch may run
+    if (run.progress.epoch % t.eval_every == 0 or final) and stop_reason != "diverged":
+        Xtr, ytr, Xte, yte = parts.data
+        tf = parts.transform.eval
+        with parts.ema.applied(parts.model) if parts.ema is not None else nullcontext(parts.model) as model:
+            ev = evaluate(model, Xtr, ytr, t.eval_batch_size, tf)         # (train loss, train accuracy)
+            ev += (evaluate(model, Xte, yte, t.eval_batch_size, tf)[1],)  # test accuracy
     else:
         ev = (math.nan, math.nan, math.nan)
     now = time.time()
-    row = metrics_row(c, run, lr, lot_loss, ev, now - t_epoch, run.wall_before + now - run.t_start)
+    row = metrics_row(c, run, lr, lot_loss, ev, now - t_epoch, run.progress.wall_time(now))
     run.writer.append(row)
     progress_line(row, c)
     if not final:
         write_json(run.run_dir / PRIVACY, run.statement("running", None))
-        if t.checkpoint_every and run.epoch % t.checkpoint_every == 0:
+        if t.checkpoint_every and run.progress.epoch % t.checkpoint_every == 0:
             run.checkpoint(False, None)
-    return stop_reason
 
 
 @contextmanager

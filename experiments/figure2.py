@@ -2,6 +2,9 @@
 
     python -m experiments.figure2 [--max-epochs 400] [--out results/figure2.csv]
 
+``compute`` writes the CSV; ``draw`` (called by ``python -m experiments.figures``) draws
+results/figures/figure2.{png,pdf} from it, with the paper's stated values (``experiments.claims``).
+
 Curves (one tidy row per (curve, epoch)):
 - ``moments``: the paper's moments accountant (§3.2, Theorem 2: λ = 1..32, tail bound);
 - ``strong_composition_paper``: the paper's comparator (advanced composition, Dwork–Rothblum–Vadhan
@@ -27,6 +30,10 @@ import pandas as pd
 
 from dpsgd.accountant import Ledger
 from dpsgd.accountant import strong_composition as sc
+from dpsgd.accountant.calibrate import lots_for_epochs
+
+from . import claims
+from .style import plt, save
 
 Q, SIGMA, DELTA = 0.01, 4.0, 1e-5
 
@@ -36,6 +43,13 @@ CURVES = {  # curve -> (accountant, conversion, valid_bound)
     "pld": ("pld", "PLD, pessimistic discretisation", True),
     "strong_composition_paper": ("strong_composition", "paper variant: linear amplification qε0", False),
     "strong_composition_valid": ("strong_composition", "valid amplification log(1+q(e^ε0−1)), exact Gaussian ε0 (Balle & Wang 2018)", True),
+}
+CURVE_STYLE = {   # curve -> (label, colour, linestyle)
+    "moments": ("moments accountant (paper: λ ≤ 32, tail bound)", "tab:blue", "-"),
+    "rdp_improved": ("RDP, improved conversion (Balle et al. 2020)", "tab:purple", "-."),
+    "pld": ("PLD, tight (pessimistic discretisation)", "tab:green", ":"),
+    "strong_composition_paper": ("strong composition, paper variant (NOT a valid bound)", "tab:red", "--"),
+    "strong_composition_valid": ("strong composition, valid amplification", "tab:orange", "-"),
 }
 
 
@@ -65,7 +79,7 @@ def compute(max_epochs: int = 400, every: int = 1, pld_every: int = 1, q: float 
             epochs = np.concatenate([[1, 2, 5], epochs])
         t0 = time.perf_counter()
         for e in epochs:
-            steps = int(round(e / q))
+            steps = lots_for_epochs(e, 1, q)      # q = L/N: N/L = 1/q lots an epoch
             eps, order = epsilon(curve, steps, q, sigma, delta)
             acc, conv, valid = CURVES[curve]
             rows.append({"epoch": int(e), "steps": steps, "q": q, "sigma": sigma, "delta": delta,
@@ -79,6 +93,39 @@ def compute(max_epochs: int = 400, every: int = 1, pld_every: int = 1, q: float 
                      "accountant": acc, "conversion": conv, "valid_bound": valid, "epsilon": 0.0,
                      "order": float("nan")})
     return pd.DataFrame(rows).sort_values(["curve", "epoch"]).reset_index(drop=True)
+
+
+def draw(df: pd.DataFrame, out: Path) -> list[Path]:
+    """ε vs epochs for q = 0.01, σ = 4, δ = 1e-5 (paper Figure 2), two views: linear and log."""
+    s = claims.FIGURE2_SETTING
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    for ax, log in zip(axes, (False, True)):
+        for curve, (label, color, ls) in CURVE_STYLE.items():
+            d = df[df["curve"] == curve].sort_values("epoch")
+            if len(d):
+                ax.plot(d["epoch"], d["epsilon"], color=color, ls=ls, lw=1.8, label=label)
+        for epochs, curve, eps, _src in claims.FIGURE2:
+            color = CURVE_STYLE[curve][1]
+            ax.plot([epochs], [eps], marker="o", ms=8, mfc="none", mec=color, mew=2, ls="none")
+            ax.annotate(f"paper {eps:g}", (epochs, eps), textcoords="offset points",
+                        xytext=(-58, 6) if epochs >= df["epoch"].max() else (6, -12),
+                        fontsize=8, color=color)
+        ax.plot([], [], marker="o", mfc="none", mec="k", ls="none", label="paper's stated values")
+        ax.set_xlabel("epochs E (lots T = E/q)")
+        ax.set_ylabel("ε (at δ = 1e-5)")
+        ax.set_xlim(0, df["epoch"].max())
+        if log:
+            ax.set_yscale("log")
+            ax.set_title("log scale")
+        else:
+            ymax = df[df["curve"] == "strong_composition_paper"]["epsilon"].max()
+            ax.set_ylim(0, 1.15 * ymax if ymax == ymax else None)
+            ax.set_title("linear scale (as in the paper)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7.5, loc="upper left")
+    fig.suptitle(f"Figure 2 — ε vs epochs: q = {s['q']:g}, σ = {s['sigma']:g}, δ = {s['delta']:g}; "
+                 "one clipped group (k = 1, conventions coincide), Poisson sampling", fontsize=11)
+    return save(fig, out, "figure2")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import claims
+from .style import COLUMN_DPI, COLUMN_RC, fmt_delta, grid, legend_below, plt, save
 
 # one row per run and epoch: the run's metrics.csv columns Figure 6 and the README need, plus where
 # the run came from (relative path, hardware, why it stopped)
@@ -31,7 +32,7 @@ ACC_COLOR, TRAIN_COLOR, EPS_COLOR, PLD_COLOR = "tab:orange", "tab:blue", "tab:re
 def rows(presets: dict[str, dict], run_label, hardware: str) -> pd.DataFrame:
     """The per-epoch rows of the CIFAR-10 preset runs, in the paper's panel order.
 
-    ``presets`` maps a preset to its run (as `experiments/collect.py:load_run` returns it);
+    ``presets`` maps a preset to its run (as `experiments/runs.py:load_run` returns it);
     ``run_label(dir)`` names the run folder (a path relative to the repository)."""
     out = []
     for preset in [p for p in claims.CIFAR10_PRESETS if p in presets]:
@@ -62,17 +63,16 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
     """Test (and train) accuracy vs epochs, one panel per preset; ε (paper's accounting, and the valid
     joint PLD) on the second axis; the paper's accuracy and ε as dotted lines. 1 × 3, or 2 × 2 with
     the non-private run."""
-    from .figures import COLUMN_DPI, COLUMN_RC, _delta, _grid, _legend_below, _save, plt   # Agg backend
     from matplotlib.ticker import MaxNLocator
 
     presets = [p for p in claims.CIFAR10_PRESETS if p in set(df["preset"])]
     ncols = 2 if len(presets) == 4 else max(1, len(presets))
     acc = 100 * df["test_accuracy"].dropna()
     lo = max(0.0, 10 * math.floor((acc.min() - 5) / 10)) if len(acc) else 0.0
-    delta = _delta(df["delta"].dropna().iloc[0]) if df["delta"].notna().any() else "n/a"
+    delta = fmt_delta(df["delta"].dropna().iloc[0]) if df["delta"].notna().any() else "n/a"
     sep = "\n" if ncols > 2 else " "          # narrow panels: the settings on a line of their own
     with plt.rc_context(COLUMN_RC):
-        fig, axes = _grid(len(presets), ncols, 2.45 if ncols <= 2 else 2.2, 1.0)
+        fig, axes = grid(len(presets), ncols, 2.45 if ncols <= 2 else 2.2, 1.0)
         for i, (ax, preset) in enumerate(zip(axes.flat, presets)):
             d = df[df["preset"] == preset].sort_values("steps")
             paper, r = claims.CIFAR10_PRESETS[preset], d.iloc[-1]
@@ -103,7 +103,7 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
             else:
                 ax.set_title(f"({letter}) {preset}: L = {int(r['L'])}, no noise, no clipping\n"
                              f"paper: ≈ {100 * paper['accuracy']:g} % (no privacy guarantee)")
-        _legend_below(fig, axes, ncol=3)
+        legend_below(fig, axes, ncol=3)
         fig.suptitle("Figure 6 — CIFAR-10 accuracy vs epochs, convolutions pretrained on CIFAR-100 and frozen\n"
                      f"ε at δ = {delta}: moments, per-tensor charges (paper's accounting); PLD, joint charge")
-        return _save(fig, out, "figure6", dpi=COLUMN_DPI)
+        return save(fig, out, "figure6", dpi=COLUMN_DPI)

@@ -8,10 +8,12 @@
 Every run is ``python -m dpsgd.train experiment=<recipe> privacy.target_epsilon=<ε> seed=<s>`` (plus
 the recipe's per-ε overrides, ``PER_EPSILON``) in its own folder ``outputs/frontier/<recipe>/eps<ε>_seed<s>``,
 one at a time with ``DPSGD_THREADS=1``; a folder whose ``privacy.json`` says complete is not rerun.
-The small files of each finished run (``privacy.json``, ``metrics.csv``, ``config.yaml``) are copied to
+The small files of each finished run (``privacy.json``, ``metrics.csv``, ``config.yaml`` with its
+data root written relative, ``portable_config``) are copied to
 ``results/runs/frontier/<recipe>/eps<ε>_seed<s>/``, which ``collect`` turns into ``results/frontier.csv``
-(one row per run); ``experiments.frontier_figure`` draws ``results/figures/frontier.png`` and the
-table of ``results/README.md`` from that CSV only.
+(one row per run); ``python -m experiments.figures`` then draws ``results/figures/frontier.png``
+(``experiments.frontier_figure``) and the table of ``results/README.md`` from that CSV only. The
+expected wall time comes from each run's config as training composes it (``experiments.planning``).
 
 Hyperparameters are the literature's (each preset names its source); they were not tuned on the test
 set, and the tuning behind the published values is not charged (Papernot & Steinke 2022).
@@ -31,11 +33,13 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from . import figures
+from .paths import ROOT, portable
+from .planning import composed, epochs_needed
+
 EPSILONS = (0.5, 1.0, 1.2, 2.0, 3.0, 8.0)
 SEEDS = (0, 1, 2)
-# The recipes, in plotting order: presets of conf/experiment/. The end-to-end tanh CNN presets
-# (mnist_tanh_cnn, fmnist_tanh_cnn) join this list once they exist.
+# The recipes, in plotting order: presets of conf/experiment/.
 RECIPES = ["mnist_paper_tight", "mnist_scatter_linear", "mnist_scatter_linear_val", "mnist_scatter_cnn",
            "fmnist_scatter_linear", "mnist_tanh_cnn", "fmnist_tanh_cnn"]
 # Recipes run at some ε only: mnist_scatter_linear_val's epochs were chosen on a validation split at ε = 1.2.
@@ -48,6 +52,7 @@ PER_EPSILON = {
                           8.0: ["privacy.sigma=2.0", "privacy.sigma_p=4.0"]},
 }
 SMALL_FILES = {"privacy.json": "privacy.json", "metrics.csv": "metrics.csv", "config.resolved.yaml": "config.yaml"}
+PATH_KEYS = (("dataset", "root"), ("model", "pretrained"))   # config entries naming files on this machine
 COLUMNS = ["recipe", "dataset", "epsilon_target", "epsilon_pld_joint", "seed", "test_accuracy", "epochs",
            "steps", "sigma", "wall_time_s", "run", "command"]
 DEFAULT_SEC_PER_EPOCH = {"mnist_paper_tight": 1.0, "mnist_scatter_linear": 3.0, "mnist_scatter_linear_val": 3.0,
@@ -64,24 +69,6 @@ def run_name(recipe: str, eps: float, seed: int) -> str:
     return f"{recipe}/{eps_tag(eps)}_seed{seed}"
 
 
-def preset(recipe: str) -> dict:
-    """The recipe's preset merged over the presets it names in its defaults list (one level)."""
-    path = ROOT / "conf" / "experiment" / f"{recipe}.yaml"
-    c = yaml.safe_load(path.read_text()) or {}
-    merged: dict = {}
-    for d in c.pop("defaults", []) or []:
-        if isinstance(d, str) and d != "_self_":
-            merged = _merge(merged, preset(d))
-    return _merge(merged, c)
-
-
-def _merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def command(recipe: str, eps: float, seed: int) -> list[str]:
     """The training command of one run (relative paths only)."""
     return (["python", "-m", "dpsgd.train", f"experiment={recipe}", f"privacy.target_epsilon={eps:g}", f"seed={seed}"]
@@ -89,25 +76,16 @@ def command(recipe: str, eps: float, seed: int) -> list[str]:
             + [f"hydra.run.dir=outputs/frontier/{run_name(recipe, eps, seed)}"])
 
 
+def run_config(recipe: str, eps: float):
+    """The composed config (conf/, as training composes it) of a run of ``recipe`` at target ``eps``."""
+    return composed(f"experiment={recipe}", f"privacy.target_epsilon={eps:g}",
+                    *PER_EPSILON.get(recipe, {}).get(eps, []))
+
+
 def expected_epochs(recipe: str, eps: float) -> float:
-    """Epochs a run takes: the preset's epochs, or (fixed σ) the lots within the ε budget (PLD, joint)."""
-    from dpsgd.accountant import Ledger
-    c = preset(recipe)
-    pr, tr, m = c.get("privacy", {}), c.get("training", {}), c.get("model", {})
-    epochs = float(tr.get("epochs", 100))
-    if pr.get("calibrate_sigma"):
-        return epochs
-    over = dict(o.split("=", 1) for o in PER_EPSILON.get(recipe, {}).get(eps, []))
-    sigma = float(over.get("privacy.sigma", pr.get("sigma", 4.0)))
-    sigma_p = float(over.get("privacy.sigma_p", pr.get("sigma_p", 7.0)))
-    L, N = int(pr.get("lot_size", 600)), 60000
-    led = Ledger()
-    if m.get("projection", "pca") == "pca":
-        led.record(q=1.0, sigma=sigma_p, count=1, groups=1, label="pca")
-    groups = 1 if pr.get("clipping") == "global" else 2
-    acc = c.get("accountant", {}).get("name", "moments")
-    lots = led.steps_within(eps, 1e-5, L / N, sigma, groups, acc, pr.get("convention", "joint"))
-    return min(epochs, lots * L / N)
+    """Epochs a run takes: the preset's epochs, or (fixed σ) the lots within the ε budget under the
+    preset's accountant and convention (``experiments.planning.epochs_needed``)."""
+    return epochs_needed(run_config(recipe, eps))
 
 
 def plan(recipes, epsilons, seeds) -> list[dict]:
@@ -135,11 +113,27 @@ def _complete(run_dir: Path) -> bool:
         return False
 
 
+def portable_config(text: str) -> str:
+    """A resolved config (YAML) with its file paths (data root, pretrained artifact) free of this
+    machine's layout (``experiments.paths.portable``); everything else as written."""
+    c = yaml.safe_load(text) or {}
+    for group, key in PATH_KEYS:
+        node = c.get(group) or {}
+        if isinstance(node.get(key), str):
+            node[key] = portable(node[key])
+    return yaml.safe_dump(c, sort_keys=False, allow_unicode=True)
+
+
 def keep_small_files(run_dir: Path, dest: Path) -> None:
-    """Copy a finished run's privacy.json, metrics.csv and resolved config into results/."""
+    """Copy a finished run's privacy.json, metrics.csv and resolved config (its paths made
+    portable) into results/."""
     dest.mkdir(parents=True, exist_ok=True)
     for src, name in SMALL_FILES.items():
-        if (run_dir / src).is_file():
+        if not (run_dir / src).is_file():
+            continue
+        if name == "config.yaml":
+            (dest / name).write_text(portable_config((run_dir / src).read_text()))
+        else:
             shutil.copyfile(run_dir / src, dest / name)
 
 
@@ -213,9 +207,9 @@ def print_plan(jobs: list[dict], results: Path) -> float:
     for j in jobs:
         done = _complete(ROOT / "outputs" / "frontier" / j["name"])
         sec = 0.0 if done else j["epochs"] * measured_sec_per_epoch(results, j["recipe"])
-        c = preset(j["recipe"])
-        if not done and c.get("model", {}).get("features", "none") != "none":
-            datasets.add(c.get("dataset", {}).get("name", j["recipe"].split("_")[0]))
+        c = run_config(j["recipe"], j["eps"])
+        if not done and c.model.features != "none":
+            datasets.add(c.dataset.name)
         total += sec
         print(f"  {j['name']:40s} ≈ {j['epochs']:5.0f} epochs  {'(done)' if done else f'≈ {sec / 60:5.1f} min'}  "
               f"{' '.join(j['cmd'])}")
@@ -245,9 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = collect(args.results)
         write_csv(rows, args.results / "frontier.csv")
         print(f"{args.results / 'frontier.csv'}: {len(rows)} runs")
-    if "figures" in parts:
-        from . import frontier_figure
-        frontier_figure.main(["--results", str(args.results)])
+    if "figures" in parts:   # every figure and results/README.md (its frontier table among them)
+        figures.main(["--results", str(args.results)])
     return 1 if failed else 0
 
 

@@ -1,8 +1,7 @@
 """The frontier figure and table, from ``results/frontier.csv`` only.
 
-    python -m experiments.frontier_figure            # results/figures/frontier.png
-    (also drawn by ``make figures``; results/README.md's frontier table: experiments/readme.py calls
-    ``table_rows``)
+    python -m experiments.frontier_figure            # results/figures/frontier.png only
+    (also drawn by ``make figures``, which writes results/README.md's frontier table with ``table_rows``)
 
 Test accuracy against the target ε (δ = 1e-5, PLD accountant, joint convention), mean ± sd over the
 seeds of each recipe, with the published numbers as hollow markers (``ANCHORS``: the paper's text or
@@ -14,10 +13,12 @@ import argparse
 import sys
 from pathlib import Path
 
+import matplotlib.ticker
 import pandas as pd
 
-# recipe -> (label, dataset, {ε: published test accuracy in %}, source). The tanh-CNN rows are the
-# anchors of the end-to-end presets (mnist_tanh_cnn, fmnist_tanh_cnn) when they are run.
+from .style import plt, save
+
+# recipe -> (label, dataset, {ε: published test accuracy in %}, source).
 ANCHORS = {
     "mnist_paper_tight": ("paper network (MLP on DP-PCA)", "mnist", {0.5: 90.0, 2.0: 95.0, 8.0: 97.0},
                           "Abadi et al. 2016, §5.2"),
@@ -50,10 +51,6 @@ def summarise(df: pd.DataFrame) -> pd.DataFrame:
 
 def draw(df: pd.DataFrame, out: Path) -> list[Path]:
     """frontier.png and frontier.pdf in the folder ``out`` (byte-reproducible, as every figure here)."""
-    import matplotlib.ticker
-
-    from .figures import _save, matplotlib, plt
-
     s = summarise(df)
     datasets = list(DATASET_TITLES) + sorted(set(s["dataset"]) - set(DATASET_TITLES))
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 4.2), squeeze=False)
@@ -85,7 +82,7 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
-    return _save(fig, out, "frontier")
+    return save(fig, out, "frontier")
 
 
 def _anchor(recipe: str, eps: float) -> str:
@@ -131,8 +128,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for p in draw(pd.read_csv(path), args.results / "figures"):
         print(f"wrote {p}")
-    from .readme import write_readme
-    print(f"wrote {write_readme(args.results)}")
     return 0
 
 

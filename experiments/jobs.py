@@ -22,7 +22,8 @@ from pathlib import Path
 
 from dpsgd.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
+from .paths import ROOT
+
 LOCAL = ("basic", "joblib", "submitit_local")
 
 

@@ -17,8 +17,9 @@ Runs land in Hydra's own folders (``outputs/``, ``multirun/``); ``experiments.co
 tidy CSVs into results/.
 
 The expected wall time is printed before anything starts: the number of epochs each job needs
-(from the accountant: lots within the ε budget, or the preset's epoch count) times the seconds per
-epoch measured in the committed results/summary.csv (``--sec-per-epoch`` overrides it).
+(from the accountant: lots within the ε budget, or the preset's epoch count; each run's config
+composed from conf/ by ``experiments.planning``) times the seconds per epoch measured in the
+committed medium-preset run (``--sec-per-epoch`` overrides it).
 """
 from __future__ import annotations
 
@@ -28,34 +29,32 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
-from dpsgd.accountant import Ledger
-
 from . import claims
 from .jobs import LOCAL, checked_launcher, commands, default_parallel, launcher_kind, run_jobs
+from .paths import CONF, ROOT
+from .planning import composed, epochs_needed, sweep_points
 
-ROOT = Path(__file__).resolve().parent.parent
 PRESETS = list(claims.PRESETS)
-SWEEPS = sorted(p.stem for p in (ROOT / "conf" / "sweep").glob("*.yaml"))
+SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
 PARTS = ("figure2", "presets", "sweeps", "collect", "figures")
-DEFAULT_SEC_PER_EPOCH = 2.5     # used only when results/summary.csv has no measured runs
+DEFAULT_SEC_PER_EPOCH = 2.5     # used only when results/ holds no measured medium-preset run
 
 
-def _conf(path: Path) -> dict:
-    return yaml.safe_load(path.read_text()) or {}
+# Seconds per epoch relative to the medium preset's network (60-d DP-PCA, 1000 hidden units), by
+# input dimension (784: no projection) and in proportion to the hidden units: for the estimate only.
+INPUT_COST = {784: 3.0, 200: 1.3}
 
 
-def _epochs_needed(sigma: float, sigma_p: float, L: int, eps: float | None, epochs: int, pca: bool = True,
-                   hidden_scale: float = 1.0, N: int = claims.MNIST_N, groups: int = 2) -> float:
-    """Epochs a run will take: the lots that fit in the ε budget (paper accounting), or ``epochs``."""
-    if eps is None:
-        return float(epochs) * hidden_scale
-    led = Ledger()
-    if pca and sigma_p > 0:
-        led.record(q=1.0, sigma=sigma_p, count=1, groups=1, label="pca")
-    lots = led.steps_within(eps, claims.DELTA, L / N, sigma, groups, "moments", "per_tensor")
-    return min(epochs, lots * L / N) * hidden_scale
+def cost_scale(c) -> float:
+    """An epoch of the composed config ``c`` in medium-preset epochs (the MNIST MLP's size)."""
+    dims = c.model.pca_dims if c.model.projection != "none" and c.model.pca_dims else 784
+    return INPUT_COST.get(dims, 1.0) * sum(c.model.hidden) / 1000
+
+
+def epoch_equivalents(*overrides: str) -> float:
+    """Medium-preset epochs a run of these overrides takes (its epochs within budget × its cost)."""
+    c = composed(*overrides)
+    return epochs_needed(c) * cost_scale(c)
 
 
 PRESETS_SWEEP_DIR = "hydra.sweep.dir=multirun/presets/${now:%Y-%m-%d}/${now:%H-%M-%S.%f}"
@@ -64,37 +63,18 @@ PRESETS_SUBDIR = "hydra.sweep.subdir=${hydra.job.num}_${hydra.runtime.choices.ex
 
 def plan_jobs(presets: list[str], sweeps: list[str], launcher: str | None = None) -> list[dict]:
     """[{name, args, epochs, each}] — ``epochs`` in medium-preset epoch equivalents (for the estimate),
-    ``each`` the epochs of every run the job makes. With a launcher the presets are one multirun."""
+    ``each`` the epochs of every run the job makes. With a launcher the presets are one multirun.
+    Every run's config is composed from conf/ as training will compose it (``experiments.planning``)."""
     jobs = []
-    medium = _conf(ROOT / "conf" / "experiment" / "mnist_medium.yaml")
     for p in presets:
-        c = _conf(ROOT / "conf" / "experiment" / f"{p}.yaml")
-        pr, tr = c.get("privacy", {}), c.get("training", {})
-        private = pr.get("private", True)
-        ep = _epochs_needed(pr.get("sigma", 4.0), pr.get("sigma_p", 7.0), 600,
-                            pr.get("target_epsilon") if private else None, tr.get("epochs", 100))
+        ep = epoch_equivalents(f"experiment={p}")
         jobs.append({"name": p, "args": [f"experiment={p}"], "epochs": ep, "each": [ep]})
     if launcher is not None and presets:
         each = [e for j in jobs for e in j["each"]]
         jobs = [{"name": "presets", "args": ["-m", f"experiment={','.join(presets)}", PRESETS_SWEEP_DIR,
                                              PRESETS_SUBDIR], "epochs": sum(each), "each": each}]
     for s in sweeps:
-        c = _conf(ROOT / "conf" / "sweep" / f"{s}.yaml")
-        (key, values), = c["hydra"]["sweeper"]["params"].items()
-        each = []
-        for v in str(values).replace("],[", "];[").split(";" if "[" in str(values) else ","):
-            sigma, L, scale, pca = medium["privacy"]["sigma"], 600, 1.0, True
-            if key == "privacy.sigma":
-                sigma = float(v)
-            elif key == "privacy.lot_size":
-                L = int(v)
-            elif key == "model.hidden":
-                scale = int(v.strip("[] ")) / 1000
-            elif key.startswith("sweep/projection"):
-                scale = {"none": 3.0, "pca_200": 1.3}.get(v.strip(), 1.0)
-                pca = v.strip().startswith("pca")
-            each.append(_epochs_needed(sigma, medium["privacy"]["sigma_p"], L, medium["privacy"]["target_epsilon"],
-                                       medium["training"]["epochs"], pca=pca, hidden_scale=scale))
+        each = [epoch_equivalents(f"+sweep={s}", *point) for point in sweep_points(s)]
         jobs.append({"name": f"sweep_{s}", "args": ["-m", f"+sweep={s}"], "epochs": sum(each), "each": each})
     return jobs
 

@@ -1,7 +1,8 @@
 """Generate results/README.md from the committed CSVs — paper value | ours | command.
 
-Called by ``python -m experiments.figures``; every number of ours is read from a CSV in results/,
-the paper's numbers come from ``experiments.claims``. Nothing here is typed in by hand.
+Written by ``python -m experiments.figures`` only (``write_readme``); every number of ours is read
+from a CSV in results/, the paper's numbers come from ``experiments.claims``. Nothing here is typed in
+by hand.
 """
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from pathlib import Path
 import pandas as pd
 
 from . import claims
+from .figure6 import final
+from .frontier_figure import table_rows
+from .seeds import spread
 
 HEADER = """# Results — Abadi et al. 2016 (arXiv 1607.00133 v2), reproduced
 
@@ -101,8 +105,6 @@ def _preset_rows(summary: pd.DataFrame) -> list[str]:
 
 
 def _seed_rows(seeds: pd.DataFrame | None) -> list[str]:
-    from .seeds import spread
-
     out = ["## Seed spread of the presets — is a shortfall noise?", "",
            "Final test accuracy over independent seeds (model init, DP-PCA noise, lots, gradient noise), "
            "each run stopped at the preset's ε under the paper's accounting. Rows per hardware: a GPU "
@@ -178,8 +180,6 @@ CIFAR_NOT_MEASURED = ("The CIFAR-10 numbers (§5.3, Figure 6) have not been meas
 def cifar_rows(f6: pd.DataFrame | None) -> list[str]:
     """§5.3 / Figure 6: the paper's CIFAR-10 numbers next to ours (results/figure6.csv), or one
     sentence saying they have not been measured and how to measure them."""
-    from .figure6 import final
-
     out = ["## §5.3 / Figure 6 — CIFAR-10 (δ = 1e-5)", ""]
     if f6 is None:
         return out + [CIFAR_NOT_MEASURED, ""]
@@ -223,7 +223,6 @@ def render(results: Path) -> str:
     lines += cifar_rows(f6)
     frontier = _read(results, "frontier.csv")
     if frontier is not None:
-        from .frontier_figure import table_rows
         lines += table_rows(frontier)
     if summary is not None:
         hw = "; ".join(sorted(set(summary["hardware"].astype(str))))

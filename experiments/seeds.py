@@ -32,7 +32,8 @@ from dpsgd.runtime import describe_hardware
 
 from . import claims
 from .jobs import checked_launcher
-from .collect import ROOT, PRESET_OVERRIDES_OK, _is_tiny, find_runs, preset_of, run_row
+from .paths import ROOT
+from .runs import PRESET_OVERRIDES_OK, find_runs, is_complete, is_tiny, preset_of, run_row
 
 OK_OVERRIDES = PRESET_OVERRIDES_OK + ("name",)
 KEY = ["preset", "seed", "hardware"]
@@ -89,7 +90,7 @@ def rows_from(roots: list[Path], hardware: str) -> list[tuple[dict, Path]]:
     out = []
     for r in find_runs(roots):
         exp = preset_of(r, allowed=OK_OVERRIDES)
-        if exp is None or _is_tiny(r) or r["privacy"].get("status") != "complete":
+        if exp is None or is_tiny(r) or not is_complete(r):
             continue
         row = {**run_row(r, hardware), "run": run_label(r["dir"], roots)}
         m = r["metrics"]["test_accuracy"].dropna()

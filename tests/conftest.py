@@ -1,13 +1,33 @@
-"""Shared test setup.
+"""Shared test setup and helpers.
 
 Tests run with one intra-op thread (torch and the subprocesses the tests start): their tensors are
 small, and on a busy 2-core CI machine thread oversubscription makes OpenMP several times slower.
 Results do not depend on it; set DPSGD_TEST_THREADS to change it.
+
+Helpers used by several test files (``from conftest import ...``): :func:`metrics_rows` and
+:func:`metrics_row_count` read a run folder's metrics.csv. Tolerances live in tests/tolerances.py,
+the batch-of-1 reference loop in tests/dp_reference.py.
 """
+import csv
 import os
+from pathlib import Path
 
 import torch
 
 THREADS = int(os.environ.get("DPSGD_TEST_THREADS", "1"))
 os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))   # inherited by subprocesses
 torch.set_num_threads(THREADS)
+
+
+def metrics_rows(run: Path) -> list[dict]:
+    """The rows of ``run``/metrics.csv as dicts of strings."""
+    with open(Path(run) / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def metrics_row_count(run: Path) -> int:
+    """Number of data rows written to ``run``/metrics.csv so far (0 before the file exists)."""
+    try:
+        return len((Path(run) / "metrics.csv").read_text().splitlines()) - 1
+    except FileNotFoundError:
+        return 0

@@ -47,6 +47,7 @@ def test_conventions_brief_example():
     assert jt == pytest.approx(8.33, abs=0.005)          # 8.36 with integer orders only (test_accountant_rdp)
     mpt, _ = led.epsilon(DELTA, "moments", "per_tensor")
     mjt, _ = led.epsilon(DELTA, "moments", "joint")
+    # values as printed to 3 decimals (half a unit of the last digit)
     assert mpt == pytest.approx(8.410, abs=0.005) and mjt == pytest.approx(9.109, abs=0.005)
     # joint = one mechanism at σ/√k; per_tensor = k mechanisms at σ
     assert jt == rdp.epsilon(0.01, 2.0 / math.sqrt(2), 40_000, DELTA)[0]
@@ -115,6 +116,7 @@ def test_delta_query():
     for acc in ("moments", "rdp", "pld"):
         eps, _ = led.epsilon(DELTA, acc)
         d, _ = led.delta(eps, acc)
+        # ε → δ → ε round trip: within each accountant's own inversion (PLD: interpolation on its grid)
         assert d == pytest.approx(DELTA, rel=1e-5)
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dpsgd.accountant import rdp
+from tolerances import chain_rel_tol
 
 dpa = pytest.importorskip("dp_accounting")
 from dp_accounting.rdp import rdp_privacy_accountant as dpa_rdp  # noqa: E402
@@ -23,6 +24,8 @@ def _dpa_epsilon(q, sigma, steps):
 def _check_vs_dpa(q, sigma, steps):
     ours = rdp.compute_rdp(q, sigma, INT_ORDERS, steps)
     ref = steps * dpa_rdp._compute_rdp_poisson_subsampled_gaussian(q, sigma, INT_ORDERS)
+    # an independent implementation (its own series and ε conversion): 0.5 % still catches any wrong
+    # factor of q or σ, which moves the RDP curve by far more
     np.testing.assert_allclose(ours, ref, rtol=5e-3)
     eps, _ = rdp.epsilon(q, sigma, steps, DELTA, orders=INT_ORDERS)
     assert eps == pytest.approx(_dpa_epsilon(q, sigma, steps), rel=5e-3)
@@ -50,7 +53,9 @@ def _rdp_mpmath(q, sigma, alpha):
 ])
 def test_fractional_orders_match_integration(q, sigma, alpha):
     ours = rdp.compute_rdp(q, sigma, [alpha])[0]
-    assert ours == pytest.approx(_rdp_mpmath(q, sigma, alpha), rel=1e-8, abs=1e-15)
+    # rel: the 50-digit integration's own accuracy; abs: round-off of the signed series, whose
+    # terms are O(1) (a few float64 roundings absolute)
+    assert ours == pytest.approx(_rdp_mpmath(q, sigma, alpha), rel=1e-8, abs=chain_rel_tol(8))
 
 
 def test_fractional_orders_between_integer_neighbours():
@@ -75,6 +80,7 @@ def test_conversions():
     assert improved < paper
     for conv, eps in (("paper", paper), ("improved", improved)):
         d, _ = rdp.rdp_to_delta(orders, curve, eps, conv)
+        # δ(ε(δ)) through the conversion's minimum over orders (a few float64 ops; 1e-6 is loose)
         assert d == pytest.approx(DELTA, rel=1e-6)
     with pytest.raises(ValueError, match="conversion"):
         rdp.rdp_to_epsilon(orders, curve, DELTA, "tight")
@@ -84,6 +90,7 @@ def test_per_tensor_vs_joint_numbers_from_brief():
     # σ = 2, q = 0.01, 40 000 lots, k = 2 tensors, δ = 1e-5 (RDP, improved conversion, integer orders)
     per_tensor, _ = rdp.epsilon(0.01, 2.0, 2 * 40_000, DELTA, orders=INT_ORDERS)
     joint, _ = rdp.epsilon(0.01, 2.0 / math.sqrt(2), 40_000, DELTA, orders=INT_ORDERS)
+    # values as printed to 2 decimals (half a unit of the last digit)
     assert per_tensor == pytest.approx(7.66, abs=0.005)
     assert joint == pytest.approx(8.36, abs=0.005)
 
@@ -102,15 +109,17 @@ def test_default_orders_reach_below_1_1_and_keep_the_old_ones():
     assert list(rdp.DEFAULT_ORDERS) == sorted(rdp.DEFAULT_ORDERS)
 
 
-@pytest.mark.parametrize("q,sigma,steps,old", [(0.1, 0.5, 10_000, 956.1972884736996),
+@pytest.mark.parametrize("q,sigma,steps,from_1_1", [(0.1, 0.5, 10_000, 956.1972884736996),
                                                 (0.05, 0.7, 100_000, 831.6218490844357)])
-def test_large_epsilon_uses_small_orders(q, sigma, steps, old):
-    # ε > 100: the optimum is below 1.25 (was up to 32 % above opacus' orders from 1.1)
+def test_large_epsilon_uses_small_orders(q, sigma, steps, from_1_1):
+    # ε > 100: the optimum is below 1.25, and ε is well below ``from_1_1``, the ε with opacus' orders
+    # (from 1.1 up; up to 32 % larger)
     ours, alpha = rdp.epsilon(q, sigma, steps, DELTA)
-    assert alpha < 1.25 and ours < 0.95 * old
+    assert alpha < 1.25 and ours < 0.95 * from_1_1
     # the new orders against 50-digit integration (dp_accounting 0.6 does not converge there and
     # drops these orders), and against dp_accounting's conversion at the orders it does compute
     for a in (1.02, 1.05, 1.1):
+        # rel: the 50-digit integration's quadrature accuracy
         assert rdp.compute_rdp(q, sigma, [a])[0] == pytest.approx(_rdp_mpmath(q, sigma, a), rel=1e-8)
 
 
@@ -122,6 +131,7 @@ def test_small_orders_not_worse_than_dp_accounting():
     acc = dpa_rdp.RdpAccountant(orders=list(rdp.DEFAULT_ORDERS))
     acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
     assert alpha < 1.25 and ours <= acc.get_epsilon(DELTA)
+    # value as printed to 2 decimals
     assert ours == pytest.approx(232.48, abs=0.01)
 
 

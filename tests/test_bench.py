@@ -79,9 +79,11 @@ def test_bench_cifar_epoch_protocol_and_preset_budgets(tmp_path):
         q = p["lot_size"] / b.N
         if p["sigma"] > 0:      # the accountant's budget at k = 3 groups; its PLD ε never above the target
             lots = Ledger().steps_within(p["epsilon"], DELTA, q, p["sigma"], 3, p["accountant"], p["convention"])
+            # the CSV keeps epochs to 2 decimals (half a unit)
             assert int(r["preset_lots"]) == lots and float(r["epochs"]) == pytest.approx(lots * q, abs=0.005)
             assert 0 < float(r["epsilon_pld_joint"]) <= p["epsilon"]
         else:
             assert float(r["epochs"]) == p["epochs"]
         per_epoch = float(r["epoch_s"]) + float(r["eval_s"]) / int(r["eval_every"])
+        # the CSV keeps hours, epochs and timings to 2 decimals (half a unit each, through the product)
         assert float(r["projected_h"]) == pytest.approx(float(r["epochs"]) * per_epoch / 3600, abs=0.006)

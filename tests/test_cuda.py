@@ -16,6 +16,7 @@ from dpsgd.clipping import PerExampleClipper
 from dpsgd.models import MLP, CifarCNN
 from dpsgd.noise import GaussianNoise
 from dpsgd.optim import DPSGD
+from tolerances import assert_f64_close, f64_rtol
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 DT = torch.float64
@@ -58,8 +59,9 @@ def test_ghost_on_cuda_equals_vmap_on_cuda_and_cpu(name, clipping, budget):
     assert ghost.mode == "ghost"
     _close(rg.grads, rv.grads, 1e-5)
     _close(rg.grads, cpu.grads, 1e-5)
-    torch.testing.assert_close(rg.norms.cpu(), cpu.norms, rtol=1e-8, atol=1e-10)
-    assert float(rg.loss_sum) == pytest.approx(float(cpu.loss_sum), rel=1e-10)
+    # float64 on both devices, different kernels (cuBLAS/cuDNN vs CPU): tests/tolerances.py
+    assert_f64_close(rg.norms.cpu(), cpu.norms, f64_rtol(model))
+    assert float(rg.loss_sum) == pytest.approx(float(cpu.loss_sum), rel=f64_rtol(model))
 
 
 def test_float32_ghost_on_cuda_matches_float64_cpu():
@@ -79,10 +81,10 @@ def test_clipped_example_has_norm_C_on_cuda():
         g = PerExampleClipper(gm, 0.7, clipping, mode="ghost").clipped_sum(x1, y1).grads
         if clipping == "global":
             total = torch.sqrt(sum(v.pow(2).sum() for v in g.values()))
-            assert float(total) == pytest.approx(0.7, rel=1e-9)
+            assert float(total) == pytest.approx(0.7, rel=f64_rtol(gm))       # a norm over the parameters
         else:
             for v in g.values():
-                assert float(v.norm()) == pytest.approx(0.7, rel=1e-9)
+                assert float(v.norm()) == pytest.approx(0.7, rel=f64_rtol(gm))
 
 
 def test_dp_step_without_clip_or_noise_is_plain_sgd_on_cuda():
@@ -99,6 +101,7 @@ def test_dp_step_without_clip_or_noise_is_plain_sgd_on_cuda():
     out = dp.step(x, y, physical_batch_size=16)
     assert out["loss_sum"].device.type == "cuda"
     for p, q in zip(model.parameters(), ref.parameters()):
+        # float32 on the GPU, two reduction orders (DP step vs autograd): ~n·eps32 of the summed loss
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
@@ -114,6 +117,7 @@ def test_noise_on_cuda_std_reproducibility_and_resume():
     c.load_state_dict(a.state_dict())
     assert torch.equal(a.sample((100,), 1.0), c.sample((100,), 1.0))
     s = GaussianNoise(secure=True, device="cuda").sample((200_000,), 2.0)
+    # statistical: the SE of a std of 200 000 draws is 0.16 %
     assert s.device.type == "cuda" and float(s.std()) == pytest.approx(2.0, rel=0.01)
 
 
@@ -126,6 +130,7 @@ def test_empty_lot_on_cuda_is_noise_only():
     out = dp.step(torch.zeros(0, 60, device="cuda"), torch.zeros(0, dtype=torch.long, device="cuda"))
     assert out["lot_size"] == 0 and float(out["loss_sum"]) == 0.0
     moved = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
+    # statistical: the SE of a std of ~10^4 parameters is < 1 %
     assert float(moved.std()) == pytest.approx(0.1 * 4.0 * 4.0 / 600, rel=0.02)
 
 

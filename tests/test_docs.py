@@ -1,15 +1,16 @@
 """The docs run and name real things.
 
 * Every ``>>>`` example in docs/*.md and README.md runs as a doctest, in the repository root, each
-  example in under ``EXAMPLE_BUDGET_S`` seconds (accountant calls, samplers, a Ledger, config
-  validation; never a training run). Examples of one page share their globals, in page order.
+  example kept small (accountant calls, samplers, a Ledger, config validation; never a training
+  run; no wall-clock limit is asserted, since a loaded machine would fail it). Examples of one
+  page share their globals, in page order.
 * Every code reference in the docs exists: ``path/to/file.py`` and other repository paths,
   ``file.py:function`` / ``file.py:Class.method`` (checked with ``ast``, nothing imported),
   dotted ``dpsgd.module.name`` (imported), ``python -m module`` (a module or package with
   ``__main__``), ``make target`` (a Makefile target) and relative markdown links.
 
 Why a test module rather than ``--doctest-glob='*.md'`` in pytest.ini: one place holds both checks,
-the per-example time budget is enforced, examples run from the repository root whatever pytest's
+examples run from the repository root whatever pytest's
 working directory, and pytest.ini (shared with every test file) stays as it is. The pages run under
 ``make test`` because this file is in ``tests/``.
 """
@@ -20,7 +21,6 @@ import doctest
 import importlib
 import importlib.util
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +28,6 @@ import torch  # noqa: F401  (imported once here, so no example pays for importin
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
-EXAMPLE_BUDGET_S = 2.0
 OPTIONS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 # Pages that must keep executable examples (an accidental reformat would otherwise drop them silently).
 EXECUTABLE = ("ACCOUNTING.md", "ARCHITECTURE.md", "CONFIGURATION.md")
@@ -50,15 +49,11 @@ def run_page(path: Path) -> tuple[int, list[str]]:
         out: list[str] = []
         runner = doctest.DocTestRunner(optionflags=OPTIONS)
         test = doctest.DocTest([ex], globs, path.name, str(path), 0, None)
-        t0 = time.perf_counter()
         res = runner.run(test, out=out.append, clear_globs=False)
-        took = time.perf_counter() - t0
         globs = test.globs                           # DocTest copies its globals: carry them on
         line = ex.lineno + 1
         if res.failed:
             failures.append(f"{path.name}:{line}: {''.join(out).strip()}")
-        elif took > EXAMPLE_BUDGET_S:
-            failures.append(f"{path.name}:{line}: took {took:.2f} s (> {EXAMPLE_BUDGET_S} s): {ex.source.strip()}")
     return len(examples), failures
 
 

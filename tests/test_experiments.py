@@ -15,7 +15,9 @@ import yaml
 from dpsgd.accountant import Ledger
 from dpsgd.config import validate
 from dpsgd.launch import compose
-from experiments import claims, collect, figure2, figures, readme
+from experiments import claims, collect, figure2, figures, mnist_figures, readme, runs, style
+from tolerances import (GAUSSIAN_EPSILON_RTOL, GAUSSIAN_EPSILON_XTOL, ledger_pld_epsilon_tol, pld_epsilon_tol,
+                        rdp_series_rtol, reduction_rtol, root_tol)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"
@@ -108,19 +110,25 @@ def test_figure4_recomputes_the_runs_own_epsilon(tmp_path):
                           "privacy.lot_size=200", "training.max_steps=12", "device=cpu", f"hydra.run.dir={run}"],
                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    r = collect.load_run(run)
+    r = runs.load_run(run)
     rows = pd.DataFrame(collect.figure4_rows("mnist_medium", r))
     m = r["metrics"]
     assert len(m) >= 2                                     # 10 lots per epoch: 2 epochs
+    entries = r["privacy"]["ledger"]["entries"]
     for e in m.itertuples():
         got = rows[(rows.epoch == e.epoch) & (rows.delta == 1e-5)].set_index(["accountant", "convention"])["epsilon"]
-        assert got[("moments", "per_tensor")] == pytest.approx(e.epsilon_moments, rel=1e-12)
-        assert got[("moments", "joint")] == pytest.approx(e.epsilon_moments_joint, rel=1e-12)
-        assert got[("pld", "joint")] == pytest.approx(e.epsilon_pld_joint, rel=1e-9)
+        # moments: the run summed the log moments lot by lot (<= steps additions), the ledger once;
+        # then a few operations of the tail bound
+        rel = reduction_rtol(int(e.steps) + 8)
+        assert got[("moments", "per_tensor")] == pytest.approx(e.epsilon_moments, rel=rel)
+        assert got[("moments", "joint")] == pytest.approx(e.epsilon_moments_joint, rel=rel)
+        pld_tol = ledger_pld_epsilon_tol(Ledger(collect.ledger_prefix(entries, int(e.steps))))   # the PLD grid
+        assert got[("pld", "joint")] == pytest.approx(e.epsilon_pld_joint, abs=pld_tol)
     assert set(rows["delta"]) == set(claims.FIGURE4_DELTAS)
-    # a larger δ never costs more ε
+    # a larger δ never costs more ε: exact, each term (α + log(1/δ))/λ falls with δ (the FIGURE4_DELTAS
+    # are decades apart) and rounding is monotone
     g = rows[(rows.accountant == "moments") & (rows.convention == "per_tensor")].sort_values(["epoch", "delta"])
-    assert (g.groupby("epoch")["epsilon"].diff().dropna() <= 1e-12).all()
+    assert (g.groupby("epoch")["epsilon"].diff().dropna() <= 0).all()
 
 
 def test_ledger_prefix_keeps_the_pca_release():
@@ -148,15 +156,23 @@ def test_committed_figure2_is_the_accountants_output_and_pins_the_paper():
     assert at[("moments", 100)] == pytest.approx(1.26, abs=0.01)
     assert at[("strong_composition_paper", 100)] == pytest.approx(9.34, abs=0.05)
     assert at[("moments", 400)] == pytest.approx(2.55, abs=0.05)
-    # recomputed now from the accountant: the CSV is its output, not typed in
+    # recomputed now from the accountant: the CSV is its output, not typed in. The committed values
+    # were computed on another machine, so each curve gets its algorithm's round-off:
+    # moments: log-space binomial sums of <= 33 terms and the tail bound (~64 roundings);
+    # rdp_improved: the fractional-order series (rdp_series_rtol);
+    # strong_composition_valid: ε0 is a brentq root, ε0 >= 1e-3 here (below it ε <= 1e-3·√(2T·log(1/δ''))
+    # + 2Tε0² < 1.1), and ε's elasticity in ε0 is <= 3 for ε0 < 1
+    rtol = {"moments": reduction_rtol(64), "rdp_improved": rdp_series_rtol(),
+            "strong_composition_valid": 3 * root_tol(1e-3, GAUSSIAN_EPSILON_XTOL, GAUSSIAN_EPSILON_RTOL) / 1e-3}
     for curve, e in [("moments", 100), ("rdp_improved", 250), ("strong_composition_valid", 100)]:
-        assert at[(curve, e)] == pytest.approx(figure2.epsilon(curve, e * 100)[0], rel=1e-9)
+        assert at[(curve, e)] == pytest.approx(figure2.epsilon(curve, e * 100)[0], rel=rtol[curve])
     # PLD ε is an FFT composition over 40 000 lots: its last bits depend on the numpy/scipy build and
-    # the CPU they run on (the committed 2.0333569584, written with pld.py as it is now, vs 2.0333569156
-    # recomputed under numpy 2.4.6 / scipy 1.17.1 and under 2.3.5 / 1.16.3: rel 2.1e-8). rel 1e-7
-    # still catches any real change: one extra lot (40 001) moves ε by rel 1.4e-5, σ = 4.0001
-    # instead of 4 by rel 2.9e-5, δ = 1.001e-5 instead of 1e-5 by rel 6.0e-5.
-    assert at[("pld", 400)] == pytest.approx(figure2.epsilon("pld", 400 * 100)[0], rel=1e-7)
+    # the CPU (the committed 2.0333569584 vs 2.0333569156 recomputed under other numpy/scipy builds),
+    # and near a grid boundary they move it by up to a grid step: the tolerance is 2 steps h = 2e-4.
+    # That still catches any real change: one more epoch (40 100 lots) moves ε by 2.8e-3, σ = 4.004
+    # instead of 4 by 2.3e-3.
+    tol = pld_epsilon_tol([(figure2.Q, figure2.SIGMA, 40_000)])
+    assert at[("pld", 400)] == pytest.approx(figure2.epsilon("pld", 400 * 100)[0], abs=tol)
 
 
 # ------------------------------------------------------------------------------- figures + README
@@ -182,7 +198,7 @@ def test_a_figure_redrawn_is_byte_identical(tmp_path, monkeypatch):
     paths = {}
     for run, epoch in (("a", "1"), ("b", "1700000000")):
         monkeypatch.setenv("SOURCE_DATE_EPOCH", epoch)
-        paths[run] = figures.privacy_utility(df, tmp_path / run)
+        paths[run] = mnist_figures.privacy_utility(df, tmp_path / run)
     for a, b in zip(paths["a"], paths["b"]):
         assert a.read_bytes() == b.read_bytes(), a.name
     png, pdf = (p.read_bytes() for p in paths["a"])
@@ -207,7 +223,7 @@ def test_figures_redraw_from_committed_csvs(tmp_path):
     for name in ("figure3", "figure4"):
         if (RESULTS / f"{name}.csv").exists():
             width_px = _png_size(res / "figures" / f"{name}.png")[0]
-            assert width_px <= (figures.COLUMN_WIDTH_IN + 0.2) * figures.COLUMN_DPI, (name, width_px)
+            assert width_px <= (style.COLUMN_WIDTH_IN + 0.2) * style.COLUMN_DPI, (name, width_px)
     committed = (RESULTS / "README.md").read_text(encoding="utf-8")
     # the image list depends on which PNGs exist; compare with the committed figures in place
     assert readme.render(RESULTS) == committed
@@ -292,6 +308,7 @@ def test_seeds_collect_merges_replaces_and_summarises(tmp_path):
     df = pd.read_csv(res / "seeds.csv")
     assert len(df) == 3
     sp = seeds.spread(df).set_index("hardware").loc["test-hw"]
+    # decimal inputs through a mean and a standard error: pytest's default rel 1e-6
     assert sp["n"] == 2 and sp["mean"] == pytest.approx(0.92) and sp["sd"] == pytest.approx(0.02 / math.sqrt(2))
     assert sp["at_or_above_paper"] == 2 and sp["seeds"] == "0,1"
     assert seeds.parse_seeds("0-2,7") == [0, 1, 2, 7]

@@ -17,7 +17,7 @@ from dpsgd.config import validate
 from dpsgd.launch import compose
 from dpsgd.report import COLUMNS as METRICS_COLUMNS
 from dpsgd.train import train
-from experiments import claims, collect, figure6, figures, readme
+from experiments import claims, collect, figure6, figures, readme, style
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"
@@ -47,7 +47,7 @@ def test_figure6_and_the_readme_section_render_from_the_fixture(tmp_path):
     png, pdf = res / "figures" / "figure6.png", res / "figures" / "figure6.pdf"
     assert png.stat().st_size > 1000 and pdf.stat().st_size > 1000
     # printed at a paper's text width, as Figures 3 and 4
-    assert _png_width(png) <= (figures.COLUMN_WIDTH_IN + 0.2) * figures.COLUMN_DPI
+    assert _png_width(png) <= (style.COLUMN_WIDTH_IN + 0.2) * style.COLUMN_DPI
     out = (res / "README.md").read_text(encoding="utf-8")
     assert "## §5.3 / Figure 6 — CIFAR-10" in out and "- `figure6.csv`" in out
     assert "![figure6](figures/figure6.png)" in out and readme.CIFAR_NOT_MEASURED not in out
@@ -141,6 +141,7 @@ def test_collect_turns_cifar_run_folders_into_figure6_csv(real_run, tmp_path):
     for preset, acc in (("cifar10_eps2", 0.66), ("cifar10_eps8", 0.72)):
         d = f6[f6["preset"] == preset]
         assert len(d) == len(metrics)
+        # a decimal value through a CSV round trip: pytest's default rel 1e-6
         assert d["test_accuracy"].iloc[-1] == pytest.approx(acc)
         for col in ("epoch", "steps", "epsilon", "epsilon_pld_joint", "q", "L", "sigma", "groups"):
             assert list(d[col]) == pytest.approx(list(metrics[col])), col
@@ -151,6 +152,7 @@ def test_collect_turns_cifar_run_folders_into_figure6_csv(real_run, tmp_path):
     # pinning an older run of a preset
     collect.collect([roots], res, hardware="test-hw", pinned={"cifar10_eps2": roots / "a_old"})
     f6 = pd.read_csv(res / "figure6.csv")
+    # a decimal value through a CSV round trip: pytest's default rel 1e-6
     assert f6[f6["preset"] == "cifar10_eps2"]["test_accuracy"].iloc[-1] == pytest.approx(0.11)
 
 

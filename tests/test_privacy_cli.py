@@ -26,6 +26,7 @@ def test_json_keys_and_values(capsys):
     d = json.loads(out.out)
     assert set(d) == {"moments", "rdp", "pld", "strong_composition"}
     assert all("epsilon" in v for v in d.values())
+    # printed to 4 decimals; the order is an integer
     assert d["moments"]["epsilon"] == pytest.approx(1.2586, abs=1e-4) and d["moments"]["order"] == 19
     assert d["pld"]["epsilon"] <= d["rdp"]["epsilon"] <= d["moments"]["epsilon"]
     assert d["strong_composition"]["valid_bound"] is False
@@ -71,20 +72,22 @@ def _strict(text):
 
 
 def test_tiny_sigma_prints_the_real_pld_epsilon(capsys):
-    # printed PLD ε 0.0000 before (e^ε overflow); exact Gaussian ε is 620.62
+    # e^ε overflows at this loss; the exact Gaussian ε is 620.62 and must be printed, not 0.0000
     rc, out = _run(capsys, "--q", "1", "--sigma", "0.032", "--steps", "1", "--json")
     d = _strict(out.out)
+    # printed to 2 decimals
     assert rc == 0 and d["pld"]["epsilon"] == pytest.approx(620.62, abs=0.01)
 
 
 def test_each_accountant_answers_or_refuses_alone(capsys):
-    # the moments floor log(1/δ)/32 = 0.576 > 0.491 used to abort the whole table
+    # the moments floor log(1/δ)/32 = 0.576 > 0.491 refuses that accountant only, not the whole table
     argv = ["--q", "0.00187", "--steps", "23915", "--delta", "1e-8", "--target-epsilon", "0.491"]
     rc, out = _run(capsys, *argv, "--json")
     d = _strict(out.out)
     assert rc == 0
     assert d["moments"]["epsilon"] is None and "floor" in d["moments"]["refused"]
     assert d["moments"]["refused"].startswith("moments")
+    # σ printed to 2 decimals; calibration stops within rtol 0.005 of the target ε
     assert d["rdp"]["sigma"] == pytest.approx(3.18, abs=0.01) and d["pld"]["sigma"] == pytest.approx(3.02, abs=0.01)
     rc, out = _run(capsys, *argv)
     line = next(l for l in out.out.splitlines() if l.startswith("moments"))

@@ -42,11 +42,11 @@ def paper():
 
 
 def _run(led, eps, steps=300):
-    """The run state the report reads (train.Run has these attributes)."""
-    return SimpleNamespace(ledger=led, eps=eps, sampler=make_sampler("poisson", 60_000, 600,
-                                                                     torch.Generator().manual_seed(0)),
-                           k=K, noise=GaussianNoise(seed=0), steps=steps, epoch=3, resumes=[], runtime=None,
-                           clipper=SimpleNamespace(mode="ghost"))
+    """The run state the report reads (runstate.Run's progress and parts have these attributes)."""
+    progress = SimpleNamespace(ledger=led, eps=eps, steps=steps, epoch=3, resumes=[])
+    parts = SimpleNamespace(sampler=make_sampler("poisson", 60_000, 600, torch.Generator().manual_seed(0)),
+                            k=K, noise=GaussianNoise(seed=0), runtime=None, clipper=SimpleNamespace(mode="ghost"))
+    return SimpleNamespace(progress=progress, parts=parts)
 
 
 def _statement(c, led, eps, status="complete", stop_reason="epochs_completed", steps=300):

@@ -1,5 +1,4 @@
 """Checkpoint/resume: a run killed with SIGKILL resumes to the identical final model and ε history."""
-import csv
 import json
 import os
 import re
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import metrics_row_count, metrics_rows
 from dpsgd.checkpoint import load_checkpoint
 from dpsgd.config import ConfigError
 from dpsgd.config import validate
@@ -32,23 +32,11 @@ def _run(args, cwd):
                           capture_output=True, text=True, timeout=300)
 
 
-def _rows(run):
-    with open(run / "metrics.csv") as f:
-        return list(csv.DictReader(f))
-
-
-def _n_rows(run):
-    try:
-        return len((run / "metrics.csv").read_text().splitlines()) - 1
-    except FileNotFoundError:
-        return 0
-
-
 def _start_and_wait(args, cwd, run, rows):
     proc = subprocess.Popen([sys.executable, "-m", "dpsgd.train", *args], cwd=cwd, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
-    while _n_rows(run) < rows and proc.poll() is None and time.time() < deadline:
+    while metrics_row_count(run) < rows and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
     return proc
 
@@ -67,12 +55,12 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert json.loads((run / "privacy.json").read_text())["status"] == "running"
-    assert _n_rows(run) < 8
+    assert metrics_row_count(run) < 8
     r = _run([f"resume={run}"], tmp_path)
     assert r.returncode == 0, r.stderr
     a, b = _final_params(ref), _final_params(run)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    ra, rb = _rows(ref), _rows(run)
+    ra, rb = metrics_rows(ref), metrics_rows(run)
     assert [r["epoch"] for r in rb] == [str(i) for i in range(1, 9)]   # no duplicated or missing epoch
     for col in ("steps", "epsilon", "epsilon_moments", "epsilon_pld", "epsilon_pld_joint",
                 "test_accuracy", "train_loss"):
@@ -105,7 +93,7 @@ def test_resume_with_different_privacy_values_is_refused_untouched(tmp_path):
     # extending a finished run with more epochs is allowed and appends
     r = _run([f"resume={run}", "training.epochs=3"], tmp_path)
     assert r.returncode == 0, r.stderr
-    assert [r["epoch"] for r in _rows(run)] == ["1", "2", "3"]
+    assert [r["epoch"] for r in metrics_rows(run)] == ["1", "2", "3"]
 
 
 def test_sigint_marks_the_run_interrupted(tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import metrics_row_count
 from dpsgd import launch as T
 from dpsgd import train as training
 from dpsgd import runstate
@@ -246,11 +247,8 @@ def _start(args, cwd):
 def _wait_rows(run: Path, rows: int, proc, timeout=120):
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
-        try:
-            if len((run / "metrics.csv").read_text().splitlines()) - 1 >= rows:
-                return
-        except FileNotFoundError:
-            pass
+        if metrics_row_count(run) >= rows:
+            return
         time.sleep(0.01)
 
 

@@ -10,6 +10,7 @@ from dpsgd.sampling import PoissonSampler, ShuffleSampler, make_sampler
 def test_poisson_mean_lot_size_is_L():
     N, L = 10_000, 200
     s = PoissonSampler(N, L, torch.Generator().manual_seed(0))
+    # q = L/N, one division: pytest's default rel 1e-6
     assert s.q == pytest.approx(L / N) and s.name == "poisson"
     assert s.lots_per_epoch() == round(N / L)
     sizes = torch.tensor([len(idx) for _ in range(8) for idx in s.epoch()], dtype=torch.float64)
@@ -17,6 +18,7 @@ def test_poisson_mean_lot_size_is_L():
     # |lot| ~ Binomial(N, q): mean L, sd sqrt(N q (1-q)); the mean of n lots within 5 standard errors.
     se = math.sqrt(N * s.q * (1 - s.q) / n)
     assert abs(sizes.mean().item() - L) < 5 * se
+    # statistical: a variance from few lots (its SE is ~√(2/lots) relative)
     assert sizes.var().item() == pytest.approx(N * s.q * (1 - s.q), rel=0.3)
 
 

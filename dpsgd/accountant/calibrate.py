@@ -178,7 +178,23 @@ def max_steps(target_epsilon: float, delta: float, q: float, sigma: float, accou
 
 def max_epochs(target_epsilon: float, delta: float, q: float, sigma: float, accountant: str = "rdp",
                groups: int = 1, convention: str = "joint", ledger=None) -> int:
-    """Largest whole number of epochs (1/q lots each) keeping ε <= target."""
+    """Largest whole number of epochs (``lots_per_epoch(1, q)`` lots each) keeping ε <= target."""
     q = check_q(q)
     n = max_steps(target_epsilon, delta, q, sigma, accountant, groups, convention, ledger)
-    return int(math.floor(n * q + 1e-9))
+    return n // lots_per_epoch(1, q)
+
+
+def lots_per_epoch(N: float, L: float = 1.0) -> int:
+    """Lots in one epoch of Poisson-sampled lots of expected size L from N examples: N/L (= 1/q),
+    rounded to the nearest whole lot, at least one. The epoch the training loop runs
+    (sampling.PoissonSampler); with only q known, ``lots_per_epoch(1, q)``."""
+    return max(1, round(N / L))
+
+
+def lots_for_epochs(epochs: float, N: float, L: float = 1.0) -> int:
+    """Lots T in ``epochs`` epochs: epochs × ``lots_per_epoch(N, L)``, a fraction of an epoch rounded
+    up to whole lots."""
+    per = lots_per_epoch(N, L)
+    if float(epochs).is_integer():
+        return int(epochs) * per
+    return int(math.ceil(epochs * per - 1e-9))

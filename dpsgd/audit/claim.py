@@ -9,16 +9,15 @@ mechanism of ℓ2-sensitivity C√k and noise σC per coordinate, i.e. noise mul
   run keeps), one entry (q, σ, count = 1, groups = k);
 * for q = 1, the exact ε of the Gaussian mechanism (Balle & Wang 2018, Thm 8):
   δ(ε) = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ), solved for ε by
-  ``dpsgd.accountant.strong_composition.gaussian_epsilon`` at noise multiplier 1/μ = σ/√k.
+  ``dpsgd.accountant.strong_composition.gaussian_epsilon`` at noise multiplier 1/μ = σ/√k, as
+  ``dpsgd.accountant.compose.charge`` charges a lot under the joint convention.
 
 Each of these is an upper bound on the true ε of a correct implementation (PLD and the exact form are
 tight), so an audit lower bound above any of them proves the code is not the analysed mechanism.
 """
 from __future__ import annotations
 
-import math
-
-from dpsgd.accountant import Ledger
+from dpsgd.accountant import Ledger, compose
 from dpsgd.accountant.strong_composition import gaussian_epsilon
 
 from .settings import AuditConfig
@@ -34,6 +33,7 @@ def claimed_epsilon(cfg: AuditConfig, groups: int) -> dict:
         led.record(q=cfg.q, sigma=cfg.sigma, count=1, groups=groups, label="audit")
         for acc in cfg.accountants:
             out[acc] = float(led.epsilon(cfg.delta, accountant=acc, convention=CONVENTION)[0])
-    if cfg.q == 1.0:
-        out["exact"] = gaussian_epsilon(cfg.delta, cfg.sigma / math.sqrt(groups), "analytic")
+    if cfg.q == 1.0:                     # one lot charged as one Gaussian mechanism at σ/√k
+        _, sigma_eff, _ = compose.charge(cfg.q, cfg.sigma, groups, CONVENTION)
+        out["exact"] = gaussian_epsilon(cfg.delta, sigma_eff, "analytic")
     return out

@@ -6,7 +6,9 @@ clipping="global": one norm over all trainable parameters. clipping="per_layer":
 owns trainable parameters (e.g. weight + bias of one Linear) is clipped to C on its own, as in the
 paper's experiments; the k groups are then k tensors of one Gaussian mechanism (see the ledger).
 Frozen parameters (requires_grad=False, e.g. the pretrained convolutions of the paper's CIFAR-10
-experiment, §5.3) are no group and get no gradient: k counts trained modules only.
+experiment, §5.3) are no group and get no gradient: k counts trained modules only. The groups come
+from ``groups.clipping_groups``, the rule σ calibration and the ledger's k share (a parameter
+shared by two modules is one tensor in its first owner's group; the ghost engine declines it).
 No noise and no division here: the DP optimiser adds N(0, σ²C²) per group and divides by L.
 
 mode="vmap": torch.func per-example gradients (reference). mode="ghost": ghost norms +
@@ -39,6 +41,7 @@ from ..models import check_dp_compatible
 from ..runtime import ieee_float32
 from .clip import CLIPPINGS, MODES
 from .ghost import DEFAULT_BUDGET_BYTES, Unsupported, build_layers, ghost_clipped_sum
+from .groups import clipping_groups
 from .vmap import vmap_clipped_sum
 
 
@@ -64,21 +67,9 @@ class PerExampleClipper:
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.clipping = clipping
         self.budget = int(memory_budget_bytes)
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        if not names:
-            raise ValueError("model has no trainable parameters (requires_grad=True)")
-        self.trainable = tuple(names)    # frozen (requires_grad=False): not clipped, not a group
-        if clipping == "global":
-            self.groups = [names]
-        else:
-            self.groups = []
-            for mname, m in model.named_modules():
-                own = [f"{mname}.{a}" if mname else a
-                       for a, p in m.named_parameters(recurse=False) if p.requires_grad]
-                own = [n for n in own if n in names]          # a shared parameter counts once
-                names = [n for n in names if n not in own]
-                if own:
-                    self.groups.append(own)
+        self.groups = clipping_groups(model, clipping)      # the k groups the accountant charges
+        # frozen (requires_grad=False): not clipped, not a group
+        self.trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
         self._layers, self.native = None, False
         try:
             self._layers, self.native = build_layers(model)

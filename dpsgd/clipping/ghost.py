@@ -16,9 +16,10 @@ T = sequence length, or the number of output pixels of a Conv2d after unfolding 
 One forward pass records each layer's input a and the autograd edge of its output; one
 ``torch.autograd.grad`` call returns only the gradients w.r.t. those outputs (autograd never forms
 the weight gradients). A first call is checked once against plain autograd (engine.py).
-GroupNorm has its own exact rule (layers.py). Parameter-bearing leaf modules other than
-Linear/Conv2d/GroupNorm (LayerNorm, Embedding, ...) get their per-example gradients from ``vmap``
-over that module alone, using the same a and b (hybrid).
+Each module owning trainable parameters (``groups.owners``) gets the layer rule registered for its
+type (``registry.py``; Linear, Conv2d and GroupNorm in layers.py). Parameter-bearing leaf modules
+without a rule (LayerNorm, Embedding, ...) get their per-example gradients from ``vmap`` over that
+module alone, using the same a and b (hybrid).
 
 Augmentation multiplicity K (De et al. 2022): x holds B·K rows, example i's K augmented copies in
 rows iK .. iK+K−1, and y holds B labels. The loss is Σ_i (1/K) Σ_k ℓ(θ, x_ik), so b carries the
@@ -28,53 +29,57 @@ repeats the example's factor over its rows. One forward and one backward pass ov
 from __future__ import annotations
 
 from collections import Counter
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from .layers import Conv2dLayer, GenericLayer, GroupNormLayer, LinearLayer, Unsupported, _Layer
 from .clip import clip_factors
+from .groups import owners
+from .layers import GenericLayer, Unsupported, _Layer
+from .registry import registered_rule
 
 DEFAULT_BUDGET_BYTES = 64 * 2**20    # per-example products kept in memory for reuse, all layers
 
 
 def build_layers(model: nn.Module) -> tuple[list[_Layer], bool]:
-    """Layers for every module owning trainable parameters; (layers, all Linear/Conv2d/GroupNorm).
+    """A layer rule for every module owning trainable parameters (``groups.owners``), from the table
+    of ``registry.py``; (layers, native), native: every such module has a registered rule.
 
-    Raises Unsupported when a module owns parameters and also has submodules (its forward may use
-    its parameters in any way), or when a parameter is shared between modules.
+    A leaf module without a registered rule gets the generic per-module vmap rule (not native).
+    Raises Unsupported when a parameter is shared between modules (the norm of its per-example
+    gradient needs the cross term of its uses, see groups.py), or when a module without a rule
+    owns parameters and also has submodules (its forward may use its parameters in any way).
     """
-    layers, owner = [], {}
-    native = True
-    for mname, m in model.named_modules():
-        names = {attr: f"{mname}.{attr}" if mname else attr
-                 for attr, p in m.named_parameters(recurse=False) if p.requires_grad}
-        if not names:
-            continue
-        for attr in names:
-            pid = id(getattr(m, attr))
-            if pid in owner:
-                raise Unsupported(f"parameter '{names[attr]}' is shared with '{owner[pid]}'")
-            owner[pid] = names[attr]
-        if isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward:
-            layers.append(LinearLayer(m, names))
-        elif isinstance(m, nn.Conv2d) and type(m).forward is nn.Conv2d.forward:
-            layers.append(Conv2dLayer(m, names))
-        elif isinstance(m, nn.GroupNorm) and type(m).forward is nn.GroupNorm.forward:
-            layers.append(GroupNormLayer(m, names))
-        elif next(m.children(), None) is None:
-            layers.append(GenericLayer(m, names))
-            native = False
-        else:
-            raise Unsupported(f"module '{mname}' ({type(m).__name__}) owns parameters and has "
-                              "submodules; its forward may use its parameters in any way")
+    layers, native = [], True
+    for o in owners(model):
+        if o.aliases:
+            attr, first = next(iter(o.aliases.items()))
+            raise Unsupported(f"parameter '{f'{o.name}.{attr}' if o.name else attr}' is shared with '{first}'")
+        rule = registered_rule(o.module)
+        if rule is None and next(o.module.children(), None) is not None:
+            kind = type(o.module).__name__
+            raise Unsupported(f"module '{o.name}' ({kind}) owns parameters and has submodules; its forward "
+                              f"may use its parameters in any way (no layer rule is registered for {kind}: "
+                              "see dpsgd/clipping/registry.py:register_layer)")
+        if rule is None:
+            rule, native = GenericLayer, False
+        layers.append(rule(o.module, o.params))
     return layers, native
 
 
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
+
+
+class Record(NamedTuple):
+    """What the forward hook of one layer keeps."""
+    input: torch.Tensor | None       # the layer's input a, when its rule reads it (``needs_input``)
+    edge: object                     # autograd edge of its output; None when the output needs no gradient
+    version: int                     # a._version at the call (a later in-place change is refused)
+    rows: int                        # a.shape[0]
 
 
 class Capture:
@@ -92,7 +97,7 @@ class Capture:
 
     def __init__(self, layers: list[_Layer]):
         self.layers = layers
-        self.records: dict[int, tuple] = {}
+        self.records: dict[int, Record] = {}
 
     def __enter__(self):
         self.records.clear()
@@ -119,11 +124,20 @@ class Capture:
             if edge is not None:
                 layer.check_input(a)
             kept = a if layer.needs_input else None
-            self.records[i] = (kept, edge, a._version, a.shape[0])
+            self.records[i] = Record(kept, edge, a._version, a.shape[0])
         return hook
 
 
-@torch.no_grad()                     # only the forward pass records a graph (enable_grad below)
+class Work(NamedTuple):
+    """One layer whose output reaches the loss, as its rule takes it, and the rule's reusable state."""
+    layer: _Layer
+    a: torch.Tensor | None
+    b: torch.Tensor
+    state: object
+    rows: int                        # rows per example the rule still sums (augmentation multiplicity)
+
+
+@torch.no_grad()                     # only the forward pass records a graph (enable_grad in _forward)
 def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool = False,
                       budget_bytes: int = DEFAULT_BUDGET_BYTES, out: dict | None = None,
                       multiplicity: int = 1):
@@ -134,90 +148,133 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
 
     With ``out`` (a tensor per parameter name) the sums are accumulated into it in place. Every
     Unsupported is raised before the first write into ``out``, so a caller may fall back to vmap."""
+    K = multiplicity
+    B = x.shape[0] // K
+    recs, total, loss_dtype = _forward(model, layers, x, y, K)
+    order, bs = _output_grads(layers, recs, x.shape[0], total, retain=verify)
+    ref = _autograd_grads(layers, total) if verify else {}
+    group_of = {n: g for g, names in enumerate(groups) for n in names}
+    sq, work = _squared_norms(layers, recs, order, bs, group_of, len(groups), K, budget_bytes)
+    dtype = work[0].b.dtype if work else loss_dtype
+    norms, factors = _norms_and_factors(sq, max_grad_norm, B, dtype, x.device)
+    if verify:
+        _check_against_autograd(layers, work, ref, B, dtype, x.device)
+    return _clipped_sums(layers, work, factors, group_of, x, out), total.detach(), norms
+
+
+def _forward(model, layers, x, y, K: int):
+    """One forward pass under the layers' hooks: (records, Σ_i loss_i, the logits' dtype)."""
     capture = Capture(layers)
     with torch.enable_grad(), capture:
         logits = model(x)
-        K = multiplicity
         if K == 1:
             total = F.cross_entropy(logits, y, reduction="sum")
         else:                                    # Σ_i mean_k ℓ(θ, x_ik)
             total = F.cross_entropy(logits, y.repeat_interleave(K), reduction="sum") / K
-    recs = capture.records
-    order = [i for i in sorted(recs) if recs[i][1] is not None]
+    return capture.records, total, logits.dtype
+
+
+def _output_grads(layers, recs, rows: int, total, retain: bool):
+    """(indices of the recorded layers whose output needs a gradient, b = ∂total/∂output for each;
+    None where the output does not reach the loss). One autograd call, no weight gradient formed."""
+    order = [i for i in sorted(recs) if recs[i].edge is not None]
     for i in order:
-        if recs[i][0] is not None and recs[i][0]._version != recs[i][2]:
+        if recs[i].input is not None and recs[i].input._version != recs[i].version:
             raise Unsupported(f"the input of {layers[i].names} was modified in place")
-        if recs[i][3] != x.shape[0]:
+        if recs[i].rows != rows:
             raise Unsupported(f"module {layers[i].names} does not keep the batch in dimension 0")
-    edges = [recs[i][1] for i in order]
-    bs = torch.autograd.grad(total, edges, allow_unused=True, retain_graph=verify) if edges else []
+    edges = [recs[i].edge for i in order]
+    bs = torch.autograd.grad(total, edges, allow_unused=True, retain_graph=retain) if edges else []
+    return order, bs
 
-    ref = {}
-    if verify:                                  # plain autograd gradient of the same graph
-        params = [p for l in layers for p in (getattr(l.module, a) for a in l.names)]
-        names = [n for l in layers for n in l.names.values()]
-        ref_grads = torch.autograd.grad(total, params, allow_unused=True) if params else []
-        ref = {n: g for n, g in zip(names, ref_grads)}
 
-    B = x.shape[0] // K
-    group_of = {n: g for g, names in enumerate(groups) for n in names}
-    sq = [None] * len(groups)                    # per group: Σ over its tensors of ‖g_i‖², [B]
+def _autograd_grads(layers, total) -> dict:
+    """Plain autograd gradient of the same graph, by parameter name (None: no gradient)."""
+    params = [p for l in layers for p in (getattr(l.module, a) for a in l.names)]
+    names = [n for l in layers for n in l.names.values()]
+    ref_grads = torch.autograd.grad(total, params, allow_unused=True) if params else []
+    return {n: g for n, g in zip(names, ref_grads)}
+
+
+def _rule_inputs(layer: _Layer, a, b, K: int):
+    """(a, b, rows per example still to sum) as the layer's rule takes them: the input prepared,
+    both in the dtype of the layer's parameters."""
+    p0 = getattr(layer.module, next(iter(layer.names)))
+    a = None if a is None else layer.prepare(a)
+    if a is not None and a.is_floating_point() and a.dtype != p0.dtype:
+        a = a.to(p0.dtype)
+    if b.dtype != p0.dtype:
+        b = b.to(p0.dtype)
+    return layer.group(a, b, K)
+
+
+def _squared_norms(layers, recs, order, bs, group_of: dict, k: int, K: int, budget_bytes: int):
+    """Per group Σ over its tensors of ‖g_i‖² ([B]; None for a group with no gradient), and the
+    layers' work for the clipped sums. Explicit per-example products are kept for reuse while
+    they fit ``budget_bytes``, in layer order."""
+    sq = [None] * k
     work, kept = [], 0
     for i, b in zip(order, bs):
-        layer = layers[i]
         if b is None:                            # output does not reach the loss: zero gradient
             continue
-        p0 = getattr(layer.module, next(iter(layer.names)))
-        a = None if recs[i][0] is None else layer.prepare(recs[i][0])
-        if a is not None and a.is_floating_point() and a.dtype != p0.dtype:
-            a = a.to(p0.dtype)
-        if b.dtype != p0.dtype:
-            b = b.to(p0.dtype)
-        a, b, k_rows = layer.group(a, b, K)      # k_rows: rows per example the rule still sums
+        layer = layers[i]
+        a, b, k_rows = _rule_inputs(layer, recs[i].input, b, K)
         need = layer.kept_bytes(a, b)
         keep = 0 < need and kept + need <= budget_bytes
         kept += need if keep else 0
         sqn, state = layer.sq_norms(a, b, keep, k_rows)
         for attr, v in sqn.items():
-            k = group_of[layer.names[attr]]
-            sq[k] = v if sq[k] is None else sq[k] + v
-        work.append((layer, a, b, state, k_rows))
-    dtype = work[0][2].dtype if work else logits.dtype
+            g = group_of[layer.names[attr]]
+            sq[g] = v if sq[g] is None else sq[g] + v
+        work.append(Work(layer, a, b, state, k_rows))
+    return sq, work
+
+
+def _norms_and_factors(sq, max_grad_norm, B: int, dtype, device):
+    """(norms [B, k], per group the clip factors [B]) from the groups' squared norms."""
     if any(v is None for v in sq):               # a group with no gradient at all
-        sq = [torch.zeros(B, dtype=dtype, device=x.device) if v is None else v for v in sq]
+        sq = [torch.zeros(B, dtype=dtype, device=device) if v is None else v for v in sq]
     if len(sq) == 1:                             # global clipping: no [B, 1] round trip
         norm = sq[0].sqrt()
-        cols, norms = (clip_factors(norm, max_grad_norm),), norm.unsqueeze(1)
-    else:
-        norms = torch.stack(sq, 1).sqrt()
-        cols = clip_factors(norms, max_grad_norm).unbind(1)
+        return norm.unsqueeze(1), (clip_factors(norm, max_grad_norm),)
+    norms = torch.stack(sq, 1).sqrt()
+    return norms, clip_factors(norms, max_grad_norm).unbind(1)
 
-    if verify:                                   # exact-structure check against autograd
-        ones = torch.ones(B, dtype=dtype, device=x.device)
-        plain = {}
-        for layer, a, b, state, k_rows in work:
-            for attr, g in layer.clipped_sum(a, b, state, {k: ones for k in layer.names}, K=k_rows).items():
-                plain[layer.names[attr]] = g
-        for layer in layers:
-            for attr, n in layer.names.items():
-                p = getattr(layer.module, attr)
-                g = plain.get(n, torch.zeros_like(p))
-                r = ref[n] if ref[n] is not None else torch.zeros_like(p)
-                if not torch.allclose(g, r, rtol=1e-3, atol=1e-5 * (1.0 + float(r.abs().max()))):
-                    raise Unsupported(f"parameter '{n}' receives gradient from outside its module's "
-                                      "forward call (e.g. weight tying or functional use)")
+
+def _check_against_autograd(layers, work, ref: dict, B: int, dtype, device) -> None:
+    """Unclipped sums of the rules = the autograd gradient, else Unsupported: the exact-structure
+    check of a first call (a parameter used outside its module's forward call shows up here)."""
+    ones = torch.ones(B, dtype=dtype, device=device)
+    plain = {}
+    for w in work:
+        for attr, g in w.layer.clipped_sum(w.a, w.b, w.state, {k: ones for k in w.layer.names}, K=w.rows).items():
+            plain[w.layer.names[attr]] = g
+    for layer in layers:
+        for attr, n in layer.names.items():
+            p = getattr(layer.module, attr)
+            g = plain.get(n, torch.zeros_like(p))
+            r = ref[n] if ref[n] is not None else torch.zeros_like(p)
+            if not torch.allclose(g, r, rtol=1e-3, atol=1e-5 * (1.0 + float(r.abs().max()))):
+                raise Unsupported(f"parameter '{n}' receives gradient from outside its module's "
+                                  "forward call (e.g. weight tying or functional use)")
+
+
+def _clipped_sums(layers, work, factors, group_of: dict, x, out: dict | None) -> dict:
+    """Σ_i c_i g_i by parameter name (book-keeping or kept products), added into ``out`` when given.
+    No Unsupported from here on: this is the first write into ``out``."""
     grads = {}
     # memory -> how many of the a's, b's and the input x use it
-    owners = Counter(_storage(t) for _, a, b, _, _ in work for t in (a, b) if t is not None)
-    owners[_storage(x)] += 1
-    for layer, a, b, state, k_rows in work:        # from here on: no Unsupported, writes into out
-        f = {attr: cols[group_of[n]] for attr, n in layer.names.items()}
-        own_b = b.is_contiguous() and owners[_storage(b)] == 1
+    users = Counter(_storage(t) for w in work for t in (w.a, w.b) if t is not None)
+    users[_storage(x)] += 1
+    for w in work:
+        layer = w.layer
+        f = {attr: factors[group_of[n]] for attr, n in layer.names.items()}
+        own_b = w.b.is_contiguous() and users[_storage(w.b)] == 1
         acc = None if out is None else {attr: out[n] for attr, n in layer.names.items()}
-        for attr, g in layer.clipped_sum(a, b, state, f, own_b=own_b, out=acc, K=k_rows).items():
+        for attr, g in layer.clipped_sum(w.a, w.b, w.state, f, own_b=own_b, out=acc, K=w.rows).items():
             grads[layer.names[attr]] = g
     for layer in layers:                         # modules not called / not reaching the loss
         for attr, n in layer.names.items():
             if n not in grads:
                 grads[n] = out[n] if out is not None else torch.zeros_like(getattr(layer.module, attr))
-    return grads, total.detach(), norms
+    return grads

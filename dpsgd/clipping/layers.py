@@ -6,6 +6,8 @@ Each rule gets a layer's input a and output gradient b (of Σ_i loss_i) for the 
   Conv2dLayer  explicit per-example products, one kernel row at a time, without a full unfold (see the class);
   GroupNormLayer per-example [B, C] sums Σ_spatial x̂ ⊙ b (weight) and Σ_spatial b (bias), exact;
   GenericLayer any other leaf module with parameters: vmap of the module's vjp (exact, materialises).
+The first three are registered for their module types (``registry.py``: ``@register_layer``);
+GenericLayer is the fallback for leaf modules without a registered rule.
 Clipped sums are book-keeping: (c ⊙ b)ᵀ a, or the weighted sum of kept per-example products.
 
 Augmentation multiplicity (De et al. 2022, arXiv 2204.13650): with K augmented copies per example the
@@ -20,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vjp, vmap
+
+from .registry import register_layer
 
 CHUNK_BYTES = 32 * 2**20             # per-example products formed at once when not kept
 WIDE_OUTPUT = 8                      # see `transposed_weight_sum`
@@ -88,6 +92,7 @@ class _Layer:
         return 0
 
 
+@register_layer(nn.Linear)
 class LinearLayer(_Layer):
     def group(self, a, b, K):
         """Example i's gradient Σ_k Σ_t b_iktᵀ a_ikt is a sequence layer's over K·T positions: the
@@ -167,6 +172,7 @@ def _seq_sq_norms(A, Bm, keep: bool):
     return sq, None
 
 
+@register_layer(nn.Conv2d)
 class Conv2dLayer(_Layer):
     """Conv2d of any stride/padding/dilation/groups/padding_mode, on [B, C, H, W] input.
 
@@ -328,6 +334,7 @@ def _sq(t: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(t, dim=1).square()
 
 
+@register_layer(nn.GroupNorm)
 class GroupNormLayer(_Layer):
     """nn.GroupNorm (Wu & He 2018) with affine parameters, on input [B, C, *] (any spatial dims).
 

@@ -1,0 +1,169 @@
+"""The parts of a run of Algorithm 1, built once: data, projection, model, clipping engine, DP-SGD step, sampler.
+
+    data → (DP-)PCA projection → model → clipping engine → noise → DPSGD → sampler (q = L/N)
+
+A fresh run and a resumed one build the same parts in the same order; they differ only in where the
+projection and the model's weights come from (fitted and initialised from the run's seeds, or taken
+from the checkpoint; see runstate.py) and, on resume, in the generator and optimiser states loaded
+afterwards (``Parts.load_state_dict``). Nothing here writes to the run directory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+from . import distributed
+from .augment import LotTransform, lot_generator
+from .config import Config
+from .data import DATASETS, input_shape, load_dataset
+from .models import build_model, frozen_names
+
+if TYPE_CHECKING:
+    from .accountant import Ledger
+    from .clipping import PerExampleClipper
+    from .ema import EMA
+    from .noise import GaussianNoise
+    from .optim import DPSGD
+    from .sampling import Sampler
+
+
+class Data(NamedTuple):
+    """The training examples the lots are drawn from and the examples evaluated on (the test set,
+    or a validation split of the training set)."""
+    X_train: torch.Tensor
+    y_train: torch.Tensor
+    X_test: torch.Tensor
+    y_test: torch.Tensor
+
+
+@dataclass
+class Parts:
+    """What a run is built from; fixed for its life (weights and generator states move, and the
+    checkpoint holds them)."""
+    device: torch.device
+    runtime: dict                   # where it runs: device, threads, versions (runtime.describe_runtime)
+    data: Data                      # projected, on the device
+    projection: torch.Tensor | None
+    model: torch.nn.Module
+    clipper: PerExampleClipper
+    dp: DPSGD                       # clip, noise, divide by L, descend
+    sampler: Sampler                # the one source of q for the ledger
+    transform: LotTransform         # per example: augmentation, standardisation
+    ema: EMA | None = None          # EMA of the weights (training.ema_decay): the released model
+
+    @property
+    def k(self) -> int:             # separately clipped groups per lot
+        return len(self.clipper.groups)
+
+    @property
+    def noise(self) -> GaussianNoise:
+        return self.dp.noise
+
+    def augment(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        """Lot ``step``'s examples as the DP step sees them (seeded by the run's seed and ``step``).
+
+        Under augmentation multiplicity (privacy.augment_multiplicity K > 1) the transform runs
+        inside the DP step instead, on the K copies of each example (each copy its own draw from
+        the lot's generator), so the lot is passed on as stored."""
+        if self.dp.K > 1 and not self.transform.identity:
+            self.dp.augment = self.transform
+            self.dp.augment_generator = lot_generator(self.transform.seed, step)
+            return x
+        return self.transform.train(x, step)
+
+    def state_dict(self) -> dict:
+        """The states that move as the run runs, under the checkpoint's keys."""
+        return {"model": {n: v.detach().cpu() for n, v in self.model.state_dict().items()},
+                "sampler": self.sampler.state_dict(), "noise": self.dp.noise.state_dict(),
+                "optimizer": self.dp.state_dict(),
+                "projection": None if self.projection is None else self.projection.cpu(),
+                "ema": None if self.ema is None else self.ema.state_dict()}
+
+    def load_state_dict(self, ckpt: dict) -> None:
+        """Continue from a checkpoint: the sampler's and the noise's generators, the momentum and the
+        EMA (the weights are loaded before the engine is built: ``build``'s ``weights``)."""
+        self.sampler.load_state_dict(ckpt["sampler"])
+        self.dp.noise.load_state_dict(ckpt["noise"])
+        self.dp.load_state_dict(ckpt["optimizer"])
+        if self.ema is not None:    # training.ema_decay is in the fingerprint: the checkpoint has the EMA
+            self.ema.load_state_dict(ckpt["ema"])
+
+
+def load_data(c: Config) -> Data:
+    """The dataset (kept at 32×32 when lots are randomly cropped), its fixed features when the model
+    has them, and the validation split when tuning; on the CPU, not yet projected."""
+    ds = c.dataset
+    Xtr, ytr, Xte, yte = load_dataset(ds.name, ds.root, ds.subset, None if ds.augment != "none" else ds.crop,
+                                      download=ds.download)
+    if c.model.features != "none":   # fixed per-example features (ScatterNet): no privacy cost, cached
+        from .data import default_root
+        from .features import transform
+        Xtr, Xte = transform(c.model.features, Xtr, Xte, dataset=ds.name,
+                             root=Path(ds.root) if ds.root else default_root(),
+                             norm=c.model.feature_norm, groups=c.model.feature_groups)
+    if ds.validation:   # tuning: train on the rest, evaluate on held-out training examples (never the test set)
+        n = len(Xtr) - ds.validation
+        Xtr, ytr, Xte, yte = Xtr[:n], ytr[:n], Xtr[n:], ytr[n:]
+    return Data(Xtr, ytr, Xte, yte)
+
+
+def fit_projection(c: Config, data: Data, seed: int, ledger: Ledger) -> torch.Tensor | None:
+    """The input projection of a fresh run; DP-PCA is the first release charged to ``ledger``."""
+    from .pca import fit_projection as fit
+    p = c.privacy
+    return fit(c.model.projection, data.X_train, c.model.pca_dims, p.sigma_p if p.private else 0.0,
+               torch.Generator().manual_seed(seed), ledger if p.private else None, p.pca_fraction)
+
+
+def project(data: Data, V: torch.Tensor | None) -> Data:
+    from .pca import project as proj
+    return data if V is None else data._replace(X_train=proj(data.X_train, V), X_test=proj(data.X_test, V))
+
+
+def init_model(c: Config, data: Data, seed: int) -> torch.nn.Module:
+    """The model on the CPU, initialised from its own seed (the global RNG state untouched), with the
+    public pretrained weights loaded and frozen when configured (never charged)."""
+    ds = c.dataset
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        shape = input_shape(ds.name, ds.crop) if ds.augment != "none" else tuple(data.X_train.shape[1:])
+        model = build_model(c.model, shape, DATASETS[ds.name].classes)
+        if c.model.pretrained is not None:   # frozen before the clipper is built
+            from .pretrained import load
+            load(model, c.model.pretrained, c.model.pretrained_sha256, frozen_names(model, c.model.freeze))
+    return model
+
+
+def build(c: Config, d: distributed.Dist, device: torch.device, runtime: dict, data: Data,
+          projection: torch.Tensor | None, model: torch.nn.Module, seeds: dict) -> Parts:
+    """The clipping engine, the noise, the DP-SGD step and the sampler around ``model`` (its weights
+    final: initialised or loaded), with the data on ``device``. ``seeds``: the ``noise`` seed (None:
+    OS entropy or privacy.noise_seed decides) and the ``sampler`` seed."""
+    from .clipping import PerExampleClipper
+    from .noise import GaussianNoise
+    from .optim import DPSGD
+    from .sampling import make_sampler
+
+    p, t, ds = c.privacy, c.training, c.dataset
+    model.to(device)
+    clipper = PerExampleClipper(model, p.clip_norm if p.private else None, clipping=p.clipping,
+                                mode=p.grad_sample_mode)
+    noise = GaussianNoise(seed=seeds["noise"], secure=p.secure_rng, device=device)
+    dp = DPSGD(model, clipper, noise, sigma=p.sigma if p.private else 0.0, max_grad_norm=p.clip_norm,
+               expected_lot_size=p.lot_size, lr=t.lr, momentum=t.momentum,
+               augment_multiplicity=p.augment_multiplicity)
+    sampler = make_sampler(p.sampling, len(data.X_train), p.lot_size,
+                           torch.Generator().manual_seed(seeds["sampler"]))
+    data = Data(*(a.to(device) for a in data))
+    if d.active:   # Σ over ranks, noise once; the noise is drawn in the engine's parameter order
+        dp.comm = distributed.Aggregator(d, p.secure_rng, list(clipper.clipped_sum(data[0][:1], data[1][:1]).grads))
+    ema = None
+    if t.ema_decay is not None:
+        from .ema import EMA
+        ema = EMA(model, t.ema_decay)
+    return Parts(device=device, runtime=runtime, data=data, projection=projection, model=model,
+                 clipper=clipper, dp=dp, sampler=sampler,
+                 transform=LotTransform(ds.augment, ds.standardize, ds.crop, c.seed), ema=ema)
