@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .accountant import ACCOUNTANTS, CONVENTIONS, limits
-from .augment import AUGMENTATIONS, CROP
+from .augment import AUGMENTATIONS
 from .checks import boolean, fmt, num
 from .clipping.clip import CLIPPINGS, MODES
 from .data import DATASETS, validate_dataset
@@ -45,7 +45,7 @@ class DatasetConfig:
     root: str | None = None            # None: $DPSGD_DATA_ROOT or <repo>/data
     subset: int | None = None          # use only the first n training examples
     validation: int | None = None      # hold out the last n of them and evaluate on those, not the test set
-    crop: int | None = CROP            # CIFAR center crop (paper: 24); None keeps 32
+    crop: int | None = None            # centre crop of CIFAR images (conf/dataset/cifar10.yaml: the paper's 24); None keeps 32
     download: bool = True              # allow torchvision to download when no local copy exists
     augment: str = "none"              # none | crop_flip (random crop to `crop` + horizontal flip, per lot)
     standardize: bool = False          # per-image standardisation (TF per_image_standardization)
