@@ -5,7 +5,7 @@ import csv
 import io
 from pathlib import Path
 
-from dpsgd.fileio import atomic_write_text
+from dpsgd.core.fileio import atomic_write_text
 
 
 def write_csv(rows: list[dict], out: Path, columns: list[str]) -> None:

@@ -14,7 +14,7 @@ The settings of each preset come from ``conf/experiment/<preset>.yaml`` when tha
 from the paper (`experiments.claims.CIFAR10_PRESETS`); column ``setting`` says which. Rows (``kind``):
 
   epoch    one epoch of Poisson lots (q = L/N, round(N/L) lots; the same lots for both methods) at each
-           preset's L: ``dpsgd_ghost_frozen`` (`dpsgd.optim.DPSGD.step`, ghost engine) and
+           preset's L: ``dpsgd_ghost_frozen`` (`dpsgd.mechanism.optim.DPSGD.step`, ghost engine) and
            ``nonprivate`` (plain autograd + SGD, convolutions frozen). ``seconds`` is wall time,
            ``cpu_s`` the process's CPU time (one thread: what an idle machine's wall time would be;
            a shared machine inflates wall time, see the load columns); examples/s and the ratio to the
@@ -46,9 +46,9 @@ import torch
 from bench import write_csv
 from bench.bench_frozen import N, dp_step, network, nonprivate_step
 from dpsgd.accountant import Ledger
-from dpsgd.config import TrainingConfig
-from dpsgd.runtime import describe_hardware
-from dpsgd.sampling import PoissonSampler
+from dpsgd.config.schema import TrainingConfig
+from dpsgd.core.runtime import describe_hardware
+from dpsgd.mechanism.sampling import PoissonSampler
 from dpsgd.train import evaluate
 from experiments.claims import CIFAR10_PRESETS, DELTA
 
@@ -71,7 +71,7 @@ def preset_settings() -> dict[str, dict]:
             out[name] = {**p, "accountant": "moments", "convention": "per_tensor", "eval_every": 1,
                          "eval_batch_size": TrainingConfig().eval_batch_size, "setting": "paper"}
             continue
-        from dpsgd.launch import compose
+        from dpsgd.run.launch import compose
         c = compose([f"experiment={name}"])
         pr, t = c.privacy, c.training
         out[name] = {"lot_size": pr.lot_size, "sigma": pr.sigma if pr.private else 0.0,

@@ -1,4 +1,4 @@
-"""Benchmark data-parallel DP-SGD (dpsgd/distributed.py): 1 vs P processes, and the all-reduce's share.
+"""Benchmark data-parallel DP-SGD (dpsgd/run/distributed.py): 1 vs P processes, and the all-reduce's share.
 
     python -m bench.bench_distributed                  # lots 600 and 6000, 1 and 2 processes (gloo, CPU)
     python -m bench.bench_distributed --quick          # smoke run
@@ -39,8 +39,8 @@ SIGMA, C, LR = 4.0, 4.0, 0.05
 
 
 def _data(subset=None):
-    from dpsgd.data import load_dataset
-    from dpsgd.pca import fit_projection, project
+    from dpsgd.data.datasets import load_dataset
+    from dpsgd.mechanism.pca import fit_projection, project
     Xtr, ytr, _, _ = load_dataset("mnist", os.environ.get("DPSGD_DATA_ROOT"), subset)
     V = fit_projection("pca", Xtr, 60, 0.0, torch.Generator().manual_seed(0))
     return project(Xtr, V).contiguous(), ytr
@@ -49,12 +49,12 @@ def _data(subset=None):
 def _measure(rank: int, P: int, lot: int, steps: int, reps: int, init_file: str | None, out: str | None,
              subset: int | None = None):
     """Run on each rank (or alone when ``init_file`` is None); rank 0 writes its timings to ``out``."""
-    from dpsgd import distributed
-    from dpsgd.clipping import PerExampleClipper
-    from dpsgd.models import MLP
-    from dpsgd.noise import GaussianNoise
-    from dpsgd.optim import DPSGD
-    from dpsgd.sampling import PoissonSampler
+    from dpsgd.run import distributed
+    from dpsgd.mechanism.clipping import PerExampleClipper
+    from dpsgd.models.networks import MLP
+    from dpsgd.mechanism.noise import GaussianNoise
+    from dpsgd.mechanism.optim import DPSGD
+    from dpsgd.mechanism.sampling import PoissonSampler
 
     torch.set_num_threads(1)
     d = distributed.Dist()
@@ -126,7 +126,7 @@ def run_config(lot: int, P: int, steps: int, reps: int, subset: int | None = Non
 
 
 def main(argv=None) -> None:
-    from dpsgd.runtime import describe_hardware, tune_allocator
+    from dpsgd.core.runtime import describe_hardware, tune_allocator
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lots", default="600,6000")
     ap.add_argument("--processes", default="1,2", help="process counts for torch.distributed (plain is always run)")

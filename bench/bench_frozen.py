@@ -10,7 +10,7 @@ own copy of the network (same initial weights) and the same in-memory lot (unifo
 24×24×3 inputs, 10 classes):
 
   nonprivate                   frozen convolutions, plain autograd of the mean loss + SGD
-  dpsgd_ghost_frozen           frozen convolutions, `dpsgd.optim.DPSGD.step` with the ghost engine
+  dpsgd_ghost_frozen           frozen convolutions, `dpsgd.mechanism.optim.DPSGD.step` with the ghost engine
   dpsgd_ghost_frozen_baseline  the same, clipping engine loaded from git at --baseline
   dpsgd_ghost_all              every layer trainable (k = 5 groups instead of 3)
 
@@ -39,11 +39,11 @@ import torch
 import torch.nn.functional as F
 
 from bench import write_csv
-from dpsgd.clipping import PerExampleClipper
-from dpsgd.models import CifarCNN
-from dpsgd.noise import GaussianNoise
-from dpsgd.optim import DPSGD
-from dpsgd.runtime import describe_hardware
+from dpsgd.mechanism.clipping import PerExampleClipper
+from dpsgd.models.networks import CifarCNN
+from dpsgd.mechanism.noise import GaussianNoise
+from dpsgd.mechanism.optim import DPSGD
+from dpsgd.core.runtime import describe_hardware
 
 C, SIGMA, LR, N = 3.0, 6.0, 0.05, 50_000      # the paper's CIFAR-10 C and σ; N training images
 COLUMNS = ["method", "frozen", "engine", "lot", "clipping", "groups", "step_s", "step_s_min",
@@ -54,11 +54,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @functools.lru_cache(maxsize=None)
 def clipper_at(rev: str):
-    """`PerExampleClipper` of dpsgd/clipping as committed at `rev`, imported beside the current one
-    (as package dpsgd._clipping_<sha>: its relative imports of dpsgd.models/runtime resolve)."""
+    """`PerExampleClipper` of dpsgd/mechanism/clipping as committed at `rev`, imported beside the current one
+    (as package dpsgd._clipping_<sha>: its relative imports of dpsgd.models.networks/runtime resolve)."""
     sha = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout.strip()
-    files = subprocess.run(["git", "ls-tree", "--name-only", sha, "dpsgd/clipping/"], cwd=ROOT,
+    files = subprocess.run(["git", "ls-tree", "--name-only", sha, "dpsgd/mechanism/clipping/"], cwd=ROOT,
                            check=True, capture_output=True, text=True).stdout.split()
     pkg = Path(tempfile.mkdtemp(prefix="clipping_"))
     for f in files:

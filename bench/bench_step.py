@@ -14,7 +14,7 @@ count fixed per method from one timed step; `--block-s 0` times single steps). T
 runs in `--processes` fresh processes one after the other (default 3); the CSV gives the median
 step time and the median, min and max of the in-process ratio to non-private SGD, because a
 process's memory layout alone moved the MNIST ratio by several hundredths on the 2-core CPU.
-A DP step is the lead's `dpsgd.optim.DPSGD.step` (noise, clip, sum, divide by L, SGD update),
+A DP step is the lead's `dpsgd.mechanism.optim.DPSGD.step` (noise, clip, sum, divide by L, SGD update),
 one physical batch = the whole lot, global clipping (Opacus' default, for a like-for-like
 comparison), C = 1, σ = 1. Opacus runs through `PrivacyEngine.make_private` (poisson_sampling off;
 the lot is fed directly) with grad_sample_mode "hooks" and "ghost".
@@ -28,7 +28,7 @@ so each method's step is measured from the same state and its own gradient buffe
 (a non-private step's .grad included). This counts activations, gradients, per-example buffers
 and what the step keeps, not the model or the data.
 
-Timing runs in a process tuned as training is (``dpsgd.runtime.tune_allocator``: glibc keeps
+Timing runs in a process tuned as training is (``dpsgd.core.runtime.tune_allocator``: glibc keeps
 freed per-step buffers instead of re-faulting them; it applies to every method alike).
 """
 from __future__ import annotations
@@ -50,9 +50,9 @@ import torch
 import torch.nn.functional as F
 
 from bench import write_csv
-from dpsgd.clipping import PerExampleClipper
-from dpsgd.models import MLP, CifarCNN, TanhCNN
-from dpsgd.runtime import set_tf32, tune_allocator
+from dpsgd.mechanism.clipping import PerExampleClipper
+from dpsgd.models.networks import MLP, CifarCNN, TanhCNN
+from dpsgd.core.runtime import set_tf32, tune_allocator
 
 COLUMNS = ["method", "model", "device", "lot", "examples_per_s", "ratio_to_nonprivate",
            "ratio_min", "ratio_max", "peak_mem_mb", "step_ms", "processes", "reps", "steps_per_rep",
@@ -84,8 +84,8 @@ def make_nonprivate(model, lot):
 
 
 def make_dpsgd(model, lot, mode):
-    from dpsgd.noise import GaussianNoise
-    from dpsgd.optim import DPSGD
+    from dpsgd.mechanism.noise import GaussianNoise
+    from dpsgd.mechanism.optim import DPSGD
 
     clipper = PerExampleClipper(model, C, "global", mode=mode)
     noise = GaussianNoise(seed=0, device=next(model.parameters()).device)

@@ -7,7 +7,7 @@ The sweep: the medium preset (``experiment=mnist_medium``, full MNIST, DP-PCA, l
 0..jobs-1, each run cut at ``--max-steps`` lots, on the CPU. Repetitions alternate the launchers (basic,
 joblib, joblib, basic, ...) so that a change in the machine's load hits both. No thread variable is
 set: the basic launcher's single job takes the usual policy (1 thread on <= 2 cores), the joblib
-jobs take their share of the cores (dpsgd/runtime.py:thread_policy). One row per sweep: wall time of
+jobs take their share of the cores (dpsgd/core/runtime.py:thread_policy). One row per sweep: wall time of
 the command, the summed ``wall_time_s`` of its runs, the 1-minute load average before it started.
 Timings are never asserted anywhere.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpsgd.fileio import atomic_write_text
-from dpsgd.runtime import describe_hardware
+from dpsgd.core.fileio import atomic_write_text
+from dpsgd.core.runtime import describe_hardware
 
 ROOT = Path(__file__).resolve().parent.parent
 

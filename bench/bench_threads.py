@@ -7,7 +7,7 @@ Question: on a small CPU machine that other processes also use, does torch's def
 (one per core) lose to a single thread? (Oversubscription: torch's OpenMP workers spin and wait for
 each other, and a busy core delays every parallel region.)
 
-Workload: ``--steps`` consecutive DP-SGD steps (``dpsgd.optim.DPSGD.step``) of the paper's MNIST
+Workload: ``--steps`` consecutive DP-SGD steps (``dpsgd.mechanism.optim.DPSGD.step``) of the paper's MNIST
 network (DP-PCA input of 60 dims, 1000 ReLU hidden units, no biases, §5.2), per-layer clipping
 (k = 2 groups), C = 4, σ = 4, lot L = 600 as one physical batch, the engine the trainer picks
 (``grad_sample_mode="auto"``), after 5 warm-up steps. Each measurement runs in a fresh child process
@@ -40,11 +40,11 @@ def child(threads: int, steps: int) -> float:
     """Seconds for ``steps`` DP-SGD steps of the paper's MNIST model with ``threads`` intra-op threads."""
     import torch
 
-    from dpsgd.clipping import PerExampleClipper
-    from dpsgd.models import MLP
-    from dpsgd.noise import GaussianNoise
-    from dpsgd.optim import DPSGD
-    from dpsgd.runtime import tune_allocator
+    from dpsgd.mechanism.clipping import PerExampleClipper
+    from dpsgd.models.networks import MLP
+    from dpsgd.mechanism.noise import GaussianNoise
+    from dpsgd.mechanism.optim import DPSGD
+    from dpsgd.core.runtime import tune_allocator
 
     tune_allocator()
     torch.set_num_threads(threads)
@@ -87,7 +87,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 
 def run(thread_counts, loads, repeats: int, steps: int, settle_s: float) -> list[dict]:
-    from dpsgd.runtime import describe_hardware
+    from dpsgd.core.runtime import describe_hardware
 
     machine = describe_hardware()
     rows = []

@@ -19,10 +19,10 @@ import argparse
 import time
 from pathlib import Path
 
-from .cli import compose, data_ready, fresh_dir, run_or_exit
-from .config import validate
-from .errors import ConfigError
-from .models import FREEZE
+from dpsgd.run.cli import compose, data_ready, fresh_dir, run_or_exit
+from dpsgd.config.schema import validate
+from dpsgd.core.errors import ConfigError
+from dpsgd.models.networks import FREEZE
 
 PRESET = "experiment=cifar100_pretrain"
 DEFAULT_OUT = "data/pretrained/cifar100_convs.pt"
@@ -32,9 +32,9 @@ EXPORT = "features"          # the public part: the convolutional stack (models.
 def pretrain(overrides: list[str], out: str | Path, run_dir: str | Path | None = None) -> dict:
     """Train non-privately with the preset and ``overrides``, export ``features.*`` to ``out``;
     returns the sidecar's content. ConfigError / DataUnavailable before anything is written."""
-    from .checkpoint import load_checkpoint
-    from .pretrained import relative, save, sidecar
-    from .train import train
+    from dpsgd.run.checkpoint import load_checkpoint
+    from dpsgd.models.pretrained import relative, save, sidecar
+    from dpsgd.train import train
 
     out = Path(out)
     c = validate(compose([PRESET, *overrides]))

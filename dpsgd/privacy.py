@@ -23,8 +23,8 @@ import json
 import math
 import sys
 
-from .accountant import ACCOUNTANTS, CONVENTIONS, Ledger, calibrate, limits
-from .accountant.calibrate import CALIBRATABLE
+from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS, Ledger, calibrate, limits
+from dpsgd.accountant.calibrate import CALIBRATABLE
 
 PROG = "python -m dpsgd.privacy"
 ROWS = [  # key, label, order name, note

@@ -13,7 +13,7 @@
     end of epoch: evaluate, ε under every accountant, one metrics.csv row, privacy.json, checkpoint
 
 Everything is written into the run directory, atomically, by one process at a time (rundir.RunLock).
-Under torchrun (dpsgd/distributed.py) the lot is shared among the ranks, the clipped sums are
+Under torchrun (dpsgd/run/distributed.py) the lot is shared among the ranks, the clipped sums are
 all-reduced, the noise is added once, and rank 0 alone writes.
 """
 from __future__ import annotations
@@ -27,14 +27,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import distributed, launch
-from .checkpoint import PRIVACY
-from .errors import Diverged, Interrupted
-from .config import Config
-from .fileio import write_json
-from .report import epsilons, final_line, metrics_row, progress_line
-from .rundir import RunLock
-from .runstate import Run, setup
+from dpsgd.run import distributed
+
+from dpsgd.run import launch
+from dpsgd.run.checkpoint import PRIVACY
+from dpsgd.core.errors import Diverged, Interrupted
+from dpsgd.config.schema import Config
+from dpsgd.core.fileio import write_json
+from dpsgd.run.report import epsilons, final_line, metrics_row, progress_line
+from dpsgd.run.rundir import RunLock
+from dpsgd.run.state import Run, setup
 
 
 def lr_at(t, epoch0: int) -> float:

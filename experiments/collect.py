@@ -34,7 +34,7 @@ import pandas as pd
 
 from dpsgd.accountant import Ledger
 from dpsgd.accountant.ledger import Entry
-from dpsgd.runtime import describe_hardware
+from dpsgd.core.runtime import describe_hardware
 
 from . import claims, figure6
 from .paths import ROOT, repo_relative

@@ -2,8 +2,8 @@
 
 The experiment runners (``experiments.paper``, ``experiments.frontier``) estimate their wall time
 from the configs the runs will get. Those come from Hydra's compose API over ``conf/``
-(``dpsgd.launch.compose``), exactly as ``python -m dpsgd.train`` composes them, typed by the
-dataclasses of ``dpsgd/config.py`` (whose defaults fill the keys a config file leaves out, as in a
+(``dpsgd.run.launch.compose``), exactly as ``python -m dpsgd.train`` composes them, typed by the
+dataclasses of ``dpsgd/config/schema.py`` (whose defaults fill the keys a config file leaves out, as in a
 run) but not validated: every default is read from ``conf/`` or those dataclasses, never restated here.
 A sweep file's points are its ``hydra.sweeper.params`` expanded by Hydra's override parser, in the
 order Hydra's basic sweeper runs them.
@@ -15,14 +15,14 @@ import itertools
 from dataclasses import fields
 
 from dpsgd.accountant import Ledger
-from dpsgd.config import GROUPS, Config
-from dpsgd.launch import compose
+from dpsgd.config.schema import GROUPS, Config
+from dpsgd.run.launch import compose
 
 from . import claims
 
 
 def typed(cfg) -> Config:
-    """A composed config as the dataclasses of ``dpsgd/config.py``, their defaults for the keys it
+    """A composed config as the dataclasses of ``dpsgd/config/schema.py``, their defaults for the keys it
     leaves out (not validated: a setting training would refuse is not refused here)."""
     from omegaconf import OmegaConf
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpsgd.fileio import atomic_write_text
-from dpsgd.runtime import describe_hardware
+from dpsgd.core.fileio import atomic_write_text
+from dpsgd.core.runtime import describe_hardware
 
 from . import claims
 from .jobs import checked_launcher

@@ -11,7 +11,7 @@ load with ``encoding="bytes"``.
 Classes are learnable by a small network after random 24×24 crops, flips and per-image
 standardisation: class c has its own colour (the ratio of the RGB planes) and horizontal stripes of
 its own period, plus pixel noise. Generated files cannot match the publisher's md5: ``trust``
-registers theirs in ``dpsgd.data.EXPECTED_MD5`` (monkeypatch, the documented test-only escape hatch).
+registers theirs in ``dpsgd.data.datasets.EXPECTED_MD5`` (monkeypatch, the documented test-only escape hatch).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsgd import data
+from dpsgd.data import datasets as data
 
 
 def images(labels: np.ndarray, classes: int, rng: np.random.Generator) -> np.ndarray:
@@ -72,7 +72,7 @@ def write_cifar100(root: Path, n_train: int = 500, n_test: int = 200, seed: int 
 
 
 def trust(monkeypatch, root: Path, names=("cifar10", "cifar100")) -> None:
-    """Register the generated files' md5 in dpsgd.data.EXPECTED_MD5 (this test only)."""
+    """Register the generated files' md5 in dpsgd.data.datasets.EXPECTED_MD5 (this test only)."""
     for name in names:
         folder = Path(root) / data.DATASETS[name][0]
         for rel in data.EXPECTED_MD5[name]:

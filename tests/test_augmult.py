@@ -8,11 +8,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from dp_reference import assert_close, loop_clipped_sum
-from dpsgd.clipping import PerExampleClipper
-from dpsgd.config import ConfigError, validate
-from dpsgd.models import MLP, TanhCNN
-from dpsgd.noise import GaussianNoise
-from dpsgd.optim import DPSGD
+from dpsgd.mechanism.clipping import PerExampleClipper
+from dpsgd.config.schema import ConfigError, validate
+from dpsgd.models.networks import MLP, TanhCNN
+from dpsgd.mechanism.noise import GaussianNoise
+from dpsgd.mechanism.optim import DPSGD
 from tolerances import EPS64, assert_f64_close, f64_rtol
 
 DT = torch.float64
@@ -98,7 +98,7 @@ def test_multiplicity_equals_the_reference_loop(name, clipping, mode, budget):
 
 def test_conv_rows_in_chunks_hold_whole_examples(monkeypatch):
     """Chunks of the kernel-row products are a multiple of K rows, even when one row alone fills one."""
-    import dpsgd.clipping.layers as L
+    import dpsgd.mechanism.clipping.layers as L
     monkeypatch.setattr(L, "CHUNK_BYTES", 1)
     K, C = 3, 0.05
     model, rows, y = make("conv_rows", 4, K)

@@ -34,8 +34,8 @@ import pytest
 
 from dpsgd import privacy
 from dpsgd.accountant import _checks as acc_limits
-from dpsgd.config import CHOICES, GROUPS, Config, ConfigError
-from dpsgd.launch import prepare, prepare_resume
+from dpsgd.config.schema import CHOICES, GROUPS, Config, ConfigError
+from dpsgd.run.launch import prepare, prepare_resume
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 180
@@ -164,7 +164,7 @@ VALIDATION = [
     Bad(["name=a/b"], "name"),
     Bad(["resume=/nonexistent/run"], "resume", "resume=/nonexistent/run: no such run directory"),
     Bad(["resume=."], "resume", "not a dpsgd run directory"),
-    # --- hydra launcher (sweeps; dpsgd/launchers.py)
+    # --- hydra launcher (sweeps; dpsgd/run/launchers.py)
     Bad(["hydra/launcher=slurmm"], "hydra/launcher"),
     Bad(["hydra/launcher=joblib", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs"),
     Bad(["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2"], "hydra.launcher.tasks_per_node", "must be 1"),

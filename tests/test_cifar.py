@@ -19,14 +19,14 @@ import pytest
 import torch
 
 from cifar_fixture import trust, write_cifar10, write_cifar100
-from dpsgd import pretrained
-from dpsgd.augment import (AUGMENTATIONS, LotTransform, center_crop, crop_flip, lot_generator,
+from dpsgd.models import pretrained
+from dpsgd.data.augment import (AUGMENTATIONS, LotTransform, center_crop, crop_flip, lot_generator,
                            per_image_standardization)
-from dpsgd.checkpoint import load_checkpoint
-from dpsgd.config import validate
-from dpsgd.data import main as data_main
-from dpsgd.errors import ConfigError
-from dpsgd.launch import compose, prepare_resume
+from dpsgd.run.checkpoint import load_checkpoint
+from dpsgd.config.schema import validate
+from dpsgd.data.datasets import main as data_main
+from dpsgd.core.errors import ConfigError
+from dpsgd.run.launch import compose, prepare_resume
 from dpsgd.pretrain import pretrain
 from dpsgd.train import main as train_main
 from dpsgd.train import train
@@ -152,7 +152,7 @@ def test_augmentation_multiplicity_augments_each_copy_inside_the_step(pipeline):
     args = [a for a in pipeline["args"] if not a.startswith(("privacy.lot_size=", "training.epochs="))]
     args += ["dataset.subset=120", "privacy.lot_size=40", "seed=7", "privacy.augment_multiplicity=2"]
     seen = []
-    from dpsgd import optim
+    from dpsgd.mechanism import optim
     real = optim.DPSGD._rows
 
     def spy(self, xb):
@@ -284,6 +284,6 @@ def test_data_cli_seeds_cifar_only_when_present_locally(tmp_path, monkeypatch, c
     write_cifar10(src, n_train=10, n_test=5)
     trust(monkeypatch, src, ("cifar10",))
     monkeypatch.setenv("DPSGD_DATA_ROOT", str(root))
-    monkeypatch.setattr("dpsgd.data.ensure_dataset", lambda name, *a, **k: f"{name}: ok")
+    monkeypatch.setattr("dpsgd.data.datasets.ensure_dataset", lambda name, *a, **k: f"{name}: ok")
     assert data_main(["--source", str(src), "--no-download"]) == 0
     assert capsys.readouterr().out.split() == ["mnist:", "ok", "fashion_mnist:", "ok", "cifar10:", "ok"]

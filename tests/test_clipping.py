@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpsgd.clipping import PerExampleClipper, per_sample_grads
-from dpsgd.models import MLP, CifarCNN
+from dpsgd.mechanism.clipping import PerExampleClipper, per_sample_grads
+from dpsgd.models.networks import MLP, CifarCNN
 from tolerances import EPS64, assert_f64_close, f64_rtol, reduction_rtol
 
 DT = torch.float64
@@ -345,7 +345,7 @@ def test_conv_variants(conv, shape, budget):
 
 def test_conv_row_products_in_chunks_of_one_example(monkeypatch):
     """The width-unfolded input is formed a chunk of examples at a time: chunks of one are exact."""
-    from dpsgd.clipping import layers
+    from dpsgd.mechanism.clipping import layers
 
     monkeypatch.setattr(layers, "CHUNK_BYTES", 1)
     torch.manual_seed(0)
@@ -372,7 +372,7 @@ def test_vmap_chunking_is_exact():
 @pytest.mark.parametrize("C", [0.1, 0.3, 1.0, 3.3, 4.0, 10.25, 12.25, 49.0])
 @pytest.mark.parametrize("dtype", [torch.float32, DT])
 def test_clip_factors_are_exactly_one_below_C_and_C_over_norm_above(C, dtype):
-    from dpsgd.clipping import clip_factors
+    from dpsgd.mechanism.clipping import clip_factors
 
     g = torch.Generator().manual_seed(0)
     below = torch.rand(50_000, generator=g, dtype=dtype) * C
@@ -439,7 +439,7 @@ def test_fallback_to_vmap_with_out_adds_once():
 @pytest.mark.parametrize("name", ["mnist_mlp", "deep_mlp"])
 def test_linear_weight_sum_either_gemm_route(monkeypatch, name, wide):
     """(c ⊙ b)ᵀ a and (aᵀ (c ⊙ b))ᵀ (layers.WIDE_OUTPUT) give the vmap sums, also into out."""
-    from dpsgd.clipping import layers
+    from dpsgd.mechanism.clipping import layers
     monkeypatch.setattr(layers, "WIDE_OUTPUT", wide)
     model, x, y = make(name, bias=True)
     for clipping in ("global", "per_layer"):

@@ -1,5 +1,5 @@
-"""The clipping-group rule (dpsgd/clipping/groups.py) and the table of ghost layer rules
-(dpsgd/clipping/registry.py).
+"""The clipping-group rule (dpsgd/mechanism/clipping/groups.py) and the table of ghost layer rules
+(dpsgd/mechanism/clipping/registry.py).
 
 k, the number of separately clipped groups, enters the privacy claim twice: σ calibration charges
 a lot as one Gaussian mechanism at σ/√k (``config.clipping_groups``), and the ledger records the k
@@ -15,12 +15,12 @@ from torch import nn
 
 from dpsgd.accountant import Ledger
 from dpsgd.accountant.calibrate import sigma_for_epsilon
-from dpsgd.clipping import PerExampleClipper, clipping_groups, register_layer
-from dpsgd.clipping.groups import owners
-from dpsgd.clipping.layers import GenericLayer, LinearLayer, _Layer, group_rows
-from dpsgd.clipping.registry import LAYER_RULES, registered_rule
-from dpsgd.config import clipping_groups as config_k
-from dpsgd.models import MLP, CifarCNN, TanhCNN
+from dpsgd.mechanism.clipping import PerExampleClipper, clipping_groups, register_layer
+from dpsgd.mechanism.clipping.groups import owners
+from dpsgd.mechanism.clipping.layers import GenericLayer, LinearLayer, _Layer, group_rows
+from dpsgd.mechanism.clipping.registry import LAYER_RULES, registered_rule
+from dpsgd.config.schema import clipping_groups as config_k
+from dpsgd.models.networks import MLP, CifarCNN, TanhCNN
 
 from dp_reference import loop_clipped_sum
 from tolerances import assert_f64_close

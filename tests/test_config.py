@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from dpsgd.accountant import _checks as acc_limits
-from dpsgd.config import Config, ConfigError, validate
-from dpsgd.launch import compose
-from dpsgd.model_config import PARAMS_MAX
+from dpsgd.config.schema import Config, ConfigError, validate
+from dpsgd.run.launch import compose
+from dpsgd.config.model import PARAMS_MAX
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ def test_defaults_and_presets_validate():
 def test_batchnorm_models_are_refused(monkeypatch):
     import torch.nn as nn
 
-    import dpsgd.model_config as cfgmod
+    import dpsgd.config.model as cfgmod
     monkeypatch.setattr(cfgmod, "build_model",
                         lambda m, shape, classes: nn.Sequential(nn.Linear(60, 10), nn.BatchNorm1d(10)))
     with pytest.raises(ConfigError, match="model.name=mlp: .*BatchNorm"):

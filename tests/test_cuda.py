@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpsgd.clipping import PerExampleClipper
-from dpsgd.models import MLP, CifarCNN
-from dpsgd.noise import GaussianNoise
-from dpsgd.optim import DPSGD
+from dpsgd.mechanism.clipping import PerExampleClipper
+from dpsgd.models.networks import MLP, CifarCNN
+from dpsgd.mechanism.noise import GaussianNoise
+from dpsgd.mechanism.optim import DPSGD
 from tolerances import assert_f64_close, f64_rtol
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -135,8 +135,8 @@ def test_empty_lot_on_cuda_is_noise_only():
 
 
 def test_short_mnist_run_on_cuda(tmp_path):
-    from dpsgd.config import validate
-    from dpsgd.launch import compose
+    from dpsgd.config.schema import validate
+    from dpsgd.run.launch import compose
     from dpsgd.train import train
 
     c = validate(compose(["dataset.subset=5000", "privacy.lot_size=250", "privacy.sigma=1.0",
@@ -152,7 +152,7 @@ def test_short_mnist_run_on_cuda(tmp_path):
 def test_float32_cnn_ghost_on_cuda_whatever_the_tf32_setting(tf32):
     # The verifying first call runs in IEEE float32, so TF32 (cuDNN's default) cannot make the
     # engine mistake rounding for a structural problem and fall back to vmap.
-    from dpsgd.runtime import set_tf32
+    from dpsgd.core.runtime import set_tf32
 
     before = set_tf32(tf32)
     try:

@@ -1,7 +1,7 @@
 """Datasets: MNIST from the original archives, root seeding from a local source, CIFAR layout.
 
 CIFAR cases use small generated files in torchvision's pickled layout; generated files cannot match the
-publisher's md5, so each test registers their md5 in ``dpsgd.data.EXPECTED_MD5`` (monkeypatch, test only).
+publisher's md5, so each test registers their md5 in ``dpsgd.data.datasets.EXPECTED_MD5`` (monkeypatch, test only).
 """
 import os
 import pickle
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-import dpsgd.data as data
-from dpsgd.data import DataUnavailable, default_source, ensure_dataset, load_dataset, main
+import dpsgd.data.datasets as data
+from dpsgd.data.datasets import DataUnavailable, default_source, ensure_dataset, load_dataset, main
 
 
 def test_mnist_tensors_shapes_and_range():

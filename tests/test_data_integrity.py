@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-import dpsgd.data as data
-from dpsgd.data import (EXPECTED_ARCHIVE_MD5, EXPECTED_MD5, DataUnavailable, default_root, default_source,
+import dpsgd.data.datasets as data
+from dpsgd.data.datasets import (EXPECTED_ARCHIVE_MD5, EXPECTED_MD5, DataUnavailable, default_root, default_source,
                         ensure_dataset, load_dataset, main)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""torchrun / torch.distributed (dpsgd/distributed.py): P processes run the mechanism of one process.
+"""torchrun / torch.distributed (dpsgd/run/distributed.py): P processes run the mechanism of one process.
 
 * a lot's shares are disjoint and their union is the lot;
 * with 2 and 4 gloo processes (torch.multiprocessing spawn, file:// rendezvous) every step's global
@@ -26,11 +26,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from dpsgd import launch
-from dpsgd.checkpoint import load_checkpoint
-from dpsgd.config import validate
-from dpsgd.distributed import ConfigError, Dist, from_env
-from dpsgd.launch import compose, prepare_resume
+from dpsgd.run import launch
+from dpsgd.run.checkpoint import load_checkpoint
+from dpsgd.config.schema import validate
+from dpsgd.run.distributed import ConfigError, Dist, from_env
+from dpsgd.run.launch import compose, prepare_resume
 from dpsgd.train import train
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,11 +66,11 @@ def _noise_once(d, group, res, tag):
     rank of ``group`` holds the same parameters."""
     import torch.distributed as td
 
-    from dpsgd import distributed
-    from dpsgd.clipping import PerExampleClipper
-    from dpsgd.models import MLP
-    from dpsgd.noise import GaussianNoise
-    from dpsgd.optim import DPSGD
+    from dpsgd.run import distributed
+    from dpsgd.mechanism.clipping import PerExampleClipper
+    from dpsgd.models.networks import MLP
+    from dpsgd.mechanism.noise import GaussianNoise
+    from dpsgd.mechanism.optim import DPSGD
 
     for secure in (False, True):
         model = MLP(200, (100,), 10, bias=False)           # 21 000 coordinates
@@ -99,8 +99,8 @@ def _worker(rank, init_file, out):
     and with the sub-group of ranks {0, 1}; rank 0 writes what it saw to ``out``."""
     import torch.distributed as td
 
-    from dpsgd import distributed
-    from dpsgd.sampling import PoissonSampler
+    from dpsgd.run import distributed
+    from dpsgd.mechanism.sampling import PoissonSampler
 
     torch.set_num_threads(1)
     d = distributed.init(Dist(rank, 4, rank, "?"), init_method=f"file://{init_file}", cuda=False)

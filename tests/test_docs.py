@@ -208,10 +208,10 @@ def test_page_names_exist(page):
 def test_architecture_traces_the_pipeline():
     """ARCHITECTURE.md names the functions a lot passes through, config to figure."""
     text = (REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
-    for ref in ("dpsgd/config.py:validate", "dpsgd/data.py:load_dataset", "dpsgd/pca.py:fit_projection",
-                "dpsgd/sampling.py:PoissonSampler.epoch", "dpsgd/train.py:run_epoch",
-                "dpsgd/clipping/engine.py:PerExampleClipper.clipped_sum", "dpsgd/optim.py:DPSGD.step",
-                "dpsgd/accountant/ledger.py:Ledger.record", "dpsgd/report.py:metrics_row",
+    for ref in ("dpsgd/config/schema.py:validate", "dpsgd/data/datasets.py:load_dataset", "dpsgd/mechanism/pca.py:fit_projection",
+                "dpsgd/mechanism/sampling.py:PoissonSampler.epoch", "dpsgd/train.py:run_epoch",
+                "dpsgd/mechanism/clipping/engine.py:PerExampleClipper.clipped_sum", "dpsgd/mechanism/optim.py:DPSGD.step",
+                "dpsgd/accountant/ledger.py:Ledger.record", "dpsgd/run/report.py:metrics_row",
                 "experiments/figures.py:main"):
         assert f"`{ref}`" in text, ref
 
@@ -219,11 +219,11 @@ def test_architecture_traces_the_pipeline():
 def test_names_checker_catches_wrong_names():
     """The checker fails on names that do not exist (so a passing page means something)."""
     assert name_problems("make it fast, python -m dpsgd.nope in prose", "prose") == []
-    bad = ("`dpsgd/sampling.py:PoissonSampler.iter` `dpsgd/nope.py` `dpsgd/optim.py:SGD` "
+    bad = ("`dpsgd/mechanism/sampling.py:PoissonSampler.iter` `dpsgd/nope.py` `dpsgd/mechanism/optim.py:SGD` "
            "`dpsgd.accountant.Ledger.no_such` `python -m dpsgd.nope` `make no-such-target` [x](NOPE.md)")
     problems = name_problems(bad, "synthetic")
     assert len(problems) == 7, problems
-    good = ("`dpsgd/sampling.py:PoissonSampler.epoch` `dpsgd/sampling.py:PoissonSampler.state_dict` `dpsgd/optim.py` `dpsgd/config.py:PrivacyConfig.sigma` "
+    good = ("`dpsgd/mechanism/sampling.py:PoissonSampler.epoch` `dpsgd/mechanism/sampling.py:PoissonSampler.state_dict` `dpsgd/mechanism/optim.py` `dpsgd/config/schema.py:PrivacyConfig.sigma` "
             "`dpsgd.accountant.Ledger.steps_within` `python -m dpsgd.privacy` `make test` [r](RUNS.md)")
     assert name_problems(good, "synthetic") == []
 
@@ -232,7 +232,7 @@ def test_configuration_lists_every_key():
     """docs/CONFIGURATION.md has a row for every key of the typed config."""
     from dataclasses import fields
 
-    from dpsgd.config import GROUPS, Config
+    from dpsgd.config.schema import GROUPS, Config
     text = (REPO / "docs" / "CONFIGURATION.md").read_text(encoding="utf-8")
     keys = [f"{g}.{f.name}" for g, cls in GROUPS.items() for f in fields(cls)]
     keys += [f.name for f in fields(Config) if f.name not in GROUPS]

@@ -1,4 +1,4 @@
-"""EMA of the weights (dpsgd/ema.py): the decay math against the closed form, the state round trip,
+"""EMA of the weights (dpsgd/mechanism/ema.py): the decay math against the closed form, the state round trip,
 config validation, and a resumed run equal to an uninterrupted one (EMA restored from the checkpoint)."""
 
 import pytest
@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from conftest import metrics_row_count, metrics_rows
-from dpsgd.checkpoint import load_checkpoint
-from dpsgd.config import ConfigError, validate
-from dpsgd.ema import EMA
-from dpsgd.launch import compose, prepare_resume
+from dpsgd.run.checkpoint import load_checkpoint
+from dpsgd.config.schema import ConfigError, validate
+from dpsgd.mechanism.ema import EMA
+from dpsgd.run.launch import compose, prepare_resume
 from dpsgd.train import train
 from tolerances import assert_f64_close, chain_rel_tol
 
@@ -98,7 +98,7 @@ def test_resumed_run_equals_uninterrupted_with_ema(tmp_path):
 def test_run_without_ema_keeps_the_old_fingerprint(tmp_path):
     """Keys added after format version 2 enter the fingerprint only when set: a checkpoint of a run
     without them (like one written before them) resumes."""
-    from dpsgd.config import privacy_fingerprint
+    from dpsgd.config.schema import privacy_fingerprint
     fp = privacy_fingerprint(validate({}))
     assert not {"model.norm", "privacy.augment_multiplicity", "training.ema_decay"} & set(fp)
     fp = privacy_fingerprint(validate({"training": {"ema_decay": 0.9}, "privacy": {"augment_multiplicity": 2}}))

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dpsgd.config import Config
-from dpsgd.launch import compose
+from dpsgd.config.schema import Config
+from dpsgd.run.launch import compose
 from experiments import collect, frontier, paper, planning
 from experiments.paths import ROOT, portable
 
@@ -90,7 +90,7 @@ def _leaves(d: dict, prefix: str = "") -> dict:
 
 
 DATACLASS_DEFAULTS = _leaves(asdict(Config()))
-# dpsgd/config.py DatasetConfig.crop defaults to 24 (the CIFAR crop) where conf/dataset/mnist.yaml,
+# dpsgd/config/schema.py DatasetConfig.crop defaults to 24 (the CIFAR crop) where conf/dataset/mnist.yaml,
 # the default dataset, says null: one of the two has to change (it does not matter for MNIST).
 DISAGREE: set[str] = set()
 
@@ -108,7 +108,7 @@ def conf_defaults():
 @pytest.mark.parametrize("key", [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason="see DISAGREE"))
                                  if k in DISAGREE else k for k in sorted(DATACLASS_DEFAULTS)])
 def test_dataclass_defaults_agree_with_conf(key, conf_defaults):
-    """Every key the dataclasses of dpsgd/config.py and the composed conf/ both define has one default."""
+    """Every key the dataclasses of dpsgd/config/schema.py and the composed conf/ both define has one default."""
     if key not in conf_defaults:
         pytest.skip(f"{key}: not in conf/ (the dataclass default applies)")
     assert conf_defaults[key] == DATACLASS_DEFAULTS[key]

@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from dpsgd.config import validate
-from dpsgd.launch import compose
-from dpsgd.report import COLUMNS as METRICS_COLUMNS
+from dpsgd.config.schema import validate
+from dpsgd.run.launch import compose
+from dpsgd.run.report import COLUMNS as METRICS_COLUMNS
 from dpsgd.train import train
 from experiments import claims, collect, figure6, figures, readme, style
 

@@ -18,15 +18,15 @@ import pytest
 import torch
 from torch import nn
 
-from dpsgd import features
+from dpsgd.data import features
 from dpsgd.accountant.calibrate import epsilon as calibrated_epsilon
-from dpsgd.checkpoint import load_checkpoint
-from dpsgd.clipping import PerExampleClipper
-from dpsgd.config import ConfigError, validate
-from dpsgd.launch import compose
-from dpsgd.models import MLP, Linear, ScatterCNN
-from dpsgd.noise import GaussianNoise
-from dpsgd.optim import DPSGD
+from dpsgd.run.checkpoint import load_checkpoint
+from dpsgd.mechanism.clipping import PerExampleClipper
+from dpsgd.config.schema import ConfigError, validate
+from dpsgd.run.launch import compose
+from dpsgd.models.networks import MLP, Linear, ScatterCNN
+from dpsgd.mechanism.noise import GaussianNoise
+from dpsgd.mechanism.optim import DPSGD
 from dpsgd.train import train
 from tolerances import assert_f64_close, chain_rel_tol, f64_rtol
 
@@ -305,7 +305,7 @@ def test_frontier_table_and_figure_from_the_fixture(tmp_path):
 
 
 def test_a_version_2_checkpoint_without_optimizer_state_is_refused_in_one_line(tmp_path, monkeypatch):
-    from dpsgd import checkpoint
+    from dpsgd.run import checkpoint
     monkeypatch.setattr(checkpoint, "FORMAT_VERSION", 2)
     checkpoint.save_checkpoint(tmp_path, {"epoch": 1})
     monkeypatch.undo()
@@ -318,12 +318,12 @@ def test_validation_split_holds_out_training_examples_never_the_test_set(tmp_pat
     c = _cfg("experiment=mnist_scatter_linear", "dataset.subset=1500", "dataset.validation=300",
              "privacy.lot_size=300", "training.epochs=1", "device=cpu")
     assert c.N == 1200 and c.dataset.validation == 300
-    from dpsgd.runstate import setup
+    from dpsgd.run.state import setup
     (tmp_path / "run").mkdir()
     run = setup(c, tmp_path / "run", [])
     Xtr, ytr, Xval, yval = run.parts.data
     assert len(Xtr) == 1200 and len(Xval) == 300 and run.parts.sampler.q == 300 / 1200
-    from dpsgd.data import load_dataset
+    from dpsgd.data.datasets import load_dataset
     _, y_all, _, _ = load_dataset("mnist", None, 1500, None)
     assert torch.equal(yval.cpu(), y_all[1200:]) and torch.equal(ytr.cpu(), y_all[:1200])
     with pytest.raises(ConfigError, match=r"^dataset.validation=1500: must be <= 1499"):

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dpsgd.clipping import PerExampleClipper, ghost
-from dpsgd.models import CifarCNN
-from dpsgd.noise import GaussianNoise
-from dpsgd.optim import DPSGD
+from dpsgd.mechanism.clipping import PerExampleClipper, ghost
+from dpsgd.models.networks import CifarCNN
+from dpsgd.mechanism.noise import GaussianNoise
+from dpsgd.mechanism.optim import DPSGD
 from test_clipping import DT, assert_close_dict, plain_sum_grad
 from tolerances import assert_f64_close, f64_rtol
 

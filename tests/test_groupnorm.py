@@ -1,4 +1,4 @@
-"""GroupNorm in the clipping engines: the ghost rule (dpsgd/clipping/layers.py:GroupNormLayer) equals the
+"""GroupNorm in the clipping engines: the ghost rule (dpsgd/mechanism/clipping/layers.py:GroupNormLayer) equals the
 vmap reference and a batch-of-1 autograd loop, in float64, for every clipping and memory budget;
 frozen GroupNorm parameters; BatchNorm stays refused."""
 import pytest
@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dp_reference import assert_close, loop_clipped_sum
-from dpsgd.clipping import PerExampleClipper
-from dpsgd.clipping.layers import GenericLayer, GroupNormLayer
+from dpsgd.mechanism.clipping import PerExampleClipper
+from dpsgd.mechanism.clipping.layers import GenericLayer, GroupNormLayer
 from tolerances import assert_f64_close, f64_rtol
 
 DT = torch.float64

@@ -3,7 +3,7 @@
 Read with ``ast`` (nothing imported), function-level imports included: a circle hidden inside a
 function is still a circle. A package may use its own private modules (``accountant/_checks.py``);
 a module directly under ``dpsgd/`` uses only public names of the others (shared helpers become
-public names of one module, e.g. ``dpsgd/cli.py``).
+public names of one module, e.g. ``dpsgd/run/cli.py``).
 """
 from __future__ import annotations
 
@@ -89,21 +89,60 @@ def test_cycle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_flat_modules_use_only_public_names():
+def _package(mods: dict[str, Path], m: str) -> str:
+    return m if mods[m].name == "__init__.py" else m.rpartition(".")[0]
+
+
+def test_modules_use_only_public_names_of_other_packages():
+    """A package may share private names inside itself; across packages only public names are used."""
     mods = _modules()
-    flat = {m for m, p in mods.items() if p.parent == ROOT}
     bad = []
     for a, b, names in _imports(mods):
-        if a not in flat or a == b:
+        if _package(mods, a) == _package(mods, b):
             continue
         private = [n for n in names if n.startswith("_")]
         if private or any(part.startswith("_") for part in b.split(".")[1:]):
             bad.append(f"{a} imports {private or b} from {b}")
-    for m in flat:      # module._name: an attribute of another dpsgd module
+    for m in mods:      # module._name: an attribute of a dpsgd module of another package
         tree = ast.parse(mods[m].read_text(encoding="utf-8"))
         aliases = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-                   for a in n.names if _target(mods, m, n) + "." + a.name in mods}
+                   for a in n.names if _target(mods, m, n) + "." + a.name in mods
+                   and _package(mods, _target(mods, m, n) + "." + a.name) != _package(mods, m)}
         bad += [f"{m} uses {n.value.id}.{n.attr}" for n in ast.walk(tree)
                 if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases
                 and n.attr.startswith("_") and not n.attr.startswith("__")]
     assert bad == []
+
+
+# The layers of dpsgd, bottom to top (docs/ARCHITECTURE.md walks them): a module imports only from its
+# own layer or the ones below. The commands (train, privacy, pretrain, audit) sit on top.
+LAYERS = [("dpsgd.core", "dpsgd.accountant"), ("dpsgd.data",), ("dpsgd.models",), ("dpsgd.mechanism",),
+          ("dpsgd.config",), ("dpsgd.run",), ("dpsgd.train", "dpsgd.privacy", "dpsgd.audit"), ("dpsgd.pretrain",)]
+
+
+def _layer(m: str) -> int:
+    for i, prefixes in enumerate(LAYERS):
+        if any(m == p or m.startswith(p + ".") for p in prefixes):
+            return i
+    raise AssertionError(f"{m}: in no layer of LAYERS (add its package there)")
+
+
+def test_every_module_has_a_layer():
+    for m in _modules():
+        if m != "dpsgd":
+            _layer(m)
+
+
+def test_no_import_from_a_higher_layer():
+    mods = _modules()
+    up = [f"{a} (layer {_layer(a)}) imports {b} (layer {_layer(b)})" for a, b, _ in _imports(mods)
+          if a != "dpsgd" and b != "dpsgd" and _layer(b) > _layer(a)]
+    assert up == []
+
+
+def test_no_function_longer_than_80_lines():
+    """One idea per function: none in dpsgd/ runs past 80 lines (docstring included)."""
+    long = [f"{p.relative_to(ROOT.parent)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for p in ROOT.rglob("*.py") for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 80]
+    assert long == []

@@ -1,4 +1,4 @@
-"""Sweeps through Hydra launchers (dpsgd/launchers.py, experiments/jobs.py): real tiny multiruns through
+"""Sweeps through Hydra launchers (dpsgd/run/launchers.py, experiments/jobs.py): real tiny multiruns through
 joblib and submitit_local (distinct folders, every job complete, collected), a failed job that does
 not stop its siblings, the launcher checks, how many jobs share the cores, and the experiment scripts'
 launcher commands."""
@@ -11,10 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dpsgd.errors import ConfigError
-from dpsgd.launch import compose, prepare_launch
-from dpsgd.launchers import Launch, check, parallel_jobs, share_cores, sweep_size, usable_cores
-from dpsgd.runtime import physical_cores
+from dpsgd.core.errors import ConfigError
+from dpsgd.run.launch import compose, prepare_launch
+from dpsgd.run.launchers import Launch, check, parallel_jobs, share_cores, sweep_size, usable_cores
+from dpsgd.core.runtime import physical_cores
 from experiments import collect, paper, seeds
 
 REPO = Path(__file__).resolve().parent.parent

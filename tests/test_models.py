@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpsgd.models import MLP, CifarCNN, check_dp_compatible
+from dpsgd.models.networks import MLP, CifarCNN, check_dp_compatible
 
 
 def test_mnist_paper_model_shape_and_size():

@@ -1,4 +1,4 @@
-"""GaussianNoise (dpsgd.noise): the N(0, σ²C²) source of Algorithm 1.
+"""GaussianNoise (dpsgd.mechanism.noise): the N(0, σ²C²) source of Algorithm 1.
 
 Seeded mode must be reproducible and resumable bit-exactly from its state_dict (checkpoint/resume);
 secure mode (privacy.secure_rng=true) must draw the right distribution from OS entropy, refuse a
@@ -13,7 +13,7 @@ import pytest
 import torch
 from scipy import stats
 
-from dpsgd.noise import GaussianNoise
+from dpsgd.mechanism.noise import GaussianNoise
 
 N = 200_000          # samples for the statistical checks: SE(std)/std = 1/sqrt(2N) ≈ 0.0016
 

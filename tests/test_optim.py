@@ -1,4 +1,4 @@
-"""The DP-SGD step (dpsgd.optim.DPSGD, Algorithm 1) at its limits."""
+"""The DP-SGD step (dpsgd.mechanism.optim.DPSGD, Algorithm 1) at its limits."""
 import copy
 import math
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpsgd.clipping import PerExampleClipper
-from dpsgd.models import MLP
-from dpsgd.noise import GaussianNoise
-from dpsgd.optim import DPSGD
+from dpsgd.mechanism.clipping import PerExampleClipper
+from dpsgd.models.networks import MLP
+from dpsgd.mechanism.noise import GaussianNoise
+from dpsgd.mechanism.optim import DPSGD
 
 
 def _setup(seed=0, n=32, d=10, classes=5):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from dpsgd.pca import dp_pca, fit_projection, project, random_projection
+from dpsgd.mechanism.pca import dp_pca, fit_projection, project, random_projection
 from tolerances import reduction_rtol
 
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from dpsgd.accountant import Ledger
-from dpsgd.config import validate
-from dpsgd.noise import GaussianNoise
-from dpsgd.report import (COLUMNS, STATUSES, eps_up, epsilons, final_line, metrics_row, privacy_statement,
+from dpsgd.config.schema import validate
+from dpsgd.mechanism.noise import GaussianNoise
+from dpsgd.run.report import (COLUMNS, STATUSES, eps_up, epsilons, final_line, metrics_row, privacy_statement,
                           progress_line)
-from dpsgd.sampling import make_sampler
+from dpsgd.mechanism.sampling import make_sampler
 
 DELTA = 1e-5
 K = 2                                   # per-layer clipping of the paper's MLP: two groups

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from conftest import metrics_row_count, metrics_rows
-from dpsgd.checkpoint import load_checkpoint
-from dpsgd.config import ConfigError
-from dpsgd.config import validate
-from dpsgd.launch import compose, prepare_resume
+from dpsgd.run.checkpoint import load_checkpoint
+from dpsgd.config.schema import ConfigError
+from dpsgd.config.schema import validate
+from dpsgd.run.launch import compose, prepare_resume
 from dpsgd.train import train
 
 REPO = Path(__file__).resolve().parent.parent

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 
 from conftest import metrics_row_count
-from dpsgd import launch as T
+from dpsgd.run import launch as T
 from dpsgd import train as training
-from dpsgd import runstate
-from dpsgd.checkpoint import CheckpointError, MetricsWriter, load_checkpoint, save_checkpoint
-from dpsgd.fileio import atomic_write_bytes
-from dpsgd.config import validate
-from dpsgd.rundir import CHUNK, RESERVATIONS, LotReservations, RunLock
+from dpsgd.run import state as runstate
+from dpsgd.run.checkpoint import CheckpointError, MetricsWriter, load_checkpoint, save_checkpoint
+from dpsgd.core.fileio import atomic_write_bytes
+from dpsgd.config.schema import validate
+from dpsgd.run.rundir import CHUNK, RESERVATIONS, LotReservations, RunLock
 
 REPO = Path(__file__).resolve().parents[1]
 # 600 examples, lots of 60 (10 lots per epoch), a 10-d DP-PCA and 8 hidden units: ~0.1 s per epoch

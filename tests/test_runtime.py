@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from dpsgd.config import ConfigError
-from dpsgd.runtime import configure_threads, describe_runtime, thread_policy, tune_allocator
+from dpsgd.config.schema import ConfigError
+from dpsgd.core.runtime import configure_threads, describe_runtime, thread_policy, tune_allocator
 
 
 def test_tune_allocator_applies_and_is_idempotent(monkeypatch):

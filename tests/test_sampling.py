@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from dpsgd.sampling import PoissonSampler, ShuffleSampler, make_sampler
+from dpsgd.mechanism.sampling import PoissonSampler, ShuffleSampler, make_sampler
 
 
 def test_poisson_mean_lot_size_is_L():

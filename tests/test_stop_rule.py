@@ -8,15 +8,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dpsgd import rundir
+from dpsgd.run import rundir
 from dpsgd.accountant import Ledger, calibrate
-from dpsgd.config import validate
-from dpsgd.distributed import Dist
-from dpsgd.launch import compose
+from dpsgd.config.schema import validate
+from dpsgd.run.distributed import Dist
+from dpsgd.run.launch import compose
 from dpsgd.privacy import main as privacy_main
-from dpsgd.rundir import LotReservations
-from dpsgd.runstate import Progress, Rows, Run
-from dpsgd.sampling import make_sampler
+from dpsgd.run.rundir import LotReservations
+from dpsgd.run.state import Progress, Rows, Run
+from dpsgd.mechanism.sampling import make_sampler
 from dpsgd.train import train
 
 TINY = ["dataset.subset=3000", "privacy.lot_size=150", "privacy.physical_batch_size=150",

@@ -8,10 +8,10 @@ import torch
 from torch import nn
 
 from conftest import metrics_rows
-from dpsgd.clipping import PerExampleClipper
-from dpsgd.config import ConfigError, validate
-from dpsgd.launch import compose
-from dpsgd.models import TanhCNN
+from dpsgd.mechanism.clipping import PerExampleClipper
+from dpsgd.config.schema import ConfigError, validate
+from dpsgd.run.launch import compose
+from dpsgd.models.networks import TanhCNN
 from dpsgd.train import train
 from tolerances import assert_f64_close, f64_rtol
 
@@ -75,7 +75,7 @@ def test_presets_compose(preset, dataset, L, lr, sigma):
 def test_tiny_end_to_end_run(tmp_path):
     """600 real MNIST images, tanh CNN + GroupNorm, K = 2 augmented (identical) copies, EMA: two
     epochs through dpsgd.train, with the EMA weights evaluated and released."""
-    from dpsgd.checkpoint import load_checkpoint
+    from dpsgd.run.checkpoint import load_checkpoint
     from dpsgd.train import evaluate
     args = ["model=tanh_cnn", "model.norm=group", "dataset.subset=600", "privacy.lot_size=100",
             "privacy.sigma=1.0", "privacy.clip_norm=0.1", "privacy.clipping=global", "training.lr=0.5",
@@ -91,7 +91,7 @@ def test_tiny_end_to_end_run(tmp_path):
     assert ck["ema"]["updates"] == 12 and ck["ema"]["decay"] == 0.9
     model = TanhCNN(norm="group")
     model.load_state_dict(ck["ema"]["weights"])
-    from dpsgd.data import load_dataset
+    from dpsgd.data.datasets import load_dataset
     Xtr, ytr, _, _ = load_dataset("mnist", None, 600, None, download=False)
     loss, acc = evaluate(model, Xtr, ytr, 10000)         # the EMA weights are the ones evaluated
     # the same float32 evaluation replayed (same weights and batches); 1e-6 ≈ 8·eps32 allows

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from conftest import metrics_rows
-from dpsgd.config import validate
-from dpsgd.launch import compose
-from dpsgd.report import COLUMNS
-from dpsgd.runstate import derive_seed
+from dpsgd.config.schema import validate
+from dpsgd.run.launch import compose
+from dpsgd.run.report import COLUMNS
+from dpsgd.run.state import derive_seed
 from dpsgd.train import lr_at, train
 
 REPO = Path(__file__).resolve().parent.parent

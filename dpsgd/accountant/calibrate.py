@@ -112,39 +112,52 @@ def steps_within(entries, target_epsilon: float, delta: float, q: float, sigma: 
     if eps_at(0) > target:
         return 0
     if accountant == "pld":
-        lo = min(steps_within(entries, target, delta, q, sigma, groups, "rdp", convention), cap)
-        e_lo = eps_at(lo)
-        if e_lo > target:                  # PLD above RDP (round-off, or a coarse grid at huge T)
-            lo, e_lo = 0, eps_at(0)
-        if lo >= cap:
+        rdp_lo = min(steps_within(entries, target, delta, q, sigma, groups, "rdp", convention), cap)
+        return _pld_steps(eps_at, target, rdp_lo, cap)
+    return _affine_steps(eps_at, target, delta, accountant, conversion, base, new, cap)
+
+
+def _pld_steps(eps_at, target: float, lo: int, cap: int) -> int:
+    """PLD: the largest n <= cap with ε(n) <= target, by safeguarded regula falsi on the integers,
+    bracketed upwards from ``lo`` (the RDP answer: PLD ε <= RDP ε) by doubling."""
+    e_lo = eps_at(lo)
+    if e_lo > target:                  # PLD above RDP (round-off, or a coarse grid at huge T)
+        lo, e_lo = 0, eps_at(0)
+    if lo >= cap:
+        return cap
+    step = max(1, lo // 2)
+    hi = min(lo + step, cap)
+    e_hi = eps_at(hi)
+    while e_hi <= target:
+        if hi >= cap:
             return cap
-        step = max(1, lo // 2)
+        lo, e_lo, step = hi, e_hi, step * 2
         hi = min(lo + step, cap)
         e_hi = eps_at(hi)
-        while e_hi <= target:
-            if hi >= cap:
-                return cap
-            lo, e_lo, step = hi, e_hi, step * 2
-            hi = min(lo + step, cap)
-            e_hi = eps_at(hi)
-        # Illinois (regula falsi) on the integers, f = ε − target: f(lo) <= 0 < f(hi)
-        f_lo, f_hi, last = e_lo - target, e_hi - target, 0
-        while hi - lo > 1:
-            mid = lo + int(round(-f_lo / (f_hi - f_lo) * (hi - lo))) if f_hi > f_lo else (lo + hi) // 2
-            mid = min(max(mid, lo + 1), hi - 1)
-            f_mid = eps_at(mid) - target
-            if f_mid <= 0:
-                lo, f_lo = mid, f_mid
-                if last == 1:
-                    f_hi /= 2.0
-                last = 1
-            else:
-                hi, f_hi = mid, f_mid
-                if last == -1:
-                    f_lo /= 2.0
-                last = -1
-        return lo
-    # moments / RDP: per order, the bound is affine in n
+    # Illinois (regula falsi) on the integers, f = ε − target: f(lo) <= 0 < f(hi)
+    f_lo, f_hi, last = e_lo - target, e_hi - target, 0
+    while hi - lo > 1:
+        mid = lo + int(round(-f_lo / (f_hi - f_lo) * (hi - lo))) if f_hi > f_lo else (lo + hi) // 2
+        mid = min(max(mid, lo + 1), hi - 1)
+        f_mid = eps_at(mid) - target
+        if f_mid <= 0:
+            lo, f_lo = mid, f_mid
+            if last == 1:
+                f_hi /= 2.0
+            last = 1
+        else:
+            hi, f_hi = mid, f_mid
+            if last == -1:
+                f_lo /= 2.0
+            last = -1
+    return lo
+
+
+def _affine_steps(eps_at, target: float, delta: float, accountant: str, conversion: str, base, new,
+                  cap: int) -> int:
+    """Moments / RDP: per order the bound is affine in n, so n is solved in closed form per order
+    (moments: Abadi et al. 2016, Thm 2; RDP: Mironov 2017, Prop. 3, or the improved conversion of
+    rdp.py), then checked against eps_at."""
     per = compose.curve(accountant, new[0], new[1]) * new[2]
     tot = compose.total(accountant, base) if base else np.zeros_like(per)
     if accountant == "moments":

@@ -10,7 +10,7 @@ Modules, one idea each:
 
 * ``settings`` — ``AuditConfig`` (settings ``tiny`` / ``mnist``, mechanisms ``correct`` /
   ``no_clip`` / ``noise_div10``) and ``AuditResult``;
-* ``game``     — the gradient canary, D = ∅ vs D' = {canary} through ``dpsgd.optim.DPSGD``, the
+* ``game``     — the gradient canary, D = ∅ vs D' = {canary} through ``dpsgd.mechanism.optim.DPSGD``, the
   scores, and ``run_audit`` (game → statistics → claimed ε);
 * ``stats``    — ε ≥ log((1 − δ − FNR)/FPR) (Kairouz et al. 2015) with Clopper–Pearson bounds on
   held-out error counts;

@@ -5,8 +5,8 @@
   can be subtracted; leaving them out is the worst case (Nasr et al. 2021, "Adversary instantiation:
   lower bounds for differentially private machine learning"; Nasr et al. 2023, "Tight auditing of
   differentially private machine learning").
-* **Mechanism**: ``dpsgd.optim.DPSGD`` with ``dpsgd.clipping.PerExampleClipper`` and
-  ``dpsgd.noise.GaussianNoise`` as training builds them, with L = η = 1 (post-processing of the
+* **Mechanism**: ``dpsgd.mechanism.optim.DPSGD`` with ``dpsgd.mechanism.clipping.PerExampleClipper`` and
+  ``dpsgd.mechanism.noise.GaussianNoise`` as training builds them, with L = η = 1 (post-processing of the
   noisy sum, so the released step is the noisy sum itself).
 * **Gradient canary**: one crafted input whose per-example gradient at the initial parameters θ₀
   has norm ≥ ``canary_norm`` × C in every clipping group, so that clipping gives it exactly the
@@ -27,10 +27,10 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from dpsgd.clipping import PerExampleClipper
-from dpsgd.models import MLP
-from dpsgd.noise import GaussianNoise
-from dpsgd.optim import DPSGD
+from dpsgd.mechanism.clipping import PerExampleClipper
+from dpsgd.models.networks import MLP
+from dpsgd.mechanism.noise import GaussianNoise
+from dpsgd.mechanism.optim import DPSGD
 
 from .claim import claimed_epsilon
 from .settings import AuditConfig, AuditResult

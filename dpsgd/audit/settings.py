@@ -8,7 +8,7 @@ Mechanisms: ``correct``; ``no_clip`` (the clipper has max_grad_norm=None while D
 noise for the claimed C); ``noise_div10`` (DPSGD adds σC/10 while σ is claimed). The two broken ones
 show the audit has teeth.
 
-Option lists come from where they are defined: clipping modes from ``dpsgd.config.CHOICES``,
+Option lists come from where they are defined: clipping modes from ``dpsgd.config.schema.CHOICES``,
 accountant names from ``dpsgd.accountant.ACCOUNTANTS``.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dpsgd.accountant import ACCOUNTANTS
-from dpsgd.config import CHOICES
+from dpsgd.config.schema import CHOICES
 
 CLIPPINGS = tuple(CHOICES["privacy.clipping"])
 MECHANISMS = ("correct", "no_clip", "noise_div10")

@@ -84,7 +84,7 @@ def cache_key(dataset: str, split: str, n: int) -> dict:
     """What the cached (unnormalised) scattering coefficients of the first n images of a split depend on."""
     from kymatio import __version__ as kymatio_version
 
-    from .data import EXPECTED_MD5
+    from dpsgd.data.datasets import EXPECTED_MD5
     return {"format": CACHE_FORMAT, "transform": "scattering2d", "J": SCATTER_J, "L": SCATTER_L,
             "dataset": dataset, "archives_md5": dict(sorted(EXPECTED_MD5[dataset].items())),
             "split": split, "n": int(n), "kymatio": kymatio_version}
@@ -130,7 +130,7 @@ def _save_cache(path: Path, key: dict, F: torch.Tensor) -> None:
 def cached_scatter(X: torch.Tensor, dataset: str, split: str, root: Path | None) -> torch.Tensor:
     """Scattering coefficients of X (the first len(X) images of ``split``), from the cache when it holds
     them (the split's full set sliced, or exactly these), else computed and cached."""
-    from .data import DATASETS
+    from dpsgd.data.datasets import DATASETS
     if root is None:
         return scatter(X)
     n_full = DATASETS[dataset].n_train if split == "train" else DATASETS[dataset].n_test

@@ -12,10 +12,10 @@ import signal
 import sys
 from pathlib import Path
 
-from .data import DataUnavailable, ensure_dataset
-from .errors import ConfigError, Diverged, Interrupted
+from dpsgd.data.datasets import DataUnavailable, ensure_dataset
+from dpsgd.core.errors import ConfigError, Diverged, Interrupted
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 MULTIRUN_FLAGS = ("--multirun", "-m")
 CONFIG_DIR_FLAGS = ("--config-dir", "-cd")     # an extra config folder (searched after conf/)
 

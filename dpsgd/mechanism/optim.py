@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import torch
 
-from .noise import GaussianNoise
+from dpsgd.mechanism.noise import GaussianNoise
 
 
 class DPSGD:
-    """Noisy SGD on top of a per-example clipping engine (``dpsgd.clipping.PerExampleClipper``)."""
+    """Noisy SGD on top of a per-example clipping engine (``dpsgd.mechanism.clipping.PerExampleClipper``)."""
 
     def __init__(self, model: torch.nn.Module, clipper, noise: GaussianNoise, sigma: float,
                  max_grad_norm: float, expected_lot_size: float, lr: float, momentum: float = 0.0,

@@ -14,7 +14,7 @@ writes anything (``check``: one line naming ``hydra.launcher.<key>``, exit 2), c
 jobs and decides how many share this machine (``parallel_jobs``). Jobs at once × threads per job must not exceed the cores, so when more than one
 job shares the machine the launching process exports ``DPSGD_PARALLEL_JOBS`` (unless the user chose
 the threads with ``DPSGD_THREADS`` / ``OMP_NUM_THREADS``) and every job takes its share of the cores
-(``dpsgd/runtime.py:thread_policy``). A SLURM job gets the cores of its own allocation (its CPU
+(``dpsgd/core/runtime.py:thread_policy``). A SLURM job gets the cores of its own allocation (its CPU
 affinity), so nothing is shared there.
 
 A job that fails in a worker process or a cluster job does not stop its siblings: it prints its one
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from hydra.errors import CompactHydraException
 
-from .errors import ConfigError
+from dpsgd.core.errors import ConfigError
 
 # the kind of launcher, from the Launcher class its _target_ names (any hydra/launcher option)
 LAUNCHERS = {
@@ -63,7 +63,7 @@ class Launch:
 class JobFailed(CompactHydraException):
     """A sweep job that failed in a worker process or a cluster job (returned to the launching process).
 
-    Hydra prints ``str()`` of it as one line; ``dpsgd/launch.py:main`` exits with ``code``."""
+    Hydra prints ``str()`` of it as one line; ``dpsgd/run/launch.py:main`` exits with ``code``."""
 
     def __init__(self, line: str, code: int):
         super().__init__(line, code)

@@ -21,9 +21,9 @@ import math
 from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 
-from .accountant import ACCOUNTANTS, CONVENTIONS
-from .checkpoint import METRICS, PRIVACY, fingerprint_hash
-from .config import Config, privacy_fingerprint
+from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS
+from dpsgd.run.checkpoint import METRICS, PRIVACY, fingerprint_hash
+from dpsgd.config.schema import Config, privacy_fingerprint
 
 COLUMNS = ["epoch", "steps", "lr", "lot_loss", "train_loss", "train_accuracy", "test_accuracy",
            "epsilon", "epsilon_moments", "epsilon_rdp", "epsilon_pld", "epsilon_moments_joint",
@@ -244,7 +244,7 @@ def parameters(c: Config, run) -> dict:
         out["clipping_groups"] = [list(g) for g in run.parts.clipper.groups]
     m = c.model
     if m.pretrained is not None:
-        from .pretrained import SOURCE, relative
+        from dpsgd.models.pretrained import SOURCE, relative
         out["public_parameters"] = {"tensors": [n for n, p in named if not p.requires_grad],
                                     "artifact": relative(m.pretrained), "sha256": m.pretrained_sha256,
                                     "source": SOURCE}

@@ -3,7 +3,7 @@
 - MNIST (paper §5.2): a fixed 60-d PCA projection (applied to the data, outside the model), one
   hidden layer of 1000 ReLU units, 10 logits; the paper's network has no biases.
 - ``linear`` and ``scatter_cnn``: Tramèr & Boneh 2021 (arXiv 2011.11660) on ScatterNet features
-  (``dpsgd/features.py``): a linear classifier, and their small tanh CNN for MNIST.
+  (``dpsgd/data/features.py``): a linear classifier, and their small tanh CNN for MNIST.
 - CIFAR-10 (paper §5.3): 24×24×3 crops, two 5×5×64 convolutions (stride 1, ReLU, 2×2 max-pool),
   two fully connected layers of 384 ReLU units and a softmax layer ("SAME" padding, as in the
   TensorFlow CIFAR tutorial model the paper starts from: 24 → 12 → 6).
@@ -13,7 +13,7 @@
 
 `check_dp_compatible` refuses layers that mix examples: per-example sensitivity (the C in
 Algorithm 1) only holds if example i's gradient depends on example i alone. `check_input` holds the
-inputs each network takes (the rest of the ``model.*`` group is checked in dpsgd/model_config.py).
+inputs each network takes (the rest of the ``model.*`` group is checked in dpsgd/config/model.py).
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .checks import choice
-from .errors import ConfigError
+from dpsgd.core.checks import choice
+from dpsgd.core.errors import ConfigError
 
 
 class MLP(nn.Module):

@@ -30,8 +30,8 @@ import os
 import time
 from pathlib import Path
 
-from .fileio import atomic_write_text
-from .errors import ConfigError
+from dpsgd.core.fileio import atomic_write_text
+from dpsgd.core.errors import ConfigError
 
 RESERVATIONS = "lots.reserved"
 CHUNK = 16          # lots in the first reservation of a process (and the smallest chunk)

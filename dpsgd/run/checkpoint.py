@@ -6,7 +6,7 @@ epoch), the optimiser state (momentum buffers), the privacy ledger, the sampler'
 generator states, the input projection,
 the metrics rows so far, the overrides the run was started with, and the privacy-relevant config
 values (a resumed run with different values is refused, naming the key). With ``training.ema_decay`` set it also
-holds ``ema`` (the EMA weights, the released model; ``dpsgd.ema``): an optional key (None when EMA is
+holds ``ema`` (the EMA weights, the released model; ``dpsgd.mechanism.ema``): an optional key (None when EMA is
 off, absent in checkpoints written before it), so the format version stays 2; a run with EMA has
 ``training.ema_decay`` in its fingerprint, so its checkpoints always carry it. Files are written with
 ``fileio`` (atomic replace).
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError
-from .fileio import atomic_write_bytes, atomic_write_text
+from dpsgd.core.errors import ConfigError
+from dpsgd.core.fileio import atomic_write_bytes, atomic_write_text
 
 CHECKPOINT = "checkpoint.pt"
 PRIVACY = "privacy.json"

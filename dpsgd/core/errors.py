@@ -1,4 +1,4 @@
-"""The errors a run ends with, each turned by the command line (dpsgd/cli.py) into one line on stderr and an
+"""The errors a run ends with, each turned by the command line (dpsgd/run/cli.py) into one line on stderr and an
 exit code: bad input (2), divergence (1), an interrupting signal (128 + its number)."""
 import signal
 

@@ -1,6 +1,6 @@
 """Checks of one config value, each refusing with a ``ConfigError`` in one line that names the key.
 
-Every config group's validator uses them (``dpsgd/config.py:validate`` calls the groups in turn): a
+Every config group's validator uses them (``dpsgd/config/schema.py:validate`` calls the groups in turn): a
 number in a range (bools, strings, NaN/inf and fractional integers refused), true/false, one of a
 list of choices (the list defined where the choice is implemented).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .errors import ConfigError
+from dpsgd.core.errors import ConfigError
 
 
 def fmt(v: Any) -> str:
@@ -49,7 +49,7 @@ def boolean(key: str, v: Any) -> bool:
 
 
 def choice(key: str, v: Any, options) -> str:
-    """``v`` if it is one of ``options`` (a config key's choices: dpsgd/config.py:CHOICES)."""
+    """``v`` if it is one of ``options`` (a config key's choices: dpsgd/config/schema.py:CHOICES)."""
     allowed = sorted(options)       # a list: an unhashable value (a list, a dict) is refused, not a TypeError
     if v not in allowed:
         raise ConfigError(f"{key}={fmt(v)}: unknown, must be one of {allowed}")

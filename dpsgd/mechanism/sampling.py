@@ -22,7 +22,7 @@ from typing import Iterator
 
 import torch
 
-from .accountant.calibrate import lots_per_epoch
+from dpsgd.accountant.calibrate import lots_per_epoch
 
 
 class Sampler:

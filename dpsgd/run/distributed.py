@@ -23,7 +23,7 @@ can finish lot t before the all-reduce, which needs rank 0's contribution. Every
 ledger (identical: same sampler, same stop rule); only rank 0's is written.
 
 The command line under torchrun (one run directory agreed by every rank) is
-``dpsgd/launch.py:torchrun_main``; this module is the communication only.
+``dpsgd/run/launch.py:torchrun_main``; this module is the communication only.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import ConfigError
+from dpsgd.core.errors import ConfigError
 
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError
-from .fileio import atomic_write_bytes, atomic_write_text
+from dpsgd.core.errors import ConfigError
+from dpsgd.core.fileio import atomic_write_bytes, atomic_write_text
 
 SOURCE = "pretrained on CIFAR-100, treated as public as in the paper §5.3 (its cost is not charged)"
 

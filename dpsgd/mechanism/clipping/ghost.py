@@ -63,7 +63,7 @@ def build_layers(model: nn.Module) -> tuple[list[_Layer], bool]:
             kind = type(o.module).__name__
             raise Unsupported(f"module '{o.name}' ({kind}) owns parameters and has submodules; its forward "
                               f"may use its parameters in any way (no layer rule is registered for {kind}: "
-                              "see dpsgd/clipping/registry.py:register_layer)")
+                              "see dpsgd/mechanism/clipping/registry.py:register_layer)")
         if rule is None:
             rule, native = GenericLayer, False
         layers.append(rule(o.module, o.params))

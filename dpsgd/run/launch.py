@@ -7,17 +7,17 @@ Everything is decided before anything is written:
   ``train`` in it;
 * a sweep (``-m``): the sweep folder must be new or empty and each job gets a folder of its own; each
   job's config is validated when it starts, and a refused job's fresh folder is removed. The launcher
-  (``hydra/launcher=basic|joblib|submitit_local|submitit_slurm``, dpsgd/launchers.py) is checked
+  (``hydra/launcher=basic|joblib|submitit_local|submitit_slurm``, dpsgd/run/launchers.py) is checked
   here too; jobs in worker processes or cluster jobs run only ``task`` (never these checks, which
   their siblings' folders would fail) and report a failure back instead of exiting;
 * a resume: the config comes from the run's checkpoint (not from Hydra's files), the new overrides are
   applied after it, and Hydra is not involved (nothing of Hydra's is written into the run);
 * under torchrun (``torchrun --nproc_per_node=P -m dpsgd.train ...``, ``torchrun_main``): rank 0
   makes the checks of a single run and every rank agrees on its folder before anything runs; the
-  communication itself is dpsgd/distributed.py.
+  communication itself is dpsgd/run/distributed.py.
 
 Every expected failure is one line on stderr and an exit code (2: bad input; 1: diverged, disk
-error; 128 + n: signal n), never a traceback (dpsgd/cli.py, shared with ``python -m dpsgd.pretrain``).
+error; 128 + n: signal n), never a traceback (dpsgd/run/cli.py, shared with ``python -m dpsgd.pretrain``).
 """
 from __future__ import annotations
 
@@ -29,16 +29,16 @@ import sys
 import time
 from pathlib import Path
 
-from . import distributed
-from .checkpoint import check_resumable, resume_checkpoint
-from .cli import (CONF_DIR, compose, data_ready, dataset_ready, error_line, fail, failure, fresh_dir, one_line,
+from dpsgd.run import distributed
+from dpsgd.run.checkpoint import check_resumable, resume_checkpoint
+from dpsgd.run.cli import (CONF_DIR, compose, data_ready, dataset_ready, error_line, fail, failure, fresh_dir, one_line,
                   run_or_exit, search_path, split_cli)
-from .config import Config, check_run_dir, override_key, privacy_fingerprint, validate
-from .data import DATASETS, DataUnavailable
-from .errors import ConfigError
-from .launchers import JobFailed, Launch, check as check_launcher, parallel_jobs, share_cores, sweep_size
-from .rundir import RunLock
-from .runtime import tune_allocator
+from dpsgd.config.schema import Config, check_run_dir, override_key, privacy_fingerprint, validate
+from dpsgd.data.datasets import DATASETS, DataUnavailable
+from dpsgd.core.errors import ConfigError
+from dpsgd.run.launchers import JobFailed, Launch, check as check_launcher, parallel_jobs, share_cores, sweep_size
+from dpsgd.run.rundir import RunLock
+from dpsgd.core.runtime import tune_allocator
 
 _T0 = time.time()
 _LAUNCHER_PID = None    # set by main(): the process that runs Hydra (a worker or cluster job has another)

@@ -15,11 +15,11 @@ started:
 """
 from __future__ import annotations
 
-from .accountant import ACCOUNTANTS, CONVENTIONS, Ledger, limits
-from .checks import boolean, choice, fmt, num
-from .clipping.clip import CLIPPINGS, MODES
-from .errors import ConfigError
-from .sampling import SAMPLERS
+from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS, Ledger, limits
+from dpsgd.core.checks import boolean, choice, fmt, num
+from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES
+from dpsgd.core.errors import ConfigError
+from dpsgd.mechanism.sampling import SAMPLERS
 
 
 def validate_privacy(c):

@@ -41,11 +41,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .augment import AUGMENTATIONS, CROP
-from .checks import boolean, choice, fmt, num
-from .errors import ConfigError
+from dpsgd.data.augment import AUGMENTATIONS, CROP
+from dpsgd.core.checks import boolean, choice, fmt, num
+from dpsgd.core.errors import ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 
@@ -524,7 +524,3 @@ def main(argv=None) -> int:
             print(f"error: {e}", file=sys.stderr)
             status = 2
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
 """The ``model.*`` group of the config, checked against the dataset it trains on and the networks of
-dpsgd/models.py (whose ``check_input`` says which inputs each network takes).
+dpsgd/models/networks.py (whose ``check_input`` says which inputs each network takes).
 
 Besides the types, names and ranges of each value, this refuses what would only fail once training
 has started: PCA wider than the input, features with a projection, group counts that do not divide
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 
-from .accountant import limits
-from .checks import boolean, choice, fmt, num
-from .data import DATASETS, input_shape
-from .errors import ConfigError
-from .features import FEATURE_NORMS, FEATURES, feature_shape
-from .models import FREEZE, INITS, MODELS, build_model, check_dp_compatible, check_input, frozen_names
-from .pca import PROJECTIONS
+from dpsgd.accountant import limits
+from dpsgd.core.checks import boolean, choice, fmt, num
+from dpsgd.data.datasets import DATASETS, input_shape
+from dpsgd.core.errors import ConfigError
+from dpsgd.data.features import FEATURE_NORMS, FEATURES, feature_shape
+from dpsgd.models.networks import FREEZE, INITS, MODELS, build_model, check_dp_compatible, check_input, frozen_names
+from dpsgd.mechanism.pca import PROJECTIONS
 
 # The largest model validated: 10**9 float32 parameters are 4 GB of weights alone, before gradients,
 # noise and optimiser buffers (several times that); beyond what one CPU or GPU run of this repo holds.
@@ -120,7 +120,7 @@ def _check_pretrained(m, model, frozen: list[str]) -> None:
         return
     if not isinstance(m.pretrained, str) or not m.pretrained:
         raise ConfigError(f"model.pretrained={fmt(m.pretrained)}: must be the path of an artifact")
-    from .pretrained import verify
+    from dpsgd.models.pretrained import verify
     tensors, m.pretrained_sha256 = verify(m.pretrained, m.pretrained_sha256)
     shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
     for n, shape in tensors.items():

@@ -19,16 +19,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import distributed, parts
-from .accountant import Ledger
-from .checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, resume_checkpoint,
+from dpsgd.run import distributed
+
+from dpsgd.run import parts
+from dpsgd.accountant import Ledger
+from dpsgd.run.checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, resume_checkpoint,
                          save_checkpoint)
-from .config import Config, ConfigError, override_key, privacy_fingerprint
-from .fileio import atomic_write_text, plain, write_json
-from .parts import Parts
-from .report import COLUMNS, epsilons, privacy_statement
-from .rundir import RESERVATIONS, LotReservations
-from .runtime import configure_threads, describe_runtime, set_tf32
+from dpsgd.config.schema import Config, ConfigError, override_key, privacy_fingerprint
+from dpsgd.core.fileio import atomic_write_text, plain, write_json
+from dpsgd.run.parts import Parts
+from dpsgd.run.report import COLUMNS, epsilons, privacy_statement
+from dpsgd.run.rundir import RESERVATIONS, LotReservations
+from dpsgd.core.runtime import configure_threads, describe_runtime, set_tf32
 
 
 def derive_seed(seed: int, stream: str, secure: bool = False) -> int:

@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from . import distributed
-from .augment import LotTransform, lot_generator
-from .config import Config
-from .data import DATASETS, input_shape, load_dataset
-from .models import build_model, frozen_names
+from dpsgd.run import distributed
+from dpsgd.data.augment import LotTransform, lot_generator
+from dpsgd.config.schema import Config
+from dpsgd.data.datasets import DATASETS, input_shape, load_dataset
+from dpsgd.models.networks import build_model, frozen_names
 
 if TYPE_CHECKING:
-    from .accountant import Ledger
-    from .clipping import PerExampleClipper
-    from .ema import EMA
-    from .noise import GaussianNoise
-    from .optim import DPSGD
-    from .sampling import Sampler
+    from dpsgd.accountant import Ledger
+    from dpsgd.mechanism.clipping import PerExampleClipper
+    from dpsgd.mechanism.ema import EMA
+    from dpsgd.mechanism.noise import GaussianNoise
+    from dpsgd.mechanism.optim import DPSGD
+    from dpsgd.mechanism.sampling import Sampler
 
 
 class Data(NamedTuple):
@@ -99,8 +99,8 @@ def load_data(c: Config) -> Data:
     Xtr, ytr, Xte, yte = load_dataset(ds.name, ds.root, ds.subset, None if ds.augment != "none" else ds.crop,
                                       download=ds.download)
     if c.model.features != "none":   # fixed per-example features (ScatterNet): no privacy cost, cached
-        from .data import default_root
-        from .features import transform
+        from dpsgd.data.datasets import default_root
+        from dpsgd.data.features import transform
         Xtr, Xte = transform(c.model.features, Xtr, Xte, dataset=ds.name,
                              root=Path(ds.root) if ds.root else default_root(),
                              norm=c.model.feature_norm, groups=c.model.feature_groups)
@@ -112,14 +112,14 @@ def load_data(c: Config) -> Data:
 
 def fit_projection(c: Config, data: Data, seed: int, ledger: Ledger) -> torch.Tensor | None:
     """The input projection of a fresh run; DP-PCA is the first release charged to ``ledger``."""
-    from .pca import fit_projection as fit
+    from dpsgd.mechanism.pca import fit_projection as fit
     p = c.privacy
     return fit(c.model.projection, data.X_train, c.model.pca_dims, p.sigma_p if p.private else 0.0,
                torch.Generator().manual_seed(seed), ledger if p.private else None, p.pca_fraction)
 
 
 def project(data: Data, V: torch.Tensor | None) -> Data:
-    from .pca import project as proj
+    from dpsgd.mechanism.pca import project as proj
     return data if V is None else data._replace(X_train=proj(data.X_train, V), X_test=proj(data.X_test, V))
 
 
@@ -132,7 +132,7 @@ def init_model(c: Config, data: Data, seed: int) -> torch.nn.Module:
         shape = input_shape(ds.name, ds.crop) if ds.augment != "none" else tuple(data.X_train.shape[1:])
         model = build_model(c.model, shape, DATASETS[ds.name].classes)
         if c.model.pretrained is not None:   # frozen before the clipper is built
-            from .pretrained import load
+            from dpsgd.models.pretrained import load
             load(model, c.model.pretrained, c.model.pretrained_sha256, frozen_names(model, c.model.freeze))
     return model
 
@@ -142,10 +142,10 @@ def build(c: Config, d: distributed.Dist, device: torch.device, runtime: dict, d
     """The clipping engine, the noise, the DP-SGD step and the sampler around ``model`` (its weights
     final: initialised or loaded), with the data on ``device``. ``seeds``: the ``noise`` seed (None:
     OS entropy or privacy.noise_seed decides) and the ``sampler`` seed."""
-    from .clipping import PerExampleClipper
-    from .noise import GaussianNoise
-    from .optim import DPSGD
-    from .sampling import make_sampler
+    from dpsgd.mechanism.clipping import PerExampleClipper
+    from dpsgd.mechanism.noise import GaussianNoise
+    from dpsgd.mechanism.optim import DPSGD
+    from dpsgd.mechanism.sampling import make_sampler
 
     p, t, ds = c.privacy, c.training, c.dataset
     model.to(device)
@@ -162,7 +162,7 @@ def build(c: Config, d: distributed.Dist, device: torch.device, runtime: dict, d
         dp.comm = distributed.Aggregator(d, p.secure_rng, list(clipper.clipped_sum(data[0][:1], data[1][:1]).grads))
     ema = None
     if t.ema_decay is not None:
-        from .ema import EMA
+        from dpsgd.mechanism.ema import EMA
         ema = EMA(model, t.ema_decay)
     return Parts(device=device, runtime=runtime, data=data, projection=projection, model=model,
                  clipper=clipper, dp=dp, sampler=sampler,

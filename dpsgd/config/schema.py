@@ -7,10 +7,10 @@ non-integer epochs, NaN learning rates, PCA wider than the input, models that mi
 
 Each group is checked next to what it configures, in this order (the first bad key is reported):
 
-* ``dataset.*``: ``dpsgd/data.py:validate_dataset``;
-* ``model.*``: ``dpsgd/model_config.py:validate_model`` (the inputs each network takes:
-  ``dpsgd/models.py:check_input``);
-* ``privacy.*`` and ``accountant.*``: ``dpsgd/privacy_config.py:validate_privacy`` and
+* ``dataset.*``: ``dpsgd/data/datasets.py:validate_dataset``;
+* ``model.*``: ``dpsgd/config/model.py:validate_model`` (the inputs each network takes:
+  ``dpsgd/models/networks.py:check_input``);
+* ``privacy.*`` and ``accountant.*``: ``dpsgd/config/privacy.py:validate_privacy`` and
   ``validate_accountant`` (the ranges the accountants serve, δ < 1/N, noise);
 * ``training.*`` (``validate_training``: at most STEPS_MAX lots, evaluation batches no larger than the
   largest evaluated set), then σ from the target ε with ``privacy.calibrate_sigma``, then the
@@ -25,18 +25,18 @@ import functools
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from .accountant import ACCOUNTANTS, CONVENTIONS, limits
-from .augment import AUGMENTATIONS
-from .checks import boolean, fmt, num
-from .clipping.clip import CLIPPINGS, MODES
-from .data import DATASETS, validate_dataset
-from .errors import ConfigError
-from .features import FEATURE_NORMS, FEATURES
-from .model_config import validate_model
-from .models import FREEZE, INITS, MODELS, NORMS, build_model, frozen_names
-from .pca import PROJECTIONS
-from .privacy_config import sigma_served, validate_accountant, validate_privacy
-from .sampling import SAMPLERS
+from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS, limits
+from dpsgd.data.augment import AUGMENTATIONS
+from dpsgd.core.checks import boolean, fmt, num
+from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES
+from dpsgd.data.datasets import DATASETS, validate_dataset
+from dpsgd.core.errors import ConfigError
+from dpsgd.data.features import FEATURE_NORMS, FEATURES
+from dpsgd.config.model import validate_model
+from dpsgd.models.networks import FREEZE, INITS, MODELS, NORMS, build_model, frozen_names
+from dpsgd.mechanism.pca import PROJECTIONS
+from dpsgd.config.privacy import sigma_served, validate_accountant, validate_privacy
+from dpsgd.mechanism.sampling import SAMPLERS
 
 
 @dataclass
@@ -63,7 +63,7 @@ class ModelConfig:
     pretrained: str | None = None      # artifact of python -m dpsgd.pretrain (public weights), loaded at setup
     pretrained_sha256: str | None = None   # None: filled from the artifact's sidecar (after checking it)
     freeze: str = "none"               # none | features: requires_grad=False (not clipped, noised, charged)
-    features: str = "none"             # none | scatter (fixed ScatterNet features, dpsgd/features.py)
+    features: str = "none"             # none | scatter (fixed ScatterNet features, dpsgd/data/features.py)
     feature_norm: str = "group"        # none | group (per-example GroupNorm of the features; free)
     feature_groups: int = 27           # G of the GroupNorm (Tramèr & Boneh 2021: 27 for 81 channels)
 
@@ -280,14 +280,14 @@ def _calibrated_sigma(c: Config, sampler, shape) -> float:
 @functools.lru_cache(maxsize=32)
 def _sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention) -> float:
     """``sigma_for_epsilon``, remembered per process (a command validates its config more than once)."""
-    from .accountant.calibrate import sigma_for_epsilon
+    from dpsgd.accountant.calibrate import sigma_for_epsilon
     return float(sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention))
 
 
 def clipping_groups(model, clipping: str, freeze: str = "none") -> int:
     """k, the separately clipped groups of ``model`` once ``model.freeze`` has frozen its public tensors
-    (frozen here, in place): ``dpsgd/clipping/groups.py:clipping_groups``, the rule the engine clips by."""
-    from .clipping.groups import clipping_groups as groups
+    (frozen here, in place): ``dpsgd/mechanism/clipping/groups.py:clipping_groups``, the rule the engine clips by."""
+    from dpsgd.mechanism.clipping.groups import clipping_groups as groups
     for n in frozen_names(model, freeze):
         model.get_parameter(n).requires_grad_(False)
     return len(groups(model, clipping))
