@@ -27,8 +27,9 @@ def _run(tmp_path, sampling, epochs, max_steps, epoch, steps, budget, N=100, L=1
     """A Run holding only what the stop rule reads: the training limits, the progress, the sampler."""
     c = SimpleNamespace(training=SimpleNamespace(epochs=epochs, max_steps=max_steps))
     parts = SimpleNamespace(sampler=make_sampler(sampling, N, L, torch.Generator().manual_seed(0)), k=1)
-    return Run(c, Path(tmp_path), [], Dist(), Progress(ledger=Ledger(), epoch=epoch, steps=steps, budget=budget),
-               parts, Rows([]), LotReservations(tmp_path))
+    return Run(c=c, run_dir=Path(tmp_path), overrides=[], dist=Dist(),
+               progress=Progress(ledger=Ledger(), epoch=epoch, steps=steps, budget=budget),
+               parts=parts, writer=Rows([]), reservations=LotReservations(tmp_path))
 
 
 def _spelled_out(run, lot):

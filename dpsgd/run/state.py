@@ -89,7 +89,7 @@ class Progress:
         return self.wall_before + (time.time() if now is None else now) - self.t_start
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
     """One run of Algorithm 1: its parts and its progress, in its run directory."""
     c: Config
@@ -111,8 +111,9 @@ class Run:
         V = parts.fit_projection(c, data, seeds["pca"], ledger)
         data = parts.project(data, V)
         model = parts.init_model(c, data, seeds["model"])
-        run = cls(c, run_dir, list(overrides), d, Progress(ledger=ledger),
-                  parts.build(c, d, device, runtime, data, V, model, seeds), Rows([]), LotReservations(run_dir))
+        run = cls(c=c, run_dir=run_dir, overrides=list(overrides), dist=d, progress=Progress(ledger=ledger),
+                  parts=parts.build(c, d, device, runtime, data, V, model, seeds), writer=Rows([]),
+                  reservations=LotReservations(run_dir))
         run.progress.budget = run.compute_budget(resumed=False)
         run.progress.eps = epsilons(ledger, c)
         return run
@@ -131,8 +132,10 @@ class Run:
         new_keys = {override_key(o) for o in overrides}        # a new value replaces the saved one
         progress = Progress(ledger=Ledger.from_dict(ckpt["ledger"]), epoch=ckpt["epoch"], steps=ckpt["steps"],
                             wall_before=ckpt["wall_time_s"])
-        run = cls(c, run_dir, [o for o in ckpt["overrides"] if override_key(o) not in new_keys] + list(overrides),
-                  d, progress, built, Rows(ckpt["rows"]), LotReservations(run_dir))
+        run = cls(c=c, run_dir=run_dir,
+                  overrides=[o for o in ckpt["overrides"] if override_key(o) not in new_keys] + list(overrides),
+                  dist=d, progress=progress, parts=built, writer=Rows(ckpt["rows"]),
+                  reservations=LotReservations(run_dir))
         progress.lost = run.charge_lost(ckpt["replay"])
         progress.resumes = list(ckpt["resumes"]) + [{
             "at_epoch": progress.epoch, "at_steps": progress.steps, "lost_lots_charged": progress.lost,
@@ -147,8 +150,8 @@ class Run:
         """A resume of a run that has finished: its progress and final statement, nothing to run."""
         progress = Progress(ledger=Ledger.from_dict(ckpt["ledger"]), epoch=ckpt["epoch"], steps=ckpt["steps"],
                             resumes=list(ckpt["resumes"]), wall_before=ckpt["wall_time_s"])
-        return cls(c, run_dir, list(overrides), d, progress, None, Rows(ckpt["rows"]), LotReservations(run_dir),
-                   finished=ckpt["statement"])
+        return cls(c=c, run_dir=run_dir, overrides=list(overrides), dist=d, progress=progress, parts=None,
+                   writer=Rows(ckpt["rows"]), reservations=LotReservations(run_dir), finished=ckpt["statement"])
 
     @property
     def writes(self) -> bool:    # rank 0 (or the one process) writes the run directory
