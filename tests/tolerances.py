@@ -123,7 +123,7 @@ def assert_f64_close(a, b, rtol: float) -> None:
     """torch.testing.assert_close with relative tolerance ``rtol`` and an absolute floor at the scale of
     b (``rtol·max|b|``): entries that are 0 in exact arithmetic are round-off of that size."""
     import torch
-    torch.testing.assert_close(a, b, rtol=rtol, atol=rtol * float(b.abs().max()))
+    torch.testing.assert_close(a, b, rtol=rtol, atol=rtol * float(b.detach().abs().max()))
 
 
 __all__ = ["EPS64", "EPS32", "PLD_GRID_STEPS", "GAUSSIAN_EPSILON_XTOL", "GAUSSIAN_EPSILON_RTOL",
