@@ -155,11 +155,13 @@ def end_of_epoch(run: Run, stop_reason: str | None, lr: float, lot_loss: float, 
         Xtr, ytr, Xte, yte = parts.data
         tf = parts.transform.eval
         with parts.ema.applied(parts.model) if parts.ema is not None else nullcontext(parts.model) as model:
-            ev = evaluate(model, Xtr, ytr, t.eval_batch_size, tf)         # (train loss, train accuracy)
+            # (train loss, train accuracy): private data without noise, not covered by ε (report.not_covered)
+            ev = evaluate(model, Xtr, ytr, t.eval_batch_size, tf) if t.train_metrics else (math.nan, math.nan)
             ev += (evaluate(model, Xte, yte, t.eval_batch_size, tf)[1],)  # test accuracy
     else:
         ev = (math.nan, math.nan, math.nan)
     now = time.time()
+    lot_loss = lot_loss if t.train_metrics else math.nan
     row = metrics_row(c, run, lr, lot_loss, ev, now - t_epoch, run.progress.wall_time(now))
     run.writer.append(row)
     progress_line(row, c)

@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 import sys
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -133,13 +134,18 @@ def test_lower_bound_is_statistically_honest():
 
 
 # --- CLI -----------------------------------------------------------------------------------------
+def _refuse(constant):
+    raise ValueError(f"not strict JSON: {constant}")
+
+
 def test_cli_help_and_run(tmp_path):
     h = subprocess.run([sys.executable, "-m", "dpsgd.audit", "--help"], capture_output=True, text=True)
     assert h.returncode == 0 and "Clopper" in h.stdout and "--mechanism" in h.stdout
     out = tmp_path / "audit.json"
     assert audit.main(["--mechanism", "noise_div10", "--trials", "4000", "--json", str(out)]) == 0
-    (row,) = json.loads(out.read_text())
+    (row,) = json.loads(out.read_text(), parse_constant=_refuse)      # strict JSON: no NaN, no Infinity
     assert row["violation"] and row["config"]["mechanism"] == "noise_div10"
+    assert all(row[k] is None for k in row["infinite"]) and row["eps_lb"] is not None
     # never overwrites an earlier result, and refuses before any work
     before = out.read_bytes()
     assert audit.main(["--mechanism", "correct", "--trials", "100", "--json", str(out)]) == 2
@@ -147,16 +153,41 @@ def test_cli_help_and_run(tmp_path):
 
 
 @pytest.mark.parametrize("args, key", [
-    (["--sigma", "-1"], "sigma"),
-    (["--q", "1.5"], "q"),
-    (["--delta", "1"], "delta"),
-    (["--clip-norm", "0"], "clip_norm"),
-    (["--trials", "5"], "trials"),
-    (["--accountants", "pld,foo"], "accountants"),
+    (["--sigma", "-1"], "--sigma"),
+    (["--sigma", "nan"], "--sigma"),
+    (["--sigma", "inf"], "--sigma"),
+    (["--sigma", "four"], "--sigma"),
+    (["--q", "1.5"], "--q"),
+    (["--q", "0"], "--q"),
+    (["--delta", "1"], "--delta"),
+    (["--delta", "nan"], "--delta"),
+    (["--clip-norm", "0"], "--clip-norm"),
+    (["--clip-norm", "inf"], "--clip-norm"),
+    (["--clip-norm", "-4"], "--clip-norm"),
+    (["--trials", "5"], "--trials"),
+    (["--trials", "100.5"], "--trials"),
+    (["--trials", "1e12"], "--trials"),
+    (["--select-fraction", "1"], "--select-fraction"),
+    (["--alpha", "0"], "--alpha"),
+    (["--alpha", "inf"], "--alpha"),
+    (["--canary-norm", "0.5"], "--canary-norm"),
+    (["--canary-norm", "inf"], "--canary-norm"),
+    (["--seed", "-1"], "--seed"),
+    (["--seed", "0.5"], "--seed"),
+    (["--threads", "0"], "--threads"),
+    (["--accountants", "pld,foo"], "--accountants"),
+    (["--setting", "cifar"], "--setting"),          # argparse's refusals: one line too
+    (["--mechanism", "broken"], "--mechanism"),
+    (["--sigma"], "--sigma"),
+    (["--json", "/nonexistent-folder/audit.json"], "--json"),
 ])
 def test_cli_refuses_bad_input(args, key, capsys):
-    assert audit.main(args) == 2
+    """Every option is checked as training checks its config: one line naming it, status 2, no work."""
+    with pytest.raises(SystemExit) if key in ("--setting", "--mechanism") or args == ["--sigma"] else nullcontext() as e:
+        assert audit.main(args) == 2
+    if e is not None:
+        assert e.value.code == 2
     captured = capsys.readouterr()
     err = captured.err.strip()
-    assert err.startswith("error: ") and key in err and "\n" not in err
+    assert err.startswith("error: ") and key in err and "\n" not in err, err
     assert captured.out == ""          # refused before any work: not even the header line

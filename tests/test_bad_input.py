@@ -157,6 +157,7 @@ VALIDATION = [
     Bad(["training.checkpoint_every=-1"], "training.checkpoint_every"),
     Bad(["training.ema_decay=1"], "training.ema_decay", "must be < 1"),
     Bad(["training.ema_decay=0"], "training.ema_decay", "must be > 0"),
+    Bad(["training.train_metrics=sometimes"], "training.train_metrics", "must be true or false"),
     # --- top level
     Bad(["seed=-1"], "seed"),
     Bad(["device=tpu"], "device"),

@@ -209,4 +209,7 @@ def test_nonprivate_statement():
     eps = epsilons(None, c)
     assert math.isinf(eps["epsilon_valid"]) and eps["valid_accountant"] is None
     st = _statement(c, None, eps)
-    assert st["statement"].startswith("NOT PRIVATE") and math.isinf(st["epsilon"])
+    # strict JSON: no Infinity; "not private" in words beside a null ε
+    assert st["statement"].startswith("NOT PRIVATE") and st["private"] is False
+    assert st["epsilon"] is None and st["epsilon_valid"] is None and st["epsilon_by_accountant"] == {}
+    assert "not private" in st["not_covered"][0]["why"]

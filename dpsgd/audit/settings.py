@@ -15,11 +15,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dpsgd.accountant import ACCOUNTANTS
+from dpsgd.accountant import ACCOUNTANTS, limits
 from dpsgd.config.schema import CHOICES
+from dpsgd.core.checks import boolean, choice, num
+from dpsgd.core.errors import ConfigError
 
 CLIPPINGS = tuple(CHOICES["privacy.clipping"])
 MECHANISMS = ("correct", "no_clip", "noise_div10")
+TRIALS_MAX = 10 ** 7        # the scores of every trial are held in memory
+CLIP_NORM_MAX = 1e6         # C and the canary's gradient norm (canary_norm · C) stay far from overflow
+CANARY_NORM_MAX = 1e6
+SEED_MAX = 2 ** 63 - 2      # the noise generator is seeded with seed + 1
+THREADS_MAX = 1024
+# the claimed ε charges σ/√k for k <= 2 clipping groups (mnist, per_layer): kept where the accountants serve
+SIGMA_MIN = 0.015           # >= limits.SIGMA_MIN · √2
 SETTINGS = {
     # name: defaults (σ, C, clipping, trials)
     "tiny": dict(sigma=2.0, clip_norm=1.0, clipping="global", trials=50000),
@@ -46,28 +55,30 @@ class AuditConfig:
     threads: int = 1                  # torch intra-op threads (small tensors: 1 is fastest)
     accountants: tuple = ("pld", "rdp", "moments")
 
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad field."""
-        checks = [
-            ("setting", self.setting in SETTINGS, f"one of {sorted(SETTINGS)}"),
-            ("mechanism", self.mechanism in MECHANISMS, f"one of {MECHANISMS}"),
-            ("sigma", self.sigma > 0, "> 0"),
-            ("clip_norm", self.clip_norm > 0, "> 0"),
-            ("clipping", self.clipping in CLIPPINGS, f"one of {CLIPPINGS}"),
-            ("q", 0 < self.q <= 1, "in (0, 1]"),
-            ("delta", 0 < self.delta < 1, "in (0, 1)"),
-            ("alpha", 0 < self.alpha < 1, "in (0, 1)"),
-            ("select_fraction", 0 < self.select_fraction < 1, "in (0, 1)"),
-            ("trials", self.trials >= 20, ">= 20"),
-            ("canary_norm", self.canary_norm >= 1, ">= 1 (canary gradient norm >= C)"),
-            ("chunk", self.chunk >= 2, ">= 2"),
-            ("threads", self.threads >= 1, ">= 1"),
-            ("accountants", all(a in ACCOUNTANTS for a in self.accountants),
-             f"names from {ACCOUNTANTS}"),
-        ]
-        for key, ok, want in checks:
-            if not ok:       # NaN fails every comparison, so it is refused too
-                raise ValueError(f"{key}={getattr(self, key)!r} must be {want}")
+    def validate(self, label=str) -> None:
+        """Check and coerce every field in place, as training checks its config: numbers finite and in
+        range, integers integral, names from their lists; a ``ValueError`` (``ConfigError``) in one
+        line naming the first bad field as ``label(field)`` (the CLI passes its option names)."""
+        def number(key, **bounds):
+            setattr(self, key, num(label(key), getattr(self, key), **bounds))
+        choice(label("setting"), self.setting, SETTINGS)
+        choice(label("mechanism"), self.mechanism, MECHANISMS)
+        choice(label("clipping"), self.clipping, CLIPPINGS)
+        number("sigma", lo=SIGMA_MIN, hi=limits.SIGMA_MAX)
+        number("clip_norm", lo=0, lo_open=True, hi=CLIP_NORM_MAX)
+        number("q", lo=limits.Q_MIN, hi=1)
+        number("delta", lo=limits.DELTA_MIN, hi=1, hi_open=True)
+        number("alpha", lo=0, lo_open=True, hi=1, hi_open=True)
+        number("select_fraction", lo=0, lo_open=True, hi=1, hi_open=True)
+        number("trials", integer=True, lo=20, hi=TRIALS_MAX)
+        number("canary_norm", lo=1, hi=CANARY_NORM_MAX)
+        number("seed", integer=True, lo=0, hi=SEED_MAX)
+        number("chunk", integer=True, lo=2, hi=TRIALS_MAX)
+        number("threads", integer=True, lo=1, hi=THREADS_MAX)
+        boolean(label("secure_rng"), self.secure_rng)
+        if not isinstance(self.accountants, (tuple, list)) or not all(a in ACCOUNTANTS for a in self.accountants):
+            raise ConfigError(f"{label('accountants')}={','.join(map(str, self.accountants))}: "
+                              f"must be names from {list(ACCOUNTANTS)}, separated by commas")
 
 
 @dataclass

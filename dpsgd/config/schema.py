@@ -107,6 +107,7 @@ class TrainingConfig:
     eval_batch_size: int = 10000
     checkpoint_every: int = 1          # epochs; 0 = only at the end
     ema_decay: float | None = None     # EMA of the weights (evaluated and released); None = off
+    train_metrics: bool = True         # training-set loss/accuracy in metrics.csv (private data, no noise)
 
 
 @dataclass
@@ -226,6 +227,7 @@ def validate_training(c: Config, sampler) -> None:
     t.eval_batch_size = num("training.eval_batch_size", t.eval_batch_size, integer=True, lo=1, hi=n_eval)
     t.checkpoint_every = num("training.checkpoint_every", t.checkpoint_every, integer=True, lo=0)
     t.ema_decay = num("training.ema_decay", t.ema_decay, optional=True, lo=0, lo_open=True, hi=1, hi_open=True)
+    t.train_metrics = boolean("training.train_metrics", t.train_metrics)
 
 
 def validate_top(c: Config, check_resume_dir: bool = True) -> None:

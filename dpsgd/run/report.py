@@ -30,6 +30,8 @@ COLUMNS = ["epoch", "steps", "lr", "lot_loss", "train_loss", "train_accuracy", "
            "epsilon_rdp_joint", "epsilon_pld_joint", "lambda_star", "delta", "sigma", "sigma_p", "q",
            "C", "L", "groups", "sampling", "clipping", "convention", "accountant", "grad_sample_mode",
            "seed", "epoch_time_s", "wall_time_s", "epsilon_valid"]
+TRAIN_METRICS = ("lot_loss", "train_loss", "train_accuracy")   # on private training data, no noise
+TIMINGS = ("epoch_time_s", "wall_time_s")
 VALID_ACCOUNTANTS = ACCOUNTANTS   # each gives an upper bound on ε (joint convention)
 VALID_CONVENTION = "joint"
 STATUSES = ("running", "complete", "interrupted", "diverged")
@@ -47,9 +49,11 @@ def epsilons(ledger, c: Config) -> dict:
     """ε under every accountant × {configured convention, joint, per_tensor}, λ* of the moments
     accountant, and the valid ε (min over VALID_ACCOUNTANTS under the joint convention).
 
-    An accountant that refuses a ledger (raises ValueError) is recorded as (None, None) with its
-    reason under ``refused[accountant][convention]`` and skipped for the valid ε; it never stops
-    the run. ``epsilon`` (configured accountant and convention) is None when that one refused.
+    An accountant that refuses a ledger (raises ValueError) or gives no finite ε is recorded as
+    (None, None) with its reason under ``refused[accountant][convention]`` and skipped for the valid ε;
+    it never stops the run. ``epsilon`` (configured accountant and convention) is None when that one
+    refused. A non-private run has ε = inf here (metrics.csv writes ``inf``); privacy.json writes
+    ``null`` beside ``"private": false`` and the words of its statement (strict JSON).
     """
     p = c.privacy
     if not p.private:
@@ -61,6 +65,8 @@ def epsilons(ledger, c: Config) -> dict:
         for conv in dict.fromkeys([p.convention, VALID_CONVENTION, *CONVENTIONS]):
             try:
                 by[acc][conv] = ledger.epsilon(p.delta, accountant=acc, convention=conv)
+                if not math.isfinite(by[acc][conv][0]):
+                    raise ValueError(f"no finite ε at δ={p.delta:g} (ε = {by[acc][conv][0]})")
             except ValueError as e:
                 by[acc][conv] = (None, None)
                 refused.setdefault(acc, {})[conv] = " ".join(str(e).split()) or type(e).__name__
@@ -203,11 +209,11 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
     st.update(parameters(c, run))
     st["accountant"] = c.accountant.name
     st["conversion"] = CONVERSIONS
-    st["epsilon_valid"] = eps["epsilon_valid"]
+    st["epsilon_valid"] = _finite(eps["epsilon_valid"])     # null when not private (unbounded) or none valid
     st["epsilon_valid_accountant"] = eps["valid_accountant"]
     st["epsilon_valid_convention"] = VALID_CONVENTION if p.private else None
-    st["epsilon"] = eps["epsilon"]
-    st["epsilon_by_accountant"] = {a: {conv: v[0] for conv, v in d.items()} for a, d in eps["by"].items()}
+    st["epsilon"] = _finite(eps["epsilon"])
+    st["epsilon_by_accountant"] = {a: {conv: _finite(v[0]) for conv, v in d.items()} for a, d in eps["by"].items()}
     st["epsilon_refused"] = eps["refused"]
     st["lambda_star"] = eps["lambda_star"]
     st["delta"] = p.delta
@@ -227,7 +233,49 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
         "released": ("checkpoint.pt: ema (the EMA of the iterates, post-processing: no privacy cost)"
                      if ema else "checkpoint.pt: model"),
     }
+    st["not_covered"] = not_covered(c, run)
     return st
+
+
+def _finite(x):
+    """A float for strict JSON: None (null) where it is NaN or ±inf (the words beside it say why)."""
+    return None if x is None or not math.isfinite(x) else x
+
+
+def _in_rows(run, columns) -> bool:
+    """Whether any metrics row of ``run`` holds a number in one of ``columns``."""
+    rows = getattr(getattr(run, "writer", None), "rows", None) or []
+    return any(isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) for r in rows for k in columns)
+
+
+def not_covered(c: Config, run) -> list[dict]:
+    """What the run writes that its (ε, δ) statement does not cover, each with the file, the columns
+    and why (docs/PRIVACY_STATEMENT.md): the training-set metrics (computed on the private training
+    data without noise, as in the paper's Figure 3; left out with ``training.train_metrics=false``),
+    the timings, and the accuracy on a validation split of the training data."""
+    if not c.privacy.private:
+        return [{"what": "everything this run writes", "file": None, "columns": None, "computed": True,
+                 "why": "not private: no clipping, no noise, exact PCA; there is no (ε, δ) guarantee"}]
+    where = f"{METRICS} (also the console progress line and checkpoint.pt)"
+    computed = c.training.train_metrics or _in_rows(run, TRAIN_METRICS)
+    out = [{"what": "training-set loss and accuracy", "file": where, "columns": list(TRAIN_METRICS),
+            "computed": computed,
+            "why": ("the mean loss of each epoch's lots and the loss and accuracy of the model on the whole "
+                    "training set are computed on the private training data without noise (as in the "
+                    "paper's Figure 3): each value is a function of the training data outside the (ε, δ) "
+                    "guarantee; training.train_metrics=false leaves the columns empty"
+                    if computed else
+                    "not computed (training.train_metrics=false): the columns are empty")},
+           {"what": "timings", "file": where, "columns": list(TIMINGS), "computed": True,
+            "why": "wall-clock times grow with the number of examples in the lots, which depends on the "
+                   "training data under add/remove adjacency: a side channel the analysis does not cover"}]
+    v = c.dataset.validation
+    if v:
+        out.append({"what": "validation accuracy", "file": where, "columns": ["test_accuracy"], "computed": True,
+                    "why": f"dataset.validation={v}: test_accuracy is measured without noise on {v} training "
+                           "examples held out from training; the guarantee covers the examples trained on, "
+                           "not these, and hyperparameters chosen on them are not accounted"})
+    return out
 
 
 def parameters(c: Config, run) -> dict:
