@@ -263,9 +263,9 @@ def not_covered(c: Config, run) -> list[dict]:
             "why": ("the mean loss of each epoch's lots and the loss and accuracy of the model on the whole "
                     "training set are computed on the private training data without noise (as in the "
                     "paper's Figure 3): each value is a function of the training data outside the (ε, δ) "
-                    "guarantee; training.train_metrics=false leaves the columns empty"
+                    "guarantee; training.train_metrics=false writes nan in these columns"
                     if computed else
-                    "not computed (training.train_metrics=false): the columns are empty")},
+                    "not computed (training.train_metrics=false): these columns hold nan")},
            {"what": "timings", "file": where, "columns": list(TIMINGS), "computed": True,
             "why": "wall-clock times grow with the number of examples in the lots, which depends on the "
                    "training data under add/remove adjacency: a side channel the analysis does not cover"}]
