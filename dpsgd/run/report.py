@@ -321,10 +321,14 @@ def progress_line(row: dict, c: Config) -> None:
 
 def final_line(statement: dict, test_accuracy: float, run_dir=None) -> str:
     """The trainer's closing console text: outcome, accuracy and the privacy statement (valid ε first),
-    then where the results are."""
+    what it does not cover, then where the results are."""
     head = "DIVERGED" if statement["status"] == "diverged" else "done"
     text = (f"{head} ({statement['stop_reason']}): {statement['steps']} lots, {statement['epochs']} epochs, "
             f"test accuracy {test_accuracy:.4f}\n{statement['statement']}")
+    outside = [e for e in statement.get("not_covered") or [] if e["columns"] and e["computed"]]
+    if statement.get("private") and outside:
+        cols = "; ".join(f"{', '.join(e['columns'])} ({e['what']})" for e in outside)
+        text += f"\nnot covered by ε (privacy.json not_covered): {cols}"
     if run_dir is not None:
         run_dir = Path(run_dir)
         text += f"\nresults: {run_dir / METRICS}\n         {run_dir / PRIVACY}\n         {run_dir / '.hydra'}"
