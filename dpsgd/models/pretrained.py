@@ -18,13 +18,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 from pathlib import Path
 
 import torch
 
 from dpsgd.core.errors import ConfigError
-from dpsgd.core.fileio import atomic_write_bytes, atomic_write_text
+from dpsgd.core.fileio import atomic_write_bytes, atomic_write_text, json_text
 
 SOURCE = "pretrained on CIFAR-100, treated as public as in the paper §5.3 (its cost is not charged)"
 
@@ -103,6 +104,7 @@ def save(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict) -> str:
     sha = hashlib.sha256(data).hexdigest()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(Path(path), data)
+    meta = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in meta.items()}  # nan: not measured
     side = {"sha256": sha, "tensors": {n: list(t.shape) for n, t in tensors.items()}, "source": SOURCE, **meta}
-    atomic_write_text(sidecar(path), json.dumps(side, indent=2, sort_keys=False, default=str) + os.linesep)
+    atomic_write_text(sidecar(path), json_text(side) + os.linesep)        # strict JSON
     return sha
