@@ -176,6 +176,7 @@ def test_cli_help_and_run(tmp_path):
     (["--seed", "0.5"], "--seed"),
     (["--threads", "0"], "--threads"),
     (["--accountants", "pld,foo"], "--accountants"),
+    (["--accountants", ",", "--q", "0.5"], "--accountants"),   # no claimed ε: every verdict "consistent"
     (["--setting", "cifar"], "--setting"),          # argparse's refusals: one line too
     (["--mechanism", "broken"], "--mechanism"),
     (["--sigma"], "--sigma"),
@@ -191,3 +192,19 @@ def test_cli_refuses_bad_input(args, key, capsys):
     err = captured.err.strip()
     assert err.startswith("error: ") and key in err and "\n" not in err, err
     assert captured.out == ""          # refused before any work: not even the header line
+
+
+def test_cli_json_write_failure_keeps_the_result(tmp_path, monkeypatch, capsys):
+    """A --json folder that disappears during the audit: the result goes to stdout, status 1."""
+    import errno
+
+    from dpsgd.audit import cli
+
+    def fail(path, obj, exclusive=False):
+        raise OSError(errno.ENOENT, "No such file or directory")
+    monkeypatch.setattr(cli, "write_json", fail)
+    assert cli.main(["--mechanism", "correct", "--trials", "200", "--json", str(tmp_path / "a.json")]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: --json=") and captured.err.count("\n") == 1
+    (row,) = json.loads(captured.out[captured.out.index("\n[") + 1:], parse_constant=_refuse)
+    assert row["config"]["mechanism"] == "correct" and row["config"]["trials"] == 200

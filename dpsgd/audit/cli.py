@@ -105,7 +105,7 @@ def _configs(args) -> list[AuditConfig]:
                 q=args.q, delta=args.delta, select_fraction=args.select_fraction,
                 alpha=args.alpha, canary_norm=args.canary_norm, seed=args.seed,
                 secure_rng=args.secure_rng,
-                accountants=tuple(a for a in args.accountants.split(",") if a))
+                accountants=tuple(a.strip() for a in args.accountants.split(",") if a.strip()))
     configs = [AuditConfig(mechanism=m, **base) for m in mechanisms]
     for c in configs:
         c.validate(label=_option)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from dpsgd.accountant import ACCOUNTANTS, limits
 from dpsgd.config.schema import CHOICES
-from dpsgd.core.checks import boolean, choice, num
+from dpsgd.core.checks import boolean, choice, fmt, num
 from dpsgd.core.errors import ConfigError
 
 CLIPPINGS = tuple(CHOICES["privacy.clipping"])
@@ -76,9 +76,14 @@ class AuditConfig:
         number("chunk", integer=True, lo=2, hi=TRIALS_MAX)
         number("threads", integer=True, lo=1, hi=THREADS_MAX)
         boolean(label("secure_rng"), self.secure_rng)
-        if not isinstance(self.accountants, (tuple, list)) or not all(a in ACCOUNTANTS for a in self.accountants):
-            raise ConfigError(f"{label('accountants')}={','.join(map(str, self.accountants))}: "
-                              f"must be names from {list(ACCOUNTANTS)}, separated by commas")
+        acc = self.accountants
+        if not isinstance(acc, (tuple, list)) or not all(a in ACCOUNTANTS for a in acc):
+            shown = ",".join(map(str, acc)) if isinstance(acc, (tuple, list)) else fmt(acc)
+            raise ConfigError(f"{label('accountants')}={shown}: must be names from {list(ACCOUNTANTS)}, "
+                              "separated by commas")
+        if not acc and self.q < 1:      # no claimed ε at all would call every mechanism consistent
+            raise ConfigError(f"{label('accountants')}=: names no accountant, and q={self.q:g} < 1 has no "
+                              "exact ε to hold the lower bound to")
 
 
 @dataclass
