@@ -281,7 +281,12 @@ def _torchrun(train, args: list[str], d: distributed.Dist) -> None:
     def run_quietly(fn, *a) -> None:
         def wrapped():
             try:
-                fn(*a)
+                try:
+                    fn(*a)
+                except (ConfigError, DataUnavailable) as e:   # before the ranks agree: every rank stops with it
+                    distributed.join_refusal(e if isinstance(e, ConfigError) else ConfigError(str(e)))
+            except distributed.RanksDisagree:               # the same line on every rank
+                raise
             except ConfigError:
                 if quiet:
                     raise SystemExit(2) from None
