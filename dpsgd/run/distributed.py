@@ -207,7 +207,7 @@ def canonical(items: dict) -> dict[str, str]:
 def _canonical(value) -> str:
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu().contiguous()
-        digest = hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+        digest = hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy()).hexdigest()   # no copy of the bytes
         return f"tensor {str(t.dtype).removeprefix('torch.')}{list(t.shape)} sha256 {digest}"
     return json.dumps(value, sort_keys=True, default=str)
 

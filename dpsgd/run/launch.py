@@ -259,7 +259,8 @@ def torchrun_main(train, args: list[str], d: distributed.Dist) -> None:
     Rank 0 resolves the run folder once (Hydra's ``${now:...}`` differs per process), checks it like a
     1-process run (``prepare``) and runs Hydra in it; the other ranks receive that folder and run
     ``train`` without Hydra (they write nothing). ``resume=<dir>``: every rank reads the same run.
-    A refusal is one line from rank 0 and exit 2 on every rank."""
+    A refusal is one line from rank 0 and exit 2 on every rank; ranks started on different runs
+    (``distributed.agree_on``, in setup) all print the same line naming the first difference."""
     try:
         d = distributed.init(d)
     except (RuntimeError, ValueError) as e:
