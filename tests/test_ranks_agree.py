@@ -23,7 +23,7 @@ import torch
 import torch.multiprocessing as mp
 
 from dpsgd.config.schema import validate
-from dpsgd.run import distributed
+from dpsgd.run import distributed, launch
 from dpsgd.run.distributed import (PER_RANK, REFUSED, Dist, RanksDisagree, canonical, config_items, first_difference,
                                    flat_items, state_items)
 
@@ -54,8 +54,8 @@ def test_every_config_key_is_compared_but_the_per_rank_ones():
     every_key = set(flat_items(c.to_dict()))
     assert PER_RANK < every_key                  # the exclusions name real keys (none goes stale)
     items = config_items(c, ["privacy.sigma=4", "hydra.run.dir=x", "hydra/launcher=joblib"])
-    assert set(items) == (every_key - PER_RANK) | {"overrides"}
-    assert items["overrides"] == ["privacy.sigma=4"]   # Hydra's own settings: the folder is agreed before
+    assert set(items) == (every_key - PER_RANK) | {"overrides[0]"}
+    assert items["overrides[0]"] == "privacy.sigma=4"   # Hydra's own settings: the folder is agreed before
     # default deny: changing any compared key is named; the per-rank keys are ignored
     ref = canonical(items)
     for k in every_key:
@@ -63,6 +63,8 @@ def test_every_config_key_is_compared_but_the_per_rank_ones():
         msg = first_difference([ref, canonical(other)])
         assert (msg is None) == (k in PER_RANK), k
         assert msg is None or msg.startswith(f"ranks disagree on {k}: rank 0 has "), msg
+    assert first_difference([ref, canonical(config_items(c, ["privacy.sigma=4", "seed=0"]))]) == \
+        'ranks disagree on overrides[1]: rank 0 has (no such key), rank 1 has "seed=0"'
     moved = dataclasses.replace(c, dataset=dataclasses.replace(c.dataset, root="/elsewhere", download=False))
     assert first_difference([ref, canonical(config_items(moved, ["privacy.sigma=4"]))]) is None
 
@@ -80,6 +82,16 @@ def test_tensors_agree_only_when_bit_identical():
                                                       {"steps": 4}))]) is None
     assert first_difference([a, dict(a, **canonical({"progress.steps": 5}))]) == \
         "ranks disagree on progress.steps: rank 0 has 4, rank 1 has 5"
+
+
+def test_other_ranks_read_their_overrides_as_rank_0s_hydra_job_does():
+    """Rank 0's overrides come from its Hydra job (interpolations resolved, Hydra's settings left
+    out); another rank reads its command line the same way, so one command line agrees with itself."""
+    seen = []
+    launch._follow(lambda c, run_dir, overrides: seen.append((c, overrides)),
+                   ARGS + ["training.lr=${privacy.clip_norm}", "hydra.run.dir=x"], "x", ARGS)
+    (c, overrides), = seen
+    assert overrides == ARGS + [f"training.lr={c.privacy.clip_norm}"]
 
 
 def _agree_worker(rank, init_file, out):

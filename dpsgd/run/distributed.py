@@ -229,8 +229,8 @@ def config_items(c, overrides: list[str]) -> dict:
     sees them, and the run folder is agreed before, by ``broadcast_object``)."""
     from dpsgd.config.schema import override_key
     items = {k: v for k, v in flat_items(c.to_dict()).items() if k not in PER_RANK}
-    items["overrides"] = [o for o in overrides if not override_key(o).startswith("hydra")]
-    return items
+    run_overrides = [o for o in overrides if not override_key(o).startswith("hydra")]
+    return items | {f"overrides[{i}]": o for i, o in enumerate(run_overrides)}
 
 
 def state_items(data: dict, state: dict, progress: dict) -> dict:

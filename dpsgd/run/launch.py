@@ -322,7 +322,14 @@ def _torchrun(train, args: list[str], d: distributed.Dist) -> None:
 
 
 def _follow(train, composed: list[str], run_dir: str, overrides: list[str]) -> None:
-    """A rank other than 0: the run rank 0 checked, without Hydra (it writes nothing)."""
-    c = validate(compose(composed))
+    """A rank other than 0: the run rank 0 checked, without Hydra (it writes nothing). Its overrides
+    are read as rank 0's Hydra job reads them (interpolations resolved, Hydra's own left out), so
+    that the ranks compare like with like (``distributed.config_items``)."""
+    from omegaconf import open_dict
+    cfg = compose(composed, hydra_config=True)
+    overrides = [str(o) for o in cfg.hydra.overrides.task]
+    with open_dict(cfg):
+        del cfg["hydra"]
+    c = validate(cfg)
     data_ready(c)
     train(c, run_dir, overrides)
