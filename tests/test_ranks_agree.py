@@ -4,8 +4,9 @@
   values; a rank's refusal wins; tensors agree only when bit-identical;
 * default deny: every key of the validated Config is compared except the explicit ``PER_RANK`` list,
   and changing any compared key is named;
-* two gloo processes (fork, file:// rendezvous) raise the same line on both ranks, and a rank that
-  cannot build its run before the exchange stops every rank with its line;
+* two gloo processes (fork, file:// rendezvous) raise the same line on both ranks, a rank that
+  cannot build its run before the exchange stops every rank with its line, and one that fails
+  reading after it is named to the others (``agree``);
 * two nodes started with different command lines (two ``python -m dpsgd.train`` processes joined by
   the torch.distributed environment, as torchrun's agents would start them): both exit 2 with the
   same line naming ``privacy.clip_norm``, and no run folder is left.
@@ -115,6 +116,10 @@ def _agree_worker(rank, init_file, out):
         distributed.agree_on({"seed": 5})
     except RanksDisagree as e:
         res["refused"] = str(e)
+    try:                               # after the exchange: rank 1 fails reading; rank 0 is told why
+        distributed.agree(None if rank == 0 else distributed.ConfigError("checkpoint.pt: unreadable here"))
+    except distributed.ConfigError as e:
+        res["after"] = f"{type(e).__name__}: {e}"
     finally:
         distributed.shutdown()
     Path(f"{out}.{rank}").write_text(json.dumps(res))
@@ -125,6 +130,9 @@ def test_two_gloo_ranks_stop_with_the_same_line(tmp_path):
     mp.start_processes(_agree_worker, args=(str(tmp_path / "pg"), str(out)), nprocs=2, join=True,
                        start_method="fork")
     r0, r1 = (json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1))
+    after = r0.pop("after"), r1.pop("after")
+    assert after == ("PeerRefused: rank 1 refused the run: checkpoint.pt: unreadable here",
+                     "ConfigError: checkpoint.pt: unreadable here")
     assert r0 == r1
     assert r0["same"] == "ok"
     assert r0["differ"] == "ranks disagree on privacy.clip_norm: rank 0 has 4.0, rank 1 has 1000.0"

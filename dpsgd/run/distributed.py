@@ -160,15 +160,15 @@ class PeerRefused(ConfigError):
 
 
 def agree(err: BaseException | None) -> None:
-    """A barrier that also agrees on failure: re-raise ``err`` here, or PeerRefused when another rank
-    failed. Every rank must reach it (setup reads before it and writes after it)."""
-    d = _CURRENT
-    if d.active:
-        import torch.distributed as td
-        flag = torch.tensor([0 if err is None else 1], dtype=torch.int64)
-        _collective(td.all_reduce, flag, op=td.ReduceOp.MAX)
-        if err is None and int(flag) != 0:
-            raise PeerRefused("another process of this run refused it")
+    """A barrier that also agrees on failure: re-raise ``err`` here, or PeerRefused (naming the first
+    rank that failed, with its line) when another rank failed. Every rank must reach it (setup reads
+    before it and writes after it)."""
+    if _CURRENT.active:
+        from dpsgd.run.cli import one_line
+        lines = all_gather_bytes(b"" if err is None else one_line(err).encode())
+        failed = next(((r, line.decode()) for r, line in enumerate(lines) if line), None)
+        if err is None and failed is not None:
+            raise PeerRefused(f"rank {failed[0]} refused the run: {failed[1]}")
     if err is not None:
         raise err
 
@@ -273,7 +273,8 @@ def all_gather_bytes(data: bytes) -> list[bytes]:
     _collective(td.all_gather, sizes, torch.tensor([len(data)], dtype=torch.int64))
     n = max(int(s) for s in sizes)
     mine = torch.zeros(n, dtype=torch.uint8)
-    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    if data:
+        mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     bufs = [torch.empty(n, dtype=torch.uint8) for _ in range(d.world_size)]
     _collective(td.all_gather, bufs, mine)
     return [b[:int(s)].numpy().tobytes() for b, s in zip(bufs, sizes)]
