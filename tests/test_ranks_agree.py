@@ -90,7 +90,7 @@ def test_other_ranks_read_their_overrides_as_rank_0s_hydra_job_does():
     out); another rank reads its command line the same way, so one command line agrees with itself."""
     seen = []
     launch._follow(lambda c, run_dir, overrides: seen.append((c, overrides)),
-                   ARGS + ["training.lr=${privacy.clip_norm}", "hydra.run.dir=x"], "x", ARGS)
+                   ARGS + ["training.lr=${privacy.clip_norm}", "hydra.run.dir=x"], "x")
     (c, overrides), = seen
     assert overrides == ARGS + [f"training.lr={c.privacy.clip_norm}"]
 

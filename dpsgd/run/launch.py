@@ -318,10 +318,10 @@ def _torchrun(train, args: list[str], d: distributed.Dist) -> None:
     if d.rank == 0:
         _run_hydra(lambda cfg: task(train, cfg), args + [f"hydra.run.dir='{run_dir}'"])
     else:
-        run_quietly(_follow, train, overrides + search, run_dir, overrides)
+        run_quietly(_follow, train, overrides + search, run_dir)
 
 
-def _follow(train, composed: list[str], run_dir: str, overrides: list[str]) -> None:
+def _follow(train, composed: list[str], run_dir: str) -> None:
     """A rank other than 0: the run rank 0 checked, without Hydra (it writes nothing). Its overrides
     are read as rank 0's Hydra job reads them (interpolations resolved, Hydra's own left out), so
     that the ranks compare like with like (``distributed.config_items``)."""
