@@ -22,11 +22,19 @@ Other ranks cannot run ahead of a reservation: rank 0 reserves lot t before its 
 can finish lot t before the all-reduce, which needs rank 0's contribution. Every rank keeps the
 ledger (identical: same sampler, same stop rule); only rank 0's is written.
 
+Before the first lot every rank agrees on the whole run (``agree_on``): first on the resolved
+configuration and the overrides (``config_items``, every key but the few in ``PER_RANK``), then on
+what it read and built (``state_items``: the data, the initial or restored parameters and generator
+states, the projection, the ledger). Each rank gathers every rank's items, so all name the same first
+differing key and stop with the same line (``RanksDisagree``, exit 2) before anything is written.
+
 The command line under torchrun (one run directory agreed by every rank) is
 ``dpsgd/run/launch.py:torchrun_main``; this module is the communication only.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pickle
 import time
@@ -100,7 +108,13 @@ def init(d: Dist, init_method: str = "env://", cuda: bool | None = None) -> Dist
     if not td.is_initialized():
         td.init_process_group(backend, init_method=init_method, rank=d.rank, world_size=d.world_size)
     _CURRENT = Dist(d.rank, d.world_size, d.local_rank, backend)
+    _reset_exchanges()
     return _CURRENT
+
+
+def _reset_exchanges() -> None:
+    global _exchanges
+    _exchanges = 0
 
 
 def shutdown() -> None:
@@ -109,6 +123,7 @@ def shutdown() -> None:
     if td.is_initialized():
         td.destroy_process_group()
     _CURRENT = Dist()
+    _reset_exchanges()
 
 
 class PeerLost(OSError):
@@ -145,15 +160,15 @@ class PeerRefused(ConfigError):
 
 
 def agree(err: BaseException | None) -> None:
-    """A barrier that also agrees on failure: re-raise ``err`` here, or PeerRefused when another rank
-    failed. Every rank must reach it (setup reads before it and writes after it)."""
-    d = _CURRENT
-    if d.active:
-        import torch.distributed as td
-        flag = torch.tensor([0 if err is None else 1], dtype=torch.int64)
-        _collective(td.all_reduce, flag, op=td.ReduceOp.MAX)
-        if err is None and int(flag) != 0:
-            raise PeerRefused("another process of this run refused it")
+    """A barrier that also agrees on failure: re-raise ``err`` here, or PeerRefused (naming the first
+    rank that failed, with its line) when another rank failed. Every rank must reach it (setup reads
+    before it and writes after it)."""
+    if _CURRENT.active:
+        from dpsgd.run.cli import one_line
+        lines = all_gather_bytes(b"" if err is None else one_line(err).encode())
+        failed = next(((r, line.decode()) for r, line in enumerate(lines) if line), None)
+        if err is None and failed is not None:
+            raise PeerRefused(f"rank {failed[0]} refused the run: {failed[1]}")
     if err is not None:
         raise err
 
@@ -164,20 +179,130 @@ def fingerprints(tensors) -> torch.Tensor:
     return torch.stack(rows) if rows else torch.zeros(0, 2, dtype=torch.float64)
 
 
-def check_identical(tensors, what: str) -> None:
-    """Refuse (ConfigError, one line) when ``tensors`` differ from rank 0's (e.g. heterogeneous nodes
-    computing a different projection); a no-op in one process."""
+class RanksDisagree(ConfigError):
+    """The ranks were started on different runs (or one could not start): the same line on every rank."""
+
+
+# Config keys that may differ between ranks, each a place where a node finds something whose content
+# is compared anyway (``state_items``: the data every rank loaded, the weights it built). Every other
+# key of the validated Config is compared: a key added to the schema is compared without a change here.
+PER_RANK = frozenset({
+    "dataset.root",         # this node's data folder (None: $DPSGD_DATA_ROOT); the data is compared by hash
+    "dataset.download",     # whether this node may fetch a missing copy; the data is compared by hash
+    "model.pretrained",     # the artifact's path on this node; model.pretrained_sha256 and the weights are compared
+})
+SAME_BUILD = ("; every rank must read the same data and checkpoint and build the same run "
+              "(the same hardware and software)")
+REFUSED = "refused"         # the one item of a rank that could not build its run (its one-line error)
+_MISSING = "(no such key)"
+_exchanges = 0              # agree_on calls of this process group; a refusal joins only the first
+
+
+def canonical(items: dict) -> dict[str, str]:
+    """``items`` as the texts every rank compares (JSON; tensors by dtype, shape and the SHA-256 of
+    their bytes, so two ranks agree only on bit-identical values); a refusal's line is kept as it is."""
+    return {k: v if k == REFUSED else _canonical(v) for k, v in items.items()}
+
+
+def _canonical(value) -> str:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        digest = hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy()).hexdigest()   # no copy of the bytes
+        return f"tensor {str(t.dtype).removeprefix('torch.')}{list(t.shape)} sha256 {digest}"
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def flat_items(tree, prefix: str = "") -> dict:
+    """{dotted key: leaf} of nested dicts (lists, tensors and scalars are leaves), in insertion order."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out = {}
+    for k, v in tree.items():
+        out.update(flat_items(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def config_items(c, overrides: list[str]) -> dict:
+    """What every rank must share before it reads anything: every key of the validated Config (the
+    resolved values: a calibrated σ, a filled-in pretrained_sha256) but ``PER_RANK``, and the run's
+    overrides (recorded in the checkpoint; Hydra's own settings excluded: rank 0's Hydra job never
+    sees them, and the run folder is agreed before, by ``broadcast_object``)."""
+    from dpsgd.config.schema import override_key
+    items = {k: v for k, v in flat_items(c.to_dict()).items() if k not in PER_RANK}
+    run_overrides = [o for o in overrides if not override_key(o).startswith("hydra")]
+    return items | {f"overrides[{i}]": o for i, o in enumerate(run_overrides)}
+
+
+def state_items(data: dict, state: dict, progress: dict) -> dict:
+    """What every rank must have read and built before the first lot: the data as the lots see it
+    (after features and projection), the parameters and generator states (initialised or restored
+    from the checkpoint), the projection, and the progress (ledger, epoch, lots)."""
+    return flat_items({"data": data, "state": state, "progress": progress})
+
+
+def _show(text: str) -> str:
+    if text.startswith("tensor "):              # its dtype, shape and the digest's first digits
+        head, digest = text.split(" sha256 ", 1)
+        return f"{head} sha256 {digest[:12]}…"
+    return text if len(text) <= 80 else text[:77] + "…"
+
+
+def first_difference(every: list[dict]) -> str | None:
+    """The line naming the first item (in rank 0's order) on which a rank differs from rank 0, or the
+    first rank that refused; None when every rank holds the same items (``every[r]``: rank r's)."""
+    for r, items in enumerate(every):
+        if REFUSED in items:
+            return items[REFUSED] if r == 0 else f"rank {r}: {items[REFUSED]}"
+    keys = dict.fromkeys(k for items in every for k in items)     # rank 0's keys first, then any others
+    for k in keys:
+        ref = every[0].get(k, _MISSING)
+        for r in range(1, len(every)):
+            mine = every[r].get(k, _MISSING)
+            if mine != ref:
+                return f"ranks disagree on {k}: rank 0 has {_show(ref)}, rank {r} has {_show(mine)}"
+    return None
+
+
+def all_gather_bytes(data: bytes) -> list[bytes]:
+    """Every rank's ``data``, in rank order, on every rank (CPU tensors: gloo); [data] in one process."""
     d = _CURRENT
     if not d.active:
-        return
-    mine = fingerprints(tensors)
-    ref = broadcast_object(mine)
-    bad = torch.tensor([0 if torch.equal(mine, ref) else 1], dtype=torch.int64)
+        return [data]
     import torch.distributed as td
-    _collective(td.all_reduce, bad, op=td.ReduceOp.MAX)
-    if int(bad):
-        raise ConfigError(f"distributed: the {what} differ between ranks (not bit-identical to rank 0's); "
-                          "run every rank on the same hardware and software")
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(d.world_size)]
+    _collective(td.all_gather, sizes, torch.tensor([len(data)], dtype=torch.int64))
+    n = max(int(s) for s in sizes)
+    mine = torch.zeros(n, dtype=torch.uint8)
+    if data:
+        mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    bufs = [torch.empty(n, dtype=torch.uint8) for _ in range(d.world_size)]
+    _collective(td.all_gather, bufs, mine)
+    return [b[:int(s)].numpy().tobytes() for b, s in zip(bufs, sizes)]
+
+
+def agree_on(items: dict, hint: str = "") -> None:
+    """Every rank gathers every rank's ``items`` and compares them with rank 0's: on any difference
+    all raise ``RanksDisagree`` with the same line naming the first differing key (and ``hint``).
+    Every rank must call it at the same point; a no-op in one process."""
+    global _exchanges
+    if not _CURRENT.active:
+        return
+    mine = json.dumps(canonical(items)).encode()
+    every = [json.loads(b) for b in all_gather_bytes(mine)]
+    _exchanges += 1
+    msg = first_difference(every)
+    if msg is not None:
+        raise RanksDisagree(msg + (hint if msg.startswith("ranks disagree") else ""))
+
+
+def join_refusal(err: ConfigError) -> None:
+    """A rank that cannot build its run before the configuration is agreed (an override refused on
+    one node only, data missing there) joins that exchange with its one line, so every rank stops
+    with it instead of waiting for this one; re-raises ``err`` when the exchange is already past."""
+    if _CURRENT.active and _exchanges == 0 and not isinstance(err, (RanksDisagree, PeerRefused)):
+        from dpsgd.run.cli import one_line
+        agree_on({REFUSED: one_line(err)})
+    raise err
 
 
 class Aggregator:

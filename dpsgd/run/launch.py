@@ -259,7 +259,8 @@ def torchrun_main(train, args: list[str], d: distributed.Dist) -> None:
     Rank 0 resolves the run folder once (Hydra's ``${now:...}`` differs per process), checks it like a
     1-process run (``prepare``) and runs Hydra in it; the other ranks receive that folder and run
     ``train`` without Hydra (they write nothing). ``resume=<dir>``: every rank reads the same run.
-    A refusal is one line from rank 0 and exit 2 on every rank."""
+    A refusal is one line from rank 0 and exit 2 on every rank; ranks started on different runs
+    (``distributed.agree_on``, in setup) all print the same line naming the first difference."""
     try:
         d = distributed.init(d)
     except (RuntimeError, ValueError) as e:
@@ -281,7 +282,12 @@ def _torchrun(train, args: list[str], d: distributed.Dist) -> None:
     def run_quietly(fn, *a) -> None:
         def wrapped():
             try:
-                fn(*a)
+                try:
+                    fn(*a)
+                except (ConfigError, DataUnavailable) as e:   # before the ranks agree: every rank stops with it
+                    distributed.join_refusal(e if isinstance(e, ConfigError) else ConfigError(str(e)))
+            except distributed.RanksDisagree:               # the same line on every rank
+                raise
             except ConfigError:
                 if quiet:
                     raise SystemExit(2) from None
@@ -312,11 +318,18 @@ def _torchrun(train, args: list[str], d: distributed.Dist) -> None:
     if d.rank == 0:
         _run_hydra(lambda cfg: task(train, cfg), args + [f"hydra.run.dir='{run_dir}'"])
     else:
-        run_quietly(_follow, train, overrides + search, run_dir, overrides)
+        run_quietly(_follow, train, overrides + search, run_dir)
 
 
-def _follow(train, composed: list[str], run_dir: str, overrides: list[str]) -> None:
-    """A rank other than 0: the run rank 0 checked, without Hydra (it writes nothing)."""
-    c = validate(compose(composed))
+def _follow(train, composed: list[str], run_dir: str) -> None:
+    """A rank other than 0: the run rank 0 checked, without Hydra (it writes nothing). Its overrides
+    are read as rank 0's Hydra job reads them (interpolations resolved, Hydra's own left out), so
+    that the ranks compare like with like (``distributed.config_items``)."""
+    from omegaconf import open_dict
+    cfg = compose(composed, hydra_config=True)
+    overrides = [str(o) for o in cfg.hydra.overrides.task]
+    with open_dict(cfg):
+        del cfg["hydra"]
+    c = validate(cfg)
     data_ready(c)
     train(c, run_dir, overrides)

@@ -247,9 +247,11 @@ def _device(c: Config, d: distributed.Dist) -> tuple[torch.device, dict]:
 def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run:
     """Build a fresh run, or restore one from its checkpoint (or the statement of one that finished).
 
-    Under torchrun every rank reads and builds (the same run), then all agree (a barrier that also
-    agrees on refusals), then rank 0 alone writes: nothing is written before every rank has read."""
+    Under torchrun every rank first compares its whole configuration with every other's, reads and
+    builds (the same run), then all agree (a barrier that also agrees on refusals) and compare what
+    they built, then rank 0 alone writes: nothing is written before every rank has read."""
     d = distributed.current()
+    distributed.agree_on(distributed.config_items(c, overrides))   # torchrun: every rank, the same run
     p = c.privacy
     seeds = distributed.broadcast_object(   # rank 0's (with secure_rng: OS-entropy) seeds on every rank
         {s: derive_seed(c.seed, s, p.secure_rng) for s in ("pca", "sampler")})
@@ -263,10 +265,12 @@ def setup(c: Config, run_dir: Path, overrides: list[str]) -> Run:
     distributed.agree(err)
     if run.finished is not None:
         return run
-    if d.active:
-        distributed.check_identical([*run.parts.model.state_dict().values()]
-                                    + ([] if run.parts.projection is None else [run.parts.projection]),
-                                    "initial parameters or the projection")
+    if d.active:   # and every rank read and built the same: data, weights, generators, projection, ledger
+        at = run.progress
+        distributed.agree_on(distributed.state_items(
+            run.parts.data._asdict(), run.parts.state_dict(),
+            {"epoch": at.epoch, "steps": at.steps, "lost": at.lost, "ledger": at.ledger.to_dict()}),
+            distributed.SAME_BUILD)
     if run.writes:
         _open_run_dir(run)
     return run
