@@ -14,6 +14,7 @@ import copy
 import hashlib
 import json
 import random
+import shutil
 from dataclasses import fields
 from pathlib import Path
 
@@ -142,9 +143,39 @@ def test_the_allow_list_is_short_known_and_documented():
     assert {f.name for f in fields(Config)} >= {k.split(".")[0] for k in RESUME_ALLOWED}
 
 
-def test_a_changed_key_that_no_list_names_is_refused(tmp_path, monkeypatch):
+def test_a_calibrated_sigma_names_its_calibration():
+    from dpsgd.run.checkpoint import check_resumable
+    saved = {"privacy.sigma": 1.2, "privacy.calibrate_sigma": True}
+    with pytest.raises(ConfigError, match=r"privacy\.sigma=1\.3 .*privacy\.calibrate_sigma=true.*training\.epochs"):
+        check_resumable(saved, {**saved, "privacy.sigma": 1.3})
+
+
+# ----------------------------------------------------------------- lost lots
+@pytest.fixture(scope="module")
+def killed_template(tmp_path_factory):
+    """checkpoint_every=2: epoch 3's row is written, the run dies 5 lots into epoch 4 (made once)."""
+    run = tmp_path_factory.mktemp("killed") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        h = Harness(mp, run)
+        h.fresh("training.epochs=4", "training.checkpoint_every=2", kill=("lot", 35))
+    assert [r["epoch"] for r in metrics_rows(run)] == ["1", "2", "3"] and load_checkpoint(run)["steps"] == 20
+    return run, list(h.log)
+
+
+@pytest.fixture
+def killed(killed_template, tmp_path, monkeypatch):
+    """A copy of the killed run; returns (harness, the lots reserved after the epoch-2 checkpoint)."""
+    template, log = killed_template
+    shutil.copytree(template, tmp_path / "run")
     h = Harness(monkeypatch, tmp_path / "run")
-    h.fresh("training.epochs=1")
+    h.log.extend(log)
+    reserved = max(json.loads(x).get("upto", 0) for x in (h.run / RESERVATIONS).read_text().splitlines())
+    assert reserved >= 35
+    return h, reserved
+
+
+def test_a_changed_key_that_no_list_names_is_refused(killed):
+    h, _ = killed
     for bad, key in [("model.init=torch", "model.init"), ("training.ema_decay=0.9", "training.ema_decay"),
                      ("privacy.allow_large_delta=true", "privacy.allow_large_delta"),
                      ("privacy.augment_multiplicity=2", "privacy.augment_multiplicity")]:
@@ -152,22 +183,11 @@ def test_a_changed_key_that_no_list_names_is_refused(tmp_path, monkeypatch):
             T.prepare_resume([f"resume={h.run}", "training.epochs=2", bad])
 
 
-# ----------------------------------------------------------------- lost lots
-def _killed_between_row_and_checkpoint(h: Harness) -> int:
-    """checkpoint_every=2: epoch 3's row is written, the run dies 5 lots into epoch 4; returns the
-    lots reserved after the epoch-2 checkpoint."""
-    h.fresh("training.epochs=4", "training.checkpoint_every=2", kill=("lot", 35))
-    assert [r["epoch"] for r in metrics_rows(h.run)] == ["1", "2", "3"] and load_checkpoint(h.run)["steps"] == 20
-    return max(json.loads(x).get("upto", 0) for x in (h.run / RESERVATIONS).read_text().splitlines())
-
-
 @pytest.mark.parametrize("change,charged", [([], False), (["training.lr=0.05"], True),
                                             (["training.momentum=0.5"], True),
                                             (["privacy.physical_batch_size=7"], True)])
-def test_a_resume_that_is_not_a_replay_charges_the_reserved_lots(tmp_path, monkeypatch, change, charged):
-    h = Harness(monkeypatch, tmp_path / "run")
-    reserved = _killed_between_row_and_checkpoint(h)
-    assert reserved >= 35
+def test_a_resume_that_is_not_a_replay_charges_the_reserved_lots(killed, change, charged):
+    h, reserved = killed
     st = h.resume(*change)
     lost = reserved - 20 if charged else 0
     assert _lots(st, ("lost",)) == lost and st["resumes"][-1]["lost_lots_charged"] == lost
@@ -178,9 +198,8 @@ def test_a_resume_that_is_not_a_replay_charges_the_reserved_lots(tmp_path, monke
 
 
 @pytest.mark.parametrize("stop", ["training.epochs=3", "training.max_steps=32"])
-def test_a_replay_that_stops_before_the_reserved_lots_charges_them(tmp_path, monkeypatch, stop):
-    h = Harness(monkeypatch, tmp_path / "run")
-    reserved = _killed_between_row_and_checkpoint(h)
+def test_a_replay_that_stops_before_the_reserved_lots_charges_them(killed, stop):
+    h, reserved = killed
     st = h.resume(stop)
     ran = 30 if "epochs" in stop else 32
     assert st["status"] == "complete" and _lots(st, ("sgd",)) == ran
@@ -188,10 +207,9 @@ def test_a_replay_that_stops_before_the_reserved_lots_charges_them(tmp_path, mon
     assert _lots(st) >= h.releases()
 
 
-def test_an_interrupted_replay_charges_what_it_did_not_reach(tmp_path, monkeypatch):
+def test_an_interrupted_replay_charges_what_it_did_not_reach(killed, monkeypatch):
     from dpsgd.core.errors import Interrupted
-    h = Harness(monkeypatch, tmp_path / "run")
-    reserved = _killed_between_row_and_checkpoint(h)
+    h, reserved = killed
     orig = runstate.Run.charge
 
     def interrupt(r, release):
@@ -207,11 +225,10 @@ def test_an_interrupted_replay_charges_what_it_did_not_reach(tmp_path, monkeypat
     assert _lots(st, ("lost",)) == reserved - 25
 
 
-def test_an_owed_replay_survives_a_later_checkpoint(tmp_path, monkeypatch):
+def test_an_owed_replay_survives_a_later_checkpoint(killed):
     """A faithful replay checkpoints before the reserved lots (checkpoint_every=1), dies, and the next
     resume stops early: the lots reserved before the first resume are still charged."""
-    h = Harness(monkeypatch, tmp_path / "run")
-    reserved = _killed_between_row_and_checkpoint(h)
+    h, reserved = killed
     h.resume("training.checkpoint_every=1", kill=("lot", 12))     # checkpoint at 30, dies at lot 32
     assert load_checkpoint(h.run)["reservations"]["owed"] == reserved
     st = h.resume("training.epochs=3")
@@ -228,9 +245,8 @@ def test_an_owed_replay_survives_a_later_checkpoint(tmp_path, monkeypatch):
     (lambda p: p.write_text(p.read_text().splitlines()[0] + '\n{"upto": 999999999}\n'), "line 2"),
     (lambda p: p.write_text(p.read_text() + '{"upto": "many"}\n'), "is not a reservation"),
 ])
-def test_a_missing_or_altered_reservation_file_is_refused(tmp_path, monkeypatch, capsys, damage, why):
-    h = Harness(monkeypatch, tmp_path / "run")
-    _killed_between_row_and_checkpoint(h)
+def test_a_missing_or_altered_reservation_file_is_refused(killed, capsys, damage, why):
+    h, _ = killed
     damage(h.run / RESERVATIONS)
     before = _snapshot(h.run)
     with pytest.raises(SystemExit) as e:
@@ -270,8 +286,9 @@ def _play(h: Harness, seed: int) -> dict:
     """A fresh run killed at a random point, then random resumes (allowed or refused changes, each
     killed at a random point or not), then a plain resume to the end; returns the final statement."""
     rng = random.Random(seed)
-    h.fresh("training.epochs=4", f"training.checkpoint_every={rng.choice([1, 2, 3])}",
-            kill=("lot", rng.randint(1, 40)) if rng.random() < 0.8 else ("checkpoint", rng.randint(1, 3)))
+    every = rng.choice([1, 2, 3])      # killed after its first checkpoint (before it, nothing resumes)
+    h.fresh("training.epochs=4", f"training.checkpoint_every={every}",
+            kill=("lot", rng.randint(every * LOTS + 1, 40)) if rng.random() < 0.8 else ("checkpoint", 2))
     for _ in range(rng.randint(1, 3)):
         if load_checkpoint(h.run) is None:
             return {}

@@ -115,8 +115,8 @@ def check_resumable(saved: dict, current: dict) -> None:
         if saved.get(key) != current.get(key):
             why = ""
             if key == "privacy.sigma" and current.get("privacy.calibrate_sigma"):
-                why = (" (privacy.calibrate_sigma=true: σ is calibrated from privacy.target_epsilon and "
-                       "training.epochs, so these cannot change either)")
+                why = (" (privacy.calibrate_sigma=true: σ is calibrated from privacy.target_epsilon, "
+                       "training.epochs and training.max_steps, so these cannot change either)")
             raise ConfigError(f"resume: {key}={current.get(key)} differs from the run's {key}={saved.get(key)}"
                               f"{why}; privacy-relevant values cannot change on resume")
 
