@@ -338,3 +338,34 @@ def test_the_ledger_covers_every_release_that_ran(tmp_path, monkeypatch, seed):
 def test_the_ledger_covers_every_release_that_ran_more_cases(tmp_path, monkeypatch, seed):
     h = Harness(monkeypatch, tmp_path / "run")
     _check_property(h, _play(h, seed))
+
+
+@pytest.mark.slow
+def test_a_real_kill_then_a_resume_with_another_lr_charges_what_ran(tmp_path):
+    """The same with a real SIGKILL: rows escaped after the last checkpoint, the resume changes
+    training.lr, and every lot that ran after the checkpoint is charged."""
+    import csv
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "dpsgd.train", *TINY, "training.checkpoint_every=5",
+                             "training.epochs=400", f"hydra.run.dir={run}"], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline and len(metrics_rows(run) if (run / "metrics.csv").exists()
+                                                                 else []) < 7:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ran = max(int(r["steps"]) for r in csv.DictReader(open(run / "metrics.csv")))   # at least these ran
+    ckpt_steps = load_checkpoint(run)["steps"]
+    assert ran > ckpt_steps
+    r = subprocess.run([sys.executable, "-m", "dpsgd.train", f"resume={run}", "training.lr=0.05",
+                        "training.epochs=12"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    st = json.loads((run / "privacy.json").read_text())
+    assert _lots(st, ("lost",)) >= ran - ckpt_steps and "training.lr" in st["resumes"][-1]["lost_lots_reason"]
