@@ -35,7 +35,7 @@ class CheckpointError(ConfigError):
 
 
 _MAGIC = b"DPSGD-CHECKPOINT\n"
-FORMAT_VERSION = 4      # 3: the optimiser state (momentum buffers); 4: the whole-config fingerprint, lots.reserved bound
+FORMAT_VERSION = 4      # 3: the optimiser state (momentum buffers); 4: whole-config fingerprint, bound lots.reserved
 REQUIRED_KEYS = ("version", "epoch", "steps", "complete", "stop_reason", "model", "ledger", "sampler", "noise",
                  "optimizer",
                  "projection", "target_epsilon", "rows", "fingerprint", "overrides", "replay", "wall_time_s",

@@ -5,9 +5,9 @@ sampler) and its progress (epoch, lots, the ledger and what still fits within th
 wall time). ``setup`` makes one of three: a fresh run (``Run.fresh``: the DP-PCA release is the first
 charge to a new ledger), a run continued from its verified checkpoint (``Run.from_checkpoint``: every
 generator and the ledger restored, the lots that ran after it charged unless the resume replays them
-as the very same releases (``Run.charge_lost``), the remaining budget recomputed from the ledger), or a run that
-has already finished (``Run.finished``: its final statement, nothing to build or run). Every refusal
-happens before the first write into the run directory.
+as the very same releases (``Run.charge_lost``, ``Run.settle``), the remaining budget recomputed from
+the ledger), or a run that has already finished (``Run.finished``: its final statement, nothing to
+build or run). Every refusal happens before the first write into the run directory.
 """
 from __future__ import annotations
 
@@ -150,7 +150,8 @@ class Run:
         progress.lost = run.charge_lost(ckpt)
         progress.resumes = list(ckpt["resumes"]) + [{
             "at_epoch": progress.epoch, "at_steps": progress.steps, "lost_lots_charged": progress.lost,
-            "lost_lots_reason": progress.lost_why, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "overrides": run.overrides}]
+            "lost_lots_reason": progress.lost_why, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "overrides": run.overrides}]
         progress.budget = run.compute_budget(resumed=True)
         progress.eps = epsilons(progress.ledger, c)
         return run
