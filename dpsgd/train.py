@@ -100,11 +100,13 @@ def algorithm1(run: Run) -> dict:
         stop_reason = stop_reason or "epochs_completed"
     except Interrupted as e:
         at.eps = epsilons(at.ledger, c)   # every lot that ran is in the ledger
+        run.settle()                      # and every reserved lot a replay did not reach
         if run.writes:
             write_json(run.run_dir / PRIVACY, run.statement("interrupted", "interrupted"))
         e.run_dir = run.run_dir
         raise
     status = "diverged" if stop_reason == "diverged" else "complete"
+    run.settle()          # reserved lots that a faithful replay stopped before: charged as lost
     run.checkpoint(True, stop_reason, status)
     final = run.statement(status, stop_reason)
     if run.writes:

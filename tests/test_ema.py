@@ -95,13 +95,12 @@ def test_resumed_run_equals_uninterrupted_with_ema(tmp_path):
             prepare_resume([f"resume={run}", "training.epochs=4", bad])
 
 
-def test_run_without_ema_keeps_the_old_fingerprint(tmp_path):
-    """Keys added after format version 2 enter the fingerprint only when set: a checkpoint of a run
-    without them (like one written before them) resumes."""
-    from dpsgd.config.schema import privacy_fingerprint
-    fp = privacy_fingerprint(validate({}))
-    assert not {"model.norm", "privacy.augment_multiplicity", "training.ema_decay"} & set(fp)
-    fp = privacy_fingerprint(validate({"training": {"ema_decay": 0.9}, "privacy": {"augment_multiplicity": 2}}))
+def test_ema_and_augmult_enter_the_fingerprint():
+    """Every configuration key is compared on resume unless allowed (default deny): EMA and K too."""
+    from dpsgd.config.schema import config_fingerprint
+    fp = config_fingerprint(validate({}))
+    assert fp["model.norm"] == "none" and fp["privacy.augment_multiplicity"] == 1 and fp["training.ema_decay"] is None
+    fp = config_fingerprint(validate({"training": {"ema_decay": 0.9}, "privacy": {"augment_multiplicity": 2}}))
     assert fp["training.ema_decay"] == 0.9 and fp["privacy.augment_multiplicity"] == 2
 
 

@@ -160,7 +160,7 @@ def test_checkpoint_missing_a_key_is_refused(tmp_path):
 
 def test_checkpoint_round_trip_is_exact(finished):
     ck = load_checkpoint(finished)
-    assert ck["version"] == 3 and ck["target_epsilon"] == 1.5 and ck["fingerprint"]["accountant.name"] == "moments"
+    assert ck["version"] == 4 and ck["target_epsilon"] == 1.5 and ck["fingerprint"]["accountant.name"] == "moments"
     assert ck["optimizer"] == {"momentum": 0.0, "velocity": {}}      # plain SGD: no buffers
 
 
@@ -218,7 +218,7 @@ def test_reservations_never_pass_the_limit_and_survive_a_torn_line(tmp_path):
     with open(tmp_path / RESERVATIONS, "a") as f:
         f.write('{"upto": 9999')                     # a line cut short by a crash: never fsync'd
     assert r.reserved() == 10
-    r.clear()
+    r.bind("t", 10)
     assert r.reserved() is None
 
 
@@ -231,7 +231,9 @@ def test_seeded_replay_is_not_charged_twice_but_a_changed_engine_is(tmp_path, ch
     ck["ledger"]["entries"][-1]["count"] -= 10
     ck["rows"] = ck["rows"][:1]
     save_checkpoint(run, ck)
-    (run / RESERVATIONS).write_text('{"upto": 16}\n{"upto": 22}\n')
+    binding = ck["reservations"]
+    (run / RESERVATIONS).write_text(json.dumps({"checkpoint": binding["token"], "steps": 10})
+                                    + '\n{"upto": 16}\n{"upto": 22}\n')
     c, rd, rest = T.prepare_resume([f"resume={run}", "training.epochs=3", *change])
     st = training.train(c, rd, rest)
     assert _ledger_lots(st, ("lost",)) == charged

@@ -310,31 +310,61 @@ def check_run_dir(path: str) -> Path:
     return rd
 
 
-def privacy_fingerprint(c: Config) -> dict:
-    """The values a resumed run must share with the original (refused otherwise): everything the
-    privacy claim depends on, the target ε and the accountant that enforces it included."""
-    d, m, p = c.dataset, c.model, c.privacy
-    # keys added after format version 2 appear only when set, so runs checkpointed before them resume
-    later = {k: v for k, v, off in (("model.norm", m.norm, "none"),
-                                    ("privacy.augment_multiplicity", p.augment_multiplicity, 1),
-                                    ("training.ema_decay", c.training.ema_decay, None)) if v != off}
-    return later | {
-        "dataset.name": d.name, "dataset.subset": d.subset, "dataset.crop": d.crop,
-        "dataset.validation": d.validation,
-        "model.name": m.name, "model.hidden": list(m.hidden), "model.bias": m.bias,
-        "model.projection": m.projection, "model.pca_dims": m.pca_dims, "model.init": m.init,
-        "model.features": m.features, "model.feature_norm": m.feature_norm,
-        "model.feature_groups": m.feature_groups, "privacy.calibrate_sigma": p.calibrate_sigma,
-        "privacy.private": p.private, "privacy.sigma": p.sigma, "privacy.sigma_p": p.sigma_p,
-        "privacy.clip_norm": p.clip_norm, "privacy.lot_size": p.lot_size, "q": p.lot_size / c.N,
-        "privacy.delta": p.delta, "privacy.clipping": p.clipping, "privacy.convention": p.convention,
-        "privacy.sampling": p.sampling, "privacy.pca_fraction": p.pca_fraction,
-        "privacy.secure_rng": p.secure_rng, "privacy.noise_seed": p.noise_seed, "seed": c.seed,
-        "privacy.target_epsilon": p.target_epsilon, "accountant.name": c.accountant.name,
-        # the CIFAR path's keys, present only when not at their defaults: earlier runs keep their
-        # fingerprint (their resume and config_hash are unchanged)
-        **{k: v for k, v, default in (("dataset.augment", d.augment, "none"),
-                                      ("dataset.standardize", d.standardize, False),
-                                      ("model.pretrained_sha256", m.pretrained_sha256, None),
-                                      ("model.freeze", m.freeze, "none")) if v != default},
-    }
+# Keys that may differ on a resume, and what changing one costs. Every other key of the validated
+# Config is compared (default deny: a new option is compared without being listed anywhere).
+#   free:   changes nothing a lot computes or releases; costs nothing
+#   length: how far the run goes; lots reserved after the checkpoint that the resume does not run
+#           again are charged as lost (their first run may have reached an output)
+#   replay: changes what the lots after the checkpoint compute (other weights, other floating-point
+#           sums) but not what one lot costs; the lots reserved after the checkpoint are charged as
+#           lost, since the resume's lots are other releases than the ones that may have escaped
+FREE, LENGTH, REPLAY = "free", "length", "replay"
+RESUME_ALLOWED: dict[str, tuple[str, str]] = {
+    "resume": (FREE, "names the run being resumed"),
+    "name": (FREE, "a folder name; nothing is computed from it"),
+    "dataset.root": (FREE, "where the md5-verified archives are read from: the same data"),
+    "dataset.download": (FREE, "whether a missing archive may be fetched: the same md5-verified data"),
+    "model.pretrained": (FREE, "the artifact's path; its content is compared (model.pretrained_sha256)"),
+    "training.eval_every": (FREE, "which epochs are evaluated; evaluation changes no lot"),
+    "training.eval_batch_size": (FREE, "how evaluation is batched; evaluation changes no lot"),
+    "training.checkpoint_every": (FREE, "when checkpoints are written; changes no lot"),
+    "training.epochs": (LENGTH, "the run's length; each lot that runs is charged as it runs"),
+    "training.max_steps": (LENGTH, "the run's length; each lot that runs is charged as it runs"),
+    "training.lr": (REPLAY, "post-processing of the noisy gradients (no cost per lot), but other weights"),
+    "training.lr_end": (REPLAY, "post-processing of the noisy gradients (no cost per lot), but other weights"),
+    "training.lr_saturate_epochs": (REPLAY, "post-processing (no cost per lot), but other weights"),
+    "training.momentum": (REPLAY, "post-processing of the noisy gradients (no cost per lot), but other weights"),
+    "device": (REPLAY, "the same mechanism, but sums that are not bit-identical"),
+    "tf32": (REPLAY, "the same mechanism, but sums that are not bit-identical"),
+    "privacy.physical_batch_size": (REPLAY, "the same mechanism, but sums that are not bit-identical"),
+    "privacy.grad_sample_mode": (REPLAY, "the same mechanism, but sums that are not bit-identical"),
+}
+
+
+def config_leaves(c: Config) -> dict:
+    """Every leaf of the validated ``Config`` as ``group.key`` (or ``key``) → value, in schema order."""
+    out = {}
+    for k, v in c.to_dict().items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{kk}": list(vv) if isinstance(vv, tuple) else vv for kk, vv in v.items()})
+        else:
+            out[k] = v
+    return out
+
+
+def config_fingerprint(c: Config) -> dict:
+    """The values a resumed run must share with the original (refused otherwise, naming the key):
+    every key of the configuration except those in ``RESUME_ALLOWED`` (default deny), and
+    ``q`` = L/N."""
+    fp = {k: v for k, v in config_leaves(c).items() if k not in RESUME_ALLOWED}
+    fp["q"] = c.privacy.lot_size / c.N
+    return fp
+
+
+def replay_config(c: Config) -> dict:
+    """The allowed keys that change what the lots after a checkpoint compute (``REPLAY``): a resume
+    that changes one of them does not replay the lots reserved after the checkpoint."""
+    return {k: v for k, v in config_leaves(c).items() if RESUME_ALLOWED.get(k, ("",))[0] == REPLAY}
+
+
+privacy_fingerprint = config_fingerprint     # the name privacy.json's config_fingerprint is built by

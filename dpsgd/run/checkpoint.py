@@ -4,12 +4,12 @@ A checkpoint is taken at an epoch boundary and holds everything a resumed run ne
 bit-identically: model parameters, epoch/step position (the learning rate is a function of the
 epoch), the optimiser state (momentum buffers), the privacy ledger, the sampler's and the noise's
 generator states, the input projection,
-the metrics rows so far, the overrides the run was started with, and the privacy-relevant config
-values (a resumed run with different values is refused, naming the key). With ``training.ema_decay`` set it also
-holds ``ema`` (the EMA weights, the released model; ``dpsgd.mechanism.ema``): an optional key (None when EMA is
-off, absent in checkpoints written before it), so the format version stays 2; a run with EMA has
-``training.ema_decay`` in its fingerprint, so its checkpoints always carry it. Files are written with
-``fileio`` (atomic replace).
+the metrics rows so far, the overrides the run was started with, the configuration's fingerprint
+(every key but the few a resume may change, ``dpsgd/config/schema.py:RESUME_ALLOWED``; a resumed run
+with other values is refused, naming the key), and the binding of ``lots.reserved`` (the token its
+first line must carry; ``dpsgd/run/rundir.py:LotReservations``). With ``training.ema_decay`` set it
+also holds ``ema`` (the EMA weights, the released model; ``dpsgd.mechanism.ema``; None when EMA is
+off). Files are written with ``fileio`` (atomic replace).
 """
 from __future__ import annotations
 
@@ -35,11 +35,11 @@ class CheckpointError(ConfigError):
 
 
 _MAGIC = b"DPSGD-CHECKPOINT\n"
-FORMAT_VERSION = 3      # 3: the optimiser state (momentum buffers)
+FORMAT_VERSION = 4      # 3: the optimiser state (momentum buffers); 4: whole-config fingerprint, bound lots.reserved
 REQUIRED_KEYS = ("version", "epoch", "steps", "complete", "stop_reason", "model", "ledger", "sampler", "noise",
                  "optimizer",
                  "projection", "target_epsilon", "rows", "fingerprint", "overrides", "replay", "wall_time_s",
-                 "resumes", "statement")
+                 "resumes", "statement", "reservations")
 
 
 def save_checkpoint(run_dir: str | Path, state: dict) -> None:
@@ -109,11 +109,16 @@ def fingerprint_hash(fp: dict) -> str:
 
 
 def check_resumable(saved: dict, current: dict) -> None:
-    """Refuse a resume whose privacy-relevant values differ from the original run's, naming the key."""
-    for key in sorted(set(saved) | set(current)):
+    """Refuse a resume whose fingerprint (every configuration key but those a resume may change,
+    ``dpsgd/config/schema.py:RESUME_ALLOWED``) differs from the original run's, naming the first key."""
+    for key in [*saved, *(k for k in current if k not in saved)]:
         if saved.get(key) != current.get(key):
-            raise ConfigError(f"resume: {key}={current.get(key)} differs from the run's {key}={saved.get(key)}; "
-                              "privacy-relevant values cannot change on resume")
+            why = ""
+            if key == "privacy.sigma" and current.get("privacy.calibrate_sigma"):
+                why = (" (privacy.calibrate_sigma=true: σ is calibrated from privacy.target_epsilon, "
+                       "training.epochs and training.max_steps, so these cannot change either)")
+            raise ConfigError(f"resume: {key}={current.get(key)} differs from the run's {key}={saved.get(key)}"
+                              f"{why}; privacy-relevant values cannot change on resume")
 
 
 class MetricsWriter:

@@ -33,7 +33,7 @@ from dpsgd.run import distributed
 from dpsgd.run.checkpoint import check_resumable, resume_checkpoint
 from dpsgd.run.cli import (CONF_DIR, compose, data_ready, dataset_ready, error_line, fail, failure, fresh_dir, one_line,
                   run_or_exit, search_path, split_cli)
-from dpsgd.config.schema import Config, check_run_dir, override_key, privacy_fingerprint, validate
+from dpsgd.config.schema import Config, check_run_dir, config_fingerprint, override_key, validate
 from dpsgd.data.datasets import DATASETS, DataUnavailable
 from dpsgd.core.errors import ConfigError
 from dpsgd.run.launchers import JobFailed, Launch, check as check_launcher, parallel_jobs, share_cores, sweep_size
@@ -115,8 +115,9 @@ def prepare_resume(args: list[str]) -> tuple[Config, Path, list[str]]:
 
     The run's own overrides come from its checkpoint (verified by its content hash), never from
     ``.hydra/overrides.yaml``, which any later command could have rewritten; the new overrides are
-    applied after them. Privacy-relevant values (the fingerprint: σ, C, L, δ, the target ε, the
-    accountant, the convention, ...) cannot change.
+    applied after them. The configuration's fingerprint cannot change: every key but the few listed in
+    ``dpsgd/config/schema.py:RESUME_ALLOWED`` (default deny; docs/RUNS.md says what each allowed
+    change costs).
     """
     resume = [a for a in args if override_key(a) == "resume"]
     rest = [a for a in args if override_key(a) != "resume"]
@@ -126,7 +127,7 @@ def prepare_resume(args: list[str]) -> tuple[Config, Path, list[str]]:
     saved = [o for o in ckpt["overrides"] if override_key(o) != "resume"]
     c = validate(compose(saved + rest), check_resume_dir=False)
     c.resume = str(rd)
-    check_resumable(ckpt["fingerprint"], privacy_fingerprint(c))
+    check_resumable(ckpt["fingerprint"], config_fingerprint(c))
     data_ready(c)
     return c, rd, rest
 

@@ -10,16 +10,19 @@
   before the next reservation. Reservations are made in chunks that start at ``CHUNK`` lots and
   double while they last less than ``SECONDS`` (an fsync costs ~4 ms here, so about one per second
   of training, < 0.5 %), never past the end of the epoch (where the next checkpoint may be taken)
-  nor past the privacy budget, and the file is emptied after each checkpoint. So after a crash, ``upto − checkpoint steps`` bounds the lots that
+  nor past the privacy budget. So after a crash, ``upto − checkpoint steps`` bounds the lots that
   ran after the last checkpoint from above, and is within the budget.
 
-  Whether those lots must be charged again on resume depends on the replay. A seeded run resumed on
-  the same device with the same engine settings re-draws the very same lots and noise from the
-  checkpointed generator states and recomputes the same gradients: the outputs that escaped (rows
-  in ``metrics.superseded.csv``) are the same releases, charged once. With ``privacy.secure_rng``
-  the noise after the checkpoint cannot be replayed (it came from OS entropy), and when the device or
-  the engine settings change the recomputed sums are not bit-identical; then the lots after the
-  checkpoint were separate releases and are charged (``label="lost"``) before training continues.
+  The file is bound to the checkpoint: when a run starts and after each checkpoint it is replaced by
+  one line ``{"checkpoint": token, "steps": S}`` carrying the token that checkpoint records. A
+  resume reads it strictly (``verified``): a missing file, another token, a line that is not a
+  reservation, or a reservation beyond what could have run (more than one epoch past the largest
+  reservation before it, or past STEPS_MAX) is refused in one line, never read as "no lots".
+
+  Whether those lots must be charged again on resume depends on the replay (state.py,
+  ``Run.charge_lost``): only a seeded resume with the whole configuration and the runtime unchanged
+  (``state.replay_key``) that runs through every reserved lot repeats the very same releases; every
+  other resume charges the reserved lots (``label="lost"``).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from pathlib import Path
 
 from dpsgd.core.fileio import atomic_write_text
 from dpsgd.core.errors import ConfigError
+from dpsgd.accountant import limits
 
 RESERVATIONS = "lots.reserved"
 CHUNK = 16          # lots in the first reservation of a process (and the smallest chunk)
@@ -79,28 +83,65 @@ class RunLock:
 
 
 class LotReservations:
-    """Write-ahead record of the lots a run may have run since its last checkpoint."""
+    """Write-ahead record of the lots a run may have run since its last checkpoint, bound to it."""
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / RESERVATIONS
         self.upto = None            # lots reserved so far in this process (absolute step count)
+        self.token = None           # the checkpoint token the file is bound to
+        self.expected = None        # the token of the checkpoint a resume continues from
         self.chunk, self._t = CHUNK, None
 
     def reserved(self) -> int | None:
-        """The largest reservation on disk (None when the file is absent or empty).
+        """The largest reservation on disk (None when there is none), read leniently.
 
         A line cut short by a crash is ignored: it was not fsync'd, so the lots it would have reserved
         did not start (a reservation is complete before its lots run)."""
         if not self.path.is_file():
             return None
-        best = None
-        for line in self.path.read_text().splitlines():
-            try:
-                v = int(json.loads(line)["upto"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            best = v if best is None else max(best, v)
-        return best
+        vals = [_upto(line) for line in self.path.read_text().splitlines()]
+        return max((v for v in vals if v is not None), default=None)
+
+    def verified(self, binding: dict, steps: int, lots_per_epoch: int) -> int | None:
+        """The largest reservation made after the checkpoint ``binding`` ({"token", "previous"}) taken
+        at lot ``steps``, None when there is none; ConfigError (one line, naming the file) when the
+        file is missing, bound to another checkpoint, or holds a line that no run could have written.
+
+        A file still bound to the previous checkpoint (a crash between writing the checkpoint and
+        binding the file) holds reservations up to this checkpoint only."""
+        def bad(why: str) -> ConfigError:
+            return ConfigError(f"resume: {self.path}: {why}; the checkpoint at lot {steps} is bound to it (the "
+                               "lots that ran after the checkpoint cannot be counted without it); restore it or "
+                               "start a new run")
+        try:
+            lines = self.path.read_bytes().decode().split("\n")
+        except FileNotFoundError:
+            raise bad("missing") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise bad(f"unreadable ({getattr(e, 'strerror', None) or type(e).__name__})") from None
+        lines.pop()                 # after the last newline: a line cut short by a crash (not fsync'd) or ''
+        head = _json(lines[0]) if lines else None
+        if not (isinstance(head, dict) and set(head) == {"checkpoint", "steps"}):
+            raise bad("no binding line (the file was replaced or altered)")
+        current = head["checkpoint"] == binding["token"] and head["steps"] == steps
+        if not (current or head["checkpoint"] == binding.get("previous")):
+            raise bad("bound to another checkpoint (the file was replaced or altered)")
+        best = steps
+        for n, line in enumerate(lines[1:], 2):
+            v = _upto(line)
+            bound = (-(-best // lots_per_epoch) + 1) * lots_per_epoch if current else steps
+            if v is None or not 0 <= v <= min(bound, limits.STEPS_MAX):
+                raise bad(f"line {n} is not a reservation a run could have made "
+                          f"(after lot {best}: at most {min(bound, limits.STEPS_MAX)})")
+            best = max(best, v)
+        self.token, self.expected = head["checkpoint"], binding["token"]
+        return best if best > steps else None
+
+    def bind(self, token: str, steps: int) -> None:
+        """When a run starts and after each checkpoint: the file holds only the binding line of the
+        checkpoint (token) taken at lot ``steps``, whose ledger covers every lot reserved so far."""
+        atomic_write_text(self.path, json.dumps({"checkpoint": token, "steps": int(steps)}) + "\n")
+        self.token, self.upto = token, None
 
     def ensure(self, steps: int, limit: int) -> None:
         """Make sure lot number ``steps`` (0-based, absolute) is reserved; reserve up to ``limit``."""
@@ -117,7 +158,18 @@ class LotReservations:
             os.fsync(f.fileno())
         self.upto = upto
 
-    def clear(self) -> None:
-        """After a checkpoint: its ledger covers every lot reserved so far."""
-        atomic_write_text(self.path, "")
-        self.upto = None
+
+def _json(line: str):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def _upto(line: str) -> int | None:
+    """The S of a reservation line ``{"upto": S}``; None for any other line."""
+    d = _json(line)
+    if not (isinstance(d, dict) and set(d) == {"upto"}):
+        return None
+    v = d["upto"]
+    return v if type(v) is int else None

@@ -4,10 +4,10 @@ A ``Run`` is its built parts (parts.py: data, projection, model, clipping engine
 sampler) and its progress (epoch, lots, the ledger and what still fits within the target ε, resumes,
 wall time). ``setup`` makes one of three: a fresh run (``Run.fresh``: the DP-PCA release is the first
 charge to a new ledger), a run continued from its verified checkpoint (``Run.from_checkpoint``: every
-generator and the ledger restored, the lots that ran after it charged when they cannot be replayed as
-the same releases (see rundir.py), the remaining budget recomputed from the ledger), or a run that
-has already finished (``Run.finished``: its final statement, nothing to build or run). Every refusal
-happens before the first write into the run directory.
+generator and the ledger restored, the lots that ran after it charged unless the resume replays them
+as the very same releases (``Run.charge_lost``, ``Run.settle``), the remaining budget recomputed from
+the ledger), or a run that has already finished (``Run.finished``: its final statement, nothing to
+build or run). Every refusal happens before the first write into the run directory.
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from dpsgd.run import distributed
 
 from dpsgd.run import parts
 from dpsgd.accountant import Ledger
-from dpsgd.run.checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, resume_checkpoint,
-                         save_checkpoint)
-from dpsgd.config.schema import Config, ConfigError, override_key, privacy_fingerprint
+from dpsgd.run.checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, fingerprint_hash,
+                                  resume_checkpoint, save_checkpoint)
+from dpsgd.config.schema import Config, ConfigError, config_fingerprint, override_key, replay_config
 from dpsgd.core.fileio import atomic_write_text, plain, write_json
 from dpsgd.run.parts import Parts
 from dpsgd.run.report import COLUMNS, epsilons, privacy_statement
@@ -55,10 +55,18 @@ def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
 
 def replay_key(c: Config, device: torch.device) -> dict:
     """What a seeded resume must share with the original run for its recomputed lots to be the very
-    same releases (bit-identical sums); see rundir.LotReservations."""
-    return {"device": device.type, "grad_sample_mode": c.privacy.grad_sample_mode,
-            "physical_batch_size": c.privacy.physical_batch_size, "tf32": bool(c.tf32),
-            "torch": str(torch.__version__), "threads": torch.get_num_threads()}
+    same releases (bit-identical sums): the whole configuration but the keys that change nothing a lot
+    computes (``RESUME_ALLOWED``'s free and length keys), and the runtime (device, torch, threads)."""
+    return {"device_type": device.type, "torch": str(torch.__version__), "threads": torch.get_num_threads(),
+            **replay_config(c), "fingerprint": fingerprint_hash(config_fingerprint(c))}
+
+
+def _first_difference(saved: dict, current: dict) -> str | None:
+    """``key: saved → current`` of the first key two replay keys differ in; None when they agree."""
+    for k in [*saved, *(k for k in current if k not in saved)]:
+        if saved.get(k) != current.get(k):
+            return f"{k}: {saved.get(k)} → {current.get(k)}"
+    return None
 
 
 class Rows:
@@ -81,6 +89,9 @@ class Progress:
     budget: int | None = None        # charges (lots; for shuffle, epochs) that still fit within the target ε
     resumes: list[dict] = field(default_factory=list)
     lost: int = 0                    # lots charged on resume as lost (ran after the checkpoint, not replayable)
+    lost_why: str | None = None      # why the resume does not replay them
+    owed: int | None = None          # reserved lots a faithful replay must still reach (charged if it stops before)
+    base: int = 0                    # lots at the checkpoint resumed from (an epoch boundary)
     wall_before: float = 0.0         # seconds run before this process
     t_start: float = field(default_factory=time.time)
     eps: dict = field(default_factory=dict)   # report.epsilons of the ledger, after the last epoch
@@ -131,15 +142,16 @@ class Run:
         built.load_state_dict(ckpt)
         new_keys = {override_key(o) for o in overrides}        # a new value replaces the saved one
         progress = Progress(ledger=Ledger.from_dict(ckpt["ledger"]), epoch=ckpt["epoch"], steps=ckpt["steps"],
-                            wall_before=ckpt["wall_time_s"])
+                            wall_before=ckpt["wall_time_s"], base=ckpt["steps"])
         run = cls(c=c, run_dir=run_dir,
                   overrides=[o for o in ckpt["overrides"] if override_key(o) not in new_keys] + list(overrides),
                   dist=d, progress=progress, parts=built, writer=Rows(ckpt["rows"]),
                   reservations=LotReservations(run_dir))
-        progress.lost = run.charge_lost(ckpt["replay"])
+        progress.lost = run.charge_lost(ckpt)
         progress.resumes = list(ckpt["resumes"]) + [{
             "at_epoch": progress.epoch, "at_steps": progress.steps, "lost_lots_charged": progress.lost,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "overrides": run.overrides}]
+            "lost_lots_reason": progress.lost_why, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "overrides": run.overrides}]
         progress.budget = run.compute_budget(resumed=True)
         progress.eps = epsilons(progress.ledger, c)
         return run
@@ -201,21 +213,55 @@ class Run:
                               f"has already spent ({c.accountant.name}, {p.convention}); nothing left to resume")
         return budget
 
-    def charge_lost(self, replay: dict) -> int:
-        """On resume: charge the lots reserved after the checkpoint when they cannot be replayed as the
-        same releases (OS-entropy noise, or another device or engine); returns how many."""
-        p, sampler = self.c.privacy, self.parts.sampler
-        lost = max(0, (self.reservations.reserved() or 0) - self.progress.steps)
-        if not (lost and p.private and (p.secure_rng or replay != replay_key(self.c, self.parts.device))):
+    def charge_lost(self, ckpt: dict) -> int:
+        """On resume: the lots reserved after the checkpoint (``lots.reserved``, verified against the
+        checkpoint's binding, and those an earlier faithful resume still owed) are charged now as
+        lost, unless the resume replays them as the very same releases: a seeded run (no
+        ``privacy.secure_rng``) with the same replay key (the whole configuration but the free and
+        length keys, and the same runtime). A replay owes them until it has run through them
+        (``settle``). Returns how many lots were charged now."""
+        p, at, binding = self.c.privacy, self.progress, ckpt["reservations"]
+        reserved = self.reservations.verified(binding, at.steps, self.parts.sampler.lots_per_epoch())
+        reserved = max(reserved or 0, int(binding.get("owed") or 0))
+        if not p.private or reserved <= at.steps:
             return 0
+        at.lost_why = ("privacy.secure_rng=true: OS-entropy noise is never replayed" if p.secure_rng
+                       else _first_difference(ckpt["replay"], replay_key(self.c, self.parts.device)))
+        if at.lost_why is None:
+            at.owed = reserved
+            return 0
+        return self._charge_lots(at.steps, reserved - at.steps)
+
+    def settle(self) -> int:
+        """Before the last statement of a process (complete, diverged, interrupted): the lots a faithful
+        replay owed but did not reach (it stopped before them) are charged as lost; returns how many."""
+        at = self.progress
+        owed, at.owed = at.owed, None
+        if owed is None or owed <= at.steps:
+            return 0
+        n = self._charge_lots(at.steps, owed - at.steps)
+        at.lost += n
+        if at.resumes:
+            at.resumes[-1]["lost_lots_charged"] += n
+            at.resumes[-1]["lost_lots_reason"] = "the resume stopped before the lots reserved before it"
+        at.eps = epsilons(at.ledger, self.c)
+        return n
+
+    def _charge_lots(self, start: int, n: int) -> int:
+        """Charge lots ``start`` .. ``start + n − 1`` (absolute, counted from the checkpoint's epoch
+        boundary) as lost, each as the loop charges it; returns n."""
+        p, sampler = self.c.privacy, self.parts.sampler
+        per = sampler.lots_per_epoch()
+        first = (start - self.progress.base) % per
         counts: dict = {}
-        for j in range(lost):   # from an epoch boundary on, each lot's release as the loop charges it
-            charge = sampler.release(p.sigma, j % sampler.lots_per_epoch())
-            if charge is not None:
-                counts[charge] = counts.get(charge, 0) + 1
-        for (q, s), n in counts.items():
-            self.progress.ledger.record(q=q, sigma=s, count=n, groups=self.parts.k, label="lost")
-        return lost
+        for j in range(min(n, per)):       # n // per whole epochs and the rest, by position in the epoch
+            charge = sampler.release(p.sigma, (first + j) % per)
+            reps = n // per + (1 if j < n % per else 0)
+            if charge is not None and reps:
+                counts[charge] = counts.get(charge, 0) + reps
+        for (q, s), k in counts.items():
+            self.progress.ledger.record(q=q, sigma=s, count=k, groups=self.parts.k, label="lost")
+        return n
 
     # -- what a run writes -----------------------------------------------------------------------
 
@@ -226,16 +272,19 @@ class Run:
         if not self.writes:
             return
         at = self.progress
+        token = secrets.token_hex(8)
         save_checkpoint(self.run_dir, {
             "epoch": at.epoch, "steps": at.steps, "complete": complete, "stop_reason": stop_reason,
             **self.parts.state_dict(), "ledger": plain(at.ledger.to_dict()),
             "target_epsilon": self.c.privacy.target_epsilon, "rows": plain(self.writer.rows),
-            "fingerprint": privacy_fingerprint(self.c), "overrides": list(self.overrides),
+            "fingerprint": config_fingerprint(self.c), "overrides": list(self.overrides),
             "replay": replay_key(self.c, self.parts.device), "distributed": self.dist.describe(self.parts.device),
             "wall_time_s": at.wall_time(), "resumes": plain(at.resumes),
             "statement": plain(self.statement(status or ("complete" if complete else "running"), stop_reason)),
+            "reservations": {"token": token, "previous": self.reservations.token,
+                             "owed": at.owed if at.owed is not None and at.owed > at.steps else None},
         })
-        self.reservations.clear()   # the checkpoint's ledger covers every lot reserved so far
+        self.reservations.bind(token, at.steps)   # the checkpoint's ledger covers every lot reserved so far
 
 
 def _device(c: Config, d: distributed.Dist) -> tuple[torch.device, dict]:
@@ -283,7 +332,7 @@ def _open(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, s
             raise ConfigError(f"hydra.run.dir={run_dir}: already holds a run; never overwritten (use resume={run_dir})")
         return Run.fresh(c, run_dir, overrides, d, seeds)
     ckpt = resume_checkpoint(run_dir)
-    check_resumable(ckpt["fingerprint"], privacy_fingerprint(c))
+    check_resumable(ckpt["fingerprint"], config_fingerprint(c))
     saved = int((ckpt.get("distributed") or {}).get("world_size", 1))
     if saved != d.world_size:
         raise ConfigError(f"resume: world_size={d.world_size} differs from the run's world_size={saved} "
@@ -300,8 +349,13 @@ def _open_run_dir(run: Run) -> None:
     durable, config.resolved.yaml, privacy.json, and the opening console line."""
     c, p, run_dir, lost = run.c, run.c.privacy, run.run_dir, run.progress.lost
     run.writer = MetricsWriter(run_dir, COLUMNS, run.writer.rows)
+    res = run.reservations
     if lost:   # make the charge durable before anything else runs
         run.checkpoint(False, None)
+    elif not c.resume:
+        res.bind(secrets.token_hex(8), 0)
+    elif res.token != res.expected:     # still bound to the previous checkpoint: bind it to this one
+        res.bind(res.expected, run.progress.steps)
     if not (run_dir / "config.resolved.yaml").exists():   # the validated, fully resolved config
         import yaml
         atomic_write_text(run_dir / "config.resolved.yaml", yaml.safe_dump(c.to_dict(), sort_keys=False))
@@ -316,4 +370,4 @@ def _open_run_dir(run: Run) -> None:
         print(f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
     if lost:
         print(f"resume: charged {lost} lot(s) that ran after the last checkpoint and cannot be replayed "
-              "as the same releases", flush=True)
+              f"as the same releases ({run.progress.lost_why})", flush=True)
