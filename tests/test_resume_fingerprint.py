@@ -134,7 +134,8 @@ def test_every_key_is_compared_unless_allowed(key):
 
 def test_the_allow_list_is_short_known_and_documented():
     leaves = set(LEAVES)
-    assert set(RESUME_ALLOWED) <= leaves and len(RESUME_ALLOWED) < len(leaves) / 3
+    # short: a handful of keys per kind, each with its cost; a new key lands here only by review
+    assert set(RESUME_ALLOWED) <= leaves and len(RESUME_ALLOWED) <= 20
     assert {cls for cls, _ in RESUME_ALLOWED.values()} <= {FREE, LENGTH, REPLAY}
     assert all(why for _, why in RESUME_ALLOWED.values())
     doc = (REPO / "docs" / "RUNS.md").read_text()

@@ -328,6 +328,7 @@ RESUME_ALLOWED: dict[str, tuple[str, str]] = {
     "training.eval_every": (FREE, "which epochs are evaluated; evaluation changes no lot"),
     "training.eval_batch_size": (FREE, "how evaluation is batched; evaluation changes no lot"),
     "training.checkpoint_every": (FREE, "when checkpoints are written; changes no lot"),
+    "training.train_metrics": (FREE, "whether the (uncovered) training-set metrics are computed; changes no lot"),
     "training.epochs": (LENGTH, "the run's length; each lot that runs is charged as it runs"),
     "training.max_steps": (LENGTH, "the run's length; each lot that runs is charged as it runs"),
     "training.lr": (REPLAY, "post-processing of the noisy gradients (no cost per lot), but other weights"),
