@@ -368,4 +368,3 @@ def replay_config(c: Config) -> dict:
     return {k: v for k, v in config_leaves(c).items() if RESUME_ALLOWED.get(k, ("",))[0] == REPLAY}
 
 
-privacy_fingerprint = config_fingerprint     # the name privacy.json's config_fingerprint is built by

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS
 from dpsgd.run.checkpoint import METRICS, PRIVACY, fingerprint_hash
-from dpsgd.config.schema import Config, privacy_fingerprint
+from dpsgd.config.schema import Config, config_fingerprint
 
 COLUMNS = ["epoch", "steps", "lr", "lot_loss", "train_loss", "train_accuracy", "test_accuracy",
            "epsilon", "epsilon_moments", "epsilon_rdp", "epsilon_pld", "epsilon_moments_joint",
@@ -176,7 +176,7 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
         raise ValueError(f"stop_reason must be None or one of {list(STOP_REASONS)}, got stop_reason={stop_reason!r}")
     at, b = run.progress, run.parts
     p, eps, sampler, k, ledger = c.privacy, at.eps, b.sampler, b.k, at.ledger
-    fp = privacy_fingerprint(c)
+    fp = config_fingerprint(c)
     st = {"status": status, "stop_reason": stop_reason, "private": p.private,
           "statement": statement_text(c, status, eps, at.steps)}
     if p.private:
