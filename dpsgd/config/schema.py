@@ -366,5 +366,3 @@ def replay_config(c: Config) -> dict:
     """The allowed keys that change what the lots after a checkpoint compute (``REPLAY``): a resume
     that changes one of them does not replay the lots reserved after the checkpoint."""
     return {k: v for k, v in config_leaves(c).items() if RESUME_ALLOWED.get(k, ("",))[0] == REPLAY}
-
-
