@@ -19,23 +19,31 @@ rounding losses up. The probabilities are computed from exact Gaussian interval 
 preserved), all terms non-negative; mass beyond the largest grid loss goes to an "infinite loss"
 atom (added to δ) and mass below the smallest is moved up to it (pessimistic). Where the grid
 reaches losses above 700 (σ ≲ 0.04), the products e^{ε_i}·Q(I_i) are formed in log space
-(log-Gaussian interval masses), so no overflow can empty the pmf; a per-lot grid wider than
-STEP_POINTS points (tiny σ: the loss of one lot spans ~2·z/σ) doubles h first.
+(log-Gaussian interval masses), so no overflow can empty the pmf; so are those of intervals whose
+Q-mass is below _Q_NORMAL = 1e-280 (near the subnormal range, where Q(I) loses its digits or
+underflows to 0 while e^{ε_i}·Q(I) ≈ P(I) can still be ~δ: at σ = 0.035, q = 1 the P-mass of the
+losses 660..690 was lost that way, and ε(1e-20) came out 668.12 against the exact 671.94). A
+per-lot grid wider than STEP_POINTS points (tiny σ: the loss of one lot spans ~2·z/σ) doubles h
+first. One lot alone is its own composition: no FFT, hence no round-off (below).
 
 Composition by FFT: the per-lot pmf is placed on a cyclic grid of M points (index k at k mod M);
 its FFT is cached and T lots are F^T followed by one inverse FFT. The window [a, a + M) is chosen
 from Chernoff bounds on the composed loss (with the discrete pmf's own moment generating
 function Λ(t), on a grid of t): the mass above the window, τ ≤ 1e-15 by construction, is added to
 δ; mass below the window aliases into the window, where it can only be counted with a larger
-weight, so aliasing never makes δ smaller. FFT round-off (~1e-16 relative to the largest
-probability) is clipped at zero and not otherwise bounded. h starts at 1e-4 and doubles only when
-the window would need more than 2^18 points (nested grids: a coarser h can only increase ε), so ε
-is monotone in T (the exact discrete PLD's δ(ε) cannot fall when a lot is added, since
-E[e^{−L}] <= 1 for each lot).
+weight, so aliasing never makes δ smaller. FFT round-off is clipped at zero; it grows with the
+number of lots T (F^T multiplies each coefficient's relative error by T), and its estimate
+``noise`` = T·eps·√M·‖c‖₂ (Parseval, M bins summed; 10^4..10^5 times the largest negative bin
+seen) decides where this untilted composition answers (next paragraph). h starts at 1e-4 and
+doubles only when the window would need more than 2^18 points (nested grids: a coarser h can
+only increase ε), so ε is monotone in T (the exact discrete PLD's δ(ε) cannot fall when a lot is
+added, since E[e^{−L}] <= 1 for each lot).
 
-Tiny δ (< TILT_BELOW = 1e-12). Three things above are budgets in absolute probability — the
-per-lot tail STEP_TAIL, the window tail WINDOW_TAIL, and the FFT round-off floor (~1e-16 per bin,
-summed over ~10^5 bins) — so below ~1e-14 they, not the mechanism, would set ε. For such δ:
+Tiny δ. Three things above are budgets in absolute probability — the per-lot tail STEP_TAIL, the
+window tail WINDOW_TAIL, and the FFT round-off ``noise`` (~1e-13..1e-10 for 10^3..10^5 lots) — so
+for small δ they, not the mechanism, would set ε (150 000 lots at q = 0.002, σ = 2: ε(1e-12) = 5.98
+untilted, 2.835 tilted). The untilted composition therefore answers only where δ >= TILT_BELOW =
+1e-12 *and* noise <= TAIL_FRACTION·δ (for ε queries; for δ queries, its own answer); otherwise:
 
 * the per-lot tail is TAIL_FRACTION·δ / (total lots) (a power of ten), so the ∞ atom stays a
   1e-3 share of δ;
@@ -55,9 +63,12 @@ summed over ~10^5 bins) — so below ~1e-14 they, not the mechanism, would set �
   add direction likewise), not as the difference of two probabilities that agree to ~q/σ: for
   tiny q/σ that difference, ~1e-19, is itself below δ's scale and must not round to 0.
 
-Both paths return upper bounds; the untilted one (all δ >= 1e-12) is unchanged. Where ε is below
-~log(1/δ)/316 (the largest tilt on the t grid; 0.15 at δ = 1e-20) the tilt cannot reach the answer
-and the tiny-δ ε can be loose (an upper bound still; e.g. 0.013 for q = 1e-6, σ = 1, δ = 1e-20).
+Both paths return upper bounds, so the switch between them moves ε by no more than their
+discretisation (ε is continuous and monotone across δ = 1e-12). Where ε is below
+~log(1/δ)/316 (the largest tilt on the t grid; 0.15 at δ = 1e-20) the tilt cannot reach the answer:
+the untilted composition with δ-scaled tails answers, its round-off estimate added to δ, and ε can
+be loose (an upper bound still; e.g. 0.027 for q = 1e-6, σ = 1, 100 lots, δ = 1e-20). The inversion
+ε(δ) on one discrete PLD is rounded up: the ε returned satisfies δ(ε) <= δ in floating point too.
 Off the ordinary path (tilted, or h already coarsened for tiny σ) h jumps straight to about the
 needed coarseness instead of doubling one step at a time; a grid coarser than MAX_INTERVAL = 1
 is refused (ValueError naming pld).
