@@ -47,16 +47,20 @@ def _one_lot_delta(eps, q, sigma):
 
 
 def _exact_epsilon(delta_of, delta):
-    """The ε with δ(ε) = δ for a decreasing δ(·), 50 digits: bracketed by doubling, then the
-    Illinois method on log δ(ε) − log δ to 1e-40 (the float returned is the root rounded)."""
+    """The ε with δ(ε) = δ for a decreasing δ(·), 50 digits: bracketed by doubling and bisection
+    to 1e-6 relative, then the Illinois method on log δ(ε) − log δ inside the bracket to 1e-40
+    (the float returned is the root rounded)."""
     with mp.workdps(DPS):
         d, lo, hi = mp.mpf(delta), mp.mpf(0), mp.mpf(1)
         if delta_of(lo) <= d:
             return 0.0
         while delta_of(hi) > d:
             lo, hi = hi, 2 * hi
+        while hi - lo > hi * mp.mpf(10) ** -6:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if delta_of(mid) > d else (lo, mid)
         f = lambda e: mp.log(delta_of(e)) - mp.log(d)
-        return float(mp.findroot(f, (lo if lo > 0 else hi / 1024, hi), solver="illinois", tol=mp.mpf(10) ** (10 - DPS)))
+        return float(mp.findroot(f, (lo, hi), solver="illinois", tol=mp.mpf(10) ** (10 - DPS)))
 
 
 def _assert_exact_to_grid(ours, exact, releases, delta):
