@@ -452,10 +452,10 @@ class _Composed:
         eps = float(min(hi, max(lo, hi + math.log(num / den))))
         # rounded up (pessimistic): the returned ε meets δ(ε) <= δ on this same discrete PLD, not
         # only in exact arithmetic (at worst hi, where δ(ℓ_k) <= δ holds by the choice of k)
-        for _ in range(8):
+        for i in range(8):                   # steps of 4·ulp, growing fourfold
             if eps >= hi or self.delta(eps) <= delta:
                 return eps
-            eps = min(hi, eps + 4.0 * (math.ulp(eps) + math.ulp(hi)) * 4 ** _)
+            eps = min(hi, eps + 4.0 * (math.ulp(eps) + math.ulp(hi)) * 4 ** i)
         return hi
 
 
