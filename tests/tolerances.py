@@ -49,18 +49,21 @@ def _pld_grid_step(releases: tuple, interval: float) -> float:
     return max(c.h for c in pld.compose(list(releases), interval))
 
 
-def pld_grid_step(releases, interval: float | None = None) -> float:
+def pld_grid_step(releases, interval: float | None = None, delta: float | None = None) -> float:
     """The spacing h of the privacy-loss grid the PLD accountant uses for ``releases``
     [(q, σ, lots), ...] (the coarser of its two directions; h starts at ``interval`` and doubles
-    where the composed loss needs more than pld.MAX_POINTS grid points)."""
+    where the composed loss needs more than pld.MAX_POINTS grid points). With ``delta``: the grid
+    behind ε(δ) (``pld.grid_step``; at tiny δ the tilted composition's, which may differ)."""
     from dpsgd.accountant import pld
     interval = pld.DEFAULT_INTERVAL if interval is None else float(interval)
+    if delta is not None:
+        return pld.grid_step(list(releases), delta, interval)
     return _pld_grid_step(tuple((float(q), float(s), int(n)) for q, s, n in releases), interval)
 
 
-def pld_epsilon_tol(releases, interval: float | None = None) -> float:
+def pld_epsilon_tol(releases, interval: float | None = None, delta: float | None = None) -> float:
     """Absolute tolerance on a PLD ε: ``PLD_GRID_STEPS · h`` (:func:`pld_grid_step`)."""
-    return PLD_GRID_STEPS * pld_grid_step(releases, interval)
+    return PLD_GRID_STEPS * pld_grid_step(releases, interval, delta)
 
 
 def ledger_pld_epsilon_tol(ledger, convention: str = "joint") -> float:

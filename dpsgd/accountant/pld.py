@@ -19,23 +19,31 @@ rounding losses up. The probabilities are computed from exact Gaussian interval 
 preserved), all terms non-negative; mass beyond the largest grid loss goes to an "infinite loss"
 atom (added to δ) and mass below the smallest is moved up to it (pessimistic). Where the grid
 reaches losses above 700 (σ ≲ 0.04), the products e^{ε_i}·Q(I_i) are formed in log space
-(log-Gaussian interval masses), so no overflow can empty the pmf; a per-lot grid wider than
-STEP_POINTS points (tiny σ: the loss of one lot spans ~2·z/σ) doubles h first.
+(log-Gaussian interval masses), so no overflow can empty the pmf; so are those of intervals whose
+Q-mass is below _Q_NORMAL = 1e-280 (near the subnormal range, where Q(I) loses its digits or
+underflows to 0 while e^{ε_i}·Q(I) ≈ P(I) can still be ~δ: at σ = 0.035, q = 1 the P-mass of the
+losses 660..690 was lost that way, and ε(1e-20) came out 668.12 against the exact 671.94). A
+per-lot grid wider than STEP_POINTS points (tiny σ: the loss of one lot spans ~2·z/σ) doubles h
+first. One lot alone is its own composition: no FFT, hence no round-off (below).
 
 Composition by FFT: the per-lot pmf is placed on a cyclic grid of M points (index k at k mod M);
 its FFT is cached and T lots are F^T followed by one inverse FFT. The window [a, a + M) is chosen
 from Chernoff bounds on the composed loss (with the discrete pmf's own moment generating
 function Λ(t), on a grid of t): the mass above the window, τ ≤ 1e-15 by construction, is added to
 δ; mass below the window aliases into the window, where it can only be counted with a larger
-weight, so aliasing never makes δ smaller. FFT round-off (~1e-16 relative to the largest
-probability) is clipped at zero and not otherwise bounded. h starts at 1e-4 and doubles only when
-the window would need more than 2^18 points (nested grids: a coarser h can only increase ε), so ε
-is monotone in T (the exact discrete PLD's δ(ε) cannot fall when a lot is added, since
-E[e^{−L}] <= 1 for each lot).
+weight, so aliasing never makes δ smaller. FFT round-off is clipped at zero; it grows with the
+number of lots T (F^T multiplies each coefficient's relative error by T), and its estimate
+``noise`` = T·eps·√M·‖c‖₂ (Parseval, M bins summed; 10^4..10^5 times the largest negative bin
+seen) decides where this untilted composition answers (next paragraph). h starts at 1e-4 and
+doubles only when the window would need more than 2^18 points (nested grids: a coarser h can
+only increase ε), so ε is monotone in T (the exact discrete PLD's δ(ε) cannot fall when a lot is
+added, since E[e^{−L}] <= 1 for each lot).
 
-Tiny δ (< TILT_BELOW = 1e-12). Three things above are budgets in absolute probability — the
-per-lot tail STEP_TAIL, the window tail WINDOW_TAIL, and the FFT round-off floor (~1e-16 per bin,
-summed over ~10^5 bins) — so below ~1e-14 they, not the mechanism, would set ε. For such δ:
+Tiny δ. Three things above are budgets in absolute probability — the per-lot tail STEP_TAIL, the
+window tail WINDOW_TAIL, and the FFT round-off ``noise`` (~1e-13..1e-10 for 10^3..10^5 lots) — so
+for small δ they, not the mechanism, would set ε (150 000 lots at q = 0.002, σ = 2: ε(1e-12) = 5.98
+untilted, 2.835 tilted). The untilted composition therefore answers only where δ >= TILT_BELOW =
+1e-12 *and* noise <= TAIL_FRACTION·δ (for ε queries; for δ queries, its own answer); otherwise:
 
 * the per-lot tail is TAIL_FRACTION·δ / (total lots) (a power of ten), so the ∞ atom stays a
   1e-3 share of δ;
@@ -55,9 +63,12 @@ summed over ~10^5 bins) — so below ~1e-14 they, not the mechanism, would set �
   add direction likewise), not as the difference of two probabilities that agree to ~q/σ: for
   tiny q/σ that difference, ~1e-19, is itself below δ's scale and must not round to 0.
 
-Both paths return upper bounds; the untilted one (all δ >= 1e-12) is unchanged. Where ε is below
-~log(1/δ)/316 (the largest tilt on the t grid; 0.15 at δ = 1e-20) the tilt cannot reach the answer
-and the tiny-δ ε can be loose (an upper bound still; e.g. 0.013 for q = 1e-6, σ = 1, δ = 1e-20).
+Both paths return upper bounds, so the switch between them moves ε by no more than their
+discretisation (ε is continuous and monotone across δ = 1e-12). Where ε is below
+~log(1/δ)/316 (the largest tilt on the t grid; 0.15 at δ = 1e-20) the tilt cannot reach the answer:
+the untilted composition with δ-scaled tails answers, its round-off estimate added to δ, and ε can
+be loose (an upper bound still; e.g. 0.027 for q = 1e-6, σ = 1, 100 lots, δ = 1e-20). The inversion
+ε(δ) on one discrete PLD is rounded up: the ε returned satisfies δ(ε) <= δ in floating point too.
 Off the ordinary path (tilted, or h already coarsened for tiny σ) h jumps straight to about the
 needed coarseness instead of doubling one step at a time; a grid coarser than MAX_INTERVAL = 1
 is refused (ValueError naming pld).
@@ -83,6 +94,8 @@ TAIL_FRACTION = 1e-3             # tiny δ: share of δ allowed to each tail bud
 _TILT_TAIL = 1e-30               # tiny δ: tilted mass outside the window (tightness only)
 MAX_INTERVAL = 1.0               # coarser than this: refused (ValueError naming pld)
 _LOG_EXP_MAX = 700.0             # above this loss, e^ε·Q is formed in log space
+_EPS = float(np.finfo(float).eps)
+_Q_NORMAL = 1e-280               # interval Q-masses below this: e^ε·Q in log space (near subnormal)
 _T_GRID = np.concatenate([-np.logspace(-3, 2.5, 22)[::-1], np.logspace(-3, 2.5, 34)])
 DIRECTIONS = ("remove", "add")
 
@@ -93,10 +106,8 @@ def _z_tail(step_tail: float) -> float:
 
 
 def _step_tail(delta: float, lots: int) -> float:
-    """Per-lot tail mass: STEP_TAIL, or for tiny δ a power of ten <= TAIL_FRACTION·δ / lots and
+    """Per-lot tail mass of the tilted path: a power of ten <= TAIL_FRACTION·δ / lots and
     below STEP_TAIL (so that the tail also marks the tiny-δ pmfs and compositions: :func:`_tiny`)."""
-    if delta >= TILT_BELOW:
-        return STEP_TAIL
     v = TAIL_FRACTION * delta / max(1, lots)
     return max(1e-300, min(STEP_TAIL / 10.0, 10.0 ** math.floor(math.log10(v))))
 
@@ -197,13 +208,19 @@ def _step_pmf(q: float, sigma: float, h: float, direction: str, z_tail: float = 
         q_above = float(_mix_mass(-np.inf, t[-1], q, sigma))
         log_q = lambda lo_, hi_: _log_mix_mass(lo_, hi_, q, sigma)
     em1 = math.expm1(h)
+    top = (t[-1], np.inf) if direction == "remove" else (-np.inf, t[-1])
+    # Q(I) below _Q_NORMAL (near or in the subnormal range, or underflowed to 0) has lost its
+    # relative precision while x_i Q(I) ≈ P(I) may still matter (x_i up to e^700): there, and
+    # wherever e^ε overflows, x_i Q(I_i) is formed in log space
+    sub = (q_int < _Q_NORMAL) & (p_int > 0)
     if eps[-1] <= _LOG_EXP_MAX:
         x = np.exp(eps)
         B = x[:-1] * q_int                               # x_i Q(I_i)
-        xq_above = x[-1] * q_above
+        if sub.any():
+            B[sub] = np.exp(eps[:-1][sub] + log_q(a[sub], b[sub]))
+        xq_above = x[-1] * q_above if q_above >= _Q_NORMAL else float(np.exp(eps[-1] + log_q(*top)))
     else:                                                # e^ε overflows: x_i Q(I_i) in log space
         B = np.exp(eps[:-1] + log_q(a, b))
-        top = (t[-1], np.inf) if direction == "remove" else (-np.inf, t[-1])
         xq_above = float(np.exp(eps[-1] + log_q(*top)))
     excess = p_int - B                                   # P(I_i) − x_i Q(I_i)
     if _tiny(z_tail) and eps[-1] <= _LOG_EXP_MAX:
@@ -211,7 +228,8 @@ def _step_pmf(q: float, sigma: float, h: float, direction: str, z_tail: float = 
         # it entirely where q/σ is tiny (it is ~q/σ·G0, far below δ only for ordinary δ)
         g0, g1 = _gauss_mass(a, b, 0.0, sigma), _gauss_mass(a, b, 1.0, sigma)
         em = np.expm1(eps[:-1])
-        excess = q * (g1 - g0) - em * g0 if direction == "remove" else q * x[:-1] * (g0 - g1) - em * g0
+        exact = q * (g1 - g0) - em * g0 if direction == "remove" else q * x[:-1] * (g0 - g1) - em * g0
+        excess = np.where(sub, excess, exact)           # (g0 imprecise where Q(I) is subnormal)
     D = np.clip(excess / em1, 0.0, B)                    # share moved to the right end point
     probs = np.zeros(eps.size)
     probs[:-1] += B - D
@@ -331,6 +349,24 @@ def _plan(releases, direction, interval, z_tail=_z_tail(STEP_TAIL), delta=None, 
                              f"spacing h = {MAX_INTERVAL:g} (epsilon in the hundreds of thousands); not served")
 
 
+def _fft_compose(releases, direction, h, a, m, z_tail, k):
+    """Composed pmf (before clipping round-off at 0) on the window [a, a + m) by one FFT power, and
+    the log of the composed finite mass (each lot keeps 1 − p_inf)."""
+    logmag = np.zeros(m // 2 + 1)
+    phase = np.zeros(m // 2 + 1)
+    log_fin = 0.0
+    for q, s, n in releases:
+        lm, ph = _step_fft(q, s, h, direction, m, z_tail, k)
+        logmag += n * lm
+        phase += n * ph
+        log_fin += n * math.log1p(-_step_pmf(q, s, h, direction, z_tail)[2])
+    spec = np.zeros(m // 2 + 1, dtype=complex)
+    keep = logmag > -745.0                               # the rest underflows to 0 anyway
+    spec[keep] = np.exp(logmag[keep] + 1j * phase[keep])
+    c = sfft.irfft(spec, n=m)
+    return np.roll(c, -(a % m)), log_fin                 # c[j] ↔ loss (a + j)·h
+
+
 class _Composed:
     """Composed discrete PLD of one direction on the window [a, a + m) (grid spacing h).
 
@@ -338,24 +374,24 @@ class _Composed:
     """
 
     def __init__(self, releases, direction, interval, z_tail=_z_tail(STEP_TAIL), delta=None, eps=None):
-        h, a, m, lam, k = _plan(releases, direction, interval, z_tail, delta, eps)
-        logmag = np.zeros(m // 2 + 1)
-        phase = np.zeros(m // 2 + 1)
-        log_fin = 0.0
-        for q, s, n in releases:
-            lm, ph = _step_fft(q, s, h, direction, m, z_tail, k)
-            logmag += n * lm
-            phase += n * ph
-            log_fin += n * math.log1p(-_step_pmf(q, s, h, direction, z_tail)[2])
-        spec = np.zeros(m // 2 + 1, dtype=complex)
-        keep = logmag > -745.0                           # the rest underflows to 0 anyway
-        spec[keep] = np.exp(logmag[keep] + 1j * phase[keep])
-        c = sfft.irfft(spec, n=m)
-        c = np.roll(c, -(a % m))                         # c[j] ↔ loss (a + j)·h
+        lots = sum(n for _, _, n in releases)
+        if lots == 1:                        # one lot: its pmf is the composition (no FFT, no tilt)
+            q, s, _ = releases[0]
+            h = _lot_interval(releases, direction, interval, z_tail)
+            a, c, p_inf, lam = _step_pmf(q, s, h, direction, z_tail)
+            m, k, c, log_fin, self.noise = c.size, -1, c.copy(), math.log1p(-p_inf), 0.0
+        else:
+            h, a, m, lam, k = _plan(releases, direction, interval, z_tail, delta, eps)
+            c, log_fin = _fft_compose(releases, direction, h, a, m, z_tail, k)
+            # round-off of F^T: log-magnitudes and phases multiplied by T give each coefficient a
+            # relative error ~T·eps; through the inverse FFT (Parseval) ~T·eps·‖c‖₂/√m per bin, at
+            # most m bins summed into δ. An estimate (observed: 10^4..10^5 times the largest
+            # negative bin), which decides where the untilted composition is served (module doc)
+            self.noise = float(lots * _EPS * math.sqrt(m) * np.linalg.norm(c))
         np.maximum(c, 0.0, out=c)                        # FFT round-off below zero
         top = a + m                                      # first index above the window
         tp = _T_GRID > 0
-        self.tail = float(min(1.0, np.exp(np.min(lam[tp] - _T_GRID[tp] * top * h))))
+        self.tail = 0.0 if lots == 1 else float(min(1.0, np.exp(np.min(lam[tp] - _T_GRID[tp] * top * h))))
         if _tiny(z_tail):                                # tiny δ: nothing has loss above the support
             sup = _support_top(releases, h, direction, z_tail)
             if top > sup:
@@ -413,7 +449,14 @@ class _Composed:
         num, den = self.S[k] - target, self.c[k] + self.R[k]
         if den <= 0 or num <= 0:
             return hi
-        return float(min(hi, max(lo, hi + math.log(num / den))))
+        eps = float(min(hi, max(lo, hi + math.log(num / den))))
+        # rounded up (pessimistic): the returned ε meets δ(ε) <= δ on this same discrete PLD, not
+        # only in exact arithmetic (at worst hi, where δ(ℓ_k) <= δ holds by the choice of k)
+        for i in range(8):                   # steps of 4·ulp, growing fourfold
+            if eps >= hi or self.delta(eps) <= delta:
+                return eps
+            eps = min(hi, eps + 4.0 * (math.ulp(eps) + math.ulp(hi)) * 4 ** i)
+        return hi
 
 
 def _normalise(releases):
@@ -437,27 +480,48 @@ def compose(releases, interval: float = DEFAULT_INTERVAL):
     return tuple(_Composed(rel, d, float(interval)) for d in DIRECTIONS)
 
 
+def _serves(comp, delta: float) -> bool:
+    """The untilted composition answers at δ: δ >= TILT_BELOW and its FFT round-off estimate is
+    within the TAIL_FRACTION share of δ (long compositions: T·eps grows with the lots)."""
+    return delta >= TILT_BELOW and comp.noise <= TAIL_FRACTION * delta
+
+
 def _epsilon_tiny(rel, direction, interval, delta):
-    """ε(δ) of one direction for δ < TILT_BELOW: δ-scaled tails, tilted at the Chernoff θ for δ."""
+    """ε(δ) of one direction where the untilted composition does not serve δ: δ-scaled tails,
+    tilted at the Chernoff θ for δ."""
     z_tail = _z_tail(_step_tail(delta, sum(n for _, _, n in rel)))
     comp = _Composed(rel, direction, interval, z_tail, delta=delta)
     eps = comp.epsilon(delta)
-    if eps < comp.floor:                      # answer below the tilted window: not resolved there
-        eps = _Composed(rel, direction, interval, z_tail).epsilon(delta)
-    return eps
+    if eps < comp.floor:                      # answer below the tilted window: not resolved there;
+        comp = _Composed(rel, direction, interval, z_tail)    # untilted, its round-off added to δ
+        comp.extra += comp.noise
+        eps = comp.epsilon(delta)
+    return eps, comp
+
+
+def _epsilon_one(rel, direction, interval, delta, comp=None):
+    """(ε(δ), the composition that answered) of one direction: the untilted composition ``comp``
+    where it serves δ, else the tilted one."""
+    if delta >= TILT_BELOW:
+        comp = comp if comp is not None else _Composed(rel, direction, interval)
+        if _serves(comp, delta):
+            return comp.epsilon(delta), comp
+    return _epsilon_tiny(rel, direction, interval, delta)
 
 
 def _delta_tiny(rel, direction, interval, eps, untilted):
-    """δ(ε) of one direction when the untilted answer is below TILT_BELOW (tilted at θ for ε)."""
+    """δ(ε) of one direction where the untilted composition does not serve its own answer
+    ``untilted`` (a _Composed): tilted at θ for ε."""
     lots = sum(n for _, _, n in rel)
     h = _lot_interval(rel, direction, interval, _z_tail(STEP_TAIL))
     lam = _lam(rel, h, direction, _z_tail(STEP_TAIL))
     tp = _T_GRID > 0
     est = math.exp(min(0.0, float(np.min(lam[tp] - _T_GRID[tp] * eps))))    # Chernoff bound on δ(ε)
     comp = _Composed(rel, direction, interval, _z_tail(_step_tail(max(est, 1e-300), lots)), eps=eps)
+    flat = min(1.0, untilted.delta(eps) + untilted.noise)   # round-off added: an upper bound
     if eps < comp.floor:
-        return untilted
-    return min(untilted, comp.delta(eps))     # both are upper bounds
+        return flat
+    return min(flat, comp.delta(eps))         # both are upper bounds
 
 
 def epsilon_for_releases(releases, delta: float, interval: float = DEFAULT_INTERVAL) -> float:
@@ -466,22 +530,28 @@ def epsilon_for_releases(releases, delta: float, interval: float = DEFAULT_INTER
     rel = _normalise(releases)
     if not rel:
         return 0.0
-    interval = float(interval)
-    if delta >= TILT_BELOW:
-        return max(_Composed(rel, d, interval).epsilon(delta) for d in DIRECTIONS)
-    return max(_epsilon_tiny(rel, d, interval, delta) for d in DIRECTIONS)
+    return max(_epsilon_one(rel, d, float(interval), delta)[0] for d in DIRECTIONS)
+
+
+def grid_step(releases, delta: float, interval: float = DEFAULT_INTERVAL) -> float:
+    """The privacy-loss grid spacing h behind ε(δ) (the coarser of the two directions): h starts
+    at ``interval`` and doubles where a lot's or the composed loss needs too many points."""
+    delta = check_delta(delta)
+    rel = _normalise(releases)
+    if not rel:
+        return float(interval)
+    return max(_epsilon_one(rel, d, float(interval), delta)[1].h for d in DIRECTIONS)
 
 
 def epsilons_for_releases(releases, deltas, interval: float = DEFAULT_INTERVAL) -> list[float]:
-    """ε(δ) for each δ of ``deltas``, composing the PLDs once for all δ >= TILT_BELOW."""
+    """ε(δ) for each δ of ``deltas``, composing the untilted PLDs once for all δ >= TILT_BELOW."""
     deltas = [check_delta(d) for d in deltas]
     rel = _normalise(releases)
     if not rel:
         return [0.0] * len(deltas)
     interval = float(interval)
-    comp = [_Composed(rel, d, interval) for d in DIRECTIONS] if any(d >= TILT_BELOW for d in deltas) else []
-    return [max(c.epsilon(d) for c in comp) if d >= TILT_BELOW
-            else max(_epsilon_tiny(rel, direction, interval, d) for direction in DIRECTIONS) for d in deltas]
+    comp = [_Composed(rel, d, interval) for d in DIRECTIONS] if any(d >= TILT_BELOW for d in deltas) else [None] * 2
+    return [max(_epsilon_one(rel, d, interval, x, c)[0] for d, c in zip(DIRECTIONS, comp)) for x in deltas]
 
 
 def delta_for_releases(releases, epsilon: float, interval: float = DEFAULT_INTERVAL) -> float:
@@ -492,9 +562,10 @@ def delta_for_releases(releases, epsilon: float, interval: float = DEFAULT_INTER
         return 0.0
     out = 0.0
     for d in DIRECTIONS:
-        v = _Composed(rel, d, float(interval)).delta(epsilon)
-        if v < TILT_BELOW:
-            v = _delta_tiny(rel, d, float(interval), epsilon, v)
+        comp = _Composed(rel, d, float(interval))
+        v = comp.delta(epsilon)
+        if not _serves(comp, v):
+            v = _delta_tiny(rel, d, float(interval), epsilon, comp)
         out = max(out, v)
     return out
 
