@@ -204,11 +204,18 @@ def resolve_sweep(args: list[str]) -> Sweep:
     with config_loader() as loader:
         try:
             master = loader.load_configuration("config", overrides=list(args), run_mode=RunMode.MULTIRUN)
-            folder = str(master.hydra.sweep.dir)
-            pin = f"hydra.sweep.dir={hydra_quoted(folder)}"
-            master = loader.load_configuration("config", overrides=list(args) + [pin], run_mode=RunMode.MULTIRUN)
         except Exception as e:
             raise ConfigError(one_line(e)) from None
+        try:
+            folder = str(master.hydra.sweep.dir)
+        except Exception as e:
+            text = OmegaConf.to_container(master.hydra.sweep, resolve=False)["dir"]
+            raise ConfigError(f"hydra.sweep.dir={text}: {one_line(e)}") from None
+        pin = f"hydra.sweep.dir={hydra_quoted(folder)}"
+        try:
+            master = loader.load_configuration("config", overrides=list(args) + [pin], run_mode=RunMode.MULTIRUN)
+        except Exception as e:
+            raise ConfigError(f"hydra.sweep.dir={folder}: {one_line(e)}") from None
         if str(master.hydra.sweep.dir) != folder:
             raise ConfigError(f"hydra.sweep.dir={folder}: cannot be handed to Hydra literally (pick a folder name "
                               "without quote characters or '${')")
