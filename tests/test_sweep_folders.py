@@ -21,12 +21,15 @@ import pytest
 
 from dpsgd import train as training
 from dpsgd.core.errors import ConfigError
-from dpsgd.run.cli import SHORT_BYTES, hydra_quoted, literal_value, short_name
+from dpsgd.config.schema import validate
+from dpsgd.run.cli import SHORT_BYTES, compose, hydra_quoted, literal_value, short_name
 from dpsgd.run.launch import prepare_launch
 from dpsgd.run.launchers import SWEEP_CLAIM, SweepClaim, check_job_folders, resolve_sweep
-from test_run_trust import TINY, _fresh
 
 REPO = Path(__file__).resolve().parents[1]
+# 600 examples, lots of 60, a 10-d DP-PCA and 8 hidden units: ~0.1 s per epoch
+TINY = ["dataset.subset=600", "privacy.lot_size=60", "model.hidden=[8]", "model.pca_dims=10",
+        "training.eval_batch_size=1000", "device=cpu", "privacy.sigma_p=20"]
 
 
 def _snapshot(root: Path) -> dict:
@@ -198,7 +201,8 @@ def test_literal_value():
 @pytest.mark.parametrize("quote", ["'", '"'])
 def test_a_run_whose_name_ends_in_a_quote_resumes_itself_not_its_sibling(quote, tmp_path):
     run = tmp_path / "run"
-    _fresh(run, "training.epochs=1")
+    args = [*TINY, "training.epochs=1"]
+    training.train(validate(compose(args)), run, args)
     quoted = tmp_path / f"run{quote}"
     shutil.copytree(run, quoted)
     before = _snapshot(run)
