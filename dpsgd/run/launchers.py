@@ -199,6 +199,7 @@ def resolve_sweep(args: list[str]) -> Sweep:
     """The sweep of the command-line overrides ``args``, every job's folder resolved the way Hydra will
     resolve it; nothing is written. ConfigError in one line (the launcher, an interpolation that does
     not resolve, a job that does not compose)."""
+    from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import OmegaConf
     with config_loader() as loader:
@@ -222,15 +223,18 @@ def resolve_sweep(args: list[str]) -> Sweep:
         kind = check(master.hydra)
         subdir = str(OmegaConf.to_container(master.hydra.sweep, resolve=False)["subdir"])
         jobs = _job_overrides(loader, master)
-        subdirs, first = [], None
-        for num, overrides in enumerate(jobs):
-            try:
-                cfg = loader.load_sweep_config(master, list(overrides))
-            except Exception as e:
-                raise ConfigError(f"sweep job {num} ({' '.join(overrides)}): {one_line(e)}") from None
-            subdirs.append(_subdir(cfg, num, kind, subdir))
-            first = cfg if first is None else first
-        probe = _subdir(first, len(jobs) + 1, kind, subdir) if first is not None else ""
+        subdirs, first, current = [], None, HydraConfig.instance().cfg
+        try:
+            for num, overrides in enumerate(jobs):
+                try:
+                    cfg = loader.load_sweep_config(master, list(overrides))
+                except Exception as e:
+                    raise ConfigError(f"sweep job {num} ({' '.join(overrides)}): {one_line(e)}") from None
+                subdirs.append(_subdir(cfg, num, kind, subdir))
+                first = cfg if first is None else first
+            probe = _subdir(first, len(jobs) + 1, kind, subdir) if first is not None else ""
+        finally:
+            HydraConfig.instance().cfg = current        # as it was (each job's was made current)
     return Sweep(master, folder, pin, kind, subdir, subdirs, probe)
 
 
