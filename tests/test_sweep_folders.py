@@ -209,3 +209,15 @@ def test_a_run_whose_name_ends_in_a_quote_resumes_itself_not_its_sibling(quote, 
     training.main([f"resume={quoted}", "training.epochs=2"])
     assert len((quoted / "metrics.csv").read_text().splitlines()) == 3     # header + 2 epochs
     assert _snapshot(run) == before
+
+
+@pytest.mark.parametrize("target", ["nowhere", "loop"])
+def test_a_sweep_folder_that_is_a_dangling_or_looping_symlink_is_refused(target, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loop").symlink_to(tmp_path / "sweep")
+    (tmp_path / "sweep").symlink_to(tmp_path / target)
+    before = _snapshot(tmp_path)
+    with pytest.raises(ConfigError, match="hydra.sweep.dir=") as e:
+        prepare_launch([*TINY, "seed=0", f"hydra.sweep.dir={tmp_path / 'sweep'}"], multirun=True)
+    assert "\n" not in str(e.value)
+    assert _snapshot(tmp_path) == before

@@ -145,6 +145,8 @@ def dataset_ready(name: str, root: str | None, download: bool) -> None:
 
 def fresh_dir(key: str, d: Path) -> None:
     """``d`` is a folder that holds nothing yet and can be created; else ConfigError naming ``key``."""
+    if os.path.lexists(d) and not d.exists():
+        raise ConfigError(f"{key}={d}: is a symlink to nothing (dangling, or a loop); pick a new dir")
     if d.exists() and (not d.is_dir() or any(d.iterdir())):
         raise ConfigError(f"{key}={d}: already exists and is not empty; never overwritten "
                           f"(pick a new dir, or resume=<run dir>)")

@@ -360,6 +360,8 @@ class SweepClaim:
         self.created = [p for p in (self.folder, *self.folder.parents) if not p.exists()]   # deepest first
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise ConfigError(f"hydra.sweep.dir={folder}: exists and is not a folder") from None
         except OSError as e:
             raise ConfigError(f"hydra.sweep.dir={folder}: cannot be created ({e.strerror or e})") from None
         try:
