@@ -7,9 +7,12 @@ Exit codes: 2 bad input (``ConfigError``, ``DataUnavailable``); 1 divergence or 
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from dpsgd.data.datasets import DataUnavailable, ensure_dataset
@@ -18,6 +21,30 @@ from dpsgd.core.errors import ConfigError, Diverged, Interrupted
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 MULTIRUN_FLAGS = ("--multirun", "-m")
 CONFIG_DIR_FLAGS = ("--config-dir", "-cd")     # an extra config folder (searched after conf/)
+SHORT_BYTES = 96    # the longest text ``${dpsgd.short:...}`` keeps whole (a folder name holds 255 bytes)
+
+
+def short_name(text) -> str:
+    """``text`` when it takes at most SHORT_BYTES bytes (UTF-8), else its head and 12 hex digits of
+    the SHA-256 of all of it: short, stable (the same text always gives the same name) and unique
+    (different texts differ in the digest). The resolver ``${dpsgd.short:...}`` of conf/config.yaml,
+    which keeps a sweep job's folder name (its overrides) within the file system's limit."""
+    s = str(text)
+    b = s.encode("utf-8", "surrogateescape")
+    if len(b) <= SHORT_BYTES:
+        return s
+    return f"{b[:SHORT_BYTES - 13].decode('utf-8', 'ignore')}_{hashlib.sha256(b).hexdigest()[:12]}"
+
+
+def register_resolvers() -> None:
+    """dpsgd's OmegaConf resolvers (``dpsgd.short``). Called when this module is imported, so they
+    exist wherever Hydra resolves dpsgd's config: the launching process, joblib workers and submitit
+    jobs (which import dpsgd/run/launch.py to unpickle the task before resolving the job's folder)."""
+    from omegaconf import OmegaConf
+    OmegaConf.register_new_resolver("dpsgd.short", short_name, replace=True)
+
+
+register_resolvers()
 
 
 def one_line(e: BaseException) -> str:
@@ -39,6 +66,39 @@ def compose(args: list[str], hydra_config: bool = False):
         raise ConfigError(one_line(e)) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+@contextmanager
+def config_loader():
+    """Hydra's config loader over conf/ (the one ``hydra.main`` uses), for composing as Hydra does."""
+    import hydra
+    from hydra.core.global_hydra import GlobalHydra
+    GlobalHydra.instance().clear()
+    try:
+        with hydra.initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="train"):
+            yield GlobalHydra.instance().config_loader()
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def hydra_quoted(text: str) -> str:
+    """``text`` as one quoted value of a Hydra override (``key=<this>`` gives back ``text``)."""
+    body = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), text)
+    return f"'{body}'"
+
+
+def literal_value(arg: str) -> str:
+    """The value of a ``key=value`` argument taken literally: a value Hydra reads as one string (one
+    quoted string, unquoted; or plain text, with Hydra's escapes) is that string; anything else (a
+    name ending in a quote, a comma list, a number) is the text exactly as given. Nothing else is
+    stripped: a folder whose name ends in a quote is that folder, never its sibling."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    raw = arg.split("=", 1)[1]
+    try:
+        value = OverridesParser.create().parse_override(arg).value()
+    except Exception:
+        return raw
+    return value if isinstance(value, str) else raw
 
 
 def split_cli(args: list[str]) -> tuple[bool, list[str], list[str]]:
@@ -85,6 +145,8 @@ def dataset_ready(name: str, root: str | None, download: bool) -> None:
 
 def fresh_dir(key: str, d: Path) -> None:
     """``d`` is a folder that holds nothing yet and can be created; else ConfigError naming ``key``."""
+    if os.path.lexists(d) and not d.exists():
+        raise ConfigError(f"{key}={d}: is a symlink to nothing (dangling, or a loop); pick a new dir")
     if d.exists() and (not d.is_dir() or any(d.iterdir())):
         raise ConfigError(f"{key}={d}: already exists and is not empty; never overwritten "
                           f"(pick a new dir, or resume=<run dir>)")

@@ -5,8 +5,10 @@ Everything is decided before anything is written:
 * a single run: the config is composed and validated, and the output folder is resolved the way Hydra
   will resolve it (any spelling of ``hydra.run.dir``) and must be new or empty; then Hydra runs
   ``train`` in it;
-* a sweep (``-m``): the sweep folder must be new or empty and each job gets a folder of its own; each
-  job's config is validated when it starts, and a refused job's fresh folder is removed. The launcher
+* a sweep (``-m``): every job's folder is resolved the way Hydra will resolve it and must lie inside
+  the sweep folder, one new folder per job; the sweep folder must be new or empty and is claimed
+  (an exclusive create, held for the sweep: dpsgd/run/launchers.py); each job's config is validated
+  when it starts, and a refused job's fresh folder is removed. The launcher
   (``hydra/launcher=basic|joblib|submitit_local|submitit_slurm``, dpsgd/run/launchers.py) is checked
   here too; jobs in worker processes or cluster jobs run only ``task`` (never these checks, which
   their siblings' folders would fail) and report a failure back instead of exiting;
@@ -31,12 +33,13 @@ from pathlib import Path
 
 from dpsgd.run import distributed
 from dpsgd.run.checkpoint import check_resumable, resume_checkpoint
-from dpsgd.run.cli import (CONF_DIR, compose, data_ready, dataset_ready, error_line, fail, failure, fresh_dir, one_line,
-                  run_or_exit, search_path, split_cli)
+from dpsgd.run.cli import (CONF_DIR, compose, data_ready, dataset_ready, error_line, fail, failure, fresh_dir,
+                           literal_value, one_line, run_or_exit, search_path, split_cli)
 from dpsgd.config.schema import Config, check_run_dir, config_fingerprint, override_key, validate
 from dpsgd.data.datasets import DATASETS, DataUnavailable
 from dpsgd.core.errors import ConfigError
-from dpsgd.run.launchers import JobFailed, Launch, check as check_launcher, parallel_jobs, share_cores, sweep_size
+from dpsgd.run.launchers import (SWEEP_CLAIM, JobFailed, Launch, SweepClaim, check as check_launcher, check_job_folders,
+                                 parallel_jobs, resolve_sweep, share_cores, unclaimed)
 from dpsgd.run.rundir import RunLock
 from dpsgd.core.runtime import tune_allocator
 
@@ -68,39 +71,38 @@ def prepare(args: list[str], multirun: bool = False, search: list[str] = ()) -> 
     (``prepare_launch`` also says how its jobs will be launched).
 
     The output folder is resolved the way Hydra will resolve it (any spelling of the key), and must be
-    new or empty: a refused command never writes into an existing run. For a sweep, the sweep folder
-    must be new or empty and the job sub-folder must contain ``${hydra.job.num}`` (one folder per
-    job); each job's config is validated when it starts, before it writes anything but Hydra's
-    ``.hydra`` files into its own new folder.
+    new or empty: a refused command never writes into an existing run. For a sweep, every job's folder
+    is resolved the way Hydra will resolve it (dpsgd/run/launchers.py:resolve_sweep) and must lie inside
+    the sweep folder, one new folder per job (``check_job_folders``); the sweep folder must be new or
+    empty (``main`` then claims it, ``SweepClaim``). Each job's config is validated when it starts,
+    before it writes anything but Hydra's ``.hydra`` files into its own new folder.
     """
     return prepare_launch(args, multirun, search).args
 
 
 def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = ()) -> Launch:
-    """``prepare``, and the launch plan: the launcher (checked), the sweep's jobs, how many run at once."""
+    """``prepare``, and the launch plan: the launcher (checked), the sweep's jobs, how many run at once,
+    and for a sweep its folder (resolved) and the override that hands it to Hydra."""
     from omegaconf import OmegaConf, open_dict
     if any(override_key(a) == "resume" for a in args):
         raise ConfigError("resume: resume a single run on its own: python -m dpsgd.train resume=<run dir> "
                           "[key=value ...]")
     _check_overrides(args, resume=False)
     if multirun:
-        cfg = compose([a for a in args if "," not in a.split("=", 1)[-1]] + list(search), hydra_config=True)
-        hc = cfg.hydra
-        subdir = str(OmegaConf.to_container(hc.sweep, resolve=False)["subdir"])
-        if "hydra.job.num" not in subdir or ".." in Path(subdir).parts or Path(subdir).is_absolute():
-            raise ConfigError(f"hydra.sweep.subdir={subdir}: must contain ${{hydra.job.num}} and stay inside the "
-                              "sweep folder (one new folder per job)")
-        launcher = check_launcher(hc)
-        fresh_dir("hydra.sweep.dir", Path(hc.sweep.dir))
-        jobs = sweep_size(hc, [a for a in args if not override_key(a).startswith("hydra")])
+        sweep = resolve_sweep(list(args) + list(search))
+        check_job_folders(sweep)
+        cfg, hc = sweep.config, sweep.config.hydra
+        unclaimed(sweep.dir)
+        fresh_dir("hydra.sweep.dir", Path(sweep.dir))
         params = OmegaConf.to_container(hc.launcher, resolve=False)
         if "n_jobs" in params:
             params["n_jobs"] = hc.launcher.n_jobs          # resolved (checked above)
         swept = {override_key(a).split(".")[0] for a in args if "," in a.split("=", 1)[-1]}
-        if launcher != "basic" and "dataset" not in swept and cfg.get("dataset", {}).get("name") in DATASETS:
+        if sweep.launcher != "basic" and "dataset" not in swept and cfg.get("dataset", {}).get("name") in DATASETS:
             # seeded here, once: jobs running at the same time never seed one data root together
             dataset_ready(cfg.dataset.name, cfg.dataset.get("root"), bool(cfg.dataset.get("download")))
-        return Launch(args, launcher, jobs, parallel_jobs(launcher, params, jobs))
+        jobs = len(sweep.subdirs)
+        return Launch(args, sweep.launcher, jobs, parallel_jobs(sweep.launcher, params, jobs), sweep.dir, [sweep.pin])
     cfg = compose(args + list(search), hydra_config=True)
     check_launcher(cfg.hydra)
     fresh_dir("hydra.run.dir", Path(cfg.hydra.run.dir))
@@ -122,7 +124,7 @@ def prepare_resume(args: list[str]) -> tuple[Config, Path, list[str]]:
     resume = [a for a in args if override_key(a) == "resume"]
     rest = [a for a in args if override_key(a) != "resume"]
     _check_overrides(rest, resume=True)
-    rd = check_run_dir(resume[-1].split("=", 1)[1].strip().strip("'\"")).resolve()
+    rd = check_run_dir(literal_value(resume[-1])).resolve()
     ckpt = resume_checkpoint(rd)
     saved = [o for o in ckpt["overrides"] if override_key(o) != "resume"]
     c = validate(compose(saved + rest), check_resume_dir=False)
@@ -147,8 +149,10 @@ def _discard_fresh_run_dir(run_dir: Path, parents: bool = True) -> None:
         for parent in run_dir.parents:
             if parent == Path.cwd() or parent.stat().st_ctime < _T0 - 1:
                 break
-            sweep_file = parent / "multirun.yaml"   # written by Hydra into a fresh sweep dir
-            if [f.name for f in parent.iterdir()] == ["multirun.yaml"] and sweep_file.stat().st_mtime >= _T0 - 1:
+            sweep_file = parent / "multirun.yaml"   # written by Hydra into a fresh sweep dir (claimed: main)
+            names = {f.name for f in parent.iterdir()}
+            if "multirun.yaml" in names and names <= {"multirun.yaml", SWEEP_CLAIM} and \
+                    sweep_file.stat().st_mtime >= _T0 - 1:
                 sweep_file.unlink()
             if any(parent.iterdir()):
                 break
@@ -241,17 +245,21 @@ def main(train, argv: list[str] | None = None) -> None:
             run_or_exit(_resume, train, overrides)
             return
         plan = prepare_launch(overrides, multirun, search)
+        claim = SweepClaim(plan.sweep_dir) if plan.sweep_dir is not None else None   # held for the sweep
     except ConfigError as e:
         fail(one_line(e), 2)
     share_cores(plan, os.environ)     # inherited by joblib workers and submitit_local jobs
     try:
-        _run_hydra(lambda cfg: task(train, cfg), args)
+        _run_hydra(lambda cfg: task(train, cfg), args + plan.pin)
     except KeyboardInterrupt:
         fail("interrupted by SIGINT", 128 + signal.SIGINT)
     except SystemExit as e:         # Hydra printed a failed sweep job's line and exits 1: use its code
         if isinstance(e.__context__, JobFailed):
             raise SystemExit(e.__context__.code) from None
         raise
+    finally:
+        if claim is not None:
+            claim.release()
 
 
 def torchrun_main(train, args: list[str], d: distributed.Dist) -> None:
