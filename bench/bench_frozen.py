@@ -39,11 +39,11 @@ import torch
 import torch.nn.functional as F
 
 from bench import write_csv
+from dpsgd.core.runtime import describe_hardware
 from dpsgd.mechanism.clipping import PerExampleClipper
-from dpsgd.models.networks import CifarCNN
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
-from dpsgd.core.runtime import describe_hardware
+from dpsgd.models.networks import CifarCNN
 
 C, SIGMA, LR, N = 3.0, 6.0, 0.05, 50_000      # the paper's CIFAR-10 C and σ; N training images
 COLUMNS = ["method", "frozen", "engine", "lot", "clipping", "groups", "step_s", "step_s_min",

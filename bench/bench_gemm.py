@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from bench import write_csv
-from dpsgd.mechanism.clipping.layers import transposed_weight_sum
 from dpsgd.core.runtime import tune_allocator
+from dpsgd.mechanism.clipping.layers import transposed_weight_sum
 
 # (p, d): MNIST paper net, raw-784 MLP, CIFAR net's FC layers, and narrower/wider variants
 SHAPES = [(1000, 60), (10, 1000), (1000, 784), (384, 2304), (384, 384), (10, 384),

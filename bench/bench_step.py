@@ -50,9 +50,9 @@ import torch
 import torch.nn.functional as F
 
 from bench import write_csv
+from dpsgd.core.runtime import set_tf32, tune_allocator
 from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.models.networks import MLP, CifarCNN, TanhCNN
-from dpsgd.core.runtime import set_tf32, tune_allocator
 
 COLUMNS = ["method", "model", "device", "lot", "examples_per_s", "ratio_to_nonprivate",
            "ratio_min", "ratio_max", "peak_mem_mb", "step_ms", "processes", "reps", "steps_per_rep",

@@ -27,13 +27,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dpsgd.config.schema import Config
+from dpsgd.core.errors import Diverged, Interrupted
+from dpsgd.core.fileio import write_json
 from dpsgd.run import distributed
-
 from dpsgd.run import launch
 from dpsgd.run.checkpoint import PRIVACY
-from dpsgd.core.errors import Diverged, Interrupted
-from dpsgd.config.schema import Config
-from dpsgd.core.fileio import write_json
 from dpsgd.run.report import epsilons, final_line, metrics_row, progress_line
 from dpsgd.run.rundir import RunLock
 from dpsgd.run.state import Run, setup

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from dpsgd.mechanism.clipping import PerExampleClipper
-from dpsgd.models.networks import MLP
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
+from dpsgd.models.networks import MLP
 
 from .claim import claimed_epsilon
 from .settings import AuditConfig, AuditResult

@@ -13,11 +13,11 @@ import math
 
 from dpsgd.accountant import limits
 from dpsgd.core.checks import boolean, choice, fmt, num
-from dpsgd.data.datasets import DATASETS, input_shape
 from dpsgd.core.errors import ConfigError
+from dpsgd.data.datasets import DATASETS, input_shape
 from dpsgd.data.features import FEATURE_NORMS, FEATURES, feature_shape
-from dpsgd.models.networks import FREEZE, INITS, MODELS, build_model, check_dp_compatible, check_input, frozen_names
 from dpsgd.mechanism.pca import PROJECTIONS
+from dpsgd.models.networks import FREEZE, INITS, MODELS, build_model, check_dp_compatible, check_input, frozen_names
 
 # The largest model validated: 10**9 float32 parameters are 4 GB of weights alone, before gradients,
 # noise and optimiser buffers (several times that); beyond what one CPU or GPU run of this repo holds.

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS, Ledger, limits
 from dpsgd.core.checks import boolean, choice, fmt, num
-from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES
 from dpsgd.core.errors import ConfigError
+from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES
 from dpsgd.mechanism.sampling import SAMPLERS
 
 

@@ -26,17 +26,17 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS, limits
-from dpsgd.data.augment import AUGMENTATIONS
-from dpsgd.core.checks import boolean, fmt, num
-from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES
-from dpsgd.data.datasets import DATASETS, validate_dataset
-from dpsgd.core.errors import ConfigError
-from dpsgd.data.features import FEATURE_NORMS, FEATURES
 from dpsgd.config.model import validate_model
-from dpsgd.models.networks import FREEZE, INITS, MODELS, NORMS, build_model, frozen_names
-from dpsgd.mechanism.pca import PROJECTIONS
 from dpsgd.config.privacy import sigma_served, validate_accountant, validate_privacy
+from dpsgd.core.checks import boolean, fmt, num
+from dpsgd.core.errors import ConfigError
+from dpsgd.data.augment import AUGMENTATIONS
+from dpsgd.data.datasets import DATASETS, validate_dataset
+from dpsgd.data.features import FEATURE_NORMS, FEATURES
+from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES
+from dpsgd.mechanism.pca import PROJECTIONS
 from dpsgd.mechanism.sampling import SAMPLERS
+from dpsgd.models.networks import FREEZE, INITS, MODELS, NORMS, build_model, frozen_names
 
 
 @dataclass

@@ -41,9 +41,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from dpsgd.data.augment import AUGMENTATIONS, CROP
 from dpsgd.core.checks import boolean, choice, fmt, num
 from dpsgd.core.errors import ConfigError
+from dpsgd.data.augment import AUGMENTATIONS, CROP
 
 REPO = Path(__file__).resolve().parents[2]
 

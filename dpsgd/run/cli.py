@@ -15,8 +15,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from dpsgd.data.datasets import DataUnavailable, ensure_dataset
 from dpsgd.core.errors import ConfigError, Diverged, Interrupted
+from dpsgd.data.datasets import DataUnavailable, ensure_dataset
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 MULTIRUN_FLAGS = ("--multirun", "-m")

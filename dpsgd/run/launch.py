@@ -31,17 +31,17 @@ import sys
 import time
 from pathlib import Path
 
+from dpsgd.config.schema import Config, check_run_dir, config_fingerprint, override_key, validate
+from dpsgd.core.errors import ConfigError
+from dpsgd.core.runtime import tune_allocator
+from dpsgd.data.datasets import DATASETS, DataUnavailable
 from dpsgd.run import distributed
 from dpsgd.run.checkpoint import check_resumable, resume_checkpoint
 from dpsgd.run.cli import (CONF_DIR, compose, data_ready, dataset_ready, error_line, fail, failure, fresh_dir,
                            literal_value, one_line, run_or_exit, search_path, split_cli)
-from dpsgd.config.schema import Config, check_run_dir, config_fingerprint, override_key, validate
-from dpsgd.data.datasets import DATASETS, DataUnavailable
-from dpsgd.core.errors import ConfigError
-from dpsgd.run.launchers import (SWEEP_CLAIM, JobFailed, Launch, SweepClaim, check as check_launcher, check_job_folders,
-                                 parallel_jobs, resolve_sweep, share_cores, unclaimed)
+from dpsgd.run.launchers import (SWEEP_CLAIM, JobFailed, Launch, SweepClaim, check as check_launcher,
+                                 check_job_folders, parallel_jobs, resolve_sweep, share_cores, unclaimed)
 from dpsgd.run.rundir import RunLock
-from dpsgd.core.runtime import tune_allocator
 
 _T0 = time.time()
 _LAUNCHER_PID = None    # set by main(): the process that runs Hydra (a worker or cluster job has another)

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from dpsgd.run import distributed
-from dpsgd.data.augment import LotTransform, lot_generator
 from dpsgd.config.schema import Config
+from dpsgd.data.augment import LotTransform, lot_generator
 from dpsgd.data.datasets import DATASETS, input_shape, load_dataset
 from dpsgd.models.networks import build_model, frozen_names
+from dpsgd.run import distributed
 
 if TYPE_CHECKING:
     from dpsgd.accountant import Ledger

@@ -33,9 +33,9 @@ import os
 import time
 from pathlib import Path
 
-from dpsgd.core.fileio import atomic_write_text
-from dpsgd.core.errors import ConfigError
 from dpsgd.accountant import limits
+from dpsgd.core.errors import ConfigError
+from dpsgd.core.fileio import atomic_write_text
 
 RESERVATIONS = "lots.reserved"
 CHUNK = 16          # lots in the first reservation of a process (and the smallest chunk)

@@ -19,18 +19,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpsgd.run import distributed
-
-from dpsgd.run import parts
 from dpsgd.accountant import Ledger
-from dpsgd.run.checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, fingerprint_hash,
-                                  resume_checkpoint, save_checkpoint)
 from dpsgd.config.schema import Config, ConfigError, config_fingerprint, override_key, replay_config
 from dpsgd.core.fileio import atomic_write_text, plain, write_json
+from dpsgd.core.runtime import configure_threads, describe_runtime, set_tf32
+from dpsgd.run import distributed
+from dpsgd.run import parts
+from dpsgd.run.checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, fingerprint_hash,
+                                  resume_checkpoint, save_checkpoint)
 from dpsgd.run.parts import Parts
 from dpsgd.run.report import COLUMNS, epsilons, privacy_statement
 from dpsgd.run.rundir import RESERVATIONS, LotReservations
-from dpsgd.core.runtime import configure_threads, describe_runtime, set_tf32
 
 
 def derive_seed(seed: int, stream: str, secure: bool = False) -> int:

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dpsgd.models.networks import check_dp_compatible
 from dpsgd.core.runtime import ieee_float32
+from dpsgd.models.networks import check_dp_compatible
 from .clip import CLIPPINGS, MODES
 from .ghost import DEFAULT_BUDGET_BYTES, Unsupported, build_layers, ghost_clipped_sum
 from .groups import clipping_groups
