@@ -5,10 +5,12 @@ small, and on a busy 2-core CI machine thread oversubscription makes OpenMP seve
 Results do not depend on it; set DPSGD_TEST_THREADS to change it.
 
 Helpers used by several test files (``from conftest import ...``): :func:`metrics_rows` and
-:func:`metrics_row_count` read a run folder's metrics.csv. Tolerances live in tests/tolerances.py,
+:func:`metrics_row_count` read a run folder's metrics.csv; :data:`TINY_RUN` is a run of ~0.1 s per
+epoch; :func:`snapshot` fingerprints a folder, to show that a refused command left it untouched. Tolerances live in tests/tolerances.py,
 the batch-of-1 reference loop in tests/dp_reference.py.
 """
 import csv
+import hashlib
 import os
 from pathlib import Path
 
@@ -31,3 +33,14 @@ def metrics_row_count(run: Path) -> int:
         return len((Path(run) / "metrics.csv").read_text().splitlines()) - 1
     except FileNotFoundError:
         return 0
+
+
+# 600 examples, lots of 60 (10 lots per epoch), a 10-d DP-PCA and 8 hidden units: ~0.1 s per epoch
+TINY_RUN = ["dataset.subset=600", "privacy.lot_size=60", "model.hidden=[8]", "model.pca_dims=10",
+            "training.eval_batch_size=1000", "device=cpu", "privacy.sigma_p=20"]
+
+
+def snapshot(root: Path) -> dict:
+    """relative path -> SHA-256 of every file ('<dir>' for every folder) under ``root``."""
+    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "<dir>")
+            for p in sorted(Path(root).rglob("*"))}

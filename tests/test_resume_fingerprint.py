@@ -30,11 +30,10 @@ from dpsgd.run import state as runstate
 from dpsgd.run.checkpoint import fingerprint_hash, load_checkpoint
 from dpsgd.run.rundir import RESERVATIONS
 from tolerances import chain_rel_tol
+from conftest import TINY_RUN
 
 REPO = Path(__file__).resolve().parents[1]
-# 600 examples, lots of 60 (10 lots per epoch), a 10-d DP-PCA and 8 hidden units: ~0.1 s per epoch
-TINY = ["dataset.subset=600", "privacy.lot_size=60", "model.hidden=[8]", "model.pca_dims=10",
-        "training.eval_batch_size=1000", "device=cpu", "privacy.sigma_p=20", "seed=1"]
+TINY = TINY_RUN + ["seed=1"]
 LOTS = 10
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import fcntl
-import hashlib
 import json
 import os
 import signal
@@ -26,16 +25,11 @@ from dpsgd.run.checkpoint import CheckpointError, MetricsWriter, load_checkpoint
 from dpsgd.core.fileio import atomic_write_bytes
 from dpsgd.config.schema import validate
 from dpsgd.run.rundir import CHUNK, RESERVATIONS, LotReservations, RunLock
+from conftest import TINY_RUN, snapshot
 
 REPO = Path(__file__).resolve().parents[1]
-# 600 examples, lots of 60 (10 lots per epoch), a 10-d DP-PCA and 8 hidden units: ~0.1 s per epoch
-TINY = ["dataset.subset=600", "privacy.lot_size=60", "model.hidden=[8]", "model.pca_dims=10",
-        "training.eval_batch_size=1000", "device=cpu", "privacy.sigma_p=20"]
-
-
-def _snapshot(root: Path) -> dict:
-    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "<dir>")
-            for p in sorted(root.rglob("*"))}
+TINY = TINY_RUN
+_snapshot = snapshot
 
 
 def _fresh(run: Path, *extra: str) -> dict:

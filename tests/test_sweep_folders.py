@@ -9,7 +9,6 @@ processes only for two sweeps started together.
 """
 from __future__ import annotations
 
-import hashlib
 import multiprocessing
 import os
 import shutil
@@ -25,16 +24,11 @@ from dpsgd.config.schema import validate
 from dpsgd.run.cli import SHORT_BYTES, compose, hydra_quoted, literal_value, short_name
 from dpsgd.run.launch import prepare_launch
 from dpsgd.run.launchers import SWEEP_CLAIM, SweepClaim, check_job_folders, resolve_sweep
+from conftest import TINY_RUN, snapshot
 
 REPO = Path(__file__).resolve().parents[1]
-# 600 examples, lots of 60, a 10-d DP-PCA and 8 hidden units: ~0.1 s per epoch
-TINY = ["dataset.subset=600", "privacy.lot_size=60", "model.hidden=[8]", "model.pca_dims=10",
-        "training.eval_batch_size=1000", "device=cpu", "privacy.sigma_p=20"]
-
-
-def _snapshot(root: Path) -> dict:
-    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "<dir>")
-            for p in sorted(root.rglob("*"))}
+TINY = TINY_RUN
+_snapshot = snapshot
 
 
 def _refused(capsys, *argv) -> str:
