@@ -165,6 +165,7 @@ VALIDATION = [
     Bad(["name=a/b"], "name"),
     Bad(["resume=/nonexistent/run"], "resume", "resume=/nonexistent/run: no such run directory"),
     Bad(["resume=."], "resume", "not a dpsgd run directory"),
+    Bad(["hydra.run.dir=out/${nope}"], "hydra.run.dir", "not found"),
     # --- hydra launcher (sweeps; dpsgd/run/launchers.py)
     Bad(["hydra/launcher=slurmm"], "hydra/launcher"),
     Bad(["hydra/launcher=joblib", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs"),

@@ -105,7 +105,12 @@ def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = 
         return Launch(args, sweep.launcher, jobs, parallel_jobs(sweep.launcher, params, jobs), sweep.dir, [sweep.pin])
     cfg = compose(args + list(search), hydra_config=True)
     check_launcher(cfg.hydra)
-    fresh_dir("hydra.run.dir", Path(cfg.hydra.run.dir))
+    try:
+        run_dir = Path(cfg.hydra.run.dir)
+    except Exception as e:          # an interpolation that does not resolve
+        raise ConfigError(f"hydra.run.dir={OmegaConf.to_container(cfg.hydra.run, resolve=False)['dir']}: "
+                          f"{str(e).splitlines()[0]}") from None
+    fresh_dir("hydra.run.dir", run_dir)
     with open_dict(cfg):
         del cfg["hydra"]          # resolved by Hydra itself at run time (hydra.job.num, ...)
     data_ready(validate(cfg))
