@@ -28,7 +28,7 @@ from dpsgd.core import fileio
 from dpsgd.models import pretrained
 from dpsgd.models.networks import CifarCNN
 from dpsgd.run import launch as T
-from dpsgd.run.launchers import Launch, lost_workers_reported
+from dpsgd.run.launchers import Launch, failures_reported
 
 REPO = Path(__file__).resolve().parents[1]
 # 600 examples, lots of 60 (10 lots per epoch), a 10-d DP-PCA and 8 hidden units: ~0.1 s per epoch
@@ -77,7 +77,7 @@ def test_a_killed_joblib_worker_is_one_line_naming_the_job_and_the_launcher(tmp_
     before = _snapshot(tmp_path)
     original = JoblibLauncher.launch
     jobs = [["seed=0", "privacy.clip_norm=1"], ["seed=0", "privacy.clip_norm=2"], ["seed=0", "privacy.clip_norm=3"]]
-    with lost_workers_reported(Launch([], "joblib", 3, 2, str(tmp_path / "mr"), [], folders)):
+    with failures_reported(Launch([], "joblib", 3, 2, str(tmp_path / "mr"), [], folders)):
         with pytest.raises(SystemExit) as e:
             JoblibLauncher.launch(object.__new__(JoblibLauncher), jobs, 0)
     assert JoblibLauncher.launch is original                     # only while the sweep runs
@@ -90,10 +90,33 @@ def test_a_killed_joblib_worker_is_one_line_naming_the_job_and_the_launcher(tmp_
     assert _snapshot(tmp_path) == before
 
 
+def test_a_failed_job_in_a_worker_is_its_one_line(monkeypatch, capsys):
+    """A job refused in its worker comes back as JobFailed: once the batch is done the command prints
+    that job's line alone (no Hydra hint after it) and exits with its code."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra_plugins.hydra_joblib_launcher import _core
+    from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+    from dpsgd.run.launchers import JobFailed
+
+    def launch(launcher, job_overrides, initial_job_idx):
+        ok, refused = JobReturn(), JobReturn()
+        ok.status, ok._return_value = JobStatus.COMPLETED, None
+        refused.status = JobStatus.FAILED
+        refused._return_value = JobFailed("error: sweep job 1 (mr/1): privacy.sigma=-1.0: must be >= 0", 2)
+        return [ok, refused]
+
+    monkeypatch.setattr(_core, "launch", launch)
+    with failures_reported(Launch([], "joblib", 2, 2, "mr", [], ["mr/0", "mr/1"])):
+        with pytest.raises(SystemExit) as e:
+            JoblibLauncher.launch(object.__new__(JoblibLauncher), [["seed=0"], ["seed=1"]], 0)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "error: sweep job 1 (mr/1): privacy.sigma=-1.0: must be >= 0\n"
+
+
 def test_other_launchers_are_left_alone():
     from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
     original = JoblibLauncher.launch
-    with lost_workers_reported(Launch([], "basic")):
+    with failures_reported(Launch([], "basic")):
         assert JoblibLauncher.launch is original
 
 

@@ -18,10 +18,10 @@ the threads with ``DPSGD_THREADS`` / ``OMP_NUM_THREADS``) and every job takes it
 affinity), so nothing is shared there.
 
 A job that fails in a worker process or a cluster job does not stop its siblings: it prints its one
-line into its own log and returns ``JobFailed``; Hydra raises the first failure in the launching
-process once the batch is done, and the command exits with that job's code. A joblib worker process
+line into its own log and returns ``JobFailed``; once the batch is done the launching process prints
+the first failure's line (``failures_reported``) and the command exits with that job's code. A joblib worker process
 that dies (killed, out of memory, crashed) breaks joblib's pool, which then kills the other workers
-and runs no further job; ``lost_workers_reported`` turns that into one line naming the jobs that were
+and runs no further job; ``failures_reported`` turns that into one line naming the jobs that were
 running and the launcher, saying which jobs finished, which stopped (resumable from their folders:
 everything they wrote is whole) and which never ran, and the command exits with 128 + the signal.
 
@@ -100,30 +100,42 @@ class JobFailed(CompactHydraException):
 
 
 # ------------------------------------------------------------------------------- lost worker processes
-_LOST_WORKER = {"joblib": ("hydra_plugins.hydra_joblib_launcher.joblib_launcher", "JoblibLauncher",
-                           "joblib.externals.loky.process_executor", "TerminatedWorkerError")}
+_LAUNCHER_CLASSES = {   # where each kind's ``launch`` is defined
+    "joblib": ("hydra_plugins.hydra_joblib_launcher.joblib_launcher", "JoblibLauncher"),
+    "submitit_local": ("hydra_plugins.hydra_submitit_launcher.submitit_launcher", "BaseSubmititLauncher"),
+    "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher.submitit_launcher", "BaseSubmititLauncher")}
+_LOST_WORKER = {"joblib": ("joblib.externals.loky.process_executor", "TerminatedWorkerError")}
 
 
 @contextmanager
-def lost_workers_reported(plan: Launch):
-    """While a sweep runs (in the launching process): a worker process of the launcher's that died
-    ends the command with one line (``lost_worker``) and its exit code instead of Hydra's traceback."""
-    spec = _LOST_WORKER.get(plan.launcher)
+def failures_reported(plan: Launch):
+    """While a sweep runs (in the launching process), the launcher's ``launch`` ends the command with
+    one line and its exit code instead of Hydra's report: the first job that failed (``JobFailed``,
+    its line), or a worker process that died (``lost_worker``; joblib's pool is then broken)."""
+    spec = _LAUNCHER_CLASSES.get(plan.launcher)
     if spec is None:
         yield
         return
+    from hydra.core.utils import JobStatus
     launcher = getattr(importlib.import_module(spec[0]), spec[1])
-    died = getattr(importlib.import_module(spec[2]), spec[3])
+    lost = _LOST_WORKER.get(plan.launcher)
+    died = getattr(importlib.import_module(lost[0]), lost[1]) if lost else ()
     original = launcher.launch
 
     def launch(self, job_overrides, initial_job_idx):
         try:
-            return original(self, job_overrides, initial_job_idx)
+            runs = original(self, job_overrides, initial_job_idx)
         except died as e:
             jobs = [(initial_job_idx + i, list(o)) for i, o in enumerate(job_overrides)]
             line, code = lost_worker(e, plan.launcher, jobs, plan.folders)
             print(line, file=sys.stderr, flush=True)
             raise SystemExit(code) from None
+        failed = next((r._return_value for r in runs if r.status == JobStatus.FAILED
+                       and isinstance(r._return_value, JobFailed)), None)
+        if failed is not None:
+            print(failed.line, file=sys.stderr, flush=True)
+            raise SystemExit(failed.code)
+        return runs
 
     launcher.launch = launch
     try:
