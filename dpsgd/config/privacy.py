@@ -38,8 +38,30 @@ def validate_privacy(c):
     p.physical_batch_size = num("privacy.physical_batch_size", p.physical_batch_size, integer=True,
                                 optional=True, lo=1, hi=N)
     p.pca_fraction = num("privacy.pca_fraction", p.pca_fraction, lo=limits.Q_MIN, hi=1)
-    p.augment_multiplicity = num("privacy.augment_multiplicity", p.augment_multiplicity, integer=True, lo=1)
+    _check_multiplicity(p)
     return sampler
+
+
+# Augmentation multiplicity K: De et al. 2022 train their CIFAR-10 results with K = 16; 1024 leaves a
+# wide margin above that. Each physical batch becomes B·K rows held at once
+# (the copies, their activations and per-row gradients), so B·K is bounded too: 2^20 rows of a CIFAR
+# image are 12 GiB of input alone, before any activation. A larger K, or a larger B·K, would only
+# exhaust the memory once training has started.
+AUGMENT_MULTIPLICITY_MAX = 1024
+ROWS_PER_PASS_MAX = 2**20
+
+
+def _check_multiplicity(p) -> None:
+    """K in [1, AUGMENT_MULTIPLICITY_MAX], and the rows of one pass, B·K (B the physical batch, or the
+    lot when none is set), at most ROWS_PER_PASS_MAX."""
+    p.augment_multiplicity = K = num("privacy.augment_multiplicity", p.augment_multiplicity, integer=True, lo=1,
+                                     hi=AUGMENT_MULTIPLICITY_MAX)
+    B = p.physical_batch_size or p.lot_size
+    if K > 1 and B * K > ROWS_PER_PASS_MAX:
+        which = "privacy.physical_batch_size" if p.physical_batch_size else "privacy.lot_size (no physical batch)"
+        raise ConfigError(f"privacy.augment_multiplicity={K}: {B} examples per pass ({which}) × K = {B * K} rows at "
+                          f"once, more than ROWS_PER_PASS_MAX={ROWS_PER_PASS_MAX}; set a smaller "
+                          "privacy.physical_batch_size (memory only: the result is the same)")
 
 
 def _check_lot(p, N: int) -> None:

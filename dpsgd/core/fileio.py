@@ -3,7 +3,8 @@
 Every file is replaced atomically (write a temporary file in the same folder, fsync it, ``os.replace``
 it over the target, fsync the folder), so a process killed at any moment (SIGKILL included) leaves
 either the old or the new version; a failed write (disk full, read-only folder) leaves no temporary
-file behind.
+file behind, and its OSError names the file it was writing (``error: <path>: No space left on
+device``), whichever call failed (``naming``).
 
 Every JSON file is strict JSON (RFC 8259): ``json_text`` refuses NaN and ±Infinity (``allow_nan=False``)
 and names where one sits, so a writer states a non-finite value as ``null`` with words beside it
@@ -14,7 +15,20 @@ from __future__ import annotations
 import json
 import math
 import os
+from contextlib import contextmanager
 from pathlib import Path
+
+
+@contextmanager
+def naming(path: str | Path):
+    """An OSError raised inside (a write, an fsync, a rename: they may not say which file) re-raised
+    with ``path`` as its file name; the type follows its errno as before (FileExistsError stays one)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno is None or e.filename == str(path):
+            raise
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
 
 
 def fsync_dir(path: Path) -> None:
@@ -33,20 +47,21 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, exclusive: bool = False
     ``exclusive``: never replace an existing file (FileExistsError), the new one still appears whole."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if exclusive:
-            _link_new(tmp, path, data)
-            tmp.unlink()
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with naming(path):
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if exclusive:
+                _link_new(tmp, path, data)
+                tmp.unlink()
+            else:
+                os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
 
 
 def _link_new(tmp: Path, path: Path, data: bytes) -> None:

@@ -9,7 +9,8 @@ trains only the fully connected layers with DP-SGD. ``python -m dpsgd.pretrain``
 
 A DP run names it with ``model.pretrained=<name>.pt``; ``verify`` (called by ``config.validate``,
 before anything is written) refuses a missing file, a missing sidecar and a file whose SHA-256 differs
-from its sidecar's or from ``model.pretrained_sha256``, each in one line naming the key. The hash enters
+from its sidecar's or from ``model.pretrained_sha256``, and tensors holding NaN or ±inf, each in one line
+naming the key. The hash enters
 the run's fingerprint, so a resume with a changed artifact is refused. ``load`` hashes the very bytes
 it deserialises again (the file may have changed since ``verify``).
 """
@@ -74,6 +75,11 @@ def _tensors(data: bytes, path) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not state or not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise ConfigError(f"model.pretrained={path}: must hold a non-empty {{parameter name: tensor}} dict")
+    for n, t in state.items():      # a matching hash says the file is unchanged, not that it is usable
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise ConfigError(f"model.pretrained={path}: tensor {n} holds {bad} non-finite value(s) (NaN or "
+                              "±inf); rebuild the artifact (python -m dpsgd.pretrain)")
     return state
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from dpsgd.core.errors import ConfigError
-from dpsgd.core.fileio import atomic_write_bytes, atomic_write_text
+from dpsgd.core.fileio import atomic_write_bytes, atomic_write_text, naming
 
 CHECKPOINT = "checkpoint.pt"
 PRIVACY = "privacy.json"
@@ -164,7 +164,7 @@ class MetricsWriter:
         extra = lines[1 + len(self.rows):]
         if extra:
             sup = self.path.with_name("metrics.superseded.csv")
-            with open(sup, "a") as f:
+            with naming(sup), open(sup, "a") as f:
                 if f.tell() == 0:
                     f.write(lines[0])
                 f.writelines(extra)
@@ -176,7 +176,7 @@ class MetricsWriter:
         if self._stat() != self._seen:            # removed or replaced under us: rewrite it whole
             self._rewrite()
             return
-        with open(self.path, "a") as f:
+        with naming(self.path), open(self.path, "a") as f:
             f.write(self._csv([row], header=False))
             f.flush()
             os.fsync(f.fileno())

@@ -40,7 +40,8 @@ from dpsgd.run.checkpoint import check_resumable, resume_checkpoint
 from dpsgd.run.cli import (CONF_DIR, compose, data_ready, dataset_ready, error_line, fail, failure, fresh_dir,
                            literal_value, one_line, run_or_exit, search_path, split_cli)
 from dpsgd.run.launchers import (SWEEP_CLAIM, JobFailed, Launch, SweepClaim, check as check_launcher,
-                                 check_job_folders, parallel_jobs, resolve_sweep, share_cores, unclaimed)
+                                 check_job_folders, failures_reported, parallel_jobs, resolve_sweep, share_cores,
+                                 unclaimed)
 from dpsgd.run.rundir import RunLock
 
 _T0 = time.time()
@@ -102,7 +103,8 @@ def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = 
             # seeded here, once: jobs running at the same time never seed one data root together
             dataset_ready(cfg.dataset.name, cfg.dataset.get("root"), bool(cfg.dataset.get("download")))
         jobs = len(sweep.subdirs)
-        return Launch(args, sweep.launcher, jobs, parallel_jobs(sweep.launcher, params, jobs), sweep.dir, [sweep.pin])
+        return Launch(args, sweep.launcher, jobs, parallel_jobs(sweep.launcher, params, jobs), sweep.dir, [sweep.pin],
+                      [os.path.join(sweep.dir, sub) for sub in sweep.subdirs])
     cfg = compose(args + list(search), hydra_config=True)
     check_launcher(cfg.hydra)
     try:
@@ -255,10 +257,11 @@ def main(train, argv: list[str] | None = None) -> None:
         fail(one_line(e), 2)
     share_cores(plan, os.environ)     # inherited by joblib workers and submitit_local jobs
     try:
-        _run_hydra(lambda cfg: task(train, cfg), args + plan.pin)
+        with failures_reported(plan):
+            _run_hydra(lambda cfg: task(train, cfg), args + plan.pin)
     except KeyboardInterrupt:
         fail("interrupted by SIGINT", 128 + signal.SIGINT)
-    except SystemExit as e:         # Hydra printed a failed sweep job's line and exits 1: use its code
+    except SystemExit as e:         # Hydra reported a failed sweep job (HYDRA_FULL_ERROR unset) and exits 1: its code
         if isinstance(e.__context__, JobFailed):
             raise SystemExit(e.__context__.code) from None
         raise

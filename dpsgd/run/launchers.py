@@ -18,8 +18,12 @@ the threads with ``DPSGD_THREADS`` / ``OMP_NUM_THREADS``) and every job takes it
 affinity), so nothing is shared there.
 
 A job that fails in a worker process or a cluster job does not stop its siblings: it prints its one
-line into its own log and returns ``JobFailed``; Hydra raises the first failure in the launching
-process once the batch is done, and the command exits with that job's code.
+line into its own log and returns ``JobFailed``; once the batch is done the launching process prints
+the first failure's line (``failures_reported``) and the command exits with that job's code. A joblib worker process
+that dies (killed, out of memory, crashed) breaks joblib's pool, which then kills the other workers
+and runs no further job; ``failures_reported`` turns that into one line naming the jobs that were
+running and the launcher, saying which jobs finished, which stopped (resumable from their folders:
+everything they wrote is whole) and which never ran, and the command exits with 128 + the signal.
 
 Sweep folders (``resolve_sweep``, ``check_job_folders``, ``SweepClaim``): before Hydra starts, the
 launching process composes the sweep as Hydra will (the sweep's config, every job's overrides as the
@@ -34,16 +38,21 @@ into one folder exactly one proceeds.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import re
+import shlex
 import socket
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra.errors import CompactHydraException
 
 from dpsgd.core.errors import ConfigError
-from dpsgd.run.cli import config_loader, hydra_quoted, one_line
+from dpsgd.run.cli import config_loader, error_line, hydra_quoted, one_line
 
 # the kind of launcher, from the Launcher class its _target_ names (any hydra/launcher option)
 LAUNCHERS = {
@@ -74,6 +83,7 @@ class Launch:
     parallel: int = 1
     sweep_dir: str | None = None     # a sweep's folder, resolved (claimed by ``SweepClaim`` before Hydra runs)
     pin: list = field(default_factory=list)    # the override that hands that folder to Hydra literally
+    folders: list = field(default_factory=list)    # each job's folder, by job number (resolved as Hydra will)
 
 
 class JobFailed(CompactHydraException):
@@ -87,6 +97,96 @@ class JobFailed(CompactHydraException):
 
     def __str__(self) -> str:
         return self.line
+
+
+# ------------------------------------------------------------------------------- lost worker processes
+_LAUNCHER_CLASSES = {   # where each kind's ``launch`` is defined
+    "joblib": ("hydra_plugins.hydra_joblib_launcher.joblib_launcher", "JoblibLauncher"),
+    "submitit_local": ("hydra_plugins.hydra_submitit_launcher.submitit_launcher", "BaseSubmititLauncher"),
+    "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher.submitit_launcher", "BaseSubmititLauncher")}
+_LOST_WORKER = {"joblib": ("joblib.externals.loky.process_executor", "TerminatedWorkerError")}
+
+
+@contextmanager
+def failures_reported(plan: Launch):
+    """While a sweep runs (in the launching process), the launcher's ``launch`` ends the command with
+    one line and its exit code instead of Hydra's report: the first job that failed (``JobFailed``,
+    its line), or a worker process that died (``lost_worker``; joblib's pool is then broken)."""
+    spec = _LAUNCHER_CLASSES.get(plan.launcher)
+    if spec is None:
+        yield
+        return
+    from hydra.core.utils import JobStatus
+    launcher = getattr(importlib.import_module(spec[0]), spec[1])
+    lost = _LOST_WORKER.get(plan.launcher)
+    died = getattr(importlib.import_module(lost[0]), lost[1]) if lost else ()
+    original = launcher.launch
+
+    def launch(self, job_overrides, initial_job_idx):
+        try:
+            runs = original(self, job_overrides, initial_job_idx)
+        except died as e:
+            jobs = [(initial_job_idx + i, list(o)) for i, o in enumerate(job_overrides)]
+            line, code = lost_worker(e, plan.launcher, jobs, plan.folders)
+            print(line, file=sys.stderr, flush=True)
+            raise SystemExit(code) from None
+        failed = next((r._return_value for r in runs if r.status == JobStatus.FAILED
+                       and isinstance(r._return_value, JobFailed)), None)
+        if failed is not None:
+            print(failed.line, file=sys.stderr, flush=True)
+            raise SystemExit(failed.code)
+        return runs
+
+    launcher.launch = launch
+    try:
+        yield
+    finally:
+        launcher.launch = original
+
+
+def job_state(folder: str | None) -> tuple[str, bool]:
+    """(what a sweep job's folder shows: complete, diverged, stopped or not run; resumable)."""
+    if not folder or not os.path.isdir(folder):
+        return "not run", False
+    try:
+        status = json.loads((Path(folder) / "privacy.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        status = None
+    if status in ("complete", "diverged"):
+        return status, False
+    return "stopped", (Path(folder) / "checkpoint.pt").is_file()
+
+
+def lost_worker(exc: BaseException, kind: str, jobs: list, folders: list) -> tuple[str, int]:
+    """(one line, exit code) for a launcher's worker process that died while the batch ``jobs``
+    ([(job number, overrides)]) ran: the jobs it may have been running (by number and the overrides
+    that tell them apart), how it died, what each job's folder shows; the code is 128 + the signal
+    that killed it (else its exit code, else 1)."""
+    how, code = "died", 1
+    for name, c in re.findall(r"\b([A-Z][A-Z0-9]*)\((-?\d+)\)", str(exc)):    # loky: {SIGKILL(-9)}
+        if int(c) < 0:
+            how, code = f"was killed by {name}", 128 - int(c)
+            break
+        if int(c) > 0:
+            how, code = f"exited with code {c}", int(c)
+            break
+    states = {num: job_state(folders[num] if num < len(folders) else None) for num, _ in jobs}
+    named = [(n, o) for n, o in jobs if states[n][0] == "stopped"] or \
+            [(n, o) for n, o in jobs if states[n][0] == "not run"] or jobs
+    one = len(named) == 1
+    shared = set.intersection(*(set(o) for _, o in jobs)) if len(jobs) > 1 else set()
+    who = (f"sweep job{'' if one else 's'} {', '.join(str(n) for n, _ in named)} "
+           f"({' | '.join(' '.join(a for a in o if a not in shared) or 'no overrides' for _, o in named)})")
+    what = (f"its hydra/launcher={kind} worker process {how}" if one else
+            f"a hydra/launcher={kind} worker process running one of them {how}, and the others were stopped")
+    groups: dict[str, list[str]] = {}
+    for num, _ in jobs:
+        state, resumable = states[num]
+        groups.setdefault(state, []).append(
+            f"{num} (resume with: python -m dpsgd.train {shlex.quote('resume=' + folders[num])})" if resumable
+            else f"{num} (before its first checkpoint)" if state == "stopped" else str(num))
+    done = "; ".join(f"{state}: {', '.join(nums)}" for state, nums in groups.items())
+    return error_line(f"{who}: {what}; the sweep stopped (jobs {done})", code), code
 
 
 def check(hc) -> str:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from dpsgd.accountant import limits
 from dpsgd.core.errors import ConfigError
-from dpsgd.core.fileio import atomic_write_text
+from dpsgd.core.fileio import atomic_write_text, naming
 
 RESERVATIONS = "lots.reserved"
 CHUNK = 16          # lots in the first reservation of a process (and the smallest chunk)
@@ -152,7 +152,7 @@ class LotReservations:
             self.chunk = self.chunk * 2 if now - self._t < SECONDS else max(CHUNK, self.chunk // 2)
         self._t = now
         upto = min(steps + self.chunk, limit)
-        with open(self.path, "a") as f:
+        with naming(self.path), open(self.path, "a") as f:
             f.write(json.dumps({"upto": upto}) + "\n")
             f.flush()
             os.fsync(f.fileno())

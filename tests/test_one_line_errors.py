@@ -1,0 +1,255 @@
+"""Failures that used to end in a traceback or an unclear error end in one line naming the parameter
+or the file, with the exit code of their kind (2 bad input, 1 a disk error, 128 + n a signal), and
+nothing already written is lost.
+
+In-process where the behaviour is about values; the one real process (a joblib worker killed by
+SIGKILL during a sweep) is marked slow, and an in-process test drives the same handler with the
+exception joblib raises.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dpsgd import train as training
+from dpsgd.config.privacy import AUGMENT_MULTIPLICITY_MAX, ROWS_PER_PASS_MAX
+from dpsgd.config.schema import ConfigError, validate
+from dpsgd.core import fileio
+from dpsgd.models import pretrained
+from dpsgd.models.networks import CifarCNN
+from dpsgd.run import launch as T
+from dpsgd.run.launchers import Launch, failures_reported
+
+REPO = Path(__file__).resolve().parents[1]
+# 600 examples, lots of 60 (10 lots per epoch), a 10-d DP-PCA and 8 hidden units: ~0.1 s per epoch
+TINY = ["dataset.subset=600", "privacy.lot_size=60", "model.hidden=[8]", "model.pca_dims=10",
+        "training.eval_batch_size=1000", "device=cpu", "privacy.sigma_p=20"]
+
+
+def _snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "<dir>")
+            for p in sorted(root.rglob("*"))}
+
+
+def _main(capsys, argv: list[str]) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as e:
+        training.main(argv)
+    return e.value.code, capsys.readouterr().err
+
+
+# ------------------------------------------------------------------- a joblib worker process killed
+def _sweep_folders(root: Path) -> list[str]:
+    """Three jobs' folders: job 0 complete, job 1 stopped after a checkpoint, job 2 never started."""
+    folders = [str(root / f"{n}_job") for n in range(3)]
+    for n, status in ((0, "complete"), (1, "running")):
+        Path(folders[n]).mkdir(parents=True)
+        (Path(folders[n]) / "privacy.json").write_text(json.dumps({"status": status}))
+        (Path(folders[n]) / "checkpoint.pt").write_bytes(b"checkpoint")
+    return folders
+
+
+def test_a_killed_joblib_worker_is_one_line_naming_the_job_and_the_launcher(tmp_path, monkeypatch, capsys):
+    """joblib's pool breaks when a worker dies (TerminatedWorkerError, exit codes {SIGKILL(-9)}): the
+    command prints one line naming the job (its number and the overrides that tell it apart) and the
+    launcher, what became of every job, and exits 128 + 9; every job folder is left as it was."""
+    from hydra_plugins.hydra_joblib_launcher import _core
+    from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+    from joblib.externals.loky.process_executor import TerminatedWorkerError
+
+    def broken(launcher, job_overrides, initial_job_idx):
+        raise TerminatedWorkerError("A worker process managed by the executor was unexpectedly terminated. "
+                                    "This could be caused by a segmentation fault while calling the function "
+                                    "or by an excessive memory usage causing the Operating System to kill the "
+                                    "worker.\n\nThe exit codes of the workers are {SIGKILL(-9)}")
+
+    monkeypatch.setattr(_core, "launch", broken)
+    folders = _sweep_folders(tmp_path / "mr")
+    before = _snapshot(tmp_path)
+    original = JoblibLauncher.launch
+    jobs = [["seed=0", "privacy.clip_norm=1"], ["seed=0", "privacy.clip_norm=2"], ["seed=0", "privacy.clip_norm=3"]]
+    with failures_reported(Launch([], "joblib", 3, 2, str(tmp_path / "mr"), [], folders)):
+        with pytest.raises(SystemExit) as e:
+            JoblibLauncher.launch(object.__new__(JoblibLauncher), jobs, 0)
+    assert JoblibLauncher.launch is original                     # only while the sweep runs
+    err = capsys.readouterr().err
+    assert e.value.code == 128 + signal.SIGKILL and err.count("\n") == 1, err
+    assert err.startswith("sweep job 1 (privacy.clip_norm=2): its hydra/launcher=joblib worker process was "
+                          "killed by SIGKILL"), err
+    assert "complete: 0" in err and "stopped: 1 (resume with: python -m dpsgd.train " in err and folders[1] in err
+    assert "not run: 2" in err and "Traceback" not in err
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_failed_job_in_a_worker_is_its_one_line(monkeypatch, capsys):
+    """A job refused in its worker comes back as JobFailed: once the batch is done the command prints
+    that job's line alone (no Hydra hint after it) and exits with its code."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra_plugins.hydra_joblib_launcher import _core
+    from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+    from dpsgd.run.launchers import JobFailed
+
+    def launch(launcher, job_overrides, initial_job_idx):
+        ok, refused = JobReturn(), JobReturn()
+        ok.status, ok._return_value = JobStatus.COMPLETED, None
+        refused.status = JobStatus.FAILED
+        refused._return_value = JobFailed("error: sweep job 1 (mr/1): privacy.sigma=-1.0: must be >= 0", 2)
+        return [ok, refused]
+
+    monkeypatch.setattr(_core, "launch", launch)
+    with failures_reported(Launch([], "joblib", 2, 2, "mr", [], ["mr/0", "mr/1"])):
+        with pytest.raises(SystemExit) as e:
+            JoblibLauncher.launch(object.__new__(JoblibLauncher), [["seed=0"], ["seed=1"]], 0)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "error: sweep job 1 (mr/1): privacy.sigma=-1.0: must be >= 0\n"
+
+
+def test_other_launchers_are_left_alone():
+    from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+    original = JoblibLauncher.launch
+    with failures_reported(Launch([], "basic")):
+        assert JoblibLauncher.launch is original
+
+
+def _lock_holder(folder: Path) -> int | None:
+    """The pid holding the flock of a run folder (dpsgd/run/rundir.py:RunLock), from /proc/locks."""
+    ino = os.stat(folder).st_ino
+    for line in Path("/proc/locks").read_text().splitlines():
+        f = line.split()
+        if "FLOCK" in f and len(f) > 5 and f[5].endswith(f":{ino}"):
+            return int(f[4])
+    return None
+
+
+@pytest.mark.slow     # a real joblib sweep whose worker is killed (~6 s, more on a loaded machine)
+@pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="finds the worker through /proc/locks")
+def test_a_joblib_worker_killed_in_a_real_sweep(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    mr = tmp_path / "mr"
+    proc = subprocess.Popen([sys.executable, "-m", "dpsgd.train", "-m", *TINY, "training.epochs=1,100000",
+                             "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={mr}"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, pid = time.monotonic() + 120, None
+        while pid is None and time.monotonic() < deadline and proc.poll() is None:
+            long = next(iter(mr.glob("1_*")), None) if mr.is_dir() else None
+            if long is not None and (long / "checkpoint.pt").is_file():
+                pid = _lock_holder(long)
+            time.sleep(0.05)
+        assert pid is not None, proc.communicate()[1][-3000:]
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGKILL and err.count("\n") == 1, err
+    assert err.startswith("sweep job 1 (training.epochs=100000): its hydra/launcher=joblib worker process was "
+                          "killed by SIGKILL"), err
+    done = next(mr.glob("0_*"))
+    assert json.loads((done / "privacy.json").read_text())["status"] == "complete"
+    assert (long / "checkpoint.pt").is_file() and not (mr / ".sweep.claim").exists()
+    assert f"resume={long}" in err
+
+
+# ------------------------------------------------------------------ huge augmentation multiplicity
+@pytest.mark.parametrize("args, expect", [
+    (["privacy.augment_multiplicity=1000000"], f"privacy.augment_multiplicity=1000000: must be <= "
+                                               f"{AUGMENT_MULTIPLICITY_MAX}"),
+    ([f"privacy.augment_multiplicity={AUGMENT_MULTIPLICITY_MAX}", "privacy.lot_size=6000"],
+     f"more than ROWS_PER_PASS_MAX={ROWS_PER_PASS_MAX}; set a smaller privacy.physical_batch_size"),
+])
+def test_a_huge_augmentation_multiplicity_is_refused_before_any_work(args, expect, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, err = _main(capsys, [*args, f"hydra.run.dir={tmp_path / 'run'}"])
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: privacy.augment_multiplicity="), err
+    assert expect in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_large_multiplicity_in_small_physical_batches_is_accepted():
+    c = validate(T.compose([f"privacy.augment_multiplicity={AUGMENT_MULTIPLICITY_MAX}", "privacy.lot_size=6000",
+                            "privacy.physical_batch_size=64"]))
+    assert c.privacy.augment_multiplicity == AUGMENT_MULTIPLICITY_MAX
+
+
+# ----------------------------------------------------------------- pretrained weights that are not finite
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_pretrained_artifact_with_non_finite_weights_is_refused(bad, tmp_path, monkeypatch, capsys):
+    """Its hash matches its sidecar, but a tensor holds NaN or inf: refused at validation (before any
+    folder) and again at load (the file is re-read), in one line naming model.pretrained and the file."""
+    monkeypatch.chdir(tmp_path)
+    state = {n: t for n, t in CifarCNN().state_dict().items() if n.startswith("features.")}
+    state["features.3.weight"] = state["features.3.weight"].clone()
+    state["features.3.weight"][0, 0, 0, 0] = bad
+    artifact = tmp_path / "art" / "convs.pt"
+    pretrained.save(artifact, state, {})
+    before = _snapshot(tmp_path)
+    code, err = _main(capsys, ["experiment=cifar10_eps2", f"model.pretrained={artifact}",
+                               f"hydra.run.dir={tmp_path / 'run'}"])
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: model.pretrained={artifact}: tensor features.3.weight holds 1 non-finite"), err
+    model = CifarCNN()
+    weights = {n: t.clone() for n, t in model.state_dict().items()}
+    sha = json.loads(pretrained.sidecar(artifact).read_text())["sha256"]
+    with pytest.raises(ConfigError, match=r"^model.pretrained=\S+convs.pt: tensor features.3.weight holds 1 "):
+        pretrained.load(model, artifact, sha, [])
+    assert all(torch.equal(weights[n], t) for n, t in model.state_dict().items())     # exact: nothing copied
+    assert _snapshot(tmp_path) == before
+
+
+# ---------------------------------------------------------------------------- a full disk names the file
+def _enospc_on(monkeypatch, name: str) -> None:
+    """fsync of a file whose name contains ``name`` fails as a full disk does (ENOSPC, no file name)."""
+    real = os.fsync
+
+    def fsync(fd):
+        if name in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names an fd's file through /proc")
+def test_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    target = tmp_path / "privacy.json"
+    target.write_text("old\n")
+    _enospc_on(monkeypatch, ".privacy.json.tmp")
+    with pytest.raises(OSError) as e:
+        fileio.write_json(target, {"new": 1})
+    assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(target))
+    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["privacy.json"]
+    monkeypatch.undo()
+    with pytest.raises(FileExistsError) as e:         # the type follows the errno, as before
+        fileio.atomic_write_text(target, "x", exclusive=True)
+    assert e.value.filename == str(target)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names an fd's file through /proc")
+@pytest.mark.parametrize("name", ["checkpoint.pt", "metrics.csv", "lots.reserved"])
+def test_a_full_disk_during_a_run_is_one_line_naming_the_file(name, tmp_path, monkeypatch, capsys):
+    """A resumed run whose next write finds the disk full: one line ``error: <file>: No space left on
+    device``, exit 1, and the checkpoint it could resume from again is the one it started from."""
+    run = tmp_path / "run"
+    args = [*TINY, "training.epochs=1"]
+    training.train(validate(T.compose(args)), run, args)
+    ckpt = (run / "checkpoint.pt").read_bytes()
+    _enospc_on(monkeypatch, name if name != "checkpoint.pt" else ".checkpoint.pt.tmp")
+    with pytest.raises(SystemExit) as e:
+        T.run_or_exit(T._resume, training.train, [f"resume={run}", "training.epochs=2"])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.count("\n") == 1, err
+    assert err == f"error: {run / name}: No space left on device\n"
+    assert (run / "checkpoint.pt").read_bytes() == ckpt and not list(run.glob(".*.tmp*"))
