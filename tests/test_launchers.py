@@ -13,7 +13,7 @@ import pytest
 
 from dpsgd.core.errors import ConfigError
 from dpsgd.run.launch import compose, prepare_launch
-from dpsgd.run.launchers import Launch, check, parallel_jobs, share_cores, sweep_size, usable_cores
+from dpsgd.run.launchers import Launch, check, parallel_jobs, resolve_sweep, share_cores, usable_cores
 from dpsgd.core.runtime import physical_cores
 from experiments import collect, paper, seeds
 
@@ -110,10 +110,11 @@ def test_the_cluster_config_is_the_slurm_launcher_with_its_documented_settings()
 
 
 def test_sweep_size_and_jobs_at_once():
-    hc = compose(["+sweep=clip_norm"], hydra_config=True).hydra
-    assert sweep_size(hc, []) == 3                                      # the sweep file's 1,2,8
-    assert sweep_size(hc, ["privacy.clip_norm=1,2", "seed=0,1,2"]) == 6  # the command line wins a key
-    assert sweep_size(compose([], hydra_config=True).hydra, ["seed=range(0,5)", "experiment=a,b"]) == 10
+    def jobs(*args):
+        return len(resolve_sweep(list(args)).subdirs)
+    assert jobs("+sweep=clip_norm") == 3                                           # the sweep file's 1,2,8
+    assert jobs("+sweep=clip_norm", "privacy.clip_norm=1,2", "seed=0,1,2") == 6    # the command line wins a key
+    assert jobs("seed=range(0,5)", "experiment=mnist_small,mnist_medium") == 10
     joblib = {"n_jobs": -1}
     assert parallel_jobs("joblib", joblib, 3, cores=16) == 3        # never more than the sweep's jobs
     assert parallel_jobs("joblib", joblib, 40, cores=16) == 16      # -1: one per usable core

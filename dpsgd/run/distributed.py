@@ -173,12 +173,6 @@ def agree(err: BaseException | None) -> None:
         raise err
 
 
-def fingerprints(tensors) -> torch.Tensor:
-    """float64 (Σx, Σx²) per tensor: cheap evidence that ranks hold identical values."""
-    rows = [torch.stack([t.detach().double().sum(), t.detach().double().square().sum()]).cpu() for t in tensors]
-    return torch.stack(rows) if rows else torch.zeros(0, 2, dtype=torch.float64)
-
-
 class RanksDisagree(ConfigError):
     """The ranks were started on different runs (or one could not start): the same line on every rank."""
 

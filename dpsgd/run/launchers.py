@@ -62,7 +62,6 @@ LAUNCHERS = {
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher": "submitit_slurm",
 }
 PARALLEL_ENV = "DPSGD_PARALLEL_JOBS"
-UNKNOWN_JOBS = 10**6     # a sweep whose size could not be counted here (Hydra still expands it)
 
 # Integer settings: key -> (smallest value, None allowed). tasks_per_node and nodes must be 1: a job
 # is one training process (several tasks would be several writers of one run directory).
@@ -225,19 +224,6 @@ def check(hc) -> str:
         if lo is not None and v < lo:
             raise ConfigError(f"hydra.launcher.{key}={v}: must be >= {lo}")
     return LAUNCHERS.get(target, "other")
-
-
-def sweep_size(hc, args: list[str]) -> int:
-    """Jobs of the sweep: the sweeper's params (a +sweep file) and the command line, as Hydra's basic
-    sweeper expands them (the cartesian product of every comma list; the command line wins a key)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    params = [f"{k}={v}" for k, v in (hc.sweeper.get("params") or {}).items()]
-    try:
-        parsed = OverridesParser.create().parse_overrides(params + list(args))
-        return sum(len(b) for b in BasicSweeper.split_arguments(parsed, None))
-    except Exception:   # e.g. glob(), which needs Hydra's config loader: unknown, so assume many
-        return UNKNOWN_JOBS
 
 
 def usable_cores() -> int:
