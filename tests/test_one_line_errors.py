@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ from dpsgd import train as training
 from dpsgd.config.privacy import AUGMENT_MULTIPLICITY_MAX, ROWS_PER_PASS_MAX
 from dpsgd.config.schema import ConfigError, validate
 from dpsgd.core import fileio
+from dpsgd.core.errors import Diverged
 from dpsgd.models import pretrained
 from dpsgd.models.networks import CifarCNN
 from dpsgd.run import launch as T
@@ -193,7 +195,10 @@ def test_a_pretrained_artifact_with_non_finite_weights_is_refused(bad, tmp_path,
     state["features.3.weight"] = state["features.3.weight"].clone()
     state["features.3.weight"][0, 0, 0, 0] = bad
     artifact = tmp_path / "art" / "convs.pt"
-    pretrained.save(artifact, state, {})
+    with pytest.raises(Diverged, match=r"convs.pt: tensor features.3.weight holds 1 non-finite value\(s\)"):
+        pretrained.save(artifact, state, {})          # pretraining never writes one ...
+    assert not artifact.parent.exists() or not any(artifact.parent.iterdir())
+    _write_artifact(artifact, state)                  # ... but one can arrive from elsewhere, hash intact
     before = _snapshot(tmp_path)
     code, err = _main(capsys, ["experiment=cifar10_eps2", f"model.pretrained={artifact}",
                                f"hydra.run.dir={tmp_path / 'run'}"])
@@ -206,6 +211,16 @@ def test_a_pretrained_artifact_with_non_finite_weights_is_refused(bad, tmp_path,
         pretrained.load(model, artifact, sha, [])
     assert all(torch.equal(weights[n], t) for n, t in model.state_dict().items())     # exact: nothing copied
     assert _snapshot(tmp_path) == before
+
+
+def _write_artifact(path, state) -> None:
+    """An artifact and its sidecar written by hand (not by ``pretrained.save``), its hash intact."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buf.getvalue())
+    side = {"sha256": hashlib.sha256(buf.getvalue()).hexdigest(), "tensors": {n: list(t.shape) for n, t in state.items()}}
+    pretrained.sidecar(path).write_text(json.dumps(side))
 
 
 # ---------------------------------------------------------------------------- a full disk names the file

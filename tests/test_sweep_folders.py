@@ -127,24 +127,27 @@ def test_short_name():
 
 
 # ----------------------------------------------------------------- one sweep per folder
-def _claim(folder: str, barrier, results) -> None:
+def _claim(folder: str, barrier, results, done) -> None:
     barrier.wait()
     try:
         SweepClaim(folder)
         results.put("claimed")
     except ConfigError as e:
         results.put(str(e))
+    done.wait()                # alive until every process has tried (an ended launcher's claim is stale)
 
 
 def test_exactly_one_of_many_simultaneous_claims_wins(tmp_path):
     ctx = multiprocessing.get_context("fork")
-    barrier, results = ctx.Barrier(6), ctx.Queue()
-    procs = [ctx.Process(target=_claim, args=(str(tmp_path / "a" / "sweep"), barrier, results)) for _ in range(6)]
+    barrier, results, done = ctx.Barrier(6), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_claim, args=(str(tmp_path / "a" / "sweep"), barrier, results, done))
+             for _ in range(6)]
     for p in procs:
         p.start()
+    out = sorted(results.get(timeout=60) for _ in procs)
+    done.set()
     for p in procs:
         p.join(60)
-    out = sorted(results.get(timeout=5) for _ in procs)
     assert out.count("claimed") == 1 and all("another sweep hold" in o for o in out if o != "claimed"), out
     assert [p.name for p in (tmp_path / "a" / "sweep").iterdir()] == [SWEEP_CLAIM]
 
@@ -161,6 +164,36 @@ def test_a_claim_is_released_and_refuses_a_folder_that_is_not_empty(tmp_path):
     with pytest.raises(ConfigError, match="not empty"):
         SweepClaim(str(tmp_path / "used"))
     assert [p.name for p in (tmp_path / "used").iterdir()] == ["multirun.yaml"]
+
+
+def test_the_claim_of_a_killed_launcher_is_stale_and_a_live_one_is_not(tmp_path, capsys):
+    """A launcher killed with SIGKILL never releases its claim, but its flock dies with it: the next
+    sweep into the (otherwise empty) folder removes the claim with a note and claims the folder. A
+    claim whose process lives, or that another process has not finished writing, is refused."""
+    folder = tmp_path / "sweep"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dpsgd.run.launchers import SweepClaim; "
+                               f"SweepClaim({str(folder)!r}); print('held', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match="another sweep holds this folder"):
+            SweepClaim(str(folder))                               # alive: held
+        text = (folder / SWEEP_CLAIM).read_text()
+        assert text.startswith(f"pid {holder.pid} on ")
+    finally:
+        holder.kill()
+        holder.wait(30)
+    assert (folder / SWEEP_CLAIM).read_text() == text             # SIGKILL: the claim is left behind
+    capsys.readouterr()
+    claim = SweepClaim(str(folder))                               # ... and is stale
+    assert f"removed a stale sweep claim ({text.strip()}; its launching process has ended)" in capsys.readouterr().err
+    assert (folder / SWEEP_CLAIM).read_text() == claim.token
+    claim.release()
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / SWEEP_CLAIM).write_text("pid 1")        # not yet written whole by its creator: held
+    with pytest.raises(ConfigError, match="another sweep holds this folder"):
+        SweepClaim(str(tmp_path / "half"))
+    assert (tmp_path / "half" / SWEEP_CLAIM).read_text() == "pid 1"
 
 
 def test_two_sweeps_started_together_into_one_folder(tmp_path):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from dpsgd.core.errors import ConfigError
+from dpsgd.core.errors import ConfigError, Diverged
 from dpsgd.core.fileio import atomic_write_bytes, atomic_write_text, json_text
 
 SOURCE = "pretrained on CIFAR-100, treated as public as in the paper §5.3 (its cost is not charged)"
@@ -103,7 +103,12 @@ def load(model: torch.nn.Module, path: str | Path, sha256: str, frozen: list[str
 
 
 def save(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict) -> str:
-    """Write the artifact and (after it) its sidecar, atomically; returns the SHA-256."""
+    """Write the artifact and (after it) its sidecar, atomically; returns the SHA-256. Non-finite
+    weights are refused (``Diverged``) before anything is written: ``load`` would refuse them anyway."""
+    for n, t in tensors.items():
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            raise Diverged(f"{path}: tensor {n} holds {int((~torch.isfinite(t)).sum())} non-finite value(s) "
+                           "(NaN or ±inf); not written (lower training.lr and pretrain again)")
     buf = io.BytesIO()
     torch.save({n: t.detach().cpu().clone() for n, t in tensors.items()}, buf)
     data = buf.getvalue()

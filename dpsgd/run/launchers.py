@@ -37,6 +37,7 @@ into one folder exactly one proceeds.
 """
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -416,9 +417,18 @@ def check_job_folders(sweep: Sweep) -> None:
 
 
 def unclaimed(folder: str) -> None:
-    """ConfigError in one line if another sweep's launching process holds ``folder`` (``SweepClaim``)."""
+    """ConfigError in one line if another sweep's launching process holds ``folder`` (``SweepClaim``).
+
+    A claim whose launching process is gone (SIGKILL, power loss) is removed here, with a note: its
+    launcher held an ``flock`` on the claim for as long as it lived, and the kernel drops that lock
+    when the process and every child it forked have ended (``_stale``)."""
     path = Path(folder) / SWEEP_CLAIM
     if not os.path.lexists(path):
+        return
+    stale = _stale(path)
+    if stale is not None:
+        print(f"note: hydra.sweep.dir={folder}: removed a stale sweep claim ({stale.strip()}; its launching "
+              "process has ended)", file=sys.stderr, flush=True)
         return
     try:
         holder = path.read_text().strip()
@@ -429,14 +439,46 @@ def unclaimed(folder: str) -> None:
                       "per folder (pick a new hydra.sweep.dir)")
 
 
+def _stale(path: Path) -> str | None:
+    """Remove the claim ``path`` and return its text if no process holds it, else None (held, being
+    written, or its lock cannot be tested: then it counts as held).
+
+    A live claim is locked from before its text is written until it is removed (``SweepClaim``), so a
+    claim that can be locked and holds a complete text was left by a launcher that has ended. It is
+    unlinked while locked: a concurrent tester fails to lock it and refuses; the next claim is created
+    anew with ``O_EXCL``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return None                       # held (EWOULDBLOCK), or no locks here (ENOLCK): held
+        text = os.read(fd, 4096).decode(errors="replace")
+        if not (text.startswith("pid ") and text.endswith("\n")):
+            return None                       # its creator has not locked and written it yet
+        try:
+            if os.stat(path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+                return None                   # replaced since it was opened
+            os.unlink(path)
+        except OSError:
+            return None
+        return text
+    finally:
+        os.close(fd)                          # drops the lock
+
+
 class SweepClaim:
     """The launching process's hold on its sweep folder: ``.sweep.claim`` (pid, host, time) created
     with ``O_CREAT | O_EXCL``, which exactly one process can do, then the folder must hold nothing else.
 
     Of two sweeps started together into one folder, one creates the claim and proceeds; the other is
     refused in one line (exit 2) and writes nothing there. ``release`` removes the claim when the sweep
-    ends, and the folders the claim created if they are left empty. A claim outlives only a launching
-    process killed by SIGKILL; the refusal then names the claim file, to be removed by hand."""
+    ends, and the folders the claim created if they are left empty. The claim is ``flock``'d from
+    before its text is written until the sweep ends, so a claim whose launching process was killed
+    (SIGKILL) holds no lock, and the next sweep into the folder removes it (``unclaimed``)."""
 
     def __init__(self, folder: str):
         self.folder = Path(folder)
@@ -444,29 +486,46 @@ class SweepClaim:
         self.token = f"pid {os.getpid()} on {socket.gethostname()} since " \
                      f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} ({os.urandom(4).hex()})\n"
         self.created = [p for p in (self.folder, *self.folder.parents) if not p.exists()]   # deepest first
+        self.fd = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except FileExistsError:
             raise ConfigError(f"hydra.sweep.dir={folder}: exists and is not a folder") from None
         except OSError as e:
             raise ConfigError(f"hydra.sweep.dir={folder}: cannot be created ({e.strerror or e})") from None
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+        fd = self._create()
+        if fd is None:                 # a claim is there: refused, unless its launcher has ended
+            try:
+                unclaimed(folder)
+                fd = self._create()
+            except ConfigError:
+                self._remove_created()
+                raise
+        if fd is None:
             self._remove_created()
-            unclaimed(folder)          # raises, unless that sweep has just ended
             raise ConfigError(f"hydra.sweep.dir={folder}: another sweep held this folder; one sweep per folder "
-                              "(pick a new hydra.sweep.dir)") from None
-        except OSError as e:
-            self._remove_created()
-            raise ConfigError(f"hydra.sweep.dir={folder}: cannot be claimed ({e.strerror or e})") from None
-        with os.fdopen(fd, "w") as f:
-            f.write(self.token)
+                              "(pick a new hydra.sweep.dir)")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)    # held until release() or this process's end: the claim is live
+        except OSError:
+            pass                              # no locks on this file system: the claim never reads as stale
+        os.write(fd, self.token.encode())
+        self.fd = fd
         others = sorted(p.name for p in self.folder.iterdir() if p.name != SWEEP_CLAIM)
         if others:
             self.release()
             raise ConfigError(f"hydra.sweep.dir={folder}: already exists and is not empty ({others[0]}); never "
                               "overwritten (pick a new dir)")
+
+    def _create(self) -> int | None:
+        """The claim file, created exclusively (its descriptor), or None if one is there."""
+        try:
+            return os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return None
+        except OSError as e:
+            self._remove_created()
+            raise ConfigError(f"hydra.sweep.dir={self.folder}: cannot be claimed ({e.strerror or e})") from None
 
     def _remove_created(self) -> None:
         for p in self.created:
@@ -482,4 +541,7 @@ class SweepClaim:
                 self.path.unlink()
         except OSError:
             pass
+        if self.fd is not None:
+            os.close(self.fd)                 # drops the lock
+            self.fd = None
         self._remove_created()
