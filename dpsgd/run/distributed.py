@@ -23,7 +23,7 @@ can finish lot t before the all-reduce, which needs rank 0's contribution. Every
 ledger (identical: same sampler, same stop rule); only rank 0's is written.
 
 Before the first lot every rank agrees on the whole run (``agree_on``): first on the resolved
-configuration and the overrides (``config_items``, every key but the few in ``PER_RANK``), then on
+configuration (``config_items``, every key but the few in ``PER_RANK``), then on
 what it read and built (``state_items``: the data, the initial or restored parameters and generator
 states, the projection, the ledger). Each rank gathers every rank's items, so all name the same first
 differing key and stop with the same line (``RanksDisagree``, exit 2) before anything is written.
@@ -216,15 +216,16 @@ def flat_items(tree, prefix: str = "") -> dict:
     return out
 
 
-def config_items(c, overrides: list[str]) -> dict:
+def config_items(c) -> dict:
     """What every rank must share before it reads anything: every key of the validated Config (the
-    resolved values: a calibrated σ, a filled-in pretrained_sha256) but ``PER_RANK``, and the run's
-    overrides (recorded in the checkpoint; Hydra's own settings excluded: rank 0's Hydra job never
-    sees them, and the run folder is agreed before, by ``broadcast_object``)."""
-    from dpsgd.config.schema import override_key
-    items = {k: v for k, v in flat_items(c.to_dict()).items() if k not in PER_RANK}
-    run_overrides = [o for o in overrides if not override_key(o).startswith("hydra")]
-    return items | {f"overrides[{i}]": o for i, o in enumerate(run_overrides)}
+    resolved values: a calibrated σ, a filled-in pretrained_sha256) but ``PER_RANK``.
+
+    The command lines themselves are not compared: the validated Config is the whole run (the typed
+    schema refuses any key outside it; Hydra's own settings, such as the run folder, are agreed
+    before, by ``broadcast_object``), and only rank 0's overrides are recorded. So ``privacy.sigma=4``
+    on one rank and ``privacy.sigma=4.0`` or the same overrides in another order on another agree,
+    while any difference in what the run does is named by its key."""
+    return {k: v for k, v in flat_items(c.to_dict()).items() if k not in PER_RANK}
 
 
 def state_items(data: dict, state: dict, progress: dict) -> dict:

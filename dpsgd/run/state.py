@@ -310,7 +310,7 @@ def setup(c: Config, run_dir: Path, overrides: list[str], instrument: parts.Inst
     builds (the same run), then all agree (a barrier that also agrees on refusals) and compare what
     they built, then rank 0 alone writes: nothing is written before every rank has read."""
     d = distributed.current()
-    distributed.agree_on(distributed.config_items(c, overrides))   # torchrun: every rank, the same run
+    distributed.agree_on(distributed.config_items(c))   # torchrun: every rank, the same run
     p = c.privacy
     seeds = distributed.broadcast_object(   # rank 0's (with secure_rng: OS-entropy) seeds on every rank
         {s: derive_seed(c.seed, s, p.secure_rng) for s in ("pca", "sampler")})
