@@ -92,6 +92,68 @@ def test_a_killed_joblib_worker_is_one_line_naming_the_job_and_the_launcher(tmp_
     assert _snapshot(tmp_path) == before
 
 
+def _fake_submitit_jobs(outcomes):
+    """submitit jobs (real ``Job`` subclasses, so the launcher's ``results`` is the one patched) whose
+    outcome is given: a JobReturn, or the submitit state of a process that left no result."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from submitit.core import core, utils
+
+    class Fake(core.Job):
+        def __init__(self, outcome):            # no folder, no process: only what results() reads
+            self.outcome, self._sub_jobs, self.waited = outcome, [], False
+            self._cancel_at_deletion = False
+
+        def wait(self):
+            self.waited = True
+
+        @property
+        def state(self):
+            return self.outcome
+
+        def _get_outcome_and_result(self):
+            if isinstance(self.outcome, str):
+                raise utils.UncompletedJobError(f"Job x (task: 0) has not produced any output (state: {self.state})")
+            r = JobReturn()
+            r.status, r._return_value = JobStatus.COMPLETED, None
+            return "success", r
+
+    return [Fake(o) for o in outcomes]
+
+
+@pytest.mark.parametrize("state", ["FINISHED", "OUT_OF_MEMORY"])
+def test_a_lost_submitit_job_is_one_line_after_its_siblings_end(state, tmp_path, monkeypatch, capsys):
+    """A submitit job that leaves no result (killed locally, or OOM / node failure on SLURM) raised
+    submitit's UncompletedJobError out of Hydra's wait on it, a traceback, while later jobs were not
+    waited for. Now the launcher still waits for every job (each runs on in its own process or
+    cluster job), then the command prints one line naming the lost job and what every folder shows."""
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+    fakes = _fake_submitit_jobs([object(), state, object()])
+
+    def launch(self, job_overrides, initial_job_idx):             # the plugin's last line, as it is
+        return [j.results()[0] for j in fakes]
+
+    monkeypatch.setattr(BaseSubmititLauncher, "launch", launch)
+    folders = _sweep_folders(tmp_path / "mr")
+    before = _snapshot(tmp_path)
+    jobs = [["seed=0", "privacy.clip_norm=1"], ["seed=0", "privacy.clip_norm=2"], ["seed=0", "privacy.clip_norm=3"]]
+    with failures_reported(Launch([], "submitit_local", 3, 3, str(tmp_path / "mr"), [], folders)):
+        with pytest.raises(SystemExit) as e:
+            BaseSubmititLauncher.launch(object.__new__(BaseSubmititLauncher), jobs, 0)
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.count("\n") == 1, err
+    assert err.startswith(
+        "error: sweep job 1 (privacy.clip_norm=2): its hydra/launcher=submitit_local job ended without a result "
+        f"(the process died: killed, out of memory or crashed; submitit state {state}); the "
+                          "other jobs ran to their end (jobs complete: 0; stopped: 1 (resume with: python -m "
+                          f"dpsgd.train resume={folders[1]}); not run: 2)"), err
+    assert all(f.waited for f in fakes) and "Traceback" not in err
+    assert _snapshot(tmp_path) == before
+    from submitit.core import core
+    assert core.Job.results is type(fakes[0]).__mro__[1].results     # only while the sweep runs
+    with pytest.raises(Exception, match="has not produced any output"):
+        fakes[1].results()
+
+
 def test_a_failed_job_in_a_worker_is_its_one_line(monkeypatch, capsys):
     """A job refused in its worker comes back as JobFailed: once the batch is done the command prints
     that job's line alone (no Hydra hint after it) and exits with its code."""
@@ -162,6 +224,39 @@ def test_a_joblib_worker_killed_in_a_real_sweep(tmp_path):
     assert json.loads((done / "privacy.json").read_text())["status"] == "complete"
     assert (long / "checkpoint.pt").is_file() and not (mr / ".sweep.claim").exists()
     assert f"resume={long}" in err
+
+
+@pytest.mark.slow     # a real submitit_local sweep whose job is killed (~25 s: submitit waits 15 s for a result)
+@pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="finds the job through /proc/locks")
+def test_a_submitit_job_killed_in_a_real_sweep(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    mr = tmp_path / "mr"
+    proc = subprocess.Popen([sys.executable, "-m", "dpsgd.train", "-m", *TINY, "training.epochs=100000,1",
+                             "hydra/launcher=submitit_local", f"hydra.sweep.dir={mr}"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, pid = time.monotonic() + 120, None
+        while pid is None and time.monotonic() < deadline and proc.poll() is None:
+            long = next(iter(mr.glob("0_*")), None) if mr.is_dir() else None
+            if long is not None and (long / "checkpoint.pt").is_file():
+                pid = _lock_holder(long)
+            time.sleep(0.05)
+        assert pid is not None, proc.communicate()[1][-3000:]
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1 and err.count("\n") == 1, err
+    assert err.startswith("error: sweep job 0 (training.epochs=100000): its hydra/launcher=submitit_local job "
+                          "ended without a result (the process died"), err
+    assert "; the other jobs ran to their end (jobs stopped: 0 (resume with: " in err and "Traceback" not in err
+    assert "complete: 1" in err and f"resume={long}" in err
+    done = next(mr.glob("1_*"))                 # the job after the killed one was waited for
+    assert json.loads((done / "privacy.json").read_text())["status"] == "complete"
+    assert (long / "checkpoint.pt").is_file() and not (mr / ".sweep.claim").exists()
 
 
 # ------------------------------------------------------------------ huge augmentation multiplicity
