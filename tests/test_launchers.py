@@ -13,7 +13,8 @@ import pytest
 
 from dpsgd.core.errors import ConfigError
 from dpsgd.run.launch import compose, prepare_launch
-from dpsgd.run.launchers import Launch, check, parallel_jobs, resolve_sweep, share_cores, usable_cores
+from dpsgd.run.launchers import Launch, check, parallel_jobs, share_cores, usable_cores
+from dpsgd.run.sweeps import resolve_sweep
 from dpsgd.core.runtime import physical_cores
 from experiments import collect, paper, seeds
 

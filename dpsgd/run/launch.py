@@ -7,7 +7,7 @@ Everything is decided before anything is written:
   ``train`` in it;
 * a sweep (``-m``): every job's folder is resolved the way Hydra will resolve it and must lie inside
   the sweep folder, one new folder per job; the sweep folder must be new or empty and is claimed
-  (an exclusive create, held for the sweep: dpsgd/run/launchers.py); each job's config is validated
+  (an exclusive create, held for the sweep: dpsgd/run/sweeps.py); each job's config is validated
   when it starts, and a refused job's fresh folder is removed. The launcher
   (``hydra/launcher=basic|joblib|submitit_local|submitit_slurm``, dpsgd/run/launchers.py) is checked
   here too; jobs in worker processes or cluster jobs run only ``task`` (never these checks, which
@@ -39,9 +39,9 @@ from dpsgd.run import distributed
 from dpsgd.run.checkpoint import check_resumable, refuse_audit_resume, resume_checkpoint
 from dpsgd.run.cli import (CONF_DIR, compose, data_ready, dataset_ready, error_line, fail, failure, fresh_dir,
                            literal_value, one_line, run_or_exit, search_path, split_cli)
-from dpsgd.run.launchers import (SWEEP_CLAIM, JobFailed, Launch, SweepClaim, check as check_launcher,
-                                 check_job_folders, failures_reported, parallel_jobs, resolve_sweep, share_cores,
-                                 unclaimed)
+from dpsgd.run.jobfailures import JobFailed, failures_reported
+from dpsgd.run.launchers import Launch, check as check_launcher, parallel_jobs, share_cores
+from dpsgd.run.sweeps import SWEEP_CLAIM, SweepClaim, check_job_folders, resolve_sweep, unclaimed
 from dpsgd.run.rundir import RunLock
 
 _T0 = time.time()
@@ -73,7 +73,7 @@ def prepare(args: list[str], multirun: bool = False, search: list[str] = ()) -> 
 
     The output folder is resolved the way Hydra will resolve it (any spelling of the key), and must be
     new or empty: a refused command never writes into an existing run. For a sweep, every job's folder
-    is resolved the way Hydra will resolve it (dpsgd/run/launchers.py:resolve_sweep) and must lie inside
+    is resolved the way Hydra will resolve it (dpsgd/run/sweeps.py:resolve_sweep) and must lie inside
     the sweep folder, one new folder per job (``check_job_folders``); the sweep folder must be new or
     empty (``main`` then claims it, ``SweepClaim``). Each job's config is validated when it starts,
     before it writes anything but Hydra's ``.hydra`` files into its own new folder.
