@@ -195,51 +195,20 @@ def _lock_holder(folder: Path) -> int | None:
     return None
 
 
-@pytest.mark.slow     # a real joblib sweep whose worker is killed (~6 s, more on a loaded machine)
-@pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="finds the worker through /proc/locks")
-def test_a_joblib_worker_killed_in_a_real_sweep(tmp_path):
+def _kill_a_job_in_a_real_sweep(tmp_path, launcher: list[str], epochs: str, victim: int):
+    """A real 2-job sweep (``training.epochs=<epochs>``) through ``launcher``; once job ``victim`` has
+    written a checkpoint, the process holding its folder's lock is killed with SIGKILL. Returns
+    (exit code, stderr, the sweep folder, the victim's folder)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     mr = tmp_path / "mr"
-    proc = subprocess.Popen([sys.executable, "-m", "dpsgd.train", "-m", *TINY, "training.epochs=1,100000",
-                             "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={mr}"],
+    proc = subprocess.Popen([sys.executable, "-m", "dpsgd.train", "-m", *TINY, f"training.epochs={epochs}",
+                             *launcher, f"hydra.sweep.dir={mr}"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline, pid = time.monotonic() + 120, None
         while pid is None and time.monotonic() < deadline and proc.poll() is None:
-            long = next(iter(mr.glob("1_*")), None) if mr.is_dir() else None
-            if long is not None and (long / "checkpoint.pt").is_file():
-                pid = _lock_holder(long)
-            time.sleep(0.05)
-        assert pid is not None, proc.communicate()[1][-3000:]
-        os.kill(pid, signal.SIGKILL)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGKILL and err.count("\n") == 1, err
-    assert err.startswith("sweep job 1 (training.epochs=100000): its hydra/launcher=joblib worker process was "
-                          "killed by SIGKILL"), err
-    done = next(mr.glob("0_*"))
-    assert json.loads((done / "privacy.json").read_text())["status"] == "complete"
-    assert (long / "checkpoint.pt").is_file() and not (mr / ".sweep.claim").exists()
-    assert f"resume={long}" in err
-
-
-@pytest.mark.slow     # a real submitit_local sweep whose job is killed (~25 s: submitit waits 15 s for a result)
-@pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="finds the job through /proc/locks")
-def test_a_submitit_job_killed_in_a_real_sweep(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    mr = tmp_path / "mr"
-    proc = subprocess.Popen([sys.executable, "-m", "dpsgd.train", "-m", *TINY, "training.epochs=100000,1",
-                             "hydra/launcher=submitit_local", f"hydra.sweep.dir={mr}"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline, pid = time.monotonic() + 120, None
-        while pid is None and time.monotonic() < deadline and proc.poll() is None:
-            long = next(iter(mr.glob("0_*")), None) if mr.is_dir() else None
+            long = next(iter(mr.glob(f"{victim}_*")), None) if mr.is_dir() else None
             if long is not None and (long / "checkpoint.pt").is_file():
                 pid = _lock_holder(long)
             time.sleep(0.05)
@@ -250,14 +219,32 @@ def test_a_submitit_job_killed_in_a_real_sweep(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 1 and err.count("\n") == 1, err
+    assert (long / "checkpoint.pt").is_file() and not (mr / ".sweep.claim").exists()
+    assert f"resume={long}" in err and err.count("\n") == 1 and "Traceback" not in err, err
+    done = next(mr.glob(f"{1 - victim}_*"))       # the sibling ran to its end
+    assert json.loads((done / "privacy.json").read_text())["status"] == "complete"
+    return proc.returncode, err
+
+
+@pytest.mark.slow     # a real joblib sweep whose worker is killed (~6 s, more on a loaded machine)
+@pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="finds the worker through /proc/locks")
+def test_a_joblib_worker_killed_in_a_real_sweep(tmp_path):
+    code, err = _kill_a_job_in_a_real_sweep(tmp_path, ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+                                            "1,100000", victim=1)
+    assert code == 128 + signal.SIGKILL
+    assert err.startswith("sweep job 1 (training.epochs=100000): its hydra/launcher=joblib worker process was "
+                          "killed by SIGKILL"), err
+
+
+@pytest.mark.slow     # a real submitit_local sweep whose job is killed (~25 s: submitit waits 15 s for a result)
+@pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="finds the job through /proc/locks")
+def test_a_submitit_job_killed_in_a_real_sweep(tmp_path):
+    """Job 0 is killed; job 1 (after it in submitit's wait) is still waited for, and the line says so."""
+    code, err = _kill_a_job_in_a_real_sweep(tmp_path, ["hydra/launcher=submitit_local"], "100000,1", victim=0)
+    assert code == 1
     assert err.startswith("error: sweep job 0 (training.epochs=100000): its hydra/launcher=submitit_local job "
                           "ended without a result (the process died"), err
-    assert "; the other jobs ran to their end (jobs stopped: 0 (resume with: " in err and "Traceback" not in err
-    assert "complete: 1" in err and f"resume={long}" in err
-    done = next(mr.glob("1_*"))                 # the job after the killed one was waited for
-    assert json.loads((done / "privacy.json").read_text())["status"] == "complete"
-    assert (long / "checkpoint.pt").is_file() and not (mr / ".sweep.claim").exists()
+    assert "; the other jobs ran to their end (jobs stopped: 0 (resume with: " in err and "complete: 1" in err
 
 
 # ------------------------------------------------------------------ huge augmentation multiplicity
