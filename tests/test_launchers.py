@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from dpsgd.core.errors import ConfigError
-from dpsgd.run.launch import compose, prepare_launch
+from dpsgd.run.launch import compose
+from dpsgd.run.prepare import prepare_launch
 from dpsgd.run.launchers import Launch, check, parallel_jobs, resolve_sweep, share_cores, usable_cores
 from dpsgd.core.runtime import physical_cores
 from experiments import collect, paper, seeds

@@ -221,7 +221,7 @@ def config_items(c, overrides: list[str]) -> dict:
     resolved values: a calibrated σ, a filled-in pretrained_sha256) but ``PER_RANK``, and the run's
     overrides (recorded in the checkpoint; Hydra's own settings excluded: rank 0's Hydra job never
     sees them, and the run folder is agreed before, by ``broadcast_object``)."""
-    from dpsgd.config.schema import override_key
+    from dpsgd.config.overrides import override_key
     items = {k: v for k, v in flat_items(c.to_dict()).items() if k not in PER_RANK}
     run_overrides = [o for o in overrides if not override_key(o).startswith("hydra")]
     return items | {f"overrides[{i}]": o for i, o in enumerate(run_overrides)}
