@@ -33,9 +33,10 @@ from dpsgd.core.fileio import write_json
 from dpsgd.run import distributed
 from dpsgd.run import launch
 from dpsgd.run.checkpoint import PRIVACY
+from dpsgd.run.opening import setup
 from dpsgd.run.report import epsilons, final_line, metrics_row, progress_line
 from dpsgd.run.rundir import RunLock
-from dpsgd.run.state import Run, setup
+from dpsgd.run.state import Run
 
 
 def lr_at(t, epoch0: int) -> float:

@@ -35,7 +35,7 @@ import pytest
 from dpsgd import privacy
 from dpsgd.accountant import _checks as acc_limits
 from dpsgd.config.schema import CHOICES, GROUPS, Config, ConfigError
-from dpsgd.run.launch import prepare, prepare_resume
+from dpsgd.run.prepare import prepare, prepare_resume
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 180

@@ -26,7 +26,8 @@ from dpsgd.run.checkpoint import load_checkpoint
 from dpsgd.config.schema import validate
 from dpsgd.data.datasets import main as data_main
 from dpsgd.core.errors import ConfigError
-from dpsgd.run.launch import compose, prepare_resume
+from dpsgd.run.launch import compose
+from dpsgd.run.prepare import prepare_resume
 from dpsgd.pretrain import pretrain
 from dpsgd.train import main as train_main
 from dpsgd.train import train

@@ -19,7 +19,7 @@ from dpsgd.mechanism.clipping import PerExampleClipper, clipping_groups, registe
 from dpsgd.mechanism.clipping.groups import owners
 from dpsgd.mechanism.clipping.layers import GenericLayer, LinearLayer, _Layer, group_rows
 from dpsgd.mechanism.clipping.registry import LAYER_RULES, registered_rule
-from dpsgd.config.schema import clipping_groups as config_k
+from dpsgd.config.calibration import clipping_groups as config_k
 from dpsgd.models.networks import MLP, CifarCNN, TanhCNN
 
 from dp_reference import loop_clipped_sum

@@ -30,7 +30,8 @@ from dpsgd.run import launch
 from dpsgd.run.checkpoint import load_checkpoint
 from dpsgd.config.schema import validate
 from dpsgd.run.distributed import ConfigError, Dist, from_env
-from dpsgd.run.launch import compose, prepare_resume
+from dpsgd.run.launch import compose
+from dpsgd.run.prepare import prepare_resume
 from dpsgd.train import train
 
 REPO = Path(__file__).resolve().parent.parent

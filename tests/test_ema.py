@@ -9,7 +9,8 @@ from conftest import metrics_row_count, metrics_rows
 from dpsgd.run.checkpoint import load_checkpoint
 from dpsgd.config.schema import ConfigError, validate
 from dpsgd.mechanism.ema import EMA
-from dpsgd.run.launch import compose, prepare_resume
+from dpsgd.run.launch import compose
+from dpsgd.run.prepare import prepare_resume
 from dpsgd.train import train
 from tolerances import assert_f64_close, chain_rel_tol
 
@@ -97,7 +98,7 @@ def test_resumed_run_equals_uninterrupted_with_ema(tmp_path):
 
 def test_ema_and_augmult_enter_the_fingerprint():
     """Every configuration key is compared on resume unless allowed (default deny): EMA and K too."""
-    from dpsgd.config.schema import config_fingerprint
+    from dpsgd.config.fingerprint import config_fingerprint
     fp = config_fingerprint(validate({}))
     assert fp["model.norm"] == "none" and fp["privacy.augment_multiplicity"] == 1 and fp["training.ema_decay"] is None
     fp = config_fingerprint(validate({"training": {"ema_decay": 0.9}, "privacy": {"augment_multiplicity": 2}}))

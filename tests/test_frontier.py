@@ -318,7 +318,7 @@ def test_validation_split_holds_out_training_examples_never_the_test_set(tmp_pat
     c = _cfg("experiment=mnist_scatter_linear", "dataset.subset=1500", "dataset.validation=300",
              "privacy.lot_size=300", "training.epochs=1", "device=cpu")
     assert c.N == 1200 and c.dataset.validation == 300
-    from dpsgd.run.state import setup
+    from dpsgd.run.opening import setup
     (tmp_path / "run").mkdir()
     run = setup(c, tmp_path / "run", [])
     Xtr, ytr, Xval, yval = run.parts.data

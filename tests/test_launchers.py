@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from dpsgd.core.errors import ConfigError
-from dpsgd.run.launch import compose, prepare_launch
+from dpsgd.run.launch import compose
+from dpsgd.run.prepare import prepare_launch
 from dpsgd.run.launchers import Launch, check, parallel_jobs, share_cores, usable_cores
 from dpsgd.run.sweeps import resolve_sweep
 from dpsgd.core.runtime import physical_cores

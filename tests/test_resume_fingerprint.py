@@ -23,11 +23,12 @@ import pytest
 from conftest import metrics_rows
 from dpsgd import train as training
 from dpsgd.accountant import Ledger
-from dpsgd.config.schema import (CHOICES, FREE, LENGTH, REPLAY, RESUME_ALLOWED, Config, ConfigError, config_fingerprint,
-                                 config_leaves, validate)
+from dpsgd.config.fingerprint import FREE, LENGTH, REPLAY, RESUME_ALLOWED, config_fingerprint, config_leaves
+from dpsgd.config.schema import CHOICES, Config, ConfigError, validate
 from dpsgd.run import launch as T
 from dpsgd.run import state as runstate
 from dpsgd.run.checkpoint import fingerprint_hash, load_checkpoint
+from dpsgd.run.prepare import prepare_resume
 from dpsgd.run.rundir import RESERVATIONS
 from tolerances import chain_rel_tol
 from conftest import TINY_RUN
@@ -82,7 +83,7 @@ class Harness:
 
     def resume(self, *extra: str, kill=None) -> dict | None:
         def go():
-            c, rd, rest = T.prepare_resume([f"resume={self.run}", *extra])
+            c, rd, rest = prepare_resume([f"resume={self.run}", *extra])
             return training.train(c, rd, rest)
         return self._go(go, kill)
 
@@ -180,7 +181,7 @@ def test_a_changed_key_that_no_list_names_is_refused(killed):
                      ("privacy.allow_large_delta=true", "privacy.allow_large_delta"),
                      ("privacy.augment_multiplicity=2", "privacy.augment_multiplicity")]:
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-            T.prepare_resume([f"resume={h.run}", "training.epochs=2", bad])
+            prepare_resume([f"resume={h.run}", "training.epochs=2", bad])
 
 
 @pytest.mark.parametrize("change,charged", [([], False), (["training.lr=0.05"], True),

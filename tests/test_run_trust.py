@@ -22,6 +22,7 @@ from dpsgd.run import launch as T
 from dpsgd import train as training
 from dpsgd.run import state as runstate
 from dpsgd.run.checkpoint import CheckpointError, MetricsWriter, load_checkpoint, save_checkpoint
+from dpsgd.run.prepare import prepare_resume
 from dpsgd.core.fileio import atomic_write_bytes
 from dpsgd.config.schema import validate
 from dpsgd.run.rundir import CHUNK, RESERVATIONS, LotReservations, RunLock
@@ -228,7 +229,7 @@ def test_seeded_replay_is_not_charged_twice_but_a_changed_engine_is(tmp_path, ch
     binding = ck["reservations"]
     (run / RESERVATIONS).write_text(json.dumps({"checkpoint": binding["token"], "steps": 10})
                                     + '\n{"upto": 16}\n{"upto": 22}\n')
-    c, rd, rest = T.prepare_resume([f"resume={run}", "training.epochs=3", *change])
+    c, rd, rest = prepare_resume([f"resume={run}", "training.epochs=3", *change])
     st = training.train(c, rd, rest)
     assert _ledger_lots(st, ("lost",)) == charged
     assert _ledger_lots(st, ("sgd",)) == 30 and st["resumes"][-1]["lost_lots_charged"] == charged

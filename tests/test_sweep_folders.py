@@ -22,7 +22,7 @@ from dpsgd import train as training
 from dpsgd.core.errors import ConfigError
 from dpsgd.config.schema import validate
 from dpsgd.run.cli import SHORT_BYTES, compose, hydra_quoted, literal_value, short_name
-from dpsgd.run.launch import prepare_launch
+from dpsgd.run.prepare import prepare_launch
 from dpsgd.run.sweeps import SWEEP_CLAIM, SweepClaim, check_job_folders, resolve_sweep
 from conftest import TINY_RUN, snapshot
 

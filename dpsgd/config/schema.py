@@ -13,21 +13,24 @@ Each group is checked next to what it configures, in this order (the first bad k
 * ``privacy.*`` and ``accountant.*``: ``dpsgd/config/privacy.py:validate_privacy`` and
   ``validate_accountant`` (the ranges the accountants serve, δ < 1/N, noise);
 * ``training.*`` (``validate_training``: at most STEPS_MAX lots, evaluation batches no larger than the
-  largest evaluated set), then σ from the target ε with ``privacy.calibrate_sigma``, then the
-  top-level keys (``validate_top``), here.
+  largest evaluated set), here;
+* σ from the target ε with ``privacy.calibrate_sigma``: ``dpsgd/config/calibration.py:calibrated_sigma``;
+* the top-level keys (``validate_top``), here; ``resume=`` must name a run directory
+  (``dpsgd/config/overrides.py:check_run_dir``).
+
+What a resume may change (``RESUME_ALLOWED``, the fingerprint) is dpsgd/config/fingerprint.py.
 
 Learning rates are only required to be finite and > 0: no principled upper bound exists (divergence
 depends on the loss surface and C), so a run that diverges is the trainer's to stop.
 """
 from __future__ import annotations
 
-import functools
-import math
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
 from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS, limits
+from dpsgd.config.calibration import calibrated_sigma
 from dpsgd.config.model import validate_model
+from dpsgd.config.overrides import check_run_dir
 from dpsgd.config.privacy import sigma_served, validate_accountant, validate_privacy
 from dpsgd.core.checks import boolean, fmt, num
 from dpsgd.core.errors import ConfigError
@@ -37,7 +40,7 @@ from dpsgd.data.features import FEATURE_NORMS, FEATURES
 from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES
 from dpsgd.mechanism.pca import PROJECTIONS
 from dpsgd.mechanism.sampling import SAMPLERS
-from dpsgd.models.networks import FREEZE, INITS, MODELS, NORMS, build_model, frozen_names
+from dpsgd.models.networks import FREEZE, INITS, MODELS, NORMS
 
 
 @dataclass
@@ -176,7 +179,7 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     p = c.privacy
     p.calibrate_sigma = boolean("privacy.calibrate_sigma", p.calibrate_sigma)
     if p.calibrate_sigma:
-        p.sigma = _calibrated_sigma(c, sampler, shape)
+        p.sigma = calibrated_sigma(c, sampler, shape)
         sigma_served("privacy.sigma", p.sigma, sampler.release(p.sigma, 0)[1])
     validate_top(c, check_resume_dir)
     return c
@@ -250,154 +253,3 @@ def validate_top(c: Config, check_resume_dir: bool = True) -> None:
             raise ConfigError(f"resume={fmt(c.resume)}: must be a run directory")
         if check_resume_dir:
             check_run_dir(c.resume)
-
-
-def _calibrated_sigma(c: Config, sampler, shape) -> float:
-    """σ such that the planned lots (training.epochs, or training.max_steps if fewer) spend at most
-    privacy.target_epsilon under the configured accountant and convention
-    (``dpsgd/accountant/calibrate.py:sigma_for_epsilon``; ε within 0.5 % below the target)."""
-    import torch
-
-    p, t, key = c.privacy, c.training, "privacy.calibrate_sigma=true"
-    if not p.private:
-        raise ConfigError(f"{key}: a non-private run has no σ to calibrate")
-    if p.target_epsilon is None:
-        raise ConfigError(f"{key}: needs privacy.target_epsilon (the ε to spend over training.epochs)")
-    if p.sampling == "shuffle":
-        raise ConfigError(f"{key}: shuffle is charged without amplification; set privacy.sigma (or another sampling)")
-    if c.model.projection == "pca":
-        raise ConfigError(f"{key}: does not include the DP-PCA release; set privacy.sigma or model.projection=none")
-    steps = t.epochs * sampler.lots_per_epoch()
-    if t.max_steps is not None:
-        steps = min(steps, t.max_steps)
-    if steps < 1:
-        raise ConfigError(f"{key}: training.epochs={t.epochs} plans no lot to calibrate σ for")
-    with torch.device("meta"):
-        model = build_model(c.model, shape, DATASETS[c.dataset.name].classes)
-    k = clipping_groups(model, p.clipping, c.model.freeze)
-    try:
-        if p.sampling != "poisson":
-            return _sigma_for_sampler(sampler, p.target_epsilon, p.delta, steps, c.accountant.name, k, p.convention)
-        return _sigma_for_epsilon(p.target_epsilon, p.delta, sampler.q, steps, c.accountant.name, k, p.convention)
-    except ValueError as e:
-        raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
-
-
-@functools.lru_cache(maxsize=32)
-def _sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention) -> float:
-    """``sigma_for_epsilon``, remembered per process (a command validates its config more than once)."""
-    from dpsgd.accountant.calibrate import sigma_for_epsilon
-    return float(sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention))
-
-
-def _sigma_for_sampler(sampler, target, delta, steps, accountant, groups, convention, rtol=0.005) -> float:
-    """σ for samplers other than Poisson: bisection on log σ over the sampler's own charges (its
-    ``release`` for each of the ``steps`` lots) in a ledger, keeping ε(σ) <= target, stopping within
-    rtol of the target from below (as ``calibrate.sigma_for_epsilon``)."""
-    from dpsgd.accountant import Ledger
-
-    per = sampler.lots_per_epoch()
-
-    def eps(sigma: float) -> float:
-        led = Ledger()
-        for j in range(min(steps, per)):
-            ch = sampler.release(sigma, j)
-            if ch is not None:
-                led.record(ch.q, ch.sigma, steps // per + (1 if j < steps % per else 0), groups, "sgd", *ch[2:])
-        return led.epsilon(delta, accountant, convention)[0]
-
-    lo, hi = math.log(max(limits.SIGMA_MIN, 0.1)), math.log(min(limits.SIGMA_MAX, 1e3))
-    if eps(math.exp(hi)) > target:
-        raise ValueError(f"target ε={target} is not reached with σ <= {math.exp(hi):g}")
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        e = eps(math.exp(mid))
-        if e <= target:
-            hi = mid
-            if e >= (1 - rtol) * target:
-                break
-        else:
-            lo = mid
-    return math.exp(hi)
-
-
-def clipping_groups(model, clipping: str, freeze: str = "none") -> int:
-    """k, the separately clipped groups of ``model`` once ``model.freeze`` has frozen its public tensors
-    (frozen here, in place): ``dpsgd/mechanism/clipping/groups.py:clipping_groups``, the rule the engine clips by."""
-    from dpsgd.mechanism.clipping.groups import clipping_groups as groups
-    for n in frozen_names(model, freeze):
-        model.get_parameter(n).requires_grad_(False)
-    return len(groups(model, clipping))
-
-
-def override_key(a: str) -> str:
-    """The config key of a command-line override, whatever its spelling (key=, +key=, ++key=, ~key)."""
-    return a.split("=", 1)[0].lstrip("+~").strip()
-
-
-def check_run_dir(path: str) -> Path:
-    """A directory holding a dpsgd run (privacy.json or checkpoint.pt), else ConfigError."""
-    rd = Path(path)
-    if not rd.is_dir():
-        raise ConfigError(f"resume={path}: no such run directory")
-    if not ((rd / "privacy.json").is_file() or (rd / "checkpoint.pt").is_file()):
-        raise ConfigError(f"resume={path}: not a dpsgd run directory (no privacy.json or checkpoint.pt)")
-    return rd
-
-
-# Keys that may differ on a resume, and what changing one costs. Every other key of the validated
-# Config is compared (default deny: a new option is compared without being listed anywhere).
-#   free:   changes nothing a lot computes or releases; costs nothing
-#   length: how far the run goes; lots reserved after the checkpoint that the resume does not run
-#           again are charged as lost (their first run may have reached an output)
-#   replay: changes what the lots after the checkpoint compute (other weights, other floating-point
-#           sums) but not what one lot costs; the lots reserved after the checkpoint are charged as
-#           lost, since the resume's lots are other releases than the ones that may have escaped
-FREE, LENGTH, REPLAY = "free", "length", "replay"
-RESUME_ALLOWED: dict[str, tuple[str, str]] = {
-    "resume": (FREE, "names the run being resumed"),
-    "name": (FREE, "a folder name; nothing is computed from it"),
-    "dataset.root": (FREE, "where the md5-verified archives are read from: the same data"),
-    "dataset.download": (FREE, "whether a missing archive may be fetched: the same md5-verified data"),
-    "model.pretrained": (FREE, "the artifact's path; its content is compared (model.pretrained_sha256)"),
-    "training.eval_every": (FREE, "which epochs are evaluated; evaluation changes no lot"),
-    "training.eval_batch_size": (FREE, "how evaluation is batched; evaluation changes no lot"),
-    "training.checkpoint_every": (FREE, "when checkpoints are written; changes no lot"),
-    "training.train_metrics": (FREE, "whether the (uncovered) training-set metrics are computed; changes no lot"),
-    "training.epochs": (LENGTH, "the run's length; each lot that runs is charged as it runs"),
-    "training.max_steps": (LENGTH, "the run's length; each lot that runs is charged as it runs"),
-    "training.lr": (REPLAY, "post-processing of the noisy gradients (no cost per lot), but other weights"),
-    "training.lr_end": (REPLAY, "post-processing of the noisy gradients (no cost per lot), but other weights"),
-    "training.lr_saturate_epochs": (REPLAY, "post-processing (no cost per lot), but other weights"),
-    "training.momentum": (REPLAY, "post-processing of the noisy gradients (no cost per lot), but other weights"),
-    "device": (REPLAY, "the same mechanism, but sums that are not bit-identical"),
-    "tf32": (REPLAY, "the same mechanism, but sums that are not bit-identical"),
-    "privacy.physical_batch_size": (REPLAY, "the same mechanism, but sums that are not bit-identical"),
-    "privacy.grad_sample_mode": (REPLAY, "the same mechanism, but sums that are not bit-identical"),
-}
-
-
-def config_leaves(c: Config) -> dict:
-    """Every leaf of the validated ``Config`` as ``group.key`` (or ``key``) → value, in schema order."""
-    out = {}
-    for k, v in c.to_dict().items():
-        if isinstance(v, dict):
-            out.update({f"{k}.{kk}": list(vv) if isinstance(vv, tuple) else vv for kk, vv in v.items()})
-        else:
-            out[k] = v
-    return out
-
-
-def config_fingerprint(c: Config) -> dict:
-    """The values a resumed run must share with the original (refused otherwise, naming the key):
-    every key of the configuration except those in ``RESUME_ALLOWED`` (default deny), and
-    ``q`` = L/N."""
-    fp = {k: v for k, v in config_leaves(c).items() if k not in RESUME_ALLOWED}
-    fp["q"] = c.privacy.lot_size / c.N
-    return fp
-
-
-def replay_config(c: Config) -> dict:
-    """The allowed keys that change what the lots after a checkpoint compute (``REPLAY``): a resume
-    that changes one of them does not replay the lots reserved after the checkpoint."""
-    return {k: v for k, v in config_leaves(c).items() if RESUME_ALLOWED.get(k, ("",))[0] == REPLAY}

@@ -5,7 +5,7 @@ bit-identically: model parameters, epoch/step position (the learning rate is a f
 epoch), the optimiser state (momentum buffers), the privacy ledger, the sampler's and the noise's
 generator states, the input projection,
 the metrics rows so far, the overrides the run was started with, the configuration's fingerprint
-(every key but the few a resume may change, ``dpsgd/config/schema.py:RESUME_ALLOWED``; a resumed run
+(every key but the few a resume may change, ``dpsgd/config/fingerprint.py:RESUME_ALLOWED``; a resumed run
 with other values is refused, naming the key), and the binding of ``lots.reserved`` (the token its
 first line must carry; ``dpsgd/run/rundir.py:LotReservations``). With ``training.ema_decay`` set it
 also holds ``ema`` (the EMA weights, the released model; ``dpsgd.mechanism.ema``; None when EMA is
@@ -117,7 +117,7 @@ def fingerprint_hash(fp: dict) -> str:
 
 def check_resumable(saved: dict, current: dict) -> None:
     """Refuse a resume whose fingerprint (every configuration key but those a resume may change,
-    ``dpsgd/config/schema.py:RESUME_ALLOWED``) differs from the original run's, naming the first key."""
+    ``dpsgd/config/fingerprint.py:RESUME_ALLOWED``) differs from the original run's, naming the first key."""
     for key in [*saved, *(k for k in current if k not in saved)]:
         if saved.get(key) != current.get(key):
             why = ""

@@ -1,6 +1,7 @@
 """The command line: ``python -m dpsgd.train [key=value ...] | -m [key=value ...] | resume=<run dir>``.
 
-Everything is decided before anything is written:
+Everything is decided before anything is written (the checks themselves: dpsgd/run/prepare.py); this
+module runs what they allowed:
 
 * a single run: the config is composed and validated, and the output folder is resolved the way Hydra
   will resolve it (any spelling of ``hydra.run.dir``) and must be new or empty; then Hydra runs
@@ -10,7 +11,7 @@ Everything is decided before anything is written:
   (an exclusive create, held for the sweep: dpsgd/run/sweeps.py); each job's config is validated
   when it starts, and a refused job's fresh folder is removed. The launcher
   (``hydra/launcher=basic|joblib|submitit_local|submitit_slurm``, dpsgd/run/launchers.py) is checked
-  here too; jobs in worker processes or cluster jobs run only ``task`` (never these checks, which
+  beforehand too; jobs in worker processes or cluster jobs run only ``task`` (never these checks, which
   their siblings' folders would fail) and report a failure back instead of exiting;
 * a resume: the config comes from the run's checkpoint (not from Hydra's files), the new overrides are
   applied after it, and Hydra is not involved (nothing of Hydra's is written into the run);
@@ -31,115 +32,24 @@ import sys
 import time
 from pathlib import Path
 
-from dpsgd.config.schema import Config, check_run_dir, config_fingerprint, override_key, validate
+from dpsgd.config.overrides import override_key
+from dpsgd.config.schema import validate
 from dpsgd.core.errors import ConfigError
 from dpsgd.core.runtime import tune_allocator
-from dpsgd.data.datasets import DATASETS, DataUnavailable
+from dpsgd.data.datasets import DataUnavailable
 from dpsgd.run import distributed
-from dpsgd.run.checkpoint import check_resumable, refuse_audit_resume, resume_checkpoint
-from dpsgd.run.cli import (CONF_DIR, compose, data_ready, dataset_ready, error_line, fail, failure, fresh_dir,
-                           literal_value, one_line, run_or_exit, search_path, split_cli)
+from dpsgd.run.cli import (CONF_DIR, compose, data_ready, error_line, fail, failure, one_line, run_or_exit, search_path,
+                           split_cli)
 from dpsgd.run.jobfailures import JobFailed, failures_reported
-from dpsgd.run.launchers import Launch, check as check_launcher, parallel_jobs, share_cores
-from dpsgd.run.sweeps import SWEEP_CLAIM, SweepClaim, check_job_folders, resolve_sweep, unclaimed
+from dpsgd.run.launchers import share_cores
+from dpsgd.run.prepare import prepare, prepare_launch, prepare_resume
+from dpsgd.run.sweeps import SWEEP_CLAIM, SweepClaim
 from dpsgd.run.rundir import RunLock
 
 _T0 = time.time()
 _LAUNCHER_PID = None    # set by main(): the process that runs Hydra (a worker or cluster job has another)
 _INFO_FLAGS = ("--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i", "--resolve",
                "--package", "-p", "--shell-completion", "-sc")
-_HYDRA_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.verbose", "hydra.job.name")
-_HYDRA_PREFIXES = ("hydra.launcher.", "hydra.sweeper.", "hydra/launcher", "hydra/sweeper")
-
-
-def _check_overrides(overrides: list[str], resume: bool) -> None:
-    """Refuse Hydra overrides that could write outside a fresh run directory (or anything of Hydra's
-    on resume, which runs without Hydra)."""
-    for a in overrides:
-        k = override_key(a)
-        if not (k.startswith("hydra.") or k.startswith("hydra/")):
-            continue
-        if resume:
-            raise ConfigError(f"{k}: Hydra settings cannot be given with resume= (a resume writes only into "
-                              "its own run directory)")
-        if k not in _HYDRA_KEYS and not k.startswith(_HYDRA_PREFIXES):
-            raise ConfigError(f"{k}: not supported (dpsgd accepts hydra.run.dir, hydra.sweep.dir, "
-                              "hydra.sweep.subdir, hydra/launcher and hydra/sweeper settings)")
-
-
-def prepare(args: list[str], multirun: bool = False, search: list[str] = ()) -> list[str]:
-    """Validate a run's overrides before Hydra creates anything; returns the overrides to run
-    (``prepare_launch`` also says how its jobs will be launched).
-
-    The output folder is resolved the way Hydra will resolve it (any spelling of the key), and must be
-    new or empty: a refused command never writes into an existing run. For a sweep, every job's folder
-    is resolved the way Hydra will resolve it (dpsgd/run/sweeps.py:resolve_sweep) and must lie inside
-    the sweep folder, one new folder per job (``check_job_folders``); the sweep folder must be new or
-    empty (``main`` then claims it, ``SweepClaim``). Each job's config is validated when it starts,
-    before it writes anything but Hydra's ``.hydra`` files into its own new folder.
-    """
-    return prepare_launch(args, multirun, search).args
-
-
-def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = ()) -> Launch:
-    """``prepare``, and the launch plan: the launcher (checked), the sweep's jobs, how many run at once,
-    and for a sweep its folder (resolved) and the override that hands it to Hydra."""
-    from omegaconf import OmegaConf, open_dict
-    if any(override_key(a) == "resume" for a in args):
-        raise ConfigError("resume: resume a single run on its own: python -m dpsgd.train resume=<run dir> "
-                          "[key=value ...]")
-    _check_overrides(args, resume=False)
-    if multirun:
-        sweep = resolve_sweep(list(args) + list(search))
-        check_job_folders(sweep)
-        cfg, hc = sweep.config, sweep.config.hydra
-        unclaimed(sweep.dir)
-        fresh_dir("hydra.sweep.dir", Path(sweep.dir))
-        params = OmegaConf.to_container(hc.launcher, resolve=False)
-        if "n_jobs" in params:
-            params["n_jobs"] = hc.launcher.n_jobs          # resolved (checked above)
-        swept = {override_key(a).split(".")[0] for a in args if "," in a.split("=", 1)[-1]}
-        if sweep.launcher != "basic" and "dataset" not in swept and cfg.get("dataset", {}).get("name") in DATASETS:
-            # seeded here, once: jobs running at the same time never seed one data root together
-            dataset_ready(cfg.dataset.name, cfg.dataset.get("root"), bool(cfg.dataset.get("download")))
-        jobs = len(sweep.subdirs)
-        return Launch(args, sweep.launcher, jobs, parallel_jobs(sweep.launcher, params, jobs), sweep.dir, [sweep.pin],
-                      [os.path.join(sweep.dir, sub) for sub in sweep.subdirs])
-    cfg = compose(args + list(search), hydra_config=True)
-    check_launcher(cfg.hydra)
-    try:
-        run_dir = Path(cfg.hydra.run.dir)
-    except Exception as e:          # an interpolation that does not resolve
-        raise ConfigError(f"hydra.run.dir={OmegaConf.to_container(cfg.hydra.run, resolve=False)['dir']}: "
-                          f"{str(e).splitlines()[0]}") from None
-    fresh_dir("hydra.run.dir", run_dir)
-    with open_dict(cfg):
-        del cfg["hydra"]          # resolved by Hydra itself at run time (hydra.job.num, ...)
-    data_ready(validate(cfg))
-    return Launch(args)
-
-
-def prepare_resume(args: list[str]) -> tuple[Config, Path, list[str]]:
-    """(config, run dir, overrides) of ``resume=<dir> [key=value ...]``, validated; nothing is written.
-
-    The run's own overrides come from its checkpoint (verified by its content hash), never from
-    ``.hydra/overrides.yaml``, which any later command could have rewritten; the new overrides are
-    applied after them. The configuration's fingerprint cannot change: every key but the few listed in
-    ``dpsgd/config/schema.py:RESUME_ALLOWED`` (default deny; docs/RUNS.md says what each allowed
-    change costs).
-    """
-    resume = [a for a in args if override_key(a) == "resume"]
-    rest = [a for a in args if override_key(a) != "resume"]
-    _check_overrides(rest, resume=True)
-    rd = check_run_dir(literal_value(resume[-1])).resolve()
-    ckpt = resume_checkpoint(rd)
-    refuse_audit_resume(rd, ckpt)
-    saved = [o for o in ckpt["overrides"] if override_key(o) != "resume"]
-    c = validate(compose(saved + rest), check_resume_dir=False)
-    c.resume = str(rd)
-    check_resumable(ckpt["fingerprint"], config_fingerprint(c))
-    data_ready(c)
-    return c, rd, rest
 
 
 def _discard_fresh_run_dir(run_dir: Path, parents: bool = True) -> None:
@@ -341,8 +251,8 @@ def _torchrun(train, args: list[str], d: distributed.Dist) -> None:
 
 def _follow(train, composed: list[str], run_dir: str) -> None:
     """A rank other than 0: the run rank 0 checked, without Hydra (it writes nothing). Its overrides
-    are read as rank 0's Hydra job reads them (interpolations resolved, Hydra's own left out), so
-    that the ranks compare like with like (``distributed.config_items``)."""
+    are read as rank 0's Hydra job reads them (interpolations resolved, Hydra's own left out), and its
+    validated Config is compared with every other rank's (``distributed.config_items``)."""
     from omegaconf import open_dict
     cfg = compose(composed, hydra_config=True)
     overrides = [str(o) for o in cfg.hydra.overrides.task]

@@ -4,7 +4,7 @@
 
 A fresh run and a resumed one build the same parts in the same order; they differ only in where the
 projection and the model's weights come from (fitted and initialised from the run's seeds, or taken
-from the checkpoint; see runstate.py) and, on resume, in the generator and optimiser states loaded
+from the checkpoint; see state.py) and, on resume, in the generator and optimiser states loaded
 afterwards (``Parts.load_state_dict``). Nothing here writes to the run directory.
 """
 from __future__ import annotations

@@ -22,7 +22,8 @@ from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 
 from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS
-from dpsgd.config.schema import Config, config_fingerprint
+from dpsgd.config.fingerprint import config_fingerprint
+from dpsgd.config.schema import Config
 from dpsgd.run.checkpoint import METRICS, PRIVACY, fingerprint_hash
 
 COLUMNS = ["epoch", "steps", "lr", "lot_loss", "train_loss", "train_accuracy", "test_accuracy",

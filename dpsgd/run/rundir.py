@@ -21,7 +21,7 @@
 
   Whether those lots must be charged again on resume depends on the replay (state.py,
   ``Run.charge_lost``): only a seeded resume with the whole configuration and the runtime unchanged
-  (``state.replay_key``) that runs through every reserved lot repeats the very same releases; every
+  (``replay.replay_key``) that runs through every reserved lot repeats the very same releases; every
   other resume charges the reserved lots (``label="lost"``).
 """
 from __future__ import annotations

@@ -2,12 +2,13 @@
 
 A ``Run`` is its built parts (parts.py: data, projection, model, clipping engine, DP-SGD step,
 sampler) and its progress (epoch, lots, the ledger and what still fits within the target ε, resumes,
-wall time). ``setup`` makes one of three: a fresh run (``Run.fresh``: the DP-PCA release is the first
-charge to a new ledger), a run continued from its verified checkpoint (``Run.from_checkpoint``: every
-generator and the ledger restored, the lots that ran after it charged unless the resume replays them
-as the very same releases (``Run.charge_lost``, ``Run.settle``), the remaining budget recomputed from
-the ledger), or a run that has already finished (``Run.finished``: its final statement, nothing to
-build or run). Every refusal happens before the first write into the run directory.
+wall time). ``setup`` (opening.py) makes one of three: a fresh run (``Run.fresh``: the DP-PCA
+release is the first charge to a new ledger), a run continued from its verified checkpoint
+(``Run.from_checkpoint``: every generator and the ledger restored, the lots that ran after it
+charged unless the resume replays them as the very same releases (``Run.charge_lost``,
+``Run.settle``; why, and the charge itself: replay.py), the remaining budget recomputed from the
+ledger), or a run that has already finished (``Run.finished``: its final statement, nothing to
+build or run).
 """
 from __future__ import annotations
 
@@ -20,16 +21,18 @@ import numpy as np
 import torch
 
 from dpsgd.accountant import Ledger
-from dpsgd.config.schema import Config, ConfigError, config_fingerprint, override_key, replay_config
-from dpsgd.core.fileio import atomic_write_text, plain, write_json
+from dpsgd.config.fingerprint import config_fingerprint
+from dpsgd.config.overrides import override_key
+from dpsgd.config.schema import Config, ConfigError
+from dpsgd.core.fileio import plain
 from dpsgd.core.runtime import configure_threads, describe_runtime, set_tf32
 from dpsgd.run import distributed
 from dpsgd.run import parts
-from dpsgd.run.checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, fingerprint_hash,
-                                  refuse_audit_resume, resume_checkpoint, save_checkpoint)
+from dpsgd.run.checkpoint import MetricsWriter, save_checkpoint
 from dpsgd.run.parts import Parts
-from dpsgd.run.report import COLUMNS, epsilons, privacy_statement
-from dpsgd.run.rundir import RESERVATIONS, LotReservations
+from dpsgd.run.replay import charge_lots, lost_reason, replay_key
+from dpsgd.run.report import epsilons, privacy_statement
+from dpsgd.run.rundir import LotReservations
 
 
 def derive_seed(seed: int, stream: str, secure: bool = False) -> int:
@@ -50,22 +53,6 @@ def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
     if name == "cuda" and local_rank is not None:
         return torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
     return torch.device(name)
-
-
-def replay_key(c: Config, device: torch.device) -> dict:
-    """What a seeded resume must share with the original run for its recomputed lots to be the very
-    same releases (bit-identical sums): the whole configuration but the keys that change nothing a lot
-    computes (``RESUME_ALLOWED``'s free and length keys), and the runtime (device, torch, threads)."""
-    return {"device_type": device.type, "torch": str(torch.__version__), "threads": torch.get_num_threads(),
-            **replay_config(c), "fingerprint": fingerprint_hash(config_fingerprint(c))}
-
-
-def _first_difference(saved: dict, current: dict) -> str | None:
-    """``key: saved → current`` of the first key two replay keys differ in; None when they agree."""
-    for k in [*saved, *(k for k in current if k not in saved)]:
-        if saved.get(k) != current.get(k):
-            return f"{k}: {saved.get(k)} → {current.get(k)}"
-    return None
 
 
 class Rows:
@@ -234,8 +221,7 @@ class Run:
         reserved = max(reserved or 0, int(binding.get("owed") or 0))
         if not p.private or reserved <= at.steps:
             return 0
-        at.lost_why = ("privacy.secure_rng=true: OS-entropy noise is never replayed" if p.secure_rng
-                       else _first_difference(ckpt["replay"], replay_key(self.c, self.parts.device)))
+        at.lost_why = lost_reason(self.c, ckpt, self.parts.device)
         if at.lost_why is None:
             at.owed = reserved
             return 0
@@ -258,19 +244,10 @@ class Run:
 
     def _charge_lots(self, start: int, n: int) -> int:
         """Charge lots ``start`` .. ``start + n − 1`` (absolute, counted from the checkpoint's epoch
-        boundary) as lost, each as the loop charges it; returns n."""
-        p, sampler = self.c.privacy, self.parts.sampler
-        per = sampler.lots_per_epoch()
-        first = (start - self.progress.base) % per
-        counts: dict = {}
-        for j in range(min(n, per)):       # n // per whole epochs and the rest, by position in the epoch
-            charge = sampler.release(p.sigma, (first + j) % per)
-            reps = n // per + (1 if j < n % per else 0)
-            if charge is not None and reps:
-                counts[charge] = counts.get(charge, 0) + reps
-        for ch, k in counts.items():
-            self.progress.ledger.record(ch[0], ch[1], k, self.parts.k, "lost", *ch[2:])
-        return n
+        boundary) as lost, each as the loop charges it (``dpsgd/run/replay.py:charge_lots``); returns n."""
+        sampler = self.parts.sampler
+        first = (start - self.progress.base) % sampler.lots_per_epoch()
+        return charge_lots(self.progress.ledger, sampler, self.c.privacy.sigma, self.parts.k, first, n)
 
     # -- what a run writes -----------------------------------------------------------------------
 
@@ -301,90 +278,3 @@ def _device(c: Config, d: distributed.Dist) -> tuple[torch.device, dict]:
     device = resolve_device(c.device, d.local_rank if d.active else None)
     set_tf32(c.tf32)
     return device, describe_runtime(device, c.tf32, configure_threads())
-
-
-def setup(c: Config, run_dir: Path, overrides: list[str], instrument: parts.Instrument | None = None) -> Run:
-    """Build a fresh run, or restore one from its checkpoint (or the statement of one that finished).
-
-    Under torchrun every rank first compares its whole configuration with every other's, reads and
-    builds (the same run), then all agree (a barrier that also agrees on refusals) and compare what
-    they built, then rank 0 alone writes: nothing is written before every rank has read."""
-    d = distributed.current()
-    distributed.agree_on(distributed.config_items(c))   # torchrun: every rank, the same run
-    p = c.privacy
-    seeds = distributed.broadcast_object(   # rank 0's (with secure_rng: OS-entropy) seeds on every rank
-        {s: derive_seed(c.seed, s, p.secure_rng) for s in ("pca", "sampler")})
-    seeds["model"] = derive_seed(c.seed, "model")
-    seeds["noise"] = None if p.secure_rng else (p.noise_seed if p.noise_seed is not None
-                                                else derive_seed(c.seed, "noise"))
-    try:
-        run, err = _open(c, run_dir, overrides, d, seeds, instrument), None
-    except Exception as e:  # noqa: BLE001 (re-raised by agree, on this rank; the others stop quietly)
-        run, err = None, e
-    distributed.agree(err)
-    if run.finished is not None:
-        return run
-    if d.active:   # and every rank read and built the same: data, weights, generators, projection, ledger
-        at = run.progress
-        distributed.agree_on(distributed.state_items(
-            run.parts.data._asdict(), run.parts.state_dict(),
-            {"epoch": at.epoch, "steps": at.steps, "lost": at.lost, "ledger": at.ledger.to_dict()}),
-            distributed.SAME_BUILD)
-    if run.writes:
-        _open_run_dir(run)
-    return run
-
-
-def _open(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, seeds: dict,
-          instrument: parts.Instrument | None = None) -> Run:
-    """Every read and every refusal of ``setup``; writes nothing."""
-    if not c.resume:
-        if d.writes and any((run_dir / f).exists() for f in (CHECKPOINT, PRIVACY, METRICS, RESERVATIONS)):
-            raise ConfigError(f"hydra.run.dir={run_dir}: already holds a run; never overwritten (use resume={run_dir})")
-        return Run.fresh(c, run_dir, overrides, d, seeds, instrument)
-    if instrument is not None:
-        raise ConfigError(f"resume={run_dir}: an audit is one uninterrupted run; audit a fresh run instead")
-    ckpt = resume_checkpoint(run_dir)
-    refuse_audit_resume(run_dir, ckpt)
-    check_resumable(ckpt["fingerprint"], config_fingerprint(c))
-    saved = int((ckpt.get("distributed") or {}).get("world_size", 1))
-    if saved != d.world_size:
-        raise ConfigError(f"resume: world_size={d.world_size} differs from the run's world_size={saved} "
-                          f"(processes: torchrun --nnodes × --nproc_per_node); resume with {saved}")
-    if ckpt["complete"] and (ckpt["stop_reason"] != "epochs_completed" or c.training.epochs <= ckpt["epoch"]):
-        if d.writes:
-            print(f"{run_dir}: run already finished ({ckpt['stop_reason']}); nothing to do")
-        return Run.already_finished(c, run_dir, overrides, d, ckpt)
-    return Run.from_checkpoint(c, run_dir, overrides, d, seeds, ckpt)
-
-
-def _open_run_dir(run: Run) -> None:
-    """Rank 0's first writes: metrics.csv (the checkpoint's rows), the charge for lost lots made
-    durable, config.resolved.yaml, privacy.json, and the opening console line."""
-    c, p, run_dir, lost = run.c, run.c.privacy, run.run_dir, run.progress.lost
-    run.writer = MetricsWriter(run_dir, COLUMNS + (["audit"] if run.instrument is not None else []), run.writer.rows)
-    res = run.reservations
-    if lost:   # make the charge durable before anything else runs
-        run.checkpoint(False, None)
-    elif not c.resume:
-        res.bind(secrets.token_hex(8), 0)
-    elif res.token != res.expected:     # still bound to the previous checkpoint: bind it to this one
-        res.bind(res.expected, run.progress.steps)
-    if not (run_dir / "config.resolved.yaml").exists():   # the validated, fully resolved config
-        import yaml
-        label = (f"# AUDIT RUN ({run.instrument.label.get('summary', 'audit')}): the training data held the audit's "
-                 "canaries\n" if run.instrument is not None else "")
-        atomic_write_text(run_dir / "config.resolved.yaml", label + yaml.safe_dump(c.to_dict(), sort_keys=False))
-    write_json(run_dir / PRIVACY, run.statement("running", None))
-    built, d = run.parts, run.dist
-    ws = f", {d.world_size} processes ({d.describe(built.device)['backend']})" if d.active else ""
-    if p.private:
-        tag = "dpsgd AUDIT RUN" if run.instrument is not None else "dpsgd"
-        print(f"{tag}: {c.dataset.name} N={len(built.data.X_train)} → {run_dir}  (device {built.device}{ws}, engine "
-              f"{built.clipper.mode}, k={built.k}, {built.sampler.name} q={built.sampler.q:.4g}, σ={p.sigma}, "
-              f"C={p.clip_norm}, L={p.lot_size})", flush=True)
-    else:
-        print(f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
-    if lost:
-        print(f"resume: charged {lost} lot(s) that ran after the last checkpoint and cannot be replayed "
-              f"as the same releases ({run.progress.lost_why})", flush=True)

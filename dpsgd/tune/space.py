@@ -3,7 +3,7 @@
 Every point of the grid (the product of the choices) is composed and validated here, before any
 work, and charged as the run it will be: q = L/N of the Poisson sampler, its planned lots
 (training.epochs × lots per epoch, or training.max_steps if fewer) and k, the separately clipped
-groups (``dpsgd/config/schema.py:clipping_groups``). The selection's base curve must bound every
+groups (``dpsgd/config/calibration.py:clipping_groups``). The selection's base curve must bound every
 point of the grid, not only the points drawn (the hyperparameter draw is part of each candidate run
 in Papernot & Steinke's analysis).
 """
@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from dpsgd.accountant.calibrate import lots_for_epochs
 from dpsgd.config.model import validate_model
-from dpsgd.config.schema import Config, clipping_groups, override_key, validate
+from dpsgd.config.calibration import clipping_groups
+from dpsgd.config.overrides import override_key
+from dpsgd.config.schema import Config, validate
 from dpsgd.core.errors import ConfigError
 from dpsgd.run.cli import compose, data_ready
 

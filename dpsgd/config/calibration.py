@@ -1,0 +1,96 @@
+"""σ from the target ε: ``privacy.calibrate_sigma=true`` sets ``privacy.sigma`` so that the planned lots
+spend at most ``privacy.target_epsilon`` under the configured accountant and convention.
+
+Poisson sampling calibrates with ``dpsgd/accountant/calibrate.py:sigma_for_epsilon`` (bisection on log σ
+over the configured accountant's ε after the planned lots); the other samplers bisect over their own
+charges (``sampler.release``) recorded in a ``Ledger``. Either way ε(σ) is kept at or below the target
+and within 0.5 % of it. The k of the charge is the number of
+separately clipped groups (``clipping_groups``), the rule the clipping engine clips by.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from dpsgd.accountant import limits
+from dpsgd.core.errors import ConfigError
+from dpsgd.data.datasets import DATASETS
+from dpsgd.models.networks import build_model, frozen_names
+
+
+def calibrated_sigma(c, sampler, shape) -> float:
+    """σ such that the planned lots (training.epochs, or training.max_steps if fewer) of the ``Config``
+    ``c`` spend at most privacy.target_epsilon under the configured accountant and convention
+    (``dpsgd/accountant/calibrate.py:sigma_for_epsilon``; ε within 0.5 % below the target)."""
+    import torch
+
+    p, t, key = c.privacy, c.training, "privacy.calibrate_sigma=true"
+    if not p.private:
+        raise ConfigError(f"{key}: a non-private run has no σ to calibrate")
+    if p.target_epsilon is None:
+        raise ConfigError(f"{key}: needs privacy.target_epsilon (the ε to spend over training.epochs)")
+    if p.sampling == "shuffle":
+        raise ConfigError(f"{key}: shuffle is charged without amplification; set privacy.sigma (or another sampling)")
+    if c.model.projection == "pca":
+        raise ConfigError(f"{key}: does not include the DP-PCA release; set privacy.sigma or model.projection=none")
+    steps = t.epochs * sampler.lots_per_epoch()
+    if t.max_steps is not None:
+        steps = min(steps, t.max_steps)
+    if steps < 1:
+        raise ConfigError(f"{key}: training.epochs={t.epochs} plans no lot to calibrate σ for")
+    with torch.device("meta"):
+        model = build_model(c.model, shape, DATASETS[c.dataset.name].classes)
+    k = clipping_groups(model, p.clipping, c.model.freeze)
+    try:
+        if p.sampling != "poisson":
+            return _sigma_for_sampler(sampler, p.target_epsilon, p.delta, steps, c.accountant.name, k, p.convention)
+        return _sigma_for_epsilon(p.target_epsilon, p.delta, sampler.q, steps, c.accountant.name, k, p.convention)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+
+
+@functools.lru_cache(maxsize=32)
+def _sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention) -> float:
+    """``sigma_for_epsilon``, remembered per process (a command validates its config more than once)."""
+    from dpsgd.accountant.calibrate import sigma_for_epsilon
+    return float(sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention))
+
+
+def _sigma_for_sampler(sampler, target, delta, steps, accountant, groups, convention, rtol=0.005) -> float:
+    """σ for samplers other than Poisson: bisection on log σ over the sampler's own charges (its
+    ``release`` for each of the ``steps`` lots) in a ledger, keeping ε(σ) <= target, stopping within
+    rtol of the target from below (as ``calibrate.sigma_for_epsilon``)."""
+    from dpsgd.accountant import Ledger
+
+    per = sampler.lots_per_epoch()
+
+    def eps(sigma: float) -> float:
+        led = Ledger()
+        for j in range(min(steps, per)):
+            ch = sampler.release(sigma, j)
+            if ch is not None:
+                led.record(ch.q, ch.sigma, steps // per + (1 if j < steps % per else 0), groups, "sgd", *ch[2:])
+        return led.epsilon(delta, accountant, convention)[0]
+
+    lo, hi = math.log(max(limits.SIGMA_MIN, 0.1)), math.log(min(limits.SIGMA_MAX, 1e3))
+    if eps(math.exp(hi)) > target:
+        raise ValueError(f"target ε={target} is not reached with σ <= {math.exp(hi):g}")
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        e = eps(math.exp(mid))
+        if e <= target:
+            hi = mid
+            if e >= (1 - rtol) * target:
+                break
+        else:
+            lo = mid
+    return math.exp(hi)
+
+
+def clipping_groups(model, clipping: str, freeze: str = "none") -> int:
+    """k, the separately clipped groups of ``model`` once ``model.freeze`` has frozen its public tensors
+    (frozen here, in place): ``dpsgd/mechanism/clipping/groups.py:clipping_groups``, the rule the engine clips by."""
+    from dpsgd.mechanism.clipping.groups import clipping_groups as groups
+    for n in frozen_names(model, freeze):
+        model.get_parameter(n).requires_grad_(False)
+    return len(groups(model, clipping))
