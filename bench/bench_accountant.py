@@ -15,13 +15,15 @@ from pathlib import Path
 
 from bench import write_csv
 from dpsgd.accountant import Ledger, moments, pld, rdp
+from dpsgd.accountant.pld_fft import _step_fft
+from dpsgd.accountant.pld_lot import _step_pmf
 
 DELTA = 1e-5
 OUT = Path("results/bench_accountant.csv")
 
 
 def _clear_caches():
-    for f in (moments._log_moments, rdp._rdp_curve, pld._step_pmf, pld._step_fft):
+    for f in (moments._log_moments, rdp._rdp_curve, _step_pmf, _step_fft):
         f.cache_clear()
 
 

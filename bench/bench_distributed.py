@@ -39,7 +39,7 @@ SIGMA, C, LR = 4.0, 4.0, 0.05
 
 
 def _data(subset=None):
-    from dpsgd.data.datasets import load_dataset
+    from dpsgd.data.readers import load_dataset
     from dpsgd.mechanism.pca import fit_projection, project
     Xtr, ytr, _, _ = load_dataset("mnist", os.environ.get("DPSGD_DATA_ROOT"), subset)
     V = fit_projection("pca", Xtr, 60, 0.0, torch.Generator().manual_seed(0))

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from dpsgd.data import datasets as data
+from dpsgd.data.archives import _md5_of
 
 
 def images(labels: np.ndarray, classes: int, rng: np.random.Generator) -> np.ndarray:
@@ -76,4 +77,4 @@ def trust(monkeypatch, root: Path, names=("cifar10", "cifar100")) -> None:
     for name in names:
         folder = Path(root) / data.DATASETS[name][0]
         for rel in data.EXPECTED_MD5[name]:
-            monkeypatch.setitem(data.EXPECTED_MD5[name], rel, data._md5_of(folder / rel))
+            monkeypatch.setitem(data.EXPECTED_MD5[name], rel, _md5_of(folder / rel))

@@ -24,7 +24,7 @@ from dpsgd.data.augment import (AUGMENTATIONS, LotTransform, center_crop, crop_f
                            per_image_standardization)
 from dpsgd.run.checkpoint import load_checkpoint
 from dpsgd.config.schema import validate
-from dpsgd.data.datasets import main as data_main
+from dpsgd.data.archives import main as data_main
 from dpsgd.core.errors import ConfigError
 from dpsgd.run.launch import compose
 from dpsgd.run.prepare import prepare_resume
@@ -285,6 +285,6 @@ def test_data_cli_seeds_cifar_only_when_present_locally(tmp_path, monkeypatch, c
     write_cifar10(src, n_train=10, n_test=5)
     trust(monkeypatch, src, ("cifar10",))
     monkeypatch.setenv("DPSGD_DATA_ROOT", str(root))
-    monkeypatch.setattr("dpsgd.data.datasets.ensure_dataset", lambda name, *a, **k: f"{name}: ok")
+    monkeypatch.setattr("dpsgd.data.archives.ensure_dataset", lambda name, *a, **k: f"{name}: ok")
     assert data_main(["--source", str(src), "--no-download"]) == 0
     assert capsys.readouterr().out.split() == ["mnist:", "ok", "fashion_mnist:", "ok", "cifar10:", "ok"]

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import dpsgd.data.datasets as data
-from dpsgd.data.datasets import DataUnavailable, default_source, ensure_dataset, load_dataset, main
+from dpsgd.data.archives import _md5_of, default_source, ensure_dataset, main
+from dpsgd.data.datasets import DataUnavailable
+from dpsgd.data.readers import load_dataset
 
 
 def test_mnist_tensors_shapes_and_range():
@@ -76,7 +78,7 @@ def _trust(monkeypatch, name: str, root: Path) -> None:
     """Register the md5 of generated files as expected (the test-only way past the integrity check)."""
     folder = root / data.DATASETS[name][0]
     for rel in data.EXPECTED_MD5[name]:
-        monkeypatch.setitem(data.EXPECTED_MD5[name], rel, data._md5_of(folder / rel))
+        monkeypatch.setitem(data.EXPECTED_MD5[name], rel, _md5_of(folder / rel))
 
 
 @pytest.mark.parametrize("name", ["cifar10", "cifar100"])
@@ -149,7 +151,7 @@ def test_cifar_tar_md5_checked_when_copied(tmp_path, monkeypatch):
         ensure_dataset("cifar10", root, source=src, download=False)
     assert f"{src / archive} (from DPSGD_DATA_SOURCE={src}) fails its md5 check" in str(e.value)
     assert list(root.iterdir()) == []                                   # bad copy removed, nothing extracted
-    monkeypatch.setitem(data.EXPECTED_ARCHIVE_MD5, "cifar10", (archive, data._md5_of(src / archive)))
+    monkeypatch.setitem(data.EXPECTED_ARCHIVE_MD5, "cifar10", (archive, _md5_of(src / archive)))
     _trust(monkeypatch, "cifar10", tmp_path / "gen")
     msg = ensure_dataset("cifar10", root, source=src, download=False)
     assert msg.startswith(f"cifar10: copied {src / archive} to {root} and extracted it")
@@ -162,7 +164,7 @@ def test_cifar_tar_already_in_root_is_verified_then_extracted(tmp_path, monkeypa
     with pytest.raises(DataUnavailable, match=f"{archive} fails its md5 check"):
         ensure_dataset("cifar100", root, source=tmp_path / "none", download=False)
     assert sorted(p.name for p in root.iterdir()) == [archive]          # refused, kept, nothing extracted
-    monkeypatch.setitem(data.EXPECTED_ARCHIVE_MD5, "cifar100", (archive, data._md5_of(root / archive)))
+    monkeypatch.setitem(data.EXPECTED_ARCHIVE_MD5, "cifar100", (archive, _md5_of(root / archive)))
     _trust(monkeypatch, "cifar100", tmp_path / "gen")
     assert ensure_dataset("cifar100", root, source=tmp_path / "none", download=False).startswith(
         f"cifar100: extracted {root / archive}, md5 verified (2 files)")

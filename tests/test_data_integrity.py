@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-import dpsgd.data.datasets as data
-from dpsgd.data.datasets import (EXPECTED_ARCHIVE_MD5, EXPECTED_MD5, DataUnavailable, default_root, default_source,
-                        ensure_dataset, load_dataset, main)
+from dpsgd.data.archives import _md5_of, _reason, default_root, default_source, ensure_dataset, main
+from dpsgd.data.datasets import EXPECTED_ARCHIVE_MD5, EXPECTED_MD5, DataUnavailable
+from dpsgd.data.readers import load_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 LABELS = "raw/train-labels-idx1-ubyte.gz"
@@ -110,12 +110,12 @@ def test_unreadable_archive_second_line_of_defence(tmp_path, monkeypatch):
              LABELS: gzip.compress(b"\x00\x00\x08\x01" + (60000).to_bytes(4, "big") + bytes(59999))}  # short
     for rel, content in cases.items():
         _replace(root / "MNIST" / rel, content)
-        monkeypatch.setitem(EXPECTED_MD5["mnist"], rel, data._md5_of(root / "MNIST" / rel))
+        monkeypatch.setitem(EXPECTED_MD5["mnist"], rel, _md5_of(root / "MNIST" / rel))
     with pytest.raises(DataUnavailable) as e:
         load_dataset("mnist", root, download=False)
     assert str(root / "MNIST" / IMAGES) in _one_line(e) and "cannot be decompressed" in str(e.value)
     shutil.copyfile(_mnist_folder() / IMAGES, root / "MNIST" / IMAGES)
-    monkeypatch.setitem(EXPECTED_MD5["mnist"], IMAGES, data._md5_of(root / "MNIST" / IMAGES))
+    monkeypatch.setitem(EXPECTED_MD5["mnist"], IMAGES, _md5_of(root / "MNIST" / IMAGES))
     with pytest.raises(DataUnavailable) as e:
         load_dataset("mnist", root, download=False)
     assert str(root / "MNIST" / LABELS) in _one_line(e) and "not a uint8 IDX file" in str(e.value)
@@ -251,7 +251,7 @@ def test_failed_download_keeps_what_existed(tmp_path, monkeypatch):
     (RuntimeError(), "RuntimeError"),
 ])
 def test_reason_is_the_first_informative_line(err, expected):
-    assert data._reason(err) == expected
+    assert _reason(err) == expected
 
 
 def test_reason_walks_cause_and_context():
@@ -261,7 +261,7 @@ def test_reason_walks_cause_and_context():
         except OSError:
             raise RuntimeError("")
     except RuntimeError as e:
-        assert data._reason(e) == "inner cause"
+        assert _reason(e) == "inner cause"
 
 
 def test_trainer_refuses_a_truncated_archive_before_making_a_run_dir(tmp_path):

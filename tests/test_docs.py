@@ -208,7 +208,7 @@ def test_page_names_exist(page):
 def test_architecture_traces_the_pipeline():
     """ARCHITECTURE.md names the functions a lot passes through, config to figure."""
     text = (REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
-    for ref in ("dpsgd/config/schema.py:validate", "dpsgd/data/datasets.py:load_dataset", "dpsgd/mechanism/pca.py:fit_projection",
+    for ref in ("dpsgd/config/schema.py:validate", "dpsgd/data/readers.py:load_dataset", "dpsgd/mechanism/pca.py:fit_projection",
                 "dpsgd/mechanism/sampling.py:PoissonSampler.epoch", "dpsgd/train.py:run_epoch",
                 "dpsgd/mechanism/clipping/engine.py:PerExampleClipper.clipped_sum", "dpsgd/mechanism/optim.py:DPSGD.step",
                 "dpsgd/accountant/ledger.py:Ledger.record", "dpsgd/run/report.py:metrics_row",

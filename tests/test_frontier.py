@@ -323,7 +323,7 @@ def test_validation_split_holds_out_training_examples_never_the_test_set(tmp_pat
     run = setup(c, tmp_path / "run", [])
     Xtr, ytr, Xval, yval = run.parts.data
     assert len(Xtr) == 1200 and len(Xval) == 300 and run.parts.sampler.q == 300 / 1200
-    from dpsgd.data.datasets import load_dataset
+    from dpsgd.data.readers import load_dataset
     _, y_all, _, _ = load_dataset("mnist", None, 1500, None)
     assert torch.equal(yval.cpu(), y_all[1200:]) and torch.equal(ytr.cpu(), y_all[:1200])
     with pytest.raises(ConfigError, match=r"^dataset.validation=1500: must be <= 1499"):

@@ -91,7 +91,7 @@ def test_tiny_end_to_end_run(tmp_path):
     assert ck["ema"]["updates"] == 12 and ck["ema"]["decay"] == 0.9
     model = TanhCNN(norm="group")
     model.load_state_dict(ck["ema"]["weights"])
-    from dpsgd.data.datasets import load_dataset
+    from dpsgd.data.readers import load_dataset
     Xtr, ytr, _, _ = load_dataset("mnist", None, 600, None, download=False)
     loss, acc = evaluate(model, Xtr, ytr, 10000)         # the EMA weights are the ones evaluated
     # the same float32 evaluation replayed (same weights and batches); 1e-6 ≈ 8·eps32 allows

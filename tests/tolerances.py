@@ -52,7 +52,7 @@ def _pld_grid_step(releases: tuple, interval: float) -> float:
 def pld_grid_step(releases, interval: float | None = None, delta: float | None = None) -> float:
     """The spacing h of the privacy-loss grid the PLD accountant uses for ``releases``
     [(q, σ, lots), ...] (the coarser of its two directions; h starts at ``interval`` and doubles
-    where the composed loss needs more than pld.MAX_POINTS grid points). With ``delta``: the grid
+    where the composed loss needs more than pld_fft.MAX_POINTS grid points). With ``delta``: the grid
     behind ε(δ) (``pld.grid_step``; at tiny δ the tilted composition's, which may differ)."""
     from dpsgd.accountant import pld
     interval = pld.DEFAULT_INTERVAL if interval is None else float(interval)

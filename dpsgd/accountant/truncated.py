@@ -22,7 +22,7 @@ condition on whether truncation happens given that the differing example x was d
 
 The lot's PLD is the mixture (1 − p_t)·ω_Poisson + p_t·ω_replace of the two discrete PLDs (the pair
 that also reveals which case happened, hence dominating). Each part is discretised by connect-the-dots
-(Doroshenko et al. 2022: pessimistic), the Poisson part by ``pld._step_pmf`` itself. T lots (and any
+(Doroshenko et al. 2022: pessimistic), the Poisson part by ``pld_lot._step_pmf`` itself. T lots (and any
 other Poisson-subsampled releases of the run, e.g. DP-PCA) compose by one FFT power on a cyclic window
 placed by Chernoff bounds (mass above the window, <= WINDOW_TAIL, is added to δ; mass below aliases
 upwards, pessimistic), as in ``pld.py``; this module serves δ >= pld.TILT_BELOW (1e-12) only.
@@ -38,6 +38,8 @@ from scipy import fft as sfft
 from scipy import special, stats
 
 from . import pld
+from .pld_fft import MAX_INTERVAL, WINDOW_TAIL
+from .pld_lot import STEP_TAIL, _T_GRID, _step_pmf, _z_tail
 from ._checks import check_delta, check_q, check_sigma, check_steps
 
 MAX_POINTS = 1 << 21             # largest FFT window before h is doubled
@@ -70,7 +72,7 @@ def _mass(a, b, mean_w, s):
 def _replace_pmf(qt: float, sigma: float, h: float):
     """Connect-the-dots discrete PLD of the replace-one pair: (i_lo, probs, p_inf)."""
     s = sigma / 2.0
-    z = pld._z_tail(pld.STEP_TAIL)
+    z = _z_tail(STEP_TAIL)
     xlo, xhi = -1.0 - z * s, 1.0 + z * s
     lo, hi = float(_replace_loss(xhi, qt, s)), float(_replace_loss(xlo, qt, s))
     i_lo, i_hi = math.floor(lo / h), max(math.ceil(hi / h), math.floor(lo / h) + 1)
@@ -98,11 +100,11 @@ def _replace_pmf(qt: float, sigma: float, h: float):
 def _lot_pmf(release, h: float, direction: str):
     """(i_lo, probs, p_inf) of one lot: ("poisson", q, σ) or ("truncated", N, q, B, σ)."""
     if release[0] == "poisson":
-        i_lo, probs, p_inf, _ = pld._step_pmf(release[1], release[2], h, direction)
+        i_lo, probs, p_inf, _ = _step_pmf(release[1], release[2], h, direction)
         return i_lo, probs, p_inf
     _, N, q, B, sigma = release
     p_t, q_t = truncation(N, q, B)
-    i1, w1, inf1 = pld._step_pmf(q, sigma, h, direction)[:3]
+    i1, w1, inf1 = _step_pmf(q, sigma, h, direction)[:3]
     if p_t == 0.0:
         return i1, w1, inf1
     i2, w2, inf2 = _replace_pmf(q_t, sigma, h)
@@ -131,12 +133,12 @@ def _compose(releases, h: float, direction: str):
 
 def compose_pmfs(lots, h: float):
     """FFT composition of discrete PLDs [((i_lo, probs, p_inf), count), ...] on grid h, on a cyclic
-    window [a, b] placed by Chernoff bounds (pld._T_GRID): returns (ℓ, c, mass above the window
+    window [a, b] placed by Chernoff bounds (pld_lot._T_GRID): returns (ℓ, c, mass above the window
     (bound, <= WINDOW_TAIL), mass below it (bound; it aliased upwards), ∞ mass), or None when the
     window needs more than MAX_POINTS points."""
-    t = pld._T_GRID
+    t = _T_GRID
     lam = sum(n * _log_mgf(i, w, h, t) for (i, w, _), n in lots)
-    log_tau = math.log(pld.WINDOW_TAIL)
+    log_tau = math.log(WINDOW_TAIL)
     pos, neg = t > 0, t < 0
     a = math.floor(float(np.max((lam[neg] - log_tau) / t[neg])) / h)
     b = math.ceil(float(np.min((lam[pos] - log_tau) / t[pos])) / h)
@@ -206,7 +208,7 @@ def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_I
         h = float(interval)
         while (comp := _compose(rel, h, direction)) is None:
             h *= 2.0
-            if h > pld.MAX_INTERVAL:
+            if h > MAX_INTERVAL:
                 raise ValueError("truncated: the composed privacy loss spans too many grid points; not served")
         out = max(out, _epsilon(*comp, delta))
     return out

@@ -1,6 +1,6 @@
-"""python -m dpsgd.data: seed the data root (see datasets.main)."""
+"""python -m dpsgd.data: seed the data root (see archives.main)."""
 import sys
 
-from dpsgd.data.datasets import main
+from dpsgd.data.archives import main
 
 sys.exit(main())

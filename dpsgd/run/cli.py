@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dpsgd.core.errors import ConfigError, Diverged, Interrupted
-from dpsgd.data.datasets import DataUnavailable, ensure_dataset
+from dpsgd.data.archives import ensure_dataset
+from dpsgd.data.datasets import DataUnavailable
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 MULTIRUN_FLAGS = ("--multirun", "-m")

@@ -17,7 +17,8 @@ import torch
 
 from dpsgd.config.schema import Config
 from dpsgd.data.augment import LotTransform, lot_generator
-from dpsgd.data.datasets import DATASETS, input_shape, load_dataset
+from dpsgd.data.datasets import DATASETS, input_shape
+from dpsgd.data.readers import load_dataset
 from dpsgd.models.networks import build_model, frozen_names
 from dpsgd.run import distributed
 
@@ -116,7 +117,7 @@ def load_data(c: Config) -> Data:
     Xtr, ytr, Xte, yte = load_dataset(ds.name, ds.root, ds.subset, None if ds.augment != "none" else ds.crop,
                                       download=ds.download)
     if c.model.features != "none":   # fixed per-example features (ScatterNet): no privacy cost, cached
-        from dpsgd.data.datasets import default_root
+        from dpsgd.data.archives import default_root
         from dpsgd.data.features import transform
         Xtr, Xte = transform(c.model.features, Xtr, Xte, dataset=ds.name,
                              root=Path(ds.root) if ds.root else default_root(),
