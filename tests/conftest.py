@@ -12,13 +12,38 @@ the batch-of-1 reference loop in tests/dp_reference.py.
 import csv
 import hashlib
 import os
+import sys
 from pathlib import Path
 
+import absl.logging
 import torch
 
 THREADS = int(os.environ.get("DPSGD_TEST_THREADS", "1"))
 os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))   # inherited by subprocesses
 torch.set_num_threads(THREADS)
+
+
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is at the moment of writing; closing it closes nothing.
+
+    absl (imported by dp_accounting, a test reference) creates its logging handler on the stream that
+    is ``sys.stderr`` at import, which under pytest is the capture's file, and its ``close`` closes that
+    stream. A later ``logging.config.dictConfig`` in this process (submitit's import does one; so does
+    Hydra's job logging) closes every existing handler, so pytest's own capture was closed under it and
+    the session died at its end ("I/O operation on closed file") in whichever test imported submitit
+    after dp_accounting. Pointed at this, absl still writes into the capture of the test running."""
+
+    def write(self, s: str) -> int:
+        return sys.stderr.write(s)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        pass
+
+
+absl.logging.get_absl_handler().python_handler.stream = _CurrentStderr()
 
 
 def metrics_rows(run: Path) -> list[dict]:
