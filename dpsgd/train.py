@@ -79,7 +79,10 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None, in
         run_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(run_dir, "resume" if c.resume else "hydra.run.dir") if writer else nullcontext():
         run = setup(c, run_dir, list(overrides or []), instrument)
-        return run.finished if run.finished is not None else algorithm1(run)
+        try:
+            return run.finished if run.finished is not None else algorithm1(run)
+        finally:
+            run.reservations.close()
 
 
 def algorithm1(run: Run) -> dict:

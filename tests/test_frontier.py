@@ -309,7 +309,7 @@ def test_a_version_2_checkpoint_without_optimizer_state_is_refused_in_one_line(t
     monkeypatch.setattr(checkpoint, "FORMAT_VERSION", 2)
     checkpoint.save_checkpoint(tmp_path, {"epoch": 1})
     monkeypatch.undo()
-    with pytest.raises(checkpoint.CheckpointError, match=f"format version 2, this dpsgd reads version {checkpoint.FORMAT_VERSION}") as e:
+    with pytest.raises(checkpoint.CheckpointError, match=f"format version 2, this dpsgd reads versions .*{checkpoint.FORMAT_VERSION}") as e:
         load_checkpoint(tmp_path)
     assert "\n" not in str(e.value)
 

@@ -6,7 +6,9 @@ Kills are simulated in-process: ``Killed`` (a BaseException, like SIGKILL it run
 trainer and writes nothing more) is raised after a chosen lot has run or just before a checkpoint is
 written (after the epoch's metrics row). Every lot that runs is logged with its absolute position and a
 digest of the weights it produced, so the releases that may have reached an output are counted
-independently of the ledger (two runs of one lot are one release only when bit-identical).
+independently of the ledger (two runs of one lot are one release only when bit-identical). An
+attempt may compute "as another CPU does" (``other_cpu``): after every lot the last bit of one weight
+flips, as a kernel with another summation order or FMA would leave it; nothing in the replay key sees it.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import metrics_rows
 from dpsgd import train as training
@@ -47,10 +50,13 @@ class Harness:
 
     def __init__(self, monkeypatch, run: Path):
         self.run, self.log, self.kill = run, [], None     # kill: ("lot", n) or ("checkpoint", n) or None
+        self.other_cpu = False
         self._n = {"lot": 0, "checkpoint": 0}
         charge, checkpoint = runstate.Run.charge, runstate.Run.checkpoint
 
         def logged_charge(r, release):
+            if self.other_cpu:
+                flip_last_bit(next(r.parts.model.parameters()))
             w = b"".join(p.detach().cpu().numpy().tobytes() for p in r.parts.model.parameters())
             self.log.append((r.progress.steps, hashlib.sha256(w).hexdigest()))
             self._due("lot")
@@ -68,28 +74,34 @@ class Harness:
         if self.kill is not None and self.kill == (what, self._n[what]):
             raise Killed
 
-    def _go(self, fn, kill):
-        self.kill, self._n = kill, {"lot": 0, "checkpoint": 0}
+    def _go(self, fn, kill, other_cpu=False):
+        self.kill, self._n, self.other_cpu = kill, {"lot": 0, "checkpoint": 0}, other_cpu
         try:
             return fn()
         except Killed:
             return None
         finally:
-            self.kill = None
+            self.kill, self.other_cpu = None, False
 
     def fresh(self, *extra: str, kill=None) -> dict | None:
         args = [*TINY, *extra]
         return self._go(lambda: training.train(validate(T.compose(args)), self.run, args), kill)
 
-    def resume(self, *extra: str, kill=None) -> dict | None:
+    def resume(self, *extra: str, kill=None, other_cpu=False) -> dict | None:
         def go():
             c, rd, rest = prepare_resume([f"resume={self.run}", *extra])
             return training.train(c, rd, rest)
-        return self._go(go, kill)
+        return self._go(go, kill, other_cpu)
 
     def releases(self) -> int:
         """Distinct releases that ran (a lot's position and the weights it produced)."""
         return len(set(self.log))
+
+
+def flip_last_bit(p) -> None:
+    """The last bit of the first element of ``p`` flipped, in place (a one-ulp change)."""
+    with torch.no_grad():
+        p.view(-1)[:1].view(torch.int32).bitwise_xor_(1)
 
 
 def _lots(st: dict, labels=("sgd", "lost")) -> int:
@@ -171,8 +183,15 @@ def killed(killed_template, tmp_path, monkeypatch):
     h = Harness(monkeypatch, tmp_path / "run")
     h.log.extend(log)
     reserved = max(json.loads(x).get("upto", 0) for x in (h.run / RESERVATIONS).read_text().splitlines())
-    assert reserved >= 35
+    assert reserved >= 35 and _digested(h.run) == list(range(21, PROVED + 1))
     return h, reserved
+
+
+PROVED = 34     # the killed run digested lots 21..34; lot 35 ran but died before its digest was written
+
+
+def _digested(run: Path) -> list[int]:
+    return [json.loads(x)["ran"] for x in (run / RESERVATIONS).read_text().splitlines() if '"ran"' in x]
 
 
 def test_a_changed_key_that_no_list_names_is_refused(killed):
@@ -190,7 +209,7 @@ def test_a_changed_key_that_no_list_names_is_refused(killed):
 def test_a_resume_that_is_not_a_replay_charges_the_reserved_lots(killed, change, charged):
     h, reserved = killed
     st = h.resume(*change)
-    lost = reserved - 20 if charged else 0
+    lost = reserved - 20 if charged else reserved - PROVED    # a replay: only the lots no digest proves
     assert _lots(st, ("lost",)) == lost and st["resumes"][-1]["lost_lots_charged"] == lost
     assert _lots(st, ("sgd",)) == 40
     if charged:
@@ -231,9 +250,15 @@ def test_an_owed_replay_survives_a_later_checkpoint(killed):
     resume stops early: the lots reserved before the first resume are still charged."""
     h, reserved = killed
     h.resume("training.checkpoint_every=1", kill=("lot", 12))     # checkpoint at 30, dies at lot 32
-    assert load_checkpoint(h.run)["reservations"]["owed"] == reserved
+    debts = load_checkpoint(h.run)["reservations"]["debts"]
+    assert [(d["first"], d["upto"]) for d in debts] == [(31, reserved)]       # 21..30 proved
+    assert sorted(map(int, debts[0]["hashes"])) == list(range(31, PROVED + 1))
+    second = max(json.loads(x).get("upto", 0) for x in (h.run / RESERVATIONS).read_text().splitlines())
+    assert _digested(h.run) == [31]          # the replay's own lot 31 (equal to the first run's)
     st = h.resume("training.epochs=3")
-    assert _lots(st, ("sgd",)) == 30 and _lots(st, ("lost",)) == reserved - 30
+    # the first run's lots 31..reserved, and the replay's lots 32..second: it died in lot 32, unproved
+    assert _lots(st, ("sgd",)) == 30 and _lots(st, ("lost",)) == (reserved - 30) + (second - 31)
+    assert _lots(st) >= h.releases()
 
 
 # ----------------------------------------------------------------- lots.reserved bound to the checkpoint
@@ -298,10 +323,10 @@ def _play(h: Harness, seed: int) -> dict:
             with pytest.raises(ConfigError):
                 h.resume(*rng.choice(DENIED))
             assert _snapshot(h.run) == before
-        h.resume(*rng.choice(ALLOWED), kill=_kill(rng))
+        h.resume(*rng.choice(ALLOWED), kill=_kill(rng), other_cpu=rng.random() < 0.4)
     if load_checkpoint(h.run) is None:
         return {}
-    return h.resume()
+    return h.resume(other_cpu=rng.random() < 0.4)
 
 
 def _epsilon(entries: list[tuple], delta: float) -> float:

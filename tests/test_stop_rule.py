@@ -25,7 +25,8 @@ TINY = ["dataset.subset=3000", "privacy.lot_size=150", "privacy.physical_batch_s
 
 def _run(tmp_path, sampling, epochs, max_steps, epoch, steps, budget, N=100, L=10):
     """A Run holding only what the stop rule reads: the training limits, the progress, the sampler."""
-    c = SimpleNamespace(training=SimpleNamespace(epochs=epochs, max_steps=max_steps))
+    c = SimpleNamespace(training=SimpleNamespace(epochs=epochs, max_steps=max_steps),
+                        privacy=SimpleNamespace(private=True, secure_rng=True, sigma=1.0))   # no lot digests
     parts = SimpleNamespace(sampler=make_sampler(sampling, N, L, torch.Generator().manual_seed(0)), k=1)
     return Run(c=c, run_dir=Path(tmp_path), overrides=[], dist=Dist(),
                progress=Progress(ledger=Ledger(), epoch=epoch, steps=steps, budget=budget),

@@ -35,7 +35,10 @@ class CheckpointError(ConfigError):
 
 
 _MAGIC = b"DPSGD-CHECKPOINT\n"
-FORMAT_VERSION = 4      # 3: the optimiser state (momentum buffers); 4: whole-config fingerprint, bound lots.reserved
+FORMAT_VERSION = 5      # 3: the optimiser state (momentum buffers); 4: whole-config fingerprint, bound lots.reserved;
+                        # 5: the debts of earlier attempts with their lot digests (dpsgd/run/replay.py)
+READS = (4, 5)          # 4 is read: its ``owed`` lots carry no digests, so a resume charges them
+SUPERSEDED = "metrics.superseded.csv"
 REQUIRED_KEYS = ("version", "epoch", "steps", "complete", "stop_reason", "model", "ledger", "sampler", "noise",
                  "optimizer",
                  "projection", "target_epsilon", "rows", "fingerprint", "overrides", "replay", "wall_time_s",
@@ -78,8 +81,8 @@ def load_checkpoint(run_dir: str | Path) -> dict | None:
         fmt, digest, size = header["format"], header["sha256"], header["bytes"]
     except (ValueError, KeyError, TypeError):
         raise bad("damaged header") from None
-    if fmt != FORMAT_VERSION:
-        raise bad(f"format version {fmt}, this dpsgd reads version {FORMAT_VERSION}")
+    if fmt not in READS:
+        raise bad(f"format version {fmt}, this dpsgd reads versions {', '.join(map(str, READS))}")
     payload = data[head_end + 1:]
     if len(payload) != size:
         raise bad(f"truncated ({len(payload)} of {size} bytes)")
@@ -128,6 +131,51 @@ def check_resumable(saved: dict, current: dict) -> None:
                               f"{why}; privacy-relevant values cannot change on resume")
 
 
+def escaped_steps(run_dir: str | Path, ckpt: dict) -> int:
+    """The most lots that any output written after the checkpoint shows had run: the ``steps`` of the
+    metrics rows beyond the checkpoint's (in metrics.csv, and in metrics.superseded.csv beyond the
+    rows an earlier checkpoint already covered) and of the last privacy.json. Evidence independent of
+    lots.reserved: removing it can only stop the resume (one line), never lower the charge. A value that
+    is not an integer is not evidence (a row torn by a crash); one past ``STEPS_MAX`` is refused."""
+    from dpsgd.accountant import limits
+
+    run_dir, seen = Path(run_dir), [int(ckpt["steps"])]
+    bind = ckpt.get("reservations") or {}
+    for name, skip in ((METRICS, len(ckpt["rows"])), (SUPERSEDED, bind.get("superseded") or 0)):
+        rows = _csv_rows(run_dir / name)
+        if name == SUPERSEDED and len(rows) < skip:
+            raise ConfigError(f"resume: {run_dir / name}: holds {len(rows)} rows, the checkpoint covers {skip}: rows "
+                              "that show which lots ran were removed; restore the file or start a new run")
+        seen += [_int(r.get("steps")) for r in rows[skip:]]
+    try:
+        seen.append(_int(json.loads((run_dir / PRIVACY).read_text()).get("steps")))
+    except (OSError, ValueError, AttributeError):
+        pass
+    best = max(v for v in seen if v is not None)
+    if best > limits.STEPS_MAX:
+        raise ConfigError(f"resume: {run_dir}: an output shows steps={best}, past what any run can reach "
+                          f"({limits.STEPS_MAX}); the files were altered")
+    return best
+
+
+def _csv_rows(path: Path) -> list[dict]:
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(f"resume: {path}: unreadable ({getattr(e, 'strerror', None) or type(e).__name__}); "
+                          "it shows which lots ran: restore it or start a new run") from None
+
+
+def _int(v) -> int | None:
+    try:
+        return int(v) if v is not None and float(v) == int(v) else None
+    except (TypeError, ValueError):
+        return None
+
+
 class MetricsWriter:
     """Tidy ``metrics.csv``: one row per epoch, each appended with flush + fsync.
 
@@ -142,6 +190,7 @@ class MetricsWriter:
         # (Re)write header + the rows we know of atomically: on resume this drops rows written after
         # the checkpoint (they are recomputed identically), so no epoch appears twice.
         self._keep_superseded()
+        self.superseded = len(_csv_rows(self.path.with_name(SUPERSEDED)))   # rows a checkpoint covers
         self._rewrite()
 
     def _csv(self, rows, header: bool) -> str:
@@ -170,7 +219,7 @@ class MetricsWriter:
         lines = self.path.read_text().splitlines(keepends=True)
         extra = lines[1 + len(self.rows):]
         if extra:
-            sup = self.path.with_name("metrics.superseded.csv")
+            sup = self.path.with_name(SUPERSEDED)
             with naming(sup), open(sup, "a") as f:
                 if f.tell() == 0:
                     f.write(lines[0])

@@ -50,7 +50,8 @@ def setup(c: Config, run_dir: Path, overrides: list[str], instrument: parts.Inst
         at = run.progress
         distributed.agree_on(distributed.state_items(
             run.parts.data._asdict(), run.parts.state_dict(),
-            {"epoch": at.epoch, "steps": at.steps, "lost": at.lost, "ledger": at.ledger.to_dict()}),
+            {"epoch": at.epoch, "steps": at.steps, "lost": at.lost, "ledger": at.ledger.to_dict(),
+             "debts": [d.to_dict() for d in at.debts]}),
             distributed.SAME_BUILD)
     if run.writes:
         _open_run_dir(run)
@@ -81,12 +82,13 @@ def _open(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, s
 
 
 def _open_run_dir(run: Run) -> None:
-    """Rank 0's first writes: metrics.csv (the checkpoint's rows), the charge for lost lots made
-    durable, config.resolved.yaml, privacy.json, and the opening console line."""
+    """Rank 0's first writes: metrics.csv (the checkpoint's rows), the charge for lost lots or the debts
+    of earlier attempts made durable (a new checkpoint: lots.reserved then holds this attempt's lines
+    only), config.resolved.yaml, privacy.json, and the opening console line."""
     c, p, run_dir, lost = run.c, run.c.privacy, run.run_dir, run.progress.lost
     run.writer = MetricsWriter(run_dir, COLUMNS + (["audit"] if run.instrument is not None else []), run.writer.rows)
     res = run.reservations
-    if lost:   # make the charge durable before anything else runs
+    if lost or run.progress.debts:   # make the charge or the debts durable before anything else runs
         run.checkpoint(False, None)
     elif not c.resume:
         res.bind(secrets.token_hex(8), 0)
@@ -107,6 +109,10 @@ def _open_run_dir(run: Run) -> None:
               f"C={p.clip_norm}, L={p.lot_size})", flush=True)
     else:
         print(f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
+    owed = sum(d.lots for d in run.progress.debts)
+    if owed:
+        print(f"resume: {owed} lot(s) that ran after the last checkpoint are replayed and proved lot by lot "
+              "(parameter digests); each that differs is charged as lost", flush=True)
     if lost:
         print(f"resume: charged {lost} lot(s) that ran after the last checkpoint and cannot be replayed "
               f"as the same releases ({run.progress.lost_why})", flush=True)

@@ -5,10 +5,10 @@ sampler) and its progress (epoch, lots, the ledger and what still fits within th
 wall time). ``setup`` (opening.py) makes one of three: a fresh run (``Run.fresh``: the DP-PCA
 release is the first charge to a new ledger), a run continued from its verified checkpoint
 (``Run.from_checkpoint``: every generator and the ledger restored, the lots that ran after it
-charged unless the resume replays them as the very same releases (``Run.charge_lost``,
-``Run.settle``; why, and the charge itself: replay.py), the remaining budget recomputed from the
-ledger), or a run that has already finished (``Run.finished``: its final statement, nothing to
-build or run).
+charged unless the resume proves, lot by lot, that it replays them as the very same releases (equal
+parameter digests: ``Run.charge_lost``, ``Run.charge``, ``Run.settle``; why, and the charge itself:
+replay.py), the remaining budget recomputed from the ledger), or a run that has already finished
+(``Run.finished``: its final statement, nothing to build or run).
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from dpsgd.core.fileio import plain
 from dpsgd.core.runtime import configure_threads, describe_runtime, set_tf32
 from dpsgd.run import distributed
 from dpsgd.run import parts
-from dpsgd.run.checkpoint import MetricsWriter, save_checkpoint
+from dpsgd.run.checkpoint import MetricsWriter, escaped_steps, save_checkpoint
 from dpsgd.run.parts import Parts
-from dpsgd.run.replay import charge_lots, lost_reason, replay_key
+from dpsgd.run.replay import Debt, aligned, charge_lots, debts_of, digest, lost_reason, merge, replay_key
 from dpsgd.run.report import epsilons, privacy_statement
 from dpsgd.run.rundir import LotReservations
 
@@ -74,9 +74,9 @@ class Progress:
     steps: int = 0                   # lots run
     budget: int | None = None        # charges (lots; for shuffle, epochs) that still fit within the target ε
     resumes: list[dict] = field(default_factory=list)
-    lost: int = 0                    # lots charged on resume as lost (ran after the checkpoint, not replayable)
+    lost: int = 0                    # lots charged on resume as lost (ran after the checkpoint, not replayed)
     lost_why: str | None = None      # why the resume does not replay them
-    owed: int | None = None          # reserved lots a faithful replay must still reach (charged if it stops before)
+    debts: list[Debt] = field(default_factory=list)   # earlier attempts' lots this replay must still prove
     base: int = 0                    # lots at the checkpoint resumed from (an epoch boundary)
     wall_before: float = 0.0         # seconds run before this process
     t_start: float = field(default_factory=time.time)
@@ -145,7 +145,8 @@ class Run:
         progress.lost = run.charge_lost(ckpt)
         progress.resumes = list(ckpt["resumes"]) + [{
             "at_epoch": progress.epoch, "at_steps": progress.steps, "lost_lots_charged": progress.lost,
-            "lost_lots_reason": progress.lost_why, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "lost_lots_reason": progress.lost_why, "lots_to_prove": sum(d.lots for d in progress.debts),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "overrides": run.overrides}]
         progress.budget = run.compute_budget(resumed=True)
         progress.eps = epsilons(progress.ledger, c)
@@ -183,16 +184,61 @@ class Run:
         if t.max_steps is not None:
             limits["max_steps"] = t.max_steps - at.steps
         if at.budget is not None:
-            limits["target_epsilon_reached"] = sampler.lots_within(at.budget, lot)
+            # while a debt is owed, room is kept for the charge its first differing lot would bring
+            spare = at.budget - self._pending(lot)
+            limits["target_epsilon_reached"] = sampler.lots_within(spare, lot) if spare >= 0 else 0
         return limits
 
+    def _pending(self, lot: int) -> int:
+        """Charges that the debts covering the next lot (position ``lot`` of its epoch) would record if
+        it differed from their runs of it (``_witness``)."""
+        if not self.progress.debts:
+            return 0
+        S, sampler, sigma = self.progress.steps + 1, self.parts.sampler, self.c.privacy.sigma
+        back = aligned(sampler, sigma, lot)
+        return sum(sum(sampler.charges(sigma, d.upto - S + 1 + back, lot - back).values())
+                   for d in self.progress.debts if d.first <= S <= d.upto)
+
     def charge(self, release: tuple[float, float] | None) -> None:
-        """Record one lot's release (q, σ) in the ledger: one charge less fits within the target ε."""
-        if release is None:
+        """Record one lot's release (q, σ) in the ledger: one charge less fits within the target ε.
+        Then the lot's parameter digest: written into lots.reserved and, while this resume owes an
+        earlier attempt's lots, compared with the digest it recorded (``_witness``)."""
+        if release is not None:
+            self.progress.ledger.record(*release[:2], 1, self.parts.k, "sgd", *release[2:])
+            if self.progress.budget is not None:
+                self.progress.budget -= 1
+        if self.c.privacy.private and not self.c.privacy.secure_rng:   # replayable: its lots are proved
+            self._witness(self.progress.steps + 1)     # lot S (the count moves after the charge)
+
+    def _witness(self, S: int) -> None:
+        """Lot S's digest recorded (rank 0) and, for each debt that covers S, compared with the one it
+        recorded on every rank: equal on all, the same release; otherwise that debt's lots S..upto are
+        charged as lost now (replay.py), before anything this lot computed can escape."""
+        at = self.progress
+        owing = [d for d in at.debts if d.first <= S <= d.upto]
+        if not (owing or self.writes):
             return
-        self.progress.ledger.record(*release[:2], 1, self.parts.k, "sgd", *release[2:])
-        if self.progress.budget is not None:
-            self.progress.budget -= 1
+        h = digest(self.parts.model)
+        if self.writes:
+            self.reservations.ran(S, h)
+        if not owing:
+            return
+        every = {x.decode() for x in distributed.all_gather_bytes(h.encode())}   # one rank: {h}
+        charged = 0
+        for d in owing:
+            if every == {d.hashes.get(S)}:
+                d.first = S + 1                 # proved up to S
+                continue
+            why = "no recorded digest" if d.hashes.get(S) is None else "another digest"
+            charged += self._charge_lots(S - 1, d.upto - S + 1)
+            at.lost_why = f"lot {S} of the replay does not equal its earlier run ({why})"
+            d.first = d.upto + 1
+        at.debts = [d for d in at.debts if d.lots]
+        if charged:
+            at.lost += charged
+            at.resumes[-1]["lost_lots_charged"] += charged
+            at.resumes[-1]["lost_lots_reason"] = at.lost_why
+            at.budget = self.compute_budget(resumed=False)
 
     def compute_budget(self, resumed: bool) -> int | None:
         """Charges that still fit within the target ε, recomputed from the ledger (never read from a file)."""
@@ -210,44 +256,53 @@ class Run:
         return budget
 
     def charge_lost(self, ckpt: dict) -> int:
-        """On resume: the lots reserved after the checkpoint (``lots.reserved``, verified against the
-        checkpoint's binding, and those an earlier faithful resume still owed) are charged now as
-        lost, unless the resume replays them as the very same releases: a seeded run (no
-        ``privacy.secure_rng``) with the same replay key (the whole configuration but the free and
-        length keys, and the same runtime). A replay owes them until it has run through them
-        (``settle``). Returns how many lots were charged now."""
+        """On resume: what earlier attempts may have run after the checkpoint, as debts (replay.py): the
+        ones the checkpoint carries, and the latest attempt's, up to the largest of its reservations
+        (``lots.reserved``, verified against the checkpoint's binding) and of every output that escaped
+        (``escaped_steps``), with the digests it recorded. A seeded resume (no ``privacy.secure_rng``)
+        with the same replay key owes them and proves them lot by lot (``charge``, ``settle``); any
+        other resume charges every debt's lots now. Returns how many lots were charged now."""
         p, at, binding = self.c.privacy, self.progress, ckpt["reservations"]
         reserved = self.reservations.verified(binding, at.steps, self.parts.sampler.lots_per_epoch())
-        reserved = max(reserved or 0, int(binding.get("owed") or 0))
-        if not p.private or reserved <= at.steps:
+        if not p.private:
+            return 0
+        debts = debts_of(binding, at.steps)
+        upto = max(reserved or at.steps, escaped_steps(self.run_dir, ckpt))
+        if upto > at.steps:
+            debts = merge(debts, Debt(at.steps + 1, upto, dict(self.reservations.recorded)))
+        if not debts:
             return 0
         at.lost_why = lost_reason(self.c, ckpt, self.parts.device)
         if at.lost_why is None:
-            at.owed = reserved
+            at.debts = debts
             return 0
-        return self._charge_lots(at.steps, reserved - at.steps)
+        return sum(self._charge_lots(d.first - 1, d.lots) for d in debts)
 
     def settle(self) -> int:
-        """Before the last statement of a process (complete, diverged, interrupted): the lots a faithful
-        replay owed but did not reach (it stopped before them) are charged as lost; returns how many."""
+        """Before the last statement of a process (complete, diverged, interrupted): the lots of earlier
+        attempts this replay owed but did not reach (it stopped before them) are charged as lost;
+        returns how many."""
         at = self.progress
-        owed, at.owed = at.owed, None
-        if owed is None or owed <= at.steps:
+        debts, at.debts = at.debts, []
+        n = sum(self._charge_lots(d.first - 1, d.lots) for d in debts if d.lots)
+        if not n:
             return 0
-        n = self._charge_lots(at.steps, owed - at.steps)
         at.lost += n
         if at.resumes:
             at.resumes[-1]["lost_lots_charged"] += n
-            at.resumes[-1]["lost_lots_reason"] = "the resume stopped before the lots reserved before it"
+            at.resumes[-1]["lost_lots_reason"] = "the resume stopped before the lots of an earlier attempt"
         at.eps = epsilons(at.ledger, self.c)
         return n
 
     def _charge_lots(self, start: int, n: int) -> int:
-        """Charge lots ``start`` .. ``start + n − 1`` (absolute, counted from the checkpoint's epoch
-        boundary) as lost, each as the loop charges it (``dpsgd/run/replay.py:charge_lots``); returns n."""
-        sampler = self.parts.sampler
+        """Charge lots ``start`` .. ``start + n − 1`` (absolute, 0-based, counted from the checkpoint's
+        epoch boundary) as lost, each as the loop charges it (``dpsgd/run/replay.py:charge_lots``),
+        from the first lot of its epoch when its own position carries no charge (``aligned``);
+        returns how many lots were charged."""
+        sampler, sigma = self.parts.sampler, self.c.privacy.sigma
         first = (start - self.progress.base) % sampler.lots_per_epoch()
-        return charge_lots(self.progress.ledger, sampler, self.c.privacy.sigma, self.parts.k, first, n)
+        back = aligned(sampler, sigma, first)
+        return charge_lots(self.progress.ledger, sampler, sigma, self.parts.k, first - back, n + back)
 
     # -- what a run writes -----------------------------------------------------------------------
 
@@ -269,7 +324,8 @@ class Run:
             "wall_time_s": at.wall_time(), "resumes": plain(at.resumes),
             "statement": plain(self.statement(status or ("complete" if complete else "running"), stop_reason)),
             "reservations": {"token": token, "previous": self.reservations.token,
-                             "owed": at.owed if at.owed is not None and at.owed > at.steps else None},
+                             "debts": [d.to_dict() for d in at.debts if d.lots],
+                             "superseded": getattr(self.writer, "superseded", 0)},
         })
         self.reservations.bind(token, at.steps)   # the checkpoint's ledger covers every lot reserved so far
 
