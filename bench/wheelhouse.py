@@ -46,7 +46,7 @@ WHEELS = {
     "attrs": (("attr", "attrs"), "dp-accounting's, which requires attrs < 24"),
     "kymatio": (("kymatio",), "ScatterNet features"),
     "appdirs": (("appdirs",), "kymatio's"),
-    "configparser": (("backports",), "kymatio's (the backport; stdlib configparser is untouched)"),
+    "configparser": ((), "kymatio's (a backport under the shared namespace backports; stdlib's is untouched)"),
     "opacus": (("opacus",), "the step benchmark's comparison (Opacus hooks and ghost)"),
 }
 DATA_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
