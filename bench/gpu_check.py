@@ -292,8 +292,9 @@ BENCH = {   # device -> lots (in order), models, bench_step options, seconds eac
 
 
 def step_bench(ctx: Ctx, budget: float) -> Outcome:
-    """One bench_step process per lot, each only if its expected time fits in the step's budget; the
-    rows of every lot (a lot stopped at the budget keeps the models it finished) in one CSV."""
+    """One bench_step process per lot, each only if its expected time fits in what is left of the step's
+    budget; the rows of every lot in one CSV. A lot stopped at the budget keeps the models it finished
+    (bench_step rewrites its CSV after each) and is noted, not failed; a method missing everywhere fails."""
     from bench.bench_step import COLUMNS, METHODS
     b, t0, rows, notes, failed = BENCH[ctx.device], time.monotonic(), [], [], False
     for lot in b["lots"]:
@@ -308,9 +309,11 @@ def step_bench(ctx: Ctx, budget: float) -> Outcome:
                            "--cnn-lot", str(lot), *b["opts"], "--out", str(out)], ctx.env, left, ctx.log)
         got = list(csv.DictReader(out.open())) if out.is_file() else []
         rows += got
-        if rc != 0:
+        if rc is None:               # over the step's budget: what it finished is kept, not a failure
+            notes.append(f"lot {lot}: stopped at the step's budget")
+        elif rc != 0:
             failed = True
-            notes.append(f"lot {lot}: " + ("stopped at the budget" if rc is None else _last(tail)))
+            notes.append(f"lot {lot}: {_last(tail)}")
         incomplete = {m for m in METHODS if not any(r["method"] == m for r in got)}
         if rc == 0 and incomplete:
             failed = True

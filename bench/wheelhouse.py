@@ -42,11 +42,11 @@ WHEELS = {
     "omegaconf": (("omegaconf",), "Hydra's config objects"),
     "antlr4-python3-runtime": (("antlr4",), "Hydra's and OmegaConf's override grammar"),
     "dp-accounting": (("dp_accounting",), "the tests' independent reference accountant"),
-    "dm-tree": (("tree",), "dp-accounting's (compiled)"),
+    "dm-tree": (("tree",), "dp-accounting's; compiled, one wheel per Python"),
     "attrs": (("attr", "attrs"), "dp-accounting's, which requires attrs < 24"),
     "kymatio": (("kymatio",), "ScatterNet features"),
     "appdirs": (("appdirs",), "kymatio's"),
-    "configparser": ((), "kymatio's (a backport under the shared namespace backports; stdlib's is untouched)"),
+    "configparser": ((), "kymatio's; a backport in the namespace backports, the standard library's stays"),
     "opacus": (("opacus",), "the step benchmark's comparison (Opacus hooks and ghost)"),
 }
 DATA_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
@@ -81,17 +81,16 @@ def _pip(*args: str) -> subprocess.CompletedProcess:
 
 def fetch(dist: str, version: str, dest: Path) -> list[str]:
     """Download the wheels of ``dist==version`` for every Python of ``PYTHONS`` into ``dest`` (a pure
-    wheel once), else build a pure wheel from its source archive; returns how each was obtained."""
-    spec, how = f"{dist}=={version}", []
+    wheel once), else build a pure wheel from its source archive; returns the files it added."""
+    spec, before = f"{dist}=={version}", set(dest.iterdir())
     plat = [a for p in PLATFORMS for a in ("--platform", p)]
     for py in PYTHONS:
         r = _pip("download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", py,
                  "--implementation", "cp", *plat, "-d", str(dest), spec)
         if r.returncode != 0:
             break
-        how.append(f"cp{py.replace('.', '')}")
     else:
-        return how
+        return sorted(p.name for p in set(dest.iterdir()) - before)
     # no wheel on the index: build one from the source archive (here, with network), pure Python only
     before = set(dest.iterdir())
     r = _pip("wheel", "-q", "--no-deps", "--no-binary", dist, "-w", str(dest), spec)
@@ -102,7 +101,7 @@ def fetch(dist: str, version: str, dest: Path) -> list[str]:
         tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no pure wheel built"]
         raise SystemExit(f"error: {spec}: no wheel for CPython {'/'.join(PYTHONS)} manylinux x86_64 on the "
                          f"index, and building one from source failed: {tail[0]}")
-    return ["built from source (pure)"]
+    return [f"{built[0].name} (built from the source archive)"]
 
 
 def copy_mnist(dest: Path) -> Path:
@@ -125,7 +124,7 @@ def build(dest: Path) -> float:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for dist, version in versions.items():
-        print(f"{dist}=={version}: {', '.join(fetch(dist, version, tmp))} ({WHEELS[dist][1]})", flush=True)
+        print(f"{dist}=={version} ({WHEELS[dist][1]}): {', '.join(fetch(dist, version, tmp))}", flush=True)
     (tmp / "requirements.txt").write_text(
         "# written by python -m bench.wheelhouse: bench/gpu_check.py installs these, offline, --no-deps\n"
         + "".join(f"{d}=={v}\n" for d, v in versions.items()))
