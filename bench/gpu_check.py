@@ -52,6 +52,7 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 GUARD = Path(__file__).resolve().parent / "gpu_check_site"
 TOTAL_S = 480.0
+SETUP_S = 120.0                 # at most, for each part of the setup (install, data, versions)
 # top-level import names that only the private target folder may provide: the wheelhouse's, and
 # packages this machine's venv may hold that the GPU image lacks and that are not carried
 NOT_CARRIED = ("submitit", "hydra_plugins")
@@ -206,7 +207,7 @@ def install(py: str, wheels: Path, site: Path, env: dict, log: Log, timeout: flo
     rc, tail = stream([py, "-c", probe], env, timeout, log)
     if rc != 0:
         raise SetupError(f"a carried package does not import: {_last(tail)}")
-    got = json.loads(tail[-1])
+    got = json.loads(_last(tail, r"^\{"))
     outside = [n for n, f in got["files"].items() if not Path(f).resolve().is_relative_to(site.resolve())]
     if outside:
         raise SetupError(f"imported from outside {site}: {', '.join(outside)}")
@@ -240,17 +241,19 @@ class SetupError(Exception):
     pass
 
 
-def setup(ctx: "Ctx", wheels: Path, site: Path) -> dict:
-    install(ctx.py, wheels, site, ctx.env, ctx.log, 120)
+def setup(ctx: "Ctx", wheels: Path, site: Path, clock: Clock) -> dict:
+    """Each part stops at SETUP_S or at the end of the total budget, whichever comes first."""
+    install(ctx.py, wheels, site, ctx.env, ctx.log, min(SETUP_S, clock.left()))
     if "DPSGD_DATA_SOURCE" not in ctx.env and (wheels / "data").is_dir():
         ctx.env["DPSGD_DATA_SOURCE"] = str(wheels / "data")
-    rc, tail = stream([ctx.py, "-m", "dpsgd.data", "mnist", "--no-download"], ctx.env, 120, ctx.log)
+    rc, tail = stream([ctx.py, "-m", "dpsgd.data", "mnist", "--no-download"], ctx.env,
+                      min(SETUP_S, clock.left()), ctx.log)
     if rc != 0:
         raise SetupError(f"MNIST: {_last(tail)}")
-    rc, tail = stream([ctx.py, "-c", VERSIONS, ctx.device], ctx.env, 120, ctx.log)
+    rc, tail = stream([ctx.py, "-c", VERSIONS, ctx.device], ctx.env, min(SETUP_S, clock.left()), ctx.log)
     if rc != 0:
         raise SetupError(f"torch does not start: {_last(tail)}")
-    info = json.loads(tail[-1])
+    info = json.loads(_last(tail, r"^\{"))           # a warning may follow it
     if "error" in info:
         raise SetupError(f"--device cuda: {info['error']} (the CPU rehearsal is --device cpu)")
     ctx.log("device: " + ", ".join(f"{k} {v}" for k, v in info.items()))
@@ -451,7 +454,7 @@ def main(argv=None) -> int:
     ctx = Ctx(sys.executable, a.device, child_env(site, hidden_names(), a.device), log, work, results)
     log(f"gpu-check on {a.device}, {a.total_s:.0f} s in all; python {sys.executable}; work folder {work}")
     try:
-        ctx.info = setup(ctx, Path(a.wheels).resolve(), site)
+        ctx.info = setup(ctx, Path(a.wheels).resolve(), site, clock)
     except SetupError as e:
         log(f"gpu-check: FAILED: setup: {e}")
         return 1

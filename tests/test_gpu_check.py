@@ -179,3 +179,29 @@ def test_cpu_rehearsal_from_a_fresh_target_folder(tmp_path):
                                                "mnist_medium_metrics.csv", "mnist_medium_privacy.json"}
     assert (site / "hydra").is_dir() and (site / "opacus").is_dir()
     assert not (REPO / "results" / "bench_cpu_check.csv").exists()      # the rehearsal never writes results/
+
+
+def test_setup_without_a_wheelhouse_fails_first_and_says_what_to_do(tmp_path, capsys):
+    status = gpu_check.main(["--device", "cpu", "--wheels", str(tmp_path / "none"), "--work", str(tmp_path / "w")])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert status == 1 and "gpu-check: FAILED: setup:" in last and "run make wheelhouse" in last
+    assert "FAILED: setup" in (tmp_path / "w" / "gpu_check.log").read_text()
+
+
+@pytest.mark.parametrize("device, status", [("cuda", "cannot"), ("cpu", "failed")])
+def test_nccl_refusing_two_ranks_on_one_gpu_is_a_reason_not_a_failure(device, status, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_stream(cmd, env, timeout, log, cwd=REPO):
+        calls.append(cmd)
+        if "torch.distributed.run" in cmd:
+            return 1, ["[rank1]: torch.distributed.DistBackendError: NCCL error ... invalid usage",
+                       "misc/init.cc:NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000",
+                       "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"]
+        return 0, ["done"]
+    monkeypatch.setattr(gpu_check, "stream", fake_stream)
+    ctx = gpu_check.Ctx(sys.executable, device, {}, None, tmp_path, tmp_path)
+    out = gpu_check.step_torchrun(ctx, 80.0)
+    assert out.status == status and len(calls) == 2
+    if device == "cuda":
+        assert "Duplicate GPU detected" in out.note
