@@ -226,7 +226,12 @@ if dev == "cuda":
         print(json.dumps(dict(info, error="torch.cuda.is_available() is False: no usable CUDA device"))); sys.exit(0)
     p = torch.cuda.get_device_properties(0)
     info.update(device_name=p.name, capability=f"{p.major}.{p.minor}", memory_gib=round(p.total_memory / 2**30, 1),
-                devices=torch.cuda.device_count(), nccl=".".join(map(str, torch.cuda.nccl.version())))
+                devices=torch.cuda.device_count())
+    try:
+        v = torch.cuda.nccl.version()
+        info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception as e:          # a build without NCCL: step (d) will say so
+        info["nccl"] = f"unavailable ({type(e).__name__})"
     if shutil.which("nvidia-smi"):
         q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                            capture_output=True, text=True)
