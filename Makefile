@@ -23,7 +23,7 @@ LAUNCH_FLAG = $(if $(LAUNCHER),--launcher $(LAUNCHER))
 PRETRAINED := data/pretrained/cifar100_convs.pt
 NO_DOWNLOAD := $(if $(filter 0 no false,$(DOWNLOAD)),--no-download,)
 
-.PHONY: help install lock data mnist mnist-all cifar-data cifar10 cifar10-all seeds test test-all test-other-cpu bench figures paper frontier tune-frontier audit clean $(addprefix sweep-,$(SWEEPS))
+.PHONY: help install lock data mnist mnist-all cifar-data cifar10 cifar10-all seeds test test-all test-other-cpu bench wheelhouse gpu-check figures paper frontier tune-frontier audit clean $(addprefix sweep-,$(SWEEPS))
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -114,6 +114,18 @@ bench: $(STAMP) data ## benchmarks: DP step vs non-private vs Opacus, GEMM orien
 	$(PY) -m bench.bench_threads
 	$(PY) -m bench.bench_distributed
 	$(PY) -m bench.bench_cifar_epoch
+
+# The GPU check (docs/PERFORMANCE.md#gpu-check). `make wheelhouse` (here, with network) fills the
+# git-ignored .whl/ with the wheels a stock CUDA PyTorch image lacks and the MNIST archives;
+# `make gpu-check` needs no venv and no network: it runs with GPU_PYTHON (this checkout's .venv when
+# present, else the image's python3, which has torch). DEVICE=cpu: the CPU rehearsal, tiny settings.
+# GPU_OUT=dir: the log and CSVs are copied there too.
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+wheelhouse: $(STAMP) ## download the wheels gpu-check installs offline (+ MNIST archives) into .whl/; prints its size
+	$(PY) -m bench.wheelhouse
+
+gpu-check: ## GPU results from a bare checkout, offline, in <= 8 min (needs .whl/; DEVICE=cpu rehearses, GPU_OUT=dir)
+	$(GPU_PYTHON) -m bench.gpu_check --device $(or $(DEVICE),cuda) $(if $(GPU_OUT),--out-dir $(GPU_OUT))
 
 figures: $(STAMP) ## redraw every figure from the committed CSVs in results/ (no training)
 	$(PY) -m experiments.figures

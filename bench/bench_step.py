@@ -52,7 +52,8 @@ import torch.nn.functional as F
 from bench import write_csv
 from dpsgd.core.runtime import set_tf32, tune_allocator
 from dpsgd.mechanism.clipping import PerExampleClipper
-from dpsgd.models.networks import MLP, CifarCNN, TanhCNN
+from dpsgd.data.features import scatter_channels
+from dpsgd.models.networks import MLP, CifarCNN, Linear, TanhCNN
 
 COLUMNS = ["method", "model", "device", "lot", "examples_per_s", "ratio_to_nonprivate",
            "ratio_min", "ratio_max", "peak_mem_mb", "step_ms", "processes", "reps", "steps_per_rep",
@@ -69,12 +70,21 @@ def models(quick: bool, lot: int | None, cnn_lot: int | None):
         ("mnist_raw784_mlp1000", lambda: MLP(784, (1000,), 10, bias=False), (784,), mlp_lot),
         ("cifar_cnn", lambda: CifarCNN(10), (3, 24, 24), cnn),
         ("mnist_tanh_cnn", lambda: TanhCNN(), (784,), cnn),          # Tramèr & Boneh's lot: 512
+        # the paper's §5.3 setting: convolutions pretrained on CIFAR-100 and frozen, dense layers trained
+        ("cifar_cnn_frozen", lambda: _frozen_convs(CifarCNN(10)), (3, 24, 24), cnn),
+        # Tramèr & Boneh's ScatterNet + linear on MNIST: 81 × 7 × 7 scattering coefficients
+        ("scatter_linear", lambda: Linear(scatter_channels() * 7 * 7, 10), (scatter_channels() * 7 * 7,), mlp_lot),
     ]
+
+
+def _frozen_convs(model):
+    model.features.requires_grad_(False)
+    return model
 
 
 # ----------------------------------------------------------------------------- step builders
 def make_nonprivate(model, lot):
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
@@ -104,7 +114,7 @@ def make_opacus(model, lot, mode):
     from torch.utils.data import DataLoader, TensorDataset
 
     dev = next(model.parameters()).device
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
     dummy = DataLoader(TensorDataset(torch.zeros(lot, 1), torch.zeros(lot, dtype=torch.long)),
                        batch_size=lot)
     criterion = torch.nn.CrossEntropyLoss()
@@ -368,17 +378,23 @@ def main(argv=None):
             got = run_model(name, factory, shape, lot, dev, methods, reps, warmup, log, args.quick,
                             args.block_s, measure_mem=not args.no_mem)
             rows += got
+            write_csv(_finished(rows, args.tf32, dev), Path(args.out), COLUMNS)   # what a timeout would lose
             if args.lots and not any(r["method"] != "nonprivate" for r in got):
                 oom.add(name)                         # no DP method ran at this lot: end the scan
         except torch.OutOfMemoryError as e:
             log(f"  out of memory at lot {lot}: {str(e).splitlines()[0]}")
             oom.add(name)
             torch.cuda.empty_cache()
-    for r in rows:
-        r["tf32"] = args.tf32 if dev.type == "cuda" else "n/a"
-        r.update(processes=1, ratio_min=r["ratio_to_nonprivate"], ratio_max=r["ratio_to_nonprivate"])
-    write_rows(rows, Path(args.out))
+    write_rows(_finished(rows, args.tf32, dev), Path(args.out))
     log(f"wrote {args.out}")
+
+
+def _finished(rows, tf32, dev):
+    """The rows of one process with the columns its aggregation over processes would fill."""
+    for r in rows:
+        r["tf32"] = tf32 if dev.type == "cuda" else "n/a"
+        r.update(processes=1, ratio_min=r["ratio_to_nonprivate"], ratio_max=r["ratio_to_nonprivate"])
+    return rows
 
 
 def write_rows(rows, out: Path):

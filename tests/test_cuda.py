@@ -1,4 +1,5 @@
-"""The same code on CUDA: clipping engines, the DP step, noise and a short training run.
+"""The same code on CUDA: clipping engines (every layer rule against the batch-of-1 loop), the DP step,
+noise, fixed-shape padded lots, a short training run and a bit-identical seeded resume.
 
 Skipped where no GPU is present (CI has none); run on a GPU machine with
 ``python -m pytest tests/test_cuda.py``. Each test compares the CUDA result with the CPU result
@@ -170,3 +171,97 @@ def test_float32_cnn_ghost_on_cuda_whatever_the_tf32_setting(tf32):
             _close(res.grads, ref.grads, 1e-4)
     finally:
         set_tf32(before)
+
+
+# ----------------------------------------------------------------------------- what make gpu-check's step (a)
+# also asks of the device: every layer rule against Algorithm 1 read literally (one example at a time),
+# fixed-shape padded lots, and a seeded resume. DEV is the device under test.
+DEV = "cuda"
+
+
+def _every_rule_net():
+    """One module of each ghost rule (Conv2d, GroupNorm, Linear) and one without a rule (LayerNorm:
+    the engine's per-module vmap fallback)."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.Tanh(), nn.Conv2d(8, 16, 3, stride=2), nn.ReLU(),
+        nn.Flatten(), nn.Linear(16 * 3 * 3, 12), nn.LayerNorm(12), nn.Tanh(), nn.Linear(12, 10))
+
+
+@pytest.mark.parametrize("clipping", ["global", "per_layer"])
+@pytest.mark.parametrize("budget", [2**28, 0])       # kept per-example products / book-keeping
+def test_every_layer_rule_on_cuda_equals_the_batch_of_1_loop(clipping, budget):
+    from dp_reference import assert_close, loop_clipped_sum
+
+    torch.manual_seed(0)
+    model = _every_rule_net().to(DT).to(DEV)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 3, 7, 7, generator=g, dtype=DT).to(DEV)
+    y = torch.randint(0, 10, (7,), generator=g).to(DEV)
+    C = 0.05                                          # small: every example is clipped in some group
+    ghost = PerExampleClipper(model, C, clipping, mode="ghost", memory_budget_bytes=budget)
+    for _ in range(2):                                # verifying call, then the fast path
+        r_g = ghost.clipped_sum(x, y)
+    r_v = PerExampleClipper(model, C, clipping, mode="vmap").clipped_sum(x, y)
+    ref, ref_norms = loop_clipped_sum(model, x, y, ghost.groups, C)   # on the device too
+    assert ghost.mode == "ghost" and next(iter(r_g.grads.values())).device.type == DEV
+    assert_close(r_g.grads, ref)
+    assert_close(r_v.grads, ref)
+    # float64 on both sides, other kernels: tests/tolerances.py
+    assert_f64_close(r_g.norms, ref_norms, f64_rtol(model))
+    assert_f64_close(r_v.norms, ref_norms, f64_rtol(model))
+    assert (ref_norms > C).any()
+
+
+@pytest.mark.parametrize("mode", ["ghost", "vmap"])
+def test_padded_lot_on_cuda_adds_exactly_zero(mode):
+    """Fixed-shape lots: weight-0 rows add an exact 0 on the device, whatever they hold, and the padded
+    lot's sum is the unpadded lot's to the engines' round-off (tests/test_padded_lots.py)."""
+    torch.manual_seed(0)
+    model = MLP(20, (30, 40), 10, bias=True).to(DT).to(DEV)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(11, 20, generator=g, dtype=DT)
+    y = torch.randint(0, 10, (11,), generator=g)
+    clipper = PerExampleClipper(model, 0.5, "per_layer", mode=mode)
+    ref = clipper.clipped_sum(x.to(DEV), y.to(DEV))
+    got = []
+    for seed in (1, 2):                               # the same lot, two paddings of other content
+        gp = torch.Generator().manual_seed(seed)
+        xp = torch.cat([x, torch.randn(4, 20, generator=gp, dtype=DT)]).to(DEV)
+        yp = torch.cat([y, torch.randint(0, 10, (4,), generator=gp)]).to(DEV)
+        w = torch.cat([torch.ones(11), torch.zeros(4)]).to(DEV)
+        got.append(clipper.clipped_sum(xp, yp, weights=w))
+    for n in ref.grads:
+        assert torch.equal(got[0].grads[n], got[1].grads[n]), n     # exact: 0 · finite = 0, same shape
+        err = (got[0].grads[n] - ref.grads[n]).norm().item()
+        # vmap: float64 kernels, f64_rtol; ghost: its book-keeping reorders the sums, 1e-5 (test_clipping.py)
+        assert err <= (f64_rtol(model) if mode == "vmap" else 1e-5) * ref.grads[n].norm().item(), (n, err)
+    assert torch.equal(got[0].loss_sum, got[1].loss_sum)             # exact: 0 · loss
+
+
+def test_seeded_resume_on_cuda_is_bit_identical(tmp_path):
+    """A run stopped after 2 epochs and resumed to 4 equals the 4-epoch run on the device, bit for bit:
+    the same lots, noise draws, parameters, ledger and metrics."""
+    from dpsgd.config.schema import validate
+    from dpsgd.run.checkpoint import load_checkpoint
+    from dpsgd.run.launch import compose
+    from dpsgd.run.prepare import prepare_resume
+    from dpsgd.train import train
+
+    args = ["dataset.subset=3000", "privacy.lot_size=100", "model.hidden=[100]", "privacy.sigma=2",
+            f"device={DEV}", "seed=3", "training.eval_batch_size=3000"]
+    for name, epochs in (("straight", 4), ("resumed", 2)):
+        run = args + [f"training.epochs={epochs}"]
+        train(validate(compose(run)), tmp_path / name, run)      # the overrides a resume starts from
+    c, run_dir, rest = prepare_resume([f"resume={tmp_path / 'resumed'}", "training.epochs=4"])
+    train(c, run_dir, rest)
+    a, b = load_checkpoint(tmp_path / "straight"), load_checkpoint(tmp_path / "resumed")
+    assert a["steps"] == b["steps"] > 0 and a["ledger"] == b["ledger"]
+    assert torch.equal(a["sampler"]["generator"], b["sampler"]["generator"])        # bit-identical
+    assert torch.equal(a["noise"]["state"], b["noise"]["state"])                    # bit-identical
+    assert a["model"].keys() == b["model"].keys()
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k                          # bit-identical
+    with open(tmp_path / "straight" / "metrics.csv") as f, open(tmp_path / "resumed" / "metrics.csv") as g:
+        ra, rb = list(csv.DictReader(f)), list(csv.DictReader(g))
+    for col in ("epoch", "steps", "lot_loss", "test_accuracy", "epsilon"):
+        assert [r[col] for r in ra] == [r[col] for r in rb], col
