@@ -6,7 +6,7 @@
     setup:  data → (DP-)PCA, charged to the ledger → model → clipping engine → DPSGD → sampler (q = L/N)
     for each epoch, for each lot L_t drawn with probability q per example:
         stop before a lot that would pass max_steps or the target ε          (run.stop_reason)
-        x_i ← augment(x_i), each example on its own (CIFAR: crop, flip, standardise)  (parts.augment)
+        x_i ← augment(x_i), each example on its own (CIFAR: crop, flip, standardise)  (parts.lot)
         g̃_t ← (Σ_i clip_C(∇ℓ(θ, x_i)) + N(0, σ²C² I)) / L ;  θ ← θ − η_t g̃_t   (dp.step)
         record the release (q, σ) in the ledger                             (run.charge)
         θ̄ ← β θ̄ + (1 − β) θ   when training.ema_decay = β (post-processing)  (ema.update)
@@ -130,25 +130,16 @@ def algorithm1(run: Run) -> dict:
 def run_epoch(run: Run):
     """One epoch of lots (Algorithm 1's inner loop); (stop reason or None, lots, Σ loss, Σ lot sizes)."""
     p, parts, at = run.c.privacy, run.parts, run.progress
-    X, y = parts.data.X_train, parts.data.y_train
     lots, loss_sum, seen = 0, torch.zeros((), device=parts.device), 0
     for i, idx in enumerate(parts.sampler.epoch()):
         stop_reason = run.stop_reason(i)
         if stop_reason is not None:
             return stop_reason, lots, loss_sum, seen
-        release = parts.sampler.release(p.sigma, i) if p.private else None
-        if p.private and run.writes:
-            # write-ahead, never past what may still run; under torchrun no rank passes this lot's
-            # all-reduce before rank 0 reserved it
-            run.reservations.ensure(at.steps, at.steps + run.lots_left(i))
-        kw = {}
-        if parts.sampler.pads:                        # fixed shape B: zero-weight padding rows
-            idx, w = parts.sampler.padded(idx)
-            kw["weights"] = run.dist.share(w)         # the same positions as the indices
-        idx = run.dist.share(idx).to(parts.device)   # this rank's share of the global lot
-        X_lot = parts.augment(X[idx], at.steps)       # per example (random crop, flip, standardisation)
-        out = parts.dp.step(X_lot, y[idx], physical_batch_size=p.physical_batch_size, **kw)
-        run.charge(release)
+        release = parts.sampler.release(p.sigma, i) if p.private else None   # what this lot costs
+        run.reserve(i)                                             # write-ahead, before the lot runs
+        x, y, kw = parts.lot(idx, at.steps, run.dist.share)        # this rank's share, augmented
+        out = parts.dp.step(x, y, physical_batch_size=p.physical_batch_size, **kw)
+        run.charge(release)                                        # the ledger, the lot's digest
         if parts.ema is not None:
             parts.ema.update(parts.model)
         at.steps, lots = at.steps + 1, lots + 1

@@ -156,8 +156,8 @@ def test_augmentation_multiplicity_augments_each_copy_inside_the_step(pipeline):
     from dpsgd.mechanism import optim
     real = optim.DPSGD._rows
 
-    def spy(self, xb):
-        rows = real(self, xb)
+    def spy(self, xb, generator=None):
+        rows = real(self, xb, generator)
         seen.append((tuple(xb.shape), tuple(rows.shape), rows))
         return rows
 

@@ -251,6 +251,6 @@ def test_sigkill_one_rank_then_resume(tmp_path, victim):
     assert by_kind(done["ledger"], ("pca", "sgd")) == by_kind(want["ledger"], ("pca", "sgd", "lost"))
     lost = sum(e["count"] for e in done["ledger"]["entries"] if e["label"] == "lost")
     st = json.loads((run / "privacy.json").read_text())
-    assert lost == sum(r["lost_lots_charged"] for r in st["resumes"]) < want["steps"] // 6
+    assert lost == sum(r["lost_lots_charged"] for r in st["resumes"]) <= want["steps"] // 6   # ≤ an epoch
     for k in want["model"]:
         torch.testing.assert_close(done["model"][k], want["model"][k], rtol=0, atol=0)   # bit-identical replay

@@ -76,7 +76,7 @@ AUGMENTATIONS = {  # dataset.augment -> augment(x [B, C, H, W], generator) -> [B
 
 def lot_generator(seed: int, step: int) -> torch.Generator:
     """The generator of lot ``step``'s augmentation: a function of (seed, step) only, so lots are
-    replayed bit-identically by a resumed run (numpy SeedSequence, like runstate.derive_seed)."""
+    replayed bit-identically by a resumed run (numpy SeedSequence, like dpsgd/run/state.py:derive_seed)."""
     tag = int.from_bytes(b"augment", "little")
     s = int(np.random.SeedSequence([int(seed), tag, int(step)]).generate_state(1, np.uint64)[0] >> np.uint64(1))
     return torch.Generator().manual_seed(s)

@@ -72,10 +72,6 @@ class DataUnavailable(ValueError):
     """The dataset is not usable: missing everywhere, failing its md5 check, unreadable, or the root is unusable."""
 
 
-def dataset_info(name: str) -> dict:
-    return DATASETS[name]._asdict()
-
-
 def input_shape(name: str, crop: int | None = CROP) -> tuple[int, ...]:
     shape = DATASETS[name].shape
     if len(shape) == 3 and crop:

@@ -79,11 +79,13 @@ class DPSGD:
             raise ValueError(f"optimizer state names unknown parameters: {sorted(unknown)}")
         self.velocity = {n: v.to(self.params[n].device, self.params[n].dtype) for n, v in state["velocity"].items()}
 
-    def _rows(self, xb: torch.Tensor) -> torch.Tensor:
-        """The K augmented copies of each example of a physical batch, consecutive: [B·K, ...]."""
+    def _rows(self, xb: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The K augmented copies of each example of a physical batch, consecutive: [B·K, ...]
+        (``generator``: the lot's; None: the one given at construction)."""
         if self.K > 1:
             xb = xb.repeat_interleave(self.K, 0)
-        return xb if self.augment is None else self.augment(xb, self.augment_generator)
+        g = self.augment_generator if generator is None else generator
+        return xb if self.augment is None else self.augment(xb, g)
 
     def set_lr(self, lr: float) -> None:
         self.lr = float(lr)
@@ -101,7 +103,7 @@ class DPSGD:
                 g.div_(self.L)
         return total, loss_sum, lot_size
 
-    def _noisy_sum(self, x, y, physical_batch_size, weights=None):
+    def _noisy_sum(self, x, y, physical_batch_size, weights=None, generator=None):
         """Σ_i clip(g_i) + N(0, σ²C²) per parameter (no division yet).
 
         The first physical batch's sums become the accumulators; later batches are added into
@@ -120,7 +122,7 @@ class DPSGD:
                       (x[start:start + physical_batch_size], y[start:start + physical_batch_size]))
             kw = {} if weights is None else {"weights": weights[start:start + physical_batch_size]}
             if self.K > 1 or self.augment is not None:
-                res = self.clipper.clipped_sum(self._rows(xb), yb, out=total, multiplicity=self.K, **kw)
+                res = self.clipper.clipped_sum(self._rows(xb, generator), yb, out=total, multiplicity=self.K, **kw)
             else:
                 res = self.clipper.clipped_sum(xb, yb, out=total, **kw)
             total = res.grads
@@ -140,13 +142,14 @@ class DPSGD:
                 self.noise.add_(g, self.sigma * self.C)
 
     def step(self, x: torch.Tensor, y: torch.Tensor, physical_batch_size: int | None = None,
-             weights: torch.Tensor | None = None) -> dict:
+             weights: torch.Tensor | None = None, generator: torch.Generator | None = None) -> dict:
         """One lot of Algorithm 1: θ ← θ − (η/L)(Σ_i w_i clip(g_i) + N(0, σ²C²)).
 
         The division by L is folded into the update (one pass less over the parameters).
         ``weights``: see ``noisy_gradient`` (None: the plain step, operation for operation).
+        ``generator``: the lot's augmentation draws, when the step augments the K copies itself.
         Returns {'loss_sum' (0-dim tensor, on the model's device), 'lot_size' (real rows)} for logging."""
-        total, loss_sum, lot_size = self._noisy_sum(x, y, physical_batch_size, weights)
+        total, loss_sum, lot_size = self._noisy_sum(x, y, physical_batch_size, weights, generator)
         with torch.no_grad():
             if self.momentum == 0.0:
                 for n, p in self.params.items():

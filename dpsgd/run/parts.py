@@ -11,24 +11,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
+from dpsgd.accountant import Ledger
 from dpsgd.config.schema import Config
 from dpsgd.data.augment import LotTransform, lot_generator
 from dpsgd.data.datasets import DATASETS, input_shape
 from dpsgd.data.readers import load_dataset
+from dpsgd.mechanism import pca
+from dpsgd.mechanism.clipping import PerExampleClipper
+from dpsgd.mechanism.ema import EMA
+from dpsgd.mechanism.noise import GaussianNoise
+from dpsgd.mechanism.optim import DPSGD
+from dpsgd.mechanism.sampling import Sampler, make_sampler
 from dpsgd.models.networks import build_model, frozen_names
+from dpsgd.models.pretrained import load as load_pretrained
 from dpsgd.run import distributed
-
-if TYPE_CHECKING:
-    from dpsgd.accountant import Ledger
-    from dpsgd.mechanism.clipping import PerExampleClipper
-    from dpsgd.mechanism.ema import EMA
-    from dpsgd.mechanism.noise import GaussianNoise
-    from dpsgd.mechanism.optim import DPSGD
-    from dpsgd.mechanism.sampling import Sampler
 
 
 class Instrument:
@@ -80,17 +80,23 @@ class Parts:
     def noise(self) -> GaussianNoise:
         return self.dp.noise
 
-    def augment(self, x: torch.Tensor, step: int) -> torch.Tensor:
-        """Lot ``step``'s examples as the DP step sees them (seeded by the run's seed and ``step``).
+    def lot(self, idx: torch.Tensor, step: int, share) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Lot ``step`` (indices ``idx``) as the DP step takes it: (x, y, keywords of ``DPSGD.step``).
 
-        Under augmentation multiplicity (privacy.augment_multiplicity K > 1) the transform runs
-        inside the DP step instead, on the K copies of each example (each copy its own draw from
-        the lot's generator), so the lot is passed on as stored."""
-        if self.dp.K > 1 and not self.transform.identity:
-            self.dp.augment = self.transform
-            self.dp.augment_generator = lot_generator(self.transform.seed, step)
-            return x
-        return self.transform.train(x, step)
+        Padded to its fixed shape with zero-weight rows when the sampler pads; ``share`` cuts this
+        rank's part (torchrun; the identity in one process); on the device; each example augmented
+        from the lot's generator (the run's seed and ``step``), or, under augmentation multiplicity,
+        that generator handed to the step, which augments the K copies of each example."""
+        kw = {}
+        if self.sampler.pads:                        # fixed shape B: zero-weight padding rows
+            idx, w = self.sampler.padded(idx)
+            kw["weights"] = share(w)                 # the same positions as the indices
+        idx = share(idx).to(self.device)
+        x, y = self.data.X_train[idx], self.data.y_train[idx]
+        if self.dp.augment is not None:
+            kw["generator"] = lot_generator(self.transform.seed, step)
+            return x, y, kw
+        return self.transform.train(x, step), y, kw
 
     def state_dict(self) -> dict:
         """The states that move as the run runs, under the checkpoint's keys."""
@@ -118,7 +124,7 @@ def load_data(c: Config) -> Data:
                                       download=ds.download)
     if c.model.features != "none":   # fixed per-example features (ScatterNet): no privacy cost, cached
         from dpsgd.data.archives import default_root
-        from dpsgd.data.features import transform
+        from dpsgd.data.features import transform      # imports kymatio: only for models with features
         Xtr, Xte = transform(c.model.features, Xtr, Xte, dataset=ds.name,
                              root=Path(ds.root) if ds.root else default_root(),
                              norm=c.model.feature_norm, groups=c.model.feature_groups)
@@ -130,15 +136,13 @@ def load_data(c: Config) -> Data:
 
 def fit_projection(c: Config, data: Data, seed: int, ledger: Ledger) -> torch.Tensor | None:
     """The input projection of a fresh run; DP-PCA is the first release charged to ``ledger``."""
-    from dpsgd.mechanism.pca import fit_projection as fit
     p = c.privacy
-    return fit(c.model.projection, data.X_train, c.model.pca_dims, p.sigma_p if p.private else 0.0,
+    return pca.fit_projection(c.model.projection, data.X_train, c.model.pca_dims, p.sigma_p if p.private else 0.0,
                torch.Generator().manual_seed(seed), ledger if p.private else None, p.pca_fraction)
 
 
 def project(data: Data, V: torch.Tensor | None) -> Data:
-    from dpsgd.mechanism.pca import project as proj
-    return data if V is None else data._replace(X_train=proj(data.X_train, V), X_test=proj(data.X_test, V))
+    return data if V is None else data._replace(X_train=pca.project(data.X_train, V), X_test=pca.project(data.X_test, V))
 
 
 def init_model(c: Config, data: Data, seed: int) -> torch.nn.Module:
@@ -150,8 +154,7 @@ def init_model(c: Config, data: Data, seed: int) -> torch.nn.Module:
         shape = input_shape(ds.name, ds.crop) if ds.augment != "none" else tuple(data.X_train.shape[1:])
         model = build_model(c.model, shape, DATASETS[ds.name].classes)
         if c.model.pretrained is not None:   # frozen before the clipper is built
-            from dpsgd.models.pretrained import load
-            load(model, c.model.pretrained, c.model.pretrained_sha256, frozen_names(model, c.model.freeze))
+            load_pretrained(model, c.model.pretrained, c.model.pretrained_sha256, frozen_names(model, c.model.freeze))
     return model
 
 
@@ -160,28 +163,21 @@ def build(c: Config, d: distributed.Dist, device: torch.device, runtime: dict, d
     """The clipping engine, the noise, the DP-SGD step and the sampler around ``model`` (its weights
     final: initialised or loaded), with the data on ``device``. ``seeds``: the ``noise`` seed (None:
     OS entropy or privacy.noise_seed decides) and the ``sampler`` seed."""
-    from dpsgd.mechanism.clipping import PerExampleClipper
-    from dpsgd.mechanism.noise import GaussianNoise
-    from dpsgd.mechanism.optim import DPSGD
-    from dpsgd.mechanism.sampling import make_sampler
-
     p, t, ds = c.privacy, c.training, c.dataset
     model.to(device)
     clipper = PerExampleClipper(model, p.clip_norm if p.private else None, clipping=p.clipping,
                                 mode=p.grad_sample_mode)
     noise = GaussianNoise(seed=seeds["noise"], secure=p.secure_rng, device=device)
+    transform = LotTransform(ds.augment, ds.standardize, ds.crop, c.seed)
+    in_step = p.augment_multiplicity > 1 and not transform.identity   # the step augments the K copies
     dp = DPSGD(model, clipper, noise, sigma=p.sigma if p.private else 0.0, max_grad_norm=p.clip_norm,
                expected_lot_size=p.lot_size, lr=t.lr, momentum=t.momentum,
-               augment_multiplicity=p.augment_multiplicity)
+               augment_multiplicity=p.augment_multiplicity, augment=transform if in_step else None)
     sampler = make_sampler(p.sampling, len(data.X_train), p.lot_size,
                            torch.Generator().manual_seed(seeds["sampler"]), p.max_lot_size)
     data = Data(*(a.to(device) for a in data))
     if d.active:   # Σ over ranks, noise once; the noise is drawn in the engine's parameter order
         dp.comm = distributed.Aggregator(d, p.secure_rng, list(clipper.clipped_sum(data[0][:1], data[1][:1]).grads))
-    ema = None
-    if t.ema_decay is not None:
-        from dpsgd.mechanism.ema import EMA
-        ema = EMA(model, t.ema_decay)
+    ema = None if t.ema_decay is None else EMA(model, t.ema_decay)
     return Parts(device=device, runtime=runtime, data=data, projection=projection, model=model,
-                 clipper=clipper, dp=dp, sampler=sampler,
-                 transform=LotTransform(ds.augment, ds.standardize, ds.crop, c.seed), ema=ema)
+                 clipper=clipper, dp=dp, sampler=sampler, transform=transform, ema=ema)

@@ -99,7 +99,7 @@ def _none(x):
 
 
 def metrics_row(c: Config, run, lr: float, lot_loss: float, ev, epoch_time: float, wall: float) -> dict:
-    """One metrics.csv row after an epoch of ``run`` (a ``runstate.Run``: its progress's epoch, steps
+    """One metrics.csv row after an epoch of ``run`` (a ``dpsgd.run.state.Run``: its progress's epoch, steps
     and eps, its parts' sampler, clipper and k); ``ev`` = (train loss, train accuracy, test accuracy)."""
     p, at, b = c.privacy, run.progress, run.parts
     eps, sampler = at.eps, b.sampler
@@ -204,24 +204,40 @@ def _shuffle_lower(ledger, sampler, p) -> dict:
 
 
 def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> dict:
-    """privacy.json of ``run`` (a ``runstate.Run``: its progress's ledger, eps, steps, epoch and resumes,
-    its parts' sampler, k, noise and runtime) with the given status and stop reason."""
+    """privacy.json of ``run`` (a ``dpsgd.run.state.Run``: its progress's ledger, eps, steps, epoch and resumes,
+    its parts' sampler, k, noise and runtime) with the given status and stop reason: the claim, the
+    mechanism and its sampling, ε under every accountant, and where it ran."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {list(STATUSES)}, got status={status!r}")
     if stop_reason is not None and stop_reason not in STOP_REASONS:
         raise ValueError(f"stop_reason must be None or one of {list(STOP_REASONS)}, got stop_reason={stop_reason!r}")
-    at, b = run.progress, run.parts
-    p, eps, sampler, k, ledger = c.privacy, at.eps, b.sampler, b.k, at.ledger
-    fp = config_fingerprint(c)
+    at, p = run.progress, c.privacy
     st = {"status": status, "stop_reason": stop_reason, "private": p.private,
-          "statement": statement_text(c, status, eps, at.steps)}
+          "statement": statement_text(c, status, at.eps, at.steps)}
     inst = getattr(run, "instrument", None)
     if inst is not None:     # labelled: the data held the audit's canaries (the claim counts them)
         st["statement"] = f"AUDIT RUN ({inst.label.get('summary', 'audit')}): {st['statement']}"
         st["audit_run"] = inst.label
     if p.private:
-        st["mechanism"] = (
-            f"DP-SGD (Abadi et al. 2016, Algorithm 1): each example's gradient clipped to C={p.clip_norm} "
+        st["mechanism"] = _mechanism(c, run.parts.k)
+    st["sampling"] = _sampling(run.parts.sampler, p, at.ledger)
+    st["convention"] = {
+        "configured": p.convention, "groups": run.parts.k,
+        "joint": "k separately clipped groups on one lot = one Gaussian mechanism with multiplier σ/√k (correct)",
+        "per_tensor": "k mechanisms at σ per lot: the paper's original code; under-states ε",
+    }
+    st["k"] = run.parts.k
+    st.update(parameters(c, run))
+    st.update(_epsilons(c, at))
+    st.update(_provenance(c, run))
+    st["not_covered"] = not_covered(c, run)
+    return st
+
+
+def _mechanism(c: Config, k: int) -> str:
+    """The mechanism in words: clipping, noise, division by L, DP-PCA and augmentation multiplicity."""
+    p = c.privacy
+    return (f"DP-SGD (Abadi et al. 2016, Algorithm 1): each example's gradient clipped to C={p.clip_norm} "
             f"({p.clipping}: k={k} group(s)), Gaussian noise N(0, σ²C²) with σ={p.sigma} added to each "
             f"group's sum, divided by the expected lot size L={p.lot_size}"
             + (f"; DP-PCA (§4) to {c.model.pca_dims} dims: one Gaussian release of the sum of x xᵀ over "
@@ -230,50 +246,47 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
             + (f"; augmentation multiplicity K={p.augment_multiplicity} (De et al. 2022): the gradients of an "
                "example's K augmented copies are averaged before clipping, so its contribution still has "
                "norm ≤ C and the sensitivity is unchanged" if p.augment_multiplicity > 1 else ""))
-    st["sampling"] = {
-        "name": sampler.name, "N": sampler.N, "L": sampler.L, "q": sampler.q,
-        "lots_per_epoch": sampler.lots_per_epoch(), "adjacency": sampler.adjacency,
-        "neighbouring_relation": sampler.relation, "accountants": list(sampler.accountants),
-        "max_lot_size": getattr(sampler, "B", None),
-        "amplification_by_sampling": sampler.amplification, "charged": CHARGED[sampler.name],
-    }
+
+
+def _sampling(sampler, p, ledger) -> dict:
+    """How the lots were drawn, what that is charged as, and (shuffle) the lower end of its bracket."""
+    out = {"name": sampler.name, "N": sampler.N, "L": sampler.L, "q": sampler.q,
+           "lots_per_epoch": sampler.lots_per_epoch(), "adjacency": sampler.adjacency,
+           "neighbouring_relation": sampler.relation, "accountants": list(sampler.accountants),
+           "max_lot_size": getattr(sampler, "B", None),
+           "amplification_by_sampling": sampler.amplification, "charged": CHARGED[sampler.name]}
     if p.private and sampler.name == "shuffle" and ledger is not None:
-        st["sampling"].update(_shuffle_lower(ledger, sampler, p))
-    st["convention"] = {
-        "configured": p.convention, "groups": k,
-        "joint": "k separately clipped groups on one lot = one Gaussian mechanism with multiplier σ/√k (correct)",
-        "per_tensor": "k mechanisms at σ per lot: the paper's original code; under-states ε",
-    }
-    st["k"] = k
-    st.update(parameters(c, run))
-    st["accountant"] = c.accountant.name
-    st["conversion"] = CONVERSIONS
-    st["epsilon_valid"] = _finite(eps["epsilon_valid"])     # null when not private (unbounded) or none valid
-    st["epsilon_valid_accountant"] = eps["valid_accountant"]
-    st["epsilon_valid_convention"] = VALID_CONVENTION if p.private else None
-    st["epsilon"] = _finite(eps["epsilon"])
-    st["epsilon_by_accountant"] = {a: {conv: _finite(v[0]) for conv, v in d.items()} for a, d in eps["by"].items()}
-    st["epsilon_refused"] = eps["refused"]
-    st["lambda_star"] = eps["lambda_star"]
-    st["delta"] = p.delta
-    st["target_epsilon"] = p.target_epsilon
-    st["steps"], st["epochs"] = at.steps, at.epoch
-    st["noise"] = {"source": b.noise.name, "seed": b.noise.seed}
-    st["runtime"] = b.runtime
+        out.update(_shuffle_lower(ledger, sampler, p))
+    return out
+
+
+def _epsilons(c: Config, at) -> dict:
+    """The accountant, the conversion, ε (valid and configured) under every accountant, and the ledger's position."""
+    p, eps = c.privacy, at.eps
+    return {"accountant": c.accountant.name, "conversion": CONVERSIONS,
+            "epsilon_valid": _finite(eps["epsilon_valid"]),     # null when not private (unbounded) or none valid
+            "epsilon_valid_accountant": eps["valid_accountant"],
+            "epsilon_valid_convention": VALID_CONVENTION if p.private else None,
+            "epsilon": _finite(eps["epsilon"]),
+            "epsilon_by_accountant": {a: {conv: _finite(v[0]) for conv, v in d.items()} for a, d in eps["by"].items()},
+            "epsilon_refused": eps["refused"], "lambda_star": eps["lambda_star"], "delta": p.delta,
+            "target_epsilon": p.target_epsilon, "steps": at.steps, "epochs": at.epoch}
+
+
+def _provenance(c: Config, run) -> dict:
+    """Where and how it ran: noise source, runtime, processes, ledger, configuration, resumes, weights."""
+    b, at, fp = run.parts, run.progress, config_fingerprint(c)
     dist = getattr(run, "dist", None)      # torchrun: processes and the backend of the gradient all-reduce
-    st["distributed"] = (dist.describe(b.device) if dist is not None and dist.active
-                         else {"world_size": 1, "backend": None})
-    st["ledger"] = ledger.to_dict() if ledger is not None else None
-    st["config_fingerprint"], st["config_hash"] = fp, fingerprint_hash(fp)
-    st["resumes"] = at.resumes
     ema = c.training.ema_decay
-    st["weights"] = {   # which weights the accuracies in metrics.csv and the released model are
-        "evaluated": "ema" if ema else "final", "ema_decay": ema,
-        "released": ("checkpoint.pt: ema (the EMA of the iterates, post-processing: no privacy cost)"
-                     if ema else "checkpoint.pt: model"),
-    }
-    st["not_covered"] = not_covered(c, run)
-    return st
+    return {"noise": {"source": b.noise.name, "seed": b.noise.seed}, "runtime": b.runtime,
+            "distributed": (dist.describe(b.device) if dist is not None and dist.active
+                            else {"world_size": 1, "backend": None}),
+            "ledger": at.ledger.to_dict() if at.ledger is not None else None,
+            "config_fingerprint": fp, "config_hash": fingerprint_hash(fp), "resumes": at.resumes,
+            "weights": {   # which weights the accuracies in metrics.csv and the released model are
+                "evaluated": "ema" if ema else "final", "ema_decay": ema,
+                "released": ("checkpoint.pt: ema (the EMA of the iterates, post-processing: no privacy cost)"
+                             if ema else "checkpoint.pt: model")}}
 
 
 def _finite(x):

@@ -199,6 +199,14 @@ class Run:
         return sum(sum(sampler.charges(sigma, d.upto - S + 1 + back, lot - back).values())
                    for d in self.progress.debts if d.first <= S <= d.upto)
 
+    def reserve(self, lot: int) -> None:
+        """Write-ahead (rank 0): lot ``lot`` of the epoch is reserved in lots.reserved before it runs,
+        never past what may still run; under torchrun no rank passes this lot's all-reduce before
+        rank 0 reserved it."""
+        if self.c.privacy.private and self.writes:
+            at = self.progress
+            self.reservations.ensure(at.steps, at.steps + self.lots_left(lot))
+
     def charge(self, release: tuple[float, float] | None) -> None:
         """Record one lot's release (q, σ) in the ledger: one charge less fits within the target ε.
         Then the lot's parameter digest: written into lots.reserved and, while this resume owes an
