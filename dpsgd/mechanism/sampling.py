@@ -247,7 +247,8 @@ class BallsInBinsSampler(Sampler):
     """Each epoch, every example goes to one of t = N/L lots uniformly at random (balls in bins)."""
 
     name = "balls_in_bins"
-    adjacency = "add/remove one example; random allocation to one lot per epoch, amplified (Feldman & Shenfeld 2025)"
+    adjacency = ("add/remove one example; random allocation to one lot per epoch, amplified (RDP per epoch, remove "
+                 "and add directions exact: Feldman & Shenfeld 2025)")
     accountants = ("rdp",)
     amplification = True
 
