@@ -85,7 +85,7 @@ def test_never_below_the_brute_force_pld_over_many_lots():
         assert ours >= _lower_epsilon(steps, delta, g=2e-3)
 
 
-@pytest.mark.parametrize("gamma,sigma", [(0.5, 2.0), (0.01, 4.0), (0.01, 1.1)])
+@pytest.mark.parametrize("gamma,sigma", [(0.5, 2.0), (0.01, 4.0), pytest.param(0.01, 1.1, marks=pytest.mark.slow)])
 def test_one_lot_is_the_larger_direction_of_the_poisson_pair_at_half_sigma(gamma, sigma):
     # one lot: δ(ε) = max(δ_remove, δ_add) for ε >= 0 (module doc); both sides are connect-the-dots
     # upper bounds on the same grid h, each within 2 grid steps of the exact ε
@@ -101,7 +101,9 @@ def test_pmf_is_a_probability_and_its_q_mass_at_most_one():
     assert float(np.sum(probs * np.exp(-loss))) <= 1.0 + probs.size * 1e-15    # Q-mass: the rest at −∞
 
 
-@pytest.mark.parametrize("N,L,sigma,T", [(60000, 600, 4.0, 10751), (60000, 600, 1.1, 1000), (1000, 100, 2.0, 300)])
+@pytest.mark.parametrize("N,L,sigma,T", [(60000, 600, 4.0, 10751),
+                                         pytest.param(60000, 600, 1.1, 1000, marks=pytest.mark.slow),
+                                         pytest.param(1000, 100, 2.0, 300, marks=pytest.mark.slow)])
 def test_below_dp_accounting_rdp_and_above_each_direction_alone(N, L, sigma, T):
     delta = 1e-5
     ours = truncated.fixed_size_epsilon(L / N, sigma, T, delta)
