@@ -157,7 +157,7 @@ def _answered(res) -> int:
 def _sampler_mode(parser, args) -> int:
     """--N/--L: every sampler's ε (or one with --sampler), as each is charged in training."""
     from dpsgd.mechanism.sampling import SAMPLERS
-    from dpsgd.privacy_samplers import all_samplers, sampler_epsilon
+    from dpsgd.privacy_samplers import all_samplers, closing_note, sampler_epsilon
     try:
         if args.N is None or args.L is None:
             raise ValueError("sampler mode needs both --N and --L")
@@ -185,9 +185,15 @@ def _sampler_mode(parser, args) -> int:
         print(f"{'sampler':<19}{'epsilon':>10}{'accountant':>12}{'adjacency':>13}  note")
         for r in rows:
             note = (f"bracket [{_num(r['epsilon_lower'])}, {_num(r['epsilon'])}]; the Poisson number "
-                    f"{_num(r['epsilon_if_poisson'])} is not valid for it" if "epsilon_lower" in r else "")
+                    f"{_num(r['epsilon_if_poisson'])} is not valid for it" if "epsilon_if_poisson" in r else
+                    f"bracket [{_num(r['epsilon_lower'])}, {_num(r['epsilon'])}]; rdp "
+                    f"{_num(r['by_accountant']['rdp'])}" if "epsilon_lower" in r else
+                    "rdp, both directions exact" if r["sampler"] == "balls_in_bins" else "")
             eps = _num(r["epsilon"]) if r["epsilon"] is not None else "refused"
             print(f"{r['sampler']:<19}{eps:>10}{str(r['accountant']):>12}{r['adjacency']:>13}  {note}")
+        if not args.sampler:
+            for line in closing_note(res):
+                print(line)
     return 0 if all(r["epsilon"] is not None for r in rows) else 1
 
 

@@ -6,13 +6,18 @@ they go into a ``Ledger`` and are composed by every accountant that serves them.
 the smallest of those (each a valid upper bound). For ``shuffle`` the result is a bracket: the
 ``epsilon`` above (upper: one Gaussian per epoch at σ/2, replace-one) and ``epsilon_lower`` (Chua et
 al. 2024, ``accountant/shuffle_lower.py``), with ``epsilon_if_poisson``: the Poisson number
-(q = L/N, every lot) a shuffled run would wrongly report.
+(q = L/N, every lot) a shuffled run would wrongly report. For ``fixed_size``, ``epsilon_lower`` is
+the ε of one dataset pair whose gradients never change (the lot's remove pair, and its reverse, at
+rate L/N and noise σ/2, self-composed by PLD: the mechanism itself loses that much on that pair, up to
+the PLD grid's error), and ``epsilon_poisson_replace_one`` the Poisson lots' ε under replace-one as
+dp_accounting accounts it (``truncated.replace_one_poisson_epsilon``); ``closing_note`` compares
+balls_in_bins with Poisson and fixed_size with Poisson under replace-one.
 """
 from __future__ import annotations
 
 import time
 
-from dpsgd.accountant import Ledger, pld, shuffle_lower
+from dpsgd.accountant import Ledger, pld, shuffle_lower, truncated
 from dpsgd.mechanism.sampling import SAMPLERS, make_sampler
 
 
@@ -42,8 +47,30 @@ def sampler_epsilon(name: str, N: int, L: int, sigma: float, steps: int, delta: 
         out["epsilon_lower"] = shuffle_lower.epsilon_lower(sigma, s.lots_per_epoch(), epochs, delta)
         out["epsilon_lower_source"] = "Chua et al. 2024 (arXiv 2403.17673), max-statistic lower bound"
         out["epsilon_if_poisson"] = pld.epsilon(L / N, sigma, steps, delta)
+    if name == "fixed_size":
+        out["epsilon_lower"] = pld.epsilon(L / N, sigma / 2.0, steps, delta)
+        out["epsilon_lower_source"] = ("one dataset pair with constant gradients: the lot's remove/add pair "
+                                       "(rate L/N, noise sigma/2) self-composed, PLD")
+        out["epsilon_poisson_replace_one"] = truncated.replace_one_poisson_epsilon(L / N, sigma, steps, delta)
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def closing_note(res: dict) -> list[str]:
+    """Lines comparing the tight samplers with Poisson: balls_in_bins / poisson (add/remove) and
+    fixed_size / Poisson under replace-one (each against a 1.10 target), with fixed_size's lower bound."""
+    lines = []
+    if "balls_in_bins" in res and "poisson" in res:
+        r = res["balls_in_bins"]["epsilon"] / res["poisson"]["epsilon"]
+        lines.append(f"balls_in_bins / poisson = {r:.3f} (target <= 1.10: {'met' if r <= 1.10 else 'NOT met'})")
+    if "fixed_size" in res:
+        f = res["fixed_size"]
+        r = f["epsilon"] / f["epsilon_poisson_replace_one"]
+        lines.append(f"fixed_size / Poisson under replace-one ({f['epsilon_poisson_replace_one']:.4f}) = {r:.3f} "
+                     f"(target <= 1.10: {'met' if r <= 1.10 else 'NOT met'}); fixed_size on one dataset pair with "
+                     f"constant gradients already loses {f['epsilon_lower']:.4f} "
+                     f"({f['epsilon_lower'] / f['epsilon_poisson_replace_one']:.3f} x that Poisson number)")
+    return lines
 
 
 def all_samplers(N, L, sigma, steps, delta, B=None) -> dict:

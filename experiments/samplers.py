@@ -7,7 +7,8 @@ frontier setting, and the test accuracy of mnist_scatter_linear at ε = 2 under 
 
 ε comes from ``dpsgd.privacy_samplers.sampler_epsilon`` (each sampler's own charges, every accountant
 that serves it, the smallest valid one); shuffle adds its lower bound (Chua et al. 2024) and the
-Poisson number a shuffled run would wrongly report. Adjacency differs between samplers (add/remove vs
+Poisson number a shuffled run would wrongly report; fixed_size adds the ε one dataset pair with constant
+gradients already loses (its lower end) and Poisson's ε under replace-one. Adjacency differs between samplers (add/remove vs
 replace-one): the CSV names it on every row.
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ def measure(out: Path = RESULTS / "samplers.csv") -> pd.DataFrame:
                          else None, "sigma": sigma, "lots": lots, "delta": delta, "epsilon": r["epsilon"],
                          "accountant": r["accountant"], "adjacency": r["adjacency"],
                          "epsilon_lower": r.get("epsilon_lower"), "epsilon_if_poisson": r.get("epsilon_if_poisson"),
+                         "epsilon_poisson_replace_one": r.get("epsilon_poisson_replace_one"),
                          "seconds": round(r["seconds"], 3), "cpu": platform.processor() or platform.machine()})
     df = pd.DataFrame(rows)
     df.to_csv(out, index=False)
@@ -73,6 +75,10 @@ def figure(csv: Path = RESULTS / "samplers.csv", out: Path = RESULTS / "figures"
         i = list(SAMPLERS).index("shuffle")
         ax.vlines(i, sh.epsilon_lower, sh.epsilon, color="k", lw=3, label="shuffle [lower, upper]")
         ax.plot([i], [sh.epsilon_if_poisson], "rx", ms=10, label="Poisson ε a shuffled run would report")
+        fs, j = d.loc["fixed_size"], list(SAMPLERS).index("fixed_size")
+        ax.vlines(j, fs.epsilon_lower, fs.epsilon, color="0.3", lw=3,
+                  label="fixed_size [one constant-gradient pair, upper]")
+        ax.plot([j], [fs.epsilon_poisson_replace_one], "k+", ms=10, label="Poisson under replace-one")
         ax.set_xticks(list(x), [f"{s}\n({a})" for s, a in zip(d.index, d.adjacency)], fontsize=7)
         ax.set_yscale("log")
         ax.set_ylabel(f"ε at δ={delta:g}")

@@ -120,7 +120,7 @@ VALIDATION = [
     Bad(["privacy.sampling=truncated_poisson", "accountant=pld", "privacy.max_lot_size=500"], "privacy.max_lot_size",
         "must be >= 600"),
     Bad(["privacy.sampling=truncated_poisson", "accountant=pld"], "privacy.max_lot_size", "needs the cap B"),
-    Bad(["privacy.sampling=fixed_size"], "accountant.name", "accounted by rdp only"),
+    Bad(["privacy.sampling=fixed_size"], "accountant.name", "accounted by pld or rdp only"),
     Bad(["privacy.sampling=balls_in_bins"], "accountant.name", "accounted by rdp only"),
     Bad(["privacy.grad_sample_mode=jax"], "privacy.grad_sample_mode"),
     Bad(["privacy.secure_rng=2"], "privacy.secure_rng"),

@@ -100,7 +100,7 @@ def test_ledger_refuses_mixed_relations_and_converts_pca():
     assert conv.entries[0].sigma == 3.5 and conv.entries[0].q == 1.0      # exact: σ_p/2
     assert "sensitivity doubled" in conv.entries[0].label
     with pytest.raises(ValueError, match="does not serve"):
-        Ledger([dict(q=0.01, sigma=4.0, count=10, event="wor", adjacency="replace_one")]).epsilon(1e-5, "pld")
+        Ledger([dict(q=0.01, sigma=4.0, count=10, event="wor", adjacency="replace_one")]).epsilon(1e-5, "moments")
     with pytest.raises(ValueError, match="replace_one needs q = 1"):
         Ledger().record(0.5, 1.0, 1, 1, "x", "poisson", "replace_one")
 
@@ -185,6 +185,12 @@ def test_privacy_cli_sampler_mode(capsys):
     assert res["shuffle"]["epsilon_lower"] <= res["shuffle"]["epsilon"]
     assert res["truncated_poisson"]["epsilon"] >= res["poisson"]["epsilon"] - PLD_GRID_STEPS * H
     assert res["fixed_size"]["adjacency"] == "replace_one" and res["poisson"]["adjacency"] == "add_remove"
+    fs = res["fixed_size"]
+    assert fs["accountant"] == "pld" and fs["epsilon"] <= fs["by_accountant"]["rdp"]     # the smaller valid one
+    assert fs["epsilon_lower"] <= fs["epsilon"] + PLD_GRID_STEPS * H
+    assert main(["--N", "6000", "--L", "60", "--sigma", "4", "--steps", "300"]) == 0
+    out = capsys.readouterr().out
+    assert "balls_in_bins / poisson = " in out and "fixed_size / Poisson under replace-one" in out
     with pytest.raises(SystemExit) as e:
         main(["--sampler", "truncated_poisson", "--N", "6000", "--L", "60", "--sigma", "4", "--steps", "3"])
     assert e.value.code == 2 and "--B" in capsys.readouterr().err

@@ -13,8 +13,9 @@ sampler defines (``mechanism/sampling.py``):
 
 * ``event="poisson"`` — the Poisson-subsampled Gaussian (q, σ) above (q = 1: the Gaussian itself);
   add/remove, or replace-one with q = 1 only (a Gaussian whose σ already carries the sensitivity 2C);
-* ``event="wor"`` — a fixed-size lot sampled without replacement, γ = q = L/N, replace-one
-  (Wang, Balle & Kasiviswanathan 2019, Thm 9: ``wor.py``); the RDP accountant only;
+* ``event="wor"`` — a fixed-size lot sampled without replacement, γ = q = L/N, replace-one; the RDP
+  accountant (Wang, Balle & Kasiviswanathan 2019, Thm 9: ``wor.py``) and the PLD accountant (the
+  symmetric dominating pair of Dong, Roth & Su 2022, Thm 9 / Zhu, Dong & Wang 2022: ``wor_pld.py``);
 * ``event="truncated"`` — a Poisson lot truncated to B of N examples, add/remove (Ganesh et al. 2025:
   ``truncated.py``); the PLD accountant only;
 * ``event="allocation"`` — one epoch of random allocation (balls-in-bins) over t lots, add/remove;
@@ -36,7 +37,7 @@ from .compose import ACCOUNTANTS
 from .rdp import CONVERSIONS, _rdp_to_epsilon, rdp_curve
 
 ADJACENCIES = ("add_remove", "replace_one")
-EVENTS = {"poisson": ("moments", "rdp", "pld"), "wor": ("rdp",), "truncated": ("pld",),   # → accountants
+EVENTS = {"poisson": ("moments", "rdp", "pld"), "wor": ("rdp", "pld"), "truncated": ("pld",),   # → accountants
           "allocation": ("rdp",)}
 
 _FORMAT = "dpsgd.ledger/1"
@@ -229,9 +230,9 @@ class Ledger:
 
 
 def _events_epsilon(entries, delta: float, accountant: str, convention: str, conversion: str):
-    """(ε, order) of entries that include fixed-size (RDP, ``wor.py``), random-allocation epochs (RDP,
-    ``allocation.py``, at the same integer orders) or truncated (PLD, ``truncated.py``) lots; every
-    entry is charged under ``convention`` (compose.charge)."""
+    """(ε, order) of entries that include fixed-size (RDP, ``wor.py``; PLD, ``wor_pld.py``),
+    random-allocation epochs (RDP, ``allocation.py``, at the same integer orders) or truncated (PLD,
+    ``truncated.py``) lots; every entry is charged under ``convention`` (compose.charge)."""
     if accountant == "rdp":
         total = 0.0
         for e in entries:
@@ -243,6 +244,7 @@ def _events_epsilon(entries, delta: float, accountant: str, convention: str, con
     rel = []
     for e in entries:
         q, s, per_lot = compose.charge(e.q, e.sigma, e.groups, convention)
-        kind = ("truncated", e.N, q, e.B, s) if e.event == "truncated" else ("poisson", q, s)
+        kind = (("truncated", e.N, q, e.B, s) if e.event == "truncated" else ("wor", q, s) if e.event == "wor"
+                else ("poisson", q, s))
         rel.append((kind, e.count * per_lot))
     return truncated.epsilon_for_releases(rel, delta), None

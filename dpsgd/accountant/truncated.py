@@ -37,7 +37,7 @@ import numpy as np
 from scipy import fft as sfft
 from scipy import special, stats
 
-from . import pld
+from . import pld, wor_pld
 from .pld_fft import MAX_INTERVAL, WINDOW_TAIL
 from .pld_lot import STEP_TAIL, _T_GRID, _step_pmf, _z_tail
 from ._checks import check_delta, check_q, check_sigma, check_steps
@@ -98,10 +98,13 @@ def _replace_pmf(qt: float, sigma: float, h: float):
 
 
 def _lot_pmf(release, h: float, direction: str):
-    """(i_lo, probs, p_inf) of one lot: ("poisson", q, σ) or ("truncated", N, q, B, σ)."""
+    """(i_lo, probs, p_inf) of one lot: ("poisson", q, σ), ("truncated", N, q, B, σ) or ("wor", γ, σ)
+    (a fixed-size lot under replace-one: ``wor_pld.py``, the same pair in both directions)."""
     if release[0] == "poisson":
         i_lo, probs, p_inf, _ = _step_pmf(release[1], release[2], h, direction)
         return i_lo, probs, p_inf
+    if release[0] == "wor":
+        return wor_pld.lot_pmf(release[1], release[2], h)
     _, N, q, B, sigma = release
     p_t, q_t = truncation(N, q, B)
     i1, w1, inf1 = _step_pmf(q, sigma, h, direction)[:3]
@@ -116,9 +119,15 @@ def _lot_pmf(release, h: float, direction: str):
 
 
 def _log_mgf(i_lo, probs, h, t):
+    """log Σ ω_i e^{t ε_i} at each t (one pass per t: no len(t) × len(probs) matrix)."""
     nz = probs > 0
-    v = np.log(probs[nz])[None, :] + np.outer(t, (i_lo + np.flatnonzero(nz)) * h)
-    return special.logsumexp(v, axis=1)
+    lp, e = np.log(probs[nz]), (i_lo + np.flatnonzero(nz)) * h
+    out = np.empty(len(t))
+    for k, tt in enumerate(t):
+        v = lp + tt * e
+        mx = v.max()
+        out[k] = mx + math.log(np.exp(v - mx).sum())
+    return out
 
 
 def _compose(releases, h: float, direction: str):
@@ -184,7 +193,7 @@ def _epsilon(loss, c, extra, delta):
 
 
 def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_INTERVAL) -> float:
-    """ε(δ) of ``releases`` [(("poisson", q, σ) | ("truncated", N, q, B, σ), count), ...]: max over
+    """ε(δ) of ``releases`` [(("poisson", q, σ) | ("truncated", N, q, B, σ) | ("wor", γ, σ), count), ...]: max over
     the remove and add directions; an upper bound (pessimistic discretisation, tails into δ)."""
     delta = check_delta(delta)
     if delta < pld.TILT_BELOW:
@@ -192,8 +201,8 @@ def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_I
     rel = []
     for r, n in releases:
         n = check_steps(n, "count")
-        if r[0] == "poisson":
-            r = ("poisson", check_q(r[1]), check_sigma(r[2]))
+        if r[0] in ("poisson", "wor"):
+            r = (r[0], check_q(r[1]), check_sigma(r[2]))
         else:
             N, B = int(r[1]), int(r[3])
             if N < 1 or B < 1:
@@ -204,7 +213,9 @@ def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_I
     if not rel:
         return 0.0
     out = 0.0
-    for direction in pld.DIRECTIONS:
+    # fixed-size lots (one symmetric pair) and Gaussians (q = 1) lose the same both ways: one direction
+    symmetric = all(r[0] == "wor" or (r[0] == "poisson" and r[1] == 1.0) for r, _ in rel)
+    for direction in pld.DIRECTIONS[:1] if symmetric else pld.DIRECTIONS:
         h = float(interval)
         while (comp := _compose(rel, h, direction)) is None:
             h *= 2.0
@@ -218,3 +229,26 @@ def epsilon(N: int, q: float, B: int, sigma: float, steps: int, delta: float,
             interval: float = pld.DEFAULT_INTERVAL) -> float:
     """ε(δ) after ``steps`` lots of the truncated Poisson-subsampled Gaussian (N, q = L/N, cap B, σ)."""
     return epsilon_for_releases([(("truncated", N, q, B, sigma), steps)], delta, interval)
+
+
+def replace_one_poisson_epsilon(q: float, sigma: float, steps: int, delta: float,
+                                interval: float = pld.DEFAULT_INTERVAL) -> float:
+    """ε(δ) of ``steps`` Poisson lots (q, σ) under replace-one as dp_accounting 0.6.0's PLD accounts them
+    (``from_gaussian_mechanism(..., neighboring_relation=REPLACE_ONE)``: the pair q·N(∓1, σ²) +
+    (1 − q)·N(0, σ²), self-composed) — a reference for the replace-one samplers, not a charge here."""
+    q, sigma, steps, delta = check_q(q), check_sigma(2.0 * sigma), check_steps(steps), check_delta(delta)
+    h = float(interval)
+    while (comp := compose_pmfs([(_replace_pmf(q, sigma, h), steps)], h)) is None:   # noise σ/2·2 = σ
+        h *= 2.0
+        if h > MAX_INTERVAL:
+            raise ValueError("truncated: the composed privacy loss spans too many grid points; not served")
+    loss, c, above, _, inf_mass = comp
+    return _epsilon(loss, c, above + inf_mass, delta)
+
+
+def fixed_size_epsilon(gamma: float, sigma: float, steps: int, delta: float,
+                       interval: float = pld.DEFAULT_INTERVAL) -> float:
+    """ε(δ) after ``steps`` fixed-size lots (γ = L/N, σ), replace-one adjacency: the symmetric
+    dominating pair of ``wor_pld.py``, composed by FFT."""
+    gamma, sigma, steps = check_q(gamma, "gamma"), check_sigma(sigma), check_steps(steps)
+    return epsilon_for_releases([(("wor", gamma, sigma), steps)], delta, interval)

@@ -15,8 +15,10 @@
 
 * ``FixedSizeSampler`` — each lot is a uniformly random subset of exactly L of the N examples,
   drawn independently for every lot (sampling without replacement within a lot). Replace-one
-  adjacency; each lot is charged as the RDP of Wang, Balle & Kasiviswanathan 2019, Thm 9
-  (``accountant/wor.py``, γ = L/N): ledger event ``wor``, RDP accountant only.
+  adjacency; each lot is ledger event ``wor`` (γ = L/N), served by the PLD accountant (the symmetric
+  dominating pair of Dong, Roth & Su 2022, Thm 9, valid under composition: ``accountant/wor_pld.py``)
+  and by the RDP accountant (Wang, Balle & Kasiviswanathan 2019, Thm 9: ``accountant/wor.py``); the
+  statement takes the smaller.
 * ``TruncatedPoissonSampler`` — a Poisson lot (rate q = L/N) capped at B examples (a uniformly
   random B of them when more were drawn); ``padded`` gives it fixed shape B with zero weights on the
   padding rows. Add/remove adjacency; each lot is charged as the truncated subsampled Gaussian
@@ -26,8 +28,9 @@
   adjacency; one epoch of t adaptive Gaussian steps is dominated by the pair
   P = (1/t) Σ_j N(e_j, σ²I_t), Q = N(0, σ²I_t) (Chua et al. 2025, arXiv 2412.16802, balls-and-bins;
   Feldman & Shenfeld 2025, arXiv 2502.08202, Sec. 6), charged once per epoch (when its first lot is
-  taken) as the RDP of ``accountant/allocation.py``: ledger event ``allocation`` (with t), RDP
-  accountant only. Epochs compose by adding RDP; a partial last epoch is charged as a full one.
+  taken) as the RDP of ``accountant/allocation.py`` (both directions exact at integer orders):
+  ledger event ``allocation`` (with t), RDP accountant only. Epochs compose by adding RDP; a partial
+  last epoch is charged as a full one.
 
 Every sampler draws only from its own ``torch.Generator``; ``state_dict`` / ``load_state_dict``
 capture it so that a resumed run draws the same lots as an uninterrupted one. ``release`` returns
@@ -176,9 +179,10 @@ class FixedSizeSampler(Sampler):
     epoch (an epoch is only a unit of length here)."""
 
     name = "fixed_size"
-    adjacency = "substitution (replace one example); sampling without replacement, amplified (Wang et al. 2019)"
+    adjacency = ("substitution (replace one example); sampling without replacement, amplified (PLD: Dong, Roth & "
+                 "Su 2022, Thm 9; RDP: Wang et al. 2019)")
     relation = "replace_one"
-    accountants = ("rdp",)
+    accountants = ("pld", "rdp")
     amplification = True
 
     @property
@@ -243,7 +247,8 @@ class BallsInBinsSampler(Sampler):
     """Each epoch, every example goes to one of t = N/L lots uniformly at random (balls in bins)."""
 
     name = "balls_in_bins"
-    adjacency = "add/remove one example; random allocation to one lot per epoch, amplified (Feldman & Shenfeld 2025)"
+    adjacency = ("add/remove one example; random allocation to one lot per epoch, amplified (RDP per epoch, remove "
+                 "and add directions exact: Feldman & Shenfeld 2025)")
     accountants = ("rdp",)
     amplification = True
 

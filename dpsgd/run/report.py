@@ -177,13 +177,15 @@ def statement_text(c: Config, status: str, eps, steps: int) -> str:
 
 CHARGED = {   # what each sampler's release() records (dpsgd/mechanism/sampling.py)
     "poisson": "one Poisson-subsampled Gaussian mechanism (q = L/N, noise multiplier σ) per lot, add/remove",
-    "fixed_size": ("one Gaussian on L examples sampled without replacement per lot, replace-one, RDP of Wang, "
-                   "Balle & Kasiviswanathan 2019 Thm 9 (γ = L/N, sensitivity 2C); the RDP accountant only"),
+    "fixed_size": ("one Gaussian on L examples sampled without replacement per lot, replace-one (γ = L/N, "
+                   "sensitivity 2C): PLD of the symmetric dominating pair (Dong, Roth & Su 2022 Thm 9; valid under "
+                   "composition) or RDP of Wang, Balle & Kasiviswanathan 2019 Thm 9; the PLD and RDP accountants"),
     "truncated_poisson": ("one truncated Poisson-subsampled Gaussian per lot (lots capped at max_lot_size B, "
                           "padded with zero-weight rows), add/remove, PLD of Ganesh et al. 2025; the PLD accountant only"),
     "balls_in_bins": ("one epoch of random allocation over t = N/L lots per epoch (each example in one lot, uniformly "
                       "at random), add/remove, RDP of the pair (1/t) Σ_j N(e_j, σ²I) vs N(0, σ²I) (Feldman & Shenfeld "
-                      "2025; Chua et al. 2025): exact remove direction, AM–GM add bound; the RDP accountant only"),
+                      "2025; Chua et al. 2025): remove and add directions exact (add by one-dimensional quadrature with a "
+                      "stated margin, AM–GM where unresolved); the RDP accountant only"),
     "shuffle": ("shuffle uses substitution adjacency without amplification: one Gaussian mechanism "
                 "per epoch, q = 1, sensitivity 2C, noise multiplier σ/2 (each example is in exactly "
                 "one lot per epoch); the Poisson analysis does not cover this sampler"),
