@@ -71,7 +71,7 @@ def preset_settings() -> dict[str, dict]:
             out[name] = {**p, "accountant": "moments", "convention": "per_tensor", "eval_every": 1,
                          "eval_batch_size": TrainingConfig().eval_batch_size, "setting": "paper"}
             continue
-        from dpsgd.run.launch import compose
+        from dpsgd.launch.main import compose
         c = compose([f"experiment={name}"])
         pr, t = c.privacy, c.training
         out[name] = {"lot_size": pr.lot_size, "sigma": pr.sigma if pr.private else 0.0,

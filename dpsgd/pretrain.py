@@ -22,7 +22,7 @@ from pathlib import Path
 from dpsgd.config.schema import validate
 from dpsgd.core.errors import ConfigError
 from dpsgd.models.networks import FREEZE
-from dpsgd.run.cli import compose, data_ready, fresh_dir, run_or_exit
+from dpsgd.launch.cli import compose, data_ready, fresh_dir, run_or_exit
 
 PRESET = "experiment=cifar100_pretrain"
 DEFAULT_OUT = "data/pretrained/cifar100_convs.pt"

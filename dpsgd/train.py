@@ -31,7 +31,7 @@ from dpsgd.config.schema import Config
 from dpsgd.core.errors import Diverged, Interrupted
 from dpsgd.core.fileio import write_json
 from dpsgd.run import distributed
-from dpsgd.run import launch
+from dpsgd.launch import main as launch
 from dpsgd.run.checkpoint import PRIVACY
 from dpsgd.run.opening import setup
 from dpsgd.run.report import epsilons, final_line, metrics_row, progress_line

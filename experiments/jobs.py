@@ -6,7 +6,7 @@
 * ``--launcher <name>`` (``make paper LAUNCHER=joblib``; any ``hydra/launcher`` option: joblib,
   submitit_local, submitit_slurm, slurm): each job is one Hydra multirun ``python -m dpsgd.train -m ...
   hydra/launcher=<name>`` whose points the launcher runs — in parallel on this machine's cores (joblib,
-  submitit_local: the jobs' threads share the cores, dpsgd/run/launchers.py), or as a SLURM array. The
+  submitit_local: the jobs' threads share the cores, dpsgd/launch/launchers.py), or as a SLURM array. The
   scripts group their runs into as few multiruns as they can (``experiment=a,b,c,d``, ``seed=0,1,2``);
   local multiruns run one after another (each fills the cores), SLURM ones are all submitted at once.
 
@@ -31,8 +31,8 @@ def launcher_kind(name: str) -> tuple[str, dict]:
     """(kind, settings) of a ``hydra/launcher`` option, checked; ConfigError in one line."""
     from omegaconf import OmegaConf
 
-    from dpsgd.run.launch import compose
-    from dpsgd.run.launchers import check
+    from dpsgd.launch.main import compose
+    from dpsgd.launch.launchers import check
     hc = compose([f"hydra/launcher={name}"], hydra_config=True).hydra
     return check(hc), OmegaConf.to_container(hc.launcher, resolve=False)
 

@@ -86,7 +86,7 @@ def wall_epochs(jobs: list[dict], n_parallel: int, launcher: str | None) -> floa
     point at once (queue waits not counted)."""
     if launcher is None:
         return max(sum(j["epochs"] for j in jobs) / n_parallel, max((j["epochs"] for j in jobs), default=0.0))
-    from dpsgd.run.launchers import parallel_jobs
+    from dpsgd.launch.launchers import parallel_jobs
     kind, params = launcher_kind(launcher)
     if kind not in LOCAL:
         return max((e for j in jobs for e in j["each"]), default=0.0)

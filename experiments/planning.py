@@ -2,7 +2,7 @@
 
 The experiment runners (``experiments.paper``, ``experiments.frontier``) estimate their wall time
 from the configs the runs will get. Those come from Hydra's compose API over ``conf/``
-(``dpsgd.run.launch.compose``), exactly as ``python -m dpsgd.train`` composes them, typed by the
+(``dpsgd.launch.main.compose``), exactly as ``python -m dpsgd.train`` composes them, typed by the
 dataclasses of ``dpsgd/config/schema.py`` (whose defaults fill the keys a config file leaves out, as in a
 run) but not validated: every default is read from ``conf/`` or those dataclasses, never restated here.
 A sweep file's points are its ``hydra.sweeper.params`` expanded by Hydra's override parser, in the
@@ -16,7 +16,7 @@ from dataclasses import fields
 
 from dpsgd.accountant import Ledger
 from dpsgd.config.schema import GROUPS, Config
-from dpsgd.run.launch import compose
+from dpsgd.launch.main import compose
 
 from . import claims
 

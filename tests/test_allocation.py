@@ -190,7 +190,7 @@ def test_budget_search_counts_epochs():
 
 def test_calibrate_sigma_for_balls_in_bins():
     from dpsgd.config.schema import validate
-    from dpsgd.run.launch import compose
+    from dpsgd.launch.main import compose
     c = validate(compose(["experiment=mnist_scatter_linear", "privacy.sampling=balls_in_bins", "accountant.name=rdp",
                           "privacy.calibrate_sigma=true", "privacy.target_epsilon=2", "training.epochs=5",
                           "device=cpu"]))

@@ -17,7 +17,7 @@ from dpsgd.config.schema import validate
 from dpsgd.core.errors import ConfigError
 from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.run.checkpoint import load_checkpoint
-from dpsgd.run.launch import compose
+from dpsgd.launch.main import compose
 
 REPO = Path(__file__).resolve().parent.parent
 # 300 real MNIST images and 2000 gradient canaries (N = 2300), L = 300 (q ≈ 0.13), 6 epochs = 48 lots,

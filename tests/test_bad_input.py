@@ -35,7 +35,7 @@ import pytest
 from dpsgd import privacy
 from dpsgd.accountant import _checks as acc_limits
 from dpsgd.config.schema import CHOICES, GROUPS, Config, ConfigError
-from dpsgd.run.prepare import prepare, prepare_resume
+from dpsgd.launch.prepare import prepare, prepare_resume
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 180
@@ -172,7 +172,7 @@ VALIDATION = [
     Bad(["resume=/nonexistent/run"], "resume", "resume=/nonexistent/run: no such run directory"),
     Bad(["resume=."], "resume", "not a dpsgd run directory"),
     Bad(["hydra.run.dir=out/${nope}"], "hydra.run.dir", "not found"),
-    # --- hydra launcher (sweeps; dpsgd/run/launchers.py)
+    # --- hydra launcher (sweeps; dpsgd/launch/launchers.py)
     Bad(["hydra/launcher=slurmm"], "hydra/launcher"),
     Bad(["hydra/launcher=joblib", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs"),
     Bad(["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2"], "hydra.launcher.tasks_per_node", "must be 1"),

@@ -10,7 +10,7 @@ import yaml
 
 from dpsgd.accountant import _checks as acc_limits
 from dpsgd.config.schema import Config, ConfigError, validate
-from dpsgd.run.launch import compose
+from dpsgd.launch.main import compose
 from dpsgd.config.model import PARAMS_MAX
 
 REPO = Path(__file__).resolve().parent.parent

@@ -137,7 +137,7 @@ def test_empty_lot_on_cuda_is_noise_only():
 
 def test_short_mnist_run_on_cuda(tmp_path):
     from dpsgd.config.schema import validate
-    from dpsgd.run.launch import compose
+    from dpsgd.launch.main import compose
     from dpsgd.train import train
 
     c = validate(compose(["dataset.subset=5000", "privacy.lot_size=250", "privacy.sigma=1.0",
@@ -243,8 +243,8 @@ def test_seeded_resume_on_cuda_is_bit_identical(tmp_path):
     the same lots, noise draws, parameters, ledger and metrics."""
     from dpsgd.config.schema import validate
     from dpsgd.run.checkpoint import load_checkpoint
-    from dpsgd.run.launch import compose
-    from dpsgd.run.prepare import prepare_resume
+    from dpsgd.launch.main import compose
+    from dpsgd.launch.prepare import prepare_resume
     from dpsgd.train import train
 
     args = ["dataset.subset=3000", "privacy.lot_size=100", "model.hidden=[100]", "privacy.sigma=2",

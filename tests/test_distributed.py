@@ -26,12 +26,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from dpsgd.run import launch
+from dpsgd.launch import main as launch
 from dpsgd.run.checkpoint import load_checkpoint
 from dpsgd.config.schema import validate
 from dpsgd.run.distributed import ConfigError, Dist, from_env
-from dpsgd.run.launch import compose
-from dpsgd.run.prepare import prepare_resume
+from dpsgd.launch.main import compose
+from dpsgd.launch.prepare import prepare_resume
 from dpsgd.train import train
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,8 +9,8 @@ from conftest import metrics_row_count, metrics_rows
 from dpsgd.run.checkpoint import load_checkpoint
 from dpsgd.config.schema import ConfigError, validate
 from dpsgd.mechanism.ema import EMA
-from dpsgd.run.launch import compose
-from dpsgd.run.prepare import prepare_resume
+from dpsgd.launch.main import compose
+from dpsgd.launch.prepare import prepare_resume
 from dpsgd.train import train
 from tolerances import assert_f64_close, chain_rel_tol
 

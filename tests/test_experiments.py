@@ -14,7 +14,7 @@ import yaml
 
 from dpsgd.accountant import Ledger
 from dpsgd.config.schema import validate
-from dpsgd.run.launch import compose
+from dpsgd.launch.main import compose
 from experiments import claims, collect, figure2, figures, mnist_figures, readme, runs, style
 from tolerances import (GAUSSIAN_EPSILON_RTOL, GAUSSIAN_EPSILON_XTOL, ledger_pld_epsilon_tol, pld_epsilon_tol,
                         rdp_series_rtol, reduction_rtol, root_tol)

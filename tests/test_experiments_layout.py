@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from dpsgd.config.schema import Config
-from dpsgd.run.launch import compose
+from dpsgd.launch.main import compose
 from experiments import collect, frontier, paper, planning
 from experiments.paths import ROOT, portable
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from dpsgd.config.schema import validate
-from dpsgd.run.launch import compose
+from dpsgd.launch.main import compose
 from dpsgd.run.report import COLUMNS as METRICS_COLUMNS
 from dpsgd.train import train
 from experiments import claims, collect, figure6, figures, readme, style

@@ -23,7 +23,7 @@ from dpsgd.accountant.calibrate import epsilon as calibrated_epsilon
 from dpsgd.run.checkpoint import load_checkpoint
 from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.config.schema import ConfigError, validate
-from dpsgd.run.launch import compose
+from dpsgd.launch.main import compose
 from dpsgd.models.networks import MLP, Linear, ScatterCNN
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD

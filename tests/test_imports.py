@@ -3,7 +3,7 @@
 Read with ``ast`` (nothing imported), function-level imports included: a circle hidden inside a
 function is still a circle. A package may use its own private modules (``accountant/_checks.py``);
 a module directly under ``dpsgd/`` uses only public names of the others (shared helpers become
-public names of one module, e.g. ``dpsgd/run/cli.py``).
+public names of one module, e.g. ``dpsgd/core/errors.py``).
 """
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def test_modules_use_only_public_names_of_other_packages():
 # The layers of dpsgd, bottom to top (docs/ARCHITECTURE.md walks them): a module imports only from its
 # own layer or the ones below. The commands (train, privacy, pretrain, audit) sit on top.
 LAYERS = [("dpsgd.core", "dpsgd.accountant"), ("dpsgd.data",), ("dpsgd.models",), ("dpsgd.mechanism",),
-          ("dpsgd.config",), ("dpsgd.run",), ("dpsgd.train", "dpsgd.privacy", "dpsgd.privacy_samplers", "dpsgd.audit",
+          ("dpsgd.config",), ("dpsgd.run",), ("dpsgd.launch",), ("dpsgd.train", "dpsgd.privacy", "dpsgd.privacy_samplers", "dpsgd.audit",
                                                "dpsgd.tune"), ("dpsgd.pretrain",)]
 
 

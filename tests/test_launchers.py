@@ -1,4 +1,4 @@
-"""Sweeps through Hydra launchers (dpsgd/run/launchers.py, experiments/jobs.py): real tiny multiruns through
+"""Sweeps through Hydra launchers (dpsgd/launch/launchers.py, experiments/jobs.py): real tiny multiruns through
 joblib and submitit_local (distinct folders, every job complete, collected), a failed job that does
 not stop its siblings, the launcher checks, how many jobs share the cores, and the experiment scripts'
 launcher commands."""
@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from dpsgd.core.errors import ConfigError
-from dpsgd.run.launch import compose
-from dpsgd.run.prepare import prepare_launch
-from dpsgd.run.launchers import Launch, check, parallel_jobs, share_cores, usable_cores
-from dpsgd.run.sweeps import resolve_sweep
+from dpsgd.launch.main import compose
+from dpsgd.launch.prepare import prepare_launch
+from dpsgd.launch.launchers import Launch, check, parallel_jobs, share_cores, usable_cores
+from dpsgd.launch.sweeps import resolve_sweep
 from dpsgd.core.runtime import physical_cores
 from experiments import collect, paper, seeds
 

@@ -29,9 +29,9 @@ from dpsgd.core import fileio
 from dpsgd.core.errors import Diverged
 from dpsgd.models import pretrained
 from dpsgd.models.networks import CifarCNN
-from dpsgd.run import launch as T
-from dpsgd.run.jobfailures import failures_reported
-from dpsgd.run.launchers import Launch
+from dpsgd.launch import main as T
+from dpsgd.launch.jobfailures import failures_reported
+from dpsgd.launch.launchers import Launch
 
 REPO = Path(__file__).resolve().parents[1]
 # 600 examples, lots of 60 (10 lots per epoch), a 10-d DP-PCA and 8 hidden units: ~0.1 s per epoch
@@ -161,7 +161,7 @@ def test_a_failed_job_in_a_worker_is_its_one_line(monkeypatch, capsys):
     from hydra.core.utils import JobReturn, JobStatus
     from hydra_plugins.hydra_joblib_launcher import _core
     from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
-    from dpsgd.run.jobfailures import JobFailed
+    from dpsgd.launch.jobfailures import JobFailed
 
     def launch(launcher, job_overrides, initial_job_idx):
         ok, refused = JobReturn(), JobReturn()

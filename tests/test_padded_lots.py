@@ -17,7 +17,7 @@ from dpsgd.config.schema import validate
 from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
-from dpsgd.run.launch import compose
+from dpsgd.launch.main import compose
 from dpsgd.train import train
 from test_clipping import assert_close_dict, make
 from tolerances import EPS32, assert_f64_close, f64_rtol, reduction_rtol

@@ -23,7 +23,8 @@ import torch
 import torch.multiprocessing as mp
 
 from dpsgd.config.schema import validate
-from dpsgd.run import distributed, launch
+from dpsgd.launch import main as launch
+from dpsgd.run import distributed
 from dpsgd.run.distributed import (PER_RANK, REFUSED, Dist, RanksDisagree, canonical, config_items, first_difference,
                                    flat_items, state_items)
 

@@ -15,8 +15,8 @@ from conftest import metrics_row_count, metrics_rows
 from dpsgd.run.checkpoint import load_checkpoint
 from dpsgd.config.schema import ConfigError
 from dpsgd.config.schema import validate
-from dpsgd.run.launch import compose
-from dpsgd.run.prepare import prepare_resume
+from dpsgd.launch.main import compose
+from dpsgd.launch.prepare import prepare_resume
 from dpsgd.train import train
 
 REPO = Path(__file__).resolve().parent.parent

@@ -28,10 +28,10 @@ from dpsgd import train as training
 from dpsgd.accountant import Ledger
 from dpsgd.config.fingerprint import FREE, LENGTH, REPLAY, RESUME_ALLOWED, config_fingerprint, config_leaves
 from dpsgd.config.schema import CHOICES, Config, ConfigError, validate
-from dpsgd.run import launch as T
+from dpsgd.launch import main as T
 from dpsgd.run import state as runstate
 from dpsgd.run.checkpoint import fingerprint_hash, load_checkpoint
-from dpsgd.run.prepare import prepare_resume
+from dpsgd.launch.prepare import prepare_resume
 from dpsgd.run.rundir import RESERVATIONS
 from tolerances import chain_rel_tol
 from conftest import TINY_RUN

@@ -9,8 +9,8 @@ import torch
 from conftest import TINY_RUN
 from dpsgd.config.schema import validate
 from dpsgd.run.checkpoint import load_checkpoint
-from dpsgd.run.launch import compose
-from dpsgd.run.prepare import prepare_resume
+from dpsgd.launch.main import compose
+from dpsgd.launch.prepare import prepare_resume
 from dpsgd.train import train
 
 SAMPLERS = {

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from conftest import metrics_row_count
-from dpsgd.run import launch as T
+from dpsgd.launch import main as T
 from dpsgd import train as training
 from dpsgd.run import state as runstate
 from dpsgd.run.checkpoint import CheckpointError, MetricsWriter, load_checkpoint, save_checkpoint
-from dpsgd.run.prepare import prepare_resume
+from dpsgd.launch.prepare import prepare_resume
 from dpsgd.core.fileio import atomic_write_bytes
 from dpsgd.config.schema import validate
 from dpsgd.run.rundir import CHUNK, RESERVATIONS, LotReservations, RunLock

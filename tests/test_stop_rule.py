@@ -12,7 +12,7 @@ from dpsgd.run import rundir
 from dpsgd.accountant import Ledger, calibrate
 from dpsgd.config.schema import validate
 from dpsgd.run.distributed import Dist
-from dpsgd.run.launch import compose
+from dpsgd.launch.main import compose
 from dpsgd.privacy import main as privacy_main
 from dpsgd.run.rundir import LotReservations
 from dpsgd.run.state import Progress, Rows, Run

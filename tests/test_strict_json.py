@@ -16,7 +16,7 @@ import pytest
 from conftest import metrics_rows
 from dpsgd.config.schema import validate
 from dpsgd.core.fileio import json_text, write_json
-from dpsgd.run.launch import compose
+from dpsgd.launch.main import compose
 from dpsgd.run.report import COLUMNS, TRAIN_METRICS, epsilons, not_covered
 from dpsgd.train import train
 

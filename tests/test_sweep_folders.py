@@ -1,10 +1,10 @@
 """Sweep folders are resolved, then checked, then claimed atomically; resume paths are taken literally.
 
-Every job's folder is resolved the way Hydra will resolve it (dpsgd/run/sweeps.py:resolve_sweep) and
+Every job's folder is resolved the way Hydra will resolve it (dpsgd/launch/sweeps.py:resolve_sweep) and
 must lie inside the sweep folder, differ from every other job's and vary with the job number
 (``check_job_folders``); the sweep folder is claimed with an exclusive create (``SweepClaim``), so two
 sweeps started together into one folder never both run. A long override list gives a short, stable,
-unique folder name (dpsgd/run/cli.py:short_name). In-process where the behaviour is about values; real
+unique folder name (dpsgd/launch/cli.py:short_name). In-process where the behaviour is about values; real
 processes only for two sweeps started together.
 """
 from __future__ import annotations
@@ -21,9 +21,9 @@ import pytest
 from dpsgd import train as training
 from dpsgd.core.errors import ConfigError
 from dpsgd.config.schema import validate
-from dpsgd.run.cli import SHORT_BYTES, compose, hydra_quoted, literal_value, short_name
-from dpsgd.run.prepare import prepare_launch
-from dpsgd.run.sweeps import SWEEP_CLAIM, SweepClaim, check_job_folders, resolve_sweep
+from dpsgd.launch.cli import SHORT_BYTES, compose, hydra_quoted, literal_value, short_name
+from dpsgd.launch.prepare import prepare_launch
+from dpsgd.launch.sweeps import SWEEP_CLAIM, SweepClaim, check_job_folders, resolve_sweep
 from conftest import TINY_RUN, snapshot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -171,7 +171,7 @@ def test_the_claim_of_a_killed_launcher_is_stale_and_a_live_one_is_not(tmp_path,
     sweep into the (otherwise empty) folder removes the claim with a note and claims the folder. A
     claim whose process lives, or that another process has not finished writing, is refused."""
     folder = tmp_path / "sweep"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dpsgd.run.sweeps import SweepClaim; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dpsgd.launch.sweeps import SweepClaim; "
                                f"SweepClaim({str(folder)!r}); print('held', flush=True); time.sleep(600)"],
                               stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:

@@ -10,7 +10,7 @@ from torch import nn
 from conftest import metrics_rows
 from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.config.schema import ConfigError, validate
-from dpsgd.run.launch import compose
+from dpsgd.launch.main import compose
 from dpsgd.models.networks import TanhCNN
 from dpsgd.train import train
 from tolerances import assert_f64_close, f64_rtol

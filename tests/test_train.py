@@ -10,7 +10,7 @@ import pytest
 
 from conftest import metrics_rows
 from dpsgd.config.schema import validate
-from dpsgd.run.launch import compose
+from dpsgd.launch.main import compose
 from dpsgd.run.report import COLUMNS
 from dpsgd.run.state import derive_seed
 from dpsgd.train import lr_at, train

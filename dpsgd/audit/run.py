@@ -28,8 +28,10 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from dpsgd.core.errors import ConfigError
-from dpsgd.run import distributed, launch
-from dpsgd.run.cli import fail, one_line
+from dpsgd.launch import main as launch
+from dpsgd.run import distributed
+from dpsgd.core.errors import one_line
+from dpsgd.launch.cli import fail
 
 from .cli import _number
 from .instrument import AuditInstrument, AuditOptions

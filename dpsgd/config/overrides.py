@@ -1,7 +1,7 @@
 """The command line's overrides as the config sees them: the key an override sets, whatever its
 spelling, and the run directory ``resume=<dir>`` names (checked before anything reads from it).
 
-Used by the train command line (dpsgd/run/launch.py, dpsgd/run/prepare.py), the run's setup and its
+Used by the train command line (dpsgd/launch/main.py, dpsgd/launch/prepare.py), the run's setup and its
 torchrun ranks (which compare overrides by key), the tuner's search space, and ``validate`` itself
 (``resume=``).
 """

@@ -1,4 +1,4 @@
-"""The errors a run ends with, each turned by the command line (dpsgd/run/cli.py) into one line on stderr and an
+"""The errors a run ends with, each turned by the command line (dpsgd/launch/cli.py) into one line on stderr and an
 exit code: bad input (2), divergence (1), an interrupting signal (128 + its number)."""
 import signal
 
@@ -17,3 +17,9 @@ class Interrupted(Exception):
 
 class Diverged(RuntimeError):
     """A non-finite loss or parameter stopped the run (status 'diverged', no model released)."""
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line (Hydra's long "Config search path" tail cut off)."""
+    msg = " ".join(s.strip() for s in str(e).splitlines() if s.strip()) or type(e).__name__
+    return msg.split(" Config search path:")[0]

@@ -78,7 +78,7 @@ def thread_policy(env: dict, usable: int, physical: int | None, loadavg: float |
 
     1. ``DPSGD_THREADS`` if set (dpsgd's own knob).
     2. ``DPSGD_PARALLEL_JOBS`` = P > 1 (exported by the launching process of a joblib or
-       submitit_local sweep, dpsgd/run/launchers.py): this job's share of the cores,
+       submitit_local sweep, dpsgd/launch/launchers.py): this job's share of the cores,
        max(1, min(physical, usable) // P), so that P jobs × threads never exceed the cores. It comes
        before ``OMP_NUM_THREADS``, which a joblib worker inherits from joblib itself (the launching
        process exports P only when the user had set neither thread variable).

@@ -29,7 +29,7 @@ states, the projection, the ledger). Each rank gathers every rank's items, so al
 differing key and stop with the same line (``RanksDisagree``, exit 2) before anything is written.
 
 The command line under torchrun (one run directory agreed by every rank) is
-``dpsgd/run/launch.py:torchrun_main``; this module is the communication only.
+``dpsgd/launch/main.py:torchrun_main``; this module is the communication only.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dpsgd.core.errors import ConfigError
+from dpsgd.core.errors import ConfigError, one_line
 
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -164,7 +164,6 @@ def agree(err: BaseException | None) -> None:
     rank that failed, with its line) when another rank failed. Every rank must reach it (setup reads
     before it and writes after it)."""
     if _CURRENT.active:
-        from dpsgd.run.cli import one_line
         lines = all_gather_bytes(b"" if err is None else one_line(err).encode())
         failed = next(((r, line.decode()) for r, line in enumerate(lines) if line), None)
         if err is None and failed is not None:
@@ -295,7 +294,6 @@ def join_refusal(err: ConfigError) -> None:
     one node only, data missing there) joins that exchange with its one line, so every rank stops
     with it instead of waiting for this one; re-raises ``err`` when the exchange is already past."""
     if _CURRENT.active and _exchanges == 0 and not isinstance(err, (RanksDisagree, PeerRefused)):
-        from dpsgd.run.cli import one_line
         agree_on({REFUSED: one_line(err)})
     raise err
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from dpsgd.accountant import limits, selection
 from dpsgd.core.errors import ConfigError
-from dpsgd.run.cli import fail, fresh_dir, one_line
+from dpsgd.core.errors import one_line
+from dpsgd.launch.cli import fail, fresh_dir
 from dpsgd.tune import space, sweep
 
 PROG = "python -m dpsgd.tune"

@@ -18,7 +18,7 @@ from dpsgd.config.calibration import clipping_groups
 from dpsgd.config.overrides import override_key
 from dpsgd.config.schema import Config, validate
 from dpsgd.core.errors import ConfigError
-from dpsgd.run.cli import compose, data_ready
+from dpsgd.launch.cli import compose, data_ready
 
 #: what the driver sets on every candidate itself
 RESERVED = ("privacy.sigma", "privacy.calibrate_sigma", "privacy.target_epsilon", "seed", "resume",

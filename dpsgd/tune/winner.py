@@ -15,7 +15,7 @@ from dpsgd.config.schema import validate
 from dpsgd.data.augment import LotTransform
 from dpsgd.run import parts
 from dpsgd.run.checkpoint import load_checkpoint
-from dpsgd.run.cli import compose
+from dpsgd.launch.cli import compose
 from dpsgd.train import evaluate
 
 

@@ -17,8 +17,8 @@ exports ``DPSGD_PARALLEL_JOBS`` (unless the user chose the threads with ``DPSGD_
 ``OMP_NUM_THREADS``) and every job takes its share of the cores (``dpsgd/core/runtime.py:thread_policy``).
 A SLURM job gets the cores of its own allocation (its CPU affinity), so nothing is shared there.
 
-The sweep's folders are resolved, checked and claimed in ``dpsgd/run/sweeps.py``; a job that fails or
-dies in a worker process or cluster job is reported in ``dpsgd/run/jobfailures.py``.
+The sweep's folders are resolved, checked and claimed in ``dpsgd/launch/sweeps.py``; a job that fails or
+dies in a worker process or cluster job is reported in ``dpsgd/launch/jobfailures.py``.
 """
 from __future__ import annotations
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpsgd.core.errors import ConfigError
-from dpsgd.run.cli import config_loader, hydra_quoted, one_line
-from dpsgd.run.launchers import check
+from dpsgd.core.errors import one_line
+from dpsgd.launch.cli import config_loader, hydra_quoted
+from dpsgd.launch.launchers import check
 
 
 SWEEP_CLAIM = ".sweep.claim"      # created exclusively by the launching process, removed when it ends

@@ -15,7 +15,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from dpsgd.core.errors import ConfigError, Diverged, Interrupted
+from dpsgd.core.errors import ConfigError, Diverged, Interrupted, one_line
 from dpsgd.data.archives import ensure_dataset
 from dpsgd.data.datasets import DataUnavailable
 
@@ -40,18 +40,12 @@ def short_name(text) -> str:
 def register_resolvers() -> None:
     """dpsgd's OmegaConf resolvers (``dpsgd.short``). Called when this module is imported, so they
     exist wherever Hydra resolves dpsgd's config: the launching process, joblib workers and submitit
-    jobs (which import dpsgd/run/launch.py to unpickle the task before resolving the job's folder)."""
+    jobs (which import dpsgd/launch/main.py to unpickle the task before resolving the job's folder)."""
     from omegaconf import OmegaConf
     OmegaConf.register_new_resolver("dpsgd.short", short_name, replace=True)
 
 
 register_resolvers()
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as one line (Hydra's long "Config search path" tail cut off)."""
-    msg = " ".join(s.strip() for s in str(e).splitlines() if s.strip()) or type(e).__name__
-    return msg.split(" Config search path:")[0]
 
 
 def compose(args: list[str], hydra_config: bool = False):

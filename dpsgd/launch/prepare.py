@@ -1,10 +1,10 @@
 """What ``python -m dpsgd.train`` checks before anything is written: the overrides (no Hydra setting
 that could write outside a fresh run directory), the output folder of a single run or every job's
-folder of a sweep (dpsgd/run/sweeps.py resolves them as Hydra will), the launcher, the validated
+folder of a sweep (dpsgd/launch/sweeps.py resolves them as Hydra will), the launcher, the validated
 config and its data; for ``resume=<dir>``, the run's checkpoint, its own overrides and the fingerprint a
 resume may not change (dpsgd/config/fingerprint.py).
 
-A refused command exits 2 with one line and never writes into an existing run; dpsgd/run/launch.py
+A refused command exits 2 with one line and never writes into an existing run; dpsgd/launch/main.py
 runs what these checks allowed (Hydra, the sweep, torchrun).
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ from dpsgd.config.schema import Config, validate
 from dpsgd.core.errors import ConfigError
 from dpsgd.data.datasets import DATASETS
 from dpsgd.run.checkpoint import check_resumable, refuse_audit_resume, resume_checkpoint
-from dpsgd.run.cli import compose, data_ready, dataset_ready, fresh_dir, literal_value
-from dpsgd.run.launchers import Launch, check as check_launcher, parallel_jobs
-from dpsgd.run.sweeps import check_job_folders, resolve_sweep, unclaimed
+from dpsgd.launch.cli import compose, data_ready, dataset_ready, fresh_dir, literal_value
+from dpsgd.launch.launchers import Launch, check as check_launcher, parallel_jobs
+from dpsgd.launch.sweeps import check_job_folders, resolve_sweep, unclaimed
 
 _HYDRA_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.verbose", "hydra.job.name")
 _HYDRA_PREFIXES = ("hydra.launcher.", "hydra.sweeper.", "hydra/launcher", "hydra/sweeper")
@@ -47,7 +47,7 @@ def prepare(args: list[str], multirun: bool = False, search: list[str] = ()) -> 
 
     The output folder is resolved the way Hydra will resolve it (any spelling of the key), and must be
     new or empty: a refused command never writes into an existing run. For a sweep, every job's folder
-    is resolved the way Hydra will resolve it (dpsgd/run/sweeps.py:resolve_sweep) and must lie inside
+    is resolved the way Hydra will resolve it (dpsgd/launch/sweeps.py:resolve_sweep) and must lie inside
     the sweep folder, one new folder per job (``check_job_folders``); the sweep folder must be new or
     empty (``launch.main`` then claims it, ``SweepClaim``). Each job's config is validated when it starts,
     before it writes anything but Hydra's ``.hydra`` files into its own new folder.

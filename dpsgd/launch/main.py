@@ -1,6 +1,6 @@
 """The command line: ``python -m dpsgd.train [key=value ...] | -m [key=value ...] | resume=<run dir>``.
 
-Everything is decided before anything is written (the checks themselves: dpsgd/run/prepare.py); this
+Everything is decided before anything is written (the checks themselves: dpsgd/launch/prepare.py); this
 module runs what they allowed:
 
 * a single run: the config is composed and validated, and the output folder is resolved the way Hydra
@@ -8,9 +8,9 @@ module runs what they allowed:
   ``train`` in it;
 * a sweep (``-m``): every job's folder is resolved the way Hydra will resolve it and must lie inside
   the sweep folder, one new folder per job; the sweep folder must be new or empty and is claimed
-  (an exclusive create, held for the sweep: dpsgd/run/sweeps.py); each job's config is validated
+  (an exclusive create, held for the sweep: dpsgd/launch/sweeps.py); each job's config is validated
   when it starts, and a refused job's fresh folder is removed. The launcher
-  (``hydra/launcher=basic|joblib|submitit_local|submitit_slurm``, dpsgd/run/launchers.py) is checked
+  (``hydra/launcher=basic|joblib|submitit_local|submitit_slurm``, dpsgd/launch/launchers.py) is checked
   beforehand too; jobs in worker processes or cluster jobs run only ``task`` (never these checks, which
   their siblings' folders would fail) and report a failure back instead of exiting;
 * a resume: the config comes from the run's checkpoint (not from Hydra's files), the new overrides are
@@ -20,7 +20,7 @@ module runs what they allowed:
   communication itself is dpsgd/run/distributed.py.
 
 Every expected failure is one line on stderr and an exit code (2: bad input; 1: diverged, disk
-error; 128 + n: signal n), never a traceback (dpsgd/run/cli.py, shared with ``python -m dpsgd.pretrain``).
+error; 128 + n: signal n), never a traceback (dpsgd/launch/cli.py, shared with ``python -m dpsgd.pretrain``).
 """
 from __future__ import annotations
 
@@ -38,12 +38,13 @@ from dpsgd.core.errors import ConfigError
 from dpsgd.core.runtime import tune_allocator
 from dpsgd.data.datasets import DataUnavailable
 from dpsgd.run import distributed
-from dpsgd.run.cli import (CONF_DIR, compose, data_ready, error_line, fail, failure, one_line, run_or_exit, search_path,
+from dpsgd.core.errors import one_line
+from dpsgd.launch.cli import (CONF_DIR, compose, data_ready, error_line, fail, failure, run_or_exit, search_path,
                            split_cli)
-from dpsgd.run.jobfailures import JobFailed, failures_reported
-from dpsgd.run.launchers import share_cores
-from dpsgd.run.prepare import prepare, prepare_launch, prepare_resume
-from dpsgd.run.sweeps import SWEEP_CLAIM, SweepClaim
+from dpsgd.launch.jobfailures import JobFailed, failures_reported
+from dpsgd.launch.launchers import share_cores
+from dpsgd.launch.prepare import prepare, prepare_launch, prepare_resume
+from dpsgd.launch.sweeps import SWEEP_CLAIM, SweepClaim
 from dpsgd.run.rundir import RunLock
 
 _T0 = time.time()

@@ -25,14 +25,14 @@ from pathlib import Path
 
 from hydra.errors import CompactHydraException
 
-from dpsgd.run.cli import error_line
-from dpsgd.run.launchers import Launch
+from dpsgd.launch.cli import error_line
+from dpsgd.launch.launchers import Launch
 
 
 class JobFailed(CompactHydraException):
     """A sweep job that failed in a worker process or a cluster job (returned to the launching process).
 
-    Hydra prints ``str()`` of it as one line; ``dpsgd/run/launch.py:main`` exits with ``code``."""
+    Hydra prints ``str()`` of it as one line; ``dpsgd/launch/main.py:main`` exits with ``code``."""
 
     def __init__(self, line: str, code: int):
         super().__init__(line, code)
