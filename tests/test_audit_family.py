@@ -17,7 +17,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "audit_bound_gauss.csv"   # score
 
 
 def _gauss_fbar(x, mu):
-    """f̄(x) = f(1 − x) of μ-GDP: Φ(Φ⁻¹(x) − μ) (Dong, Roth & Su 2022, Def. 2.7)."""
+    """f̄(x) = f(1 − x) of μ-GDP: Φ(Φ⁻¹(x) − μ) (Dong, Roth & Su 2022, §2)."""
     return special.ndtr(special.ndtri(x) - mu)
 
 
@@ -48,7 +48,7 @@ def test_curve_lies_below_the_gaussian_trade_off_and_near_it(sigma):
 
 def test_curve_lies_below_the_subsampled_gaussian_trade_off():
     """One lot at q: f_q(α) = (1 − q)(1 − α) + q·G_μ(α) (remove) and its inverse (add); the symmetric
-    curve is below min(f_q, f_q⁻¹) (Dong, Roth & Su 2022, Thm 4.2), and so must be the table."""
+    curve is below min(f_q, f_q⁻¹) (Dong, Roth & Su 2022, §4: C_q(f) = min(f_q, f_q⁻¹)** lies below it), and so must be the table."""
     q, sigma = 0.2, 0.8
     mu = 1.0 / sigma
     tr = family.TradeOff(q, sigma, 1)

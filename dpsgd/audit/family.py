@@ -5,14 +5,13 @@ accountant charges for", and the ε lower bound it implies within that mechanism
 groups under the joint convention (one Gaussian mechanism of noise multiplier σ′/√k per lot;
 ``dpsgd.accountant.compose.charge``), add/remove adjacency — the mechanism ``dpsgd.accountant`` charges
 a run for, with σ′ in place of the run's σ. H₀(σ′): "with respect to each canary, the run is
-f_{σ′}-DP", f_{σ′} the trade-off curve of M(σ′) (Dong, Roth & Su 2022, Def. 2.3: every test of
+f_{σ′}-DP", f_{σ′} the trade-off curve of M(σ′) (Dong, Roth & Su 2022, §2: every test of
 "canary out" against "canary in" has type-II error ≥ f_{σ′}(type-I error)).
 
 **The curve, from the accountant.** For every ε ≥ 0 the PLD accountant gives δ(ε), an upper bound on
 the hockey-stick divergence of M(σ′) in both directions (``dpsgd.accountant.pld.compose``, pessimistic
 discretisation, on a privacy-loss grid PLD_INTERVAL apart). Each (ε, δ(ε)) is a DP guarantee of M(σ′), i.e. the trade-off curve
-f_{ε,δ}(α) = max(0, 1 − δ − e^ε α, e^{−ε}(1 − δ − α)) (Dong, Roth & Su 2022, Prop. 2.5; Kairouz et al.
-2015), and a mechanism that is f₁-DP and f₂-DP is max(f₁, f₂)-DP. So
+f_{ε,δ}(α) = max(0, 1 − δ − e^ε α, e^{−ε}(1 − δ − α)) (Kairouz et al. 2015; Dong, Roth & Su 2022, §2), and a mechanism that is f₁-DP and f₂-DP is max(f₁, f₂)-DP. So
 
     f_{σ′}(α) >= f̂_{σ′}(α) = max_{ε ∈ E} f_{ε, δ(ε)}(α)        (E: a grid of ε >= 0, EPS_STEP apart)
 
