@@ -54,7 +54,7 @@ DELTA_FLOOR = 1e-14      # δ(ε) below this: the guarantees add nothing above x
 X_MIN = 1e-15            # f̄(x) = 0 below (a lower bound: f̄ >= 0)
 X_STEP = 0.005           # spacing of the f̄ table in log x
 SIGMA_RTOL = 1e-3        # bisection in log σ′ stops when hi/lo − 1 <= this
-SEARCH_FACTOR = 64.0     # σ′ is searched within [σ/64, 64σ]
+SEARCH_FACTOR = 64.0     # σ′ is searched within [σ/64, 64σ] (and the accountant's [SIGMA_MIN·√k, SIGMA_MAX])
 PLD_INTERVAL = 1e-3      # privacy-loss grid of the PLD behind δ(ε) (pessimistic: a coarser grid only raises δ)
 
 
@@ -168,10 +168,11 @@ def family_test(scores, bits, claim: Claim, beta: float = 0.05, guesses=None) ->
             if at_floor:
                 hi = lo
     else:                                          # search up for one that is
+        ceiling = min(claim.sigma * SEARCH_FACTOR, limits.SIGMA_MAX)
         lo, hi = claim.sigma, claim.sigma * 2
-        while hi <= claim.sigma * SEARCH_FACTOR and not _rejects(claim, hi, rows, m, per):
+        while hi <= ceiling and not _rejects(claim, hi, rows, m, per):
             lo, hi = hi, hi * 2
-        if hi > claim.sigma * SEARCH_FACTOR:
+        if hi > ceiling:
             hi = None
     if hi is not None and not at_floor:
         while hi / lo - 1 > SIGMA_RTOL:            # keep lo not rejected, hi rejected
