@@ -48,7 +48,8 @@ def test_curve_lies_below_the_gaussian_trade_off_and_near_it(sigma):
 
 def test_curve_lies_below_the_subsampled_gaussian_trade_off():
     """One lot at q: f_q(α) = (1 − q)(1 − α) + q·G_μ(α) (remove) and its inverse (add); the symmetric
-    curve is below min(f_q, f_q⁻¹) (Dong, Roth & Su 2022, §4: C_q(f) = min(f_q, f_q⁻¹)** lies below it), and so must be the table."""
+    curve C_q(f) = min(f_q, f_q⁻¹)** is below min(f_q, f_q⁻¹) (Dong, Roth & Su 2022, §4), and so must
+    be the table."""
     q, sigma = 0.2, 0.8
     mu = 1.0 / sigma
     tr = family.TradeOff(q, sigma, 1)
@@ -183,3 +184,13 @@ def test_simulated_scores_are_the_claimed_llr():
     gap = scores[bits == 1].mean() - scores[bits == 0].mean()
     sd = math.sqrt(2 * 3 * 1.0 / 200)                 # sd of the difference of two means of ~200 draws, var Tμ²
     assert abs(gap - 3.0) <= 5 * sd + 0.2             # 5 sd, plus the MAD noise estimate's effect (<= 7 %)
+
+
+def test_audit_scores_csv_rows_of_one_game(tmp_path):
+    """audit run's audit_scores.csv (columns game, canary, included, score): --game picks the rows."""
+    f = tmp_path / "audit_scores.csv"
+    f.write_text("game,canary,included,score\nwhite-box,0,1,2.5\nwhite-box,1,0,-1.0\nblack-box,0,0,7.0\n")
+    scores, bits = bound.read_scores(str(f), None)                      # default: white-box
+    assert scores.tolist() == [2.5, -1.0] and bits.tolist() == [1, 0]  # exact: values copied from the file
+    scores, bits = bound.read_scores(str(f), "black-box")
+    assert scores.tolist() == [7.0] and bits.tolist() == [0]           # exact: values copied from the file

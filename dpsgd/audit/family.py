@@ -10,8 +10,9 @@ f_{σ′}-DP", f_{σ′} the trade-off curve of M(σ′) (Dong, Roth & Su 2022, 
 
 **The curve, from the accountant.** For every ε ≥ 0 the PLD accountant gives δ(ε), an upper bound on
 the hockey-stick divergence of M(σ′) in both directions (``dpsgd.accountant.pld.compose``, pessimistic
-discretisation, on a privacy-loss grid PLD_INTERVAL apart). Each (ε, δ(ε)) is a DP guarantee of M(σ′), i.e. the trade-off curve
-f_{ε,δ}(α) = max(0, 1 − δ − e^ε α, e^{−ε}(1 − δ − α)) (Kairouz et al. 2015; Dong, Roth & Su 2022, §2), and a mechanism that is f₁-DP and f₂-DP is max(f₁, f₂)-DP. So
+discretisation on a privacy-loss grid PLD_INTERVAL apart). Each (ε, δ(ε)) is a DP guarantee of M(σ′),
+i.e. the trade-off curve f_{ε,δ}(α) = max(0, 1 − δ − e^ε α, e^{−ε}(1 − δ − α)) (Kairouz et al. 2015;
+Dong, Roth & Su 2022, §2), and a mechanism that is f₁-DP and f₂-DP is max(f₁, f₂)-DP. So
 
     f_{σ′}(α) >= f̂_{σ′}(α) = max_{ε ∈ E} f_{ε, δ(ε)}(α)        (E: a grid of ε >= 0, EPS_STEP apart)
 
@@ -29,11 +30,11 @@ post-processing (add independent Gaussian noise), so f_{σ′} rises with σ′,
 rejects more under a higher curve.
 
 **Outputs.** ``claim_rejected``: H₀(σ) at the claimed σ rejected → verdict ``violation``.
-``sigma_upper_bound`` σ_ub: a σ′ the test rejects, found by bisection in log σ′ (relative step SIGMA_RTOL),
-with every σ′ below it not rejected; ε_lb = ε of M(σ_ub) at δ (``pld.epsilon``). With probability
-≥ 1 − β a run whose true mechanism is M(σ₀) is not rejected at σ₀, so σ₀ < σ_ub and ε(σ₀) > ε_lb. This
-is a test of the claim's family, not a lower bound on ε for every mechanism (the family-free bounds of
-``onerun`` are that).
+``sigma_upper_bound`` σ_ub: a σ′ the test rejects, found by doubling from σ and bisection in log σ′ (down
+to a relative SIGMA_RTOL, the σ′ just below it not rejected); ε_lb = ε of M(σ_ub) at δ (``pld.epsilon``).
+With probability ≥ 1 − β a run whose true mechanism is M(σ₀) is not rejected at σ₀, so σ₀ < σ_ub and
+ε(σ₀) > ε_lb. This is a test of the claim's family, not a lower bound on ε for every mechanism (the
+family-free bounds of ``onerun`` are that).
 """
 from __future__ import annotations
 

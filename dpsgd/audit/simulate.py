@@ -8,7 +8,8 @@ in units of the claimed noise std σ_eff·C (σ_eff = σ/√k, joint convention)
     z_{t,i} = μ·[present] + ν·N(0, 1),     μ = 1/σ_eff,  ν = 1 for the claimed mechanism
 
 (``observe.py``: a canary clipped to C in each of its k groups, read along u_i = Σ_g e_{c(g,i)}/√k,
-shifts ⟨s_t, u_i⟩/(σC) by √k/σ = 1/σ_eff). ``noise_factor`` ν < 1 is the broken mechanism "noise ν·σC" (ν = 1/2: noise σC/2).
+shifts ⟨s_t, u_i⟩/(σC) by √k/σ = 1/σ_eff). ``noise_factor`` ν < 1 is the broken mechanism
+"noise ν·σC" (ν = 1/2: noise σC/2).
 The score is the one ``audit run`` writes (``observe.py``, ``audit.score=llr``): each lot's z and μ are
 divided by the noise std measured across the m canaries (1.4826 × MAD), then
 
