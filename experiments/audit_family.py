@@ -57,6 +57,9 @@ def measure(out=RESULTS / "audit_family.csv") -> pd.DataFrame:
                      "gdp_eps_lb": round(b["gdp"]["eps_lb"], 4),
                      "gdp_ratio_lots": round(b["gdp"]["eps_lb"] / lots, 3),
                      "verdict_steinke_vs_whole_claim": a["verdict"],
+                     "out_score_var": round(b["scores"]["out"]["var"], 5),
+                     "out_score_var_h0": round(b["scores"]["out"]["var_h0"], 5),
+                     "out_var_ratio": round(b["scores"]["var_ratio_out"], 4),
                      "seconds": round(time.perf_counter() - t, 1)})
         print(rows[-1], flush=True)
         pd.DataFrame(rows).to_csv(out, index=False)

@@ -194,3 +194,15 @@ def test_audit_scores_csv_rows_of_one_game(tmp_path):
     assert scores.tolist() == [2.5, -1.0] and bits.tolist() == [1, 0]  # exact: values copied from the file
     scores, bits = bound.read_scores(str(f), "black-box")
     assert scores.tolist() == [7.0] and bits.tolist() == [0]           # exact: values copied from the file
+
+
+def test_score_moments_under_the_claim():
+    """q = 1: ℓ(z) = μz − μ²/2 exactly, so the sum over T lots has mean ∓Tμ²/2 and variance Tμ²."""
+    m = simulate.llr_moments(family.Claim(1.0, 2.0, 3, 1, 1e-5).validate())   # μ = 1/2, T = 3
+    # quadrature to epsrel 1e-10 over ±40 sd (tails below 1e-300), central moments: 100 times its rtol
+    assert m["out"] == pytest.approx((-0.375, 0.75), rel=1e-8)
+    assert m["in"] == pytest.approx((0.375, 0.75), rel=1e-8)
+    # subsampled: the in-canary mean exceeds the out-canary mean by T·KL-like terms, both variances > 0
+    m = simulate.llr_moments(family.Claim(0.05, 2.0, 200, 2, 1e-5).validate())
+    assert m["in"][0] > 0 > m["out"][0] and m["out"][1] > 0 and m["in"][1] > 0
+    # E_out[e^ℓ] = 1 per lot (a likelihood ratio), so by Jensen E_out[ℓ] < 0 and E_in[ℓ] = KL(in‖out) > 0

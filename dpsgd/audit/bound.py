@@ -41,6 +41,7 @@ from dpsgd.core.errors import ConfigError
 from .cli import _number
 from .family import Claim, family_test
 from .onerun import audit_bound
+from .simulate import llr_moments
 
 SAMPLERS = ("poisson",)
 ASSUMES = {
@@ -152,6 +153,25 @@ def bound(scores, bits, claim: Claim, beta: float = 0.05) -> dict:
            "gdp": {"eps_lb": free["gdp_eps_lower_bound"], "mu_lb": free["gdp_mu_lower_bound"],
                    "verdict": "violation" if free["gdp_eps_lower_bound"] > eps else "consistent",
                    "assumes": ASSUMES["gdp"]}}
+    out["scores"] = score_check(scores, bits, claim)
+    return out
+
+
+def score_check(scores, bits, claim: Claim) -> dict:
+    """The interference diagnostic: the excluded (and included) canaries' score mean and variance against
+    what the claimed mechanism predicts for the LLR score of ``audit run`` (``simulate.llr_moments``, no
+    other examples on the canaries' coordinates). ``var_ratio_out`` > 1: the scores spread more than
+    the claimed noise alone makes them (the other examples' gradients, drift); it costs power, never
+    validity — the tests above hold for any score. Meaningless for scores of another definition."""
+    s, b = np.asarray(scores, dtype=float), np.asarray(bits).astype(bool)
+    h0 = llr_moments(claim)
+    out = {"definition": "LLR of the claimed subsampled Gaussian, summed over lots (audit.score=llr)"}
+    for name, sel in (("out", ~b), ("in", b)):
+        mean, var = h0[name]
+        out[name] = {"n": int(sel.sum()), "mean": float(s[sel].mean()) if sel.any() else None,
+                     "var": float(s[sel].var()) if sel.sum() > 1 else None, "mean_h0": mean, "var_h0": var}
+    v = out["out"]["var"]
+    out["var_ratio_out"] = None if v is None or out["out"]["var_h0"] <= 0 else v / out["out"]["var_h0"]
     return out
 
 
@@ -168,6 +188,10 @@ def format_bound(r: dict) -> str:
     lines.append(f"steinke  ε_lb={s['eps_lb']:.4f} ({s['correct']}/{s['guesses']} correct)  assumes: {s['assumes']}")
     g = r["gdp"]
     lines.append(f"gdp      ε_lb={g['eps_lb']:.4f} (μ_lb={g['mu_lb']:.4f})  assumes: {g['assumes']}")
+    sc = r["scores"]
+    if sc["var_ratio_out"] is not None:
+        lines.append(f"excluded canaries' score variance {sc['out']['var']:.4g} against {sc['out']['var_h0']:.4g} "
+                     f"predicted by the claim for the LLR score (ratio {sc['var_ratio_out']:.3f}; > 1: interference)")
     lines.append(f"verdict (family test of the claim): {r['verdict'].upper()}")
     return "\n".join(lines)
 
@@ -182,7 +206,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     r = bound(scores, bits, claim, beta)
-    r["scores"] = a.scores
+    r["scores_file"] = a.scores
     if a.json:
         print(json.dumps(r, allow_nan=False))
     else:

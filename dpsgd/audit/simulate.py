@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import integrate
 
 from .family import Claim, family_test, tradeoff
 from .onerun import _p_value, default_grid, fdp_rejected, guess_counts
@@ -67,3 +68,26 @@ def one_game_bound(seed: int, m: int, claim: Claim, beta: float, noise_factor: f
     """``family.family_test`` on one seeded game (the whole bound, with its σ search)."""
     scores, bits = game_scores(np.random.default_rng(seed), m, claim, noise_factor)
     return family_test(scores, bits, claim, beta)
+
+
+def llr_moments(claim: Claim) -> dict:
+    """Mean and variance of the score under the claimed mechanism, per canary, with ŝ_t = 1: the sum of
+    T i.i.d. terms ℓ(z) = log(1 − q + q·exp(μz − μ²/2)), z ~ N(0, 1) for an excluded canary and
+    z ~ (1 − q)·N(0, 1) + q·N(μ, 1) for an included one (one-dimensional quadrature, scipy.integrate.quad).
+    {"out": (mean, var), "in": (mean, var)} of the sum over the T lots."""
+    q, mu = claim.q, 1.0 / claim.sigma_eff(claim.sigma)
+    log_out = math.log1p(-q) if q < 1 else -math.inf
+
+    def ell(z):
+        return float(np.logaddexp(log_out, math.log(q) + mu * z - mu * mu / 2))
+
+    def expect(g, shift):                       # E[g(z)], z ~ N(shift, 1)
+        f = lambda z: g(z) * math.exp(-(z - shift) ** 2 / 2) / math.sqrt(2 * math.pi)  # noqa: E731
+        return integrate.quad(f, shift - 40, shift + 40, epsabs=0, epsrel=1e-10, limit=200)[0]
+
+    m0, m1 = expect(ell, 0.0), expect(ell, mu)
+    m_in = (1 - q) * m0 + q * m1
+    v0 = expect(lambda z: (ell(z) - m0) ** 2, 0.0)             # central moments: no cancellation
+    v_in = (1 - q) * expect(lambda z: (ell(z) - m_in) ** 2, 0.0) + q * expect(lambda z: (ell(z) - m_in) ** 2, mu)
+    t = claim.steps
+    return {"out": (t * m0, t * v0), "in": (t * m_in, t * v_in)}
