@@ -39,6 +39,9 @@ def _audit(tmp_path, monkeypatch, name, overrides=(), **options):
 def test_broken_variants_are_flagged(tmp_path, monkeypatch, variant):
     a, _ = _audit(tmp_path, monkeypatch, variant, variant=variant)
     assert a["verdict"] == "violation" and a["eps_lower_bound"] > a["eps_claimed"]
+    # the family test of the lots' claim (family.py) flags them too, with its ε_lb above the lots' claim
+    assert a["verdict_family"] == "violation" and a["family"]["claim_rejected"]
+    assert a["family"]["eps_lower_bound"] > a["family"]["eps_claimed_lots"]
 
 
 @pytest.mark.parametrize("overrides", [(), ("privacy.clipping=global",), ("training.momentum=0.5", "training.ema_decay=0.9"),
@@ -48,6 +51,10 @@ def test_correct_mechanism_is_consistent(tmp_path, monkeypatch, overrides):
     assert a["verdict"] == "consistent" and a["eps_lower_bound"] <= a["eps_claimed"]
     assert [g["game"].split(":")[0] for g in a["games"]] == ["white-box", "black-box"]
     assert all(g["beta"] == pytest.approx(0.025) for g in a["games"])   # β/2 each: the larger bound at 1 − β
+    if "privacy.sampling=shuffle" in overrides:
+        assert "family" not in a                                  # the family is the Poisson-subsampled Gaussian
+    else:
+        assert a["verdict_family"] == "consistent" and a["family"]["eps_lower_bound"] <= a["family"]["eps_claimed_lots"]
 
 
 def test_audit_run_is_labelled_reproducible_and_not_resumed(tmp_path, monkeypatch):

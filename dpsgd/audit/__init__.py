@@ -16,7 +16,20 @@ Modules, one idea each:
   held-out error counts;
 * ``claim``    — the ε the accountants claim for the audited step, and for q = 1 the exact
   Gaussian-mechanism ε (Balle & Wang 2018, Thm 8, from ``dpsgd.accountant.strong_composition``);
-* ``cli``      — the command line (``__main__`` runs it).
+* ``cli``      — the command line of the one-step game (``__main__`` dispatches ``run``, ``rescore``, ``bound``
+  and ``step``).
+
+The one-run audit of a training run (``python -m dpsgd.audit run``):
+
+* ``run``, ``instrument``, ``canaries``, ``observe``, ``variants`` — the audited run, its canaries, the
+  white-box observer and its score, the broken mechanisms;
+* ``onerun``   — the family-free one-run bounds: Steinke, Nasr & Jagielski 2023 ((ε, δ)) and the f-DP
+  recursion of Mahloujifar, Melis & Chaudhuri 2024 (μ-GDP, and any trade-off curve);
+* ``family``   — the claim as the null hypothesis: the f-DP test against the claimed mechanism's family
+  (Poisson-subsampled Gaussian at q, T lots, k groups, noise σ′), σ_ub and ε_lb;
+* ``report``   — audit.json and audit_scores.csv;
+* ``bound``    — ``python -m dpsgd.audit bound``: every bound of a score file against a claim;
+* ``simulate`` — the idealised one-run game, simulated without training.
 """
 from .claim import claimed_epsilon
 from .cli import format_result, main

@@ -1,5 +1,7 @@
 """``python -m dpsgd.audit run ...``: a one-run audit of a training configuration (``dpsgd.audit.run``);
 ``python -m dpsgd.audit rescore RUN_DIR``: its audit.json recomputed from the run's files;
+``python -m dpsgd.audit bound --scores F.csv ...``: every one-run bound of a score file against a claim
+(``dpsgd.audit.bound``);
 ``python -m dpsgd.audit [step] ...``: the one-step distinguishing game (``dpsgd.audit.cli``)."""
 import sys
 
@@ -11,6 +13,9 @@ if command == "run":
 if command == "rescore":
     from .run import rescore_main
     sys.exit(rescore_main(sys.argv[2:]))
+if command == "bound":
+    from .bound import main as bound_main
+    sys.exit(bound_main(sys.argv[2:]))
 if command == "step":
     del sys.argv[1]
 

@@ -152,6 +152,18 @@ def _inputs(scores, bits, delta, beta, guesses):
     return s, b.astype(int), m, _unit("delta", delta, False, True), _unit("beta", beta, True, True), grid
 
 
+def guess_counts(scores: np.ndarray, bits: np.ndarray, grid) -> list[dict]:
+    """For each (k₊, k₋) of ``grid``: guess "in" for the k₊ highest scores and "out" for the k₋ lowest
+    (ties: lower index first in the order of decreasing score); {k_plus, k_minus, guesses, correct}."""
+    m = len(scores)
+    order = np.lexsort((np.arange(m), -np.asarray(scores)))  # decreasing score, then index
+    ranked = np.asarray(bits, dtype=int)[order]
+    top = np.concatenate([[0], np.cumsum(ranked)])           # top[k]: "in" bits among the k highest
+    bottom_out = np.concatenate([[0], np.cumsum(1 - ranked[::-1])])   # "out" bits among the k lowest
+    return [{"k_plus": kp, "k_minus": km, "guesses": kp + km, "correct": int(top[kp] + bottom_out[km])}
+            for kp, km in grid]
+
+
 def audit_bound(scores, bits, delta: float, beta: float = 0.05, guesses=None, gdp: bool = False) -> dict:
     """The one-run ε lower bound at confidence 1 − β over a pre-declared grid of guess counts.
 
@@ -173,16 +185,10 @@ def audit_bound(scores, bits, delta: float, beta: float = 0.05, guesses=None, gd
     (ε, δ) claim and the GDP claim each hold at 1 − β (both together at 1 − 2β).
     """
     s, b, m, delta, beta, grid = _inputs(scores, bits, delta, beta, guesses)
-    order = np.lexsort((np.arange(m), -s))                   # decreasing score, then index
-    ranked = b[order]
-    top = np.concatenate([[0], np.cumsum(ranked)])           # top[k]: "in" bits among the k highest
-    bottom_out = np.concatenate([[0], np.cumsum(1 - ranked[::-1])])   # "out" bits among the k lowest
     per = beta / len(grid)
-    rows = []
-    for kp, km in grid:
-        v = int(top[kp] + bottom_out[km])
-        rows.append({"k_plus": kp, "k_minus": km, "guesses": kp + km, "correct": v,
-                     "eps_lower_bound": epsilon_lower_bound(kp + km, v, m, delta, per)})
+    rows = guess_counts(s, b, grid)
+    for row in rows:
+        row["eps_lower_bound"] = epsilon_lower_bound(row["guesses"], row["correct"], m, delta, per)
     best = max(rows, key=lambda row: row["eps_lower_bound"])
     extra = _gdp_fields(rows, m, delta, per) if gdp else {}
     return {**extra, "eps_lower_bound": best["eps_lower_bound"], "k_plus": best["k_plus"], "k_minus": best["k_minus"],
@@ -203,17 +209,27 @@ def _gdp_fields(rows, m, delta, per) -> dict:
 MU_MAX = 50.0                    # μ-GDP with μ >= this: ε in the thousands; the bisection's upper end
 
 
-def _gdp_rejected(mu: float, r: int, v: int, m: int, beta: float) -> bool:
-    """Mahloujifar et al. 2024 recursion (module doc): True when μ-GDP is rejected at level β."""
+def fdp_rejected(fbar, r: int, v: int, m: int, beta: float) -> bool:
+    """Mahloujifar et al. 2024 recursion (module doc) for any symmetric trade-off curve f: True when
+    "the run is f-DP with respect to each canary" is rejected at level β by v correct out of r guesses
+    among m canaries. ``fbar(x)`` = f(1 − x), increasing in x (for μ-GDP: Φ(Φ⁻¹(x) − μ)); a lower
+    bound on it gives a test that rejects less often, so stays valid."""
+    if r == 0:
+        return False
     tau = beta * r / m
     h, rr = tau * (r - v) / r, tau * v / r
     for i in range(v - 1, -1, -1):
-        h_new = max(h, float(special.ndtr(special.ndtri(rr) - mu)) if rr < 1.0 else 1.0)
+        h_new = max(h, fbar(rr) if rr < 1.0 else 1.0)
         rr = rr + i / (r - i) * (h_new - h)
         h = h_new
         if rr + h > r / m:                      # r_i and h_i only grow as i falls: rejected already
             return True
     return rr + h > r / m
+
+
+def _gdp_rejected(mu: float, r: int, v: int, m: int, beta: float) -> bool:
+    """The recursion for μ-GDP, f̄(x) = Φ(Φ⁻¹(x) − μ): True when μ-GDP is rejected at level β."""
+    return fdp_rejected(lambda x: float(special.ndtr(special.ndtri(x) - mu)), r, v, m, beta)
 
 
 def gdp_lower_bound(r: int, v: int, m: int, beta: float, delta: float | None = None) -> dict:

@@ -11,6 +11,15 @@ holds with probability ≥ 1 − β (Bonferroni); ``eps_lower_bound`` is that la
 compares it with the claim. Each game also reports the Gaussian-DP one-run bound (Mahloujifar, Melis &
 Chaudhuri 2024; ``gdp_mu_lower_bound`` and its ε, ``gdp_eps_lower_bound``): a lower bound on μ *if* the
 run is μ-GDP — DP-SGD with subsampling is not exactly GDP, so it is shown, not used for the verdict.
+
+The white-box game is also tested against the claim itself (``family.py``): H₀ "with respect to each
+gradient canary the run is at most as leaky as its lots' mechanism (Poisson-subsampled Gaussian at
+q = L/N, the run's lots, k groups, joint) at some noise multiplier σ′". audit.json's ``family`` block
+gives σ_ub (the σ′ above which H₀ is rejected), ε_lb = ε(σ_ub) at δ, the claim it tests
+(``eps_claimed_lots``: the lots alone, DP-PCA excluded — gradient canaries see only the lots) and
+``verdict_family`` (``violation`` when H₀ is rejected at the run's σ), at the same β/g as each game.
+It is a test of the claim's family, not a bound for every mechanism; ``verdict`` stays the
+family-free (Steinke et al.) one.
 """
 from __future__ import annotations
 
@@ -25,6 +34,7 @@ import numpy as np
 from dpsgd.accountant import Ledger
 from dpsgd.core.fileio import atomic_write_text, write_json
 
+from .family import Claim, family_test
 from .onerun import audit_bound
 
 AUDIT, SCORES = "audit.json", "audit_scores.csv"
@@ -43,6 +53,29 @@ def _game(name: str, scores, bits, delta: float, beta: float, how: str) -> dict:
     b = audit_bound(scores, bits, delta, beta, gdp=True)
     return {"game": name, "scored_by": how, "m": int(len(bits)), "included": int(bits.sum()),
             "beta": beta, "confidence": 1 - beta, **b, "scores": _summary(scores, bits)}
+
+
+FAMILY_ASSUMES = ("the run is at most as leaky as its lots' claimed mechanism (Poisson-subsampled Gaussian at q = L/N, "
+                  "the run's lots, k groups, joint convention) at some noise multiplier σ′: a test of the claim, "
+                  "not a bound for every mechanism")
+
+
+def family_block(scores, bits, config: dict, final: dict, beta: float) -> dict | None:
+    """The family test of the white-box game against the run's lots (module doc); None when the lots
+    are not Poisson (the family knows the Poisson-subsampled Gaussian only) or no lot ran."""
+    s = final["sampling"]
+    if s["name"] != "poisson" or not final["steps"]:
+        return None
+    claim = Claim(s["L"] / s["N"], config["privacy"]["sigma"], final["steps"], final["k"], final["delta"]).validate()
+    scores = np.asarray(scores, dtype=float)
+    scores = np.where(np.isfinite(scores), scores, np.sign(scores) * np.finfo(float).max)
+    f = family_test(scores, np.asarray(bits, dtype=int), claim, beta)
+    return {"assumes": FAMILY_ASSUMES, "claim": {"q": claim.q, "sigma": claim.sigma, "steps": claim.steps,
+                                                 "groups": claim.groups, "delta": claim.delta},
+            "eps_claimed_lots": f["eps_claimed"], "sigma_upper_bound": f["sigma_upper_bound"],
+            "eps_lower_bound": f["eps_lower_bound"], "at_search_floor": f["at_search_floor"],
+            "claim_rejected": f["claim_rejected"], "beta": beta, "confidence": 1 - beta,
+            "verdict_family": f["verdict"]}
 
 
 def poisson_claim(config: dict, final: dict) -> float:
@@ -103,6 +136,11 @@ def audit_report(config: dict, options, label: dict, scored: dict, groups_used: 
         "seconds": round(seconds, 1),
         "config": config,
     }
+    if "white-box" in scored:
+        fam = family_block(*scored["white-box"], config, final, beta)
+        if fam is not None:
+            out["family"] = fam
+            out["verdict_family"] = fam["verdict_family"]
     if s["name"] != "poisson":
         eps_p = poisson_claim(config, final)
         out["eps_claimed_as_if_poisson"] = eps_p
@@ -148,6 +186,11 @@ def write_report(run_dir: Path, scored: dict, report: dict) -> None:
     games = ", ".join(f"{g['game'].split(':')[0]} ε_lb={g['eps_lower_bound']:.3f} ({g['correct']}/{g['guesses']} correct)"
                       for g in report["games"])
     claimed = report["eps_claimed"]
-    print(f"audit [{report['variant']}]: {games}; claimed ε={'none' if claimed is None else f'{claimed:.3f}'}, "
-          f"last-iterate heuristic ε={report['eps_last_iterate_heuristic']:.3f} → {report['verdict'].upper()}  "
-          f"({run_dir / AUDIT})", flush=True)
+    fam = report.get("family")
+    family = "" if fam is None else (
+        f"; family test of the lots' claim (assumes the claimed mechanism's family): ε_lb={fam['eps_lower_bound']:.3f} "
+        f"against {fam['eps_claimed_lots']:.3f} → {fam['verdict_family'].upper()}")
+    print(f"audit [{report['variant']}]: {games} (family-free: Steinke et al.); claimed ε="
+          f"{'none' if claimed is None else f'{claimed:.3f}'}, last-iterate heuristic ε="
+          f"{report['eps_last_iterate_heuristic']:.3f} → {report['verdict'].upper()}{family}  ({run_dir / AUDIT})",
+          flush=True)
