@@ -77,7 +77,7 @@ def seeds(n: int, out=RESULTS / "audit_family_seeds.csv") -> pd.DataFrame:
     from dpsgd.audit.instrument import AuditOptions
     from dpsgd.audit.run import ENV, audit_train
     from dpsgd.config.schema import validate
-    from dpsgd.run.launch import compose
+    from dpsgd.launch.cli import compose
     from experiments.paths import ROOT
     rows = []
     for variant in ("correct", "noise_per_rank"):
