@@ -167,8 +167,10 @@ def build(c: Config, d: distributed.Dist, device: torch.device, runtime: dict, d
 
     p, t, ds = c.privacy, c.training, c.dataset
     model.to(device)
+    # check_finite=False: no device sync per physical batch; the data are finite, and a non-finite loss
+    # or update stops the run as diverged (dpsgd/train.py)
     clipper = PerExampleClipper(model, p.clip_norm if p.private else None, clipping=p.clipping,
-                                mode=p.grad_sample_mode)
+                                mode=p.grad_sample_mode, check_finite=False)
     noise = GaussianNoise(seed=seeds["noise"], secure=p.secure_rng, device=device)
     dp = DPSGD(model, clipper, noise, sigma=p.sigma if p.private else 0.0, max_grad_norm=p.clip_norm,
                expected_lot_size=p.lot_size, lr=t.lr, momentum=t.momentum,
