@@ -324,7 +324,7 @@ def main(argv=None):
         torch.set_num_threads(max(1, args.threads))
         warnings.filterwarnings("ignore")
         return mem_child(args.mem_child, args.quick)
-    reps = args.reps or (3 if args.quick else 9)
+    reps = args.reps if args.reps is not None else (3 if args.quick else 9)
     warmup = args.warmup if args.warmup is not None else 1
     if reps < 1 or warmup < 0 or args.block_s < 0 or args.processes < 1:
         ap.error("--reps and --processes must be >= 1, --warmup >= 0 and --block-s >= 0")
