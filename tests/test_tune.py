@@ -309,12 +309,15 @@ def test_a_sweep_dir_name_longer_than_the_file_system_takes(tmp_path, capsys):
 def test_a_read_only_sweep_dir_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
     """The folder cannot be written (a read-only mount; as root a chmod would not stop the writes, so
     the file system's refusal is simulated): one line naming --sweep-dir, exit 2, nothing written."""
-    d = tmp_path / "sweep"
+    d, old = tmp_path / "sweep", tmp_path / "old"
     d.mkdir()
+    old.mkdir()
+    (old / sweep.TUNING).write_text(json.dumps(_plan(3)))
+    before = _snapshot(tmp_path)
     real = os.open
 
     def read_only(path, flags, *a, **k):
-        if str(path).startswith(str(d)) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+        if str(path).startswith(str(tmp_path)) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
         return real(path, flags, *a, **k)
 
@@ -322,7 +325,10 @@ def test_a_read_only_sweep_dir_is_one_line_exit_2(tmp_path, monkeypatch, capsys)
     with pytest.raises(SystemExit) as e:
         cli.main(_args(d, "--xtol", "1") + TINY + ["training.epochs=1,2"])
     assert _one_line(capsys, 2, e) == f"error: --sweep-dir={d}: cannot be claimed (Read-only file system)"
-    assert list(d.iterdir()) == []
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--resume", str(old)])
+    assert _one_line(capsys, 2, e) == f"error: --resume={old}: cannot be claimed (Read-only file system)"
+    assert _snapshot(tmp_path) == before
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names an fd's file through /proc")
