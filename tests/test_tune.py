@@ -151,11 +151,6 @@ def _snapshot(root: Path) -> dict:
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else "<dir>") for p in sorted(root.rglob("*"))}
 
 
-def _plan_only(d: Path, *extra) -> dict:
-    cli.main(_args(d, "--plan-only", "--xtol", "1", *extra) + TINY + ["training.epochs=1,2"])   # xtol: fast
-    return sweep.load(d)
-
-
 def test_a_tune_into_a_folder_another_tune_holds_is_refused(tmp_path, capsys):
     """A live claim (``SweepClaim``, held by another process, as a running tune or sweep holds it)
     refuses a new tune into the folder and a --resume of it: one line, exit 2, nothing written."""
@@ -180,13 +175,26 @@ def test_a_tune_into_a_folder_another_tune_holds_is_refused(tmp_path, capsys):
         holder.wait(30)
 
 
+def _written_plan(d: Path, overrides: list[str] | None = None) -> dict:
+    """A plan (``_plan``) written into ``d`` as a tune writes it; with ``overrides``, candidate 0 is a
+    run of these (its σ and seed added as the driver adds them)."""
+    from dpsgd.tune.space import run_overrides
+    t = _plan(3)
+    if overrides is not None:
+        c = t["candidates"][0]
+        c["overrides"] = list(overrides) + run_overrides(t["validation"], c["sigma"], c["seed"])
+    d.mkdir(parents=True)
+    sweep.save(d, t)
+    return t
+
+
 def test_the_claim_is_released_and_a_killed_tunes_claim_is_stale(tmp_path, capsys):
     d = tmp_path / "sweep"
-    _plan_only(d)
-    assert not (d / SWEEP_CLAIM).exists()                       # released at the end
+    _written_plan(d)
     (d / SWEEP_CLAIM).write_text("pid 1 on host since then (dead)\n")    # left by a SIGKILL: no lock held
     cli.main(["--resume", str(d), "--plan-only"])
-    assert "removed a stale sweep claim" in capsys.readouterr().err and not (d / SWEEP_CLAIM).exists()
+    assert "removed a stale sweep claim" in capsys.readouterr().err
+    assert not (d / SWEEP_CLAIM).exists()                       # claimed anew, released at the end
 
 
 def _train(run: Path, overrides: list[str]) -> None:
@@ -201,7 +209,7 @@ def test_a_candidate_folder_holding_another_run_is_never_adopted(tmp_path, capsy
     stops with one line naming the folder and the first differing key, exit 2, before any candidate
     runs; the candidate's own checkpoint is accepted."""
     d = tmp_path / "sweep"
-    t = _plan_only(d)
+    t = _written_plan(d, TINY + ["training.epochs=1"])
     c = t["candidates"][0]
     other = [o if not o.startswith("seed=") else f"seed={c['seed'] + 1}" for o in c["overrides"]]
     _train(d / "c00", other)
@@ -246,11 +254,13 @@ def test_no_candidate_finished_is_one_line_exit_1(tmp_path, monkeypatch, capsys)
     and tuning.json still states what was spent."""
     monkeypatch.setattr(sweep.subprocess, "call", lambda *a, **k: 1)
     d = tmp_path / "sweep"
+    K = _written_plan(d)["K"]
     with pytest.raises(SystemExit) as e:
-        cli.main(["--sweep-dir", str(d), "--target-epsilon", "4", "--validation", "100", "--distribution", "fixed",
-                  "--k", "2", "--xtol", "1"] + TINY + ["training.epochs=1,2"])
+        cli.main(["--resume", str(d)])
     err = _one_line(capsys, 1, e)
-    assert err.startswith("error: no candidate finished (c00 failed (exit 1), c01 failed (exit 1); their logs: "), err
+    ran = ", ".join(f"c{j:02d} failed (exit 1)" for j in range(K))
+    assert err.startswith(f"error: no candidate finished ({ran}; their logs: {d / 'logs'}): nothing is released; "
+                          f"the privacy spent is stated in {d / sweep.TUNING} (ε="), err
     t = sweep.load(d)
     assert t["winner"] is None and t["privacy"]["epsilon"] > 0 and not (d / SWEEP_CLAIM).exists()
 
@@ -323,7 +333,7 @@ def test_a_read_only_sweep_dir_is_one_line_exit_2(tmp_path, monkeypatch, capsys)
 
     monkeypatch.setattr(os, "open", read_only)
     with pytest.raises(SystemExit) as e:
-        cli.main(_args(d, "--xtol", "1") + TINY + ["training.epochs=1,2"])
+        cli.main(_args(d, "--xtol", "1") + TINY + ["training.epochs=1"])     # one point: a quick plan
     assert _one_line(capsys, 2, e) == f"error: --sweep-dir={d}: cannot be claimed (Read-only file system)"
     with pytest.raises(SystemExit) as e:
         cli.main(["--resume", str(old)])
@@ -345,7 +355,7 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(os, "fsync", fsync)
     d = tmp_path / "new" / "sweep"
     with pytest.raises(SystemExit) as e:
-        cli.main(_args(d, "--xtol", "1") + TINY + ["training.epochs=1,2"])
+        cli.main(_args(d, "--xtol", "1") + TINY + ["training.epochs=1"])     # one point: a quick plan
     assert _one_line(capsys, 1, e) == f"error: {d / sweep.TUNING}: No space left on device"
     assert list(tmp_path.iterdir()) == []
 
