@@ -38,8 +38,8 @@ from dpsgd.core.errors import ConfigError
 from dpsgd.core.runtime import tune_allocator
 from dpsgd.data.datasets import DataUnavailable
 from dpsgd.run import distributed
-from dpsgd.run.cli import (CONF_DIR, compose, data_ready, error_line, fail, failure, one_line, run_or_exit, search_path,
-                           split_cli)
+from dpsgd.run.cli import (CONF_DIR, compose, data_ready, error_line, fail, failure, hydra_quoted, one_line,
+                           run_or_exit, search_path, split_cli)
 from dpsgd.run.jobfailures import JobFailed, failures_reported
 from dpsgd.run.launchers import share_cores
 from dpsgd.run.prepare import prepare, prepare_launch, prepare_resume
@@ -237,14 +237,14 @@ def _torchrun(train, args: list[str], d: distributed.Dist) -> None:
     if d.rank == 0:
         try:
             run_dir = str(compose(overrides + search, hydra_config=True).hydra.run.dir)
-            prepare(overrides + [f"hydra.run.dir='{run_dir}'"], False, search)
+            prepare(overrides + [f"hydra.run.dir={hydra_quoted(run_dir)}"], False, search)
         except ConfigError as e:
             msg = one_line(e)
     msg, run_dir = distributed.broadcast_object((msg, run_dir))
     if msg is not None:
         refuse(msg)
     if d.rank == 0:
-        _run_hydra(lambda cfg: task(train, cfg), args + [f"hydra.run.dir='{run_dir}'"])
+        _run_hydra(lambda cfg: task(train, cfg), args + [f"hydra.run.dir={hydra_quoted(run_dir)}"])
     else:
         run_quietly(_follow, train, overrides + search, run_dir)
 
