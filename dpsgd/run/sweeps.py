@@ -335,7 +335,7 @@ class SweepClaim:
     def release(self) -> None:
         """Remove the claim (if still this process's), and the folders it created if left empty."""
         try:
-            if self.path.read_text() == self.token:
+            if self.token is not None and _read_claim(self.path) == self.token.strip():   # never follows a link
                 self.path.unlink()
         except OSError:
             pass
