@@ -293,8 +293,13 @@ def print_table(rows, out=sys.stdout):
         print("  ".join(str(r[c]).ljust(width[c]) for c in cols), file=out)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):        # one line naming the option, exit 2 (argparse would print the usage too)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = _Parser(prog="python -m bench.bench_step", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 reps, 1 warm-up, CNN lot 64")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default 9; quick 3)")
     ap.add_argument("--warmup", type=int, default=None, help="dropped repetitions (default 1)")
@@ -329,19 +334,10 @@ def main(argv=None):
         torch.set_num_threads(max(1, args.threads))
         warnings.filterwarnings("ignore")
         return mem_child(args.mem_child, args.quick)
-    reps = args.reps or (3 if args.quick else 9)
+    reps = args.reps if args.reps is not None else (3 if args.quick else 9)
     warmup = args.warmup if args.warmup is not None else 1
     if reps < 1 or warmup < 0 or args.block_s < 0 or args.processes < 1:
         ap.error("--reps and --processes must be >= 1, --warmup >= 0 and --block-s >= 0")
-    if args.processes > 1:
-        return run_processes(args)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    tuned = tune_allocator() if args.allocator == "tuned" else False
-    if args.tf32 != "default":
-        set_tf32(args.tf32 == "on")
-    dev = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                       else ("cpu" if args.device == "auto" else args.device))
     methods = [m for m in args.methods.split(",") if m]
     bad = set(methods) - set(METHODS)
     if bad:
@@ -351,8 +347,17 @@ def main(argv=None):
         keep = set(args.models.split(","))
         unknown = keep - {n for n, *_ in chosen}
         if unknown:
-            ap.error(f"--models: unknown {sorted(unknown)}")
+            ap.error(f"--models: unknown {sorted(unknown)}; choose from {[n for n, *_ in chosen]}")
         chosen = [c for c in chosen if c[0] in keep]
+    if args.processes > 1:                    # checked above, so a child fails only for its own reasons
+        return run_processes(args)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    tuned = tune_allocator() if args.allocator == "tuned" else False
+    if args.tf32 != "default":
+        set_tf32(args.tf32 == "on")
+    dev = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
+                       else ("cpu" if args.device == "auto" else args.device))
     warnings.filterwarnings("ignore", module="opacus")
     warnings.filterwarnings("ignore", message="Full backward hook")   # Opacus ghost, harmless
 
@@ -420,8 +425,10 @@ def run_processes(args):
         for i in range(args.processes):
             print(f"== process {i + 1}/{args.processes}", file=sys.stderr, flush=True)
             path = Path(tmp) / f"p{i}.csv"
-            subprocess.run(base + ["--out", str(path)] + (["--no-mem"] if i else []), check=True,
-                           cwd=Path(__file__).resolve().parents[1])
+            child = subprocess.run(base + ["--out", str(path)] + (["--no-mem"] if i else []),
+                                   cwd=Path(__file__).resolve().parents[1])
+            if child.returncode:              # it printed its own error: that line, and its exit code
+                raise SystemExit(child.returncode)
             with path.open() as f:
                 runs.append(list(csv.DictReader(f)))
     rows = []

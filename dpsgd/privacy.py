@@ -159,6 +159,9 @@ def _sampler_mode(parser, args) -> int:
     from dpsgd.mechanism.sampling import SAMPLERS
     from dpsgd.privacy_samplers import all_samplers, closing_note, sampler_epsilon
     try:
+        if args.B is not None and args.sampler not in (None, "truncated_poisson"):
+            raise ValueError(f"B={args.B}: applies to --sampler truncated_poisson only (sampler={args.sampler} "
+                             "has no cap on the lot size)")
         if args.N is None or args.L is None:
             raise ValueError("sampler mode needs both --N and --L")
         if not 1 <= args.L <= args.N:
@@ -205,6 +208,9 @@ def main(argv=None) -> int:
     try:
         if args.q is None:
             raise ValueError("--q is required (or --N and --L for the samplers)")
+        if args.B is not None:
+            raise ValueError(f"B={args.B}: applies to --sampler truncated_poisson only (with --N and --L); "
+                             "--q is the Poisson sampler's, which has no cap on the lot size")
         if args.target_epsilon is not None and args.sigma is not None:
             raise ValueError("give either --sigma (compute epsilon) or --target-epsilon (calibrate sigma), "
                              f"not both: sigma={args.sigma!r}, target_epsilon={args.target_epsilon!r}")

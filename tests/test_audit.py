@@ -111,6 +111,16 @@ def test_perfect_separation_bound():
     assert r["eps_lb"] == pytest.approx(math.log((1 - 1e-5 - fnr_hi) / fpr_hi), abs=chain_rel_tol(16))
 
 
+def test_an_evaluation_part_without_one_kind_of_trial_is_named():
+    """Trials split so that no evaluated trial lacks the canary: one ValueError naming select_fraction,
+    not a division by zero."""
+    present = np.array([False] * 3 + [True] * 17)
+    scores = np.arange(20.0)
+    with pytest.raises(ValueError, match=r"^select_fraction=0.5: the 10 evaluation trials hold no trial without "):
+        for seed in range(200):           # some permutation leaves the 3 trials without it all in the selection
+            audit.epsilon_lower_bound(scores, present, delta=1e-5, select_fraction=0.5, seed=seed)
+
+
 def test_lower_bound_is_statistically_honest():
     """Coverage: over 300 independent audits of a Gaussian mechanism with μ = 1 the bound exceeds
     the true ε of the test it certifies (computed from the Gaussian CDFs at the chosen threshold)
@@ -168,6 +178,9 @@ def test_cli_help_and_run(tmp_path):
     (["--trials", "100.5"], "--trials"),
     (["--trials", "1e12"], "--trials"),
     (["--select-fraction", "1"], "--select-fraction"),
+    (["--select-fraction", "1e-9"], "--select-fraction=1e-09: selects 0 of the 50000 trials"),
+    (["--select-fraction", "0.99999"], "--select-fraction=0.99999: selects 50000 of the 50000 trials"),
+    (["--select-fraction", "0.95", "--trials", "20"], "--select-fraction=0.95: selects 19 of the 20 trials"),
     (["--alpha", "0"], "--alpha"),
     (["--alpha", "inf"], "--alpha"),
     (["--canary-norm", "0.5"], "--canary-norm"),

@@ -121,6 +121,25 @@ def test_bad_audit_options_are_refused_in_one_line(arg, key):
         split_args(["experiment=mnist_medium", arg])
 
 
+@pytest.mark.parametrize("given_dir", [False, True])
+def test_input_canaries_beyond_the_data_are_refused_before_the_run_folder(given_dir, tmp_path, monkeypatch, capsys):
+    """audit.input_canaries >= the run's N (they are taken from its rows): one line naming the option,
+    exit 2, and no run folder (the default outputs/audit/... or hydra.run.dir) is made."""
+    from dpsgd.audit.run import check_canaries_fit, main
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(ENV, raising=False)
+    args = TINY + ["audit.input_canaries=300"] + ([f"hydra.run.dir={tmp_path / 'x'}"] if given_dir else [])
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == ("error: audit.input_canaries=300: needs fewer than the 300 training "
+                                         "examples (the input canaries are taken from them)\n"), err
+    assert list(tmp_path.iterdir()) == []
+    check_canaries_fit(AuditOptions(input_canaries=299).validate(), TINY)      # 299 of 300 rows: accepted
+    with pytest.raises(ConfigError, match=r"^audit.input_canaries=300: needs fewer than the 300 "):
+        add_canaries(torch.zeros(300, 4), torch.zeros(300, dtype=torch.long), CanaryDraw.draw(0, 300, 0), 10, 0)
+
+
 def test_cli_refuses_before_any_work(tmp_path):
     r = subprocess.run([sys.executable, "-m", "dpsgd.audit", "run", "audit.score=max", f"hydra.run.dir={tmp_path / 'x'}"],
                        cwd=REPO, capture_output=True, text=True)

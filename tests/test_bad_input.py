@@ -169,6 +169,8 @@ VALIDATION = [
     Bad(["device=tpu"], "device"),
     Bad(["tf32=sometimes"], "tf32"),
     Bad(["name=a/b"], "name"),
+    Bad(["name=" + "n" * 300], "name", "a folder name is 300 bytes, longer than the file system's"),
+    Bad(["hydra.run.dir=out/" + "d" * 300 + "/run"], "hydra.run.dir", "a folder name is 300 bytes"),
     Bad(["resume=/nonexistent/run"], "resume", "resume=/nonexistent/run: no such run directory"),
     Bad(["resume=."], "resume", "not a dpsgd run directory"),
     Bad(["hydra.run.dir=out/${nope}"], "hydra.run.dir", "not found"),
@@ -184,6 +186,10 @@ PRIVACY_CLI = [
     Bad(["--q", "0.01", "--sigma", "nan", "--epochs", "10"], "sigma"),
     Bad(["--q", "0.01", "--sigma", "4", "--epochs", "10", "--delta", "1"], "delta"),
     Bad(["--q", "0.01", "--sigma", "4", "--epochs", "-3"], "epochs"),
+    Bad(["--N", "60000", "--L", "600", "--sigma", "4", "--steps", "100", "--sampler", "poisson", "--B", "700"], "B=700",
+        "applies to --sampler truncated_poisson only"),
+    Bad(["--N", "60000", "--L", "600", "--sigma", "4", "--steps", "100", "--sampler", "shuffle", "--B", "700"], "B=700"),
+    Bad(["--q", "0.01", "--sigma", "4", "--epochs", "10", "--B", "700"], "B=700"),
 ]
 
 
@@ -212,6 +218,7 @@ def test_privacy_cli_refuses_in_process(bad, capsys):
     lines = err.strip().splitlines()
     assert out == "" and len(lines) == 1, err
     assert lines[0].startswith(f"{privacy.PROG}: error: ") and bad.key in lines[0], lines[0]
+    assert bad.expect is None or bad.expect in lines[0], lines[0]
 
 
 def _checked_keys() -> set[str]:

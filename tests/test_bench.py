@@ -23,6 +23,31 @@ def test_bench_step_processes_aggregate(tmp_path):
     assert float(rows[0]["ratio_to_nonprivate"]) == 1.0
 
 
+@pytest.mark.parametrize("args, says", [(["--models", "nope"], "--models: unknown ['nope']"),
+                                        (["--methods", "dpsgd_magic"], "--methods: unknown ['dpsgd_magic']"),
+                                        (["--reps", "0"], "--reps and --processes must be >= 1")])
+def test_bench_step_bad_options_are_one_line_before_any_child(args, says, tmp_path, monkeypatch, capsys):
+    """Checked in the parent, before a child process starts: one line, exit 2, no traceback."""
+    monkeypatch.setattr(bench_step.subprocess, "run", lambda *a, **k: pytest.fail("a child was started"))
+    with pytest.raises(SystemExit) as e:
+        bench_step.main(args + ["--out", str(tmp_path / "b.csv")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("python -m bench.bench_step: error: ") and says in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_step_a_failed_child_ends_with_its_exit_code(tmp_path, monkeypatch, capsys):
+    """A child that fails (it printed its own one line) ends the parent with the child's exit code and
+    nothing more: no traceback of the parent after the child's line."""
+    import subprocess
+    monkeypatch.setattr(bench_step.subprocess, "run", lambda cmd, **k: subprocess.CompletedProcess(cmd, 3))
+    with pytest.raises(SystemExit) as e:
+        bench_step.main(["--processes", "2", "--models", "mnist_pca60_mlp1000", "--out", str(tmp_path / "b.csv")])
+    assert e.value.code == 3 and "Traceback" not in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bench_gemm_routes_agree_and_csv(tmp_path):
     from bench import bench_gemm
 

@@ -150,6 +150,37 @@ def test_empty_batch(mode):
         assert torch.count_nonzero(res.grads[n]) == 0
 
 
+@pytest.mark.parametrize("mode", ["ghost", "vmap"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_example_is_one_clear_error(mode, bad):
+    """Public API: an example holding NaN or ±inf (or a non-finite weight) is refused with one ValueError
+    naming it, on both engines, before any gradient (the ghost engine's first call would fail its own
+    check against autograd on NaN, the vmap engine return an all-NaN sum); nothing is added to ``out``."""
+    model, x, y = make("small_cnn", True)
+    clipper = PerExampleClipper(model, 1.0, "per_layer", mode=mode)
+    assert clipper.mode == mode
+    x = x.clone()
+    x[4, 1, 2, 3] = bad
+    out = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    with pytest.raises(ValueError, match=r"^clipped_sum: example 4 of x holds a non-finite value \(NaN or inf\); "
+                                         "every example must be finite"):
+        clipper.clipped_sum(x, y, out=out)
+    assert all(torch.count_nonzero(g) == 0 for g in out.values())
+    copies = x.repeat_interleave(2, 0)              # multiplicity 2: rows 8 and 9 are example 4's copies
+    copies[8] = 0.0
+    with pytest.raises(ValueError, match=r"^clipped_sum: row 9 of x \(example 4\) holds a non-finite value"):
+        clipper.clipped_sum(copies, y, multiplicity=2)
+    w = torch.ones(len(y), dtype=x.dtype)
+    w[2] = bad
+    with pytest.raises(ValueError, match=r"^clipped_sum: example 2's weight holds a non-finite value"):
+        clipper.clipped_sum(x.nan_to_num(0.0, 0.0, 0.0), y, weights=w)
+    x[4] = 0.0
+    assert torch.isfinite(clipper.clipped_sum(x, y).norms).all()            # finite examples: as before
+    unchecked = PerExampleClipper(model, 1.0, "per_layer", mode="vmap", check_finite=False)
+    x[4, 1, 2, 3] = bad
+    assert not torch.isfinite(unchecked.clipped_sum(x, y).norms[4]).all()   # what the check prevents
+
+
 def test_groups_structure():
     model = MLP(60, (1000,), 10, bias=True)
     g = PerExampleClipper(model, 1.0, "global")

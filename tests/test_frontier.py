@@ -168,6 +168,33 @@ def test_feature_cache_is_keyed_and_hash_checked(tmp_path, monkeypatch, capsys):
     assert key["J"] == 2 and key["L"] == 8 and key["kymatio"] and "raw/train-images-idx3-ubyte.gz" in key["archives_md5"]
 
 
+@pytest.mark.parametrize("fails", ["write", "fsync", "replace"])
+def test_a_feature_cache_write_failing_part_way_leaves_nothing_behind(fails, tmp_path, monkeypatch, capsys):
+    """The disk fills (or the rename fails) while the cache is written: the features are still returned,
+    a note says the cache was not written, and no temporary file (nor a partial cache) is left."""
+    import errno
+    import io as _io
+    import os
+    X = _images(3)
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    if fails == "write":
+        real_open = open
+
+        class Full(_io.FileIO):
+            def write(self, b):
+                super().write(b[:len(b) // 2])          # half of it reached the disk
+                raise full
+
+        monkeypatch.setattr("builtins.open", lambda f, mode="r", *a, **k: Full(f, "wb") if mode == "wb"
+                            else real_open(f, mode, *a, **k))
+    else:
+        monkeypatch.setattr(os, fails, lambda *a, **k: (_ for _ in ()).throw(full))
+    F = features.cached_scatter(X, "mnist", "train", tmp_path)
+    monkeypatch.undo()
+    assert F.shape == (3, 81, 7, 7) and "features: cannot cache to " in capsys.readouterr().out
+    assert [p.name for p in (tmp_path / "features").iterdir()] == []
+
+
 # --- models: ghost = vmap ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("model_fn", [lambda: Linear(81 * 49, 10), lambda: ScatterCNN(81 * 49, 10)],

@@ -215,6 +215,41 @@ def test_two_sweeps_started_together_into_one_folder(tmp_path):
     assert (tmp_path / "sweep" / names[0] / "privacy.json").is_file()
 
 
+@pytest.mark.parametrize("kind", ["folder", "symlink", "dangling symlink"])
+def test_a_claim_that_is_not_a_file_is_refused_without_being_read(kind, tmp_path, capsys):
+    """A .sweep.claim that is a folder or a symlink was made by no launcher: the sweep is refused in one
+    line naming hydra.sweep.dir and what the claim is; a symlink is never followed (its target's text is
+    not printed), and nothing is removed or written."""
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("pid 7 the contents of another file\n")
+    claim = folder / SWEEP_CLAIM
+    if kind == "folder":
+        claim.mkdir()
+    else:
+        claim.symlink_to(secret if kind == "symlink" else tmp_path / "nowhere")
+    before = _snapshot(tmp_path)
+    what = "a folder" if kind == "folder" else "a symlink"
+    with pytest.raises(ConfigError) as e:
+        SweepClaim(str(folder))
+    assert str(e.value) == (f"hydra.sweep.dir={folder}: {claim} is {what}, not a sweep claim; remove it if no "
+                            "sweep runs there")
+    err = _refused(capsys, "-m", *TINY, "seed=0", f"hydra.sweep.dir={folder}")
+    assert err == f"error: {e.value}" and "contents" not in err
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_sweep_folder_name_longer_than_the_file_system_takes(tmp_path, capsys):
+    folder = tmp_path / ("a" * 300)
+    err = _refused(capsys, "-m", *TINY, "seed=0", f"hydra.sweep.dir={folder}")
+    assert err.startswith(f"error: hydra.sweep.dir={folder}: a folder name is 300 bytes, longer than the file "
+                          "system's"), err
+    err = _refused(capsys, "-m", *TINY, "seed=0", "name=" + "b" * 300)
+    assert err.startswith(f"error: name={'b' * 300}: a folder name is 300 bytes"), err
+    assert list(tmp_path.iterdir()) == []
+
+
 # ----------------------------------------------------------------- resume paths taken literally
 def test_literal_value():
     assert literal_value("resume=/r/run'") == "/r/run'"

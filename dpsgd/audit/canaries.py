@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dpsgd.core.errors import ConfigError
 from dpsgd.mechanism.clipping import ClipResult, clip_factors
 
 
@@ -50,7 +51,7 @@ def add_canaries(X: torch.Tensor, y: torch.Tensor, draw: CanaryDraw, classes: in
     canaries, j ≥ m_g the excluded input canaries (zero gradient)."""
     m_g, m_i = len(draw.gradient_in), len(draw.input_in)
     if m_i + 1 > len(X):
-        raise ValueError(f"audit.input_canaries={m_i}: needs fewer than the {len(X)} training examples")
+        raise ConfigError(f"audit.input_canaries={m_i}: needs fewer than the {len(X)} training examples")
     gen = torch.Generator().manual_seed(seed + 1)
     keep_X, keep_y = X[:len(X) - m_i], y[:len(y) - m_i]
     Xc = X[len(X) - m_i:]

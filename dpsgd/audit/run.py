@@ -106,10 +106,27 @@ def rescore_main(argv: list[str]) -> int:
     return 0
 
 
+def check_canaries_fit(options: AuditOptions, args: list[str]) -> None:
+    """A single run's data holds more rows than ``audit.input_canaries`` (they are taken from it):
+    ConfigError naming the option before any folder is made. A sweep's jobs are checked as each starts
+    (``canaries.add_canaries``)."""
+    from dpsgd.config.overrides import override_key
+    from dpsgd.config.schema import validate
+    from dpsgd.launch.cli import compose, search_path, split_cli
+    multirun, dirs, overrides = split_cli(args)
+    if not options.input_canaries or multirun or any(override_key(a) == "resume" for a in overrides):
+        return
+    N = validate(compose(overrides + search_path(dirs))).N
+    if options.input_canaries >= N:
+        raise ConfigError(f"audit.input_canaries={options.input_canaries}: needs fewer than the {N} training "
+                          "examples (the input canaries are taken from them)")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[2:] if argv is None else argv)
     try:
         options, rest = split_args(args)
+        check_canaries_fit(options, rest)
     except ConfigError as e:
         fail(one_line(e), 2)
     os.environ[ENV] = json.dumps(asdict(options))

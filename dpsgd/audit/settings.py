@@ -80,6 +80,10 @@ class AuditConfig:
         number("alpha", lo=0, lo_open=True, hi=1, hi_open=True)
         number("select_fraction", lo=0, lo_open=True, hi=1, hi_open=True)
         number("trials", integer=True, lo=20, hi=TRIALS_MAX)
+        n_sel = int(round(self.select_fraction * self.trials))       # as stats.epsilon_lower_bound splits them
+        if not 1 <= n_sel <= self.trials - 2:
+            raise ConfigError(f"{label('select_fraction')}={self.select_fraction:g}: selects {n_sel} of the "
+                              f"{self.trials} trials; at least 1 must choose the threshold and 2 evaluate it")
         number("canary_norm", lo=1, hi=CANARY_NORM_MAX)
         number("seed", integer=True, lo=0, hi=SEED_MAX)
         number("chunk", integer=True, lo=2, hi=TRIALS_MAX)

@@ -83,6 +83,9 @@ def epsilon_lower_bound(scores, present, delta: float, alpha: float = 0.05,
     direction, sign, _, t = best
     s = sign * scores[ev]
     out, inn = s[~present[ev]], s[present[ev]]
+    if not (len(out) and len(inn)):
+        raise ValueError(f"select_fraction={select_fraction:g}: the {len(ev)} evaluation trials hold no trial "
+                         f"{'without' if not len(out) else 'with'} the canary; evaluate on more trials")
     fp, fn = _counts(out, inn, np.array([t]))
     fp, fn = int(fp[0]), int(fn[0])
     eps_lb = float(eps_from_rates(cp_upper(fp, len(out), conf), cp_upper(fn, len(inn), conf), delta))

@@ -25,10 +25,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 from pathlib import Path
 
 import torch
+
+from dpsgd.core.fileio import atomic_write_bytes
 
 FEATURES = ("none", "scatter")          # model.features
 FEATURE_NORMS = ("none", "group")       # model.feature_norm
@@ -120,10 +121,8 @@ def _save_cache(path: Path, key: dict, F: torch.Tensor) -> None:
     torch.save({"key": key, "sha256": _digest(F), "features": F}, buf)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_bytes(buf.getvalue())
-        os.replace(tmp, path)
-    except OSError as e:   # a read-only data root: no cache, the features are still right
+        atomic_write_bytes(path, buf.getvalue())    # a write failing part way leaves no temporary file
+    except OSError as e:   # a read-only data root or a full disk: no cache, the features are still right
         print(f"features: cannot cache to {path} ({e.strerror or e})", flush=True)
 
 

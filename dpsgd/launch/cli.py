@@ -138,8 +138,31 @@ def dataset_ready(name: str, root: str | None, download: bool) -> None:
         raise ConfigError(str(e)) from None
 
 
+def name_max(folder: Path) -> int:
+    """The longest file name (bytes) the file system of ``folder`` (or its nearest existing parent) takes."""
+    folder = Path(folder)
+    while not os.path.lexists(folder) and folder != folder.parent:     # lexists: False, never an OSError
+        folder = folder.parent
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        return 255
+
+
+def check_name_lengths(key: str, d: Path) -> None:
+    """Every folder name of ``d`` fits the file system (``name_max``); else ConfigError naming ``key``
+    (the kernel would refuse it with ENAMETOOLONG only once something is created)."""
+    limit = name_max(d)
+    for name in Path(d).parts:
+        size = len(os.fsencode(name))
+        if size > limit:
+            raise ConfigError(f"{key}={d}: a folder name is {size} bytes, longer than the file system's {limit} "
+                              f"({name[:24]}...); pick a shorter one")
+
+
 def fresh_dir(key: str, d: Path) -> None:
     """``d`` is a folder that holds nothing yet and can be created; else ConfigError naming ``key``."""
+    check_name_lengths(key, d)
     if os.path.lexists(d) and not d.exists():
         raise ConfigError(f"{key}={d}: is a symlink to nothing (dangling, or a loop); pick a new dir")
     if d.exists() and (not d.is_dir() or any(d.iterdir())):

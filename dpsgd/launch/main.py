@@ -39,8 +39,8 @@ from dpsgd.core.runtime import tune_allocator
 from dpsgd.data.datasets import DataUnavailable
 from dpsgd.run import distributed
 from dpsgd.core.errors import one_line
-from dpsgd.launch.cli import (CONF_DIR, compose, data_ready, error_line, fail, failure, run_or_exit, search_path,
-                           split_cli)
+from dpsgd.launch.cli import (CONF_DIR, compose, data_ready, error_line, fail, failure, hydra_quoted, run_or_exit,
+                              search_path, split_cli)
 from dpsgd.launch.jobfailures import JobFailed, failures_reported
 from dpsgd.launch.launchers import share_cores
 from dpsgd.launch.prepare import prepare, prepare_launch, prepare_resume
@@ -238,14 +238,14 @@ def _torchrun(train, args: list[str], d: distributed.Dist) -> None:
     if d.rank == 0:
         try:
             run_dir = str(compose(overrides + search, hydra_config=True).hydra.run.dir)
-            prepare(overrides + [f"hydra.run.dir='{run_dir}'"], False, search)
+            prepare(overrides + [f"hydra.run.dir={hydra_quoted(run_dir)}"], False, search)
         except ConfigError as e:
             msg = one_line(e)
     msg, run_dir = distributed.broadcast_object((msg, run_dir))
     if msg is not None:
         refuse(msg)
     if d.rank == 0:
-        _run_hydra(lambda cfg: task(train, cfg), args + [f"hydra.run.dir='{run_dir}'"])
+        _run_hydra(lambda cfg: task(train, cfg), args + [f"hydra.run.dir={hydra_quoted(run_dir)}"])
     else:
         run_quietly(_follow, train, overrides + search, run_dir)
 

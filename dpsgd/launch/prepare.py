@@ -18,7 +18,7 @@ from dpsgd.config.schema import Config, validate
 from dpsgd.core.errors import ConfigError
 from dpsgd.data.datasets import DATASETS
 from dpsgd.run.checkpoint import check_resumable, refuse_audit_resume, resume_checkpoint
-from dpsgd.launch.cli import compose, data_ready, dataset_ready, fresh_dir, literal_value
+from dpsgd.launch.cli import check_name_lengths, compose, data_ready, dataset_ready, fresh_dir, literal_value
 from dpsgd.launch.launchers import Launch, check as check_launcher, parallel_jobs
 from dpsgd.launch.sweeps import check_job_folders, resolve_sweep, unclaimed
 
@@ -39,6 +39,12 @@ def _check_overrides(overrides: list[str], resume: bool) -> None:
         if k not in _HYDRA_KEYS and not k.startswith(_HYDRA_PREFIXES):
             raise ConfigError(f"{k}: not supported (dpsgd accepts hydra.run.dir, hydra.sweep.dir, "
                               "hydra.sweep.subdir, hydra/launcher and hydra/sweeper settings)")
+
+
+def _check_name(cfg) -> None:
+    """``name`` (a folder of the default output path) fits the file system, named before the folder is."""
+    if isinstance(cfg.get("name"), str) and cfg.name:
+        check_name_lengths("name", Path(cfg.name))
 
 
 def prepare(args: list[str], multirun: bool = False, search: list[str] = ()) -> list[str]:
@@ -65,6 +71,7 @@ def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = 
     _check_overrides(args, resume=False)
     if multirun:
         sweep = resolve_sweep(list(args) + list(search))
+        _check_name(sweep.config)
         check_job_folders(sweep)
         cfg, hc = sweep.config, sweep.config.hydra
         unclaimed(sweep.dir)
@@ -86,6 +93,7 @@ def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = 
     except Exception as e:          # an interpolation that does not resolve
         raise ConfigError(f"hydra.run.dir={OmegaConf.to_container(cfg.hydra.run, resolve=False)['dir']}: "
                           f"{str(e).splitlines()[0]}") from None
+    _check_name(cfg)
     fresh_dir("hydra.run.dir", run_dir)
     with open_dict(cfg):
         del cfg["hydra"]          # resolved by Hydra itself at run time (hydra.job.num, ...)

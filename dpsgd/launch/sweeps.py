@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from dpsgd.core.errors import ConfigError
 from dpsgd.core.errors import one_line
-from dpsgd.launch.cli import config_loader, hydra_quoted
+from dpsgd.launch.cli import config_loader, hydra_quoted, name_max
 from dpsgd.launch.launchers import check
 
 
@@ -122,16 +123,6 @@ def _subdir(cfg, num: int, kind: str, text: str) -> str:
         raise ConfigError(f"hydra.sweep.subdir={text}: {one_line(e)}") from None
 
 
-def name_max(folder: Path) -> int:
-    """The longest file name (bytes) the file system of ``folder`` (or its nearest existing parent) takes."""
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        return int(os.pathconf(folder, "PC_NAME_MAX"))
-    except (OSError, ValueError):
-        return 255
-
-
 def _resolved(key: str, path: str) -> Path:
     try:
         return Path(path).resolve()
@@ -147,14 +138,15 @@ def check_job_folders(sweep: Sweep) -> None:
     key = f"hydra.sweep.subdir={sweep.subdir}"
     base = _resolved(f"hydra.sweep.dir={sweep.dir}", sweep.dir)
     limit = name_max(base)
+    for name in base.parts:
+        if len(os.fsencode(name)) > limit:
+            raise ConfigError(f"hydra.sweep.dir={sweep.dir}: a folder name is {len(os.fsencode(name))} bytes, "
+                              f"longer than the file system's {limit}; pick a shorter one")
     for p in (base, *base.parents):
         marker = next((m for m in RUN_MARKERS if (p / m).exists()), None)
         if marker is not None and p != base:
             raise ConfigError(f"hydra.sweep.dir={sweep.dir}: lies inside the run folder {p} (it holds {marker}); "
                               "pick a folder outside every run")
-    for name in base.parts:
-        if len(os.fsencode(name)) > limit:
-            raise ConfigError(f"hydra.sweep.dir={sweep.dir}: a folder name is longer than {limit} bytes")
     folders: dict[Path, int] = {}
     for num, sub in enumerate(sweep.subdirs):
         job = _resolved(key, os.path.join(sweep.dir, sub))
@@ -179,27 +171,55 @@ def check_job_folders(sweep: Sweep) -> None:
                           "folder per job)")
 
 
-def unclaimed(folder: str) -> None:
-    """ConfigError in one line if another sweep's launching process holds ``folder`` (``SweepClaim``).
+def unclaimed(folder: str, key: str = "hydra.sweep.dir") -> None:
+    """ConfigError in one line (naming ``key``) if another sweep's launching process holds ``folder``
+    (``SweepClaim``).
 
     A claim whose launching process is gone (SIGKILL, power loss) is removed here, with a note: its
     launcher held an ``flock`` on the claim for as long as it lived, and the kernel drops that lock
-    when the process and every child it forked have ended (``_stale``)."""
+    when the process and every child it forked have ended (``_stale``). A claim that is not a regular
+    file (a folder, a symlink) was made by no launcher: refused, and never read or followed."""
     path = Path(folder) / SWEEP_CLAIM
     if not os.path.lexists(path):
         return
+    not_file = _not_a_file(path)
+    if not_file:
+        raise ConfigError(f"{key}={folder}: {path} is {not_file}, not a sweep claim; remove it if no sweep "
+                          "runs there")
     stale = _stale(path)
     if stale is not None:
-        print(f"note: hydra.sweep.dir={folder}: removed a stale sweep claim ({stale.strip()}; its launching "
+        print(f"note: {key}={folder}: removed a stale sweep claim ({stale.strip()}; its launching "
               "process has ended)", file=sys.stderr, flush=True)
         return
     try:
-        holder = path.read_text().strip()
+        holder = _read_claim(path)
     except OSError:
         holder = ""
-    raise ConfigError(f"hydra.sweep.dir={folder}: another sweep holds this folder ({path}"
+    raise ConfigError(f"{key}={folder}: another sweep holds this folder ({path}"
                       f"{': ' + holder if holder else ''}; delete that file if no sweep runs there); one sweep "
-                      "per folder (pick a new hydra.sweep.dir)")
+                      f"per folder (pick a new {key})")
+
+
+def _not_a_file(path: Path) -> str:
+    """'' if ``path`` is a regular file (not followed if a symlink), else what it is."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return ""
+    if stat.S_ISREG(mode):
+        return ""
+    return "a symlink" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+
+
+def _read_claim(path: Path) -> str:
+    """The text of a claim file, never following a symlink (ELOOP) or reading more than a claim holds."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        return os.read(fd, 4096).decode(errors="replace").strip()
+    finally:
+        os.close(fd)
 
 
 def _stale(path: Path) -> str | None:
@@ -211,10 +231,12 @@ def _stale(path: Path) -> str | None:
     unlinked while locked: a concurrent tester fails to lock it and refuses; the next claim is created
     anew with ``O_EXCL``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None                       # a folder, a fifo: never read; counts as held
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -241,43 +263,57 @@ class SweepClaim:
     refused in one line (exit 2) and writes nothing there. ``release`` removes the claim when the sweep
     ends, and the folders the claim created if they are left empty. The claim is ``flock``'d from
     before its text is written until the sweep ends, so a claim whose launching process was killed
-    (SIGKILL) holds no lock, and the next sweep into the folder removes it (``unclaimed``)."""
+    (SIGKILL) holds no lock, and the next sweep into the folder removes it (``unclaimed``).
 
-    def __init__(self, folder: str):
+    ``key`` is the parameter the refusals name (``hydra.sweep.dir``; ``python -m dpsgd.tune`` claims its
+    tuning folder the same way, as ``--sweep-dir`` or ``--resume``); ``fresh=False`` claims a folder
+    that already holds a sweep being resumed."""
+
+    def __init__(self, folder: str, key: str = "hydra.sweep.dir", fresh: bool = True):
         self.folder = Path(folder)
+        self.key = key
         self.path = self.folder / SWEEP_CLAIM
         self.token = f"pid {os.getpid()} on {socket.gethostname()} since " \
                      f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} ({os.urandom(4).hex()})\n"
-        self.created = [p for p in (self.folder, *self.folder.parents) if not p.exists()]   # deepest first
+        self.created = [p for p in (self.folder, *self.folder.parents) if not os.path.lexists(p)]   # deepest first
         self.fd = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except FileExistsError:
-            raise ConfigError(f"hydra.sweep.dir={folder}: exists and is not a folder") from None
+            raise ConfigError(f"{key}={folder}: exists and is not a folder") from None
         except OSError as e:
-            raise ConfigError(f"hydra.sweep.dir={folder}: cannot be created ({e.strerror or e})") from None
+            raise ConfigError(f"{key}={folder}: cannot be created ({e.strerror or e})") from None
         fd = self._create()
         if fd is None:                 # a claim is there: refused, unless its launcher has ended
             try:
-                unclaimed(folder)
+                unclaimed(folder, key)
                 fd = self._create()
             except ConfigError:
                 self._remove_created()
                 raise
         if fd is None:
             self._remove_created()
-            raise ConfigError(f"hydra.sweep.dir={folder}: another sweep held this folder; one sweep per folder "
-                              "(pick a new hydra.sweep.dir)")
+            raise ConfigError(f"{key}={folder}: another sweep held this folder; one sweep per folder "
+                              f"(pick a new {key})")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)    # held until release() or this process's end: the claim is live
         except OSError:
             pass                              # no locks on this file system: the claim never reads as stale
-        os.write(fd, self.token.encode())
         self.fd = fd
-        others = sorted(p.name for p in self.folder.iterdir() if p.name != SWEEP_CLAIM)
-        if others:
+        try:
+            os.write(fd, self.token.encode())
+        except OSError as e:                  # a full disk: nothing claimed, nothing left behind
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+            self.token = None                 # never matches a claim's text: release() removes nothing more
             self.release()
-            raise ConfigError(f"hydra.sweep.dir={folder}: already exists and is not empty ({others[0]}); never "
+            raise ConfigError(f"{key}={folder}: cannot be claimed ({self.path}: {e.strerror or e})") from None
+        others = sorted(p.name for p in self.folder.iterdir() if p.name != SWEEP_CLAIM)
+        if others and fresh:
+            self.release()
+            raise ConfigError(f"{key}={folder}: already exists and is not empty ({others[0]}); never "
                               "overwritten (pick a new dir)")
 
     def _create(self) -> int | None:
@@ -288,7 +324,7 @@ class SweepClaim:
             return None
         except OSError as e:
             self._remove_created()
-            raise ConfigError(f"hydra.sweep.dir={self.folder}: cannot be claimed ({e.strerror or e})") from None
+            raise ConfigError(f"{self.key}={self.folder}: cannot be claimed ({e.strerror or e})") from None
 
     def _remove_created(self) -> None:
         for p in self.created:
@@ -300,7 +336,7 @@ class SweepClaim:
     def release(self) -> None:
         """Remove the claim (if still this process's), and the folders it created if left empty."""
         try:
-            if self.path.read_text() == self.token:
+            if self.token is not None and _read_claim(self.path) == self.token.strip():   # never follows a link
                 self.path.unlink()
         except OSError:
             pass

@@ -165,8 +165,10 @@ def build(c: Config, d: distributed.Dist, device: torch.device, runtime: dict, d
     OS entropy or privacy.noise_seed decides) and the ``sampler`` seed."""
     p, t, ds = c.privacy, c.training, c.dataset
     model.to(device)
+    # check_finite=False: no device sync per physical batch; the data are finite, and a non-finite loss
+    # or update stops the run as diverged (dpsgd/train.py)
     clipper = PerExampleClipper(model, p.clip_norm if p.private else None, clipping=p.clipping,
-                                mode=p.grad_sample_mode)
+                                mode=p.grad_sample_mode, check_finite=False)
     noise = GaussianNoise(seed=seeds["noise"], secure=p.secure_rng, device=device)
     transform = LotTransform(ds.augment, ds.standardize, ds.crop, c.seed)
     in_step = p.augment_multiplicity > 1 and not transform.identity   # the step augments the K copies

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ from pathlib import Path
 from dpsgd.accountant import limits, selection
 from dpsgd.core.errors import ConfigError
 from dpsgd.core.errors import one_line
-from dpsgd.launch.cli import fail, fresh_dir
+from dpsgd.launch.cli import check_name_lengths, compose, fail, fresh_dir, hydra_quoted
+from dpsgd.launch.sweeps import SweepClaim, unclaimed
 from dpsgd.tune import space, sweep
 
 PROG = "python -m dpsgd.tune"
@@ -89,12 +91,29 @@ def check(a) -> tuple[selection.KDistribution, list]:
     if not a.overrides:
         raise ConfigError("overrides: give the runs' config, e.g. experiment=... training.epochs=10,20")
     dist = _dist(a)
+    check_name_lengths("--sweep-dir", a.sweep_dir)
+    unclaimed(str(a.sweep_dir), "--sweep-dir")         # held by a running tune or sweep: says so
     fresh_dir("--sweep-dir", a.sweep_dir)
+    literal_for_hydra(a.sweep_dir)
     pts = space.points(a.overrides, a.validation)
     return dist, pts
 
 
-def start(a) -> tuple[Path, dict]:
+def literal_for_hydra(d: Path) -> None:
+    """A candidate's folder ``d/c00``, handed to Hydra quoted, is that folder (not an interpolation of
+    it); ConfigError naming ``--sweep-dir`` otherwise."""
+    folder = str(d / "c00")
+    try:
+        got = str(compose([f"hydra.run.dir={hydra_quoted(folder)}"], hydra_config=True).hydra.run.dir)
+    except Exception as e:
+        raise ConfigError(f"--sweep-dir={d}: cannot be handed to Hydra as a folder ({one_line(e)})") from None
+    if got != folder:
+        raise ConfigError(f"--sweep-dir={d}: Hydra reads it as {got} (pick a folder name without '${{')")
+
+
+def start(a, held: list) -> tuple[Path, dict]:
+    """The new sweep: every argument checked, the plan made, the folder claimed (``SweepClaim``: of two
+    tunes started together into one folder one proceeds, the other is refused), the plan written."""
     dist, pts = check(a)
     fixed, choices = space.split(a.overrides)
     args = {"target_epsilon": a.target_epsilon, "delta": a.delta, "xtol": a.xtol, "score_sigma": a.score_sigma,
@@ -104,9 +123,20 @@ def start(a) -> tuple[Path, dict]:
     except ValueError as e:
         raise ConfigError(f"--target-epsilon={a.target_epsilon}: {one_line(e)}") from None
     t["command"] = " ".join([PROG] + sys.argv[1:])
-    a.sweep_dir.mkdir(parents=True, exist_ok=True)
+    held.append(SweepClaim(str(a.sweep_dir), "--sweep-dir"))
     sweep.save(a.sweep_dir, t)
     return a.sweep_dir, t
+
+
+def resume(a, held: list) -> tuple[Path, dict]:
+    """The sweep of ``--resume``: claimed (not while another tune or sweep holds it), its plan read and
+    checked (one line naming the file when it is not a whole plan)."""
+    _resume_alone(a)
+    check_name_lengths("--resume", a.resume)
+    if not (a.resume / sweep.TUNING).is_file():
+        raise ConfigError(f"--resume={a.resume}: no {sweep.TUNING} there")
+    held.append(SweepClaim(str(a.resume), "--resume", fresh=False))
+    return a.resume, sweep.load(a.resume)
 
 
 def _resume_alone(a) -> None:
@@ -123,15 +153,24 @@ def _term(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The selection; every expected failure is one line on stderr: 2 bad input (nothing written), 1 a
+    disk error or no candidate finished, 130 interrupted. The folder is claimed until the end."""
     a = parser().parse_args(argv)
+    held, d = [], a.resume if a.resume is not None else a.sweep_dir
     try:
-        if a.resume is not None:
-            _resume_alone(a)
-            if not (a.resume / sweep.TUNING).is_file():
-                raise ConfigError(f"--resume={a.resume}: no {sweep.TUNING} there")
-            d, t = a.resume, sweep.load(a.resume)
-        else:
-            d, t = start(a)
+        _main(a, held)
+    except OSError as e:
+        hint = (f" (resume with: {PROG} --resume {d})" if d is not None and os.path.isfile(d / sweep.TUNING)
+                else "")
+        fail(f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}{hint}", 1)
+    finally:
+        for claim in held:
+            claim.release()
+
+
+def _main(a, held: list) -> None:
+    try:
+        d, t = resume(a, held) if a.resume is not None else start(a, held)
     except ConfigError as e:
         fail(one_line(e), 2)
     print(f"{PROG}: K={t['K']} candidates, each DP-SGD run at base ε={t['base']['epsilon_rdp']:.4f} (RDP), "
@@ -143,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
         t = sweep.run_all(d, t)
     except KeyboardInterrupt:
         fail(f"interrupted: resume with {PROG} --resume {d}", 130)
+    except ConfigError as e:
+        fail(one_line(e), 2)
     if a.test_accuracy and t["winner"] is not None:
         from dpsgd.tune.winner import test_accuracy
         w = t["winner"]
@@ -150,4 +191,13 @@ def main(argv: list[str] | None = None) -> None:
                                 "note": "the winner's released model on the test set, evaluated once after the "
                                         "selection; never used to select"}
         sweep.save(d, t)
-    print(f"{PROG}: winner {t['winner'] and t['winner']['choice']}; {t['privacy']['statement']}", flush=True)
+    if t["winner"] is not None:
+        print(f"{PROG}: winner {t['winner']['choice']}; {t['privacy']['statement']}", flush=True)
+    elif t["K"] == 0:
+        print(f"{PROG}: K=0 was drawn: no candidate ran and nothing is released; {t['privacy']['statement']}",
+              flush=True)
+    else:
+        ran = ", ".join(f"{c['run_dir']} {c['status']}" + (f" (exit {c['rc']})" if c.get("rc") else "")
+                        for c in t["candidates"])
+        fail(f"no candidate finished ({ran}; their logs: {d / 'logs'}): nothing is released; the privacy spent "
+             f"is stated in {d / sweep.TUNING} (ε={t['privacy']['epsilon']:.4f})", 1)

@@ -9,7 +9,9 @@ Write-ahead: K, the candidates and their seeds are in tuning.json before the fir
 killed sweep resumes the same plan (``--resume``): finished candidates are kept, an interrupted one
 is resumed from its checkpoint (``python -m dpsgd.train resume=<dir>``; its ledger then charges every
 lot it reserved), and one killed before its first checkpoint is set aside (``c03.aborted1``) and
-charged as one more full run of its point. Candidates that fail count as run. The statement always
+charged as one more full run of its point; a folder whose checkpoint is not that candidate's run (its
+fingerprint and overrides differ from the plan's) is never resumed as it (``check_candidate_folders``).
+Candidates that fail count as run. The statement always
 covers all K candidates: its base curve is the per-order maximum of the grid's planned curves and of
 every candidate's charged curve (its ledger, its aborted attempts, its score), so it is never below
 what ran.
@@ -28,7 +30,14 @@ import numpy as np
 
 from dpsgd.accountant import compose, rdp, selection
 from dpsgd.accountant.ledger import Ledger
+from dpsgd.config.fingerprint import config_fingerprint
+from dpsgd.config.overrides import override_key
+from dpsgd.config.schema import validate
+from dpsgd.core.errors import ConfigError
 from dpsgd.core.fileio import write_json
+from dpsgd.run.checkpoint import CHECKPOINT, load_checkpoint
+from dpsgd.core.errors import one_line
+from dpsgd.launch.cli import compose as compose_config, hydra_quoted
 from dpsgd.tune.space import Point, run_overrides
 
 FORMAT = "dpsgd.tuning/1"
@@ -68,15 +77,85 @@ def save(sweep: Path, t: dict) -> None:
     write_json(sweep / TUNING, t)
 
 
-def load(sweep: Path) -> dict:
-    t = json.loads((sweep / TUNING).read_text())
-    if t.get("format") != FORMAT:
-        raise ValueError(f"{sweep / TUNING}: not a {FORMAT} file")
+def load(sweep: Path, key: str = "--resume") -> dict:
+    """The plan in ``sweep``'s tuning.json, its structure checked (``check_plan``); ConfigError in one
+    line naming ``key`` and the file when it cannot be read, is not JSON or is not a whole plan."""
+    path = sweep / TUNING
+    try:
+        t = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{key}={sweep}: {path}: cannot be read ({e.strerror or e})") from None
+    except ValueError as e:           # JSONDecodeError, or bytes that are not UTF-8
+        raise ConfigError(f"{key}={sweep}: {path}: not valid JSON ({one_line(e)}); it cannot be resumed") from None
+    try:
+        check_plan(t)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        why = f"lacks {e.args[0]!r}" if isinstance(e, KeyError) else one_line(e)
+        raise ConfigError(f"{key}={sweep}: {path}: {why} (not a whole {FORMAT} plan); it cannot be "
+                          "resumed") from None
     return t
 
 
+_STATUSES = ("pending", "running", "complete", "failed")
+
+
+def _is(value, kind, what: str):
+    """``value`` if it is of ``kind`` (a bool is no number), else ValueError naming ``what``."""
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+        raise ValueError(f"{what}={value!r}: of the wrong type")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what}={value!r}: not finite")
+    return value
+
+
+def check_plan(t) -> None:
+    """Every field of a tuning.json that ``--resume`` reads, of its type (KeyError naming a missing
+    key, ValueError a wrong one): the law of K, the grid, the base curve, K candidates in order, each in
+    its own folder ``cNN`` of the sweep."""
+    num = (int, float)
+    if not isinstance(t, dict) or t.get("format") != FORMAT:
+        raise ValueError(f"format: not {FORMAT}")
+    _is(t["distribution"], dict, "distribution")
+    dist_of(t)
+    for k in ("target_epsilon", "delta", "xtol", "score_sigma"):
+        _is(t[k], num, k)
+    for k in ("seed", "validation", "K"):
+        _is(t[k], int, k)
+    grid = _is(t["grid"], list, "grid")
+    for i, g in enumerate(grid):
+        for k, kind in (("q", num), ("sigma", num), ("lots", int), ("groups", int), ("overrides", list)):
+            _is(_is(g, dict, f"grid[{i}]")[k], kind, f"grid[{i}].{k}")
+    base = _is(t["base"], dict, "base")
+    _is(base["epsilon_rdp"], num, "base.epsilon_rdp")
+    _is(_is(base["planned_total"], dict, "base.planned_total")["epsilon"], num, "base.planned_total.epsilon")
+    curve = _is(base["planned_curve"], list, "base.planned_curve")
+    if len(curve) != len(rdp.DEFAULT_ORDERS) or not all(_is(x, num, "base.planned_curve[]") >= 0 for x in curve):
+        raise ValueError(f"base.planned_curve: not {len(rdp.DEFAULT_ORDERS)} values >= 0")
+    cands = _is(t["candidates"], list, "candidates")
+    if len(cands) != t["K"]:
+        raise ValueError(f"candidates: {len(cands)} of them, K={t['K']}")
+    for j, c in enumerate(cands):
+        w = f"candidates[{j}]"
+        _is(c, dict, w)
+        if c["index"] != j or c["run_dir"] != f"c{j:02d}":
+            raise ValueError(f"{w}: index {c['index']!r} and run_dir {c['run_dir']!r} must be {j} and c{j:02d}")
+        if _is(c["point"], int, f"{w}.point") not in range(len(grid)):
+            raise ValueError(f"{w}.point={c['point']}: no such grid point")
+        if c["status"] not in _STATUSES:
+            raise ValueError(f"{w}.status={c['status']!r}: not one of {', '.join(_STATUSES)}")
+        if _is(c["aborted_attempts"], int, f"{w}.aborted_attempts") < 0:
+            raise ValueError(f"{w}.aborted_attempts={c['aborted_attempts']}: must be >= 0")
+        _is(c["seed"], int, f"{w}.seed"), _is(c["sigma"], num, f"{w}.sigma")
+        if not all(isinstance(o, str) for o in _is(c["overrides"], list, f"{w}.overrides")):
+            raise ValueError(f"{w}.overrides: must be strings")
+        if c["status"] == "complete" and c.get("score") is not None:
+            _is(c["score"], num, f"{w}.score")
+
+
 def run_all(sweep: Path, t: dict, log=print) -> dict:
-    """Run (or resume) every candidate not yet finished, in order, then pick the winner."""
+    """Run (or resume) every candidate not yet finished, in order, then pick the winner. Every
+    candidate folder to be resumed is checked first (``check_candidate_folders``)."""
+    check_candidate_folders(sweep, t)
     t["status"] = "running"
     save(sweep, t)
     for c in t["candidates"]:
@@ -92,8 +171,7 @@ def run_one(sweep: Path, t: dict, c: dict, log=print) -> None:
     if d.exists() and not (d / "checkpoint.pt").is_file() and any(d.iterdir()):
         c["aborted_attempts"] += 1          # killed before its first checkpoint: set aside, charged in full
         d.rename(sweep / f"{c['run_dir']}.aborted{c['aborted_attempts']}")
-    cmd = ([sys.executable, "-m", "dpsgd.train", f"resume={d}"] if (d / "checkpoint.pt").is_file()
-           else [sys.executable, "-m", "dpsgd.train", *c["overrides"], f"hydra.run.dir={d}"])
+    cmd = candidate_command(d, c)
     c["status"], c["command"] = "running", " ".join(cmd[1:])
     save(sweep, t)
     log(f"candidate {c['index']}: {c['choice']} σ={c['sigma']:.4f} seed={c['seed']} -> {c['run_dir']}")
@@ -107,6 +185,38 @@ def run_one(sweep: Path, t: dict, c: dict, log=print) -> None:
     c["validation_accuracy"], c["score"] = score(d, c, t) if rc == 0 else (None, None)
     c["run_epsilon"] = run_epsilon(d)
     save(sweep, t)
+
+
+def candidate_command(d: Path, c: dict) -> list[str]:
+    """``python -m dpsgd.train`` for candidate ``c`` in its folder ``d``: a resume of its checkpoint, else a
+    new run there. The folder is handed to Hydra quoted (``hydra_quoted``), so that any name (a quote,
+    ``=``, ``,``, a space) is that folder."""
+    if (d / CHECKPOINT).is_file():
+        return [sys.executable, "-m", "dpsgd.train", f"resume={hydra_quoted(str(d))}"]
+    return [sys.executable, "-m", "dpsgd.train", *c["overrides"], f"hydra.run.dir={hydra_quoted(str(d))}"]
+
+
+def check_candidate_folders(sweep: Path, t: dict) -> None:
+    """Every unfinished candidate whose folder holds a checkpoint is resumed only if that checkpoint is
+    this candidate's run: its configuration's fingerprint (every key a resume may not change) and its
+    overrides are the plan's for that candidate. ConfigError naming the folder otherwise (another
+    plan's run, or a folder copied in): it is never adopted as this candidate."""
+    for c in t["candidates"]:
+        d = sweep / c["run_dir"]
+        if c["status"] in ("complete", "failed") or not (d / CHECKPOINT).is_file():
+            continue
+        ckpt = load_checkpoint(d)
+        want = config_fingerprint(validate(compose_config(list(c["overrides"]))))
+        got = ckpt["fingerprint"]
+        key = next((k for k in [*want, *got] if want.get(k) != got.get(k)), None)
+        saved = [o for o in ckpt["overrides"] if override_key(o) != "resume"]
+        if key is None and saved != list(c["overrides"]):      # a key a resume may change (its length)
+            key = "overrides"
+            want, got = {key: " ".join(c["overrides"])}, {key: " ".join(saved)}
+        if key is not None:
+            raise ConfigError(f"{d}: its checkpoint is not candidate {c['index']}'s run ({key}={got.get(key)!r} "
+                              f"there, {want.get(key)!r} in the plan); never resumed as this candidate (move "
+                              f"the folder out of the sweep to start the candidate anew)")
 
 
 def run_epsilon(d: Path) -> float | None:

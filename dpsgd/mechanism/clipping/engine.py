@@ -63,7 +63,7 @@ class ClipResult:
 
 class PerExampleClipper:
     def __init__(self, model: nn.Module, max_grad_norm: float | None, clipping: str = "global",
-                 mode: str = "auto", memory_budget_bytes: int = DEFAULT_BUDGET_BYTES):
+                 mode: str = "auto", memory_budget_bytes: int = DEFAULT_BUDGET_BYTES, check_finite: bool = True):
         if max_grad_norm is not None and not (float(max_grad_norm) > 0):
             raise ValueError(f"max_grad_norm={max_grad_norm!r} must be > 0 (or None to disable clipping)")
         if clipping not in CLIPPINGS:
@@ -75,6 +75,7 @@ class PerExampleClipper:
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.clipping = clipping
         self.budget = int(memory_budget_bytes)
+        self.check_finite = bool(check_finite)    # refuse a non-finite example (one device sync per call)
         self.groups = clipping_groups(model, clipping)      # the k groups the accountant charges
         # frozen (requires_grad=False): not clipped, not a group
         self.trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
@@ -101,7 +102,11 @@ class PerExampleClipper:
         the module docstring. ``norms`` and ``loss_sum`` are per example (loss: mean over copies).
 
         ``weights`` ([B], one per example, ≥ 0; None = all ones): Σ_i w_i clip(g_i) and
-        Σ_i w_i loss_i; a weight-0 row (padding) adds exactly 0. ``norms`` are unweighted."""
+        Σ_i w_i loss_i; a weight-0 row (padding) adds exactly 0. ``norms`` are unweighted.
+
+        A non-finite value in an example (or its weight) is refused, on both engines, with a ValueError
+        naming the first such example (``check_finite``, the default): its gradient, and with it the
+        clipped sum, would not be finite."""
         K = multiplicity
         if isinstance(K, bool) or not isinstance(K, int) or K < 1:
             raise ValueError(f"multiplicity={K!r} must be an integer >= 1")
@@ -111,6 +116,8 @@ class PerExampleClipper:
         if weights is not None and (weights.dim() != 1 or weights.shape[0] != y.shape[0]):
             raise ValueError(f"weights has shape {tuple(weights.shape)}, not [{y.shape[0]}] (one per example)")
         self._check_trainable()
+        if self.check_finite:
+            _check_finite(x, K, weights)
         if x.shape[0] == 0:
             params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
             dtype = next(iter(params.values())).dtype
@@ -148,3 +155,17 @@ class PerExampleClipper:
             raise ValueError(f"requires_grad changed for {', '.join(changed)} after the "
                              "PerExampleClipper was built; freeze layers first, then build the "
                              "clipper and the optimiser")
+
+
+def _check_finite(x: torch.Tensor, K: int, weights: torch.Tensor | None) -> None:
+    """ValueError naming the first example (K rows of x each) or weight that holds NaN or ±inf."""
+    for what, t, rows in (("x", x, K), ("weights", weights, 1)):
+        if t is None or not (t.is_floating_point() or t.is_complex()):
+            continue
+        bad = ~torch.isfinite(t.reshape(len(t), -1)).all(dim=1) if len(t) else t.new_zeros(0, dtype=torch.bool)
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            where = f"row {row} of x (example {row // rows})" if what == "x" and rows > 1 else \
+                f"example {row}" + (" of x" if what == "x" else "'s weight")
+            raise ValueError(f"clipped_sum: {where} holds a non-finite value (NaN or inf); every example must be "
+                             "finite (its gradient, and the clipped sum, would not be)")
