@@ -151,7 +151,7 @@ def test_a_torn_tail_is_read_as_a_crash_but_not_before_a_reservation(tmp_path):
     r.close()
     path = tmp_path / RESERVATIONS
     with open(path, "ab") as f:
-        f.write(b"\x00\x00\x00\n" + b'{"ran": 4, "sha256": "' + b"4" * 32 + b'"}\n')
+        f.write(b"\x00\x00\x00\n" + b'{"ran": 4, "digest": "' + b"4" * 32 + b'"}\n')
     assert LotReservations(tmp_path).verified({"token": "t"}, 0, 20) == 16
     fresh = LotReservations(tmp_path)
     fresh.verified({"token": "t"}, 0, 20)
@@ -163,9 +163,9 @@ def test_a_torn_tail_is_read_as_a_crash_but_not_before_a_reservation(tmp_path):
 
 
 @pytest.mark.parametrize("line,why", [
-    ('{"ran": 30, "sha256": "' + "a" * 32 + '"}', "no reservation before it covers"),
-    ('{"ran": 2, "sha256": "' + "b" * 32 + '"}', "second digest of lot 2"),
-    ('{"ran": 3, "sha256": "short"}', "is not a reservation"),
+    ('{"ran": 30, "digest": "' + "a" * 32 + '"}', "no reservation before it covers"),
+    ('{"ran": 2, "digest": "' + "b" * 32 + '"}', "second digest of lot 2"),
+    ('{"ran": 3, "digest": "short"}', "is not a reservation"),
 ])
 def test_a_digest_no_run_could_have_written_is_refused(tmp_path, line, why):
     r = LotReservations(tmp_path)

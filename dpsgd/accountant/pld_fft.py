@@ -27,7 +27,6 @@ from functools import lru_cache
 
 import numpy as np
 from scipy import fft as sfft
-from scipy import signal
 
 from .pld_lot import STEP_TAIL, TAIL_FRACTION, _T_GRID, _lot_interval, _step_pmf, _tiny, _z_tail
 
@@ -196,6 +195,7 @@ class _Composed:
         else:                                            # stable backward recursion
             u = np.concatenate([[0.0], self.c[::-1][:-1]])
             r = math.exp(-h)
+            from scipy import signal      # here only: importing scipy.signal costs ~0.8 s of start-up
             self.R = signal.lfilter([r], [1.0, -r], u)[::-1]
         self.extra = self.tail + self.inf_mass
 

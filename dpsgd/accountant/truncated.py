@@ -35,7 +35,7 @@ from functools import lru_cache
 
 import numpy as np
 from scipy import fft as sfft
-from scipy import special, stats
+from scipy import special
 
 from . import pld, wor_pld
 from .pld_fft import MAX_INTERVAL, WINDOW_TAIL
@@ -48,6 +48,7 @@ _BISECT = 80                     # bisection steps for the loss thresholds (x to
 
 def truncation(N: int, q: float, B: int) -> tuple[float, float]:
     """(p_t, q_t): probability of truncation given that x was drawn, and x's keep-rate given it."""
+    from scipy import stats           # here only: importing scipy.stats costs ~0.5 s of start-up
     p_t = float(stats.binom.sf(B - 1, N - 1, q))
     if p_t == 0.0:
         return 0.0, 0.0

@@ -19,7 +19,7 @@
   reservation, or a reservation beyond what could have run (more than one epoch past the largest
   reservation before it, or past STEPS_MAX) is refused in one line, never read as "no lots".
 
-  After each lot S the run also appends ``{"ran": S, "sha256": H}``, the digest of the parameters the
+  After each lot S the run also appends ``{"ran": S, "digest": H}``, the digest of the parameters the
   lot produced (``replay.digest``): the evidence that decides, on resume, whether a replayed lot is
   the very same release (replay.py). These lines are written without an fsync (a write reaches the
   kernel and survives the death of the process; what a power loss takes is a lot that can no longer
@@ -45,7 +45,7 @@ from dpsgd.accountant import limits
 from dpsgd.core.errors import ConfigError
 from dpsgd.core.fileio import atomic_write_text, naming
 
-DIGEST_HEX = 32      # hex characters of a lot's parameter digest (dpsgd/run/replay.py:digest)
+DIGEST_HEX = 32      # hex characters of a lot's parameter digest (XXH3-128: dpsgd/run/replay.py:digest)
 
 RESERVATIONS = "lots.reserved"
 CHUNK = 16          # lots in the first reservation of a process (and the smallest chunk)
@@ -173,7 +173,7 @@ class LotReservations:
 
     def ran(self, steps: int, digest: str) -> None:
         """After lot ``steps``: append its parameter digest (a write, no fsync: see the module)."""
-        line = (json.dumps({"ran": int(steps), "sha256": digest}) + "\n").encode()
+        line = (json.dumps({"ran": int(steps), "digest": digest}) + "\n").encode()
         with naming(self.path):
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
@@ -219,9 +219,9 @@ def _upto(d) -> int | None:
 
 
 def _digest(d) -> tuple[int, str] | None:
-    """(S, H) of a digest line ``{"ran": S, "sha256": H}``; None for any other line."""
-    if not (isinstance(d, dict) and set(d) == {"ran", "sha256"}):
+    """(S, H) of a digest line ``{"ran": S, "digest": H}``; None for any other line."""
+    if not (isinstance(d, dict) and set(d) == {"ran", "digest"}):
         return None
-    s, h = d["ran"], d["sha256"]
+    s, h = d["ran"], d["digest"]
     ok = type(s) is int and isinstance(h, str) and len(h) == DIGEST_HEX and all(c in "0123456789abcdef" for c in h)
     return (s, h) if ok else None
