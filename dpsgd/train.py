@@ -139,10 +139,11 @@ def run_epoch(run: Run):
         run.reserve(i)                                             # write-ahead, before the lot runs
         x, y, kw = parts.lot(idx, at.steps, run.dist.share)        # this rank's share, augmented
         out = parts.dp.step(x, y, physical_batch_size=p.physical_batch_size, **kw)
-        run.charge(release)                                        # the ledger, the lot's digest
-        if parts.ema is not None:
-            parts.ema.update(parts.model)
-        at.steps, lots = at.steps + 1, lots + 1
+        with _held_signals():              # the lot that ran is charged, digested and counted, or none is
+            run.charge(release)                                    # the ledger, the lot's digest
+            if parts.ema is not None:
+                parts.ema.update(parts.model)
+            at.steps, lots = at.steps + 1, lots + 1
         loss_sum, seen = loss_sum + out["loss_sum"], seen + out["lot_size"]
     return None, lots, loss_sum, seen
 
@@ -174,6 +175,22 @@ def end_of_epoch(run: Run, stop_reason: str | None, lr: float, lot_loss: float, 
             run.checkpoint(False, None)
 
 
+_HELD: list = []      # [signal or None] while a lot's bookkeeping runs (``_held_signals``)
+
+
+@contextmanager
+def _held_signals():
+    """A signal that arrives inside is raised (as Interrupted) once the block has finished, so that a
+    lot's charge, digest and count are never split by an interruption."""
+    _HELD.append(None)
+    try:
+        yield
+    finally:
+        signum = _HELD.pop()
+    if signum is not None:
+        raise Interrupted(signum)
+
+
 @contextmanager
 def _signals_as_interrupts():
     """SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread (handlers restored after)."""
@@ -183,6 +200,9 @@ def _signals_as_interrupts():
         return
 
     def handler(signum, frame):
+        if _HELD:
+            _HELD[-1] = signum            # raised when the bookkeeping of the lot is done
+            return
         raise Interrupted(signum)
 
     before = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
