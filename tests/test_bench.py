@@ -112,3 +112,24 @@ def test_bench_cifar_epoch_protocol_and_preset_budgets(tmp_path):
         per_epoch = float(r["epoch_s"]) + float(r["eval_s"]) / int(r["eval_every"])
         # the CSV keeps hours, epochs and timings to 2 decimals (half a unit each, through the product)
         assert float(r["projected_h"]) == pytest.approx(float(r["epochs"]) * per_epoch / 3600, abs=0.006)
+
+
+@pytest.mark.slow
+def test_bench_run_times_every_phase_of_a_whole_run(tmp_path):
+    """python -m bench.bench_run: a DP and a non-private child, every phase timed, the parts within the total."""
+    from bench import bench_run
+    out = tmp_path / "run.csv"
+    bench_run.main(["--epochs", "1", "--repeats", "1", "--out", str(out)])
+    rows = list(csv.DictReader(open(out)))
+    assert {r["phase"] for r in rows} == set(bench_run.PHASES) and {r["private"] for r in rows} == {"True", "False"}
+    for private in ("True", "False"):
+        t = {r["phase"]: float(r["seconds"]) for r in rows if r["private"] == private}
+        assert 0 < t["steps"] <= t["lots"] < t["total"] and t["startup"] < t["total"]
+        assert int(next(r["lots"] for r in rows if r["private"] == private)) == 100    # one epoch of mnist_medium
+
+
+def test_bench_run_refuses_bad_options_in_one_line(capsys):
+    from bench import bench_run
+    with pytest.raises(SystemExit) as e:
+        bench_run.main(["--repeats", "0"])
+    assert e.value.code == 2 and "--repeats=0" in capsys.readouterr().err
