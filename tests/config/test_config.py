@@ -1,6 +1,6 @@
 """Config validation: presets and sweeps pass, the bounds sit where they are documented.
 
-The table of refused values (one line naming the key) is tests/test_bad_input.py.
+The table of refused values (one line naming the key) is tests/launch/test_prepare.py.
 """
 import itertools
 from pathlib import Path

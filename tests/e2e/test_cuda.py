@@ -2,7 +2,7 @@
 noise, fixed-shape padded lots, a short training run and a bit-identical seeded resume.
 
 Skipped where no GPU is present (CI has none); run on a GPU machine with
-``python -m pytest tests/test_cuda.py``. Each test compares the CUDA result with the CPU result
+``python -m pytest tests/e2e/test_cuda.py``. Each test compares the CUDA result with the CPU result
 or with the reference engine on the GPU, so a device-specific bug shows up as a mismatch.
 """
 import copy
@@ -215,7 +215,7 @@ def test_every_layer_rule_on_cuda_equals_the_batch_of_1_loop(clipping, budget):
 @pytest.mark.parametrize("mode", ["ghost", "vmap"])
 def test_padded_lot_on_cuda_adds_exactly_zero(mode):
     """Fixed-shape lots: weight-0 rows add an exact 0 on the device, whatever they hold, and the padded
-    lot's sum is the unpadded lot's to the engines' round-off (tests/test_padded_lots.py)."""
+    lot's sum is the unpadded lot's to the engines' round-off (tests/mechanism/clipping/test_example_weights.py)."""
     torch.manual_seed(0)
     model = MLP(20, (30, 40), 10, bias=True).to(DT).to(DEV)
     g = torch.Generator().manual_seed(0)

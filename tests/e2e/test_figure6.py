@@ -36,7 +36,7 @@ def _png_width(path: Path) -> int:
 def test_figure6_and_the_readme_section_render_from_the_fixture(tmp_path):
     """`make figures` on a results folder holding the fixture as figure6.csv: the figure, and the README's
     CIFAR section, file list and image. (Byte-determinism is `_save`'s, shared with every figure and
-    checked in tests/test_experiments.py.)"""
+    checked in tests/e2e/test_experiments.py.)"""
     df = _fixture()
     assert set(df.columns) == set(figure6.COLUMNS)
     assert set(df["hardware"]) == {"FIXTURE (synthetic, not a measurement)"}     # labelled, never a result

@@ -1,12 +1,8 @@
 """Checkpoint/resume: a run killed with SIGKILL resumes to the identical final model and ε history."""
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,28 +14,10 @@ from dpsgd.config.schema import validate
 from dpsgd.launch.main import compose
 from dpsgd.launch.prepare import prepare_resume
 from dpsgd.train import train
+from conftest import run_train as _run, start_train as _start_and_wait
 
-REPO = Path(__file__).resolve().parents[2]
 ARGS = ["dataset.subset=3000", "privacy.lot_size=100", "privacy.physical_batch_size=100",
         "model.hidden=[100]", "training.epochs=8", "privacy.sigma=2", "device=cpu", "seed=3"]
-
-
-def _env():
-    return dict(os.environ, PYTHONPATH=str(REPO))
-
-
-def _run(args, cwd):
-    return subprocess.run([sys.executable, "-m", "dpsgd.train", *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=300)
-
-
-def _start_and_wait(args, cwd, run, rows):
-    proc = subprocess.Popen([sys.executable, "-m", "dpsgd.train", *args], cwd=cwd, env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
-    while metrics_row_count(run) < rows and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    return proc
 
 
 def _final_params(run):

@@ -107,10 +107,10 @@ def test_ema_and_augmult_enter_the_fingerprint():
 
 @pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted_run_with_ema_and_augmult(tmp_path):
-    """As tests/test_resume.py, with EMA and K = 2: a SIGKILL'd and resumed run ends bit-identical."""
+    """As tests/e2e/test_resume.py, with EMA and K = 2: a SIGKILL'd and resumed run ends bit-identical."""
     import signal
     import time
-    from test_resume import _run, _start_and_wait
+    from conftest import run_train as _run, start_train as _start_and_wait
     args = [*ARGS, "training.epochs=6"]
     ref, run = tmp_path / "ref", tmp_path / "run"
     train(validate(compose(args)), ref, args)

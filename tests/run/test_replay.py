@@ -3,7 +3,7 @@ each lot decides whether a resumed lot is the release that ran before, and what 
 run is charged even when lots.reserved was cut back.
 
 Each privacy case counts the releases that ran independently of the ledger (the Harness of
-tests/test_resume_fingerprint.py logs every lot's position and a digest of its weights; a real
+tests/run/test_resume_fingerprint.py logs every lot's position and a digest of its weights; a real
 subprocess logs the same through tests/lot_logger.py) and checks the final ledger against that count.
 """
 from __future__ import annotations

@@ -221,7 +221,7 @@ def test_reservations_never_pass_the_limit_and_survive_a_torn_line(tmp_path):
 def test_reserved_lots_without_digests_are_charged_even_to_a_seeded_replay(tmp_path, change, charged):
     """Reservations with no digest of the lots they covered (lots.reserved as a crash before any digest
     line, or an older run, leaves it): nothing proves the replay equal, so every reserved lot is charged;
-    tests/test_replay.py has the replay that proves its lots."""
+    tests/run/test_replay.py has the replay that proves its lots."""
     run = tmp_path / "run"
     _fresh(run, "training.epochs=2", "training.checkpoint_every=1")
     ck = load_checkpoint(run)            # pretend the process died 12 lots after epoch 1's checkpoint

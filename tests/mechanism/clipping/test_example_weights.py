@@ -4,7 +4,7 @@ A weight-0 row multiplies its clip factor (and its loss) by 0, so it adds an exa
 at the same shape, the padding's content cannot change a single bit of Σ_i w_i clip(g_i) or of the
 loss (bit-identical), and a lot of padding alone sums to exactly 0. Against the unpadded lot (another
 shape, so another reduction order) the sums agree to the engines' round-off: f64_rtol(model) for
-vmap, 1e-5 for ghost (tests/test_clipping.py: its book-keeping reorders the reductions).
+vmap, 1e-5 for ghost (tests/mechanism/clipping/test_clipping.py: its book-keeping reorders the reductions).
 """
 import copy
 
