@@ -1,4 +1,4 @@
-"""Issue 23: the shuffle lower bound and the balls-in-bins charge against the authors' reference code.
+"""The shuffle lower bound and the balls-in-bins charge of the batch samplers against the authors' code.
 
 Reference: google-research/google-research, folder ``dpsgd_batch_sampler_accounting`` (Chua, Ghazi,
 Kamath, Kumar, Manurangsi, Sinha & Zhang: "How Private are DP-SGD Implementations?", ICML 2024,

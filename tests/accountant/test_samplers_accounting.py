@@ -1,4 +1,4 @@
-"""Each sampler accounted for what it is (issue 23): fixed-size lots (Wang et al. 2019 Thm 9), truncated
+"""Each sampler accounted for what it is: fixed-size lots (Wang et al. 2019 Thm 9), truncated
 Poisson (Ganesh et al. 2025 PLD), balls-in-bins (one Gaussian per epoch), shuffle's [lower, upper]
 bracket (Chua et al. 2024), one neighbouring relation per ledger; the data path of each sampler."""
 import math

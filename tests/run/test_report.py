@@ -42,7 +42,7 @@ def paper():
 
 
 def _run(led, eps, steps=300):
-    """The run state the report reads (runstate.Run's progress and parts have these attributes)."""
+    """The run state the report reads (dpsgd/run/state.py: Run's progress and parts have these attributes)."""
     progress = SimpleNamespace(ledger=led, eps=eps, steps=steps, epoch=3, resumes=[])
     parts = SimpleNamespace(sampler=make_sampler("poisson", 60_000, 600, torch.Generator().manual_seed(0)),
                             k=K, noise=GaussianNoise(seed=0), runtime=None, clipper=SimpleNamespace(mode="ghost"))

@@ -1,4 +1,4 @@
-"""The stop rule (runstate.Run.lots_left, Run.stop_reason, Run.charge) and the epochs → lots rule
+"""The stop rule (dpsgd/run/state.py: Run.lots_left, Run.stop_reason, Run.charge) and the epochs → lots rule
 (accountant.calibrate.lots_per_epoch, lots_for_epochs): one answer for the loop, the write-ahead
 reservation, the end of an epoch, the budget and the privacy command line."""
 import itertools

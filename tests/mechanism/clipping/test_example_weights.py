@@ -1,4 +1,4 @@
-"""Fixed-shape lots (issue 23): the truncated Poisson sampler's lots padded to B rows with weight 0.
+"""Per-example weights and fixed-shape lots: the truncated Poisson sampler's lots padded to B rows with weight 0.
 
 A weight-0 row multiplies its clip factor (and its loss) by 0, so it adds an exact 0 to every sum:
 at the same shape, the padding's content cannot change a single bit of Σ_i w_i clip(g_i) or of the
