@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 PYTHON ?= python3
-# The venv and what goes into it; overridable on the command line (tests/test_makefile.py builds a
+# The venv and what goes into it; overridable on the command line (tests/project/test_makefile.py builds a
 # throwaway venv with a fake interpreter). requirements*.txt pin the direct dependencies, LOCK (a pip
 # constraints file, rewritten by `make lock`) pins every transitive one.
 VENV := .venv
@@ -98,7 +98,7 @@ test-all: $(STAMP) data ## run every test, slow ones included
 # The fast suite again, as a CPU without AVX2 or AVX-512 computes it: numpy's exp/log kernels at its
 # X86_V2 baseline, torch's scalar kernels, MKL's compatible code path. Their last bits differ from this
 # machine's, so a tolerance pinned to one CPU fails here, not on a newcomer's machine
-# (docs/DEVELOPMENT.md#tolerances; tests/test_cpu_profile.py checks the switches are in force).
+# (docs/DEVELOPMENT.md#tolerances; tests/project/test_cpu_profile.py checks the switches are in force).
 # OPENBLAS_CORETYPE is left as the machine sets it. CI runs it after `make test`.
 OTHER_CPU := DPSGD_CPU_PROFILE=baseline NPY_DISABLE_CPU_FEATURES=X86_V3,X86_V4,AVX512_ICL,AVX512_SPR \
 	ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE

@@ -12,7 +12,7 @@ setup: install ``.whl/`` offline (``pip install --no-index --no-deps --find-link
   carried package is imported from it, seed ``data/`` with MNIST from the local archives
   (``python -m dpsgd.data mnist --no-download``, source ``.whl/data`` unless ``$DPSGD_DATA_SOURCE``),
   and print the device, driver, CUDA, cuDNN, NCCL and torch versions.
-(a) ``tests/test_cuda.py`` on the device;
+(a) ``tests/e2e/test_cuda.py`` on the device;
 (b) the step benchmark (``python -m bench.bench_step``, one process per lot: 600, then 4096) for the
   MNIST MLP, the CIFAR CNN (all layers trained, and its convolutions frozen) and ScatterNet + linear:
   non-private, ghost, vmap, Opacus hooks and Opacus ghost, interleaved;
@@ -279,7 +279,7 @@ class Ctx:
 
 
 def step_tests(ctx: Ctx, budget: float) -> Outcome:
-    rc, tail = stream([ctx.py, "-m", "pytest", "tests/test_cuda.py", "-q", "-p", "no:cacheprovider"],
+    rc, tail = stream([ctx.py, "-m", "pytest", "tests/e2e/test_cuda.py", "-q", "-p", "no:cacheprovider"],
                       ctx.env, budget, ctx.log)
     summary = _last(tail, r"\d+ (passed|failed|skipped|error)")
     if rc is None:
@@ -395,7 +395,7 @@ def step_torchrun(ctx: Ctx, budget: float) -> Outcome:
 
 
 def compare_runs(one: Path, two: Path) -> tuple[bool, str]:
-    """A 2-process run against the 1-process run of the same config: what tests/test_distributed.py
+    """A 2-process run against the 1-process run of the same config: what tests/run/test_distributed.py
     checks on the CPU, here on the device. Returns (equal, one line)."""
     import torch
 
@@ -411,7 +411,7 @@ def compare_runs(one: Path, two: Path) -> tuple[bool, str]:
         "2 processes recorded": pb["distributed"]["world_size"] == 2,
     }
     # float32: the all-reduce adds the two shares' clipped sums in another order than one process
-    # (tests/test_distributed.py: atol 1e-6 on the CPU); cuBLAS also picks kernels by batch shape,
+    # (tests/run/test_distributed.py: atol 1e-6 on the CPU); cuBLAS also picks kernels by batch shape,
     # so on CUDA each rank's half-lot is reduced in yet another order: 1e-5 there
     atol = 1e-6 if pb["distributed"]["backend"] == "gloo" else 1e-5
     diff = max(float((a["model"][k].double() - b["model"][k].double()).abs().max()) for k in a["model"])
@@ -427,7 +427,7 @@ def compare_runs(one: Path, two: Path) -> tuple[bool, str]:
 def plan(ctx: Ctx) -> list[Step]:
     """The steps in order, most valuable first, with their budgets (seconds)."""
     budgets = {"cuda": (100, 150, 90, 80), "cpu": (60, 90, 90, 150)}[ctx.device]
-    steps = [("a", "tests/test_cuda.py", step_tests), ("b", "step benchmark", step_bench),
+    steps = [("a", "tests/e2e/test_cuda.py", step_tests), ("b", "step benchmark", step_bench),
              ("c", "experiment=mnist_medium", step_mnist), ("d", "torchrun, 2 processes vs 1", step_torchrun)]
     return [Step(k, n, float(b), (lambda f: lambda t: f(ctx, t))(f)) for (k, n, f), b in zip(steps, budgets)]
 

@@ -18,7 +18,7 @@ GUARANTEE: a row of its own in the table, and in JSON the top-level keys
 ``epsilon_last_iterate_heuristic`` (a number, or null when refused) and ``last_iterate_heuristic``
 ({"valid_bound": false, "note": ..., and "refused" when refused}). It does not change the exit status.
 
-Samplers (issue 23): ``--N 60000 --L 600 [--B 660] --sigma 4 --steps 1000 [--sampler NAME] [--json]``
+Samplers: ``--N 60000 --L 600 [--B 660] --sigma 4 --steps 1000 [--sampler NAME] [--json]``
 gives the valid ε of each batch sampler as it is charged in training (``dpsgd/privacy_samplers.py``):
 one sampler with ``--sampler``, every sampler side by side without it (truncated_poisson needs
 ``--B``); JSON: {name: {"epsilon", "accountant", "adjacency", ...}} (shuffle also ``epsilon_lower``

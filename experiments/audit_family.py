@@ -13,7 +13,7 @@ DP-PCA release); ``eps_claimed`` the run's whole valid ε. Runs whose lots are n
 
 ``seeds``: the real trainer, seeded: ``--n`` audits of the correct mechanism on a small configuration
 (300 real MNIST images, 2000 gradient canaries, L = 300, 48 lots, σ = 3, k = 2: the configuration of
-tests/test_audit_run.py), audit.seed = training seed = 0..n−1, each with its family test and the
+tests/audit/test_audit_run.py), audit.seed = training seed = 0..n−1, each with its family test and the
 family-free bound; then the same seeds with noise_per_rank (R = 4, noise σC/2). A correct run may
 be flagged with probability ≤ β = 0.05 per audit.
 """

@@ -1,4 +1,4 @@
-"""What each batch sampler costs (issue 23): ε per sampler at the paper's MNIST schedule and at one
+"""What each batch sampler costs: ε per sampler at the paper's MNIST schedule and at one
 frontier setting, and the test accuracy of mnist_scatter_linear at ε = 2 under each sampler.
 
     python -m experiments.samplers measure            # results/samplers.csv (accounting only, seconds)

@@ -6,13 +6,17 @@ Results do not depend on it; set DPSGD_TEST_THREADS to change it.
 
 Helpers used by several test files (``from conftest import ...``): :func:`metrics_rows` and
 :func:`metrics_row_count` read a run folder's metrics.csv; :data:`TINY_RUN` is a run of ~0.1 s per
-epoch; :func:`snapshot` fingerprints a folder, to show that a refused command left it untouched. Tolerances live in tests/tolerances.py,
-the batch-of-1 reference loop in tests/dp_reference.py.
+epoch; :func:`snapshot` fingerprints a folder, to show that a refused command left it untouched;
+:func:`run_train` and :func:`start_train` run ``python -m dpsgd.train`` in a child process. Tolerances
+live in tests/tolerances.py, the batch-of-1 reference loop in tests/dp_reference.py. pytest.ini puts
+tests/ on the path, so a test in any folder imports these by name.
 """
 import csv
 import hashlib
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import absl.logging
@@ -69,3 +73,28 @@ def snapshot(root: Path) -> dict:
     """relative path -> SHA-256 of every file ('<dir>' for every folder) under ``root``."""
     return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "<dir>")
             for p in sorted(Path(root).rglob("*"))}
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def train_env() -> dict:
+    """This environment with the repository importable (a child runs from a temporary folder)."""
+    return dict(os.environ, PYTHONPATH=str(REPO))
+
+
+def run_train(args, cwd) -> subprocess.CompletedProcess:
+    """``python -m dpsgd.train ARGS`` in a child process in ``cwd``, run to its end (output captured)."""
+    return subprocess.run([sys.executable, "-m", "dpsgd.train", *args], cwd=cwd, env=train_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def start_train(args, cwd, run, rows) -> subprocess.Popen:
+    """``python -m dpsgd.train ARGS`` started in a child process; returns once ``run`` has ``rows``
+    metrics rows (or the child ended, or 240 s passed), for a test that then signals it."""
+    proc = subprocess.Popen([sys.executable, "-m", "dpsgd.train", *args], cwd=cwd, env=train_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while metrics_row_count(run) < rows and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    return proc

@@ -1,7 +1,7 @@
 """``python -m lot_logger ARGS``: ``python -m dpsgd.train ARGS`` with every lot that runs logged to
 $DPSGD_LOT_LOG as "S DIGEST" (its position and the digest of the weights it produced, before the run
 charges it), and the process SIGKILL'd right after lot $DPSGD_KILL_AT ran (0: never), before the run
-charged or digested it. Used by tests/test_replay.py to count the releases of real processes."""
+charged or digested it. Used by tests/run/test_replay.py to count the releases of real processes."""
 import os
 import signal
 import sys

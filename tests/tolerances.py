@@ -37,7 +37,7 @@ EPS32 = float(np.finfo(np.float32).eps)     # 1.2e-7: the same for float32
 # 0.9469993067888189 (here 0.9469993042704778: 2.5e-5 steps of h = 1e-4). Two steps bound both.
 PLD_GRID_STEPS = 2
 
-# The xtol/rtol of the root-finders in dpsgd (tests/test_tolerance_policy.py checks them against
+# The xtol/rtol of the root-finders in dpsgd (tests/project/test_tolerance_policy.py checks them against
 # the source, so a change there shows up here).
 GAUSSIAN_EPSILON_XTOL = 1e-14               # strong_composition.gaussian_epsilon: brentq, xtol and rtol 1e-14
 GAUSSIAN_EPSILON_RTOL = 1e-14

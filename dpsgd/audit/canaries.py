@@ -21,7 +21,6 @@ the dataset with the canaries in it (add/remove adjacency: with or without canar
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -154,8 +153,3 @@ class GradientCanaries:
                         g.view(-1).index_add_(0, sel[has].to(g.device), add)
         return res
 
-
-def unit_scale(groups_used: int, sigma: float, C: float) -> float:
-    """√k_used · σ · C: the noise std of a canary's score direction u_i = Σ_g e_{c(g,i)} / √k_used is σC;
-    an included canary adds k_used · C along Σ_g e_{c(g,i)}, i.e. √k_used · C along u_i."""
-    return math.sqrt(groups_used) * sigma * C

@@ -19,7 +19,7 @@ So p(ε, δ) is a p-value for "the run is (ε, δ)-DP", and
     ε_lb = inf{ε >= 0 : p(ε, δ) > β}
 
 is a 1 − β lower bound: if the run is (ε*, δ)-DP with ε* < ε_lb, the test at ε* rejected, which
-happens with probability <= β. p(ε, δ) rises with ε (checked on a grid in tests/test_audit_onerun.py),
+happens with probability <= β. p(ε, δ) rises with ε (checked on a grid in tests/audit/test_onerun.py),
 so ε_lb is found by bisection keeping p(lo) <= β < p(hi), stepping the upper end by 1 first as App. D
 does; ``lo`` (the side that is rejected) is returned, to within XTOL below the crossing.
 

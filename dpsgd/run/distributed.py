@@ -14,7 +14,7 @@ The mechanism is the one of one process (Abadi et al. 2016, Algorithm 1), comput
   it adds its draw to its own partial sum *before* the all-reduce, which delivers sum + noise to
   every rank — rank 0 + broadcast folded into the one collective. Never one draw per rank (P× the
   variance) nor a draw scaled to a local share (too little noise: praxis, optax #148, jax_privacy
-  PR #395); tests/test_distributed.py measures the std σC/L of the update with 2 and 4 processes.
+  PR #395); tests/run/test_distributed.py measures the std σC/L of the update with 2 and 4 processes.
 * then divided by the expected global L (DPSGD), so parameters stay identical on every rank.
 
 Only rank 0 writes (metrics.csv, privacy.json, checkpoints, lot reservations) and holds the run lock.

@@ -2,40 +2,17 @@
 
     ḡ(x_i) = g(x_i) · min(1, C / ‖g(x_i)‖₂)
 
-clipping="global": one norm over all trainable parameters. clipping="per_layer": each module that
-owns trainable parameters (e.g. weight + bias of one Linear) is clipped to C on its own, as in the
-paper's experiments; the k groups are then k tensors of one Gaussian mechanism (see the ledger).
-Frozen parameters (requires_grad=False, e.g. the pretrained convolutions of the paper's CIFAR-10
-experiment, §5.3) are no group and get no gradient: k counts trained modules only. The groups come
-from ``groups.clipping_groups``, the rule σ calibration and the ledger's k share (a parameter
-shared by two modules is one tensor in its first owner's group; the ghost engine declines it).
-No noise and no division here: the DP optimiser adds N(0, σ²C²) per group and divides by L.
+clipping="global" clips one norm over all trainable parameters; clipping="per_layer" clips each group
+of ``groups.clipping_groups`` to C on its own (the rule σ calibration and the ledger's k share). No
+noise and no division here: the DP optimiser adds N(0, σ²C²) per group and divides by L.
 
-mode="vmap": torch.func per-example gradients (reference). mode="ghost": ghost norms +
-book-keeping (ghost.py), never materialising per-example gradients of Linear/Conv2d layers, with
-per-module vmap for other parameter layers. mode="auto": ghost whenever the model's structure
-allows it (checked once, on the first non-empty batch, against plain autograd), else vmap.
-
-Augmentation multiplicity (De et al. 2022, arXiv 2204.13650, §"augmentation multiplicity"):
-``clipped_sum(x, y, multiplicity=K)`` takes K augmented copies of each example (B·K rows of x, the
-copies of example i consecutive; B labels) and clips, per example, the gradient of the mean loss
-over its K copies: g_i = (1/K) Σ_k ∇ℓ(θ, x_ik), averaged *before* clipping. Example i still
-contributes one vector of norm ≤ C, whatever its copies, so the sensitivity of Σ_i clip(g_i), and
-with it the accounting, is unchanged. Both engines implement it exactly (ghost: each layer rule sums
-an example's K rows before the norm; vmap: the per-example loss is the mean over the copies);
-K = 1 runs the unchanged code.
-
-Per-example weights (``clipped_sum(..., weights=w)``, w_i ≥ 0, one per example, not per augmented
-copy): Σ_i w_i · clip(g_i) and Σ_i w_i · loss_i. The fixed-shape lots of the truncated Poisson
-sampler (``sampling.TruncatedPoissonSampler.padded``) pad every lot to B rows with weight 0: a
-padding row's clip factor is multiplied by 0, so it adds an exact 0 (0 · finite) to every sum, and
-the step runs at the static shape B. ``norms`` stay the unweighted per-example norms; the
-sensitivity of Σ_i w_i clip(g_i) is max_i w_i · C, i.e. C for 0/1 weights. weights=None runs the
-unweighted code unchanged.
-
-memory_budget_bytes bounds per-example tensors held at once: the vmap path's chunk of
-per-example gradients, and the ghost path's explicit per-example products kept for reuse
-(beyond it, norms are formed in chunks and the clipped sum by book-keeping: same result).
+mode="vmap": torch.func per-example gradients (the reference); mode="ghost": ghost norms and
+book-keeping (ghost.py), no per-example gradients of Linear/Conv2d layers; mode="auto": ghost when the
+model allows it (checked once, against plain autograd), else vmap. ``multiplicity=K`` clips the mean
+gradient of each example's K augmented copies; ``weights`` multiplies each example's clipped gradient
+and loss (0 for the padding rows of fixed-shape lots); ``memory_budget_bytes`` bounds the per-example
+tensors held at once. Why each keeps the sensitivity at C: docs/ARCHITECTURE.md (augmentation
+multiplicity), docs/ACCOUNTING.md (fixed-shape lots); the engines' cost: docs/PERFORMANCE.md.
 """
 from __future__ import annotations
 
