@@ -47,7 +47,7 @@ import numpy as np
 from dpsgd.accountant import compose, limits, pld
 from dpsgd.core.errors import ConfigError
 
-from .onerun import default_grid, fdp_rejected, guess_counts
+from .onerun import check_scores, default_grid, fdp_rejected, guess_counts
 
 EPS_STEP = 0.02          # spacing of the ε grid E of the curve's envelope
 EPS_TOP = 80.0           # E stops here, or where δ(ε) falls below DELTA_FLOOR
@@ -144,12 +144,7 @@ def family_test(scores, bits, claim: Claim, beta: float = 0.05, guesses=None) ->
     ``scores[i]``, ``bits[i]`` as in ``onerun.audit_bound`` (all m randomised canaries; any score).
     ``sigma_upper_bound`` is None and ε_lb = 0 when no σ′ <= SEARCH_FACTOR·σ is rejected; when even
     σ/SEARCH_FACTOR is rejected it is that σ′ and ``at_search_floor`` is True (ε_lb then understates)."""
-    s = np.asarray(scores, dtype=float)
-    b = np.asarray(bits)
-    if s.ndim != 1 or s.size == 0 or not np.all(np.isfinite(s)):
-        raise ConfigError(f"scores: must be a non-empty 1-D array of finite numbers, got shape {s.shape}")
-    if b.shape != s.shape or not np.all((b == 0) | (b == 1)):
-        raise ConfigError(f"bits: must be 0/1 of the same shape as scores {s.shape}, got shape {b.shape}")
+    s, b = check_scores(scores, bits)
     if not (isinstance(beta, (int, float)) and 0 < beta < 1):
         raise ConfigError(f"beta={beta!r}: must be a number in (0, 1)")
     m = s.size

@@ -133,13 +133,20 @@ def default_grid(m: int) -> list[tuple[int, int]]:
     return [(k, 0) for k in ks] + [(k, k) for k in ks if 2 * k <= m]
 
 
-def _inputs(scores, bits, delta, beta, guesses):
+def check_scores(scores, bits) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, bits) as arrays: a non-empty 1-D array of finite numbers and 0/1 of its shape;
+    ConfigError (one line) otherwise."""
     s = np.asarray(scores, dtype=float)
     b = np.asarray(bits)
     if s.ndim != 1 or s.size == 0 or not np.all(np.isfinite(s)):
         raise ConfigError(f"scores: must be a non-empty 1-D array of finite numbers, got shape {s.shape}")
     if b.shape != s.shape or not np.all((b == 0) | (b == 1)):
         raise ConfigError(f"bits: must be 0/1 of the same shape as scores {s.shape}, got shape {b.shape}")
+    return s, b
+
+
+def _inputs(scores, bits, delta, beta, guesses):
+    s, b = check_scores(scores, bits)
     m = s.size
     grid = default_grid(m) if guesses is None else \
         [(_count("guesses k_plus", kp), _count("guesses k_minus", km)) for kp, km in guesses]
