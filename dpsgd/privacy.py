@@ -19,7 +19,7 @@ GUARANTEE: a row of its own in the table, and in JSON the top-level keys
 ({"valid_bound": false, "note": ..., and "refused" when refused}). It does not change the exit status.
 
 Samplers: ``--N 60000 --L 600 [--B 660] --sigma 4 --steps 1000 [--sampler NAME] [--json]``
-gives the valid ε of each batch sampler as it is charged in training (``dpsgd/privacy_samplers.py``):
+gives the valid ε of each batch sampler as it is charged in training (``sampler_epsilon`` below):
 one sampler with ``--sampler``, every sampler side by side without it (truncated_poisson needs
 ``--B``); JSON: {name: {"epsilon", "accountant", "adjacency", ...}} (shuffle also ``epsilon_lower``
 and ``epsilon_if_poisson``); with ``--sampler`` the one object itself.
@@ -28,6 +28,20 @@ Bad arguments (outside the serviceable ranges of ``dpsgd.accountant.limits``: q 
 [Q_MIN, 1], σ in [SIGMA_MIN, SIGMA_MAX], lots <= STEPS_MAX, groups <= GROUPS_MAX, δ in
 [DELTA_MIN, 1), target ε <= EPSILON_MAX; ``--target-epsilon`` together with ``--sigma``): a one-line
 error naming the parameter, exit 2, before any accounting.
+
+Sampler mode in detail: each sampler object (``dpsgd/mechanism/sampling.py``) says what its lots are
+charged as (``record_lots``: the privacy events the training loop records, one counting loop shared
+with training, resume and calibration); they go into a ``Ledger`` and are composed by every
+accountant that serves them. ``epsilon`` is the smallest of those (each a valid upper bound). For
+``shuffle`` the result is a bracket: the ``epsilon`` above (upper: one Gaussian per epoch at σ/2,
+replace-one) and ``epsilon_lower`` (Chua et al. 2024, ``accountant/shuffle_lower.py``), with
+``epsilon_if_poisson``: the Poisson number (q = L/N, every lot) a shuffled run would wrongly report.
+For ``fixed_size``, ``epsilon_lower`` is the ε of one dataset pair whose gradients never change (the
+lot's remove pair, and its reverse, at rate L/N and noise σ/2, self-composed by PLD: the mechanism
+itself loses that much on that pair, up to the PLD grid's error), and ``epsilon_poisson_replace_one``
+the Poisson lots' ε under replace-one as dp_accounting accounts it
+(``truncated.replace_one_poisson_epsilon``); ``closing_note`` compares balls_in_bins with Poisson and
+fixed_size with Poisson under replace-one.
 """
 from __future__ import annotations
 
@@ -35,8 +49,10 @@ import argparse
 import json
 import math
 import sys
+import time
 
-from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS, Ledger, calibrate, limits
+from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS, Ledger, calibrate, limits, pld, shuffle_lower, truncated
+from dpsgd.accountant.events import Poisson
 from dpsgd.accountant.calibrate import CALIBRATABLE
 from dpsgd.accountant.last_iterate import last_iterate_epsilon
 
@@ -110,7 +126,7 @@ def _attempt(name: str, fn) -> dict:
 
 def _epsilons(q, sigma, steps, delta, groups, convention) -> dict:
     led = Ledger()
-    led.record(q, sigma, steps, groups)
+    led.record(Poisson(q, sigma, groups), steps)
     out = {}
     for acc in ACCOUNTANTS:
         def run(acc=acc, extra=EXTRA.get(acc, {})):
@@ -157,7 +173,6 @@ def _answered(res) -> int:
 def _sampler_mode(parser, args) -> int:
     """--N/--L: every sampler's ε (or one with --sampler), as each is charged in training."""
     from dpsgd.mechanism.sampling import SAMPLERS
-    from dpsgd.privacy_samplers import all_samplers, closing_note, sampler_epsilon
     try:
         if args.B is not None and args.sampler not in (None, "truncated_poisson"):
             raise ValueError(f"B={args.B}: applies to --sampler truncated_poisson only (sampler={args.sampler} "
@@ -198,6 +213,65 @@ def _sampler_mode(parser, args) -> int:
             for line in closing_note(res):
                 print(line)
     return 0 if all(r["epsilon"] is not None for r in rows) else 1
+
+
+def sampler_epsilon(name: str, N: int, L: int, sigma: float, steps: int, delta: float,
+                    B: int | None = None) -> dict:
+    """{"sampler", "adjacency", "epsilon", "accountant", "by_accountant", ...} for one sampler."""
+    from dpsgd.mechanism.sampling import make_sampler, record_lots
+    t0 = time.perf_counter()
+    s = make_sampler(name, N, L, None, B if name == "truncated_poisson" else None)
+    led = Ledger()
+    record_lots(led, s, sigma, steps)
+    by, refused = {}, {}
+    for acc in s.accountants:
+        try:
+            by[acc] = led.epsilon(delta, acc)[0]
+        except ValueError as e:
+            refused[acc] = " ".join(str(e).split())
+    best = min(by, key=by.get) if by else None
+    out = {"sampler": name, "N": N, "L": L, "B": getattr(s, "B", None), "sigma": sigma, "steps": steps,
+           "delta": delta, "lots_per_epoch": s.lots_per_epoch(), "adjacency": s.relation,
+           "amplification_by_sampling": s.amplification, "epsilon": by.get(best), "accountant": best,
+           "by_accountant": by}
+    if refused:
+        out["refused"] = refused
+    if name == "shuffle":
+        epochs = sum(led.entries[i].count for i in range(len(led.entries)))
+        out["epsilon_lower"] = shuffle_lower.epsilon_lower(sigma, s.lots_per_epoch(), epochs, delta)
+        out["epsilon_lower_source"] = "Chua et al. 2024 (arXiv 2403.17673), max-statistic lower bound"
+        out["epsilon_if_poisson"] = pld.epsilon(L / N, sigma, steps, delta)
+    if name == "fixed_size":
+        out["epsilon_lower"] = pld.epsilon(L / N, sigma / 2.0, steps, delta)
+        out["epsilon_lower_source"] = ("one dataset pair with constant gradients: the lot's remove/add pair "
+                                       "(rate L/N, noise sigma/2) self-composed, PLD")
+        out["epsilon_poisson_replace_one"] = truncated.replace_one_poisson_epsilon(L / N, sigma, steps, delta)
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def closing_note(res: dict) -> list[str]:
+    """Lines comparing the tight samplers with Poisson: balls_in_bins / poisson (add/remove) and
+    fixed_size / Poisson under replace-one (each against a 1.10 target), with fixed_size's lower bound."""
+    lines = []
+    if "balls_in_bins" in res and "poisson" in res:
+        r = res["balls_in_bins"]["epsilon"] / res["poisson"]["epsilon"]
+        lines.append(f"balls_in_bins / poisson = {r:.3f} (target <= 1.10: {'met' if r <= 1.10 else 'NOT met'})")
+    if "fixed_size" in res:
+        f = res["fixed_size"]
+        r = f["epsilon"] / f["epsilon_poisson_replace_one"]
+        lines.append(f"fixed_size / Poisson under replace-one ({f['epsilon_poisson_replace_one']:.4f}) = {r:.3f} "
+                     f"(target <= 1.10: {'met' if r <= 1.10 else 'NOT met'}); fixed_size on one dataset pair with "
+                     f"constant gradients already loses {f['epsilon_lower']:.4f} "
+                     f"({f['epsilon_lower'] / f['epsilon_poisson_replace_one']:.3f} x that Poisson number)")
+    return lines
+
+
+def all_samplers(N, L, sigma, steps, delta, B=None) -> dict:
+    """Every sampler's :func:`sampler_epsilon` (truncated_poisson needs B; skipped without it)."""
+    from dpsgd.mechanism.sampling import SAMPLERS
+    return {name: sampler_epsilon(name, N, L, sigma, steps, delta, B)
+            for name in SAMPLERS if name != "truncated_poisson" or B is not None}
 
 
 def main(argv=None) -> int:

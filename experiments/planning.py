@@ -17,6 +17,7 @@ from dataclasses import fields
 from dpsgd.accountant import Ledger
 from dpsgd.config.schema import GROUPS, Config
 from dpsgd.launch.main import compose
+from dpsgd.mechanism.pca import charge_pca
 
 from . import claims
 
@@ -67,7 +68,7 @@ def epochs_needed(c, n: int = claims.MNIST_N) -> float:
         return epochs
     led = Ledger()
     if c.model.projection == "pca" and p.sigma_p > 0:
-        led.record(q=1.0, sigma=p.sigma_p, count=1, groups=1, label="pca")
+        charge_pca(led, p.sigma_p, p.pca_fraction)
     q = p.lot_size / n
     lots = led.steps_within(p.target_epsilon, p.delta, q, p.sigma, clipping_groups_estimate(c),
                             c.accountant.name, p.convention)

@@ -5,7 +5,7 @@ frontier setting, and the test accuracy of mnist_scatter_linear at ε = 2 under 
     python -m experiments.samplers accuracy RUNS...   # results/samplers_accuracy.csv from run folders
     python -m experiments.samplers figure             # results/figures/samplers.png from the CSV
 
-ε comes from ``dpsgd.privacy_samplers.sampler_epsilon`` (each sampler's own charges, every accountant
+ε comes from ``dpsgd.privacy.sampler_epsilon`` (each sampler's own charges, every accountant
 that serves it, the smallest valid one); shuffle adds its lower bound (Chua et al. 2024) and the
 Poisson number a shuffled run would wrongly report; fixed_size adds the ε one dataset pair with constant
 gradients already loses (its lower end) and Poisson's ε under replace-one. Adjacency differs between samplers (add/remove vs
@@ -29,7 +29,7 @@ SAMPLERS = ("poisson", "truncated_poisson", "fixed_size", "balls_in_bins", "shuf
 
 
 def measure(out: Path = RESULTS / "samplers.csv") -> pd.DataFrame:
-    from dpsgd.privacy_samplers import sampler_epsilon
+    from dpsgd.privacy import sampler_epsilon
     rows = []
     for setting, N, L, B, sigma, lots, delta in SETTINGS:
         for name in SAMPLERS:

@@ -8,8 +8,10 @@ the paper's per_tensor) and compose them under an accountant (``compose.py``): `
 et al. 2016, λ = 1..32, tail bound; order = λ*), ``"rdp"`` (Mironov, Talwar & Zhang 2019, improved
 conversion by default; order = α*), ``"pld"`` (connect-the-dots PLD, FFT; order = None).
 
-Every entry names its **event** and its **neighbouring relation** (``adjacency``), which the run's
-sampler defines (``mechanism/sampling.py``):
+A release is recorded as a typed privacy event (``events.py``: ``record(event, count, label)``), which
+the run's sampler returns (``mechanism/sampling.py``) and which is stored as one flat ``Entry`` (the
+format of ``privacy.json`` and the checkpoint, unchanged by the events: old ledgers load as they are).
+Every entry names its **event** and its **neighbouring relation** (``adjacency``):
 
 * ``event="poisson"`` — the Poisson-subsampled Gaussian (q, σ) above (q = 1: the Gaussian itself);
   add/remove, or replace-one with q = 1 only (a Gaussian whose σ already carries the sensitivity 2C);
@@ -32,6 +34,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from . import allocation, calibrate, compose, truncated, wor
+from .events import Event, Gaussian, from_entry
 from ._checks import STEPS_MAX, check_choice, check_delta, check_epsilon, check_groups, check_q, check_sigma, check_steps
 from .compose import ACCOUNTANTS
 from .rdp import CONVERSIONS, _rdp_to_epsilon, rdp_curve
@@ -64,13 +67,27 @@ class Ledger:
         self._entries: list[Entry] = []
         for e in entries:
             e = e if isinstance(e, Entry) else Entry(**e)
-            self.record(e.q, e.sigma, e.count, e.groups, e.label, e.event, e.adjacency, e.N, e.B, e.t)
+            self._record_fields(e.q, e.sigma, e.count, e.groups, e.label, e.event, e.adjacency, e.N, e.B, e.t)
 
     # -- recording -------------------------------------------------------------------------
-    def record(self, q: float, sigma: float, count: int = 1, groups: int = 1, label: str = "",
-               event: str = "poisson", adjacency: str = "add_remove", N: int = 0, B: int = 0, t: int = 0) -> None:
-        """Record ``count`` lots (q, σ) with ``groups`` separately clipped tensors, of ``event`` under
-        ``adjacency`` (module doc)."""
+    def record(self, release=None, *args, **kwargs) -> None:
+        """Record ``count`` releases of an event (``release``: an :mod:`~dpsgd.accountant.events`
+        event): ``record(event, count=1, label="")``; stored as the event's ``entry`` with its groups.
+
+        The flat form ``record(q, sigma, count=1, groups=1, label="", event="poisson",
+        adjacency="add_remove", N=0, B=0, t=0)`` (the fields of an entry, module doc) is kept for
+        callers that hold q and σ: it is checked and stored as the same entry."""
+        if isinstance(release, Event):
+            return self._record_event(release, *args, **kwargs)
+        return self._record_fields(*((release,) if release is not None else ()), *args, **kwargs)
+
+    def _record_event(self, event: Event, count: int = 1, label: str = "") -> None:
+        f = event.entry()
+        self._record_fields(f.pop("q"), f.pop("sigma"), count, event.groups, label, **f)
+
+    def _record_fields(self, q: float, sigma: float, count: int = 1, groups: int = 1, label: str = "",
+                       event: str = "poisson", adjacency: str = "add_remove", N: int = 0, B: int = 0,
+                       t: int = 0) -> None:
         q, sigma = check_q(q), check_sigma(sigma)
         count, groups = check_steps(count, "count"), check_groups(groups)
         if not isinstance(label, str):
@@ -85,12 +102,15 @@ class Ledger:
             raise ValueError(f"a truncated entry needs N >= 1 and B >= 1, got N={N!r}, B={B!r}")
         if event == "allocation" and not int(t) >= 1:
             raise ValueError(f"an allocation entry needs t >= 1 lots per epoch, got t={t!r}")
-        if count == 0:
+        self._append(Entry(q, sigma, count, groups, label, event, adjacency, int(N), int(B), int(t)))
+
+    def _append(self, e: Entry) -> None:
+        """Store ``e``, merged into the last entry when they differ only in count."""
+        if e.count == 0:
             return
-        e = Entry(q, sigma, count, groups, label, event, adjacency, int(N), int(B), int(t))
         last = self._entries[-1] if self._entries else None
         if last is not None and asdict(last) | {"count": 0} == asdict(e) | {"count": 0}:
-            self._entries[-1] = Entry(**(asdict(e) | {"count": last.count + count}))
+            self._entries[-1] = Entry(**(asdict(e) | {"count": last.count + e.count}))
         else:
             self._entries.append(e)
 
@@ -116,9 +136,8 @@ class Ledger:
             if e.adjacency == adjacency:
                 out._entries.append(e)
             elif adjacency == "replace_one" and e.event == "poisson":
-                out.record(1.0, e.sigma / 2.0, e.count, e.groups,
-                           f"{e.label} [add/remove→replace-one: sensitivity doubled, sigma/2, q=1]",
-                           "poisson", "replace_one")
+                out.record(Gaussian(e.sigma / 2.0, 1.0, e.groups, "replace_one"), e.count,
+                           f"{e.label} [add/remove→replace-one: sensitivity doubled, sigma/2, q=1]")
             else:
                 raise ValueError(f"no conversion of a {e.event} entry under {e.adjacency} to {adjacency}")
         return out
@@ -172,25 +191,42 @@ class Ledger:
             raise ValueError("delta(epsilon) is served for Poisson-subsampled entries only")
         return compose.delta(compose.mechanisms(self._entries, convention), epsilon, accountant, conversion)
 
-    def steps_within(self, target_epsilon: float, delta: float, q: float, sigma: float, groups: int = 1,
-                     accountant: str = "moments", convention: str = "joint", conversion: str = "improved",
-                     event: str = "poisson", adjacency: str = "add_remove", N: int = 0, B: int = 0,
-                     t: int = 0) -> int:
-        """Largest n >= 0 such that ε after n more lots (q, σ, groups, event) is <= target
-        (:func:`dpsgd.accountant.calibrate.steps_within` for Poisson lots; otherwise a doubling and
-        bisection search on n, ε being non-decreasing in n)."""
-        if event == "poisson" and all(e.event == "poisson" for e in self._entries):
-            check_choice(adjacency, "adjacency", ADJACENCIES)
-            if self._entries and {e.adjacency for e in self._entries} != {adjacency}:
-                raise ValueError(f"steps_within: lots under {adjacency} after entries under "
+    def steps_within(self, target_epsilon: float, delta: float, release=None, *args, **kwargs) -> int:
+        """Largest n >= 0 such that ε after n more releases of an event (``release``) is <= target:
+        ``steps_within(target, delta, event, accountant="moments", convention="joint",
+        conversion="improved")`` (:func:`dpsgd.accountant.calibrate.steps_within` for Poisson lots;
+        otherwise a doubling and bisection search on n, ε being non-decreasing in n).
+
+        The flat form ``steps_within(target, delta, q, sigma, groups=1, accountant, convention,
+        conversion, event="poisson", adjacency="add_remove", N=0, B=0, t=0)`` reads the same event from
+        its fields (``events.from_entry``)."""
+        if isinstance(release, Event):
+            return self._steps_within(target_epsilon, delta, release, *args, **kwargs)
+        return self._steps_within_fields(target_epsilon, delta, *((release,) if release is not None else ()),
+                                         *args, **kwargs)
+
+    def _steps_within_fields(self, target_epsilon, delta, q, sigma, groups=1, accountant="moments",
+                             convention="joint", conversion="improved", event="poisson", adjacency="add_remove",
+                             N=0, B=0, t=0) -> int:
+        probe = Ledger()
+        probe._record_fields(q, sigma, 1, groups, "", event, adjacency, N, B, t)     # checked as recorded
+        return self._steps_within(target_epsilon, delta, from_entry(probe.entries[0]), accountant, convention,
+                                  conversion)
+
+    def _steps_within(self, target_epsilon: float, delta: float, event: Event, accountant: str = "moments",
+                      convention: str = "joint", conversion: str = "improved") -> int:
+        f = {"N": 0, "B": 0, "t": 0} | event.entry()
+        if f["event"] == "poisson" and all(e.event == "poisson" for e in self._entries):
+            if self._entries and {e.adjacency for e in self._entries} != {f["adjacency"]}:
+                raise ValueError(f"steps_within: lots under {f['adjacency']} after entries under "
                                  f"{sorted({e.adjacency for e in self._entries})}; convert first (Ledger.converted)")
-            return calibrate.steps_within(self._entries, target_epsilon, delta, q, sigma, groups, accountant,
-                                          convention, conversion)
+            return calibrate.steps_within(self._entries, target_epsilon, delta, f["q"], f["sigma"], event.groups,
+                                          accountant, convention, conversion)
         target = check_epsilon(target_epsilon, "target_epsilon")
 
         def eps_at(n: int) -> float:
             led = Ledger(self._entries)
-            led.record(q, sigma, n, groups, "next", event, adjacency, N, B, t)
+            led.record(event, n, "next")
             return led.epsilon(delta, accountant, convention, conversion)[0]
 
         if eps_at(0) > target:

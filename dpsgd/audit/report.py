@@ -33,6 +33,7 @@ import numpy as np
 
 from dpsgd.accountant import Ledger
 from dpsgd.core.fileio import atomic_write_text, write_json
+from dpsgd.mechanism.pca import charge_pca
 
 from .family import Claim, family_test
 from .onerun import audit_bound
@@ -84,7 +85,7 @@ def poisson_claim(config: dict, final: dict) -> float:
     s, p, m = final["sampling"], config["privacy"], config["model"]
     led = Ledger()
     if m.get("projection") == "pca":
-        led.record(q=p["pca_fraction"], sigma=p["sigma_p"], count=1, groups=1, label="pca")
+        charge_pca(led, p["sigma_p"], p["pca_fraction"])
     led.record(q=s["L"] / s["N"], sigma=p["sigma"], count=final["steps"], groups=final["k"], label="as-if-poisson")
     return float(led.epsilon(final["delta"], accountant="pld", convention="joint")[0])
 

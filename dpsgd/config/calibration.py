@@ -3,7 +3,7 @@ spend at most ``privacy.target_epsilon`` under the configured accountant and con
 
 Poisson sampling calibrates with ``dpsgd/accountant/calibrate.py:sigma_for_epsilon`` (bisection on log σ
 over the configured accountant's ε after the planned lots); the other samplers bisect over their own
-charges (``sampler.release``) recorded in a ``Ledger``. Either way ε(σ) is kept at or below the target
+charges (the events ``dpsgd/mechanism/sampling.py:record_lots`` records) in a ``Ledger``. Either way ε(σ) is kept at or below the target
 and within 0.5 % of it. The k of the charge is the number of
 separately clipped groups (``clipping_groups``), the rule the clipping engine clips by.
 """
@@ -58,18 +58,14 @@ def _sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention) 
 
 def _sigma_for_sampler(sampler, target, delta, steps, accountant, groups, convention, rtol=0.005) -> float:
     """σ for samplers other than Poisson: bisection on log σ over the sampler's own charges (its
-    ``release`` for each of the ``steps`` lots) in a ledger, keeping ε(σ) <= target, stopping within
+    events for the ``steps`` lots, ``record_lots``) in a ledger, keeping ε(σ) <= target, stopping within
     rtol of the target from below (as ``calibrate.sigma_for_epsilon``)."""
     from dpsgd.accountant import Ledger
-
-    per = sampler.lots_per_epoch()
+    from dpsgd.mechanism.sampling import record_lots
 
     def eps(sigma: float) -> float:
         led = Ledger()
-        for j in range(min(steps, per)):
-            ch = sampler.release(sigma, j)
-            if ch is not None:
-                led.record(ch.q, ch.sigma, steps // per + (1 if j < steps % per else 0), groups, "sgd", *ch[2:])
+        record_lots(led, sampler, sigma, steps, 0, groups)
         return led.epsilon(delta, accountant, convention)[0]
 
     lo, hi = math.log(max(limits.SIGMA_MIN, 0.1)), math.log(min(limits.SIGMA_MAX, 1e3))

@@ -19,6 +19,7 @@ from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS, Ledger, limits
 from dpsgd.core.checks import boolean, choice, fmt, num
 from dpsgd.core.errors import ConfigError
 from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES
+from dpsgd.mechanism.pca import charge_pca
 from dpsgd.mechanism.sampling import SAMPLERS, make_sampler
 
 
@@ -97,8 +98,8 @@ def _check_lot(p, N: int) -> None:
 def _check_noise(p, sampler, projection: str) -> None:
     """q and the noise as the ledger charges them: within what the accountants serve, never zero in a
     private run, a fixed seed only for seeded noise."""
-    ch = sampler.release(p.sigma, 0)          # what the ledger records per charge (shuffle: 1, σ/2)
-    q, charged = ch.q, ch.sigma
+    ch = sampler.event(p.sigma).entry()       # what the ledger records per charge (shuffle: 1, σ/2)
+    q, charged = ch["q"], ch["sigma"]
     if p.private and q < limits.Q_MIN:
         raise ConfigError(f"privacy.lot_size={p.lot_size}: q = L/N = {q:.4g} (N={sampler.N}) is below "
                           f"Q_MIN={limits.Q_MIN:g}, the smallest sampling rate the accountants serve")
@@ -135,7 +136,7 @@ def validate_accountant(c) -> None:
     choice("accountant.name", a.name, ACCOUNTANTS)
     if p.private and p.target_epsilon is not None and c.model.projection == "pca":
         led = Ledger()
-        led.record(q=p.pca_fraction, sigma=p.sigma_p, count=1, groups=1, label="pca")
+        charge_pca(led, p.sigma_p, p.pca_fraction)
         eps_pca, _ = led.epsilon(p.delta, accountant=a.name, convention=p.convention)
         if eps_pca >= p.target_epsilon:
             raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: the DP-PCA release alone costs "

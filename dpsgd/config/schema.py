@@ -180,7 +180,7 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     p.calibrate_sigma = boolean("privacy.calibrate_sigma", p.calibrate_sigma)
     if p.calibrate_sigma:
         p.sigma = calibrated_sigma(c, sampler, shape)
-        sigma_served("privacy.sigma", p.sigma, sampler.release(p.sigma, 0)[1])
+        sigma_served("privacy.sigma", p.sigma, sampler.event(p.sigma).entry()["sigma"])
     validate_top(c, check_resume_dir)
     return c
 

@@ -21,6 +21,11 @@ each row's clip factor is multiplied by its weight, 1 for the lot's examples and
 so the padding adds exactly 0 to Σ_i clip(g_i) while every step runs at the same shape B. The
 divisor stays L; the returned lot_size counts the rows of positive weight (the real lot).
 
+σ is read from the privacy event the lot is charged as (``sigma`` given as an event of
+``accountant/events.py``, the one the sampler's ``release`` returns and the ledger records;
+``DPSGD.event``): the σ that is noised and the σ that is charged are one value by construction (a
+plain float σ remains for steps outside a ledger; only the audit's deliberately broken
+mechanism sets another σ after construction).
 The noise scale is σ·C where C is the clipping bound the privacy analysis uses; it is passed here
 explicitly so that a deliberately broken mechanism (clipping disabled in the clipper, used by the
 audit) still adds the noise it claims.
@@ -34,16 +39,18 @@ from __future__ import annotations
 
 import torch
 
+from dpsgd.accountant.events import Event
 from dpsgd.mechanism.noise import GaussianNoise
 
 
 class DPSGD:
     """Noisy SGD on top of a per-example clipping engine (``dpsgd.mechanism.clipping.PerExampleClipper``)."""
 
-    def __init__(self, model: torch.nn.Module, clipper, noise: GaussianNoise, sigma: float,
+    def __init__(self, model: torch.nn.Module, clipper, noise: GaussianNoise, sigma: float | Event,
                  max_grad_norm: float, expected_lot_size: float, lr: float, momentum: float = 0.0,
                  augment_multiplicity: int = 1, augment=None, augment_generator=None):
-        if sigma < 0:
+        self.event = sigma if isinstance(sigma, Event) else None   # what each lot is charged as
+        if self.event is None and sigma < 0:
             raise ValueError(f"privacy.sigma={sigma!r} must be >= 0")
         if not max_grad_norm > 0:
             raise ValueError(f"privacy.clip_norm={max_grad_norm!r} must be > 0")
@@ -54,7 +61,7 @@ class DPSGD:
         self.model = model
         self.clipper = clipper
         self.noise = noise
-        self.sigma = float(sigma)
+        self._sigma = None if self.event is not None else float(sigma)
         self.C = float(max_grad_norm)
         self.L = float(expected_lot_size)
         self.lr = float(lr)
@@ -68,6 +75,16 @@ class DPSGD:
         self.augment_generator = augment_generator
         self.momentum = float(momentum)
         self.velocity: dict[str, torch.Tensor] = {}     # v_t per parameter (empty before the first step)
+
+    @property
+    def sigma(self) -> float:
+        """The noise multiplier: the charged event's σ (or the plain σ given)."""
+        return self.event.sigma if self._sigma is None else self._sigma
+
+    @sigma.setter
+    def sigma(self, value: float) -> None:
+        # only a deliberately broken mechanism (the audit's noise_div10) noises another σ than it is charged
+        self._sigma = float(value)
 
     def state_dict(self) -> dict:
         """The optimiser state a resumed run needs (the momentum buffers v_t, on the CPU)."""

@@ -11,8 +11,10 @@ DP-PCA, as in the paper's code (``dp_pca.py``, ``ComputeDPPrincipalProjection``)
 
 Privacy: adding or removing one normalised x changes A by x xᵀ, whose Frobenius norm is ‖x‖² = 1,
 so step 4 is one Gaussian mechanism with sensitivity 1 and noise multiplier σ_p (symmetrising is
-post-processing), subsampled at rate ``fraction``. It is charged to the same ledger as training:
-``ledger.record(q=fraction, sigma=σ_p, count=1, groups=1, label="pca")``.
+post-processing), subsampled at rate ``fraction``: the event ``Gaussian(σ_p, q=fraction)``
+(``accountant/events.py``), charged to the same ledger as training by ``charge_pca``, the one place
+it is recorded (the run, the config's budget check, the audit's Poisson claim and the experiments'
+planning all call it).
 
 A random projection (i.i.d. N(0, 1/k) matrix) does not look at the data and costs nothing.
 """
@@ -21,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 import torch
+
+from dpsgd.accountant.events import Gaussian
 
 
 def dp_pca(X: torch.Tensor, k: int, sigma_p: float, generator: torch.Generator,
@@ -47,6 +51,17 @@ def dp_pca(X: torch.Tensor, k: int, sigma_p: float, generator: torch.Generator,
     # only the top k eigenpairs (LAPACK syevr via scipy); ascending, so reverse
     _, evecs = scipy.linalg.eigh(A.numpy(), subset_by_index=[d - k, d - 1])
     return torch.from_numpy(np.ascontiguousarray(evecs[:, ::-1])).to(X.dtype)
+
+
+def pca_event(sigma_p: float, fraction: float = 1.0) -> Gaussian:
+    """The privacy event of one DP-PCA release: the Gaussian mechanism, sensitivity 1, noise σ_p,
+    subsampled at rate ``fraction``."""
+    return Gaussian(float(sigma_p), float(fraction))
+
+
+def charge_pca(ledger, sigma_p: float, fraction: float = 1.0) -> None:
+    """Record one DP-PCA release in ``ledger`` (label "pca")."""
+    ledger.record(pca_event(sigma_p, fraction), 1, "pca")
 
 
 def random_projection(d: int, k: int, generator: torch.Generator) -> torch.Tensor:
@@ -77,6 +92,6 @@ def fit_projection(kind: str, X: torch.Tensor, k: int, sigma_p: float, generator
     if kind == "pca":
         V = dp_pca(X, k, sigma_p, generator, fraction)
         if ledger is not None:
-            ledger.record(q=float(fraction), sigma=float(sigma_p), count=1, groups=1, label="pca")
+            charge_pca(ledger, sigma_p, fraction)
         return V
     raise ValueError(f"model.projection={kind!r}: must be one of {list(PROJECTIONS)}")

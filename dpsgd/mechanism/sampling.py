@@ -33,28 +33,20 @@
   last epoch is charged as a full one.
 
 Every sampler draws only from its own ``torch.Generator``; ``state_dict`` / ``load_state_dict``
-capture it so that a resumed run draws the same lots as an uninterrupted one. ``release`` returns
-the :class:`Charge` that the ledger records: the one place the sampler's q, event and neighbouring
-relation are defined.
+capture it so that a resumed run draws the same lots as an uninterrupted one. ``event`` returns the
+typed privacy event (``accountant/events.py``) one of its charges is, and ``release`` that event at
+the positions that carry a charge (None elsewhere): the one place the sampler's q, event and
+neighbouring relation are defined. ``charges`` (and ``record_lots``, which records them) is the one
+count of "n lots → charges" that training, resume, calibration and the privacy command share.
 """
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
 import torch
 
+from dpsgd.accountant import events
 from dpsgd.accountant.calibrate import lots_per_epoch
-
-
-class Charge(NamedTuple):
-    """What the ledger records for one charge (``Ledger.record`` keywords)."""
-    q: float
-    sigma: float
-    event: str = "poisson"
-    adjacency: str = "add_remove"
-    N: int = 0
-    B: int = 0
-    t: int = 0                       # allocation: lots per epoch
 
 
 class Sampler:
@@ -81,20 +73,30 @@ class Sampler:
         """The lots (int64 index tensors) of one epoch, drawn lazily from the generator."""
         raise NotImplementedError
 
-    def release(self, sigma: float, lot_in_epoch: int) -> Charge | None:
-        """The :class:`Charge` recorded before lot ``lot_in_epoch`` (0-based) of an epoch is used, or
-        None when that lot is covered by an earlier charge."""
+    def event(self, sigma: float, groups: int = 1) -> events.Event:
+        """The privacy event one charge of this sampler is, for lots noised at σ with ``groups`` = k
+        separately clipped tensors."""
         raise NotImplementedError
 
-    def charges(self, sigma: float, lots: int, first: int = 0) -> dict:
-        """{Charge: count} that ``lots`` lots from position ``first`` of an epoch record (what the
+    def charged(self, lot_in_epoch: int) -> bool:
+        """Whether lot ``lot_in_epoch`` (0-based) of an epoch carries a charge of its own (False: an
+        earlier charge of its epoch covers it)."""
+        return True
+
+    def release(self, sigma: float, lot_in_epoch: int, groups: int = 1) -> events.Event | None:
+        """The event recorded before lot ``lot_in_epoch`` (0-based) of an epoch is used, or None when
+        that lot is covered by an earlier charge."""
+        return self.event(sigma, groups) if self.charged(lot_in_epoch) else None
+
+    def charges(self, sigma: float, lots: int, first: int = 0, groups: int = 1) -> dict:
+        """{event: count} that ``lots`` lots from position ``first`` of an epoch record (what the
         training loop charges, lot by lot, aggregated)."""
         per, out = self.lots_per_epoch(), {}
         for j in range(min(lots, per)):
-            ch = self.release(sigma, (first + j) % per)
+            ev = self.release(sigma, (first + j) % per, groups)
             reps = lots // per + (1 if j < lots % per else 0)
-            if ch is not None and reps:
-                out[ch] = out.get(ch, 0) + reps
+            if ev is not None and reps:
+                out[ev] = out.get(ev, 0) + reps
         return out
 
     def padded(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,8 +138,8 @@ class PoissonSampler(Sampler):
             mask = torch.rand(self.N, generator=self.generator) < self.q
             yield mask.nonzero().flatten()
 
-    def release(self, sigma: float, lot_in_epoch: int) -> Charge:
-        return Charge(self.q, float(sigma))
+    def event(self, sigma: float, groups: int = 1) -> events.Event:
+        return events.Poisson(self.q, float(sigma), groups)
 
     def lots_within(self, charges: int, lot_in_epoch: int) -> int:
         return max(0, charges)          # every lot is charged
@@ -164,9 +166,12 @@ class ShuffleSampler(Sampler):
         for i in range(self.lots_per_epoch()):
             yield perm[i * self.L:(i + 1) * self.L]
 
-    def release(self, sigma: float, lot_in_epoch: int) -> Charge | None:
+    def event(self, sigma: float, groups: int = 1) -> events.Event:
         # One Gaussian mechanism per epoch, sensitivity 2C (substitution) and noise σC: multiplier σ/2.
-        return Charge(1.0, float(sigma) / 2.0, "poisson", "replace_one") if lot_in_epoch == 0 else None
+        return events.Shuffle(float(sigma), self.lots_per_epoch(), groups)
+
+    def charged(self, lot_in_epoch: int) -> bool:
+        return lot_in_epoch == 0
 
     def lots_within(self, charges: int, lot_in_epoch: int) -> int:
         # the rest of an epoch already charged, then a whole epoch per charge
@@ -196,8 +201,8 @@ class FixedSizeSampler(Sampler):
         for _ in range(self.lots_per_epoch()):
             yield torch.randperm(self.N, generator=self.generator)[:self.L].sort().values
 
-    def release(self, sigma: float, lot_in_epoch: int) -> Charge:
-        return Charge(self.q, float(sigma), "wor", "replace_one")
+    def event(self, sigma: float, groups: int = 1) -> events.Event:
+        return events.FixedSize(self.q, float(sigma), groups)
 
     def lots_within(self, charges: int, lot_in_epoch: int) -> int:
         return max(0, charges)
@@ -231,8 +236,8 @@ class TruncatedPoissonSampler(PoissonSampler):
         w = torch.cat([torch.ones(len(idx)), torch.zeros(pad)])
         return torch.cat([idx, torch.zeros(pad, dtype=idx.dtype)]), w
 
-    def release(self, sigma: float, lot_in_epoch: int) -> Charge:
-        return Charge(self.q, float(sigma), "truncated", "add_remove", self.N, self.B)
+    def event(self, sigma: float, groups: int = 1) -> events.Event:
+        return events.TruncatedPoisson(self.q, float(sigma), self.N, self.B, groups)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "B": self.B}
@@ -269,11 +274,12 @@ class BallsInBinsSampler(Sampler):
             yield order[start:start + n]
             start += n
 
-    def release(self, sigma: float, lot_in_epoch: int) -> Charge | None:
+    def event(self, sigma: float, groups: int = 1) -> events.Event:
         # one epoch of random allocation over t lots (accountant/allocation.py), charged at its first lot
-        if lot_in_epoch != 0:
-            return None
-        return Charge(1.0, float(sigma), "allocation", "add_remove", 0, 0, self.lots_per_epoch())
+        return events.Allocation(float(sigma), self.lots_per_epoch(), groups)
+
+    def charged(self, lot_in_epoch: int) -> bool:
+        return lot_in_epoch == 0
 
     def lots_within(self, charges: int, lot_in_epoch: int) -> int:
         rest = self.lots_per_epoch() - lot_in_epoch if lot_in_epoch > 0 else 0
@@ -282,6 +288,17 @@ class BallsInBinsSampler(Sampler):
 
 SAMPLERS = {"poisson": PoissonSampler, "shuffle": ShuffleSampler, "fixed_size": FixedSizeSampler,
             "truncated_poisson": TruncatedPoissonSampler, "balls_in_bins": BallsInBinsSampler}
+
+
+def record_lots(ledger, sampler: Sampler, sigma: float, lots: int, first: int = 0, groups: int = 1,
+                label: str = "sgd") -> int:
+    """Record in ``ledger`` what ``lots`` consecutive lots of ``sampler`` cost, the first at position
+    ``first`` of its epoch (``Sampler.charges``: each lot as the training loop charges it, σ, k =
+    ``groups``); returns how many charges were recorded."""
+    out = sampler.charges(sigma, lots, first, groups)
+    for ev, n in out.items():
+        ledger.record(ev, n, label)
+    return sum(out.values())
 
 
 def make_sampler(name: str, N: int, L: int, generator: torch.Generator | None = None,

@@ -68,7 +68,7 @@ class Parts:
     model: torch.nn.Module
     clipper: PerExampleClipper
     dp: DPSGD                       # clip, noise, divide by L, descend
-    sampler: Sampler                # the one source of q for the ledger
+    sampler: Sampler                # the one source of q and of the privacy event for the ledger
     transform: LotTransform         # per example: augmentation, standardisation
     ema: EMA | None = None          # EMA of the weights (training.ema_decay): the released model
 
@@ -172,11 +172,13 @@ def build(c: Config, d: distributed.Dist, device: torch.device, runtime: dict, d
     noise = GaussianNoise(seed=seeds["noise"], secure=p.secure_rng, device=device)
     transform = LotTransform(ds.augment, ds.standardize, ds.crop, c.seed)
     in_step = p.augment_multiplicity > 1 and not transform.identity   # the step augments the K copies
-    dp = DPSGD(model, clipper, noise, sigma=p.sigma if p.private else 0.0, max_grad_norm=p.clip_norm,
-               expected_lot_size=p.lot_size, lr=t.lr, momentum=t.momentum,
-               augment_multiplicity=p.augment_multiplicity, augment=transform if in_step else None)
     sampler = make_sampler(p.sampling, len(data.X_train), p.lot_size,
                            torch.Generator().manual_seed(seeds["sampler"]), p.max_lot_size)
+    # the privacy event each charge records; the step noises at its σ (charged σ = noised σ)
+    event = sampler.event(p.sigma, len(clipper.groups)) if p.private else 0.0
+    dp = DPSGD(model, clipper, noise, sigma=event, max_grad_norm=p.clip_norm,
+               expected_lot_size=p.lot_size, lr=t.lr, momentum=t.momentum,
+               augment_multiplicity=p.augment_multiplicity, augment=transform if in_step else None)
     data = Data(*(a.to(device) for a in data))
     if d.active:   # Σ over ranks, noise once; the noise is drawn in the engine's parameter order
         dp.comm = distributed.Aggregator(d, p.secure_rng, list(clipper.clipped_sum(data[0][:1], data[1][:1]).grads))

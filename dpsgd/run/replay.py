@@ -27,6 +27,7 @@ import xxhash
 
 from dpsgd.config.fingerprint import config_fingerprint, replay_config
 from dpsgd.config.schema import Config
+from dpsgd.mechanism.sampling import record_lots
 from dpsgd.run.checkpoint import fingerprint_hash
 
 
@@ -113,14 +114,14 @@ def merge(debts: list[Debt], new: Debt) -> list[Debt]:
 
 def charge_lots(ledger, sampler, sigma: float, k: int, first: int, n: int) -> int:
     """Record ``n`` consecutive lots as lost in ``ledger``, the first at position ``first`` of its epoch,
-    each as the loop charges it (the sampler's release at its position, σ, k groups); returns n."""
-    for ch, reps in sampler.charges(sigma, n, first).items():
-        ledger.record(ch[0], ch[1], reps, k, "lost", *ch[2:])
+    each as the loop charges it (``dpsgd/mechanism/sampling.py:record_lots``: the sampler's event at
+    its position, σ, k groups); returns n."""
+    record_lots(ledger, sampler, sigma, n, first, k, "lost")
     return n
 
 
-def aligned(sampler, sigma: float, position: int) -> int:
+def aligned(sampler, position: int) -> int:
     """How many lots before ``position`` (in its epoch) a lost window starting there must also cover:
     where the lot's position carries no charge of its own (one charge per epoch: shuffle, random
     allocation), the window goes back to the epoch's first lot, whose charge covers it."""
-    return 0 if sampler.release(sigma, position) is not None else position
+    return 0 if sampler.charged(position) else position

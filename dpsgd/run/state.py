@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from dpsgd.accountant import Ledger
+from dpsgd.accountant.events import Event
 from dpsgd.config.fingerprint import config_fingerprint
 from dpsgd.config.overrides import override_key
 from dpsgd.config.schema import Config, ConfigError
@@ -195,7 +196,7 @@ class Run:
         if not self.progress.debts:
             return 0
         S, sampler, sigma = self.progress.steps + 1, self.parts.sampler, self.c.privacy.sigma
-        back = aligned(sampler, sigma, lot)
+        back = aligned(sampler, lot)
         return sum(sum(sampler.charges(sigma, d.upto - S + 1 + back, lot - back).values())
                    for d in self.progress.debts if d.first <= S <= d.upto)
 
@@ -207,12 +208,13 @@ class Run:
             at = self.progress
             self.reservations.ensure(at.steps, at.steps + self.lots_left(lot))
 
-    def charge(self, release: tuple[float, float] | None) -> None:
-        """Record one lot's release (q, σ) in the ledger: one charge less fits within the target ε.
+    def charge(self, release: Event | None) -> None:
+        """Record one lot's release (the privacy event it ran: ``parts.dp.event``) in the ledger: one
+        charge less fits within the target ε.
         Then the lot's parameter digest: written into lots.reserved and, while this resume owes an
         earlier attempt's lots, compared with the digest it recorded (``_witness``)."""
         if release is not None:
-            self.progress.ledger.record(*release[:2], 1, self.parts.k, "sgd", *release[2:])
+            self.progress.ledger.record(release, 1, "sgd")
             if self.progress.budget is not None:
                 self.progress.budget -= 1
         if self.c.privacy.private and not self.c.privacy.secure_rng:   # replayable: its lots are proved
@@ -253,10 +255,8 @@ class Run:
         c, p, ledger = self.c, self.c.privacy, self.progress.ledger
         if not (p.private and p.target_epsilon is not None):
             return None
-        ch = self.parts.sampler.release(p.sigma, 0)
-        budget = int(ledger.steps_within(p.target_epsilon, p.delta, ch.q, ch.sigma, self.parts.k, c.accountant.name,
-                                         p.convention, event=ch.event, adjacency=ch.adjacency, N=ch.N, B=ch.B,
-                                         t=ch.t))
+        budget = int(ledger.steps_within(p.target_epsilon, p.delta, self.parts.dp.event, c.accountant.name,
+                                         p.convention))
         spent = epsilons(ledger, c)["epsilon"]
         if resumed and budget == 0 and spent is not None and spent >= p.target_epsilon:
             raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: at or below the ε={spent:.6g} this run "
@@ -309,7 +309,7 @@ class Run:
         returns how many lots were charged."""
         sampler, sigma = self.parts.sampler, self.c.privacy.sigma
         first = (start - self.progress.base) % sampler.lots_per_epoch()
-        back = aligned(sampler, sigma, first)
+        back = aligned(sampler, first)
         return charge_lots(self.progress.ledger, sampler, sigma, self.parts.k, first - back, n + back)
 
     # -- what a run writes -----------------------------------------------------------------------

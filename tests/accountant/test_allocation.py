@@ -17,8 +17,9 @@ from scipy import special
 import torch
 
 from dpsgd.accountant import Ledger, allocation, pld, rdp, wor
-from dpsgd.mechanism.sampling import Charge, make_sampler
-from dpsgd.privacy_samplers import sampler_epsilon
+from dpsgd.accountant.events import Allocation
+from dpsgd.mechanism.sampling import make_sampler
+from dpsgd.privacy import sampler_epsilon
 from test_sampler_references import BNB_LOWER
 from tolerances import PLD_GRID_STEPS, chain_rel_tol, sum_tol
 
@@ -150,7 +151,7 @@ def test_many_bins_remove_direction_approaches_poisson(t):
 def test_sampler_charges_one_allocation_epoch_at_its_first_lot():
     s = make_sampler("balls_in_bins", 6000, 60, torch.Generator().manual_seed(0))
     t = s.lots_per_epoch()
-    assert s.release(2.0, 0) == Charge(1.0, 2.0, "allocation", "add_remove", 0, 0, t)
+    assert s.release(2.0, 0) == Allocation(2.0, t)
     assert all(s.release(2.0, j) is None for j in range(1, t))
     assert s.charges(2.0, 2 * t + 1) == {s.release(2.0, 0): 3}          # a partial epoch: one more charge
     assert s.lots_within(2, 0) == 2 * t and s.lots_within(0, 5) == t - 5   # integer: unchanged semantics

@@ -14,7 +14,7 @@ not a paper table. Their code is not part of this repository; only its outputs a
 import pytest
 
 from dpsgd.accountant import pld, shuffle_lower
-from dpsgd.privacy_samplers import sampler_epsilon
+from dpsgd.privacy import sampler_epsilon
 from tolerances import PLD_GRID_STEPS
 
 DELTA = 1e-5

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from dpsgd.accountant.events import Gaussian
 from dpsgd.mechanism.pca import dp_pca, fit_projection, project, random_projection
 from tolerances import reduction_rtol
 
@@ -54,15 +55,15 @@ class _Recorder:
     def __init__(self):
         self.calls = []
 
-    def record(self, **kw):
-        self.calls.append(kw)
+    def record(self, *a):
+        self.calls.append(a)
 
 
 def test_pca_release_is_charged_to_the_ledger_and_random_projection_is_free():
     X = _data(n=100, d=20).float()
     led = _Recorder()
     fit_projection("pca", X, 5, 7.0, torch.Generator().manual_seed(0), led, fraction=0.5)
-    assert led.calls == [dict(q=0.5, sigma=7.0, count=1, groups=1, label="pca")]
+    assert led.calls == [(Gaussian(sigma=7.0, q=0.5, groups=1), 1, "pca")]
     led2 = _Recorder()
     R = fit_projection("random", X, 5, 7.0, torch.Generator().manual_seed(0), led2)
     assert R.shape == (20, 5) and led2.calls == []

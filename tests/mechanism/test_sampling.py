@@ -32,7 +32,7 @@ def test_poisson_lots_are_sorted_unique_in_range():
 
 def test_poisson_charges_every_lot_at_q_sigma():
     s = PoissonSampler(1000, 10, torch.Generator().manual_seed(0))
-    assert all(s.release(4.0, i)[:2] == (0.01, 4.0) for i in range(5))  # exact: L/N and σ copied
+    assert all((s.release(4.0, i).q, s.release(4.0, i).sigma) == (0.01, 4.0) for i in range(5))  # exact: L/N and σ copied
     assert s.amplification
 
 
@@ -48,7 +48,7 @@ def test_shuffle_partitions_each_epoch_into_fixed_lots():
 
 def test_shuffle_charges_one_substitution_mechanism_per_epoch():
     s = ShuffleSampler(1000, 100, torch.Generator().manual_seed(0))
-    assert s.release(4.0, 0)[:2] == (1.0, 2.0)              # q = 1, multiplier σ/2 (sensitivity 2C)
+    assert (s.release(4.0, 0).entry()["q"], s.release(4.0, 0).entry()["sigma"]) == (1.0, 2.0)              # q = 1, multiplier σ/2 (sensitivity 2C)
     assert all(s.release(4.0, i) is None for i in range(1, 10))
     assert "substitution" in s.adjacency
 

@@ -10,6 +10,7 @@ import torch
 
 from dpsgd.run import rundir
 from dpsgd.accountant import Ledger, calibrate
+from dpsgd.accountant.events import Poisson
 from dpsgd.config.schema import validate
 from dpsgd.run.distributed import Dist
 from dpsgd.launch.main import compose
@@ -80,7 +81,7 @@ def test_epochs_completed_comes_first_at_an_epoch_boundary(tmp_path):
 
 def test_a_charge_is_recorded_and_taken_off_the_budget(tmp_path):
     run = _run(tmp_path, "poisson", epochs=3, max_steps=None, epoch=0, steps=0, budget=2)
-    run.charge((0.1, 4.0))
+    run.charge(Poisson(0.1, 4.0))
     run.charge(None)                       # a lot covered by an earlier charge (shuffle)
     assert run.progress.budget == 1 and run.progress.ledger.to_dict()["entries"][0]["count"] == 1
     assert run.lots_left(1) == 1
