@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from dpsgd.accountant import Ledger
+from dpsgd.accountant.events import Poisson
 from dpsgd.accountant import strong_composition as sc
 from dpsgd.accountant.calibrate import lots_for_epochs
 
@@ -55,7 +56,7 @@ CURVE_STYLE = {   # curve -> (label, colour, linestyle)
 
 def _ledger(steps: int, q: float, sigma: float) -> Ledger:
     led = Ledger()
-    led.record(q=q, sigma=sigma, count=int(steps), groups=1, label="sgd")
+    led.record(Poisson(q, sigma), int(steps), "sgd")
     return led
 
 

@@ -15,6 +15,7 @@ import itertools
 from dataclasses import fields
 
 from dpsgd.accountant import Ledger
+from dpsgd.accountant.events import Poisson
 from dpsgd.config.schema import GROUPS, Config
 from dpsgd.launch.main import compose
 from dpsgd.mechanism.pca import charge_pca
@@ -70,6 +71,6 @@ def epochs_needed(c, n: int = claims.MNIST_N) -> float:
     if c.model.projection == "pca" and p.sigma_p > 0:
         charge_pca(led, p.sigma_p, p.pca_fraction)
     q = p.lot_size / n
-    lots = led.steps_within(p.target_epsilon, p.delta, q, p.sigma, clipping_groups_estimate(c),
+    lots = led.steps_within(p.target_epsilon, p.delta, Poisson(q, p.sigma, clipping_groups_estimate(c)),
                             c.accountant.name, p.convention)
     return min(epochs, lots * p.lot_size / n)

@@ -18,6 +18,7 @@ tight), so an audit lower bound above any of them proves the code is not the ana
 from __future__ import annotations
 
 from dpsgd.accountant import Ledger, compose
+from dpsgd.accountant.events import Poisson
 from dpsgd.accountant.strong_composition import gaussian_epsilon
 
 from .settings import AuditConfig
@@ -30,7 +31,7 @@ def claimed_epsilon(cfg: AuditConfig, groups: int) -> dict:
     out = {}
     if cfg.accountants:
         led = Ledger()
-        led.record(q=cfg.q, sigma=cfg.sigma, count=1, groups=groups, label="audit")
+        led.record(Poisson(cfg.q, cfg.sigma, groups), 1, "audit")
         for acc in cfg.accountants:
             out[acc] = float(led.epsilon(cfg.delta, accountant=acc, convention=CONVENTION)[0])
     if cfg.q == 1.0:                     # one lot charged as one Gaussian mechanism at σ/√k

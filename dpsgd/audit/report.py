@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from dpsgd.accountant import Ledger
+from dpsgd.accountant.events import Poisson
 from dpsgd.core.fileio import atomic_write_text, write_json
 from dpsgd.mechanism.pca import charge_pca
 
@@ -86,7 +87,7 @@ def poisson_claim(config: dict, final: dict) -> float:
     led = Ledger()
     if m.get("projection") == "pca":
         charge_pca(led, p["sigma_p"], p["pca_fraction"])
-    led.record(q=s["L"] / s["N"], sigma=p["sigma"], count=final["steps"], groups=final["k"], label="as-if-poisson")
+    led.record(Poisson(s["L"] / s["N"], p["sigma"], final["k"]), final["steps"], "as-if-poisson")
     return float(led.epsilon(final["delta"], accountant="pld", convention="joint")[0])
 
 
