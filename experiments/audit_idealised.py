@@ -5,10 +5,10 @@
 
 ``rates``: for each setting (q, σ, T, k, m), ``--games`` seeded games of the claimed mechanism
 (false violations) and of the mechanism with noise σC/2 and σC/4 (power); per row the rate at which
-the family test (``dpsgd.audit.family``) and the Steinke et al. test of the claimed (ε, δ) reject the
+the family test (``dpsgd.audit.onerun.family``) and the Steinke et al. test of the claimed (ε, δ) reject the
 claim, each with its two-sided 95 % Clopper–Pearson interval. ``bounds``: the whole family bound
 (ε_lb, σ_ub) beside the family-free bounds (Steinke et al.; Gaussian DP) on the first games of each
-setting, correct mechanism. Games are simulated by ``dpsgd.audit.simulate``; seeds are fixed.
+setting, correct mechanism. Games are simulated by ``dpsgd.audit.onerun.simulate``; seeds are fixed.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
 
 
 def rates(games: int, out=RESULTS / "audit_idealised.csv") -> pd.DataFrame:
-    from dpsgd.audit.family import Claim
-    from dpsgd.audit.simulate import play
+    from dpsgd.audit.onerun.family import Claim
+    from dpsgd.audit.onerun.simulate import play
     rows = []
     for s_i, (name, q, sigma, steps, k, m) in enumerate(SETTINGS):
         claim = Claim(q, sigma, steps, k, DELTA).validate()
@@ -67,9 +67,9 @@ def rates(games: int, out=RESULTS / "audit_idealised.csv") -> pd.DataFrame:
 
 
 def bounds(games: int, out=RESULTS / "audit_idealised_bounds.csv") -> pd.DataFrame:
-    from dpsgd.audit.family import Claim
-    from dpsgd.audit.onerun import audit_bound
-    from dpsgd.audit.simulate import family_test, game_scores
+    from dpsgd.audit.onerun.family import Claim
+    from dpsgd.audit.onerun.bounds import audit_bound
+    from dpsgd.audit.onerun.simulate import family_test, game_scores
     rows = []
     for s_i, (name, q, sigma, steps, k, m) in enumerate(SETTINGS):
         claim = Claim(q, sigma, steps, k, DELTA).validate()

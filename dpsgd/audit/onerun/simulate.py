@@ -25,7 +25,7 @@ import numpy as np
 from scipy import integrate
 
 from .family import Claim, family_test, tradeoff
-from .onerun import _p_value, default_grid, fdp_rejected, guess_counts
+from .bounds import _p_value, default_grid, fdp_rejected, guess_counts
 
 MAD_TO_SD = 1.4826            # σ = 1.4826 × MAD for a Gaussian (as observe.noise_scale)
 CHUNK = 1 << 20               # z values drawn at a time

@@ -18,7 +18,7 @@ Methods, each at confidence 1 − β on its own:
   (``family.py``); σ_ub, the σ′ above which H₀ is rejected, and ε_lb = ε(σ_ub) at δ. Verdict
   ``violation`` when H₀ is rejected at the claimed σ. A test of the claim's family, not a bound for
   every mechanism.
-* ``steinke``: the (ε, δ) one-run bound (Steinke, Nasr & Jagielski 2023; ``onerun.audit_bound``),
+* ``steinke``: the (ε, δ) one-run bound (Steinke, Nasr & Jagielski 2023; ``bounds.audit_bound``),
   assumes only (ε, δ)-DP per canary.
 * ``gdp``: the Gaussian-DP one-run bound (Mahloujifar, Melis & Chaudhuri 2024), assumes the run is μ-GDP
   per canary (DP-SGD with subsampling is not exactly GDP).
@@ -35,12 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsgd.core.checks import num
+from dpsgd.core.checks import num, typed_number
 from dpsgd.core.errors import ConfigError
 
-from .cli import _number
 from .family import Claim, family_test
-from .onerun import audit_bound
+from .bounds import audit_bound
 from .simulate import llr_moments
 
 SAMPLERS = ("poisson",)
@@ -63,15 +62,15 @@ def _parser() -> argparse.ArgumentParser:
                 description="One-run lower bounds on ε from a score file (columns included, score) against a "
                             "claimed DP-SGD mechanism; the verdict is the family test of the claim.")
     p.add_argument("--scores", required=True, help="CSV with columns included (0/1) and score")
-    p.add_argument("--q", type=_number, help="Poisson sampling rate of the claim (or --N and --L)")
-    p.add_argument("--sigma", type=_number, required=True, help="claimed noise multiplier σ")
-    p.add_argument("--steps", type=_number, required=True, help="number of lots T")
-    p.add_argument("--groups", type=_number, default=1, help="clipping groups k (joint convention; default 1)")
+    p.add_argument("--q", type=typed_number, help="Poisson sampling rate of the claim (or --N and --L)")
+    p.add_argument("--sigma", type=typed_number, required=True, help="claimed noise multiplier σ")
+    p.add_argument("--steps", type=typed_number, required=True, help="number of lots T")
+    p.add_argument("--groups", type=typed_number, default=1, help="clipping groups k (joint convention; default 1)")
     p.add_argument("--sampler", default="poisson", help="the claimed sampler (only poisson is served)")
-    p.add_argument("--N", type=_number, help="dataset size: q = L/N")
-    p.add_argument("--L", type=_number, help="expected lot size: q = L/N")
-    p.add_argument("--delta", type=_number, required=True, help="δ at which ε is reported")
-    p.add_argument("--beta", type=_number, default=0.05, help="1 − confidence (default 0.05)")
+    p.add_argument("--N", type=typed_number, help="dataset size: q = L/N")
+    p.add_argument("--L", type=typed_number, help="expected lot size: q = L/N")
+    p.add_argument("--delta", type=typed_number, required=True, help="δ at which ε is reported")
+    p.add_argument("--beta", type=typed_number, default=0.05, help="1 − confidence (default 0.05)")
     p.add_argument("--game", default=None, help="rows of this game when the file has a game column "
                                                 "(default white-box)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

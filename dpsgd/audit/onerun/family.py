@@ -21,9 +21,9 @@ tabulated as f̄(x) = f̂(1 − x) at log-spaced x (X_STEP apart in log x, down 
 grid point just below x: f̄ increases with x, so the table lies below f̂ everywhere.
 
 **The test** (Mahloujifar, Melis & Chaudhuri 2024, "Auditing f-Differential Privacy in One Run",
-arXiv 2410.22235): the guesses of the pre-declared grid (``onerun.default_grid``; k₊ highest scores
+arXiv 2410.22235): the guesses of the pre-declared grid (``bounds.default_grid``; k₊ highest scores
 "in", k₋ lowest "out"), each tested at β/|grid| with their recursion under f̄
-(``onerun.fdp_rejected``). Their theorem holds for any f-DP mechanism at finite m and for any score,
+(``bounds.fdp_rejected``). Their theorem holds for any f-DP mechanism at finite m and for any score,
 so the test is valid for the real run whatever its scores look like, as long as the run is f-DP
 within the claim; a lower curve only makes it reject less. Rejection is monotone in σ′: more noise is
 post-processing (add independent Gaussian noise), so f_{σ′} rises with σ′, and the recursion
@@ -34,7 +34,7 @@ rejects more under a higher curve.
 to a relative SIGMA_RTOL, the σ′ just below it not rejected); ε_lb = ε of M(σ_ub) at δ (``pld.epsilon``).
 With probability ≥ 1 − β a run whose true mechanism is M(σ₀) is not rejected at σ₀, so σ₀ < σ_ub and
 ε(σ₀) > ε_lb. This is a test of the claim's family, not a lower bound on ε for every mechanism (the
-family-free bounds of ``onerun`` are that).
+family-free bounds of ``bounds`` are that).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ import numpy as np
 from dpsgd.accountant import compose, limits, pld
 from dpsgd.core.errors import ConfigError
 
-from .onerun import check_scores, default_grid, fdp_rejected, guess_counts
+from .bounds import check_scores, default_grid, fdp_rejected, guess_counts
 
 EPS_STEP = 0.02          # spacing of the ε grid E of the curve's envelope
 EPS_TOP = 80.0           # E stops here, or where δ(ε) falls below DELTA_FLOOR
@@ -141,7 +141,7 @@ def family_test(scores, bits, claim: Claim, beta: float = 0.05, guesses=None) ->
     """The test of H₀(σ′) on one run's canaries (module doc): {"claim_rejected", "verdict",
     "sigma_upper_bound", "eps_lower_bound", "eps_claimed", "m", "beta", "beta_per_point", "grid"}.
 
-    ``scores[i]``, ``bits[i]`` as in ``onerun.audit_bound`` (all m randomised canaries; any score).
+    ``scores[i]``, ``bits[i]`` as in ``bounds.audit_bound`` (all m randomised canaries; any score).
     ``sigma_upper_bound`` is None and ε_lb = 0 when no σ′ <= SEARCH_FACTOR·σ is rejected; when even
     σ/SEARCH_FACTOR is rejected it is that σ′ and ``at_search_floor`` is True (ε_lb then understates)."""
     s, b = check_scores(scores, bits)

@@ -35,7 +35,7 @@ from dpsgd.accountant import Ledger
 from dpsgd.core.fileio import atomic_write_text, write_json
 
 from .family import Claim, family_test
-from .onerun import audit_bound
+from .bounds import audit_bound
 
 AUDIT, SCORES = "audit.json", "audit_scores.csv"
 
