@@ -32,6 +32,8 @@ Two audits, one sub-package each, and the one module they share:
     2023, (ε, δ)) and the f-DP recursion of Mahloujifar, Melis & Chaudhuri 2024 (μ-GDP, any trade-off curve);
   * ``onerun.family``     — the claim as the null hypothesis: the f-DP test against the claimed mechanism's
     family (Poisson-subsampled Gaussian at q, T lots, k groups, noise σ′), σ_ub and ε_lb;
+  * ``onerun.order_stats`` — the order-statistics bound of Xiang et al. 2025 over all released guesses, in the
+    claim's family, assuming independent canaries (a labelled heuristic for a real run);
   * ``onerun.report``     — audit.json and audit_scores.csv;
   * ``onerun.bound_file`` — ``python -m dpsgd.audit bound``: every bound of a score file against a claim;
   * ``onerun.simulate``   — the idealised one-run game, simulated without training.

@@ -22,6 +22,10 @@ Methods, each at confidence 1 − β on its own:
   assumes only (ε, δ)-DP per canary.
 * ``gdp``: the Gaussian-DP one-run bound (Mahloujifar, Melis & Chaudhuri 2024), assumes the run is μ-GDP
   per canary (DP-SGD with subsampling is not exactly GDP).
+* ``order_stats``: the order-statistics bound of Xiang et al. 2025 over all released guesses
+  (``order_stats.py``) within the claim's family; assumes, beyond the family test, independent
+  canaries (each its own copy of the per-canary channel, as in the idealised game) — for scores of a
+  real run, where canaries share a run, a labelled heuristic; not used for the verdict.
 
 A bad value ends the command before any work with one line naming the option and exit status 2.
 """
@@ -39,6 +43,7 @@ from dpsgd.core.checks import num, typed_number
 from dpsgd.core.errors import ConfigError
 
 from .family import Claim, family_test
+from .order_stats import order_stats_test
 from .bounds import audit_bound
 from .simulate import llr_moments
 
@@ -49,6 +54,9 @@ ASSUMES = {
     "steinke": "(ε, δ)-DP with respect to each canary (Steinke, Nasr & Jagielski 2023)",
     "gdp": "μ-GDP with respect to each canary (Mahloujifar, Melis & Chaudhuri 2024); DP-SGD with subsampling "
            "is not exactly GDP, so this is shown, not used for the verdict",
+    "order_stats": "the claim's family (as family) AND independent canaries, each observed through its own copy of "
+                   "the per-canary channel (Xiang et al. 2025, Thm 2): exact for the idealised game; for a real run, "
+                   "whose canaries share lots and noise-scale estimate, a heuristic — shown, not used for the verdict",
 }
 
 
@@ -152,6 +160,10 @@ def bound(scores, bits, claim: Claim, beta: float = 0.05) -> dict:
            "gdp": {"eps_lb": free["gdp_eps_lower_bound"], "mu_lb": free["gdp_mu_lower_bound"],
                    "verdict": "violation" if free["gdp_eps_lower_bound"] > eps else "consistent",
                    "assumes": ASSUMES["gdp"]}}
+    osb = order_stats_test(scores, bits, claim, beta)
+    out["order_stats"] = {"eps_lb": osb["eps_lower_bound"], "sigma_upper_bound": osb["sigma_upper_bound"],
+                          "claim_rejected": osb["claim_rejected"], "at_search_floor": osb["at_search_floor"],
+                          "verdict": osb["verdict"], "grid": osb["grid"], "assumes": ASSUMES["order_stats"]}
     out["scores"] = score_check(scores, bits, claim)
     return out
 
@@ -187,6 +199,10 @@ def format_bound(r: dict) -> str:
     lines.append(f"steinke  ε_lb={s['eps_lb']:.4f} ({s['correct']}/{s['guesses']} correct)  assumes: {s['assumes']}")
     g = r["gdp"]
     lines.append(f"gdp      ε_lb={g['eps_lb']:.4f} (μ_lb={g['mu_lb']:.4f})  assumes: {g['assumes']}")
+    o = r["order_stats"]
+    sub = "none rejected" if o["sigma_upper_bound"] is None else f"σ′ ≤ {o['sigma_upper_bound']:.4g}"
+    lines.append(f"order_stats ε_lb={o['eps_lb']:.4f} ({sub}; claim {'rejected' if o['claim_rejected'] else 'not rejected'})"
+                 f"  assumes: {o['assumes']}")
     sc = r["scores"]
     if sc["var_ratio_out"] is not None:
         lines.append(f"excluded canaries' score variance {sc['out']['var']:.4g} against {sc['out']['var_h0']:.4g} "

@@ -151,31 +151,40 @@ def family_test(scores, bits, claim: Claim, beta: float = 0.05, guesses=None) ->
     grid = default_grid(m) if guesses is None else [tuple(g) for g in guesses]
     per = beta / len(grid)
     rows = guess_counts(s, b.astype(int), grid)
-    rejected = _rejects(claim, claim.sigma, rows, m, per)
+    rejected, hi, at_floor = search_sigma(claim, lambda sigma: _rejects(claim, sigma, rows, m, per))
+    eps_lb = 0.0 if hi is None else claim.epsilon(hi)
+    return {"method": "family", "claim_rejected": bool(rejected), "verdict": "violation" if rejected else "consistent",
+            "sigma_upper_bound": hi, "at_search_floor": at_floor, "eps_lower_bound": eps_lb,
+            "eps_claimed": claim.epsilon(), "sigma_claimed": claim.sigma, "m": m, "beta": beta,
+            "beta_per_point": per, "grid": rows}
+
+
+def search_sigma(claim: Claim, rejects) -> tuple[bool, float | None, bool]:
+    """(H₀(σ) rejected, σ_ub, at_search_floor) for a test ``rejects(σ′)`` that is monotone in σ′ (rejects
+    every σ′ above one it rejects: a larger σ′ claims more privacy): σ_ub is a σ′ it rejects with the σ′ SIGMA_RTOL below it not rejected
+    (doubling from σ, then bisection in log σ′); None when nothing up to SEARCH_FACTOR·σ is rejected; the
+    floor σ/SEARCH_FACTOR (and at_search_floor True) when even that is rejected."""
+    rejected = rejects(claim.sigma)
     floor = max(claim.sigma / SEARCH_FACTOR, limits.SIGMA_MIN * math.sqrt(claim.groups))
     at_floor = False
     if rejected:                                   # search down for a σ′ that is not rejected
         hi, lo = claim.sigma, claim.sigma / 2
-        while lo > floor and _rejects(claim, lo, rows, m, per):
+        while lo > floor and rejects(lo):
             hi, lo = lo, lo / 2
         if lo <= floor:
             lo = floor
-            at_floor = _rejects(claim, lo, rows, m, per)
+            at_floor = rejects(lo)
             if at_floor:
                 hi = lo
     else:                                          # search up for one that is
         ceiling = min(claim.sigma * SEARCH_FACTOR, limits.SIGMA_MAX)
         lo, hi = claim.sigma, claim.sigma * 2
-        while hi <= ceiling and not _rejects(claim, hi, rows, m, per):
+        while hi <= ceiling and not rejects(hi):
             lo, hi = hi, hi * 2
         if hi > ceiling:
             hi = None
     if hi is not None and not at_floor:
         while hi / lo - 1 > SIGMA_RTOL:            # keep lo not rejected, hi rejected
             mid = math.sqrt(lo * hi)
-            lo, hi = (lo, mid) if _rejects(claim, mid, rows, m, per) else (mid, hi)
-    eps_lb = 0.0 if hi is None else claim.epsilon(hi)
-    return {"method": "family", "claim_rejected": bool(rejected), "verdict": "violation" if rejected else "consistent",
-            "sigma_upper_bound": hi, "at_search_floor": at_floor, "eps_lower_bound": eps_lb,
-            "eps_claimed": claim.epsilon(), "sigma_claimed": claim.sigma, "m": m, "beta": beta,
-            "beta_per_point": per, "grid": rows}
+            lo, hi = (lo, mid) if rejects(mid) else (mid, hi)
+    return bool(rejected), hi, at_floor
