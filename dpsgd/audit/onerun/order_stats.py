@@ -23,8 +23,8 @@ upward), at most 1/BINS above it. r = m (no abstention): BinCDF(u; m, E[γ]).
 Gaussian at q and μ = 1/σ_eff (P: N(0, 1) per lot; Q: (1 − q)·N(0, 1) + q·N(μ, 1) per lot), i.e. the law of
 the summed per-lot LLR — the score ``audit run`` writes. One lot's L is tabulated on a fine z grid, its P- and
 Q-masses split between the two neighbouring points of a uniform L grid so that E_P[L] and E_Q[L] are kept
-exactly (variance + at most h²/4 per lot), and each is composed T times by FFT. q = 1, T = 1 is the
-Gaussian channel (μ-GDP).
+exactly (variance + at most h²/4 per lot), and each is composed T times by FFT (T = 1: the z grid
+itself, as the authors tabulate it). q = 1, T = 1 is the Gaussian channel (μ-GDP).
 
 **The test of the claim** (``order_stats_test``): the auditor guesses "in" when the score is > 0 and
 releases the r largest |score| (ties: lower index), for each r of a grid fixed by m alone
@@ -112,6 +112,8 @@ def channel(q: float, mu: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
     p_step = stats.norm.pdf(z) * dz
     q_step = ((1 - q) * stats.norm.pdf(z) + q * stats.norm.pdf(z - mu)) * dz
     p_step, q_step = p_step / p_step.sum(), q_step / q_step.sum()
+    if steps == 1:                                         # one lot: the z grid itself, no L grid
+        return ell, 0.5 * (p_step + q_step)
     moments = [(float(w @ ell), float(w @ ell ** 2) - float(w @ ell) ** 2) for w in (p_step, q_step)]
     sd = min(math.sqrt(max(v, 1e-300) * steps) for _, v in moments)
     lo = max(steps * moments[0][0] - WINDOW_SD * math.sqrt(steps * moments[0][1]), steps * float(ell.min()))
