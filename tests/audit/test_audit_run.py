@@ -55,6 +55,8 @@ def test_correct_mechanism_is_consistent(tmp_path, monkeypatch, overrides):
         assert "family" not in a                                  # the family is the Poisson-subsampled Gaussian
     else:
         assert a["verdict_family"] == "consistent" and a["family"]["eps_lower_bound"] <= a["family"]["eps_claimed_lots"]
+        osb = a["family"]["order_stats"]                          # labelled, and never the verdict
+        assert "independent canaries" in osb["assumes"] and "heuristic" in osb["label"]
 
 
 def test_audit_run_is_labelled_reproducible_and_not_resumed(tmp_path, monkeypatch):
