@@ -11,9 +11,9 @@ the family test (``dpsgd.audit.onerun.family``) and the Steinke et al. test of t
 claim, each with its two-sided 95 % Clopper–Pearson interval. ``bounds``: the whole family bound
 (ε_lb, σ_ub) beside the family-free bounds (Steinke et al.; Gaussian DP) on the first games of each
 setting, correct mechanism. ``order-stats``: the order-statistics test of Xiang et al.
-(``dpsgd.audit.onerun.order_stats``) on the very games of ``rates`` (same seeds; the family test's
-rejections are recorded again and must equal those of results/audit_idealised.csv), claimed mechanism
-and noise σC/2, and its ε_lb on the games of ``bounds``. Games are simulated by
+(``dpsgd.audit.onerun.order_stats``) on the very games of ``rates`` (same seeds: noise σC/2 on the first
+``--power-games`` of them; for the claimed mechanism's ``--games`` the family test's rejections, recorded
+again, equal those of results/audit_idealised.csv), and its ε_lb on the games of ``bounds``. Games are simulated by
 ``dpsgd.audit.onerun.simulate``; seeds are fixed.
 """
 from __future__ import annotations
