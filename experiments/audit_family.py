@@ -5,7 +5,7 @@ lots, beside the family-free bounds of the same scores.
     python -m experiments.audit_family                 # results/audit_family.csv
     python -m experiments.audit_family seeds [--n 20]  # results/audit_family_seeds.csv (trains, minutes)
 
-Each row is ``dpsgd.audit.bound.bound`` on the run's white-box scores with the run's q = L/N, σ, lots,
+Each row is ``dpsgd.audit.onerun.bound_file.bound`` on the run's white-box scores with the run's q = L/N, σ, lots,
 k groups and δ (audit.json ``run``), at β = audit.beta / (games in the run), the confidence of each game
 in ``audit run``. ``eps_claimed_lots`` is the claim for the lots alone (gradient canaries never see the
 DP-PCA release); ``eps_claimed`` the run's whole valid ε. Runs whose lots are not Poisson are skipped
@@ -30,8 +30,8 @@ RUNS = RESULTS / "runs" / "audit"
 
 
 def measure(out=RESULTS / "audit_family.csv") -> pd.DataFrame:
-    from dpsgd.audit.bound import bound, read_scores
-    from dpsgd.audit.family import Claim
+    from dpsgd.audit.onerun.bound_file import bound, read_scores
+    from dpsgd.audit.onerun.family import Claim
     rows = []
     for run in sorted(p for p in RUNS.iterdir() if (p / "audit_scores.csv").is_file()):
         a = json.loads((run / "audit.json").read_text())
@@ -74,8 +74,8 @@ def seeds(n: int, out=RESULTS / "audit_family_seeds.csv") -> pd.DataFrame:
     import os
     from dataclasses import asdict
 
-    from dpsgd.audit.instrument import AuditOptions
-    from dpsgd.audit.run import ENV, audit_train
+    from dpsgd.audit.onerun.instrument import AuditOptions
+    from dpsgd.audit.onerun.run import ENV, audit_train
     from dpsgd.config.schema import validate
     from dpsgd.launch.cli import compose
     from experiments.paths import ROOT

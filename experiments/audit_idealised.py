@@ -2,13 +2,19 @@
 
     python -m experiments.audit_idealised rates [--games 1000]    # results/audit_idealised.csv
     python -m experiments.audit_idealised bounds [--games 10]     # results/audit_idealised_bounds.csv
+    python -m experiments.audit_idealised order-stats [--games 1000] [--power-games 200] [--bound-games 10]
+                                                 # results/audit_idealised_order_stats{,_bounds}.csv
 
 ``rates``: for each setting (q, σ, T, k, m), ``--games`` seeded games of the claimed mechanism
 (false violations) and of the mechanism with noise σC/2 and σC/4 (power); per row the rate at which
-the family test (``dpsgd.audit.family``) and the Steinke et al. test of the claimed (ε, δ) reject the
+the family test (``dpsgd.audit.onerun.family``) and the Steinke et al. test of the claimed (ε, δ) reject the
 claim, each with its two-sided 95 % Clopper–Pearson interval. ``bounds``: the whole family bound
 (ε_lb, σ_ub) beside the family-free bounds (Steinke et al.; Gaussian DP) on the first games of each
-setting, correct mechanism. Games are simulated by ``dpsgd.audit.simulate``; seeds are fixed.
+setting, correct mechanism. ``order-stats``: the order-statistics test of Xiang et al.
+(``dpsgd.audit.onerun.order_stats``) on the very games of ``rates`` (same seeds: noise σC/2 on the first
+``--power-games`` of them; for the claimed mechanism's ``--games`` the family test's rejections, recorded
+again, equal those of results/audit_idealised.csv), and its ε_lb on the games of ``bounds``. Games are simulated by
+``dpsgd.audit.onerun.simulate``; seeds are fixed.
 """
 from __future__ import annotations
 
@@ -40,8 +46,8 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
 
 
 def rates(games: int, out=RESULTS / "audit_idealised.csv") -> pd.DataFrame:
-    from dpsgd.audit.family import Claim
-    from dpsgd.audit.simulate import play
+    from dpsgd.audit.onerun.family import Claim
+    from dpsgd.audit.onerun.simulate import play
     rows = []
     for s_i, (name, q, sigma, steps, k, m) in enumerate(SETTINGS):
         claim = Claim(q, sigma, steps, k, DELTA).validate()
@@ -67,9 +73,9 @@ def rates(games: int, out=RESULTS / "audit_idealised.csv") -> pd.DataFrame:
 
 
 def bounds(games: int, out=RESULTS / "audit_idealised_bounds.csv") -> pd.DataFrame:
-    from dpsgd.audit.family import Claim
-    from dpsgd.audit.onerun import audit_bound
-    from dpsgd.audit.simulate import family_test, game_scores
+    from dpsgd.audit.onerun.family import Claim
+    from dpsgd.audit.onerun.bounds import audit_bound
+    from dpsgd.audit.onerun.simulate import family_test, game_scores
     rows = []
     for s_i, (name, q, sigma, steps, k, m) in enumerate(SETTINGS):
         claim = Claim(q, sigma, steps, k, DELTA).validate()
@@ -92,13 +98,62 @@ def bounds(games: int, out=RESULTS / "audit_idealised_bounds.csv") -> pd.DataFra
     return pd.DataFrame(rows)
 
 
+def order_stats(games: int, power_games: int, bound_games: int,
+                out=RESULTS / "audit_idealised_order_stats.csv",
+                out_bounds=RESULTS / "audit_idealised_order_stats_bounds.csv") -> pd.DataFrame:
+    from dpsgd.audit.onerun.family import Claim
+    from dpsgd.audit.onerun.order_stats import order_stats_test
+    from dpsgd.audit.onerun.simulate import game_scores, play
+    rows = []
+    for s_i, (name, q, sigma, steps, k, m) in enumerate(SETTINGS):
+        claim = Claim(q, sigma, steps, k, DELTA).validate()
+        for f_i, nu in enumerate(NOISE_FACTORS[:2]):
+            n_games = games if nu == 1 else power_games
+            rng = np.random.default_rng([s_i, f_i])            # the games of ``rates``
+            t = time.perf_counter()
+            res = [play(rng, m, claim, BETA, nu, order_stats=True) for _ in range(n_games)]
+            row = {"setting": name, "q": q, "sigma": sigma, "lots": steps, "groups": k, "m": m,
+                   "eps_claimed": round(claim.epsilon(), 4), "delta": DELTA, "beta": BETA,
+                   "mechanism": "claimed" if nu == 1 else f"noise sigma*{nu:g}", "noise_factor": nu, "games": n_games}
+            for test in ("family", "order_stats"):
+                n_rej = sum(r[test] for r in res)
+                lo, hi = clopper_pearson(n_rej, n_games)
+                row.update({f"{test}_rejections": n_rej, f"{test}_rate": n_rej / n_games,
+                            f"{test}_ci_lo": round(lo, 4), f"{test}_ci_hi": round(hi, 4)})
+            row["seconds"] = round(time.perf_counter() - t, 1)
+            row["cpu"] = platform.machine()
+            rows.append(row)
+            print(row, flush=True)
+            pd.DataFrame(rows).to_csv(out, index=False)
+    brows = []
+    for s_i, (name, q, sigma, steps, k, m) in enumerate(SETTINGS):
+        claim = Claim(q, sigma, steps, k, DELTA).validate()
+        for g in range(bound_games):
+            scores, bits = game_scores(np.random.default_rng([100, s_i, g]), m, claim)   # the games of ``bounds``
+            t = time.perf_counter()
+            o = order_stats_test(scores, bits, claim, BETA)
+            eps = o["eps_claimed"]
+            brows.append({"setting": name, "game": g, "m": m, "eps_claimed": round(eps, 4),
+                          "order_stats_eps_lb": round(o["eps_lower_bound"], 4),
+                          "order_stats_sigma_ub": o["sigma_upper_bound"],
+                          "order_stats_ratio": round(o["eps_lower_bound"] / eps, 4),
+                          "verdict": o["verdict"], "seconds": round(time.perf_counter() - t, 1)})
+            print(brows[-1], flush=True)
+            pd.DataFrame(brows).to_csv(out_bounds, index=False)
+    return pd.DataFrame(rows)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.audit_idealised")
-    p.add_argument("what", choices=("rates", "bounds"))
+    p.add_argument("what", choices=("rates", "bounds", "order-stats"))
     p.add_argument("--games", type=int)
+    p.add_argument("--power-games", type=int, default=200)
+    p.add_argument("--bound-games", type=int, default=10)
     a = p.parse_args(argv)
     if a.what == "rates":
         rates(a.games or 1000)
+    elif a.what == "order-stats":
+        order_stats(a.games or 1000, a.power_games, a.bound_games)
     else:
         bounds(a.games or 10)
     return 0

@@ -1,41 +1,42 @@
-"""Empirical privacy audit of the DP-SGD step: ``python -m dpsgd.audit --help``.
+"""Empirical privacy audits of DP-SGD: ``python -m dpsgd.audit --help``.
 
 A DP guarantee (ε, δ) bounds how well *any* test can tell M(D) from M(D') for neighbouring datasets
-D, D' (Abadi et al. 2016, Def. 1). The audit plays that distinguishing game against the real code
-path and turns the observed error counts into a lower bound ε_lb on ε that holds with confidence
-1 − α (95 % by default). A sound implementation has ε_lb ≤ ε_claimed (with probability ≥ 1 − α);
-ε_lb > ε_claimed proves a bug.
+D, D' (Abadi et al. 2016, Def. 1). An audit plays that distinguishing game against the real code
+path and turns what it observes into a lower bound ε_lb on ε (or a test of the claim) that holds
+with confidence 1 − α (95 % by default). A sound implementation has ε_lb ≤ ε_claimed (with
+probability ≥ 1 − α); ε_lb > ε_claimed proves a bug.
 
-Modules, one idea each:
+Two audits, one sub-package each, and the one module they share:
 
-* ``settings`` — ``AuditConfig`` (settings ``tiny`` / ``mnist`` / ``mnist_other``, mechanisms ``correct`` /
-  ``no_clip`` / ``noise_div10`` / ``realised_lot``) and ``AuditResult``;
-* ``game``     — the gradient canary, D = ∅ vs D' = {canary} through ``dpsgd.mechanism.optim.DPSGD``, the
-  scores, and ``run_audit`` (game → statistics → claimed ε);
-* ``stats``    — ε ≥ log((1 − δ − FNR)/FPR) (Kairouz et al. 2015) with Clopper–Pearson bounds on
-  held-out error counts;
-* ``claim``    — the ε the accountants claim for the audited step, and for q = 1 the exact
-  Gaussian-mechanism ε (Balle & Wang 2018, Thm 8, from ``dpsgd.accountant.strong_composition``);
-* ``cli``      — the command line of the one-step game (``__main__`` dispatches ``run``, ``rescore``, ``bound``
-  and ``step``).
+* ``variants`` — the broken mechanisms both audits must catch (the list and its one implementation,
+  ``break_mechanism``);
+* ``game/``    — the one-step distinguishing game (``python -m dpsgd.audit step``):
 
-The one-run audit of a training run (``python -m dpsgd.audit run``):
+  * ``game.settings`` — ``AuditConfig`` (settings ``tiny`` / ``mnist`` / ``mnist_other``, mechanisms from
+    ``variants.GAME_VARIANTS``) and ``AuditResult``;
+  * ``game.play``     — the gradient canary, D = ∅ vs D' = {canary} through ``dpsgd.mechanism.optim.DPSGD``,
+    the scores, and ``run_audit`` (game → statistics → claimed ε);
+  * ``game.stats``    — ``clopper_pearson_bound``: ε ≥ log((1 − δ − FNR)/FPR) (Kairouz et al. 2015) with
+    Clopper–Pearson bounds on held-out error counts of one threshold test;
+  * ``game.claim``    — the ε the accountants claim for the audited step, and for q = 1 the exact
+    Gaussian-mechanism ε (Balle & Wang 2018, Thm 8);
+  * ``game.cli``      — its command line;
 
-* ``run``, ``instrument``, ``canaries``, ``observe``, ``variants`` — the audited run, its canaries, the
-  white-box observer and its score, the broken mechanisms;
-* ``onerun``   — the family-free one-run bounds: Steinke, Nasr & Jagielski 2023 ((ε, δ)) and the f-DP
-  recursion of Mahloujifar, Melis & Chaudhuri 2024 (μ-GDP, and any trade-off curve);
-* ``family``   — the claim as the null hypothesis: the f-DP test against the claimed mechanism's family
-  (Poisson-subsampled Gaussian at q, T lots, k groups, noise σ′), σ_ub and ε_lb;
-* ``report``   — audit.json and audit_scores.csv;
-* ``bound``    — ``python -m dpsgd.audit bound``: every bound of a score file against a claim;
-* ``simulate`` — the idealised one-run game, simulated without training.
+* ``onerun/``  — the one-run audit of a training run (``python -m dpsgd.audit run``, ``rescore``, ``bound``):
+
+  * ``onerun.run``        — the audited run (``audit_train``), its command line and ``rescore``;
+  * ``onerun.instrument`` — ``AuditOptions`` and the instrument the run carries (canaries, observer, variant);
+  * ``onerun.canaries``   — the gradient and input canaries and their secret bits;
+  * ``onerun.observe``    — the white-box observer and its per-canary score;
+  * ``onerun.bounds``     — the family-free one-run bounds: ``steinke_bound`` (Steinke, Nasr & Jagielski
+    2023, (ε, δ)) and the f-DP recursion of Mahloujifar, Melis & Chaudhuri 2024 (μ-GDP, any trade-off curve);
+  * ``onerun.family``     — the claim as the null hypothesis: the f-DP test against the claimed mechanism's
+    family (Poisson-subsampled Gaussian at q, T lots, k groups, noise σ′), σ_ub and ε_lb;
+  * ``onerun.order_stats`` — the order-statistics bound of Xiang et al. 2025 over all released guesses, in the
+    claim's family, assuming independent canaries (a labelled heuristic for a real run);
+  * ``onerun.report``     — audit.json and audit_scores.csv;
+  * ``onerun.bound_file`` — ``python -m dpsgd.audit bound``: every bound of a score file against a claim;
+  * ``onerun.simulate``   — the idealised one-run game, simulated without training.
+
+Nothing is imported here: ``python -m dpsgd.audit run`` loads only what the run needs.
 """
-from .claim import claimed_epsilon
-from .cli import format_result, main
-from .game import run_audit
-from .settings import MECHANISMS, SETTING_MECHANISMS, SETTINGS, AuditConfig, AuditResult
-from .stats import cp_upper, eps_from_rates, epsilon_lower_bound
-
-__all__ = ["AuditConfig", "AuditResult", "MECHANISMS", "SETTING_MECHANISMS", "SETTINGS", "run_audit", "claimed_epsilon",
-           "cp_upper", "eps_from_rates", "epsilon_lower_bound", "format_result", "main"]

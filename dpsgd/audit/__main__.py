@@ -1,24 +1,24 @@
-"""``python -m dpsgd.audit run ...``: a one-run audit of a training configuration (``dpsgd.audit.run``);
+"""``python -m dpsgd.audit run ...``: a one-run audit of a training configuration (``dpsgd.audit.onerun.run``);
 ``python -m dpsgd.audit rescore RUN_DIR``: its audit.json recomputed from the run's files;
 ``python -m dpsgd.audit bound --scores F.csv ...``: every one-run bound of a score file against a claim
-(``dpsgd.audit.bound``);
-``python -m dpsgd.audit [step] ...``: the one-step distinguishing game (``dpsgd.audit.cli``)."""
+(``dpsgd.audit.onerun.bound_file``);
+``python -m dpsgd.audit [step] ...``: the one-step distinguishing game (``dpsgd.audit.game.cli``)."""
 import sys
 
 command = sys.argv[1] if len(sys.argv) > 1 else None
 if command == "run":
-    from .run import main as run_main
+    from .onerun.run import main as run_main
     run_main(sys.argv[2:])
     sys.exit(0)
 if command == "rescore":
-    from .run import rescore_main
+    from .onerun.run import rescore_main
     sys.exit(rescore_main(sys.argv[2:]))
 if command == "bound":
-    from .bound import main as bound_main
+    from .onerun.bound_file import main as bound_main
     sys.exit(bound_main(sys.argv[2:]))
 if command == "step":
     del sys.argv[1]
 
-from .cli import main  # noqa: E402
+from .game.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -1,6 +1,8 @@
-"""Broken mechanisms the one-run audit must catch — selectable only by ``python -m dpsgd.audit run``
-(``audit.variant``), never by a training configuration. Each breaks the real code path of the run it
-audits, after the parts are built, while the run's claim is computed as if nothing were broken:
+"""Broken mechanisms the audits must catch — the one list and its one implementation, shared by both
+audits: the one-run audit (``python -m dpsgd.audit run``, ``audit.variant``; every variant) and the
+one-step game (``python -m dpsgd.audit step --mechanism``; ``GAME_VARIANTS``). Never selectable by a
+training configuration. Each breaks the real code path it is handed (``break_mechanism``: the built
+clipper and DPSGD step), while the claim is computed as if nothing were broken:
 
 * ``correct``        — nothing changed;
 * ``no_clip``        — the engine's clipping is off (``max_grad_norm = None``); the noise is still σC;
@@ -16,6 +18,9 @@ audits, after the parts are built, while the run's claim is computed as if nothi
 from __future__ import annotations
 
 VARIANTS = ("correct", "no_clip", "noise_div10", "noise_per_rank", "realised_lot", "loose_group")
+# the ones the one-step game plays (loose_group acts on the one-run audit's gradient canaries; the game's
+# realised_lot needs its mnist_other setting, dpsgd/audit/game/settings.py)
+GAME_VARIANTS = ("correct", "no_clip", "noise_div10", "realised_lot")
 
 
 class PerRankNoise:
@@ -33,8 +38,9 @@ class PerRankNoise:
         return t
 
 
-def break_mechanism(parts, variant: str, ranks: int) -> None:
-    """Apply ``variant`` to the built parts of a run (``loose_group`` is applied by the canaries)."""
+def break_mechanism(parts, variant: str, ranks: int = 4) -> None:
+    """Apply ``variant`` to built parts (``parts.dp``: the DPSGD step, ``parts.clipper``: its clipping
+    engine), in place; ``correct`` and ``loose_group`` (applied by the canaries) change nothing here."""
     dp = parts.dp
     if variant == "no_clip":
         parts.clipper.max_grad_norm = None

@@ -42,6 +42,17 @@ def num(key: str, v: Any, *, integer: bool = False, optional: bool = False, lo=N
     return v
 
 
+def typed_number(text: str):
+    """A number as typed on a command line (int if it reads as one, else float); anything else is returned
+    as it is, for ``num`` to refuse with the key's name."""
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
 def boolean(key: str, v: Any) -> bool:
     if not isinstance(v, bool):
         raise ConfigError(f"{key}={fmt(v)}: must be true or false")

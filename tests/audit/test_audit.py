@@ -1,4 +1,4 @@
-"""Empirical privacy audit (dpsgd.audit): the lower bound must respect a correct mechanism's ε and
+"""Empirical privacy audit, the one-step game (dpsgd/audit/game): the lower bound must respect a correct mechanism's ε and
 expose deliberately broken ones. Fixed seeds make every number here deterministic.
 
 Tiny setting: σ = 2, C = 1, q = 1, δ = 1e-5, one step; exact ε of this Gaussian mechanism = 1.993
@@ -15,9 +15,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpsgd import audit
 from dpsgd.accountant.strong_composition import gaussian_epsilon
-from dpsgd.audit import AuditConfig, claimed_epsilon, run_audit
+from dpsgd.audit.game import cli
+from dpsgd.audit.game import stats as game_stats
+from dpsgd.audit.game.claim import claimed_epsilon
+from dpsgd.audit.game.play import run_audit
+from dpsgd.audit.game.settings import SETTING_MECHANISMS, AuditConfig
 from tolerances import chain_rel_tol
 
 TRIALS = 20_000
@@ -25,7 +28,7 @@ TRIALS = 20_000
 
 @pytest.fixture(scope="module")
 def results():
-    return {m: run_audit(AuditConfig(mechanism=m, trials=TRIALS, seed=0)) for m in audit.SETTING_MECHANISMS["tiny"]}
+    return {m: run_audit(AuditConfig(mechanism=m, trials=TRIALS, seed=0)) for m in SETTING_MECHANISMS["tiny"]}
 
 
 def test_claimed_epsilon_matches_closed_form(results):
@@ -73,12 +76,12 @@ def test_clopper_pearson_closed_forms():
     # k = 0: upper bound solves (1 − p)^n = 1 − conf, p = −expm1(log(1 − conf)/n) (no cancellation;
     # a few float64 ops on either side)
     n, conf = 1000, 0.975
-    assert audit.cp_upper(0, n, conf) == pytest.approx(-math.expm1(math.log(1 - conf) / n), rel=chain_rel_tol(8))
+    assert game_stats.cp_upper(0, n, conf) == pytest.approx(-math.expm1(math.log(1 - conf) / n), rel=chain_rel_tol(8))
     # k = n: the bound is 1; otherwise it lies above the observed rate
-    assert audit.cp_upper(n, n, conf) == 1.0
-    assert audit.cp_upper(37, n, conf) > 0.037
+    assert game_stats.cp_upper(n, n, conf) == 1.0
+    assert game_stats.cp_upper(37, n, conf) > 0.037
     # exact binomial tail at the bound equals 1 − conf
-    p = float(audit.cp_upper(37, n, conf))
+    p = float(game_stats.cp_upper(37, n, conf))
     # p is Boost's beta quantile (an iterative inversion): 1e-6 relative in the tail it inverts
     assert stats.binom.cdf(37, n, p) == pytest.approx(1 - conf, rel=1e-6)
 
@@ -103,7 +106,7 @@ def test_perfect_separation_bound():
     rng = np.random.default_rng(0)
     scores = np.concatenate([rng.normal(0, 1, 2000), rng.normal(100, 1, 2000)])
     present = np.repeat([False, True], 2000)
-    r = audit.epsilon_lower_bound(scores, present, delta=1e-5, alpha=0.05, select_fraction=0.5)
+    r = game_stats.clopper_pearson_bound(scores, present, delta=1e-5, alpha=0.05, select_fraction=0.5)
     assert r["false_pos"] == 0 and r["false_neg"] == 0
     fpr_hi = -math.expm1(math.log(0.025) / r["n_out"])    # Clopper–Pearson at k = 0, closed form
     fnr_hi = -math.expm1(math.log(0.025) / r["n_in"])
@@ -118,7 +121,7 @@ def test_an_evaluation_part_without_one_kind_of_trial_is_named():
     scores = np.arange(20.0)
     with pytest.raises(ValueError, match=r"^select_fraction=0.5: the 10 evaluation trials hold no trial without "):
         for seed in range(200):           # some permutation leaves the 3 trials without it all in the selection
-            audit.epsilon_lower_bound(scores, present, delta=1e-5, select_fraction=0.5, seed=seed)
+            game_stats.clopper_pearson_bound(scores, present, delta=1e-5, select_fraction=0.5, seed=seed)
 
 
 def test_lower_bound_is_statistically_honest():
@@ -131,13 +134,13 @@ def test_lower_bound_is_statistically_honest():
         rng = np.random.default_rng(1000 + seed)
         present = rng.random(n) < 0.5
         scores = rng.normal(0, 1, n) + mu * present
-        r = audit.epsilon_lower_bound(scores, present, delta, alpha=0.05, seed=seed)
+        r = game_stats.clopper_pearson_bound(scores, present, delta, alpha=0.05, seed=seed)
         t = r["threshold"]
         if r["direction"] == "in>t":
             fpr, fnr = stats.norm.sf(t), stats.norm.cdf(t - mu)
         else:
             fpr, fnr = stats.norm.cdf(t - mu), stats.norm.sf(t)
-        true_eps = float(audit.eps_from_rates(fpr, fnr, delta))
+        true_eps = float(game_stats.eps_from_rates(fpr, fnr, delta))
         exceed += r["eps_lb"] > true_eps
         assert r["eps_lb"] <= exact
     assert exceed <= 0.05 * 300
@@ -152,13 +155,13 @@ def test_cli_help_and_run(tmp_path):
     h = subprocess.run([sys.executable, "-m", "dpsgd.audit", "--help"], capture_output=True, text=True)
     assert h.returncode == 0 and "Clopper" in h.stdout and "--mechanism" in h.stdout
     out = tmp_path / "audit.json"
-    assert audit.main(["--mechanism", "noise_div10", "--trials", "4000", "--json", str(out)]) == 0
+    assert cli.main(["--mechanism", "noise_div10", "--trials", "4000", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text(), parse_constant=_refuse)      # strict JSON: no NaN, no Infinity
     assert row["violation"] and row["config"]["mechanism"] == "noise_div10"
     assert all(row[k] is None for k in row["infinite"]) and row["eps_lb"] is not None
     # never overwrites an earlier result, and refuses before any work
     before = out.read_bytes()
-    assert audit.main(["--mechanism", "correct", "--trials", "100", "--json", str(out)]) == 2
+    assert cli.main(["--mechanism", "correct", "--trials", "100", "--json", str(out)]) == 2
     assert out.read_bytes() == before
 
 
@@ -198,7 +201,7 @@ def test_cli_help_and_run(tmp_path):
 def test_cli_refuses_bad_input(args, key, capsys):
     """Every option is checked as training checks its config: one line naming it, status 2, no work."""
     with pytest.raises(SystemExit) if key in ("--setting", "--mechanism") or args == ["--sigma"] else nullcontext() as e:
-        assert audit.main(args) == 2
+        assert cli.main(args) == 2
     if e is not None:
         assert e.value.code == 2
     captured = capsys.readouterr()
@@ -210,8 +213,6 @@ def test_cli_refuses_bad_input(args, key, capsys):
 def test_cli_json_write_failure_keeps_the_result(tmp_path, monkeypatch, capsys):
     """A --json folder that disappears during the audit: the result goes to stdout, status 1."""
     import errno
-
-    from dpsgd.audit import cli
 
     def fail(path, obj, exclusive=False):
         raise OSError(errno.ENOENT, "No such file or directory")
@@ -232,3 +233,24 @@ def test_realised_lot_division_is_caught_by_the_one_step_game(mechanism, caught)
     assert r.violation == caught
     if caught:
         assert r.eps_lb > min(r.eps_claimed.values()) + 1
+
+
+def test_both_audits_play_the_one_list_of_broken_variants():
+    """The one-step game's mechanisms are variants of dpsgd/audit/variants.py, broken by its one
+    implementation (the one-run audit's too)."""
+    from dpsgd.audit import variants
+    from dpsgd.audit.game import play
+    from dpsgd.audit.onerun import instrument
+    assert set(SETTING_MECHANISMS["mnist_other"]) <= set(variants.VARIANTS)
+    assert play.break_mechanism is variants.break_mechanism is instrument.break_mechanism
+
+
+def test_the_package_docstring_names_every_module():
+    from pathlib import Path
+
+    import dpsgd.audit as pkg
+    root = Path(pkg.__file__).parent
+    names = {".".join(p.relative_to(root).with_suffix("").parts) for p in root.rglob("*.py")
+             if p.stem not in ("__init__", "__main__")}
+    missing = sorted(n for n in names if f"``{n}``" not in pkg.__doc__)
+    assert missing == []

@@ -1,4 +1,4 @@
-"""The one-run audit of a training configuration (dpsgd/audit/run.py): canaries through the real run,
+"""The one-run audit of a training configuration (dpsgd/audit/onerun/run.py): canaries through the real run,
 broken variants caught, the correct mechanism consistent, labels, reproducibility, refusals."""
 import csv
 import json
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpsgd.audit.canaries import CanaryDraw, GradientCanaries, add_canaries, canary_coordinates
-from dpsgd.audit.instrument import AuditOptions
-from dpsgd.audit.run import ENV, audit_train, split_args
+from dpsgd.audit.onerun.canaries import CanaryDraw, GradientCanaries, add_canaries, canary_coordinates
+from dpsgd.audit.onerun.instrument import AuditOptions
+from dpsgd.audit.onerun.run import ENV, audit_train, split_args
 from dpsgd.config.schema import validate
 from dpsgd.core.errors import ConfigError
 from dpsgd.mechanism.clipping import PerExampleClipper
@@ -55,6 +55,8 @@ def test_correct_mechanism_is_consistent(tmp_path, monkeypatch, overrides):
         assert "family" not in a                                  # the family is the Poisson-subsampled Gaussian
     else:
         assert a["verdict_family"] == "consistent" and a["family"]["eps_lower_bound"] <= a["family"]["eps_claimed_lots"]
+        osb = a["family"]["order_stats"]                          # labelled, and never the verdict
+        assert "independent canaries" in osb["assumes"] and "heuristic" in osb["label"]
 
 
 def test_audit_run_is_labelled_reproducible_and_not_resumed(tmp_path, monkeypatch):
@@ -125,7 +127,7 @@ def test_bad_audit_options_are_refused_in_one_line(arg, key):
 def test_input_canaries_beyond_the_data_are_refused_before_the_run_folder(given_dir, tmp_path, monkeypatch, capsys):
     """audit.input_canaries >= the run's N (they are taken from its rows): one line naming the option,
     exit 2, and no run folder (the default outputs/audit/... or hydra.run.dir) is made."""
-    from dpsgd.audit.run import check_canaries_fit, main
+    from dpsgd.audit.onerun.run import check_canaries_fit, main
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(ENV, raising=False)
     args = TINY + ["audit.input_canaries=300"] + ([f"hydra.run.dir={tmp_path / 'x'}"] if given_dir else [])

@@ -1,4 +1,4 @@
-"""The one-run audit bound (dpsgd/audit/onerun.py; Steinke, Nasr & Jagielski 2023) against
+"""The one-run audit bound (dpsgd/audit/onerun/bounds.py; Steinke, Nasr & Jagielski 2023) against
 independent references: the δ = 0 binomial tail summed in mpmath, the paper's worked values,
 monotonicity, and a Monte Carlo of an exactly ε-DP randomized-response canary game."""
 import math
@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from dpsgd.accountant import strong_composition
-from dpsgd.audit import onerun
+from dpsgd.audit.onerun import bounds as onerun
 from dpsgd.core.errors import ConfigError
 from tolerances import EPS64, root_tol, sum_tol
 
@@ -26,7 +26,7 @@ def _mp_eps_lb(r, v, beta):
 
 @pytest.mark.parametrize("r,v", [(100, 75), (50, 50), (400, 240), (20, 17)])
 def test_delta_zero_is_the_binomial_tail(r, v):
-    got = onerun.epsilon_lower_bound(r, v, m=10 * r, delta=0.0, beta=0.05)
+    got = onerun.steinke_bound(r, v, m=10 * r, delta=0.0, beta=0.05)
     want = _mp_eps_lb(r, v, 0.05)
     # bisection returns the rejected end, within XTOL below the crossing
     assert want - root_tol(want, onerun.XTOL) <= got <= want + root_tol(want, 0.0)
@@ -56,17 +56,17 @@ def test_delta_term_matches_a_direct_sum():
 ])
 def test_paper_worked_values(args, published):
     # printed to 3 decimals (rounded or truncated): within one unit of the last digit
-    assert onerun.epsilon_lower_bound(*args) == pytest.approx(published, abs=1e-3)
+    assert onerun.steinke_bound(*args) == pytest.approx(published, abs=1e-3)
 
 
 def test_monotone():
-    base = onerun.epsilon_lower_bound(200, 150, 2000, 1e-5, 0.05)
-    assert onerun.epsilon_lower_bound(200, 160, 2000, 1e-5, 0.05) > base             # more correct
-    assert onerun.epsilon_lower_bound(400, 300, 2000, 1e-5, 0.05) > base             # same accuracy, more guesses
-    assert onerun.epsilon_lower_bound(200, 150, 2000, 1e-5, 0.01) < base             # more confidence
-    assert onerun.epsilon_lower_bound(200, 150, 2000, 1e-3, 0.05) < base             # larger δ
-    assert onerun.epsilon_lower_bound(200, 150, 2000, 0.0, 0.05) > base              # δ = 0
-    assert onerun.epsilon_lower_bound(200, 100, 2000, 1e-5, 0.05) == 0.0             # integer: chance level
+    base = onerun.steinke_bound(200, 150, 2000, 1e-5, 0.05)
+    assert onerun.steinke_bound(200, 160, 2000, 1e-5, 0.05) > base             # more correct
+    assert onerun.steinke_bound(400, 300, 2000, 1e-5, 0.05) > base             # same accuracy, more guesses
+    assert onerun.steinke_bound(200, 150, 2000, 1e-5, 0.01) < base             # more confidence
+    assert onerun.steinke_bound(200, 150, 2000, 1e-3, 0.05) < base             # larger δ
+    assert onerun.steinke_bound(200, 150, 2000, 0.0, 0.05) > base              # δ = 0
+    assert onerun.steinke_bound(200, 100, 2000, 1e-5, 0.05) == 0.0             # integer: chance level
     # p(ε, δ) rises with ε (what the bisection assumes), up to the round-off of its two-term sum
     for r, v, m, d in [(100, 75, 1000, 1e-4), (1510, 1439, 100000, 1e-5), (200, 120, 10000, 1e-3)]:
         p = np.array([onerun.p_value(r, v, m, e, d) for e in np.linspace(0, 8, 801)])
@@ -94,7 +94,7 @@ def test_monte_carlo_coverage_randomized_response():
         scores, bits = _rr_game(rng, m, eps)
         res = onerun.audit_bound(scores, bits, delta=0.0, beta=beta)
         over += res["eps_lower_bound"] > eps
-        over_uncorrected += max(onerun.epsilon_lower_bound(g["guesses"], g["correct"], m, 0.0, beta)
+        over_uncorrected += max(onerun.steinke_bound(g["guesses"], g["correct"], m, 0.0, beta)
                                 for g in res["grid"]) > eps
         assert res["eps_lower_bound"] <= max(g["eps_lower_bound"] for g in res["grid"])
     assert over <= cap                              # measured: 18 of 300 (cap 95)
@@ -107,7 +107,7 @@ def test_single_point_rejection_rate_is_at_most_beta_and_tight():
     # probability that the bound exceeds ε is P[V >= v*], v* the least v whose bound exceeds ε:
     # <= β by the theorem, and close to β (the δ = 0 bound is tight for randomized response)
     eps, m, beta = 1.0, 400, 0.2
-    v_star = next(v for v in range(m + 1) if onerun.epsilon_lower_bound(m, v, m, 0.0, beta) > eps)
+    v_star = next(v for v in range(m + 1) if onerun.steinke_bound(m, v, m, 0.0, beta) > eps)
     rate = stats.binom.sf(v_star - 1, m, 1 / (1 + math.exp(-eps)))
     assert 0.5 * beta < rate <= beta                # measured: 0.18
 
@@ -137,10 +137,10 @@ def test_strong_signal_gives_a_positive_bound():
 
 
 @pytest.mark.parametrize("call,name", [
-    (lambda: onerun.epsilon_lower_bound(10, 11, 100, 1e-5, 0.05), "v <= r"),
-    (lambda: onerun.epsilon_lower_bound(10, 5, 100, 1.0, 0.05), "delta"),
-    (lambda: onerun.epsilon_lower_bound(10, 5, 100, 1e-5, 0.0), "beta"),
-    (lambda: onerun.epsilon_lower_bound(10.5, 5, 100, 1e-5, 0.05), "r="),
+    (lambda: onerun.steinke_bound(10, 11, 100, 1e-5, 0.05), "v <= r"),
+    (lambda: onerun.steinke_bound(10, 5, 100, 1.0, 0.05), "delta"),
+    (lambda: onerun.steinke_bound(10, 5, 100, 1e-5, 0.0), "beta"),
+    (lambda: onerun.steinke_bound(10.5, 5, 100, 1e-5, 0.05), "r="),
     (lambda: onerun.audit_bound([1.0, 2.0], [1, 2], 1e-5), "bits"),
     (lambda: onerun.audit_bound([1.0, float("nan")], [1, 0], 1e-5), "scores"),
     (lambda: onerun.audit_bound([1.0, 2.0], [1, 0], 1e-5, guesses=[(2, 1)]), "guesses"),

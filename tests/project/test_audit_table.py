@@ -2,6 +2,7 @@
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from experiments import audit_table
 
@@ -28,3 +29,27 @@ def test_quick_rows_are_a_subset_of_the_table(tmp_path):
     rows = audit_table.rows()
     assert {r for r, (_, quick) in rows.items() if quick} <= set(rows)
     assert all(any(a.startswith("audit.") for a in ov) for ov, _ in rows.values())
+
+
+def test_claim_for_the_lots_alone_comes_from_the_committed_ledger():
+    """eps_claimed_sgd: the run's ledger without its DP-PCA entry, charged as epsilon_valid is. The same
+    charge of the whole ledger gives back epsilon_valid; the lots alone claim less, and the same where
+    there is no DP-PCA release (mnist_scatter_linear); PLD of the lots alone agrees with the family
+    test's claim (dpsgd/audit/onerun/family.py:Claim.epsilon)."""
+    import json
+
+    from dpsgd.accountant import Ledger
+    from dpsgd.audit.onerun.family import Claim
+    df = pd.read_csv(ROOT / "results" / "audit.csv").set_index("row")
+    for row in ("mnist_small_full", "mnist_scatter_linear_eps2_full", "sigma4_correct_1000lots"):
+        p = json.loads((ROOT / "results" / "runs" / "audit" / row / "privacy.json").read_text())
+        whole = min(Ledger.from_dict(p["ledger"]).epsilon(p["delta"], accountant=a, convention="joint")[0]
+                    for a in p["sampling"]["accountants"])
+        assert whole == p["epsilon_valid"]
+        lots = audit_table.claim_for_lots(p)
+        assert df.loc[row, "eps_claimed_sgd"] == lots
+        has_pca = any(e["label"].startswith("pca") for e in p["ledger"]["entries"])
+        assert (lots < whole) if has_pca else (lots == whole)
+        s = p["sampling"]
+        assert Claim(s["L"] / s["N"], p["ledger"]["entries"][-1]["sigma"], p["steps"], p["k"], p["delta"]).epsilon() \
+            == pytest.approx(lots, rel=2e-3)

@@ -300,8 +300,8 @@ def test_audit_claim_charges_sigma_over_root_k_through_compose():
     """The audit's exact claim (q = 1) uses the joint convention's σ/√k of compose.charge.
     Compared exactly: the same expression and the same call on the same inputs, one process."""
     from dpsgd.accountant import compose
-    from dpsgd.audit.claim import claimed_epsilon
-    from dpsgd.audit.settings import AuditConfig
+    from dpsgd.audit.game.claim import claimed_epsilon
+    from dpsgd.audit.game.settings import AuditConfig
     from dpsgd.accountant.strong_composition import gaussian_epsilon
 
     cfg = AuditConfig(q=1.0, sigma=2.0, delta=1e-5, accountants=())

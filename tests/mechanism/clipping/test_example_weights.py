@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import TINY_RUN
-from dpsgd.audit.canaries import GradientCanaries, canary_coordinates
+from dpsgd.audit.onerun.canaries import GradientCanaries, canary_coordinates
 from dpsgd.config.schema import validate
 from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.mechanism.noise import GaussianNoise

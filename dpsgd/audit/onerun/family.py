@@ -21,9 +21,9 @@ tabulated as f̄(x) = f̂(1 − x) at log-spaced x (X_STEP apart in log x, down 
 grid point just below x: f̄ increases with x, so the table lies below f̂ everywhere.
 
 **The test** (Mahloujifar, Melis & Chaudhuri 2024, "Auditing f-Differential Privacy in One Run",
-arXiv 2410.22235): the guesses of the pre-declared grid (``onerun.default_grid``; k₊ highest scores
+arXiv 2410.22235): the guesses of the pre-declared grid (``bounds.default_grid``; k₊ highest scores
 "in", k₋ lowest "out"), each tested at β/|grid| with their recursion under f̄
-(``onerun.fdp_rejected``). Their theorem holds for any f-DP mechanism at finite m and for any score,
+(``bounds.fdp_rejected``). Their theorem holds for any f-DP mechanism at finite m and for any score,
 so the test is valid for the real run whatever its scores look like, as long as the run is f-DP
 within the claim; a lower curve only makes it reject less. Rejection is monotone in σ′: more noise is
 post-processing (add independent Gaussian noise), so f_{σ′} rises with σ′, and the recursion
@@ -34,7 +34,7 @@ rejects more under a higher curve.
 to a relative SIGMA_RTOL, the σ′ just below it not rejected); ε_lb = ε of M(σ_ub) at δ (``pld.epsilon``).
 With probability ≥ 1 − β a run whose true mechanism is M(σ₀) is not rejected at σ₀, so σ₀ < σ_ub and
 ε(σ₀) > ε_lb. This is a test of the claim's family, not a lower bound on ε for every mechanism (the
-family-free bounds of ``onerun`` are that).
+family-free bounds of ``bounds`` are that).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ import numpy as np
 from dpsgd.accountant import compose, limits, pld
 from dpsgd.core.errors import ConfigError
 
-from .onerun import check_scores, default_grid, fdp_rejected, guess_counts
+from .bounds import check_scores, default_grid, fdp_rejected, guess_counts
 
 EPS_STEP = 0.02          # spacing of the ε grid E of the curve's envelope
 EPS_TOP = 80.0           # E stops here, or where δ(ε) falls below DELTA_FLOOR
@@ -141,7 +141,7 @@ def family_test(scores, bits, claim: Claim, beta: float = 0.05, guesses=None) ->
     """The test of H₀(σ′) on one run's canaries (module doc): {"claim_rejected", "verdict",
     "sigma_upper_bound", "eps_lower_bound", "eps_claimed", "m", "beta", "beta_per_point", "grid"}.
 
-    ``scores[i]``, ``bits[i]`` as in ``onerun.audit_bound`` (all m randomised canaries; any score).
+    ``scores[i]``, ``bits[i]`` as in ``bounds.audit_bound`` (all m randomised canaries; any score).
     ``sigma_upper_bound`` is None and ε_lb = 0 when no σ′ <= SEARCH_FACTOR·σ is rejected; when even
     σ/SEARCH_FACTOR is rejected it is that σ′ and ``at_search_floor`` is True (ε_lb then understates)."""
     s, b = check_scores(scores, bits)
@@ -151,31 +151,40 @@ def family_test(scores, bits, claim: Claim, beta: float = 0.05, guesses=None) ->
     grid = default_grid(m) if guesses is None else [tuple(g) for g in guesses]
     per = beta / len(grid)
     rows = guess_counts(s, b.astype(int), grid)
-    rejected = _rejects(claim, claim.sigma, rows, m, per)
+    rejected, hi, at_floor = search_sigma(claim, lambda sigma: _rejects(claim, sigma, rows, m, per))
+    eps_lb = 0.0 if hi is None else claim.epsilon(hi)
+    return {"method": "family", "claim_rejected": bool(rejected), "verdict": "violation" if rejected else "consistent",
+            "sigma_upper_bound": hi, "at_search_floor": at_floor, "eps_lower_bound": eps_lb,
+            "eps_claimed": claim.epsilon(), "sigma_claimed": claim.sigma, "m": m, "beta": beta,
+            "beta_per_point": per, "grid": rows}
+
+
+def search_sigma(claim: Claim, rejects) -> tuple[bool, float | None, bool]:
+    """(H₀(σ) rejected, σ_ub, at_search_floor) for a test ``rejects(σ′)`` that is monotone in σ′ (rejects
+    every σ′ above one it rejects: a larger σ′ claims more privacy): σ_ub is a σ′ it rejects with the σ′ SIGMA_RTOL below it not rejected
+    (doubling from σ, then bisection in log σ′); None when nothing up to SEARCH_FACTOR·σ is rejected; the
+    floor σ/SEARCH_FACTOR (and at_search_floor True) when even that is rejected."""
+    rejected = rejects(claim.sigma)
     floor = max(claim.sigma / SEARCH_FACTOR, limits.SIGMA_MIN * math.sqrt(claim.groups))
     at_floor = False
     if rejected:                                   # search down for a σ′ that is not rejected
         hi, lo = claim.sigma, claim.sigma / 2
-        while lo > floor and _rejects(claim, lo, rows, m, per):
+        while lo > floor and rejects(lo):
             hi, lo = lo, lo / 2
         if lo <= floor:
             lo = floor
-            at_floor = _rejects(claim, lo, rows, m, per)
+            at_floor = rejects(lo)
             if at_floor:
                 hi = lo
     else:                                          # search up for one that is
         ceiling = min(claim.sigma * SEARCH_FACTOR, limits.SIGMA_MAX)
         lo, hi = claim.sigma, claim.sigma * 2
-        while hi <= ceiling and not _rejects(claim, hi, rows, m, per):
+        while hi <= ceiling and not rejects(hi):
             lo, hi = hi, hi * 2
         if hi > ceiling:
             hi = None
     if hi is not None and not at_floor:
         while hi / lo - 1 > SIGMA_RTOL:            # keep lo not rejected, hi rejected
             mid = math.sqrt(lo * hi)
-            lo, hi = (lo, mid) if _rejects(claim, mid, rows, m, per) else (mid, hi)
-    eps_lb = 0.0 if hi is None else claim.epsilon(hi)
-    return {"method": "family", "claim_rejected": bool(rejected), "verdict": "violation" if rejected else "consistent",
-            "sigma_upper_bound": hi, "at_search_floor": at_floor, "eps_lower_bound": eps_lb,
-            "eps_claimed": claim.epsilon(), "sigma_claimed": claim.sigma, "m": m, "beta": beta,
-            "beta_per_point": per, "grid": rows}
+            lo, hi = (lo, mid) if rejects(mid) else (mid, hi)
+    return bool(rejected), hi, at_floor

@@ -17,12 +17,13 @@
   (Neyman–Pearson lemma: for N(0, s²I) vs N(g, s²I) the optimal test thresholds ⟨x, g⟩).
 
 ``run_audit`` plays ``cfg.trials`` trials, half with the canary, bounds ε from below with
-``dpsgd.audit.stats`` and sets it beside the claimed ε of ``dpsgd.audit.claim``.
+``dpsgd.audit.game.stats`` and sets it beside the claimed ε of ``dpsgd.audit.game.claim``.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import asdict
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -32,25 +33,19 @@ from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
 from dpsgd.models.networks import MLP
 
+from ..variants import break_mechanism
 from .claim import claimed_epsilon
 from .settings import AuditConfig, AuditResult
-from .stats import epsilon_lower_bound
+from .stats import clopper_pearson_bound
 
 
 def _mechanism(model, cfg: AuditConfig, noise):
-    """(clipper, DPSGD) as the mechanism under audit builds them; L = η = 1 (post-processing)."""
-    clip = None if cfg.mechanism == "no_clip" else cfg.clip_norm
-    clipper = PerExampleClipper(model, max_grad_norm=clip, clipping=cfg.clipping)
-    sigma = cfg.sigma / 10 if cfg.mechanism == "noise_div10" else cfg.sigma
-    dp = DPSGD(model, clipper, noise, sigma=sigma, max_grad_norm=cfg.clip_norm,
+    """(clipper, DPSGD) as training builds them, L = η = 1 (post-processing), then broken as
+    ``cfg.mechanism`` says by the variants the one-run audit uses too (``dpsgd.audit.variants``)."""
+    clipper = PerExampleClipper(model, max_grad_norm=cfg.clip_norm, clipping=cfg.clipping)
+    dp = DPSGD(model, clipper, noise, sigma=cfg.sigma, max_grad_norm=cfg.clip_norm,
                expected_lot_size=1.0, lr=1.0)
-    if cfg.mechanism == "realised_lot":     # divide by |L_t| instead of the expected L
-        inner = dp.step
-
-        def step(x, y, physical_batch_size=None):
-            dp.L = float(max(1, len(x)))
-            return inner(x, y, physical_batch_size=physical_batch_size)
-        dp.step = step
+    break_mechanism(SimpleNamespace(dp=dp, clipper=clipper), cfg.mechanism)
     return clipper, dp
 
 
@@ -168,8 +163,8 @@ def run_audit(cfg: AuditConfig) -> AuditResult:
         scores, present, groups = run(cfg, noise, gen)
     finally:
         torch.set_num_threads(threads)
-    stat = epsilon_lower_bound(scores, present, cfg.delta, cfg.alpha, cfg.select_fraction,
-                               seed=cfg.seed)
+    stat = clopper_pearson_bound(scores, present, cfg.delta, cfg.alpha, cfg.select_fraction,
+                                 seed=cfg.seed)
     claimed = claimed_epsilon(cfg, groups)
     return AuditResult(config=asdict(cfg), eps_claimed=claimed, groups=groups,
                        seconds=time.perf_counter() - start, **stat)

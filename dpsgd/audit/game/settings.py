@@ -8,7 +8,7 @@ no biases; Abadi et al. 2016, §5.2), per-layer clipping C = 4, σ = 4, one step
 D' = {x_o, canary}, scored by the size of the release once x_o's clipped gradient is subtracted
 (‖θ₀ − θ₁ − g_o‖², which a white-box adversary who knows x_o can compute).
 
-Mechanisms: ``correct``; ``no_clip`` (the clipper has max_grad_norm=None while DPSGD still adds σC
+Mechanisms (``dpsgd.audit.variants.GAME_VARIANTS``, implemented there for both audits): ``correct``; ``no_clip`` (the clipper has max_grad_norm=None while DPSGD still adds σC
 noise for the claimed C); ``noise_div10`` (DPSGD adds σC/10 while σ is claimed); ``realised_lot``
 (``mnist_other`` only: the noisy sum divided by the realised lot size |L_t| instead of the expected L,
 so the noise shrinks by half when the canary is in — invisible to a one-run audit, whose canaries all
@@ -26,8 +26,10 @@ from dpsgd.config.schema import CHOICES
 from dpsgd.core.checks import boolean, choice, fmt, num
 from dpsgd.core.errors import ConfigError
 
+from ..variants import GAME_VARIANTS
+
 CLIPPINGS = tuple(CHOICES["privacy.clipping"])
-MECHANISMS = ("correct", "no_clip", "noise_div10", "realised_lot")
+MECHANISMS = GAME_VARIANTS
 # the mechanisms each setting can play (realised_lot needs a known other example in every lot)
 SETTING_MECHANISMS = {"tiny": MECHANISMS[:3], "mnist": MECHANISMS[:3], "mnist_other": MECHANISMS}
 TRIALS_MAX = 10 ** 7        # the scores of every trial are held in memory
@@ -80,7 +82,7 @@ class AuditConfig:
         number("alpha", lo=0, lo_open=True, hi=1, hi_open=True)
         number("select_fraction", lo=0, lo_open=True, hi=1, hi_open=True)
         number("trials", integer=True, lo=20, hi=TRIALS_MAX)
-        n_sel = int(round(self.select_fraction * self.trials))       # as stats.epsilon_lower_bound splits them
+        n_sel = int(round(self.select_fraction * self.trials))       # as stats.clopper_pearson_bound splits them
         if not 1 <= n_sel <= self.trials - 2:
             raise ConfigError(f"{label('select_fraction')}={self.select_fraction:g}: selects {n_sel} of the "
                               f"{self.trials} trials; at least 1 must choose the threshold and 2 evaluate it")

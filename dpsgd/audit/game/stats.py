@@ -60,7 +60,7 @@ def _best_threshold(out, inn, delta, conf):
     return float(t[i]), float(e[i])
 
 
-def epsilon_lower_bound(scores, present, delta: float, alpha: float = 0.05,
+def clopper_pearson_bound(scores, present, delta: float, alpha: float = 0.05,
                         select_fraction: float = 0.5, seed: int = 0) -> dict:
     """Clopper–Pearson lower bound on ε from scores of trials with (present=True) / without the canary.
 

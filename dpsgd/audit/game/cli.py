@@ -18,9 +18,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from dpsgd.core.checks import typed_number
 from dpsgd.core.fileio import write_json
 
-from .game import run_audit
+from .play import run_audit
 from .settings import CLIPPINGS, MECHANISMS, SETTING_MECHANISMS, SETTINGS, AuditConfig, AuditResult
 
 DEFAULT_ACCOUNTANTS = ",".join(AuditConfig.accountants)
@@ -34,16 +35,6 @@ class _Parser(argparse.ArgumentParser):
 def _option(field: str) -> str:
     """The command-line option of an ``AuditConfig`` field: clip_norm → --clip-norm."""
     return "--" + field.replace("_", "-")
-
-
-def _number(text: str):
-    """A number as typed (int if it reads as one); anything else is left for the check to refuse."""
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    return text
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,26 +53,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mechanism", choices=MECHANISMS + ("all",), default="all",
                    help="mechanism under audit; no_clip and noise_div10 are deliberately broken "
                         "(default: all three)")
-    p.add_argument("--sigma", type=_number, help="claimed noise multiplier σ (tiny: 2, mnist: 4)")
-    p.add_argument("--clip-norm", type=_number, help="claimed clipping bound C (tiny: 1, mnist: 4)")
+    p.add_argument("--sigma", type=typed_number, help="claimed noise multiplier σ (tiny: 2, mnist: 4)")
+    p.add_argument("--clip-norm", type=typed_number, help="claimed clipping bound C (tiny: 1, mnist: 4)")
     p.add_argument("--clipping", choices=CLIPPINGS,
                    help="clipping groups (tiny: global, mnist: per_layer)")
-    p.add_argument("--q", type=_number, default=1.0, help="Poisson inclusion probability of the canary")
-    p.add_argument("--delta", type=_number, default=1e-5, help="δ (default 1e-5)")
-    p.add_argument("--trials", type=_number, help="trials per mechanism, half with the canary "
+    p.add_argument("--q", type=typed_number, default=1.0, help="Poisson inclusion probability of the canary")
+    p.add_argument("--delta", type=typed_number, default=1e-5, help="δ (default 1e-5)")
+    p.add_argument("--trials", type=typed_number, help="trials per mechanism, half with the canary "
                                               "(tiny: 50000, mnist: 20000)")
-    p.add_argument("--select-fraction", type=_number, default=0.5,
+    p.add_argument("--select-fraction", type=typed_number, default=0.5,
                    help="fraction of trials used only to choose the threshold (default 0.5)")
-    p.add_argument("--alpha", type=_number, default=0.05, help="1 − confidence (default 0.05)")
-    p.add_argument("--canary-norm", type=_number, default=10.0,
+    p.add_argument("--alpha", type=typed_number, default=0.05, help="1 − confidence (default 0.05)")
+    p.add_argument("--canary-norm", type=typed_number, default=10.0,
                    help="canary gradient norm per group, in units of C (default 10)")
     p.add_argument("--accountants", default=DEFAULT_ACCOUNTANTS,
                    help="comma-separated accountants for the claimed ε "
                         f"(default {DEFAULT_ACCOUNTANTS})")
-    p.add_argument("--seed", type=_number, default=0, help="seed of trials and noise (default 0)")
+    p.add_argument("--seed", type=typed_number, default=0, help="seed of trials and noise (default 0)")
     p.add_argument("--secure-rng", action="store_true",
                    help="draw the noise from OS entropy (not reproducible)")
-    p.add_argument("--threads", type=_number, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=typed_number, default=1, help="torch threads (default 1)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     return p
 

@@ -104,7 +104,7 @@ def _p_value(r: int, v: int, m: int, eps: float, delta: float) -> float:
     return min(1.0, tail + 2.0 * m * delta * max(alpha, 0.0))
 
 
-def epsilon_lower_bound(r: int, v: int, m: int, delta: float, beta: float) -> float:
+def steinke_bound(r: int, v: int, m: int, delta: float, beta: float) -> float:
     """ε_lb = inf{ε >= 0 : p(ε, δ) > β} (module doc) for one pre-declared guess count: with
     probability >= 1 − β the run is not (ε, δ)-DP for any ε < ε_lb. 0.0 when even ε = 0 is not
     rejected. Bisection to XTOL, returning the rejected end (a lower bound to within XTOL)."""
@@ -195,7 +195,7 @@ def audit_bound(scores, bits, delta: float, beta: float = 0.05, guesses=None, gd
     per = beta / len(grid)
     rows = guess_counts(s, b, grid)
     for row in rows:
-        row["eps_lower_bound"] = epsilon_lower_bound(row["guesses"], row["correct"], m, delta, per)
+        row["eps_lower_bound"] = steinke_bound(row["guesses"], row["correct"], m, delta, per)
     best = max(rows, key=lambda row: row["eps_lower_bound"])
     extra = _gdp_fields(rows, m, delta, per) if gdp else {}
     return {**extra, "eps_lower_bound": best["eps_lower_bound"], "k_plus": best["k_plus"], "k_minus": best["k_minus"],

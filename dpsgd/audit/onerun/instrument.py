@@ -19,7 +19,7 @@ from dpsgd.run.parts import Data, Instrument, project
 
 from .canaries import CanaryDraw, GradientCanaries, add_canaries, canary_coordinates
 from .observe import WhiteBoxObserver
-from .variants import VARIANTS, break_mechanism
+from ..variants import VARIANTS, break_mechanism
 
 SCORES = ("llr", "sum")
 CANARIES_MAX = 10 ** 6

@@ -25,7 +25,8 @@ import numpy as np
 from scipy import integrate
 
 from .family import Claim, family_test, tradeoff
-from .onerun import _p_value, default_grid, fdp_rejected, guess_counts
+from .bounds import _p_value, default_grid, fdp_rejected, guess_counts
+from .order_stats import rejects as order_stats_rejects
 
 MAD_TO_SD = 1.4826            # σ = 1.4826 × MAD for a Gaussian (as observe.noise_scale)
 CHUNK = 1 << 20               # z values drawn at a time
@@ -51,17 +52,22 @@ def game_scores(rng: np.random.Generator, m: int, claim: Claim, noise_factor: fl
     return scores, bits
 
 
-def play(rng: np.random.Generator, m: int, claim: Claim, beta: float, noise_factor: float = 1.0) -> dict:
-    """One game and the two tests of the claim on it: ``family`` (H₀(σ) rejected, ``family.py``) and
-    ``steinke`` ((ε_claimed, δ)-DP rejected by the Steinke et al. p-value on the same grid at β/|grid|)."""
+def play(rng: np.random.Generator, m: int, claim: Claim, beta: float, noise_factor: float = 1.0,
+         order_stats: bool = False) -> dict:
+    """One game and the tests of the claim on it: ``family`` (H₀(σ) rejected, ``family.py``),
+    ``steinke`` ((ε_claimed, δ)-DP rejected by the Steinke et al. p-value on the same grid at β/|grid|)
+    and, with ``order_stats``, ``order_stats`` (H₀(σ) rejected by ``order_stats.py`` on its own grid)."""
     scores, bits = game_scores(rng, m, claim, noise_factor)
     grid = default_grid(m)
     per = beta / len(grid)
     rows = guess_counts(scores, bits, grid)
     f = tradeoff(claim.q, claim.sigma_eff(claim.sigma), claim.steps)
     eps = claim.epsilon()
-    return {"family": any(fdp_rejected(f, r["guesses"], r["correct"], m, per) for r in rows),
-            "steinke": any(_p_value(r["guesses"], r["correct"], m, eps, claim.delta) <= per for r in rows)}
+    out = {"family": any(fdp_rejected(f, r["guesses"], r["correct"], m, per) for r in rows),
+           "steinke": any(_p_value(r["guesses"], r["correct"], m, eps, claim.delta) <= per for r in rows)}
+    if order_stats:
+        out["order_stats"] = order_stats_rejects(scores, bits, claim, beta)
+    return out
 
 
 def one_game_bound(seed: int, m: int, claim: Claim, beta: float, noise_factor: float = 1.0) -> dict:

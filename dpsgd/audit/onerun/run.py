@@ -27,13 +27,13 @@ import time
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from dpsgd.core.checks import typed_number
 from dpsgd.core.errors import ConfigError
 from dpsgd.launch import main as launch
 from dpsgd.run import distributed
 from dpsgd.core.errors import one_line
 from dpsgd.launch.cli import fail
 
-from .cli import _number
 from .instrument import AuditInstrument, AuditOptions
 from .report import audit_report, scores_and_bits, write_report
 
@@ -77,7 +77,7 @@ def split_args(args: list[str]) -> tuple[AuditOptions, list[str]]:
         name = key[len("audit."):]
         if name not in known or not eq:
             raise ConfigError(f"{a}: unknown audit option; one of {', '.join('audit.' + k for k in sorted(known))}")
-        values[name] = _number(value)
+        values[name] = typed_number(value)
     return AuditOptions(**values).validate(), rest
 
 
@@ -94,7 +94,7 @@ def rescore_main(argv: list[str]) -> int:
         for a in argv[1:]:
             if not a.startswith("audit.beta="):
                 raise ConfigError(f"{a}: rescore takes only audit.beta=<β>")
-            beta = _number(a.partition("=")[2])
+            beta = typed_number(a.partition("=")[2])
         report = rescore(run_dir, beta)
     except ConfigError as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
