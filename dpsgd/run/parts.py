@@ -32,7 +32,7 @@ from dpsgd.run import distributed
 
 
 class Instrument:
-    """What an audit adds to a run (``dpsgd.audit.run``), never selectable by a training config.
+    """What an audit adds to a run (``dpsgd.audit.onerun.run``), never selectable by a training config.
 
     ``data`` returns the training data with the audit's canaries in it (they are examples of the
     dataset: the sampler draws them like any other, and N, q and the claim count them); ``attach``

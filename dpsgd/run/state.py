@@ -99,7 +99,7 @@ class Run:
     writer: MetricsWriter | Rows
     reservations: LotReservations
     finished: dict | None = None     # the final statement of a run that had already finished
-    instrument: parts.Instrument | None = None   # an audit's canaries and observers (dpsgd.audit.run)
+    instrument: parts.Instrument | None = None   # an audit's canaries and observers (dpsgd.audit.onerun.run)
 
     @classmethod
     def fresh(cls, c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, seeds: dict,
