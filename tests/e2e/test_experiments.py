@@ -68,6 +68,7 @@ def test_sweep_file_composes_and_validates_every_value(name):
         assert {"none", "random 60"} <= labels
 
 
+@pytest.mark.slow   # ~17 s; folders of a multirun never colliding: tests/e2e/test_train.py, fast
 def test_pca_sweep_multirun_runs_and_folders_never_collide(tmp_path):
     """A real multirun of the trickiest sweep file (a config-group sweep), two seeds, tiny mode:
     every (value, seed) gets its own folder, and collect turns them into Figure-5 rows."""

@@ -271,6 +271,7 @@ def test_each_recipe_runs_end_to_end_on_a_subset(tmp_path, recipe, extra):
 
 # --- the runner, the figure, the table ------------------------------------------------------------------
 
+@pytest.mark.slow   # ~12 s: calibrates σ for every recipe and ε of the plan
 def test_frontier_plan_covers_recipes_eps_seeds_and_prints_the_time(capsys):
     from experiments import frontier
     jobs = frontier.plan(frontier.RECIPES, frontier.EPSILONS, frontier.SEEDS)

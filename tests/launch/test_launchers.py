@@ -39,7 +39,7 @@ def _runs(sweep_dir: Path) -> list[Path]:
     return sorted(p.parent for p in sweep_dir.rglob("privacy.json"))
 
 
-@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+@pytest.mark.parametrize("launcher", ["joblib", pytest.param("submitit_local", marks=pytest.mark.slow)])
 def test_two_job_sweep_through_a_launcher_completes_in_distinct_folders(tmp_path, launcher):
     """2 jobs at once (worker processes or submitit jobs): each in its own folder under the sweep
     folder, both complete, their threads a share of the cores, and experiments.collect takes both."""
@@ -140,6 +140,7 @@ def test_jobs_share_the_cores_unless_the_user_chose_the_threads():
 
 
 # --------------------------------------------------------------------------- experiment scripts
+@pytest.mark.slow   # ~12 s: every group's multirun through a launcher (the sweep above covers one, fast)
 def test_paper_with_a_launcher_runs_one_multirun_per_group(capsys):
     assert paper.main(["--dry-run", "--sec-per-epoch", "2", "--launcher", "joblib"]) == 0
     out = capsys.readouterr().out

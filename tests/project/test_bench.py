@@ -7,6 +7,7 @@ import pytest
 from bench import bench_step
 
 
+@pytest.mark.slow   # ~14 s: 3 benchmark processes; the one-line refusals below stay fast
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory children read /proc")
 def test_bench_step_processes_aggregate(tmp_path):
     out = tmp_path / "bench.csv"
