@@ -45,6 +45,24 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
     return lo, hi
 
 
+def _rate_row(setting: tuple, claim, nu: float, res: list[dict], tests: tuple, t0: float) -> dict:
+    """One CSV row: a setting and mechanism, and for each test its rejections among the games ``res``
+    with their rate and Clopper–Pearson interval."""
+    name, q, sigma, steps, k, m = setting
+    games = len(res)
+    row = {"setting": name, "q": q, "sigma": sigma, "lots": steps, "groups": k, "m": m,
+           "eps_claimed": round(claim.epsilon(), 4), "delta": DELTA, "beta": BETA,
+           "mechanism": "claimed" if nu == 1 else f"noise sigma*{nu:g}", "noise_factor": nu, "games": games}
+    for test in tests:
+        n_rej = sum(r[test] for r in res)
+        lo, hi = clopper_pearson(n_rej, games)
+        row.update({f"{test}_rejections": n_rej, f"{test}_rate": n_rej / games,
+                    f"{test}_ci_lo": round(lo, 4), f"{test}_ci_hi": round(hi, 4)})
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    row["cpu"] = platform.machine()
+    return row
+
+
 def rates(games: int, out=RESULTS / "audit_idealised.csv") -> pd.DataFrame:
     from dpsgd.audit.onerun.family import Claim
     from dpsgd.audit.onerun.simulate import play
@@ -55,17 +73,7 @@ def rates(games: int, out=RESULTS / "audit_idealised.csv") -> pd.DataFrame:
             rng = np.random.default_rng([s_i, f_i])
             t = time.perf_counter()
             res = [play(rng, m, claim, BETA, nu) for _ in range(games)]
-            row = {"setting": name, "q": q, "sigma": sigma, "lots": steps, "groups": k, "m": m,
-                   "eps_claimed": round(claim.epsilon(), 4), "delta": DELTA, "beta": BETA,
-                   "mechanism": "claimed" if nu == 1 else f"noise sigma*{nu:g}", "noise_factor": nu,
-                   "games": games}
-            for test in ("family", "steinke"):
-                n_rej = sum(r[test] for r in res)
-                lo, hi = clopper_pearson(n_rej, games)
-                row.update({f"{test}_rejections": n_rej, f"{test}_rate": n_rej / games,
-                            f"{test}_ci_lo": round(lo, 4), f"{test}_ci_hi": round(hi, 4)})
-            row["seconds"] = round(time.perf_counter() - t, 1)
-            row["cpu"] = platform.machine()
+            row = _rate_row((name, q, sigma, steps, k, m), claim, nu, res, ("family", "steinke"), t)
             rows.append(row)
             print(row, flush=True)
             pd.DataFrame(rows).to_csv(out, index=False)
@@ -112,16 +120,7 @@ def order_stats(games: int, power_games: int, bound_games: int,
             rng = np.random.default_rng([s_i, f_i])            # the games of ``rates``
             t = time.perf_counter()
             res = [play(rng, m, claim, BETA, nu, order_stats=True) for _ in range(n_games)]
-            row = {"setting": name, "q": q, "sigma": sigma, "lots": steps, "groups": k, "m": m,
-                   "eps_claimed": round(claim.epsilon(), 4), "delta": DELTA, "beta": BETA,
-                   "mechanism": "claimed" if nu == 1 else f"noise sigma*{nu:g}", "noise_factor": nu, "games": n_games}
-            for test in ("family", "order_stats"):
-                n_rej = sum(r[test] for r in res)
-                lo, hi = clopper_pearson(n_rej, n_games)
-                row.update({f"{test}_rejections": n_rej, f"{test}_rate": n_rej / n_games,
-                            f"{test}_ci_lo": round(lo, 4), f"{test}_ci_hi": round(hi, 4)})
-            row["seconds"] = round(time.perf_counter() - t, 1)
-            row["cpu"] = platform.machine()
+            row = _rate_row((name, q, sigma, steps, k, m), claim, nu, res, ("family", "order_stats"), t)
             rows.append(row)
             print(row, flush=True)
             pd.DataFrame(rows).to_csv(out, index=False)
