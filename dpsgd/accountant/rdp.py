@@ -161,7 +161,7 @@ def rdp_to_epsilon(orders, rdp, delta: float, conversion: str = "improved"):
     delta = check_delta(delta)
     check_choice(conversion, "conversion", CONVERSIONS)
     a, r = check_curve(orders, rdp)
-    return _rdp_to_epsilon(a, r, delta, conversion)
+    return rdp_to_epsilon_unchecked(a, r, delta, conversion)
 
 
 def check_curve(orders, rdp_curve) -> tuple[np.ndarray, np.ndarray]:
@@ -175,7 +175,7 @@ def check_curve(orders, rdp_curve) -> tuple[np.ndarray, np.ndarray]:
     return a, r
 
 
-def _rdp_to_epsilon(a: np.ndarray, r: np.ndarray, delta: float, conversion: str):
+def rdp_to_epsilon_unchecked(a: np.ndarray, r: np.ndarray, delta: float, conversion: str):
     """The conversion itself, arguments already validated (also the ledger's per-epoch fast path)."""
     log_d = math.log(delta)
     if conversion == "paper":
