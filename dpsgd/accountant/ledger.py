@@ -33,11 +33,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import allocation, calibrate, compose, truncated, wor
+from . import calibrate, compose
+from .privacy_loss import truncated
+from .renyi import allocation, wor
 from .events import Event, Gaussian, from_entry
-from ._checks import STEPS_MAX, check_choice, check_delta, check_epsilon, check_groups, check_q, check_sigma, check_steps
+from .limits import STEPS_MAX, check_choice, check_delta, check_epsilon, check_groups, check_q, check_sigma, check_steps
 from .compose import ACCOUNTANTS
-from .rdp import CONVERSIONS, rdp_curve, rdp_to_epsilon_unchecked
+from .renyi.rdp import CONVERSIONS, rdp_curve, rdp_to_epsilon_unchecked
 
 ADJACENCIES = ("add_remove", "replace_one")
 EVENTS = {"poisson": ("moments", "rdp", "pld"), "wor": ("rdp", "pld"), "truncated": ("pld",),   # → accountants

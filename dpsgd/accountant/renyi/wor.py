@@ -37,7 +37,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from ._checks import check_delta, check_q, check_sigma, check_steps
+from ..limits import check_delta, check_q, check_sigma, check_steps
 from .rdp import rdp_to_epsilon_unchecked
 
 #: Integer orders (Theorem 9 is stated for integer α).

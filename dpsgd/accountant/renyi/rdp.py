@@ -32,7 +32,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from ._checks import check_choice, check_delta, check_epsilon, check_orders, check_q, check_sigma, check_steps
+from ..limits import check_choice, check_delta, check_epsilon, check_orders, check_q, check_sigma, check_steps
 
 #: Orders used by default: fractional orders where the optimum sits for large ε (down to 1.02:
 #: for ε > 100 the optimum is below 1.25, e.g. opacus starts at 1.1), integers 2..64, and a few
