@@ -15,8 +15,8 @@ from pathlib import Path
 
 from bench import write_csv
 from dpsgd.accountant import Ledger, moments, pld, rdp
-from dpsgd.accountant.pld_fft import _step_fft
-from dpsgd.accountant.pld_lot import _step_pmf
+from dpsgd.accountant.privacy_loss.pld_fft import _step_fft
+from dpsgd.accountant.privacy_loss.pld_lot import _step_pmf
 
 DELTA = 1e-5
 OUT = Path("results/bench_accountant.csv")

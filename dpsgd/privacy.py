@@ -34,7 +34,7 @@ charged as (``record_lots``: the privacy events the training loop records, one c
 with training, resume and calibration); they go into a ``Ledger`` and are composed by every
 accountant that serves them. ``epsilon`` is the smallest of those (each a valid upper bound). For
 ``shuffle`` the result is a bracket: the ``epsilon`` above (upper: one Gaussian per epoch at σ/2,
-replace-one) and ``epsilon_lower`` (Chua et al. 2024, ``accountant/shuffle_lower.py``), with
+replace-one) and ``epsilon_lower`` (Chua et al. 2024, ``accountant/privacy_loss/shuffle_lower.py``), with
 ``epsilon_if_poisson``: the Poisson number (q = L/N, every lot) a shuffled run would wrongly report.
 For ``fixed_size``, ``epsilon_lower`` is the ε of one dataset pair whose gradients never change (the
 lot's remove pair, and its reverse, at rate L/N and noise σ/2, self-composed by PLD: the mechanism
@@ -51,7 +51,8 @@ import math
 import sys
 import time
 
-from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS, Ledger, calibrate, limits, pld, shuffle_lower, truncated
+from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS, Ledger, calibrate, limits, pld
+from dpsgd.accountant.privacy_loss import shuffle_lower, truncated
 from dpsgd.accountant.events import Poisson
 from dpsgd.accountant.calibrate import CALIBRATABLE
 from dpsgd.accountant.last_iterate import last_iterate_epsilon

@@ -11,12 +11,12 @@ import math
 import numpy as np
 
 from . import compose
-from . import moments as _moments
+from .renyi import moments as _moments
 from . import strong_composition as _sc
-from ._checks import (SIGMA_MAX, SIGMA_MIN, STEPS_MAX, check_choice, check_delta, check_epsilon, check_groups,
+from .limits import (SIGMA_MAX, SIGMA_MIN, STEPS_MAX, check_choice, check_delta, check_epsilon, check_groups,
                       check_q, check_sigma, check_steps)
 from .compose import ACCOUNTANTS, CONVENTIONS
-from .rdp import CONVERSIONS, DEFAULT_ORDERS
+from .renyi.rdp import CONVERSIONS, DEFAULT_ORDERS
 
 CALIBRATABLE = ACCOUNTANTS + ("strong_composition", "strong_composition_valid")
 

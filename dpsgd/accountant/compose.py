@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import math
 
-from . import moments, pld, rdp
-from ._checks import check_choice, check_sigma, check_steps
+from .privacy_loss import pld
+from .renyi import moments, rdp
+from .limits import check_choice, check_sigma, check_steps
 
 ACCOUNTANTS = ("moments", "rdp", "pld")
 CONVENTIONS = ("joint", "per_tensor")

@@ -42,7 +42,7 @@ import math
 import numpy as np
 from scipy import optimize, special
 
-from ._checks import check_delta, check_groups, check_q, check_sigma, check_steps
+from .limits import check_delta, check_groups, check_q, check_sigma, check_steps
 from .compose import charge
 
 TAIL_FRACTION = 1e-3     # binomial mass dropped: at most this share of δ

@@ -33,11 +33,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import allocation, calibrate, compose, truncated, wor
+from . import calibrate, compose
+from .privacy_loss import truncated
+from .renyi import allocation, wor
 from .events import Event, Gaussian, from_entry
-from ._checks import STEPS_MAX, check_choice, check_delta, check_epsilon, check_groups, check_q, check_sigma, check_steps
+from .limits import STEPS_MAX, check_choice, check_delta, check_epsilon, check_groups, check_q, check_sigma, check_steps
 from .compose import ACCOUNTANTS
-from .rdp import CONVERSIONS, _rdp_to_epsilon, rdp_curve
+from .renyi.rdp import CONVERSIONS, rdp_curve, rdp_to_epsilon_unchecked
 
 ADJACENCIES = ("add_remove", "replace_one")
 EVENTS = {"poisson": ("moments", "rdp", "pld"), "wor": ("rdp", "pld"), "truncated": ("pld",),   # → accountants
@@ -276,7 +278,7 @@ def _events_epsilon(entries, delta: float, accountant: str, convention: str, con
             curve = (wor.rdp_curve(q, s) if e.event == "wor" else allocation.rdp_curve(s, e.t, wor.ORDERS)
                      if e.event == "allocation" else rdp_curve(q, s, wor.ORDERS))
             total = total + e.count * per_lot * curve
-        return _rdp_to_epsilon(np.array(wor.ORDERS), np.asarray(total), delta, conversion)
+        return rdp_to_epsilon_unchecked(np.array(wor.ORDERS), np.asarray(total), delta, conversion)
     rel = []
     for e in entries:
         q, s, per_lot = compose.charge(e.q, e.sigma, e.groups, convention)

@@ -29,8 +29,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import calibrate, rdp
-from ._checks import check_choice, check_delta, check_epsilon, check_groups, check_q, check_steps
+from . import calibrate
+from .renyi import rdp
+from .limits import check_choice, check_delta, check_epsilon, check_groups, check_q, check_steps
 
 DISTRIBUTIONS = ("fixed", "poisson", "truncated_negative_binomial")
 

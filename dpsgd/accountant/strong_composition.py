@@ -35,7 +35,7 @@ import math
 import numpy as np
 from scipy import optimize, special
 
-from ._checks import check_choice, check_delta, check_q, check_sigma, check_steps
+from .limits import check_choice, check_delta, check_q, check_sigma, check_steps
 
 VARIANTS = ("paper", "valid")
 GAUSSIANS = ("classical", "analytic")

@@ -51,7 +51,7 @@ def _check_widths(m) -> None:
         raise ConfigError(f"model.hidden={fmt(m.hidden)}: must be a list of layer widths")
     if m.name == "mlp" and len(m.hidden) + 1 > limits.GROUPS_MAX:
         raise ConfigError(f"model.hidden: {len(m.hidden)} hidden layers; per-layer clipping charges one group "
-                          f"per layer, at most GROUPS_MAX={limits.GROUPS_MAX} (dpsgd/accountant/_checks.py)")
+                          f"per layer, at most GROUPS_MAX={limits.GROUPS_MAX} (dpsgd/accountant/limits.py)")
     m.hidden = [num(f"model.hidden[{i}]", h, integer=True, lo=1) for i, h in enumerate(m.hidden)]
     for i, h in enumerate(m.hidden):   # a layer of width h has >= h weights (checked before any build)
         if h > PARAMS_MAX:

@@ -126,7 +126,7 @@ def sigma_served(key: str, v: float, charged: float) -> None:
     if not lo <= charged <= hi:
         how = "" if charged == v else f" (charged as {charged:g})"
         raise ConfigError(f"{key}={fmt(v)}{how}: must be in [{lo:g}, {hi:g}], the range the accountants serve "
-                          "(SIGMA_MIN, SIGMA_MAX in dpsgd/accountant/_checks.py)")
+                          "(SIGMA_MIN, SIGMA_MAX in dpsgd/accountant/limits.py)")
 
 
 def validate_accountant(c) -> None:

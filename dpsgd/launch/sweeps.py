@@ -29,7 +29,6 @@ from dpsgd.launch.launchers import check
 
 SWEEP_CLAIM = ".sweep.claim"      # created exclusively by the launching process, removed when it ends
 RUN_MARKERS = (".hydra", "privacy.json", "checkpoint.pt")     # what a run folder holds
-_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 @dataclass
@@ -92,19 +91,33 @@ def resolve_sweep(args: list[str]) -> Sweep:
 def _job_overrides(loader, master) -> list[list[str]]:
     """Each job's overrides, in Hydra's order: the basic sweeper's expansion of the sweep file's params
     and the command line (glob() included, through the config loader)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     target = str(master.hydra.sweeper.get("_target_"))
-    if target != _BASIC_SWEEPER:
+    if target != BASIC_SWEEPER:
         name = (master.hydra.runtime.choices or {}).get("hydra/sweeper") or target
         raise ConfigError(f"hydra/sweeper={name}: not supported (dpsgd resolves and checks every job's folder "
                           "before a sweep starts, with Hydra's basic sweeper)")
     params = [f"{k}={v}" for k, v in (master.hydra.sweeper.get("params") or {}).items()]
     try:
         parsed = OverridesParser.create(config_loader=loader).parse_overrides(params + list(master.hydra.overrides.task))
-        return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+        return basic_sweeper_jobs(parsed)
     except Exception as e:
         raise ConfigError(one_line(e)) from None
+
+
+# Hydra's own sweeper (``hydra/sweeper=basic``, the default), as ``hydra.sweeper._target_`` names it. It
+# lives in Hydra's private modules; this name and ``basic_sweeper_jobs`` are all dpsgd takes from it, and
+# tests/launch/test_hydra_private.py fails if a Hydra upgrade moves or changes either.
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def basic_sweeper_jobs(overrides: list) -> list[list[str]]:
+    """Every job's overrides (one list per job, in Hydra's order) as Hydra's basic sweeper expands the
+    parsed ``overrides``: the product of every key's values, a later override of a key replacing an
+    earlier one. Its private ``BasicSweeper.split_arguments``, called rather than copied: no public
+    Hydra API expands a sweep without running it, and a copy would drift from what Hydra runs unseen."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    return [list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
 
 
 def _subdir(cfg, num: int, kind: str, text: str) -> str:

@@ -16,19 +16,19 @@
 * ``FixedSizeSampler`` — each lot is a uniformly random subset of exactly L of the N examples,
   drawn independently for every lot (sampling without replacement within a lot). Replace-one
   adjacency; each lot is ledger event ``wor`` (γ = L/N), served by the PLD accountant (the symmetric
-  dominating pair of Dong, Roth & Su 2022, Thm 9, valid under composition: ``accountant/wor_pld.py``)
-  and by the RDP accountant (Wang, Balle & Kasiviswanathan 2019, Thm 9: ``accountant/wor.py``); the
+  dominating pair of Dong, Roth & Su 2022, Thm 9, valid under composition: ``accountant/privacy_loss/wor_pld.py``)
+  and by the RDP accountant (Wang, Balle & Kasiviswanathan 2019, Thm 9: ``accountant/renyi/wor.py``); the
   statement takes the smaller.
 * ``TruncatedPoissonSampler`` — a Poisson lot (rate q = L/N) capped at B examples (a uniformly
   random B of them when more were drawn); ``padded`` gives it fixed shape B with zero weights on the
   padding rows. Add/remove adjacency; each lot is charged as the truncated subsampled Gaussian
-  (``accountant/truncated.py``, Ganesh et al. 2025): ledger event ``truncated``, PLD only.
+  (``accountant/privacy_loss/truncated.py``, Ganesh et al. 2025): ledger event ``truncated``, PLD only.
 * ``BallsInBinsSampler`` — each epoch every example is put in one of the epoch's t = N/L lots
   (uniformly at random, independently: lot sizes are Binomial(N, 1/t)): random allocation. Add/remove
   adjacency; one epoch of t adaptive Gaussian steps is dominated by the pair
   P = (1/t) Σ_j N(e_j, σ²I_t), Q = N(0, σ²I_t) (Chua et al. 2025, arXiv 2412.16802, balls-and-bins;
   Feldman & Shenfeld 2025, arXiv 2502.08202, Sec. 6), charged once per epoch (when its first lot is
-  taken) as the RDP of ``accountant/allocation.py`` (both directions exact at integer orders):
+  taken) as the RDP of ``accountant/renyi/allocation.py`` (both directions exact at integer orders):
   ledger event ``allocation`` (with t), RDP accountant only. Epochs compose by adding RDP; a partial
   last epoch is charged as a full one.
 
@@ -275,7 +275,7 @@ class BallsInBinsSampler(Sampler):
             start += n
 
     def event(self, sigma: float, groups: int = 1) -> events.Event:
-        # one epoch of random allocation over t lots (accountant/allocation.py), charged at its first lot
+        # one epoch of random allocation over t lots (accountant/renyi/allocation.py), charged at its first lot
         return events.Allocation(float(sigma), self.lots_per_epoch(), groups)
 
     def charged(self, lot_in_epoch: int) -> bool:

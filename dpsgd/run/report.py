@@ -194,7 +194,7 @@ CHARGED = {   # what each sampler's release() records (dpsgd/mechanism/sampling.
 
 def _shuffle_lower(ledger, sampler, p) -> dict:
     """The lower end of the shuffle bracket (Chua et al. 2024): no valid ε of this run is below it."""
-    from dpsgd.accountant import shuffle_lower
+    from dpsgd.accountant.privacy_loss import shuffle_lower
     epochs = sum(e.count for e in ledger.entries if e.label in ("sgd", "lost"))
     try:
         low = shuffle_lower.epsilon_lower(p.sigma, sampler.lots_per_epoch(), epochs, p.delta) if epochs else 0.0

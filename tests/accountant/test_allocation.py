@@ -1,4 +1,4 @@
-"""Random allocation (balls-in-bins) RDP bound (dpsgd/accountant/allocation.py) against the authors' code.
+"""Random allocation (balls-in-bins) RDP bound (dpsgd/accountant/renyi/allocation.py) against the authors' code.
 
 Reference: github.com/moshenfeld/random_allocation at commit 5a1958a (v1.0.4) (Feldman & Shenfeld 2025,
 "Privacy amplification by random allocation", arXiv 2502.08202), file
@@ -16,7 +16,8 @@ from scipy import special
 
 import torch
 
-from dpsgd.accountant import Ledger, allocation, pld, rdp, wor
+from dpsgd.accountant import Ledger, pld, rdp
+from dpsgd.accountant.renyi import allocation, wor
 from dpsgd.accountant.events import Allocation
 from dpsgd.mechanism.sampling import make_sampler
 from dpsgd.privacy import sampler_epsilon

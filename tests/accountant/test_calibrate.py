@@ -46,7 +46,7 @@ def test_moments_floor_is_named_and_others_still_answer():
 
 
 def test_search_stays_in_the_serviceable_sigma_range():
-    from dpsgd.accountant._checks import SIGMA_MIN
+    from dpsgd.accountant.limits import SIGMA_MIN
     with pytest.raises(ValueError, match=r"rdp: .*SIGMA_MIN"):
         calibrate.sigma_for_epsilon(10_000.0, DELTA, 1.0, 1, "rdp")
     with pytest.raises(ValueError, match=r"strong_composition: .*SIGMA_MAX"):

@@ -123,7 +123,7 @@ def test_delta_query():
 @pytest.mark.parametrize("accountant", ["moments", "rdp", "pld"])
 def test_steps_within_is_capped_at_steps_max(accountant):
     # a mechanism that never spends the budget: the answer is the cap, not 10**12 / 10**15
-    from dpsgd.accountant._checks import STEPS_MAX
+    from dpsgd.accountant.limits import STEPS_MAX
     led = Ledger()
     led.record(0.01, 4.0, 1000)
     assert led.steps_within(1.0, DELTA, q=1e-12, sigma=1e6, accountant=accountant) == STEPS_MAX - 1000

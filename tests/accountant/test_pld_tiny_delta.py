@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from scipy import optimize
 
-from dpsgd.accountant import _checks, pld
+from dpsgd.accountant import limits, pld
 from tolerances import EPS64, pld_epsilon_tol
 
 DELTAS = (1e-5, 1e-10, 9.999e-13, 1e-12, 1.0001e-12, 1e-15, 1e-20, 1e-30)
@@ -172,7 +172,7 @@ def test_switch_over_against_dp_accounting():
 
 
 def test_documented_ranges_match_checks():
-    """docs/ACCOUNTING.md's table of serviceable ranges names each constant of _checks.py and its value."""
+    """docs/ACCOUNTING.md's table of serviceable ranges names each constant of limits.py and its value."""
     from pathlib import Path
     text = (Path(__file__).resolve().parents[2] / "docs" / "ACCOUNTING.md").read_text()
     section = text.split("## Where the accountants stop", 1)[1].split("\n## ", 1)[0]
@@ -184,4 +184,4 @@ def test_documented_ranges_match_checks():
         seen[name] = float(value)
     assert set(seen) == names
     for name, value in seen.items():
-        assert value == getattr(_checks, name), name                  # exact: the same decimal literal
+        assert value == getattr(limits, name), name                  # exact: the same decimal literal

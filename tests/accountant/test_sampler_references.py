@@ -13,7 +13,8 @@ not a paper table. Their code is not part of this repository; only its outputs a
 """
 import pytest
 
-from dpsgd.accountant import pld, shuffle_lower
+from dpsgd.accountant import pld
+from dpsgd.accountant.privacy_loss import shuffle_lower
 from dpsgd.privacy import sampler_epsilon
 from tolerances import PLD_GRID_STEPS
 
@@ -65,7 +66,7 @@ BNB_LOWER = [
 @pytest.mark.parametrize("N,L,sigma,lots,theirs", BNB_LOWER)
 def test_balls_in_bins_charge_is_not_below_the_authors_lower_bound(N, L, sigma, lots, theirs):
     r = sampler_epsilon("balls_in_bins", N, L, sigma, lots, DELTA)
-    # our charge (random allocation, accountant/allocation.py: RDP of the same pair, an upper bound)
+    # our charge (random allocation, accountant/renyi/allocation.py: RDP of the same pair, an upper bound)
     # bounds the true ε from above; their construction is a lower bound on it: ours must not fall below
     assert r["adjacency"] == "add_remove" and r["amplification_by_sampling"] is True
     assert r["accountant"] == "rdp" and r["epsilon"] >= theirs

@@ -8,7 +8,9 @@ import pytest
 import torch
 from scipy import stats
 
-from dpsgd.accountant import Ledger, pld, shuffle_lower, truncated, wor
+from dpsgd.accountant import Ledger, pld
+from dpsgd.accountant.privacy_loss import shuffle_lower, truncated
+from dpsgd.accountant.renyi import wor
 from dpsgd.mechanism.sampling import make_sampler
 from tolerances import EPS64, PLD_GRID_STEPS
 

@@ -6,7 +6,7 @@ import pytest
 from dpsgd.accountant import Ledger, calibrate, moments, pld, rdp, strong_composition as sc
 
 GOOD = dict(q=0.01, sigma=1.0, steps=10, delta=1e-5, epsilon=1.0)
-BAD = {   # the last values of each row are just outside the serviceable ranges (_checks)
+BAD = {   # the last values of each row are just outside the serviceable ranges (limits)
     "q": [0.0, -0.1, 1.5, math.nan, "0.1", True, 1e-300],
     "sigma": [0.0, -1.0, math.inf, math.nan, 1e-300, 1e308, 0.0099],
     "delta": [0.0, 1.0, -1e-5, 2.0, 1e-320],
@@ -81,7 +81,7 @@ def test_accounting_does_not_import_torch():
 
 
 def test_serviceable_range_constants_and_boundaries():
-    from dpsgd.accountant import _checks as c
+    from dpsgd.accountant import limits as c
     assert (c.SIGMA_MIN, c.SIGMA_MAX, c.Q_MIN, c.STEPS_MAX, c.GROUPS_MAX, c.DELTA_MIN, c.EPSILON_MAX) == (
         0.01, 1e6, 1e-12, 10 ** 9, 10 ** 5, 1e-100, 1e4)
     # the boundaries themselves are served

@@ -1,4 +1,4 @@
-"""Fixed-size lots (sampling without replacement, replace-one) by their PLD (dpsgd/accountant/wor_pld.py).
+"""Fixed-size lots (sampling without replacement, replace-one) by their PLD (dpsgd/accountant/privacy_loss/wor_pld.py).
 
 References: a brute-force PLD of the exact mechanism on tiny datasets (every subset of the lot enumerated,
 the output binned, losses rounded down: a lower bound on the true ε, since binning is post-processing and
@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from scipy import signal, special
 
-from dpsgd.accountant import Ledger, pld, truncated, wor, wor_pld
+from dpsgd.accountant import Ledger, pld
+from dpsgd.accountant.privacy_loss import truncated, wor_pld
+from dpsgd.accountant.renyi import wor
 from tolerances import PLD_GRID_STEPS
 
 dpa = pytest.importorskip("dp_accounting")

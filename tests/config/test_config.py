@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dpsgd.accountant import _checks as acc_limits
+from dpsgd.accountant import limits as acc_limits
 from dpsgd.config.schema import Config, ConfigError, validate
 from dpsgd.launch.main import compose
 from dpsgd.config.model import PARAMS_MAX

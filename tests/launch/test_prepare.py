@@ -33,7 +33,7 @@ from typing import get_args, get_type_hints
 import pytest
 
 from dpsgd import privacy
-from dpsgd.accountant import _checks as acc_limits
+from dpsgd.accountant import limits as acc_limits
 from dpsgd.config.schema import CHOICES, GROUPS, Config, ConfigError
 from dpsgd.launch.prepare import prepare, prepare_resume
 

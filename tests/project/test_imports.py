@@ -1,9 +1,10 @@
-"""The import graph of ``dpsgd``: no circles, and no private names used across modules.
+"""The import graph of ``dpsgd``: no circles, no private names used across packages, no import from a
+higher layer, and no folder of more than ten modules.
 
 Read with ``ast`` (nothing imported), function-level imports included: a circle hidden inside a
-function is still a circle. A package may use its own private modules (``accountant/_checks.py``);
-a module directly under ``dpsgd/`` uses only public names of the others (shared helpers become
-public names of one module, e.g. ``dpsgd/core/errors.py``).
+function is still a circle. The modules of one package may share private names
+(``accountant/privacy_loss/``: ``pld_lot._step_pmf``); across packages only public names are used
+(shared helpers become public names of one module, e.g. ``dpsgd/core/errors.py``).
 """
 from __future__ import annotations
 
@@ -147,3 +148,32 @@ def test_no_function_longer_than_80_lines():
             for p in ROOT.rglob("*.py") for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 80]
     assert long == []
+
+
+# The accountant inside: the method families (renyi/, privacy_loss/) sit below what composes and
+# records them (compose, calibrate, ledger, ...), and use only the accountant's limits from above.
+METHODS = ("dpsgd.accountant.renyi", "dpsgd.accountant.privacy_loss")
+
+
+def test_accountant_methods_import_nothing_above_them():
+    mods = _modules()
+    up = [f"{a} imports {b}" for a, b, _ in _imports(mods)
+          if a.startswith(METHODS) and b.startswith("dpsgd.accountant")
+          and not b.startswith(METHODS) and b != "dpsgd.accountant.limits"]
+    assert up == []
+
+
+# The house rule: at most ten modules (``__init__.py`` aside) in a folder of dpsgd/. A folder better
+# left whole is named here with its reason, which docs/ARCHITECTURE.md gives too.
+MODULES_MAX = 10
+LEFT_WHOLE: dict[str, str] = {}
+
+
+def test_no_folder_holds_more_than_ten_modules():
+    crowded = {}
+    for folder in [ROOT, *(d for d in ROOT.rglob("*") if d.is_dir())]:
+        n = sum(1 for p in folder.glob("*.py") if p.name != "__init__.py")
+        name = str(folder.relative_to(ROOT.parent))
+        if n > MODULES_MAX and name not in LEFT_WHOLE:
+            crowded[name] = n
+    assert crowded == {}, f"split these folders, or say in LEFT_WHOLE and docs/ARCHITECTURE.md why not: {crowded}"

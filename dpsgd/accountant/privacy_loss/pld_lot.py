@@ -1,7 +1,7 @@
 """One lot's privacy loss distribution (PLD): the Poisson-subsampled Gaussian, discretised pessimistically.
 
 The loss L(z) of one lot (q, σ) in each direction (remove, add) is defined in the module doc of
-``dpsgd/accountant/pld.py`` (Koskela, Jälkö & Honkela 2020; Zhu, Dong & Wang 2022); this module
+``dpsgd/accountant/privacy_loss/pld.py`` (Koskela, Jälkö & Honkela 2020; Zhu, Dong & Wang 2022); this module
 discretises it, one lot at a time (``_step_pmf``); ``pld_fft.py`` composes the lots.
 
 Discretisation ("connect the dots", Doroshenko, Ghazi, Kamath, Kumar & Manurangsi 2022, PETS):

@@ -51,7 +51,7 @@ import math
 
 import numpy as np
 
-from ._checks import check_delta, check_epsilon, check_q, check_sigma, check_steps
+from ..limits import check_delta, check_epsilon, check_q, check_sigma, check_steps
 from .pld_fft import _Composed, _lam
 from .pld_lot import STEP_TAIL, TAIL_FRACTION, _T_GRID, _lot_interval, _step_tail, _z_tail
 

@@ -37,8 +37,8 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from ._checks import check_delta, check_q, check_sigma, check_steps
-from .rdp import _rdp_to_epsilon
+from ..limits import check_delta, check_q, check_sigma, check_steps
+from .rdp import rdp_to_epsilon_unchecked
 
 #: Integer orders (Theorem 9 is stated for integer α).
 ORDERS: tuple = tuple(float(a) for a in range(2, 65)) + (80.0, 96.0, 128.0, 192.0, 256.0)
@@ -106,4 +106,4 @@ def epsilon(gamma: float, sigma: float, steps: int, delta: float, conversion: st
     gamma, sigma, steps, delta = check_q(gamma, "gamma"), check_sigma(sigma), check_steps(steps), check_delta(delta)
     if steps == 0:
         return 0.0, None
-    return _rdp_to_epsilon(np.array(ORDERS), steps * rdp_curve(gamma, sigma), delta, conversion)
+    return rdp_to_epsilon_unchecked(np.array(ORDERS), steps * rdp_curve(gamma, sigma), delta, conversion)

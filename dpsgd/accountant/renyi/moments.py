@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ._checks import check_delta, check_epsilon, check_orders, check_q, check_sigma, check_steps
+from ..limits import check_delta, check_epsilon, check_orders, check_q, check_sigma, check_steps
 from .rdp import log_a_unchecked
 
 #: The paper's orders: λ = 1..32.

@@ -43,7 +43,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ._checks import check_q, check_sigma
+from ..limits import check_q, check_sigma
 from .pld_lot import _step_pmf
 
 

@@ -40,7 +40,7 @@ from scipy import special
 from . import pld, wor_pld
 from .pld_fft import MAX_INTERVAL, WINDOW_TAIL
 from .pld_lot import STEP_TAIL, _T_GRID, _step_pmf, _z_tail
-from ._checks import check_delta, check_q, check_sigma, check_steps
+from ..limits import check_delta, check_q, check_sigma, check_steps
 
 MAX_POINTS = 1 << 21             # largest FFT window before h is doubled
 _BISECT = 80                     # bisection steps for the loss thresholds (x to ~1e-24 relative)

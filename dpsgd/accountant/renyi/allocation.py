@@ -58,7 +58,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from ._checks import check_delta, check_sigma, check_steps
+from ..limits import check_delta, check_sigma, check_steps
 from .rdp import rdp_to_epsilon
 
 #: Integer orders (the remove-direction formula is exact at integer α only).

@@ -32,7 +32,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from ._checks import check_choice, check_delta, check_epsilon, check_orders, check_q, check_sigma, check_steps
+from ..limits import check_choice, check_delta, check_epsilon, check_orders, check_q, check_sigma, check_steps
 
 #: Orders used by default: fractional orders where the optimum sits for large ε (down to 1.02:
 #: for ε > 100 the optimum is below 1.25, e.g. opacus starts at 1.1), integers 2..64, and a few
@@ -161,7 +161,7 @@ def rdp_to_epsilon(orders, rdp, delta: float, conversion: str = "improved"):
     delta = check_delta(delta)
     check_choice(conversion, "conversion", CONVERSIONS)
     a, r = check_curve(orders, rdp)
-    return _rdp_to_epsilon(a, r, delta, conversion)
+    return rdp_to_epsilon_unchecked(a, r, delta, conversion)
 
 
 def check_curve(orders, rdp_curve) -> tuple[np.ndarray, np.ndarray]:
@@ -175,7 +175,7 @@ def check_curve(orders, rdp_curve) -> tuple[np.ndarray, np.ndarray]:
     return a, r
 
 
-def _rdp_to_epsilon(a: np.ndarray, r: np.ndarray, delta: float, conversion: str):
+def rdp_to_epsilon_unchecked(a: np.ndarray, r: np.ndarray, delta: float, conversion: str):
     """The conversion itself, arguments already validated (also the ledger's per-epoch fast path)."""
     log_d = math.log(delta)
     if conversion == "paper":

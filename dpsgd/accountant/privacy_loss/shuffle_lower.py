@@ -31,7 +31,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from ._checks import check_delta, check_sigma, check_steps
+from ..limits import check_delta, check_sigma, check_steps
 from .truncated import _epsilon, compose_pmfs
 
 INTERVAL = 1e-4                 # h: loss grid (each epoch's loss is rounded down by < h)
