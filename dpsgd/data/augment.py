@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-CROP = 24          # the paper's (and the tutorial's) crop of the 32×32 CIFAR images
+from dpsgd.data.datasets import CROP  # noqa: F401 (the paper's crop; re-exported)
 
 
 def per_image_standardization(x: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 from dpsgd.core.checks import boolean, choice, fmt, num
 from dpsgd.core.errors import ConfigError
-from dpsgd.data.augment import AUGMENTATIONS, CROP
+
+CROP = 24          # the paper's (and the tutorial's) crop of the 32×32 CIFAR images (dataset.crop)
 
 
 class Dataset(NamedTuple):
@@ -90,6 +91,7 @@ def validate_dataset(d) -> None:
     if d.root is not None and not isinstance(d.root, str):
         raise ConfigError(f"dataset.root={fmt(d.root)}: must be a path")
     d.download = boolean("dataset.download", d.download)
+    from dpsgd.data.augment import AUGMENTATIONS     # torch: here, so that `python -m dpsgd.data` (make data) needs none
     choice("dataset.augment", d.augment, AUGMENTATIONS)
     d.standardize = boolean("dataset.standardize", d.standardize)
     shape = DATASETS[d.name].shape
