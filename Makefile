@@ -105,10 +105,11 @@ OTHER_CPU := DPSGD_CPU_PROFILE=baseline NPY_DISABLE_CPU_FEATURES=X86_V3,X86_V4,A
 test-other-cpu: $(STAMP) data ## the fast suite again as a CPU without AVX2/AVX-512 computes it (tolerances not pinned to one CPU)
 	env $(OTHER_CPU) $(PY) -m pytest -m "not slow" -q -p no:cacheprovider
 
-bench: $(STAMP) data ## benchmarks: DP step vs non-private vs Opacus, a whole run by phase, GEMM orientation, accountant speed, frozen layers, threads, torch.distributed, CIFAR-10 epoch
+bench: $(STAMP) data ## benchmarks: DP step vs non-private vs Opacus, a whole run by phase, evaluation chunks, GEMM orientation, accountant speed, frozen layers, threads, torch.distributed, CIFAR-10 epoch
 	$(PY) -m pip install -q opacus==1.6.0
 	$(PY) -m bench.bench_step
 	$(PY) -m bench.bench_run
+	$(PY) -m bench.bench_eval
 	$(PY) -m bench.bench_gemm
 	$(PY) -m bench.bench_accountant
 	$(PY) -m bench.bench_frozen

@@ -29,7 +29,7 @@ unless they were converted first (:meth:`Ledger.converted`, which names the conv
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -111,8 +111,8 @@ class Ledger:
         if e.count == 0:
             return
         last = self._entries[-1] if self._entries else None
-        if last is not None and asdict(last) | {"count": 0} == asdict(e) | {"count": 0}:
-            self._entries[-1] = Entry(**(asdict(e) | {"count": last.count + e.count}))
+        if last is not None and replace(last, count=e.count) == e:    # every field but the count equal
+            self._entries[-1] = replace(e, count=last.count + e.count)
         else:
             self._entries.append(e)
 

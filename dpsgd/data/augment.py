@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-CROP = 24          # the paper's (and the tutorial's) crop of the 32×32 CIFAR images
+from dpsgd.data.datasets import AUGMENTATION_NAMES, CROP   # torch-free, so `python -m dpsgd.data` needs no torch
 
 
 def per_image_standardization(x: torch.Tensor) -> torch.Tensor:
@@ -72,6 +72,8 @@ AUGMENTATIONS = {  # dataset.augment -> augment(x [B, C, H, W], generator) -> [B
     "none": identity,
     "crop_flip": crop_flip,
 }
+if tuple(AUGMENTATIONS) != AUGMENTATION_NAMES:     # the names the config accepts are the functions here
+    raise ImportError(f"data/augment.py: AUGMENTATIONS {list(AUGMENTATIONS)} != datasets.AUGMENTATION_NAMES")
 
 
 def lot_generator(seed: int, step: int) -> torch.Generator:

@@ -12,7 +12,9 @@ from typing import NamedTuple
 
 from dpsgd.core.checks import boolean, choice, fmt, num
 from dpsgd.core.errors import ConfigError
-from dpsgd.data.augment import AUGMENTATIONS, CROP
+
+CROP = 24          # the paper's (and the tutorial's) crop of the 32×32 CIFAR images (dataset.crop)
+AUGMENTATION_NAMES = ("none", "crop_flip")   # dataset.augment; the functions: data/augment.py (torch)
 
 
 class Dataset(NamedTuple):
@@ -90,7 +92,7 @@ def validate_dataset(d) -> None:
     if d.root is not None and not isinstance(d.root, str):
         raise ConfigError(f"dataset.root={fmt(d.root)}: must be a path")
     d.download = boolean("dataset.download", d.download)
-    choice("dataset.augment", d.augment, AUGMENTATIONS)
+    choice("dataset.augment", d.augment, AUGMENTATION_NAMES)
     d.standardize = boolean("dataset.standardize", d.standardize)
     shape = DATASETS[d.name].shape
     if d.augment != "none" and (len(shape) != 3 or not d.crop or d.crop >= shape[-1]):

@@ -18,8 +18,8 @@ from pathlib import Path
 from dpsgd.core.errors import ConfigError, Diverged, Interrupted, one_line
 from dpsgd.data.archives import ensure_dataset
 from dpsgd.data.datasets import DataUnavailable
+from dpsgd.launch.info import CONF_DIR  # noqa: F401 (conf/, re-exported for its callers)
 
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 MULTIRUN_FLAGS = ("--multirun", "-m")
 CONFIG_DIR_FLAGS = ("--config-dir", "-cd")     # an extra config folder (searched after conf/)
 SHORT_BYTES = 96    # the longest text ``${dpsgd.short:...}`` keeps whole (a folder name holds 255 bytes)

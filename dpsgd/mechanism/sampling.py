@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from dpsgd.accountant import events
@@ -136,7 +137,8 @@ class PoissonSampler(Sampler):
     def epoch(self) -> Iterator[torch.Tensor]:
         for _ in range(self.lots_per_epoch()):
             mask = torch.rand(self.N, generator=self.generator) < self.q
-            yield mask.nonzero().flatten()
+            # the indices of mask.nonzero(), in order: numpy's flatnonzero is ~10× faster on the CPU
+            yield torch.from_numpy(np.flatnonzero(mask.numpy()))
 
     def event(self, sigma: float, groups: int = 1) -> events.Event:
         return events.Poisson(self.q, float(sigma), groups)
