@@ -1,0 +1,153 @@
+"""The one-run audit with gradient canaries on the class-sum directions of the softmax output layer
+(``audit.placement=null_space``, docs/AUDIT_MATH.md §6), measured on the real trainer.
+
+    python -m experiments.audit_null_space                 # run what is missing, then collect
+    python -m experiments.audit_null_space --only collect  # results/audit_null_space.csv from results/runs/audit_null_space/
+    python -m experiments.audit_null_space --rows a,b      # some rows only
+
+Each row is one ``python -m dpsgd.audit run`` (in ``outputs/audit_null_space/<row>``, ``DPSGD_THREADS=1``;
+its small files copied to ``results/runs/audit_null_space/<row>/``), and for the three presets one
+``python -m dpsgd.train`` of the same configuration without the audit (``<row>_train``), both timed as
+whole processes. The CSV gives, per audit, every bound's ε_lb (family test, order statistics — valid
+where ``order_stats_independence`` is ``proved`` —, Steinke et al., GDP), each over the lots' claim
+(``eps_claimed_sgd``, as experiments.audit_table computes it), the interference (``out_var_ratio``: the
+excluded canaries' score variance over the claimed channel's for the groups the canaries use) and the
+wall times.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from .audit_table import HARDWARE, SMALL, claim_for_lots
+from .paths import ROOT
+
+NS = ["audit.placement=null_space", "audit.normalise=claimed"]
+MIXED = ["audit.placement=null_space_dirac", "audit.normalise=claimed"]
+SHORT = ["privacy.target_epsilon=null", "training.max_steps=1000"]
+VARIANTS = ("correct", "no_clip", "noise_div10", "noise_per_rank", "realised_lot", "loose_group")
+
+
+def rows() -> dict:
+    """{row: (audit overrides, the training run it audits or None)}."""
+    scatter = ["experiment=mnist_scatter_linear", "privacy.target_epsilon=2"]
+    out = {"mnist_scatter_linear_eps2_null_space": (scatter + NS + ["audit.gradient_canaries=3970", "audit.input_canaries=1000"],
+                                                     scatter)}
+    for preset in ("mnist_medium", "mnist_small"):
+        for name, pl in (("null_space", NS), ("null_space_dirac", MIXED)):
+            out[f"{preset}_{name}"] = ([f"experiment={preset}", *pl, "audit.gradient_canaries=1000", "audit.input_canaries=1000"],
+                                       [f"experiment={preset}"] if name == "null_space" else None)
+    for sigma in (2.0, 4.0):
+        base = ["experiment=mnist_medium", f"privacy.sigma={sigma}", *SHORT]
+        for v in VARIANTS:
+            out[f"sigma{sigma:g}_{v}_1000lots_null_space"] = (base + NS + ["audit.gradient_canaries=1000",
+                                                                           "audit.input_canaries=1000", f"audit.variant={v}"], None)
+        out[f"sigma{sigma:g}_shuffle_1000lots_null_space"] = (base + ["privacy.sampling=shuffle"] + NS +
+                                                              ["audit.gradient_canaries=1000", "audit.input_canaries=1000"], None)
+    return out
+
+
+def _timed(cmd: list[str]) -> float:
+    print("$", " ".join(cmd[1:]), flush=True)
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "DPSGD_THREADS": "1"})
+    return time.perf_counter() - t
+
+
+def run_row(name: str, overrides: list[str], train: list[str] | None) -> None:
+    out, dest = ROOT / "outputs" / "audit_null_space" / name, ROOT / "results" / "runs" / "audit_null_space" / name
+    if not (dest / "audit.json").is_file():
+        if out.exists():
+            shutil.rmtree(out)
+        wall = _timed([sys.executable, "-m", "dpsgd.audit", "run", *overrides, f"hydra.run.dir={out}"])
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in SMALL:
+            shutil.copyfile(out / f, dest / f)
+        (dest / "wall.json").write_text(json.dumps({"audit_wall_s": round(wall, 1)}) + "\n")
+    walls = json.loads((dest / "wall.json").read_text())
+    if train is not None and "train_wall_s" not in walls:
+        tout = ROOT / "outputs" / "audit_null_space" / f"{name}_train"
+        if tout.exists():
+            shutil.rmtree(tout)
+        walls["train_wall_s"] = round(_timed([sys.executable, "-m", "dpsgd.train", *train, f"hydra.run.dir={tout}"]), 1)
+        walls["train_command"] = "python -m dpsgd.train " + " ".join(train)
+        (dest / "wall.json").write_text(json.dumps(walls) + "\n")
+
+
+COLUMNS = ["row", "placement", "normalise", "variant", "sampling", "sigma", "steps", "groups", "canary_groups_used",
+           "m_gradient", "eps_claimed", "eps_claimed_sgd", "family_eps_lb", "family_ratio_sgd", "verdict_family",
+           "order_stats_eps_lb", "order_stats_ratio_sgd", "order_stats_independence", "verdict_order_stats",
+           "steinke_eps_lb", "steinke_ratio_sgd", "gdp_eps_lb", "gdp_ratio_sgd", "out_var_ratio",
+           "audit_wall_s", "train_wall_s", "wall_ratio", "hardware", "command", "train_command"]
+
+
+def _ratio(x, lots):
+    return None if x is None or not lots else round(x / lots, 3)
+
+
+def collect() -> list[dict]:
+    table = []
+    for name, (overrides, _) in rows().items():
+        d = ROOT / "results" / "runs" / "audit_null_space" / name
+        if not (d / "audit.json").is_file():
+            continue
+        a, walls = json.loads((d / "audit.json").read_text()), json.loads((d / "wall.json").read_text())
+        lots = claim_for_lots(json.loads((d / "privacy.json").read_text()))
+        wb = next(g for g in a["games"] if g["game"].startswith("white-box"))
+        fam = a.get("family") or {}
+        osb = fam.get("order_stats") or {}
+        pl = a["run"]["canary_placement"]
+        row = {"row": name, "placement": pl["placement"], "normalise": pl["normalise"], "variant": a["variant"],
+               "sampling": a["run"]["sampling"], "sigma": a["run"]["sigma"], "steps": a["run"]["steps"],
+               "groups": a["run"]["groups"], "canary_groups_used": a["run"]["canary_groups_used"],
+               "m_gradient": a["options"]["gradient_canaries"], "eps_claimed": round(a["eps_claimed"], 4),
+               "eps_claimed_sgd": round(lots, 4),
+               "family_eps_lb": fam.get("eps_lower_bound"), "verdict_family": a.get("verdict_family"),
+               "order_stats_eps_lb": osb.get("eps_lower_bound"), "order_stats_independence": osb.get("independence"),
+               "verdict_order_stats": None if not osb else ("violation" if osb["claim_rejected"] else "consistent"),
+               "steinke_eps_lb": wb["eps_lower_bound"], "gdp_eps_lb": wb["gdp_eps_lower_bound"],
+               "out_var_ratio": None if not fam else fam["interference"]["out_var_ratio"],
+               "audit_wall_s": walls["audit_wall_s"], "train_wall_s": walls.get("train_wall_s"),
+               "hardware": HARDWARE, "command": "python -m dpsgd.audit run " + " ".join(overrides),
+               "train_command": walls.get("train_command")}
+        for k in ("family", "order_stats", "steinke", "gdp"):
+            row[f"{k}_ratio_sgd"] = _ratio(row[f"{k}_eps_lb"], lots)
+        row["wall_ratio"] = None if not row["train_wall_s"] else round(row["audit_wall_s"] / row["train_wall_s"], 2)
+        for k in ("family_eps_lb", "order_stats_eps_lb", "steinke_eps_lb", "gdp_eps_lb", "out_var_ratio"):
+            row[k] = None if row[k] is None else round(row[k], 4)
+        table.append(row)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(table)
+    (ROOT / "results" / "audit_null_space.csv").write_text(buf.getvalue())
+    print(f"results/audit_null_space.csv: {len(table)} audits")
+    return table
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m experiments.audit_null_space")
+    ap.add_argument("--rows", default="all", help="all | a comma-separated list of row names")
+    ap.add_argument("--only", choices=["run", "collect"], default=None)
+    a = ap.parse_args(argv)
+    table = rows()
+    chosen = list(table) if a.rows == "all" else a.rows.split(",")
+    unknown = [r for r in chosen if r not in table]
+    if unknown:
+        ap.error(f"--rows: unknown rows {unknown}; one of {sorted(table)}")
+    if a.only != "collect":
+        for r in chosen:
+            run_row(r, *table[r])
+    if a.only != "run":
+        collect()
+
+
+if __name__ == "__main__":
+    main()
