@@ -4,6 +4,7 @@
     python -m experiments.audit_null_space                 # run what is missing, then collect
     python -m experiments.audit_null_space --only collect  # results/audit_null_space.csv from results/runs/audit_null_space/
     python -m experiments.audit_null_space --rows a,b      # some rows only
+    python -m experiments.audit_null_space seeds [--n 50]  # results/audit_null_space_seeds.csv (validity)
 
 Each row is one ``python -m dpsgd.audit run`` (in ``outputs/audit_null_space/<row>``, ``DPSGD_THREADS=1``;
 its small files copied to ``results/runs/audit_null_space/<row>/``), and for the three presets one
@@ -132,7 +133,68 @@ def collect() -> list[dict]:
     return table
 
 
+TINY = ["dataset.subset=300", "privacy.lot_size=300", "model.hidden=[1000]", "model.pca_dims=10",
+        "training.epochs=6", "device=cpu", "privacy.sigma=3", "privacy.sigma_p=20", "training.eval_batch_size=1000"]
+
+
+def seeds(n: int, out=ROOT / "results" / "audit_null_space_seeds.csv") -> list[dict]:
+    """The real trainer, seeded: ``n`` audits of the correct mechanism (then of ``noise_per_rank``, R = 4:
+    noise σC/2) on a small configuration — 300 real MNIST images, 1000 gradient canaries on the 1000
+    class-sum directions of the output layer (1000 hidden units, no bias), L = 300, 24 lots, σ = 3, k = 2
+    (the canaries use k_used = 1) — null-space placement, claimed normalisation, audit.seed = training
+    seed = 0..n−1. A correct run may be flagged by each test with probability ≤ β = 0.05 per audit."""
+    from dataclasses import asdict
+
+    from dpsgd.audit.onerun.instrument import AuditOptions
+    from dpsgd.audit.onerun.run import ENV, audit_train
+    from dpsgd.config.schema import validate
+    from dpsgd.launch.cli import compose
+    rows = []
+    for variant in ("correct", "noise_per_rank"):
+        for seed in range(n):
+            o = AuditOptions(gradient_canaries=1000, input_canaries=0, variant=variant, ranks=4, seed=seed,
+                             placement="null_space", normalise="claimed").validate()
+            os.environ[ENV] = json.dumps(asdict(o))
+            overrides = TINY + [f"seed={seed}"]
+            run_dir = ROOT / "outputs" / "audit_null_space_seeds" / f"{variant}_seed{seed}"
+            if run_dir.exists():
+                shutil.rmtree(run_dir)
+            t = time.perf_counter()
+            audit_train(validate(compose(overrides)), run_dir, overrides)
+            a = json.loads((run_dir / "audit.json").read_text())
+            f = a["family"]
+            osb = f["order_stats"]
+            rows.append({"variant": variant, "seed": seed, "sigma": a["run"]["sigma"], "lots": a["run"]["steps"],
+                         "groups": a["run"]["groups"], "canary_groups_used": a["run"]["canary_groups_used"],
+                         "q": round(a["run"]["q"], 6), "m": 1000, "beta": f["beta"],
+                         "eps_claimed_lots": round(f["eps_claimed_lots"], 4),
+                         "family_eps_lb": round(f["eps_lower_bound"], 4), "verdict_family": f["verdict_family"],
+                         "order_stats_eps_lb": round(osb["eps_lower_bound"], 4),
+                         "order_stats_independence": osb["independence"],
+                         "verdict_order_stats": "violation" if osb["claim_rejected"] else "consistent",
+                         "steinke_eps_lb": round(a["eps_lower_bound"], 4),
+                         "verdict_steinke_vs_lots": "violation" if a["eps_lower_bound"] > f["eps_claimed_lots"] else "consistent",
+                         "out_var_ratio": round(f["interference"]["out_var_ratio"], 4),
+                         "seconds": round(time.perf_counter() - t, 1),
+                         "command": f"python -m experiments.audit_null_space seeds --n {n}"})
+            print(rows[-1], flush=True)
+            _write(rows, out)
+    return rows
+
+
+def _write(rows: list[dict], out) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, list(rows[0]), lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    out.write_text(buf.getvalue())
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["seeds"]:
+        seeds(int(argv[2]) if argv[1:2] == ["--n"] else 50)
+        return
     ap = argparse.ArgumentParser(prog="python -m experiments.audit_null_space")
     ap.add_argument("--rows", default="all", help="all | a comma-separated list of row names")
     ap.add_argument("--only", choices=["run", "collect"], default=None)
