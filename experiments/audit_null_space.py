@@ -12,8 +12,9 @@ its small files copied to ``results/runs/audit_null_space/<row>/``), and for the
 whole processes. The CSV gives, per audit, every bound's ε_lb (family test, order statistics — valid
 where ``order_stats_independence`` is ``proved`` —, Steinke et al., GDP), each over the lots' claim
 (``eps_claimed_sgd``, as experiments.audit_table computes it), the interference (``out_var_ratio``: the
-excluded canaries' score variance over the claimed channel's for the groups the canaries use) and the
-wall times.
+excluded canaries' score variance over the claimed channel's for the groups the canaries use), the most
+a canary using k_used of the claim's k groups can show (``eps_cap_k_used``: the lots' claim at noise
+σ√(k/k_used); ``cap_ratio`` over the lots' claim at σ) and the wall times.
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ COLUMNS = ["row", "placement", "normalise", "variant", "sampling", "sigma", "ste
            "m_gradient", "eps_claimed", "eps_claimed_sgd", "family_eps_lb", "family_ratio_sgd", "verdict_family",
            "order_stats_eps_lb", "order_stats_ratio_sgd", "order_stats_independence", "verdict_order_stats",
            "steinke_eps_lb", "steinke_ratio_sgd", "gdp_eps_lb", "gdp_ratio_sgd", "out_var_ratio",
-           "audit_wall_s", "train_wall_s", "wall_ratio", "hardware", "command", "train_command"]
+           "eps_cap_k_used", "cap_ratio", "audit_wall_s", "train_wall_s", "wall_ratio", "hardware", "command", "train_command"]
 
 
 def _ratio(x, lots):
@@ -120,6 +121,12 @@ def collect() -> list[dict]:
                "train_command": walls.get("train_command")}
         for k in ("family", "order_stats", "steinke", "gdp"):
             row[f"{k}_ratio_sgd"] = _ratio(row[f"{k}_eps_lb"], lots)
+        if fam and a["run"]["sampling"] == "poisson":
+            from dpsgd.audit.onerun.family import Claim
+            r = a["run"]
+            claim = Claim(r["L"] / r["N"], r["sigma"], r["steps"], r["groups"], a["delta"]).validate()
+            cap = claim.epsilon(r["sigma"] * (r["groups"] / r["canary_groups_used"]) ** 0.5)
+            row["eps_cap_k_used"], row["cap_ratio"] = round(cap, 4), round(cap / claim.epsilon(), 3)
         row["wall_ratio"] = None if not row["train_wall_s"] else round(row["audit_wall_s"] / row["train_wall_s"], 2)
         for k in ("family_eps_lb", "order_stats_eps_lb", "steinke_eps_lb", "gdp_eps_lb", "out_var_ratio"):
             row[k] = None if row[k] is None else round(row[k], 4)
