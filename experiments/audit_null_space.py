@@ -5,6 +5,7 @@
     python -m experiments.audit_null_space --only collect  # results/audit_null_space.csv from results/runs/audit_null_space/
     python -m experiments.audit_null_space --rows a,b      # some rows only
     python -m experiments.audit_null_space seeds [--n 50]  # results/audit_null_space_seeds.csv (validity)
+    python -m experiments.audit_null_space timing ROW      # results/audit_null_space_timing.csv (cost)
 
 Each row is one ``python -m dpsgd.audit run`` (in ``outputs/audit_null_space/<row>``, ``DPSGD_THREADS=1``;
 its small files copied to ``results/runs/audit_null_space/<row>/``), and for the three presets one
@@ -121,6 +122,7 @@ def collect() -> list[dict]:
                "train_command": walls.get("train_command")}
         for k in ("family", "order_stats", "steinke", "gdp"):
             row[f"{k}_ratio_sgd"] = _ratio(row[f"{k}_eps_lb"], lots)
+        row["eps_cap_k_used"] = row["cap_ratio"] = None
         if fam and a["run"]["sampling"] == "poisson":
             from dpsgd.audit.onerun.family import Claim
             r = a["run"]
@@ -137,6 +139,7 @@ def collect() -> list[dict]:
     w.writerows(table)
     (ROOT / "results" / "audit_null_space.csv").write_text(buf.getvalue())
     print(f"results/audit_null_space.csv: {len(table)} audits")
+    write_doc_table(table)
     return table
 
 
@@ -197,8 +200,77 @@ def _write(rows: list[dict], out) -> None:
     out.write_text(buf.getvalue())
 
 
+BEGIN, END = "<!-- audit-null-space:begin (python -m experiments.audit_null_space --only collect) -->", "<!-- audit-null-space:end -->"
+
+
+def _f(x, digits=3) -> str:
+    return "–" if x is None or x == "" else f"{float(x):.{digits}f}"
+
+
+def doc_table(table: list[dict]) -> str:
+    """The markdown table of docs/AUDIT.md from the rows of results/audit_null_space.csv."""
+    lines = ["| audit | placement (k_used / k) | mechanism | σ | lots | m | lots' claim | order stats ε_lb (/ claim) | "
+             "family ε_lb (/ claim) | Steinke ε_lb (/ claim) | verdicts: order stats, family, Steinke | out_var_ratio | "
+             "cap (k_used) | wall: audit / train |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        mech = r["variant"] if r["sampling"] == "poisson" else f"{r['variant']}, {r['sampling']} lots"
+        osb = "–" if r["order_stats_eps_lb"] is None else (f"{_f(r['order_stats_eps_lb'])} ({_f(r['order_stats_ratio_sgd'], 2)}, "
+                                                            f"{r['order_stats_independence']})")
+        fam = "–" if r["family_eps_lb"] is None else f"{_f(r['family_eps_lb'])} ({_f(r['family_ratio_sgd'], 2)})"
+        st_v = "violation" if r["steinke_eps_lb"] > r["eps_claimed_sgd"] else "consistent"
+        verdicts = ", ".join(("**V**" if v == "violation" else "c") for v in
+                             (r["verdict_order_stats"], r["verdict_family"], st_v) if v is not None)
+        wall = f"{r['audit_wall_s']:.0f} s" + (f" / {r['train_wall_s']:.0f} s" if r["train_wall_s"] else "")
+        lines.append(f"| {r['row']} | {r['placement']} ({r['canary_groups_used']} / {r['groups']}) | {mech} | {float(r['sigma']):.3g} | "
+                     f"{r['steps']} | {r['m_gradient']} | {_f(r['eps_claimed_sgd'])} | {osb} | {fam} | "
+                     f"{_f(r['steinke_eps_lb'])} ({_f(r['steinke_ratio_sgd'], 2)}) | {verdicts} | {_f(r['out_var_ratio'])} | "
+                     f"{_f(r['cap_ratio'], 2)} | {wall} |")
+    return "\n".join(lines)
+
+
+def write_doc_table(table: list[dict]) -> None:
+    doc = ROOT / "docs" / "AUDIT.md"
+    text = doc.read_text()
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        doc.write_text(head + BEGIN + "\n" + doc_table(table) + "\n" + END + rest.split(END, 1)[1])
+
+
+def timing(name: str, out=ROOT / "results" / "audit_null_space_timing.csv") -> dict:
+    """The audit of row ``name`` and the training run it audits, started together as two processes
+    (``DPSGD_THREADS=1`` each), so that both see the same load on a shared machine; wall time of each."""
+    overrides, train = rows()[name]
+    base = ROOT / "outputs" / "audit_null_space_timing"
+    procs, t0 = {}, time.perf_counter()
+    for kind, cmd in (("audit", ["-m", "dpsgd.audit", "run", *overrides]), ("train", ["-m", "dpsgd.train", *train])):
+        d = base / f"{name}_{kind}"
+        if d.exists():
+            shutil.rmtree(d)
+        procs[kind] = subprocess.Popen([sys.executable, *cmd, f"hydra.run.dir={d}"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                       env={**os.environ, "DPSGD_THREADS": "1"})
+    walls = {}
+    while len(walls) < 2:
+        for kind, p in procs.items():
+            if kind not in walls and p.poll() is not None:
+                if p.returncode:
+                    raise SystemExit(f"{kind} exited {p.returncode}")
+                walls[kind] = round(time.perf_counter() - t0, 1)
+        time.sleep(0.5)
+    row = {"row": name, "audit_wall_s": walls["audit"], "train_wall_s": walls["train"],
+           "wall_ratio": round(walls["audit"] / walls["train"], 3), "started": "together, DPSGD_THREADS=1 each",
+           "hardware": HARDWARE, "command": "python -m dpsgd.audit run " + " ".join(overrides),
+           "train_command": "python -m dpsgd.train " + " ".join(train)}
+    old = list(csv.DictReader(out.open())) if out.is_file() else []
+    _write(old + [row], out)
+    print(row, flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["timing"]:
+        timing(argv[1])
+        return
     if argv[:1] == ["seeds"]:
         seeds(int(argv[2]) if argv[1:2] == ["--n"] else 50)
         return
