@@ -6,6 +6,7 @@ import json
 import math
 from dataclasses import asdict
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -111,3 +112,20 @@ def test_tiny_audit_has_no_interference_and_proves_independence(tmp_path, monkey
     # claim's is within 5 standard errors (√(2/(n − 1))) of 1 when nothing else reaches the canaries
     assert abs(fam["interference"]["out_var_ratio"] - 1) < 5 * math.sqrt(2 / (n - 1))
     assert a["verdict_family"] == "consistent"
+    nt = a["noise_test"]                                   # the excluded canaries see the claimed noise
+    assert nt["exact"] and nt["n"] == n * a["run"]["steps"]
+    assert abs(nt["noise_ratio"] - 1) < 5 * math.sqrt(1 / (2 * nt["n"]))   # 5 standard errors of √(χ²_n / n)
+
+
+def test_noise_test_is_the_chi_square_law():
+    """Q = Σ z² over n i.i.d. N(0, s²) is s²·χ²_n: at s = 1 the p-value is uniform (rejections ≈ β over many
+    draws), at s = 1/2 (noise σC/2) it rejects every time."""
+    from scipy import stats
+    from dpsgd.audit.onerun.noise_check import noise_test
+    rng = np.random.default_rng(0)
+    bits = np.zeros(200, dtype=bool)
+    rejects = sum(noise_test((rng.normal(size=(200, 10)) ** 2).sum(1), bits, 10, 0.05, True)["verdict"] == "violation"
+                  for _ in range(2000))
+    assert stats.binom.cdf(rejects, 2000, 0.05) > 1e-6 and stats.binom.sf(rejects - 1, 2000, 0.05) > 1e-6
+    half = noise_test(((0.5 * rng.normal(size=(200, 10))) ** 2).sum(1), bits, 10, 0.05, True)
+    assert half["verdict"] == "violation" and half["noise_ratio_upper"] < 0.6

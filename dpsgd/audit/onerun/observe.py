@@ -72,6 +72,7 @@ class WhiteBoxObserver:
         self.L, self.q = float(L), float(q)
         self.sum = torch.zeros(self.m, dtype=torch.float64)
         self.llr = torch.zeros(self.m, dtype=torch.float64)
+        self.sumsq = torch.zeros(self.m, dtype=torch.float64)   # Σ_t z², z in units of the claimed σC (noise_check.py)
         self.velocity = None
         self.steps = 0
         self.detrend = int(detrend)
@@ -103,6 +104,7 @@ class WhiteBoxObserver:
             v_prev = self.velocity if self.velocity is not None else torch.zeros_like(proj)
             self.velocity, proj = proj, proj - momentum * v_prev
         z = proj * self.L / self.unit
+        self.sumsq += z * z
         if self.detrend:
             z, self.trend = z - self.trend, self.trend + (z - self.trend) / min(self.steps + 1, self.detrend)
         scale = noise_scale(z) if self.normalise == "measured" else 1.0

@@ -48,6 +48,7 @@ from .family import Claim, family_test
 from .order_stats import order_stats_test
 from .bounds import audit_bound
 from .bound_file import score_check
+from .noise_check import noise_test
 
 AUDIT, SCORES = "audit.json", "audit_scores.csv"
 
@@ -146,7 +147,7 @@ def scores_and_bits(inst) -> dict:
 
 
 def audit_report(config: dict, options, label: dict, scored: dict, groups_used: int, final: dict,
-                 seconds: float, placed: dict | None = None) -> dict:
+                 seconds: float, placed: dict | None = None, sumsq=None) -> dict:
     """The audit.json of an audited run: ``scored`` {game: (scores, bits)}, ``final`` its privacy.json,
     ``config`` its resolved configuration (a dict), ``options`` its ``AuditOptions``."""
     from dpsgd.accountant.last_iterate import last_iterate_epsilon
@@ -181,6 +182,10 @@ def audit_report(config: dict, options, label: dict, scored: dict, groups_used: 
         if fam is not None:
             out["family"] = fam
             out["verdict_family"] = fam["verdict_family"]
+    if sumsq is not None and "white-box" in scored:
+        nt = noise_test(sumsq, scored["white-box"][1], final["steps"], beta, independence_proved(o, s["name"]))
+        if nt is not None:
+            out["noise_test"] = nt
     if s["name"] != "poisson":
         eps_p = poisson_claim(config, final)
         out["eps_claimed_as_if_poisson"] = eps_p
@@ -199,6 +204,15 @@ def read_scores(run_dir: Path) -> dict:
     return {k: (np.array(v[0]), np.array(v[1], dtype=bool)) for k, v in out.items()}
 
 
+def read_sumsq(run_dir: Path):
+    """The white-box canaries' Σ_t z² from audit_scores.csv (column ``sumsq``), or None (older audits)."""
+    with open(run_dir / SCORES, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["game"] == "white-box"]
+    if not rows or not rows[0].get("sumsq"):
+        return None
+    return np.array([float(r["sumsq"]) for r in rows])
+
+
 def rescore(run_dir: Path, beta: float | None = None) -> dict:
     """audit.json recomputed from the files of a finished audit (audit_scores.csv, privacy.json and the
     old audit.json's options): a re-analysis without rerunning; ``beta`` replaces the confidence."""
@@ -210,18 +224,21 @@ def rescore(run_dir: Path, beta: float | None = None) -> dict:
     options.validate()
     final = json.loads((run_dir / "privacy.json").read_text())
     return audit_report(old["config"], options, old["audit_run"], read_scores(run_dir),
-                        old["run"]["canary_groups_used"], final, old["seconds"], old["run"].get("canary_placement"))
+                        old["run"]["canary_groups_used"], final, old["seconds"], old["run"].get("canary_placement"),
+                        read_sumsq(run_dir))
 
 
-def write_report(run_dir: Path, scored: dict, report: dict) -> None:
-    """audit.json, audit_scores.csv (every canary's bit and score) and one console line."""
+def write_report(run_dir: Path, scored: dict, report: dict, sumsq=None) -> None:
+    """audit.json, audit_scores.csv (every canary's bit and score; ``sumsq``: the white-box canaries'
+    Σ_t z²) and one console line."""
     write_json(run_dir / AUDIT, report)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["game", "canary", "included", "score"])
+    w.writerow(["game", "canary", "included", "score"] + (["sumsq"] if sumsq is not None else []))
     for kind, (scores, bits) in scored.items():
         for i, (b, sc) in enumerate(zip(bits.tolist(), scores.tolist())):
-            w.writerow([kind, i, int(b), repr(sc)])
+            extra = [repr(float(sumsq[i]))] if sumsq is not None else []
+            w.writerow([kind, i, int(b), repr(sc)] + (extra if kind == "white-box" else ([""] if extra else [])))
     atomic_write_text(run_dir / SCORES, buf.getvalue())
     games = ", ".join(f"{g['game'].split(':')[0]} ε_lb={g['eps_lower_bound']:.3f} ({g['correct']}/{g['guesses']} correct)"
                       for g in report["games"])
@@ -232,6 +249,10 @@ def write_report(run_dir: Path, scored: dict, report: dict) -> None:
         f"against {fam['eps_claimed_lots']:.3f} → {fam['verdict_family'].upper()}; order statistics "
         f"({fam['order_stats']['independence']}): ε_lb={fam['order_stats']['eps_lower_bound']:.3f}; excluded canaries' "
         f"score variance / claim's: {fam['interference']['out_var_ratio'] or float('nan'):.3f}")
+    nt = report.get("noise_test")
+    if nt is not None:
+        family += (f"; noise along the canaries / claimed σC: {nt['noise_ratio']:.3f} (≤ {nt['noise_ratio_upper']:.3f}, "
+                   f"{'exact' if nt['exact'] else 'conservative'} test) → {nt['verdict'].upper()}")
     print(f"audit [{report['variant']}]: {games} (family-free: Steinke et al.); claimed ε="
           f"{'none' if claimed is None else f'{claimed:.3f}'}, last-iterate heuristic ε="
           f"{report['eps_last_iterate_heuristic']:.3f} → {report['verdict'].upper()}{family}  ({run_dir / AUDIT})",
