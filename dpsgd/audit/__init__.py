@@ -37,6 +37,7 @@ Two audits, one sub-package each, and the one module they share:
   * ``onerun.order_stats`` — the order-statistics bound of Xiang et al. 2025 over all released guesses, in the
     claim's family, assuming independent canaries (proved under the null-space placement with the claimed
     normalisation; a labelled heuristic otherwise);
+  * ``onerun.noise_check`` — the exact χ² test of the noise along the canaries' directions (null-space placement);
   * ``onerun.report``     — audit.json and audit_scores.csv;
   * ``onerun.bound_file`` — ``python -m dpsgd.audit bound``: every bound of a score file against a claim;
   * ``onerun.simulate``   — the idealised one-run game, simulated without training.
