@@ -114,10 +114,17 @@ class GradientCanaries:
         if not bool(special.any()):
             return self.inner.clipped_sum(x, y, out=out, multiplicity=multiplicity, **kw)
         real = ~special
-        rows = real.repeat_interleave(multiplicity) if multiplicity > 1 else real
-        if weights is not None:
-            kw["weights"] = weights[real.to(weights.device)]
-        res = self.inner.clipped_sum(x[rows], y[real], out=out, multiplicity=multiplicity, **kw)
+        if multiplicity == 1:
+            # the special rows stay in the batch at weight 0 (label 0, a zero image): no copy of the batch,
+            # and exactly nothing of theirs in the sum (their clip factor times 0)
+            w_real = real.to(device=x.device, dtype=x.dtype if x.is_floating_point() else torch.float32)
+            kw["weights"] = w_real if weights is None else weights * w_real.to(weights)
+            res = self.inner.clipped_sum(x, y.clamp_min(0), out=out, **kw)
+        else:
+            rows = real.repeat_interleave(multiplicity)
+            if weights is not None:
+                kw["weights"] = weights[real.to(weights.device)]
+            res = self.inner.clipped_sum(x[rows], y[real], out=out, multiplicity=multiplicity, **kw)
         ids = (-y[special] - 1).cpu()
         w = None if weights is None else weights[special.to(weights.device)].cpu()
         keep = (ids < self.m)                            # gradient canaries (the rest: zero gradient)
