@@ -6,6 +6,7 @@
     python -m experiments.audit_null_space --rows a,b      # some rows only
     python -m experiments.audit_null_space seeds [--n 50]  # results/audit_null_space_seeds.csv (validity)
     python -m experiments.audit_null_space timing ROW      # results/audit_null_space_timing.csv (cost)
+    python -m experiments.audit_null_space adopt ROW       # the timed audit becomes the row's committed run
 
 Each row is one ``python -m dpsgd.audit run`` (in ``outputs/audit_null_space/<row>``, ``DPSGD_THREADS=1``;
 its small files copied to ``results/runs/audit_null_space/<row>/``), and for the three presets one
@@ -88,7 +89,7 @@ COLUMNS = ["row", "placement", "normalise", "variant", "sampling", "sigma", "ste
            "m_gradient", "eps_claimed", "eps_claimed_sgd", "family_eps_lb", "family_ratio_sgd", "verdict_family",
            "order_stats_eps_lb", "order_stats_ratio_sgd", "order_stats_independence", "verdict_order_stats",
            "steinke_eps_lb", "steinke_ratio_sgd", "gdp_eps_lb", "gdp_ratio_sgd", "out_var_ratio",
-           "eps_cap_k_used", "cap_ratio", "audit_wall_s", "train_wall_s", "wall_ratio", "hardware", "command", "train_command"]
+           "noise_ratio", "noise_ratio_upper", "verdict_noise", "eps_cap_k_used", "cap_ratio", "audit_wall_s", "train_wall_s", "wall_ratio", "hardware", "command", "train_command"]
 
 
 def _ratio(x, lots):
@@ -122,6 +123,10 @@ def collect() -> list[dict]:
                "train_command": walls.get("train_command")}
         for k in ("family", "order_stats", "steinke", "gdp"):
             row[f"{k}_ratio_sgd"] = _ratio(row[f"{k}_eps_lb"], lots)
+        nt = a.get("noise_test") or {}
+        row["noise_ratio"] = None if not nt else round(nt["noise_ratio"], 4)
+        row["noise_ratio_upper"] = None if not nt else round(nt["noise_ratio_upper"], 4)
+        row["verdict_noise"] = nt.get("verdict")
         row["eps_cap_k_used"] = row["cap_ratio"] = None
         if fam and a["run"]["sampling"] == "poisson":
             from dpsgd.audit.onerun.family import Claim
@@ -211,7 +216,8 @@ def doc_table(table: list[dict]) -> str:
     """The markdown table of docs/AUDIT.md from the rows of results/audit_null_space.csv."""
     lines = ["| audit | placement (k_used / k) | mechanism | σ | lots | m | lots' claim | order stats ε_lb (/ claim) | "
              "family ε_lb (/ claim) | Steinke ε_lb (/ claim) | verdicts: order stats, family, Steinke | out_var_ratio | "
-             "cap (k_used) | wall: audit / train |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "noise / σC (≤ at 1 − β): verdict | cap (k_used) | wall: audit / train |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         mech = r["variant"] if r["sampling"] == "poisson" else f"{r['variant']}, {r['sampling']} lots"
         osb = "–" if r["order_stats_eps_lb"] is None else (f"{_f(r['order_stats_eps_lb'])} ({_f(r['order_stats_ratio_sgd'], 2)}, "
@@ -220,11 +226,13 @@ def doc_table(table: list[dict]) -> str:
         st_v = "violation" if r["steinke_eps_lb"] > r["eps_claimed_sgd"] else "consistent"
         verdicts = ", ".join(("**V**" if v == "violation" else "c") for v in
                              (r["verdict_order_stats"], r["verdict_family"], st_v) if v is not None)
+        noise = "–" if r["noise_ratio"] is None else (f"{r['noise_ratio']:.3f} (≤ {r['noise_ratio_upper']:.3f}): "
+                                                      + ("**V**" if r["verdict_noise"] == "violation" else "c"))
         wall = f"{r['audit_wall_s']:.0f} s" + (f" / {r['train_wall_s']:.0f} s" if r["train_wall_s"] else "")
         lines.append(f"| {r['row']} | {r['placement']} ({r['canary_groups_used']} / {r['groups']}) | {mech} | {float(r['sigma']):.3g} | "
                      f"{r['steps']} | {r['m_gradient']} | {_f(r['eps_claimed_sgd'])} | {osb} | {fam} | "
                      f"{_f(r['steinke_eps_lb'])} ({_f(r['steinke_ratio_sgd'], 2)}) | {verdicts} | {_f(r['out_var_ratio'])} | "
-                     f"{_f(r['cap_ratio'], 2)} | {wall} |")
+                     f"{noise} | {_f(r['cap_ratio'], 2)} | {wall} |")
     return "\n".join(lines)
 
 
@@ -266,8 +274,23 @@ def timing(name: str, out=ROOT / "results" / "audit_null_space_timing.csv") -> d
     return row
 
 
+def adopt(name: str, timings=ROOT / "results" / "audit_null_space_timing.csv") -> None:
+    """Row ``name``'s committed run replaced by its latest timed audit (``timing``): the same command, its
+    small files, and both wall times from the measurement where audit and training started together."""
+    t = [r for r in csv.DictReader(timings.open()) if r["row"] == name][-1]
+    src, dest = ROOT / "outputs" / "audit_null_space_timing" / f"{name}_audit", ROOT / "results" / "runs" / "audit_null_space" / name
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in SMALL:
+        shutil.copyfile(src / f, dest / f)
+    (dest / "wall.json").write_text(json.dumps({"audit_wall_s": float(t["audit_wall_s"]), "train_wall_s": float(t["train_wall_s"]),
+                                                "train_command": t["train_command"], "timing": t["started"]}) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["adopt"]:
+        adopt(argv[1])
+        return
     if argv[:1] == ["timing"]:
         timing(argv[1])
         return
