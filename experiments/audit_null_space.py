@@ -4,7 +4,7 @@
     python -m experiments.audit_null_space                 # run what is missing, then collect
     python -m experiments.audit_null_space --only collect  # results/audit_null_space.csv from results/runs/audit_null_space/
     python -m experiments.audit_null_space --rows a,b      # some rows only
-    python -m experiments.audit_null_space seeds [--n 50]  # results/audit_null_space_seeds.csv (validity)
+    python -m experiments.audit_null_space seeds [--n 50] [--out F.csv]  # results/audit_null_space_seeds.csv (validity)
     python -m experiments.audit_null_space timing ROW      # results/audit_null_space_timing.csv (cost)
     python -m experiments.audit_null_space adopt ROW       # the timed audit becomes the row's committed run
 
@@ -190,8 +190,11 @@ def seeds(n: int, out=ROOT / "results" / "audit_null_space_seeds.csv") -> list[d
                          "steinke_eps_lb": round(a["eps_lower_bound"], 4),
                          "verdict_steinke_vs_lots": "violation" if a["eps_lower_bound"] > f["eps_claimed_lots"] else "consistent",
                          "out_var_ratio": round(f["interference"]["out_var_ratio"], 4),
+                         "noise_ratio": round(a["noise_test"]["noise_ratio"], 5) if "noise_test" in a else None,
+                         "noise_p_value": a["noise_test"]["p_value"] if "noise_test" in a else None,
+                         "verdict_noise": a["noise_test"]["verdict"] if "noise_test" in a else None,
                          "seconds": round(time.perf_counter() - t, 1),
-                         "command": f"python -m experiments.audit_null_space seeds --n {n}"})
+                         "command": f"python -m experiments.audit_null_space seeds --n {n} --out {out.name}"})
             print(rows[-1], flush=True)
             _write(rows, out)
     return rows
@@ -295,7 +298,8 @@ def main(argv: list[str] | None = None) -> None:
         timing(argv[1])
         return
     if argv[:1] == ["seeds"]:
-        seeds(int(argv[2]) if argv[1:2] == ["--n"] else 50)
+        n = int(argv[2]) if argv[1:2] == ["--n"] else 50
+        seeds(n, *([ROOT / "results" / argv[4]] if argv[3:4] == ["--out"] else []))
         return
     ap = argparse.ArgumentParser(prog="python -m experiments.audit_null_space")
     ap.add_argument("--rows", default="all", help="all | a comma-separated list of row names")
