@@ -106,6 +106,7 @@ def test_tiny_audit_has_no_interference_and_proves_independence(tmp_path, monkey
     assert a["run"]["canary_placement"]["null_space_groups"] == 1 and a["run"]["canary_groups_used"] == 1
     fam = a["family"]
     assert fam["order_stats"]["independence"] == "proved" and "proved" in fam["order_stats"]["label"]
+    assert "independent canaries: proved (null-space placement, claimed normalisation)" in fam["order_stats"]["assumes"]
     assert fam["interference"]["channel_groups"] == 1
     n = a["games"][0]["m"] - a["games"][0]["included"]
     # the excluded scores are sums of 24 i.i.d. near-Gaussian lot terms: their sample variance / the

@@ -106,7 +106,8 @@ def family_block(scores, bits, config: dict, final: dict, beta: float, proved: b
             "eps_lower_bound": f["eps_lower_bound"], "at_search_floor": f["at_search_floor"],
             "claim_rejected": f["claim_rejected"], "beta": beta, "confidence": 1 - beta,
             "verdict_family": f["verdict"],
-            "order_stats": {"assumes": ORDER_STATS_ASSUMES, "sigma_upper_bound": osb["sigma_upper_bound"],
+            "order_stats": {"assumes": ORDER_STATS_ASSUMES if not proved else
+                            f"as the family test; {INDEPENDENCE_PROVED} (docs/AUDIT_MATH.md §6)", "sigma_upper_bound": osb["sigma_upper_bound"],
                             "eps_lower_bound": osb["eps_lower_bound"], "at_search_floor": osb["at_search_floor"],
                             "claim_rejected": osb["claim_rejected"], "grid": osb["grid"],
                             "label": INDEPENDENCE_PROVED if proved else INDEPENDENCE_HEURISTIC,
