@@ -8,7 +8,8 @@ probability 1/2 (the secret bits S_i the auditor then guesses).
   that has at least m coordinates (each canary its own coordinate there), with a = canary_norm · C ≥ C.
   It enters the clipping engine like any example's gradient: clipped per group by the engine's own
   rule and bound (``clip_factors`` with the engine's C) and added into the lot's clipped sum before
-  the noise and the all-reduce.
+  the noise and the all-reduce. ``audit.placement=null_space`` puts it on the class-sum directions of
+  the softmax output layer instead, which no real example's gradient touches (``placement.py``).
 * **Input canaries** (black-box): m training examples taken out of the data, each relabelled to a
   uniformly random wrong class; an included one is an ordinary example with its wrong label.
 
@@ -27,6 +28,8 @@ import torch
 
 from dpsgd.core.errors import ConfigError
 from dpsgd.mechanism.clipping import ClipResult, clip_factors
+
+from .placement import as_rows, place
 
 
 @dataclass
@@ -66,23 +69,8 @@ def add_canaries(X: torch.Tensor, y: torch.Tensor, draw: CanaryDraw, classes: in
 def canary_coordinates(clipper, m: int, seed: int) -> dict:
     """{parameter name: [m] int64 flat index, −1 where canary i has none} — one coordinate per canary
     in every clipping group with at least m coordinates (drawn without replacement, seeded), and the
-    number of such groups under key ``groups_used``."""
-    gen = torch.Generator().manual_seed(seed + 2)
-    params = dict(clipper.model.named_parameters())
-    coords = {n: torch.full((m,), -1, dtype=torch.long) for g in clipper.groups for n in g}
-    used = 0
-    for group in clipper.groups:
-        sizes = [params[n].numel() for n in group]
-        if sum(sizes) < m or m == 0:
-            continue
-        used += 1
-        flat = torch.randperm(sum(sizes), generator=gen)[:m]
-        start = 0
-        for n, size in zip(group, sizes):
-            mine = (flat >= start) & (flat < start + size)
-            coords[n][mine] = flat[mine] - start
-            start += size
-    return {"coords": coords, "groups_used": used}
+    number of such groups under key ``groups_used``: ``placement.place`` with ``dirac``."""
+    return place(clipper, m, seed, "dirac")
 
 
 class GradientCanaries:
@@ -91,11 +79,12 @@ class GradientCanaries:
     Wraps a ``PerExampleClipper`` (everything else is delegated): ``clipped_sum`` sends the ordinary
     rows of a physical batch to the engine, and adds, for each canary row present, its gradient
     clipped per group by ``clip_factors`` at the engine's bound (times ``loose`` for group 0: a broken
-    variant of the audit, never of training)."""
+    variant of the audit, never of training). ``coords``: ``placement.place``'s; a canary's r entries in
+    a parameter ([m, r] index) each get its group's clipped value / √r (its direction is a unit vector)."""
 
     def __init__(self, clipper, coords: dict, included: torch.Tensor, a: float, loose: float = 1.0):
         self.inner = clipper
-        self.coords = coords                           # name -> [m] flat index or −1
+        self.coords = {n: as_rows(idx) for n, idx in coords.items()}   # name -> [m, r] flat indices or −1
         self.included = included                       # [m] bool: canary i is in
         self.m = len(included)
         self.a = float(a)
@@ -125,10 +114,17 @@ class GradientCanaries:
         if not bool(special.any()):
             return self.inner.clipped_sum(x, y, out=out, multiplicity=multiplicity, **kw)
         real = ~special
-        rows = real.repeat_interleave(multiplicity) if multiplicity > 1 else real
-        if weights is not None:
-            kw["weights"] = weights[real.to(weights.device)]
-        res = self.inner.clipped_sum(x[rows], y[real], out=out, multiplicity=multiplicity, **kw)
+        if multiplicity == 1:
+            # the special rows stay in the batch at weight 0 (label 0, a zero image): no copy of the batch,
+            # and exactly nothing of theirs in the sum (their clip factor times 0)
+            w_real = real.to(device=x.device, dtype=x.dtype if x.is_floating_point() else torch.float32)
+            kw["weights"] = w_real if weights is None else weights * w_real.to(weights)
+            res = self.inner.clipped_sum(x, y.clamp_min(0), out=out, **kw)
+        else:
+            rows = real.repeat_interleave(multiplicity)
+            if weights is not None:
+                kw["weights"] = weights[real.to(weights.device)]
+            res = self.inner.clipped_sum(x[rows], y[real], out=out, multiplicity=multiplicity, **kw)
         ids = (-y[special] - 1).cpu()
         w = None if weights is None else weights[special.to(weights.device)].cpu()
         keep = (ids < self.m)                            # gradient canaries (the rest: zero gradient)
@@ -144,12 +140,13 @@ class GradientCanaries:
                     idx = self.coords.get(n)
                     if idx is None:
                         continue
-                    sel = idx[ids]
-                    has = sel >= 0
-                    add = vals[self.group_of[n]].expand(int(has.sum())).clone()
+                    sel = idx[ids]                               # [n, r]
+                    has = sel[:, 0] >= 0
+                    r = sel.shape[1]
+                    add = (vals[self.group_of[n]] / r ** 0.5).expand(int(has.sum()), r).clone()
                     if w is not None:
-                        add = add * w[has].to(add)
-                    if len(add):
-                        g.view(-1).index_add_(0, sel[has].to(g.device), add)
+                        add = add * w[has].to(add)[:, None]
+                    if add.numel():
+                        g.view(-1).index_add_(0, sel[has].reshape(-1).to(g.device), add.reshape(-1))
         return res
 

@@ -17,11 +17,13 @@ from dpsgd.core.checks import choice, num
 from dpsgd.core.errors import ConfigError
 from dpsgd.run.parts import Data, Instrument, project
 
-from .canaries import CanaryDraw, GradientCanaries, add_canaries, canary_coordinates
+from .canaries import CanaryDraw, GradientCanaries, add_canaries
 from .observe import WhiteBoxObserver
+from .placement import PLACEMENTS, place
 from ..variants import VARIANTS, break_mechanism
 
 SCORES = ("llr", "sum")
+NORMALISE = ("measured", "claimed")
 CANARIES_MAX = 10 ** 6
 
 
@@ -35,6 +37,8 @@ class AuditOptions:
     canary_norm: float = 10.0         # a gradient canary's norm in each group, as a multiple of C (≥ 1)
     score: str = "llr"                # how gradient canaries are scored (observe.py), declared in advance
     detrend: int = 0                  # τ > 0: subtract the running mean of a canary's past z (observe.py); 0: off
+    placement: str = "dirac"          # where gradient canaries live: dirac | null_space | null_space_dirac (placement.py)
+    normalise: str = "measured"       # z divided by the noise std measured across canaries, or the claimed σC (observe.py)
     beta: float = 0.05                # the bound holds with probability ≥ 1 − β
     seed: int = 0                     # the canaries' bits, coordinates and wrong labels
 
@@ -46,6 +50,8 @@ class AuditOptions:
             raise ConfigError("audit.gradient_canaries=0 and audit.input_canaries=0: nothing to audit")
         choice("audit.variant", self.variant, VARIANTS)
         choice("audit.score", self.score, SCORES)
+        choice("audit.placement", self.placement, PLACEMENTS)
+        choice("audit.normalise", self.normalise, NORMALISE)
         self.ranks = num("audit.ranks", self.ranks, integer=True, lo=2, hi=1024)
         self.canary_norm = num("audit.canary_norm", self.canary_norm, lo=1, hi=1e6)
         self.beta = num("audit.beta", self.beta, lo=0, lo_open=True, hi=0.5)
@@ -74,6 +80,7 @@ class AuditInstrument(Instrument):
         self.observer = None
         self.parts = None
         self.groups_used = 0
+        self.placed = None
 
     def data(self, data: Data) -> Data:
         X, y, self.canary_X, self.canary_y = add_canaries(data.X_train, data.y_train, self.draw,
@@ -86,15 +93,18 @@ class AuditInstrument(Instrument):
         C, sigma, L = p.dp.C, p.dp.sigma, p.dp.L     # the claimed mechanism's, before a variant breaks it
         break_mechanism(p, o.variant, o.ranks)
         if o.gradient_canaries:
-            placed = canary_coordinates(p.clipper, o.gradient_canaries, o.seed)
+            probe = p.transform.eval(p.data.X_train[:4]) if o.placement != "dirac" else None
+            placed = place(p.clipper, o.gradient_canaries, o.seed, o.placement, self.classes, probe)
             self.groups_used = placed["groups_used"]
+            self.placed = {"placement": o.placement, "normalise": o.normalise, "groups_used": placed["groups_used"],
+                           "null_space_groups": placed["null_groups"], "dirac_groups": placed["dirac_groups"]}
             if self.groups_used == 0:
                 raise ConfigError(f"audit.gradient_canaries={o.gradient_canaries}: no clipping group of this model "
                                   "has that many coordinates (one per canary); use fewer")
             p.dp.clipper = GradientCanaries(p.clipper, placed["coords"], self.draw.gradient_in,
                                             o.canary_norm * C, loose=2.0 if o.variant == "loose_group" else 1.0)
             self.observer = WhiteBoxObserver(placed["coords"], self.groups_used, sigma, C, L, p.sampler.L / p.sampler.N,
-                                             detrend=o.detrend)
+                                             detrend=o.detrend, normalise=o.normalise)
             self.observer.observe(p.dp)
 
     @torch.no_grad()

@@ -17,9 +17,15 @@ holds canary i (its clipped gradient has norm C in each of the k groups). The sc
   for a Poisson-subsampled Gaussian with the claimed q and μ (Neyman–Pearson: the most powerful test
   for the claimed mechanism; Nasr et al. 2023 use per-step likelihood scores the same way).
 
-Each step's z is first divided by the noise std the auditor *measures* across the m canaries
-(``noise_scale``: 1 under the claimed mechanism), and μ with it: a mechanism that adds less noise
-than it claims is then scored with its real per-step signal-to-noise ratio.
+With ``normalise="measured"`` each step's z is first divided by the noise std the auditor *measures*
+across the m canaries (``noise_scale``: 1 under the claimed mechanism), and μ with it: a mechanism that
+adds less noise than it claims is then scored with its real per-step signal-to-noise ratio. That
+estimate is shared by all canaries, so it couples them. ``normalise="claimed"`` divides by the claimed
+σC only: each canary's score is then a function of its own coordinates alone (with the null-space
+placement, ``placement.py``, an independent copy of the idealised per-canary channel).
+
+A canary's direction in a parameter may be r > 1 entries (the class-sum directions of the null-space
+placement: r = K); its coordinate there is the sum of the r entries / √r.
 
 Either is a function of the released iterates only, so the one-run bound holds for it; the audit
 declares which one it guesses with before it runs.
@@ -39,6 +45,8 @@ import math
 
 import torch
 
+from .placement import as_rows
+
 
 def noise_scale(z: torch.Tensor) -> float:
     """The noise std of one step's z across the canaries, as the auditor measures it: 1.4826 × the median
@@ -54,8 +62,9 @@ class WhiteBoxObserver:
     """Wraps ``DPSGD.step`` (``observe(dp)``) and accumulates both scores for every gradient canary."""
 
     def __init__(self, coords: dict, groups_used: int, sigma: float, C: float, L: float, q: float,
-                 detrend: int = 0):
-        self.coords = {n: idx for n, idx in coords.items() if bool((idx >= 0).any())}
+                 detrend: int = 0, normalise: str = "measured"):
+        self.coords = {n: as_rows(idx) for n, idx in coords.items() if bool((idx >= 0).any())}
+        self.normalise = normalise
         self.m = len(next(iter(coords.values()))) if coords else 0
         self.k = groups_used
         self.unit = math.sqrt(max(groups_used, 1)) * sigma * C     # σC·√k: z = ⟨s, Σ_g e⟩ / unit
@@ -63,14 +72,16 @@ class WhiteBoxObserver:
         self.L, self.q = float(L), float(q)
         self.sum = torch.zeros(self.m, dtype=torch.float64)
         self.llr = torch.zeros(self.m, dtype=torch.float64)
+        self.sumsq = torch.zeros(self.m, dtype=torch.float64)   # Σ_t z², z in units of the claimed σC (noise_check.py)
         self.velocity = None
         self.steps = 0
         self.detrend = int(detrend)
         self.trend = torch.zeros(self.m, dtype=torch.float64)
 
     def _read(self, params: dict) -> dict:
-        return {n: params[n].detach().reshape(-1)[idx.clamp_min(0).to(params[n].device)].double().cpu()
-                for n, idx in self.coords.items()}
+        """{name: [m]} each canary's coordinate in the parameter: its r entries summed, / √r."""
+        return {n: params[n].detach().reshape(-1)[idx.clamp_min(0).to(params[n].device)].double().cpu().sum(1)
+                / idx.shape[1] ** 0.5 for n, idx in self.coords.items()}
 
     def observe(self, dp) -> None:
         """Route every ``dp.step`` through this observer (the parameters as a white-box auditor sees them)."""
@@ -87,15 +98,16 @@ class WhiteBoxObserver:
     def _score(self, before: dict, after: dict, lr: float, momentum: float) -> None:
         proj = torch.zeros(self.m, dtype=torch.float64)      # ⟨−(θ_{t+1} − θ_t)/η, Σ_g e_{c(g,i)}⟩ = ⟨v_t, ·⟩
         for n, idx in self.coords.items():
-            has = idx >= 0
+            has = idx[:, 0] >= 0
             proj[has] -= (after[n] - before[n])[has] / lr
         if momentum:
             v_prev = self.velocity if self.velocity is not None else torch.zeros_like(proj)
             self.velocity, proj = proj, proj - momentum * v_prev
         z = proj * self.L / self.unit
+        self.sumsq += z * z
         if self.detrend:
             z, self.trend = z - self.trend, self.trend + (z - self.trend) / min(self.steps + 1, self.detrend)
-        scale = noise_scale(z)
+        scale = noise_scale(z) if self.normalise == "measured" else 1.0
         z, mu = z / scale, self.mu / scale
         self.sum += z
         # log(1 − q + q·e^x) as logaddexp(log(1 − q), log q + x): no overflow for the large shifts of a broken variant

@@ -23,8 +23,11 @@ family-free (Steinke et al.) one.
 
 Beside it, ``order_stats``: the order-statistics bound of Xiang et al. 2025 over all released guesses
 (``order_stats.py``) in the same family, at the same β/g. It assumes, beyond the family, independent
-canaries (each its own copy of the per-canary channel); canaries that share one run are not, so for a
-real run it is a labelled heuristic and never decides a verdict.
+canaries (each its own copy of the per-canary channel). With the Dirac placement or the measured
+normalisation the canaries of one run are not, so it is a labelled heuristic and never decides a
+verdict; with ``audit.placement=null_space`` and ``audit.normalise=claimed`` on Poisson lots they are
+(docs/AUDIT_MATH.md §6), and the label says so (``independence``). ``interference``: the excluded
+canaries' score variance against the claimed channel's prediction for the groups the canaries use.
 """
 from __future__ import annotations
 
@@ -44,6 +47,8 @@ from dpsgd.mechanism.pca import charge_pca
 from .family import Claim, family_test
 from .order_stats import order_stats_test
 from .bounds import audit_bound
+from .bound_file import score_check
+from .noise_check import noise_test
 
 AUDIT, SCORES = "audit.json", "audit_scores.csv"
 
@@ -70,9 +75,19 @@ FAMILY_ASSUMES = ("the run is at most as leaky as its lots' claimed mechanism (P
 
 ORDER_STATS_ASSUMES = ("as the family test, and independent canaries, each observed through its own copy of the "
                        "per-canary channel (Xiang et al. 2025, Thm 2)")
+INDEPENDENCE_PROVED = "independent canaries: proved (null-space placement, claimed normalisation)"
+INDEPENDENCE_HEURISTIC = "heuristic for a real run (canaries share it); exact for the idealised game"
 
 
-def family_block(scores, bits, config: dict, final: dict, beta: float) -> dict | None:
+def independence_proved(options, sampling: str) -> bool:
+    """The conditions of docs/AUDIT_MATH.md §6: every canary on its own class-sum direction of the softmax
+    output layer (no Dirac coordinate), z in units of the claimed σC, Poisson lots."""
+    return (getattr(options, "placement", "dirac") == "null_space" and getattr(options, "normalise", "measured") == "claimed"
+            and sampling == "poisson")
+
+
+def family_block(scores, bits, config: dict, final: dict, beta: float, proved: bool = False,
+                 groups_used: int | None = None) -> dict | None:
     """The family test of the white-box game against the run's lots (module doc); None when the lots
     are not Poisson (the family knows the Poisson-subsampled Gaussian only) or no lot ran."""
     s = final["sampling"]
@@ -83,16 +98,24 @@ def family_block(scores, bits, config: dict, final: dict, beta: float) -> dict |
     scores = np.where(np.isfinite(scores), scores, np.sign(scores) * np.finfo(float).max)
     f = family_test(scores, np.asarray(bits, dtype=int), claim, beta)
     osb = order_stats_test(scores, np.asarray(bits, dtype=int), claim, beta)
+    own = Claim(claim.q, claim.sigma, claim.steps, groups_used or claim.groups, claim.delta).validate()
+    sc = score_check(scores, bits, own)
     return {"assumes": FAMILY_ASSUMES, "claim": {"q": claim.q, "sigma": claim.sigma, "steps": claim.steps,
                                                  "groups": claim.groups, "delta": claim.delta},
             "eps_claimed_lots": f["eps_claimed"], "sigma_upper_bound": f["sigma_upper_bound"],
             "eps_lower_bound": f["eps_lower_bound"], "at_search_floor": f["at_search_floor"],
             "claim_rejected": f["claim_rejected"], "beta": beta, "confidence": 1 - beta,
             "verdict_family": f["verdict"],
-            "order_stats": {"assumes": ORDER_STATS_ASSUMES, "sigma_upper_bound": osb["sigma_upper_bound"],
+            "order_stats": {"assumes": ORDER_STATS_ASSUMES if not proved else
+                            f"as the family test; {INDEPENDENCE_PROVED} (docs/AUDIT_MATH.md §6)", "sigma_upper_bound": osb["sigma_upper_bound"],
                             "eps_lower_bound": osb["eps_lower_bound"], "at_search_floor": osb["at_search_floor"],
                             "claim_rejected": osb["claim_rejected"], "grid": osb["grid"],
-                            "label": "heuristic for a real run (canaries share it); exact for the idealised game"}}
+                            "label": INDEPENDENCE_PROVED if proved else INDEPENDENCE_HEURISTIC,
+                            "independence": "proved" if proved else "heuristic"},
+            "interference": {"channel_groups": own.groups, "out_var": sc["out"]["var"], "out_var_h0": sc["out"]["var_h0"],
+                             "out_var_ratio": sc["var_ratio_out"],
+                             "note": "excluded canaries' score variance / the claimed channel's (k_used groups); "
+                                     "> 1: the other examples' gradients reach the canaries"}}
 
 
 def poisson_claim(config: dict, final: dict) -> float:
@@ -125,7 +148,7 @@ def scores_and_bits(inst) -> dict:
 
 
 def audit_report(config: dict, options, label: dict, scored: dict, groups_used: int, final: dict,
-                 seconds: float) -> dict:
+                 seconds: float, placed: dict | None = None, sumsq=None) -> dict:
     """The audit.json of an audited run: ``scored`` {game: (scores, bits)}, ``final`` its privacy.json,
     ``config`` its resolved configuration (a dict), ``options`` its ``AuditOptions``."""
     from dpsgd.accountant.last_iterate import last_iterate_epsilon
@@ -149,15 +172,21 @@ def audit_report(config: dict, options, label: dict, scored: dict, groups_used: 
                           "final model of a linear-loss run, at q = L/N; a heuristic, not a guarantee",
         "run": {"steps": final["steps"], "epochs": final["epochs"], "sampling": s["name"], "N": s["N"], "L": s["L"],
                 "q": s["q"], "sigma": sigma, "groups": final["k"], "status": final["status"],
-                "canary_groups_used": groups_used},
+                "canary_groups_used": groups_used,
+                "canary_placement": placed or {"placement": getattr(o, "placement", "dirac"),
+                                               "normalise": getattr(o, "normalise", "measured")}},
         "seconds": round(seconds, 1),
         "config": config,
     }
     if "white-box" in scored:
-        fam = family_block(*scored["white-box"], config, final, beta)
+        fam = family_block(*scored["white-box"], config, final, beta, independence_proved(o, s["name"]), groups_used)
         if fam is not None:
             out["family"] = fam
             out["verdict_family"] = fam["verdict_family"]
+    if sumsq is not None and "white-box" in scored:
+        nt = noise_test(sumsq, scored["white-box"][1], final["steps"], beta, independence_proved(o, s["name"]))
+        if nt is not None:
+            out["noise_test"] = nt
     if s["name"] != "poisson":
         eps_p = poisson_claim(config, final)
         out["eps_claimed_as_if_poisson"] = eps_p
@@ -176,6 +205,15 @@ def read_scores(run_dir: Path) -> dict:
     return {k: (np.array(v[0]), np.array(v[1], dtype=bool)) for k, v in out.items()}
 
 
+def read_sumsq(run_dir: Path):
+    """The white-box canaries' Σ_t z² from audit_scores.csv (column ``sumsq``), or None (older audits)."""
+    with open(run_dir / SCORES, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["game"] == "white-box"]
+    if not rows or not rows[0].get("sumsq"):
+        return None
+    return np.array([float(r["sumsq"]) for r in rows])
+
+
 def rescore(run_dir: Path, beta: float | None = None) -> dict:
     """audit.json recomputed from the files of a finished audit (audit_scores.csv, privacy.json and the
     old audit.json's options): a re-analysis without rerunning; ``beta`` replaces the confidence."""
@@ -187,18 +225,21 @@ def rescore(run_dir: Path, beta: float | None = None) -> dict:
     options.validate()
     final = json.loads((run_dir / "privacy.json").read_text())
     return audit_report(old["config"], options, old["audit_run"], read_scores(run_dir),
-                        old["run"]["canary_groups_used"], final, old["seconds"])
+                        old["run"]["canary_groups_used"], final, old["seconds"], old["run"].get("canary_placement"),
+                        read_sumsq(run_dir))
 
 
-def write_report(run_dir: Path, scored: dict, report: dict) -> None:
-    """audit.json, audit_scores.csv (every canary's bit and score) and one console line."""
+def write_report(run_dir: Path, scored: dict, report: dict, sumsq=None) -> None:
+    """audit.json, audit_scores.csv (every canary's bit and score; ``sumsq``: the white-box canaries'
+    Σ_t z²) and one console line."""
     write_json(run_dir / AUDIT, report)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["game", "canary", "included", "score"])
+    w.writerow(["game", "canary", "included", "score"] + (["sumsq"] if sumsq is not None else []))
     for kind, (scores, bits) in scored.items():
         for i, (b, sc) in enumerate(zip(bits.tolist(), scores.tolist())):
-            w.writerow([kind, i, int(b), repr(sc)])
+            extra = [repr(float(sumsq[i]))] if sumsq is not None else []
+            w.writerow([kind, i, int(b), repr(sc)] + (extra if kind == "white-box" else ([""] if extra else [])))
     atomic_write_text(run_dir / SCORES, buf.getvalue())
     games = ", ".join(f"{g['game'].split(':')[0]} ε_lb={g['eps_lower_bound']:.3f} ({g['correct']}/{g['guesses']} correct)"
                       for g in report["games"])
@@ -206,7 +247,13 @@ def write_report(run_dir: Path, scored: dict, report: dict) -> None:
     fam = report.get("family")
     family = "" if fam is None else (
         f"; family test of the lots' claim (assumes the claimed mechanism's family): ε_lb={fam['eps_lower_bound']:.3f} "
-        f"against {fam['eps_claimed_lots']:.3f} → {fam['verdict_family'].upper()}")
+        f"against {fam['eps_claimed_lots']:.3f} → {fam['verdict_family'].upper()}; order statistics "
+        f"({fam['order_stats']['independence']}): ε_lb={fam['order_stats']['eps_lower_bound']:.3f}; excluded canaries' "
+        f"score variance / claim's: {fam['interference']['out_var_ratio'] or float('nan'):.3f}")
+    nt = report.get("noise_test")
+    if nt is not None:
+        family += (f"; noise along the canaries / claimed σC: {nt['noise_ratio']:.3f} (≤ {nt['noise_ratio_upper']:.3f}, "
+                   f"{'exact' if nt['exact'] else 'conservative'} test) → {nt['verdict'].upper()}")
     print(f"audit [{report['variant']}]: {games} (family-free: Steinke et al.); claimed ε="
           f"{'none' if claimed is None else f'{claimed:.3f}'}, last-iterate heuristic ε="
           f"{report['eps_last_iterate_heuristic']:.3f} → {report['verdict'].upper()}{family}  ({run_dir / AUDIT})",

@@ -60,8 +60,10 @@ def audit_train(c, run_dir, overrides) -> dict:
     final = train(c, run_dir, overrides, instrument=inst)
     if distributed.current().writes and inst.parts is not None:
         scored = scores_and_bits(inst)
-        report = audit_report(c.to_dict(), options, inst.label, scored, inst.groups_used, final, time.time() - start)
-        write_report(Path(run_dir), scored, report)
+        sumsq = inst.observer.sumsq.numpy() if inst.observer is not None else None
+        report = audit_report(c.to_dict(), options, inst.label, scored, inst.groups_used, final, time.time() - start,
+                              inst.placed, sumsq)
+        write_report(Path(run_dir), scored, report, sumsq)
     return final
 
 
