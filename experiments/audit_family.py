@@ -31,7 +31,7 @@ RUNS = RESULTS / "runs" / "audit"
 
 def measure(out=RESULTS / "audit_family.csv") -> pd.DataFrame:
     from dpsgd.audit.onerun.bound_file import bound, read_scores
-    from dpsgd.audit.onerun.family import Claim
+    from dpsgd.audit.onerun.stats.family import Claim
     rows = []
     for run in sorted(p for p in RUNS.iterdir() if (p / "audit_scores.csv").is_file()):
         a = json.loads((run / "audit.json").read_text())

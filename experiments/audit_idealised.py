@@ -7,14 +7,14 @@
 
 ``rates``: for each setting (q, σ, T, k, m), ``--games`` seeded games of the claimed mechanism
 (false violations) and of the mechanism with noise σC/2 and σC/4 (power); per row the rate at which
-the family test (``dpsgd.audit.onerun.family``) and the Steinke et al. test of the claimed (ε, δ) reject the
+the family test (``dpsgd.audit.onerun.stats.family``) and the Steinke et al. test of the claimed (ε, δ) reject the
 claim, each with its two-sided 95 % Clopper–Pearson interval. ``bounds``: the whole family bound
 (ε_lb, σ_ub) beside the family-free bounds (Steinke et al.; Gaussian DP) on the first games of each
 setting, correct mechanism. ``order-stats``: the order-statistics test of Xiang et al.
-(``dpsgd.audit.onerun.order_stats``) on the very games of ``rates`` (same seeds: noise σC/2 on the first
+(``dpsgd.audit.onerun.stats.order_stats``) on the very games of ``rates`` (same seeds: noise σC/2 on the first
 ``--power-games`` of them; for the claimed mechanism's ``--games`` the family test's rejections, recorded
 again, equal those of results/audit_idealised.csv), and its ε_lb on the games of ``bounds``. Games are simulated by
-``dpsgd.audit.onerun.simulate``; seeds are fixed.
+``dpsgd.audit.onerun.stats.simulate``; seeds are fixed.
 """
 from __future__ import annotations
 
@@ -64,8 +64,8 @@ def _rate_row(setting: tuple, claim, nu: float, res: list[dict], tests: tuple, t
 
 
 def rates(games: int, out=RESULTS / "audit_idealised.csv") -> pd.DataFrame:
-    from dpsgd.audit.onerun.family import Claim
-    from dpsgd.audit.onerun.simulate import play
+    from dpsgd.audit.onerun.stats.family import Claim
+    from dpsgd.audit.onerun.stats.simulate import play
     rows = []
     for s_i, (name, q, sigma, steps, k, m) in enumerate(SETTINGS):
         claim = Claim(q, sigma, steps, k, DELTA).validate()
@@ -81,9 +81,9 @@ def rates(games: int, out=RESULTS / "audit_idealised.csv") -> pd.DataFrame:
 
 
 def bounds(games: int, out=RESULTS / "audit_idealised_bounds.csv") -> pd.DataFrame:
-    from dpsgd.audit.onerun.family import Claim
-    from dpsgd.audit.onerun.bounds import audit_bound
-    from dpsgd.audit.onerun.simulate import family_test, game_scores
+    from dpsgd.audit.onerun.stats.family import Claim
+    from dpsgd.audit.onerun.stats.bounds import audit_bound
+    from dpsgd.audit.onerun.stats.simulate import family_test, game_scores
     rows = []
     for s_i, (name, q, sigma, steps, k, m) in enumerate(SETTINGS):
         claim = Claim(q, sigma, steps, k, DELTA).validate()
@@ -109,9 +109,9 @@ def bounds(games: int, out=RESULTS / "audit_idealised_bounds.csv") -> pd.DataFra
 def order_stats(games: int, power_games: int, bound_games: int,
                 out=RESULTS / "audit_idealised_order_stats.csv",
                 out_bounds=RESULTS / "audit_idealised_order_stats_bounds.csv") -> pd.DataFrame:
-    from dpsgd.audit.onerun.family import Claim
-    from dpsgd.audit.onerun.order_stats import order_stats_test
-    from dpsgd.audit.onerun.simulate import game_scores, play
+    from dpsgd.audit.onerun.stats.family import Claim
+    from dpsgd.audit.onerun.stats.order_stats import order_stats_test
+    from dpsgd.audit.onerun.stats.simulate import game_scores, play
     rows = []
     for s_i, (name, q, sigma, steps, k, m) in enumerate(SETTINGS):
         claim = Claim(q, sigma, steps, k, DELTA).validate()

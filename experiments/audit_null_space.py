@@ -129,7 +129,7 @@ def collect() -> list[dict]:
         row["verdict_noise"] = nt.get("verdict")
         row["eps_cap_k_used"] = row["cap_ratio"] = None
         if fam and a["run"]["sampling"] == "poisson":
-            from dpsgd.audit.onerun.family import Claim
+            from dpsgd.audit.onerun.stats.family import Claim
             r = a["run"]
             claim = Claim(r["L"] / r["N"], r["sigma"], r["steps"], r["groups"], a["delta"]).validate()
             cap = claim.epsilon(r["sigma"] * (r["groups"] / r["canary_groups_used"]) ** 0.5)

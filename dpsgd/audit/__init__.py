@@ -30,17 +30,17 @@ Two audits, one sub-package each, and the one module they share:
   * ``onerun.placement``  — where a gradient canary lives: Dirac coordinates, or the class-sum directions of
     the softmax output layer that no real example's gradient touches (``audit.placement``);
   * ``onerun.observe``    — the white-box observer and its per-canary score;
-  * ``onerun.bounds``     — the family-free one-run bounds: ``steinke_bound`` (Steinke, Nasr & Jagielski
+  * ``onerun.stats.bounds``     — the family-free one-run bounds: ``steinke_bound`` (Steinke, Nasr & Jagielski
     2023, (ε, δ)) and the f-DP recursion of Mahloujifar, Melis & Chaudhuri 2024 (μ-GDP, any trade-off curve);
-  * ``onerun.family``     — the claim as the null hypothesis: the f-DP test against the claimed mechanism's
+  * ``onerun.stats.family``     — the claim as the null hypothesis: the f-DP test against the claimed mechanism's
     family (Poisson-subsampled Gaussian at q, T lots, k groups, noise σ′), σ_ub and ε_lb;
-  * ``onerun.order_stats`` — the order-statistics bound of Xiang et al. 2025 over all released guesses, in the
+  * ``onerun.stats.order_stats`` — the order-statistics bound of Xiang et al. 2025 over all released guesses, in the
     claim's family, assuming independent canaries (proved under the null-space placement with the claimed
     normalisation; a labelled heuristic otherwise);
-  * ``onerun.noise_check`` — the exact χ² test of the noise along the canaries' directions (null-space placement);
+  * ``onerun.stats.noise_check`` — the exact χ² test of the noise along the canaries' directions (null-space placement);
   * ``onerun.report``     — audit.json and audit_scores.csv;
   * ``onerun.bound_file`` — ``python -m dpsgd.audit bound``: every bound of a score file against a claim;
-  * ``onerun.simulate``   — the idealised one-run game, simulated without training.
+  * ``onerun.stats.simulate``   — the idealised one-run game, simulated without training.
 
 Nothing is imported here: ``python -m dpsgd.audit run`` loads only what the run needs.
 """

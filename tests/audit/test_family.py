@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from dpsgd.audit.onerun import bound_file as bound, bounds as onerun, family, simulate
+from dpsgd.audit.onerun import bound_file as bound
+from dpsgd.audit.onerun.stats import bounds as onerun, family, simulate
 from tolerances import EPS64
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "audit_bound_gauss.csv"   # score 2·S + N(0, 1): 2-GDP

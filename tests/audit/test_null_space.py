@@ -122,7 +122,7 @@ def test_noise_test_is_the_chi_square_law():
     """Q = Σ z² over n i.i.d. N(0, s²) is s²·χ²_n: at s = 1 the p-value is uniform (rejections ≈ β over many
     draws), at s = 1/2 (noise σC/2) it rejects every time."""
     from scipy import stats
-    from dpsgd.audit.onerun.noise_check import noise_test
+    from dpsgd.audit.onerun.stats.noise_check import noise_test
     rng = np.random.default_rng(0)
     bits = np.zeros(200, dtype=bool)
     rejects = sum(noise_test((rng.normal(size=(200, 10)) ** 2).sum(1), bits, 10, 0.05, True)["verdict"] == "violation"

@@ -1,4 +1,4 @@
-"""The one-run audit bound (dpsgd/audit/onerun/bounds.py; Steinke, Nasr & Jagielski 2023) against
+"""The one-run audit bound (dpsgd/audit/onerun/stats/bounds.py; Steinke, Nasr & Jagielski 2023) against
 independent references: the δ = 0 binomial tail summed in mpmath, the paper's worked values,
 monotonicity, and a Monte Carlo of an exactly ε-DP randomized-response canary game."""
 import math
@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from dpsgd.accountant import strong_composition
-from dpsgd.audit.onerun import bounds as onerun
+from dpsgd.audit.onerun.stats import bounds as onerun
 from dpsgd.core.errors import ConfigError
 from tolerances import EPS64, root_tol, sum_tol
 

@@ -1,4 +1,4 @@
-"""The order-statistics one-run bound (dpsgd/audit/onerun/order_stats.py; Xiang et al. 2025, arXiv
+"""The order-statistics one-run bound (dpsgd/audit/onerun/stats/order_stats.py; Xiang et al. 2025, arXiv
 2509.08704) against closed forms, a direct quadrature, the authors' published outcomes
 (compare/RESULTS.txt of GitHub zihangxiang/tight-privacy-audit-in-one-run) and binomial limits on
 simulated games."""
@@ -11,7 +11,8 @@ import pytest
 from scipy import integrate, stats
 
 from dpsgd.accountant import pld, strong_composition
-from dpsgd.audit.onerun import bound_file, bounds, family, order_stats as o, simulate
+from dpsgd.audit.onerun import bound_file
+from dpsgd.audit.onerun.stats import bounds, family, order_stats as o, simulate
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "audit_bound_gauss.csv"
 BETA = 0.05
@@ -63,7 +64,7 @@ def test_published_outcomes(fam, mu, q, n, r, u, steinke, ours):
     """The same outcome (n, r, u) as the authors' table gives their ε_lb within 1e-3 relative (measured:
     2e-4, ours lower: the binned p-value errs upward) and never above it by more than 1e-4 relative, ε from μ_lb
     by the exact Gaussian ε (q = 1) or the PLD of one subsampled lot; and the Steinke et al. bound of our
-    onerun.bounds on the same outcome equals their port's within 1e-3 relative (measured: 8e-4 at r = 100,
+    onerun.stats.bounds on the same outcome equals their port's within 1e-3 relative (measured: 8e-4 at r = 100,
     u = 1; 2e-4 elsewhere)."""
     # 20 halvings of [0.01, 32]: μ to 3e-5, ε to ~1e-5 relative, well inside the tolerance
     mu_lb = o.mu_lower_bound(u, r, n, BETA, q=q, iters=20)

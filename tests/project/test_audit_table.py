@@ -58,11 +58,11 @@ def test_claim_for_the_lots_alone_comes_from_the_committed_ledger():
     """eps_claimed_sgd: the run's ledger without its DP-PCA entry, charged as epsilon_valid is. The same
     charge of the whole ledger gives back epsilon_valid; the lots alone claim less, and the same where
     there is no DP-PCA release (mnist_scatter_linear); PLD of the lots alone agrees with the family
-    test's claim (dpsgd/audit/onerun/family.py:Claim.epsilon)."""
+    test's claim (dpsgd/audit/onerun/stats/family.py:Claim.epsilon)."""
     import json
 
     from dpsgd.accountant import Ledger
-    from dpsgd.audit.onerun.family import Claim
+    from dpsgd.audit.onerun.stats.family import Claim
     df = pd.read_csv(ROOT / "results" / "audit.csv").set_index("row")
     for row in ("mnist_small_full", "mnist_scatter_linear_eps2_full", "sigma4_correct_1000lots"):
         p = json.loads((ROOT / "results" / "runs" / "audit" / row / "privacy.json").read_text())

@@ -42,10 +42,10 @@ import numpy as np
 from dpsgd.core.checks import num, typed_number
 from dpsgd.core.errors import ConfigError
 
-from .family import Claim, family_test
-from .order_stats import order_stats_test
-from .bounds import audit_bound
-from .simulate import llr_moments
+from .stats.family import Claim, family_test
+from .stats.order_stats import order_stats_test
+from .stats.bounds import audit_bound
+from .stats.simulate import llr_moments
 
 SAMPLERS = ("poisson",)
 ASSUMES = {

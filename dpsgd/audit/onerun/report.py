@@ -44,11 +44,11 @@ from dpsgd.accountant.events import Poisson
 from dpsgd.core.fileio import atomic_write_text, write_json
 from dpsgd.mechanism.pca import charge_pca
 
-from .family import Claim, family_test
-from .order_stats import order_stats_test
-from .bounds import audit_bound
+from .stats.family import Claim, family_test
+from .stats.order_stats import order_stats_test
+from .stats.bounds import audit_bound
 from .bound_file import score_check
-from .noise_check import noise_test
+from .stats.noise_check import noise_test
 
 AUDIT, SCORES = "audit.json", "audit_scores.csv"
 
