@@ -12,8 +12,8 @@ clipper and DPSGD step), while the claim is computed as if nothing were broken:
   (with one process the R draws are made in it; the claim stays σ);
 * ``realised_lot``   — the noisy sum divided by the lot's realised size |L_t| instead of the expected L
   (the lot as this process holds it);
-* ``loose_group``    — the canaries' first clipping group clipped at 2C while C is claimed (applied to
-  the gradient canaries' contributions, which is what the audit observes).
+* ``loose_group``    — the first clipping group that carries gradient canaries clipped at 2C while C is
+  claimed (applied to the gradient canaries' contributions, which is what the audit observes).
 """
 from __future__ import annotations
 

@@ -82,6 +82,22 @@ def test_a_canary_lands_only_on_its_own_direction():
         assert torch.allclose(g[n].reshape(-1), want[n], rtol=0, atol=1e-12), n
 
 
+def test_loose_group_loosens_the_first_group_that_carries_canaries():
+    """``loose_group`` clips at 2C the first group holding canaries: the output layer's under the null-space
+    placement (group 1 here), group 0 under the Dirac one; a looser group without canaries is unseeable."""
+    model = _model(bias=False)
+    clipper = PerExampleClipper(model, 1.5, "per_layer")
+    for placement, group in (("null_space", 1), ("dirac", 0)):
+        placed = place(clipper, 4, seed=0, placement=placement, classes=K,
+                       probe=torch.randn(3, D, dtype=torch.float64))
+        loose = GradientCanaries(clipper, placed["coords"], torch.ones(4, dtype=torch.bool), a=15.0, loose=2.0)
+        assert loose.loose_group == group
+        # a = 15 clipped to 2C = 3 in that group, to C = 1.5 elsewhere (exact: min(a, bound) in float64)
+        want = [1.5] * len(clipper.groups)
+        want[group] = 3.0
+        assert loose._values("cpu", torch.float64).tolist() == want
+
+
 def test_refusals_name_the_option():
     probe = torch.randn(3, D)
     with pytest.raises(ConfigError, match="audit.placement=null_space"):  # a layer after the logits mixes them

@@ -78,8 +78,8 @@ class GradientCanaries:
 
     Wraps a ``PerExampleClipper`` (everything else is delegated): ``clipped_sum`` sends the ordinary
     rows of a physical batch to the engine, and adds, for each canary row present, its gradient
-    clipped per group by ``clip_factors`` at the engine's bound (times ``loose`` for group 0: a broken
-    variant of the audit, never of training). ``coords``: ``placement.place``'s; a canary's r entries in
+    clipped per group by ``clip_factors`` at the engine's bound (times ``loose`` for the first group that
+    carries canaries: a broken variant of the audit, never of training). ``coords``: ``placement.place``'s; a canary's r entries in
     a parameter ([m, r] index) each get its group's clipped value / √r (its direction is a unit vector)."""
 
     def __init__(self, clipper, coords: dict, included: torch.Tensor, a: float, loose: float = 1.0):
@@ -91,6 +91,10 @@ class GradientCanaries:
         self.loose = float(loose)
         names = {n: gi for gi, g in enumerate(clipper.groups) for n in g}
         self.group_of = names
+        # the first group with a canary entry: group 0 under the Dirac placement, the softmax layer's under
+        # the null-space one (a looser bound where no canary lives would be invisible by construction)
+        carrying = [names[n] for n, idx in self.coords.items() if n in names and bool((idx >= 0).any())]
+        self.loose_group = min(carrying, default=0)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -102,7 +106,8 @@ class GradientCanaries:
         C = self.inner.max_grad_norm
         f = clip_factors(norms, C)
         if C is not None and self.loose != 1.0:
-            f[0, 0] = clip_factors(norms[:, :1], C * self.loose)[0, 0]
+            g = self.loose_group
+            f[0, g] = clip_factors(norms[:, g:g + 1], C * self.loose)[0, 0]
         return (self.a * f[0]).to(device=device, dtype=dtype)
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor, out=None, multiplicity: int = 1,
