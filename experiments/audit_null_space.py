@@ -48,7 +48,7 @@ def rows() -> dict:
         for name, pl in (("null_space", NS), ("null_space_dirac", MIXED)):
             out[f"{preset}_{name}"] = ([f"experiment={preset}", *pl, "audit.gradient_canaries=1000", "audit.input_canaries=1000"],
                                        [f"experiment={preset}"] if name == "null_space" else None)
-    for sigma in (2.0, 4.0):
+    for sigma in (2.0, 4.0, 8.0):
         base = ["experiment=mnist_medium", f"privacy.sigma={sigma}", *SHORT]
         for v in VARIANTS:
             out[f"sigma{sigma:g}_{v}_1000lots_null_space"] = (base + NS + ["audit.gradient_canaries=1000",
@@ -89,7 +89,7 @@ COLUMNS = ["row", "placement", "normalise", "variant", "sampling", "sigma", "ste
            "m_gradient", "eps_claimed", "eps_claimed_sgd", "family_eps_lb", "family_ratio_sgd", "verdict_family",
            "order_stats_eps_lb", "order_stats_ratio_sgd", "order_stats_independence", "verdict_order_stats",
            "steinke_eps_lb", "steinke_ratio_sgd", "gdp_eps_lb", "gdp_ratio_sgd", "out_var_ratio",
-           "noise_ratio", "noise_ratio_upper", "verdict_noise", "eps_cap_k_used", "cap_ratio", "audit_wall_s", "train_wall_s", "wall_ratio", "hardware", "command", "train_command"]
+           "noise_ratio", "noise_ratio_upper", "verdict_noise", "eps_cap_k_used", "cap_ratio", "verdict_channel", "audit_wall_s", "train_wall_s", "wall_ratio", "hardware", "command", "train_command"]
 
 
 def _ratio(x, lots):
@@ -128,6 +128,7 @@ def collect() -> list[dict]:
         row["noise_ratio_upper"] = None if not nt else round(nt["noise_ratio_upper"], 4)
         row["verdict_noise"] = nt.get("verdict")
         row["eps_cap_k_used"] = row["cap_ratio"] = None
+        row["verdict_channel"] = (fam.get("channel") or {}).get("verdict_channel")
         if fam and a["run"]["sampling"] == "poisson":
             from dpsgd.audit.onerun.stats.family import Claim
             r = a["run"]
@@ -187,6 +188,7 @@ def seeds(n: int, out=ROOT / "results" / "audit_null_space_seeds.csv") -> list[d
                          "order_stats_eps_lb": round(osb["eps_lower_bound"], 4),
                          "order_stats_independence": osb["independence"],
                          "verdict_order_stats": "violation" if osb["claim_rejected"] else "consistent",
+                         "verdict_channel": f["channel"]["verdict_channel"] if "channel" in f else None,
                          "steinke_eps_lb": round(a["eps_lower_bound"], 4),
                          "verdict_steinke_vs_lots": "violation" if a["eps_lower_bound"] > f["eps_claimed_lots"] else "consistent",
                          "out_var_ratio": round(f["interference"]["out_var_ratio"], 4),
@@ -219,8 +221,8 @@ def doc_table(table: list[dict]) -> str:
     """The markdown table of docs/AUDIT.md from the rows of results/audit_null_space.csv."""
     lines = ["| audit | placement (k_used / k) | mechanism | σ | lots | m | lots' claim | order stats ε_lb (/ claim) | "
              "family ε_lb (/ claim) | Steinke ε_lb (/ claim) | verdicts: order stats, family, Steinke | out_var_ratio | "
-             "noise / σC (≤ at 1 − β): verdict | cap (k_used) | wall: audit / train |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "noise / σC (≤ at 1 − β): verdict | cap (k_used) | own channel (k_used groups at σ) | wall: audit / train |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         mech = r["variant"] if r["sampling"] == "poisson" else f"{r['variant']}, {r['sampling']} lots"
         osb = "–" if r["order_stats_eps_lb"] is None else (f"{_f(r['order_stats_eps_lb'])} ({_f(r['order_stats_ratio_sgd'], 2)}, "
@@ -231,11 +233,12 @@ def doc_table(table: list[dict]) -> str:
                              (r["verdict_order_stats"], r["verdict_family"], st_v) if v is not None)
         noise = "–" if r["noise_ratio"] is None else (f"{r['noise_ratio']:.3f} (≤ {r['noise_ratio_upper']:.3f}): "
                                                       + ("**V**" if r["verdict_noise"] == "violation" else "c"))
+        channel = {"violation": "**V**", "consistent": "c"}.get(r["verdict_channel"], "–")
         wall = f"{r['audit_wall_s']:.0f} s" + (f" / {r['train_wall_s']:.0f} s" if r["train_wall_s"] else "")
         lines.append(f"| {r['row']} | {r['placement']} ({r['canary_groups_used']} / {r['groups']}) | {mech} | {float(r['sigma']):.3g} | "
                      f"{r['steps']} | {r['m_gradient']} | {_f(r['eps_claimed_sgd'])} | {osb} | {fam} | "
                      f"{_f(r['steinke_eps_lb'])} ({_f(r['steinke_ratio_sgd'], 2)}) | {verdicts} | {_f(r['out_var_ratio'])} | "
-                     f"{noise} | {_f(r['cap_ratio'], 2)} | {wall} |")
+                     f"{noise} | {_f(r['cap_ratio'], 2)} | {channel} | {wall} |")
     return "\n".join(lines)
 
 

@@ -129,6 +129,9 @@ def test_tiny_audit_has_no_interference_and_proves_independence(tmp_path, monkey
     # claim's is within 5 standard errors (√(2/(n − 1))) of 1 when nothing else reaches the canaries
     assert abs(fam["interference"]["out_var_ratio"] - 1) < 5 * math.sqrt(2 / (n - 1))
     assert a["verdict_family"] == "consistent"
+    ch = fam["channel"]                  # k_used = 1 of k = 2 groups: the canaries' own channel, tested too
+    assert ch["groups"] == 1 and ch["eps_channel"] < fam["eps_claimed_lots"] and ch["order_stats_counts"]
+    assert ch["verdict_channel"] == "consistent"
     nt = a["noise_test"]                                   # the excluded canaries see the claimed noise
     assert nt["exact"] and nt["n"] == n * a["run"]["steps"]
     assert abs(nt["noise_ratio"] - 1) < 5 * math.sqrt(1 / (2 * nt["n"]))   # 5 standard errors of √(χ²_n / n)

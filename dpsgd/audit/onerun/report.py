@@ -44,9 +44,9 @@ from dpsgd.accountant.events import Poisson
 from dpsgd.core.fileio import atomic_write_text, write_json
 from dpsgd.mechanism.pca import charge_pca
 
-from .stats.family import Claim, family_test
-from .stats.order_stats import order_stats_test
-from .stats.bounds import audit_bound
+from .stats.family import Claim, family_test, tradeoff
+from .stats.order_stats import order_stats_test, rejects as order_stats_rejects
+from .stats.bounds import audit_bound, check_scores, default_grid, fdp_rejected, guess_counts
 from .bound_file import score_check
 from .stats.noise_check import noise_test
 
@@ -100,6 +100,7 @@ def family_block(scores, bits, config: dict, final: dict, beta: float, proved: b
     osb = order_stats_test(scores, np.asarray(bits, dtype=int), claim, beta)
     own = Claim(claim.q, claim.sigma, claim.steps, groups_used or claim.groups, claim.delta).validate()
     sc = score_check(scores, bits, own)
+    channel = None if own.groups == claim.groups else channel_block(scores, bits, own, beta, proved)
     return {"assumes": FAMILY_ASSUMES, "claim": {"q": claim.q, "sigma": claim.sigma, "steps": claim.steps,
                                                  "groups": claim.groups, "delta": claim.delta},
             "eps_claimed_lots": f["eps_claimed"], "sigma_upper_bound": f["sigma_upper_bound"],
@@ -115,7 +116,29 @@ def family_block(scores, bits, config: dict, final: dict, beta: float, proved: b
             "interference": {"channel_groups": own.groups, "out_var": sc["out"]["var"], "out_var_h0": sc["out"]["var_h0"],
                              "out_var_ratio": sc["var_ratio_out"],
                              "note": "excluded canaries' score variance / the claimed channel's (k_used groups); "
-                                     "> 1: the other examples' gradients reach the canaries"}}
+                                     "> 1: the other examples' gradients reach the canaries"},
+            **({} if channel is None else {"channel": channel})}
+
+
+def channel_block(scores, bits, own: Claim, beta: float, proved: bool) -> dict:
+    """The canaries' own channel tested at the run's σ, when they use k_used < k of the claim's groups.
+
+    Under the mechanism the ledger charges (each group clipped at C, noise σC, Poisson q), a canary with
+    entries in k_used groups sees exactly the claim with k_used groups at σ (docs/AUDIT_MATH.md §6), which
+    is less leaky than the k-group claim; H₀: "the canaries' channel is at most as leaky as that". A
+    rejection means the run is not the mechanism it charges for (e.g. a group clipped looser than C),
+    though the canaries alone may not exceed the whole claim's ε. Same scores, same β as the family
+    block; the order-statistics test counts only where independence is proved."""
+    s, b = check_scores(scores, bits)
+    rows = guess_counts(s, b.astype(int), default_grid(s.size))
+    per = beta / len(rows)
+    f = tradeoff(own.q, own.sigma_eff(own.sigma), own.steps)
+    fam = any(fdp_rejected(f, r["guesses"], r["correct"], s.size, per) for r in rows)
+    osr = bool(order_stats_rejects(s, b, own, beta))
+    return {"assumes": "the mechanism as charged, per group: the claim with the canaries' k_used groups at the run's σ",
+            "groups": own.groups, "eps_channel": own.epsilon(), "family_rejected": bool(fam),
+            "order_stats_rejected": osr, "order_stats_counts": proved,
+            "verdict_channel": "violation" if fam or (proved and osr) else "consistent"}
 
 
 def poisson_claim(config: dict, final: dict) -> float:
@@ -250,6 +273,10 @@ def write_report(run_dir: Path, scored: dict, report: dict, sumsq=None) -> None:
         f"against {fam['eps_claimed_lots']:.3f} → {fam['verdict_family'].upper()}; order statistics "
         f"({fam['order_stats']['independence']}): ε_lb={fam['order_stats']['eps_lower_bound']:.3f}; excluded canaries' "
         f"score variance / claim's: {fam['interference']['out_var_ratio'] or float('nan'):.3f}")
+    if fam is not None and "channel" in fam:
+        ch = fam["channel"]
+        family += (f"; the canaries' own channel ({ch['groups']} of {fam['claim']['groups']} groups, ε={ch['eps_channel']:.3f}) "
+                   f"→ {ch['verdict_channel'].upper()}")
     nt = report.get("noise_test")
     if nt is not None:
         family += (f"; noise along the canaries / claimed σC: {nt['noise_ratio']:.3f} (≤ {nt['noise_ratio_upper']:.3f}, "
