@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 
+from . import audit_table
 from .audit_table import HARDWARE, SMALL, claim_for_lots
 from .paths import ROOT
 
@@ -243,11 +244,7 @@ def doc_table(table: list[dict]) -> str:
 
 
 def write_doc_table(table: list[dict]) -> None:
-    doc = ROOT / "docs" / "AUDIT.md"
-    text = doc.read_text()
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        doc.write_text(head + BEGIN + "\n" + doc_table(table) + "\n" + END + rest.split(END, 1)[1])
+    audit_table.write_doc_table(table, doc_table(table), BEGIN, END)
 
 
 def timing(name: str, out=ROOT / "results" / "audit_null_space_timing.csv") -> dict:

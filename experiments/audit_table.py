@@ -148,12 +148,15 @@ def doc_table(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_doc_table(table: list[dict]) -> None:
+def write_doc_table(table: list[dict], body=None, begin: str = BEGIN, end: str = END) -> None:
+    """Replace what lies between ``begin`` and ``end`` in docs/AUDIT.md with ``body`` (default: this
+    module's table of ``table``); nothing happens when the markers are missing."""
     doc = ROOT / "docs" / "AUDIT.md"
     text = doc.read_text()
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        doc.write_text(head + BEGIN + "\n" + doc_table(table) + "\n" + END + rest.split(END, 1)[1])
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        table_text = doc_table(table) if body is None else body
+        doc.write_text(head + begin + "\n" + table_text + "\n" + end + rest.split(end, 1)[1])
 
 
 def main(argv: list[str] | None = None) -> None:
