@@ -16,6 +16,7 @@ from dpsgd.accountant import Ledger
 from dpsgd.config.schema import validate
 from dpsgd.launch.main import compose
 from experiments import claims, collect, figure2, figures, mnist_figures, readme, runs, style
+from fake_runs import fake_run
 from tolerances import (GAUSSIAN_EPSILON_RTOL, GAUSSIAN_EPSILON_XTOL, ledger_pld_epsilon_tol, pld_epsilon_tol,
                         rdp_series_rtol, reduction_rtol, root_tol)
 
@@ -271,19 +272,8 @@ def test_paper_dry_run_prints_plan_and_wall_time(capsys):
 # ------------------------------------------------------------------------------- seeds
 def _fake_preset_run(root, src, preset, seed, acc=None, extra_override=None):
     """A run folder as training writes it, from a committed run's metrics and privacy statement."""
-    run = root / f"{preset}_seed{seed}"
-    (run / ".hydra").mkdir(parents=True)
-    m = pd.read_csv(src / "metrics.csv")
-    if acc is not None:
-        m.loc[m.index[-1], "test_accuracy"] = acc
-    m.to_csv(run / "metrics.csv", index=False)
-    shutil.copy2(src / "privacy.json", run / "privacy.json")
-    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "device": "cpu", "name": preset}))
-    (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(
-        {"hydra": {"runtime": {"choices": {"experiment": preset}}}}))
-    over = [f"experiment={preset}", f"seed={seed}"] + ([extra_override] if extra_override else [])
-    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(over))
-    return run
+    over = [f"seed={seed}"] + ([extra_override] if extra_override else [])
+    return fake_run(root, src, preset, f"{preset}_seed{seed}", seed, over, acc)
 
 
 def test_seeds_collect_merges_replaces_and_summarises(tmp_path):

@@ -18,6 +18,7 @@ from dpsgd.launch.main import compose
 from dpsgd.run.report import COLUMNS as METRICS_COLUMNS
 from dpsgd.train import train
 from experiments import claims, collect, figure6, figures, readme, style
+from fake_runs import fake_run
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
@@ -107,18 +108,7 @@ def real_run(tmp_path_factory):
 
 def _fake_cifar_run(root: Path, src: Path, preset: str, name: str, overrides=(), acc=None) -> Path:
     """A run folder as `python -m dpsgd.train experiment=<preset>` leaves it (.hydra included)."""
-    run = root / name
-    (run / ".hydra").mkdir(parents=True)
-    m = pd.read_csv(src / "metrics.csv")
-    if acc is not None:
-        m.loc[m.index[-1], "test_accuracy"] = acc
-    m.to_csv(run / "metrics.csv", index=False)
-    shutil.copy2(src / "privacy.json", run / "privacy.json")
-    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": 0, "device": "cpu", "name": preset}))
-    (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(
-        {"hydra": {"runtime": {"choices": {"experiment": preset}}}}))
-    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"experiment={preset}", *overrides]))
-    return run
+    return fake_run(root, src, preset, name, 0, overrides, acc)
 
 
 def test_collect_turns_cifar_run_folders_into_figure6_csv(real_run, tmp_path):

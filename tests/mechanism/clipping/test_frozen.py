@@ -79,17 +79,23 @@ def test_dpsgd_step_leaves_frozen_parameters_bit_identical(mode, frozen):
             assert not torch.equal(p, before[n]), n                     # noise σC = 18 moves it
 
 
-def test_ghost_does_no_work_for_a_frozen_conv_stack(monkeypatch):
-    """Frozen convolutions below every trainable layer: not hooked, not recorded, no activation of
-    theirs saved for backward, no convolution or pooling backward run."""
-    captures = []
+@pytest.fixture
+def captures(monkeypatch):
+    """Every ``ghost.Capture`` the engine opens, in order."""
+    opened = []
 
     class Recording(ghost.Capture):
         def __enter__(self):
-            captures.append(self)
+            opened.append(self)
             return super().__enter__()
 
     monkeypatch.setattr(ghost, "Capture", Recording)
+    return opened
+
+
+def test_ghost_does_no_work_for_a_frozen_conv_stack(captures):
+    """Frozen convolutions below every trainable layer: not hooked, not recorded, no activation of
+    theirs saved for backward, no convolution or pooling backward run."""
     ops, saved = {}, {}
     for frozen in ("convs", None):
         model, x, y = cifar(frozen)
@@ -112,17 +118,9 @@ def test_ghost_does_no_work_for_a_frozen_conv_stack(monkeypatch):
     assert [s for s in saved[None] if len(s) == 4]
 
 
-def test_bias_only_layers_keep_no_input(monkeypatch):
+def test_bias_only_layers_keep_no_input(captures):
     """Conv weights frozen, biases trained: the bias gradient is Σ_t b_i(t), so the conv inputs
     (the [B, 64, 12, 12] pooled map that nothing else keeps) are not recorded."""
-    captures = []
-
-    class Recording(ghost.Capture):
-        def __enter__(self):
-            captures.append(self)
-            return super().__enter__()
-
-    monkeypatch.setattr(ghost, "Capture", Recording)
     model, x, y = cifar("conv_weights_only")
     clipper = PerExampleClipper(model, C, "per_layer", mode="ghost")
     clipper.clipped_sum(x, y)
