@@ -336,8 +336,18 @@ def main(argv=None):
         return mem_child(args.mem_child, args.quick)
     reps = args.reps if args.reps is not None else (3 if args.quick else 9)
     warmup = args.warmup if args.warmup is not None else 1
-    if reps < 1 or warmup < 0 or args.block_s < 0 or args.processes < 1:
+    if reps < 1 or warmup < 0 or not args.block_s >= 0 or args.processes < 1:
         ap.error("--reps and --processes must be >= 1, --warmup >= 0 and --block-s >= 0")
+    for opt, v in (("--lot", args.lot), ("--cnn-lot", args.cnn_lot)):
+        if v is not None and v < 1:
+            ap.error(f"{opt}={v}: a lot of at least 1 example")
+    if args.lots is not None:
+        try:
+            lots = [int(x) for x in args.lots.split(",")]
+        except ValueError:
+            lots = []
+        if not lots or min(lots) < 1:
+            ap.error(f"--lots={args.lots}: a comma list of lot sizes, each at least 1 (e.g. 600,4096)")
     methods = [m for m in args.methods.split(",") if m]
     bad = set(methods) - set(METHODS)
     if bad:

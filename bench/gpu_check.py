@@ -36,6 +36,7 @@ import argparse
 import collections
 import csv
 import json
+import math
 import os
 import re
 import shutil
@@ -433,8 +434,13 @@ def plan(ctx: Ctx) -> list[Step]:
 
 
 # ----------------------------------------------------------------------------- main
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):        # one line naming the option, exit 2
+        self.exit(2, f"error: {message}\n")
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
+    ap = _Parser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: the rehearsal, tiny settings")
     ap.add_argument("--wheels", default=str(REPO / ".whl"), help="the wheelhouse (make wheelhouse; default .whl/)")
     ap.add_argument("--target", default=None, help="fresh folder for the offline install (default: in the work folder)")
@@ -449,12 +455,22 @@ def main(argv=None) -> int:
         ok, line = compare_runs(Path(a.compare[0]), Path(a.compare[1]))
         print(line)
         return 0 if ok else 1
+    if not (math.isfinite(a.total_s) and a.total_s > 0):
+        ap.error(f"--total-s={a.total_s}: a positive number of seconds")
     clock = Clock(a.total_s)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H%M%S")
     work = Path(a.work or REPO / "outputs" / "gpu_check" / f"{stamp}_{a.device}").resolve()
     results = Path(a.results or (REPO / "results" if a.device == "cuda" else work)).resolve()
     site = Path(a.target).resolve() if a.target else work / "site"
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        for folder, opt in ((work, "--work"), (results, "--results")):
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / f".gpu_check_write_test_{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+    except OSError as e:
+        print(f"error: {opt}={folder}: not a writable folder ({e.strerror or e})", file=sys.stderr)
+        return 2
     log = Log(results / "gpu_check.log", clock)
     ctx = Ctx(sys.executable, a.device, child_env(site, hidden_names(), a.device), log, work, results)
     log(f"gpu-check on {a.device}, {a.total_s:.0f} s in all; python {sys.executable}; work folder {work}")

@@ -9,7 +9,7 @@ in ``WHEELS``. Each is fetched with ``pip download --no-deps`` (every dependency
 resolved by pip) at the version pinned in requirements.lock (Opacus, not a project dependency, at
 ``make bench``'s pin ``OPACUS``), as manylinux x86_64 wheels for CPython 3.12 (the target image) and
 3.11 (this machine, for the CPU rehearsal ``make gpu-check DEVICE=cpu``): a pure-Python wheel serves
-both, a compiled one (dm-tree, xxhash) is fetched once per Python. A package published only as a source
+both, a compiled one (dm-tree) is fetched once per Python. A package published only as a source
 archive (antlr4-python3-runtime 4.9.3) is built here into a pure wheel, so that the offline install
 never builds anything. torch is never downloaded: the image's is used and recorded.
 
@@ -48,7 +48,6 @@ WHEELS = {
     "appdirs": (("appdirs",), "kymatio's"),
     "configparser": ((), "kymatio's; a backport in the namespace backports, the standard library's stays"),
     "opacus": (("opacus",), "the step benchmark's comparison (Opacus hooks and ghost)"),
-    "xxhash": (("xxhash",), "the per-lot parameter digest of a run (dpsgd/run/replay.py); compiled"),
 }
 DATA_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
               "t10k-labels-idx1-ubyte.gz")

@@ -25,9 +25,8 @@ if __name__ == "__main__":          # `--help`: Hydra's help before torch is imp
     help_and_exit(sys.argv[1:])
 
 import math
-import signal
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -35,6 +34,7 @@ import torch.nn.functional as F
 
 from dpsgd.config.schema import Config
 from dpsgd.core.errors import Diverged, Interrupted
+from dpsgd.core.signals import held_signals, signals_as_interrupts
 from dpsgd.core.fileio import write_json
 from dpsgd.run import distributed
 from dpsgd.launch import main as launch
@@ -107,11 +107,13 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None, in
     if writer:
         run_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(run_dir, "resume" if c.resume else "hydra.run.dir") if writer else nullcontext():
-        run = setup(c, run_dir, list(overrides or []), instrument)
-        try:
-            return run.finished if run.finished is not None else algorithm1(run)
-        finally:
-            run.reservations.close()
+        with signals_as_interrupts():     # a signal during set-up: one line; its writes are held whole
+            run = setup(c, run_dir, list(overrides or []), instrument)
+        if run.finished is not None:
+            return run.finished
+        if run.finish_as is not None:      # a finished run whose lots past its final checkpoint were charged
+            return finish(run, run.finish_as)
+        return algorithm1(run)
 
 
 def algorithm1(run: Run) -> dict:
@@ -119,7 +121,7 @@ def algorithm1(run: Run) -> dict:
     c, t, at = run.c, run.c.training, run.progress
     stop_reason = None
     try:
-        with _signals_as_interrupts():
+        with signals_as_interrupts():
             while stop_reason is None and at.epoch < t.epochs:
                 t_epoch, lr = time.time(), lr_at(t, at.epoch)
                 run.parts.dp.set_lr(lr)
@@ -135,17 +137,23 @@ def algorithm1(run: Run) -> dict:
         stop_reason = stop_reason or "epochs_completed"
     except Interrupted as e:
         at.eps = epsilons(at.ledger, c)   # every lot that ran is in the ledger
-        run.settle()                      # and every reserved lot a replay did not reach
         if run.writes:
             write_json(run.run_dir / PRIVACY, run.statement("interrupted", "interrupted"))
         e.run_dir = run.run_dir
         raise
+    return finish(run, stop_reason)
+
+
+def finish(run: Run, stop_reason: str) -> dict:
+    """The last checkpoint and the final statement (``complete``, or ``diverged``: raised)."""
+    at, t = run.progress, run.c.training
     status = "diverged" if stop_reason == "diverged" else "complete"
-    run.settle()          # reserved lots that a faithful replay stopped before: charged as lost
-    run.checkpoint(True, stop_reason, status)
-    final = run.statement(status, stop_reason)
-    if run.writes:
-        write_json(run.run_dir / PRIVACY, final)
+    at.eps = epsilons(at.ledger, run.c)
+    with held_signals():   # the final checkpoint and statement are written whole
+        run.checkpoint(True, stop_reason, status)
+        final = run.statement(status, stop_reason)
+        if run.writes:
+            write_json(run.run_dir / PRIVACY, final)
     if status == "diverged":
         raise Diverged(f"training diverged at epoch {at.epoch} (non-finite loss or parameters; training.lr="
                        f"{t.lr:g} may be too large): {final['statement']}; {run.run_dir / PRIVACY}")
@@ -169,8 +177,8 @@ def run_epoch(run: Run):
         run.reserve(i)                                             # write-ahead, before the lot runs
         x, y, kw = parts.lot(idx, at.steps, run.dist.share)        # this rank's share, augmented
         out = parts.dp.step(x, y, physical_batch_size=p.physical_batch_size, **kw)
-        with _held_signals():              # the lot that ran is charged, digested and counted, or none is
-            run.charge(release)                                    # the ledger, the lot's digest
+        with held_signals():               # the lot that ran is charged and counted, or none is
+            run.charge(release)                                    # the ledger
             if parts.ema is not None:
                 parts.ema.update(parts.model)
             at.steps, lots = at.steps + 1, lots + 1
@@ -203,44 +211,6 @@ def end_of_epoch(run: Run, stop_reason: str | None, lr: float, lot_loss: float, 
         write_json(run.run_dir / PRIVACY, run.statement("running", None))
         if t.checkpoint_every and run.progress.epoch % t.checkpoint_every == 0:
             run.checkpoint(False, None)
-
-
-_HELD: list = []      # [signal or None] while a lot's bookkeeping runs (``_held_signals``)
-
-
-@contextmanager
-def _held_signals():
-    """A signal that arrives inside is raised (as Interrupted) once the block has finished, so that a
-    lot's charge, digest and count are never split by an interruption."""
-    _HELD.append(None)
-    try:
-        yield
-    finally:
-        signum = _HELD.pop()
-    if signum is not None:
-        raise Interrupted(signum)
-
-
-@contextmanager
-def _signals_as_interrupts():
-    """SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread (handlers restored after)."""
-    import threading
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        if _HELD:
-            _HELD[-1] = signum            # raised when the bookkeeping of the lot is done
-            return
-        raise Interrupted(signum)
-
-    before = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in before.items():
-            signal.signal(s, h)
 
 
 def main(argv: list[str] | None = None) -> None:

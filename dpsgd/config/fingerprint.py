@@ -1,9 +1,9 @@
 """What a resume may change: the table of allowed keys (``RESUME_ALLOWED``) and what changing each
-costs, the configuration's fingerprint (every other key, compared on resume: default deny), and the
-keys whose change means the lots after a checkpoint are not replayed (``replay_config``).
+costs, and the configuration's fingerprint (every other key, compared on resume: default deny).
 
 docs/RUNS.md walks the table; dpsgd/run/checkpoint.py:check_resumable refuses a resume whose
-fingerprint differs, naming the first key; dpsgd/run/replay.py charges the lots a resume cannot replay.
+fingerprint differs, naming the first key; dpsgd/run/guard.py charges, on every resume, the lots that
+may have run after the checkpoint, whatever changed.
 """
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ from dpsgd.config.schema import Config
 # Keys that may differ on a resume, and what changing one costs. Every other key of the validated
 # Config is compared (default deny: a new option is compared without being listed anywhere).
 #   free:   changes nothing a lot computes or releases; costs nothing
-#   length: how far the run goes; lots reserved after the checkpoint that the resume does not run
-#           again are charged as lost (their first run may have reached an output)
+#   length: how far the run goes; each lot that runs is charged as it runs
 #   replay: changes what the lots after the checkpoint compute (other weights, other floating-point
-#           sums) but not what one lot costs; the lots reserved after the checkpoint are charged as
-#           lost, since the resume's lots are other releases than the ones that may have escaped
+#           sums) but not what one lot costs. Costs nothing more: every resume charges the lots that
+#           may have run after the checkpoint as lost whatever it changes (dpsgd/run/guard.py)
 FREE, LENGTH, REPLAY = "free", "length", "replay"
 RESUME_ALLOWED: dict[str, tuple[str, str]] = {
     "resume": (FREE, "names the run being resumed"),
@@ -59,9 +58,3 @@ def config_fingerprint(c: Config) -> dict:
     fp = {k: v for k, v in config_leaves(c).items() if k not in RESUME_ALLOWED}
     fp["q"] = c.privacy.lot_size / c.N
     return fp
-
-
-def replay_config(c: Config) -> dict:
-    """The allowed keys that change what the lots after a checkpoint compute (``REPLAY``): a resume
-    that changes one of them does not replay the lots reserved after the checkpoint."""
-    return {k: v for k, v in config_leaves(c).items() if RESUME_ALLOWED.get(k, ("",))[0] == REPLAY}

@@ -7,7 +7,7 @@ generator states, the input projection,
 the metrics rows so far, the overrides the run was started with, the configuration's fingerprint
 (every key but the few a resume may change, ``dpsgd/config/fingerprint.py:RESUME_ALLOWED``; a resumed run
 with other values is refused, naming the key), and the binding of ``lots.reserved`` (the token its
-first line must carry; ``dpsgd/run/rundir.py:LotReservations``). With ``training.ema_decay`` set it
+first line must carry, the lots its ledger covers; ``dpsgd/run/guard.py``). With ``training.ema_decay`` set it
 also holds ``ema`` (the EMA weights, the released model; ``dpsgd.mechanism.ema``; None when EMA is
 off). Files are written with ``fileio`` (atomic replace).
 """
@@ -35,13 +35,14 @@ class CheckpointError(ConfigError):
 
 
 _MAGIC = b"DPSGD-CHECKPOINT\n"
-FORMAT_VERSION = 5      # 3: the optimiser state (momentum buffers); 4: whole-config fingerprint, bound lots.reserved;
-                        # 5: the debts of earlier attempts with their lot digests (dpsgd/run/replay.py)
-READS = (4, 5)          # 4 is read: its ``owed`` lots carry no digests, so a resume charges them
+FORMAT_VERSION = 6      # 3: the optimiser state (momentum buffers); 4: whole-config fingerprint, bound lots.reserved;
+                        # 5: the debts of earlier attempts with their lot digests; 6: no digests, the binding's
+                        # ``covers`` and ``lots_per_epoch`` (dpsgd/run/guard.py)
+READS = (4, 5, 6)       # 4 and 5 are read: the lots they owe (``owed``, ``debts``) are charged whole
 SUPERSEDED = "metrics.superseded.csv"
 REQUIRED_KEYS = ("version", "epoch", "steps", "complete", "stop_reason", "model", "ledger", "sampler", "noise",
                  "optimizer",
-                 "projection", "target_epsilon", "rows", "fingerprint", "overrides", "replay", "wall_time_s",
+                 "projection", "target_epsilon", "rows", "fingerprint", "overrides", "wall_time_s",
                  "resumes", "statement", "reservations")
 
 

@@ -11,18 +11,21 @@ privacy.json and the opening console line.
 """
 from __future__ import annotations
 
+import json
 import secrets
+import sys
 from pathlib import Path
 
 from dpsgd.config.fingerprint import config_fingerprint
 from dpsgd.config.schema import Config, ConfigError
 from dpsgd.core.fileio import atomic_write_text, write_json
+from dpsgd.core.signals import held_signals
 from dpsgd.run import distributed
 from dpsgd.run import parts
-from dpsgd.run.checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, refuse_audit_resume,
-                                  resume_checkpoint)
+from dpsgd.run.checkpoint import (CHECKPOINT, METRICS, PRIVACY, MetricsWriter, check_resumable, escaped_steps,
+                                  refuse_audit_resume, resume_checkpoint)
+from dpsgd.run.guard import RESERVATIONS, LotGuard
 from dpsgd.run.report import COLUMNS
-from dpsgd.run.rundir import RESERVATIONS
 from dpsgd.run.state import Run, derive_seed
 
 def setup(c: Config, run_dir: Path, overrides: list[str], instrument: parts.Instrument | None = None) -> Run:
@@ -45,17 +48,32 @@ def setup(c: Config, run_dir: Path, overrides: list[str], instrument: parts.Inst
         run, err = None, e
     distributed.agree(err)
     if run.finished is not None:
+        if run.writes:
+            _restate(run)
         return run
     if d.active:   # and every rank read and built the same: data, weights, generators, projection, ledger
         at = run.progress
         distributed.agree_on(distributed.state_items(
             run.parts.data._asdict(), run.parts.state_dict(),
-            {"epoch": at.epoch, "steps": at.steps, "lost": at.lost, "ledger": at.ledger.to_dict(),
-             "debts": [d.to_dict() for d in at.debts]}),
+            {"epoch": at.epoch, "steps": at.steps, "lost": at.lost, "ledger": at.ledger.to_dict()}),
             distributed.SAME_BUILD)
     if run.writes:
         _open_run_dir(run)
     return run
+
+
+def _restate(run: Run) -> None:
+    """A finished run: "nothing to do", and privacy.json is its final statement again (an extension that
+    died before its first lot left ``running`` there)."""
+    path = run.run_dir / PRIVACY
+    try:
+        same = json.loads(path.read_text()) == run.finished
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        write_json(path, run.finished)
+    print(f"{run.run_dir}: run already finished ({run.finished.get('stop_reason')}); nothing to do"
+          + ("" if same else f" ({PRIVACY} restored to its final statement)"), flush=True)
 
 
 def _open(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, seeds: dict,
@@ -74,26 +92,46 @@ def _open(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, s
     if saved != d.world_size:
         raise ConfigError(f"resume: world_size={d.world_size} differs from the run's world_size={saved} "
                           f"(processes: torchrun --nnodes × --nproc_per_node); resume with {saved}")
-    if ckpt["complete"] and (ckpt["stop_reason"] != "epochs_completed" or c.training.epochs <= ckpt["epoch"]):
-        if d.writes:
-            print(f"{run_dir}: run already finished ({ckpt['stop_reason']}); nothing to do")
-        return Run.already_finished(c, run_dir, overrides, d, ckpt)
-    return Run.from_checkpoint(c, run_dir, overrides, d, seeds, ckpt)
+    finished = ckpt["complete"] and (ckpt["stop_reason"] != "epochs_completed" or c.training.epochs <= ckpt["epoch"])
+    binding = ckpt["reservations"]
+    per_epoch = binding.get("lots_per_epoch") or max(1, -(-int(ckpt["steps"]) // max(1, int(ckpt["epoch"]))))
+    if finished:     # the binding is checked (a foreign checkpoint is refused), the lots past it charged
+        owed = _owed(run_dir, ckpt, per_epoch)
+        if not (owed.lots and c.privacy.private):
+            return Run.already_finished(c, run_dir, overrides, d, ckpt)
+        return Run.from_checkpoint(c, run_dir, overrides, d, seeds, ckpt, owed, finish_as=ckpt["stop_reason"])
+    # read once the sampler is built (a checkpoint of format 4-5 records no lots_per_epoch)
+    return Run.from_checkpoint(c, run_dir, overrides, d, seeds, ckpt, lambda per: _owed(run_dir, ckpt, per))
+
+
+def _owed(run_dir: Path, ckpt: dict, lots_per_epoch: int):
+    """The guard's rule (guard.py) on this folder: what the resume of ``ckpt`` owes."""
+    try:
+        ended = json.loads((run_dir / PRIVACY).read_text()).get("status") != "running"
+    except (OSError, ValueError, AttributeError):
+        ended = False
+    return LotGuard(run_dir).owed(ckpt, escaped_steps(run_dir, ckpt), lots_per_epoch, ended)
 
 
 def _open_run_dir(run: Run) -> None:
-    """Rank 0's first writes: metrics.csv (the checkpoint's rows), the charge for lost lots or the debts
-    of earlier attempts made durable (a new checkpoint: lots.reserved then holds this attempt's lines
-    only), config.resolved.yaml, privacy.json, and the opening console line."""
+    """Rank 0's first writes: metrics.csv (the checkpoint's rows), the charge for lost lots made durable
+    (a new checkpoint: lots.reserved then holds this attempt's lines only), config.resolved.yaml,
+    privacy.json, and the opening console line. A signal that arrives meanwhile is raised once they
+    are all written (``held_signals``), so a stop leaves them whole."""
+    with held_signals():
+        _first_writes(run)
+
+
+def _first_writes(run: Run) -> None:
     c, p, run_dir, lost = run.c, run.c.privacy, run.run_dir, run.progress.lost
     run.writer = MetricsWriter(run_dir, COLUMNS + (["audit"] if run.instrument is not None else []), run.writer.rows)
-    res = run.reservations
-    if lost or run.progress.debts:   # make the charge or the debts durable before anything else runs
+    guard = run.guard
+    if lost:                         # make the charge durable before anything else runs
         run.checkpoint(False, None)
     elif not c.resume:
-        res.bind(secrets.token_hex(8), 0)
-    elif res.token != res.expected:     # still bound to the previous checkpoint: bind it to this one
-        res.bind(res.expected, run.progress.steps)
+        guard.bind(secrets.token_hex(8), 0)
+    elif guard.token != guard.expected:     # still bound to the previous checkpoint: bind it to this one
+        guard.bind(guard.expected, run.progress.steps)
     if not (run_dir / "config.resolved.yaml").exists():   # the validated, fully resolved config
         import yaml
         label = (f"# AUDIT RUN ({run.instrument.label.get('summary', 'audit')}): the training data held the audit's "
@@ -109,10 +147,10 @@ def _open_run_dir(run: Run) -> None:
               f"C={p.clip_norm}, L={p.lot_size})", flush=True)
     else:
         print(f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
-    owed = sum(d.lots for d in run.progress.debts)
-    if owed:
-        print(f"resume: {owed} lot(s) that ran after the last checkpoint are replayed and proved lot by lot "
-              "(parameter digests); each that differs is charged as lost", flush=True)
+    if run.warning:
+        print(f"warning: resume: {run.warning}", file=sys.stderr, flush=True)
     if lost:
-        print(f"resume: charged {lost} lot(s) that ran after the last checkpoint and cannot be replayed "
-              f"as the same releases ({run.progress.lost_why})", flush=True)
+        print(f"resume: charged {lost} lot(s) as lost: they {run.progress.lost_why}", flush=True)
+    if run.finish_as is not None:
+        print(f"resume: the run had finished ({run.finish_as}); lots ran past its final checkpoint (an extension "
+              "that did not finish): charged, and the run finished again", flush=True)

@@ -143,7 +143,11 @@ def test_bad_score_files(tmp_path, capsys):
     for name, text, what in [("nocol.csv", "included,value\n1,0.5\n", "'score'"),
                              ("bits.csv", "included,score\n2,0.5\n", "included='2'"),
                              ("nan.csv", "included,score\n1,nan\n", "NaN"),
-                             ("text.csv", "included,score\n1,abc\n", "not a number")]:
+                             ("text.csv", "included,score\n1,abc\n", "not a number"),
+                             # issue 40: a header-only file, every canary in, a one-row file
+                             ("header.csv", "included,score\n", "no rows (a header only)"),
+                             ("allin.csv", "included,score\n" + "1,0.5\n" * 300, "all 300 canaries have included=1"),
+                             ("one.csv", "included,score\n0,0.5\n", "all 1 canaries have included=0")]:
         f = tmp_path / name
         f.write_text(text)
         assert bound.main(["--scores", str(f), "--q", "1", "--sigma", "1", "--steps", "1", "--delta", "1e-5"]) == 2
@@ -207,3 +211,12 @@ def test_score_moments_under_the_claim():
     m = simulate.llr_moments(family.Claim(0.05, 2.0, 200, 2, 1e-5).validate())
     assert m["in"][0] > 0 > m["out"][0] and m["out"][1] > 0 and m["in"][1] > 0
     # E_out[e^ℓ] = 1 per lot (a likelihood ratio), so by Jensen E_out[ℓ] < 0 and E_in[ℓ] = KL(in‖out) > 0
+
+
+def test_a_small_score_file_is_bounded_with_a_warning(tmp_path, capsys):
+    """Ten canaries, both kinds: the bounds are computed, and stderr says that CONSISTENT means little."""
+    f = tmp_path / "ten.csv"
+    f.write_text("included,score\n" + "".join(f"{i % 2},{0.1 * i}\n" for i in range(10)))
+    assert bound.main(["--scores", str(f), "--q", "1", "--sigma", "1", "--steps", "1", "--delta", "1e-5"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("warning: only m=10 canaries")

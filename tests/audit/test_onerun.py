@@ -200,3 +200,22 @@ def test_gdp_is_tighter_than_the_eps_delta_bound_on_gaussian_scores():
     assert res["gdp_eps_lower_bound"] > res["eps_lower_bound"] > 0      # measured: 4.28 > 2.93
     true_eps = strong_composition.gaussian_epsilon(1e-5, 1 / 2.0)
     assert res["gdp_eps_lower_bound"] < true_eps and res["gdp_mu_lower_bound"] < 2.0
+
+
+def test_the_score_file_holds_every_canary_when_the_games_differ_in_size(tmp_path, capsys):
+    """Issue 40: 200 gradient canaries beside 1000 input canaries (any gradient count below the input
+    count) wrote audit.json and then died with an IndexError, losing audit_scores.csv."""
+    import csv
+    import json
+    import torch
+    from dpsgd.audit.onerun.report import SCORES, write_report
+    g = torch.Generator().manual_seed(0)
+    scored = {"white-box": (torch.randn(200, generator=g), torch.randint(0, 2, (200,), generator=g)),
+              "black-box": (torch.randn(1000, generator=g), torch.randint(0, 2, (1000,), generator=g))}
+    report = {"games": [], "eps_claimed": 1.0, "eps_last_iterate_heuristic": 1.0, "verdict": "consistent",
+              "variant": "correct"}
+    write_report(tmp_path, scored, report, sumsq=torch.rand(200, generator=g))
+    rows = list(csv.DictReader(open(tmp_path / SCORES)))
+    assert [sum(r["game"] == k for r in rows) for k in ("white-box", "black-box")] == [200, 1000]
+    assert all(r["sumsq"] for r in rows[:200]) and not any(r["sumsq"] for r in rows[200:])
+    assert json.loads((tmp_path / "audit.json").read_text())["verdict"] == "consistent"

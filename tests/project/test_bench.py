@@ -26,7 +26,9 @@ def test_bench_step_processes_aggregate(tmp_path):
 
 @pytest.mark.parametrize("args, says", [(["--models", "nope"], "--models: unknown ['nope']"),
                                         (["--methods", "dpsgd_magic"], "--methods: unknown ['dpsgd_magic']"),
-                                        (["--reps", "0"], "--reps and --processes must be >= 1")])
+                                        (["--reps", "0"], "--reps and --processes must be >= 1"),
+                                        (["--lots", "-5"], "--lots=-5: a comma list of lot sizes"),
+                                        (["--lot", "0"], "--lot=0: a lot of at least 1")])
 def test_bench_step_bad_options_are_one_line_before_any_child(args, says, tmp_path, monkeypatch, capsys):
     """Checked in the parent, before a child process starts: one line, exit 2, no traceback."""
     monkeypatch.setattr(bench_step.subprocess, "run", lambda *a, **k: pytest.fail("a child was started"))

@@ -8,14 +8,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dpsgd.run import rundir
+from dpsgd.run import guard
 from dpsgd.accountant import Ledger, calibrate
 from dpsgd.accountant.events import Poisson
 from dpsgd.config.schema import validate
 from dpsgd.run.distributed import Dist
 from dpsgd.launch.main import compose
 from dpsgd.privacy import main as privacy_main
-from dpsgd.run.rundir import LotReservations
+from dpsgd.run.guard import LotGuard
 from dpsgd.run.state import Progress, Rows, Run
 from dpsgd.mechanism.sampling import make_sampler
 from dpsgd.train import train
@@ -27,11 +27,11 @@ TINY = ["dataset.subset=3000", "privacy.lot_size=150", "privacy.physical_batch_s
 def _run(tmp_path, sampling, epochs, max_steps, epoch, steps, budget, N=100, L=10):
     """A Run holding only what the stop rule reads: the training limits, the progress, the sampler."""
     c = SimpleNamespace(training=SimpleNamespace(epochs=epochs, max_steps=max_steps),
-                        privacy=SimpleNamespace(private=True, secure_rng=True, sigma=1.0))   # no lot digests
+                        privacy=SimpleNamespace(private=True, secure_rng=True, sigma=1.0))
     parts = SimpleNamespace(sampler=make_sampler(sampling, N, L, torch.Generator().manual_seed(0)), k=1)
     return Run(c=c, run_dir=Path(tmp_path), overrides=[], dist=Dist(),
                progress=Progress(ledger=Ledger(), epoch=epoch, steps=steps, budget=budget),
-               parts=parts, writer=Rows([]), reservations=LotReservations(tmp_path))
+               parts=parts, writer=Rows([]), guard=LotGuard(tmp_path))
 
 
 def _spelled_out(run, lot):
@@ -101,13 +101,13 @@ def test_shuffle_budget_counts_epochs(tmp_path):
 def test_no_lot_is_reserved_past_the_stop(tmp_path, monkeypatch, stop, lots):
     # 20 lots an epoch: both stops fall inside an epoch
     limits = []
-    ensure = rundir.LotReservations.ensure
+    ensure = guard.LotGuard.before_lot
 
     def spy(self, steps, limit):
         limits.append(limit)
         return ensure(self, steps, limit)
 
-    monkeypatch.setattr(rundir.LotReservations, "ensure", spy)
+    monkeypatch.setattr(guard.LotGuard, "before_lot", spy)
     c = validate(compose(TINY + ["training.epochs=5", "model.projection=none"] + stop))
     st = train(c, tmp_path / "run")
     assert st["steps"] == lots and lots % 20 != 0

@@ -109,13 +109,15 @@ def read_scores(path: str, game: str | None) -> tuple[np.ndarray, np.ndarray]:
         raise ConfigError(f"--scores={path}: no such file")
     try:
         with open(f, newline="") as fh:
-            rows = list(csv.DictReader(fh))
+            reader = csv.DictReader(fh)
+            rows, cols = list(reader), set(reader.fieldnames or ())
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise ConfigError(f"--scores={path}: unreadable ({e})") from None
-    cols = set(rows[0]) if rows else set()
     for col in ("included", "score"):
         if col not in cols:
             raise ConfigError(f"--scores={path}: no column {col!r} (need included and score)")
+    if not rows:
+        raise ConfigError(f"--scores={path}: no rows (a header only): one row per canary is needed")
     if "game" in cols:
         want = game or "white-box"
         rows = [r for r in rows if r["game"] == want]
@@ -135,9 +137,24 @@ def read_scores(path: str, game: str | None) -> tuple[np.ndarray, np.ndarray]:
             raise ConfigError(f"--scores={path}: line {i}: score is NaN")
         bits.append(int(r["included"]))
         scores.append(s)
+    n_in = sum(bits)
+    if n_in in (0, len(bits)):
+        raise ConfigError(f"--scores={path}: all {len(bits)} canaries have included={bits[0]}: a one-run audit "
+                          "guesses which canaries were included, so it needs both (each included at random)")
     s = np.array(scores)
     s = np.where(np.isfinite(s), s, np.sign(s) * np.finfo(float).max)   # ±inf: ranked first / last
     return s, np.array(bits)
+
+
+FEW = 100   # canaries below which a one-run audit has almost no power: its CONSISTENT says little
+
+
+def few_warning(m: int) -> str | None:
+    """A warning line when ``m`` canaries are too few for the verdict to mean much."""
+    if m >= FEW:
+        return None
+    return (f"warning: only m={m} canaries: a one-run audit this small can hardly reject any claim "
+            f"(its lower bounds stay near 0), so CONSISTENT says little; audits use ≥ {FEW}, typically 1000")
 
 
 def bound(scores, bits, claim: Claim, beta: float = 0.05) -> dict:
@@ -222,6 +239,10 @@ def main(argv=None) -> int:
         return 2
     r = bound(scores, bits, claim, beta)
     r["scores_file"] = a.scores
+    warn = few_warning(len(bits))
+    if warn:
+        r["warning"] = warn
+        print(warn, file=sys.stderr)
     if a.json:
         print(json.dumps(r, allow_nan=False))
     else:

@@ -255,15 +255,17 @@ def rescore(run_dir: Path, beta: float | None = None) -> dict:
 def write_report(run_dir: Path, scored: dict, report: dict, sumsq=None) -> None:
     """audit.json, audit_scores.csv (every canary's bit and score; ``sumsq``: the white-box canaries'
     Σ_t z²) and one console line."""
-    write_json(run_dir / AUDIT, report)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["game", "canary", "included", "score"] + (["sumsq"] if sumsq is not None else []))
     for kind, (scores, bits) in scored.items():
         for i, (b, sc) in enumerate(zip(bits.tolist(), scores.tolist())):
-            extra = [repr(float(sumsq[i]))] if sumsq is not None else []
-            w.writerow([kind, i, int(b), repr(sc)] + (extra if kind == "white-box" else ([""] if extra else [])))
-    atomic_write_text(run_dir / SCORES, buf.getvalue())
+            # Σ_t z² belongs to the white-box (gradient) canaries only: their count may differ from the
+            # input canaries' (audit.gradient_canaries, audit.input_canaries)
+            extra = [] if sumsq is None else [repr(float(sumsq[i]))] if kind == "white-box" else [""]
+            w.writerow([kind, i, int(b), repr(sc)] + extra)
+    atomic_write_text(run_dir / SCORES, buf.getvalue())   # the scores first: the evidence, whatever follows
+    write_json(run_dir / AUDIT, report)
     games = ", ".join(f"{g['game'].split(':')[0]} ε_lb={g['eps_lower_bound']:.3f} ({g['correct']}/{g['guesses']} correct)"
                       for g in report["games"])
     claimed = report["eps_claimed"]

@@ -67,6 +67,17 @@ def audit_train(c, run_dir, overrides) -> dict:
     return final
 
 
+def usage() -> str:
+    """``audit run --help``: the command, its audit.* options with their defaults, and where the training
+    overrides are described."""
+    opts = "\n".join(f"  audit.{f.name}={f.default!r}" if not callable(f.default) else f"  audit.{f.name}"
+                     for f in fields(AuditOptions))
+    return ("usage: python -m dpsgd.audit run [training overrides] [audit.key=value ...]\n\n"
+            "A one-run audit: trains the configuration (any preset or override that python -m dpsgd.train takes;\n"
+            "see python -m dpsgd.train --help) with canaries in its data, then writes audit.json and\n"
+            "audit_scores.csv into the run folder (docs/AUDIT.md).\n\naudit options (defaults):\n" + opts)
+
+
 def split_args(args: list[str]) -> tuple[AuditOptions, list[str]]:
     """(the audit's options, the rest for Hydra); ConfigError naming an unknown or bad ``audit.*`` key."""
     known = {f.name for f in fields(AuditOptions)}
@@ -126,6 +137,9 @@ def check_canaries_fit(options: AuditOptions, args: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[2:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(usage())
+        raise SystemExit(0)
     try:
         options, rest = split_args(args)
         check_canaries_fit(options, rest)
