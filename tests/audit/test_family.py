@@ -194,11 +194,12 @@ def test_simulated_scores_are_the_claimed_llr():
 def test_audit_scores_csv_rows_of_one_game(tmp_path):
     """audit run's audit_scores.csv (columns game, canary, included, score): --game picks the rows."""
     f = tmp_path / "audit_scores.csv"
-    f.write_text("game,canary,included,score\nwhite-box,0,1,2.5\nwhite-box,1,0,-1.0\nblack-box,0,0,7.0\n")
+    f.write_text("game,canary,included,score\nwhite-box,0,1,2.5\nwhite-box,1,0,-1.0\nblack-box,0,0,7.0\n"
+                 "black-box,1,1,3.0\n")
     scores, bits = bound.read_scores(str(f), None)                      # default: white-box
     assert scores.tolist() == [2.5, -1.0] and bits.tolist() == [1, 0]  # exact: values copied from the file
     scores, bits = bound.read_scores(str(f), "black-box")
-    assert scores.tolist() == [7.0] and bits.tolist() == [0]           # exact: values copied from the file
+    assert scores.tolist() == [7.0, 3.0] and bits.tolist() == [0, 1]   # exact: values copied from the file
 
 
 def test_score_moments_under_the_claim():

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import metrics_rows, snapshot
 from dpsgd import train as training
@@ -282,7 +283,8 @@ def _edit(rng: random.Random, run: Path) -> None:
 
 def play(h: Harness, seed: int) -> dict:
     """A fresh run killed at a random point, then random resumes (allowed changes, refused ones, a
-    finished run extended, non-forging edits, each killed at a random point or not), then plain
+    finished run extended, non-forging edits, another thread count, computing as another CPU does
+    (``other_cpu``), each killed at a random point or not), then plain
     resumes to the end; returns the final statement ({} when nothing could be resumed). Asserts that
     the folder always opens."""
     rng = random.Random(seed)
@@ -303,7 +305,13 @@ def play(h: Harness, seed: int) -> dict:
         change = rng.choice(ALLOWED)
         if rng.random() < 0.25 and load_checkpoint(h.run)["complete"]:
             change = [f"training.epochs={load_checkpoint(h.run)['epoch'] + rng.randint(1, 2)}"]   # an extension
-        h.resume(*change, kill=_kill(rng), other_cpu=rng.random() < 0.3)
+        threads = torch.get_num_threads()
+        with pytest.MonkeyPatch.context() as env:      # another thread count: other sums, the same rule
+            env.setenv("DPSGD_THREADS", str(rng.choice([1, 2])))
+            try:
+                h.resume(*change, kill=_kill(rng), other_cpu=rng.random() < 0.3)
+            finally:
+                torch.set_num_threads(threads)
     for _ in range(3):     # plain resumes: the folder opens, and the run ends with a final statement
         st = h.resume()
         if st is not None and st["status"] == "complete":
