@@ -19,7 +19,7 @@ from the paper (`experiments.claims.CIFAR10_PRESETS`); column ``setting`` says w
            ``cpu_s`` the process's CPU time (one thread: what an idle machine's wall time would be;
            a shared machine inflates wall time, see the load columns); examples/s and the ratio to the
            non-private epoch at the same L from the CPU time.
-  eval     the evaluation training runs after every epoch (`dpsgd.train.evaluate` on the N training
+  eval     the evaluation training runs after every epoch (`dpsgd.run.evaluate.evaluate` on the N training
            and the test images, batches of `training.eval_batch_size`).
   preset   lots until the preset's target ε under its accounting (the paper's: moments accountant,
            per-tensor charges, k = the clipper's groups; `dpsgd.accountant.Ledger.steps_within`), in
@@ -49,7 +49,7 @@ from dpsgd.accountant import Ledger
 from dpsgd.config.schema import TrainingConfig
 from dpsgd.core.runtime import describe_hardware
 from dpsgd.mechanism.sampling import PoissonSampler
-from dpsgd.train import evaluate
+from dpsgd.run.evaluate import evaluate
 from experiments.claims import CIFAR10_PRESETS, DELTA
 
 N_TEST = 10_000

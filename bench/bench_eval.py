@@ -1,4 +1,4 @@
-"""Evaluation of the MNIST network with and without row chunks (``dpsgd/train.py:EVAL_ROWS``).
+"""Evaluation of the MNIST network with and without row chunks (``dpsgd/run/evaluate.py:EVAL_ROWS``).
 
     python -m bench.bench_eval [--reps 9] [--out results/bench_eval.csv]
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from bench import write_csv
-from dpsgd import train
+from dpsgd.run import evaluate as ev
 from dpsgd.core.runtime import describe_hardware
 from dpsgd.models.networks import MLP
 
@@ -47,15 +47,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for _ in range(a.reps):
             for rows in settings:
-                train.EVAL_ROWS = rows
+                ev.EVAL_ROWS = rows
                 t = time.perf_counter()
-                got = (train.evaluate(model, Xtr, ytr, 10_000), train.evaluate(model, Xte, yte, 10_000))
+                got = (ev.evaluate(model, Xtr, ytr, 10_000), ev.evaluate(model, Xte, yte, 10_000))
                 times[rows].append(time.perf_counter() - t)
                 ref = got if ref is None else ref
                 if got != ref:
                     raise SystemExit(f"EVAL_ROWS={rows}: the metrics differ from one pass per batch")
     finally:
-        train.EVAL_ROWS = 1024
+        ev.EVAL_ROWS = 1024
     machine = describe_hardware()
     rows = [{"rows_per_pass": "whole batch" if r == WHOLE else r, "seconds_per_epoch": round(statistics.median(ts), 4),
              "reps": a.reps, "same_metrics": True, "loadavg_1min": round(load, 2), "machine": machine}

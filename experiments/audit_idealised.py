@@ -83,7 +83,8 @@ def rates(games: int, out=RESULTS / "audit_idealised.csv") -> pd.DataFrame:
 def bounds(games: int, out=RESULTS / "audit_idealised_bounds.csv") -> pd.DataFrame:
     from dpsgd.audit.onerun.stats.family import Claim
     from dpsgd.audit.onerun.stats.bounds import audit_bound
-    from dpsgd.audit.onerun.stats.simulate import family_test, game_scores
+    from dpsgd.audit.onerun.stats.family import family_test
+    from dpsgd.audit.onerun.stats.simulate import game_scores
     rows = []
     for s_i, (name, q, sigma, steps, k, m) in enumerate(SETTINGS):
         claim = Claim(q, sigma, steps, k, DELTA).validate()

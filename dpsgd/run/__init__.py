@@ -1,1 +1,1 @@
-"""A run: its state, checkpoint, run directory and locks, report, the command lines (Hydra, torchrun) and launchers."""
+"""A run of Algorithm 1: its parts, state, opening, resume guard, checkpoint, run directory lock, evaluation and report."""

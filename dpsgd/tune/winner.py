@@ -16,7 +16,7 @@ from dpsgd.data.augment import LotTransform
 from dpsgd.run import parts
 from dpsgd.run.checkpoint import load_checkpoint
 from dpsgd.launch.cli import compose
-from dpsgd.train import evaluate
+from dpsgd.run.evaluate import evaluate
 
 
 def test_accuracy(run_dir: Path, overrides: list[str]) -> float:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpsgd.audit.onerun.canaries import CanaryDraw, GradientCanaries, add_canaries, canary_coordinates
+from dpsgd.audit.onerun.canaries import CanaryDraw, GradientCanaries, add_canaries
+from dpsgd.audit.onerun.placement import place
 from dpsgd.audit.onerun.instrument import AuditOptions
 from dpsgd.audit.onerun.run import ENV, audit_train, split_args
 from dpsgd.config.schema import validate
@@ -90,7 +91,7 @@ def test_gradient_canaries_enter_the_engine_clipped_to_C():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8, bias=False), torch.nn.ReLU(), torch.nn.Linear(8, 3, bias=False))
     inner = PerExampleClipper(model, max_grad_norm=1.5, clipping="per_layer")
-    placed = canary_coordinates(inner, 4, seed=0)
+    placed = place(inner, 4, 0, "dirac")
     assert placed["groups_used"] == 2
     included = torch.tensor([True, False, True, True])
     wrapped = GradientCanaries(inner, placed["coords"], included, a=15.0)

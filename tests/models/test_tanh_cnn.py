@@ -76,7 +76,7 @@ def test_tiny_end_to_end_run(tmp_path):
     """600 real MNIST images, tanh CNN + GroupNorm, K = 2 augmented (identical) copies, EMA: two
     epochs through dpsgd.train, with the EMA weights evaluated and released."""
     from dpsgd.run.checkpoint import load_checkpoint
-    from dpsgd.train import evaluate
+    from dpsgd.run.evaluate import evaluate
     args = ["model=tanh_cnn", "model.norm=group", "dataset.subset=600", "privacy.lot_size=100",
             "privacy.sigma=1.0", "privacy.clip_norm=0.1", "privacy.clipping=global", "training.lr=0.5",
             "training.lr_saturate_epochs=0", "training.epochs=2", "training.eval_every=2", "device=cpu",

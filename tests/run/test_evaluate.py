@@ -1,10 +1,10 @@
-"""dpsgd/train.py:evaluate — a row-wise model's logits in chunks of EVAL_ROWS rows are the bits of one
+"""dpsgd/run/evaluate.py:evaluate — a row-wise model's logits in chunks of EVAL_ROWS rows are the bits of one
 forward pass over the whole evaluation batch, so chunking moves no metric (docs/PERFORMANCE.md)."""
 import torch
 import torch.nn.functional as F
 
 from dpsgd.models.networks import MLP, CifarCNN
-from dpsgd.train import EVAL_ROWS, evaluate, rowwise
+from dpsgd.run.evaluate import EVAL_ROWS, evaluate, rowwise
 
 
 def _reference(model, X, y, batch_size):

@@ -29,7 +29,7 @@ import torch
 from dpsgd.core.errors import ConfigError
 from dpsgd.mechanism.clipping import ClipResult, clip_factors
 
-from .placement import as_rows, place
+from .placement import as_rows
 
 
 @dataclass
@@ -64,13 +64,6 @@ def add_canaries(X: torch.Tensor, y: torch.Tensor, draw: CanaryDraw, classes: in
     X_out = torch.cat([keep_X, Xc[draw.input_in], special_X])
     y_out = torch.cat([keep_y, yc[draw.input_in], special_y])
     return X_out, y_out, Xc, yc
-
-
-def canary_coordinates(clipper, m: int, seed: int) -> dict:
-    """{parameter name: [m] int64 flat index, −1 where canary i has none} — one coordinate per canary
-    in every clipping group with at least m coordinates (drawn without replacement, seeded), and the
-    number of such groups under key ``groups_used``: ``placement.place`` with ``dirac``."""
-    return place(clipper, m, seed, "dirac")
 
 
 class GradientCanaries:

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from conftest import TINY_RUN
-from dpsgd.audit.onerun.canaries import GradientCanaries, canary_coordinates
+from dpsgd.audit.onerun.canaries import GradientCanaries
+from dpsgd.audit.onerun.placement import place
 from dpsgd.config.schema import validate
 from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.mechanism.noise import GaussianNoise
@@ -108,7 +109,7 @@ def test_canaries_skip_padding_rows():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8, bias=False), torch.nn.ReLU(), torch.nn.Linear(8, 3, bias=False))
     inner = PerExampleClipper(model, max_grad_norm=1.5, clipping="per_layer")
-    placed = canary_coordinates(inner, 4, seed=0)
+    placed = place(inner, 4, 0, "dirac")
     wrapped = GradientCanaries(inner, placed["coords"], torch.tensor([True, True, True, True]), a=15.0)
     x, y = torch.randn(5, 6), torch.tensor([0, 1, 2, 0, 1])
     xs, ys = torch.cat([x, torch.zeros(2, 6)]), torch.cat([y, torch.tensor([-1, -4])])   # canaries 0, 3

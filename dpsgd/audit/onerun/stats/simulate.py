@@ -24,7 +24,7 @@ import math
 import numpy as np
 from scipy import integrate
 
-from .family import Claim, family_test, tradeoff
+from .family import Claim, tradeoff
 from .bounds import _p_value, default_grid, fdp_rejected, guess_counts
 from .order_stats import rejects as order_stats_rejects
 
@@ -68,12 +68,6 @@ def play(rng: np.random.Generator, m: int, claim: Claim, beta: float, noise_fact
     if order_stats:
         out["order_stats"] = order_stats_rejects(scores, bits, claim, beta)
     return out
-
-
-def one_game_bound(seed: int, m: int, claim: Claim, beta: float, noise_factor: float = 1.0) -> dict:
-    """``family.family_test`` on one seeded game (the whole bound, with its σ search)."""
-    scores, bits = game_scores(np.random.default_rng(seed), m, claim, noise_factor)
-    return family_test(scores, bits, claim, beta)
 
 
 def llr_moments(claim: Claim) -> dict:
