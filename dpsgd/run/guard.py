@@ -112,8 +112,10 @@ class LotGuard:
             windows.append((covers, upto - covers))
         why = None
         if windows:
-            shown = "an output" if escaped > reserved else RESERVATIONS
-            why = f"ran after the checkpoint at lot {steps} ({shown} shows lots up to {max(upto, covers)})"
+            end = max(upto, covers)
+            shown = (f"an output shows lots up to {end} ran" if escaped > reserved
+                     else f"{RESERVATIONS} reserved lots up to {end}")
+            why = f"may have run after the checkpoint at lot {steps} ({shown})"
         warning = None
         if not windows and not ended and current:
             warning = (f"the last attempt ended without a statement (privacy.json: running) and {self.path} "

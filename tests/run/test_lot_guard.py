@@ -156,7 +156,7 @@ def test_cutting_lots_reserved_back_lowers_nothing_while_an_output_shows_the_lot
     path = escaped.run / RESERVATIONS
     path.write_text(path.read_text().splitlines()[0] + "\n")
     st = escaped.resume("training.lr=0.05")
-    assert lots(st, ("lost",)) == 20 and "an output shows lots up to 40" in st["resumes"][-1]["lost_lots_reason"]
+    assert lots(st, ("lost",)) == 20 and "an output shows lots up to 40 ran" in st["resumes"][-1]["lost_lots_reason"]
 
 
 def test_the_escaped_statement_alone_is_evidence(escaped):

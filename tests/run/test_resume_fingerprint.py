@@ -119,7 +119,7 @@ def test_every_resume_charges_the_reserved_lots_whatever_it_changes(killed, chan
     h, reserved = killed
     st = h.resume(*change)
     assert _lots(st, ("lost",)) == reserved - 20 == st["resumes"][-1]["lost_lots_charged"]
-    assert "lots.reserved shows lots up to" in st["resumes"][-1]["lost_lots_reason"]
+    assert "lots.reserved reserved lots up to" in st["resumes"][-1]["lost_lots_reason"]
     ran = {"training.epochs=3": 30, "training.max_steps=32": 32}.get(change[0] if change else "", 40)
     assert st["status"] == "complete" and _lots(st, ("sgd",)) == ran
     assert _lots(st) >= h.executed()
