@@ -46,6 +46,7 @@ import torch
 from bench import write_csv
 from bench.bench_frozen import N, dp_step, network, nonprivate_step
 from dpsgd.accountant import Ledger
+from dpsgd.accountant.events import Poisson
 from dpsgd.config.schema import TrainingConfig
 from dpsgd.core.runtime import describe_hardware
 from dpsgd.mechanism.sampling import PoissonSampler
@@ -102,12 +103,12 @@ def preset_rows(settings: dict, epoch_s: dict, eval_s: float, groups: int) -> li
                "clip_norm": p["clip_norm"], "q": f"{q:g}", "accountant": p["accountant"] if private else "none",
                "convention": p["convention"] if private else "", "eval_every": p["eval_every"]}
         if private:
-            lots = Ledger().steps_within(p["epsilon"], DELTA, q, p["sigma"], groups, p["accountant"],
+            lots = Ledger().steps_within(p["epsilon"], DELTA, Poisson(q, p["sigma"], groups), p["accountant"],
                                          p["convention"])
             if p.get("epochs"):
                 lots = min(lots, math.floor(p["epochs"] / q))
             led = Ledger()
-            led.record(q=q, sigma=p["sigma"], count=lots, groups=groups, label="sgd")
+            led.record(Poisson(q, p["sigma"], groups), lots, "sgd")
             row.update(groups=groups, target_epsilon=p["epsilon"], preset_lots=lots,
                        epsilon_pld_joint=f"{led.epsilon(DELTA, accountant='pld', convention='joint')[0]:.3f}")
             epochs, per_epoch = lots * q, epoch_s[("dpsgd_ghost_frozen", L)]

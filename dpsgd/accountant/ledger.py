@@ -29,6 +29,7 @@ unless they were converted first (:meth:`Ledger.converted`, which names the conv
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -36,7 +37,7 @@ import numpy as np
 from . import calibrate, compose
 from .privacy_loss import truncated
 from .renyi import allocation, wor
-from .events import Event, Gaussian, from_entry
+from .events import Event, Gaussian
 from .limits import STEPS_MAX, check_choice, check_delta, check_epsilon, check_groups, check_q, check_sigma, check_steps
 from .compose import ACCOUNTANTS
 from .renyi.rdp import CONVERSIONS, rdp_curve, rdp_to_epsilon_unchecked
@@ -72,18 +73,18 @@ class Ledger:
             self._record_fields(e.q, e.sigma, e.count, e.groups, e.label, e.event, e.adjacency, e.N, e.B, e.t)
 
     # -- recording -------------------------------------------------------------------------
-    def record(self, release=None, *args, **kwargs) -> None:
-        """Record ``count`` releases of an event (``release``: an :mod:`~dpsgd.accountant.events`
-        event): ``record(event, count=1, label="")``; stored as the event's ``entry`` with its groups.
-
-        The flat form ``record(q, sigma, count=1, groups=1, label="", event="poisson",
-        adjacency="add_remove", N=0, B=0, t=0)`` (the fields of an entry, module doc) is kept for
-        callers that hold q and σ: it is checked and stored as the same entry."""
-        if isinstance(release, Event):
-            return self._record_event(release, *args, **kwargs)
-        return self._record_fields(*((release,) if release is not None else ()), *args, **kwargs)
+    def record(self, event: Event, count: int = 1, label: str = "") -> None:
+        """Record ``count`` releases of ``event`` (an :mod:`~dpsgd.accountant.events` event), stored as
+        the event's ``entry`` with its groups and ``label``; checked as recorded (q, σ, count, k, the
+        adjacency its kind allows). ValueError for anything that is not an event."""
+        _check_event(event, "Ledger.record")
+        return self._record_event(event, count, label)
 
     def _record_event(self, event: Event, count: int = 1, label: str = "") -> None:
+        for name in ("q", "gamma", "sigma"):         # as given: entry() coerces with float() ("0.1", True)
+            v = getattr(event, name, None)
+            if v is not None and type(v) is not float and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
+                raise ValueError(f"{name} must be a real number, got {name}={v!r}")
         f = event.entry()
         self._record_fields(f.pop("q"), f.pop("sigma"), count, event.groups, label, **f)
 
@@ -193,30 +194,14 @@ class Ledger:
             raise ValueError("delta(epsilon) is served for Poisson-subsampled entries only")
         return compose.delta(compose.mechanisms(self._entries, convention), epsilon, accountant, conversion)
 
-    def steps_within(self, target_epsilon: float, delta: float, release=None, *args, **kwargs) -> int:
-        """Largest n >= 0 such that ε after n more releases of an event (``release``) is <= target:
-        ``steps_within(target, delta, event, accountant="moments", convention="joint",
-        conversion="improved")`` (:func:`dpsgd.accountant.calibrate.steps_within` for Poisson lots;
-        otherwise a doubling and bisection search on n, ε being non-decreasing in n).
-
-        The flat form ``steps_within(target, delta, q, sigma, groups=1, accountant, convention,
-        conversion, event="poisson", adjacency="add_remove", N=0, B=0, t=0)`` reads the same event from
-        its fields (``events.from_entry``)."""
-        if isinstance(release, Event):
-            return self._steps_within(target_epsilon, delta, release, *args, **kwargs)
-        return self._steps_within_fields(target_epsilon, delta, *((release,) if release is not None else ()),
-                                         *args, **kwargs)
-
-    def _steps_within_fields(self, target_epsilon, delta, q, sigma, groups=1, accountant="moments",
-                             convention="joint", conversion="improved", event="poisson", adjacency="add_remove",
-                             N=0, B=0, t=0) -> int:
-        probe = Ledger()
-        probe._record_fields(q, sigma, 1, groups, "", event, adjacency, N, B, t)     # checked as recorded
-        return self._steps_within(target_epsilon, delta, from_entry(probe.entries[0]), accountant, convention,
-                                  conversion)
-
-    def _steps_within(self, target_epsilon: float, delta: float, event: Event, accountant: str = "moments",
-                      convention: str = "joint", conversion: str = "improved") -> int:
+    def steps_within(self, target_epsilon: float, delta: float, event: Event, accountant: str = "moments",
+                     convention: str = "joint", conversion: str = "improved") -> int:
+        """Largest n >= 0 such that ε after n more releases of ``event`` (an
+        :mod:`~dpsgd.accountant.events` event) is <= target (:func:`dpsgd.accountant.calibrate.steps_within`
+        for Poisson lots; otherwise a doubling and bisection search on n, ε being non-decreasing in n).
+        ValueError for anything that is not an event; the event is checked as if recorded."""
+        _check_event(event, "Ledger.steps_within")
+        Ledger()._record_event(event, 1)                     # q, σ, k, adjacency: checked as recorded
         f = {"N": 0, "B": 0, "t": 0} | event.entry()
         if f["event"] == "poisson" and all(e.event == "poisson" for e in self._entries):
             if self._entries and {e.adjacency for e in self._entries} != {f["adjacency"]}:
@@ -265,6 +250,12 @@ class Ledger:
 
     def __repr__(self) -> str:
         return f"Ledger({[asdict(e) for e in self._entries]!r})"
+
+
+def _check_event(event, where: str) -> None:
+    if not isinstance(event, Event):
+        raise ValueError(f"{where}: a privacy event of dpsgd.accountant.events (Poisson, Gaussian, FixedSize, "
+                         f"TruncatedPoisson, Allocation, Shuffle), got {event!r}")
 
 
 def _events_epsilon(entries, delta: float, accountant: str, convention: str, conversion: str):

@@ -161,7 +161,7 @@ def test_sampler_charges_one_allocation_epoch_at_its_first_lot():
 
 def test_ledger_round_trip_and_refusals():
     led = Ledger()
-    led.record(1.0, 1.5, 3, 2, "sgd", "allocation", "add_remove", 0, 0, 100)
+    led.record(Allocation(1.5, 100, 2), 3, "sgd")
     back = Ledger.from_dict(led.to_dict())
     assert back == led and back.entries[0].t == 100
     # joint convention, k = 2 groups: the allocation curve at σ/√2, 3 epochs
@@ -172,19 +172,21 @@ def test_ledger_round_trip_and_refusals():
         with pytest.raises(ValueError, match=f"accountant='{acc}' does not serve allocation lots"):
             led.epsilon(DELTA, acc)
     with pytest.raises(ValueError, match="needs t >= 1"):
-        Ledger().record(1.0, 1.5, 1, 1, "sgd", "allocation", "add_remove")
-    with pytest.raises(ValueError, match="accounted under add_remove"):
-        Ledger().record(1.0, 1.5, 1, 1, "sgd", "allocation", "replace_one", 0, 0, 10)
+        Ledger().record(Allocation(1.5, 0), 1, "sgd")
+    # an allocation epoch under replace_one is unrepresentable: Allocation's adjacency is fixed (add_remove),
+    # and Ledger.record takes typed events only (the flat form that could name another relation is gone)
+    with pytest.raises(ValueError, match="a privacy event"):
+        Ledger().record(1.0, 1.5)
     with pytest.raises(ValueError, match="no conversion"):
         led.converted("replace_one")
 
 
 def test_budget_search_counts_epochs():
     led = Ledger()
-    n = led.steps_within(2.0, DELTA, 1.0, 1.5, 1, "rdp", event="allocation", t=100)
+    n = led.steps_within(2.0, DELTA, Allocation(1.5, 100), "rdp")
     eps = lambda k: allocation.epsilon(1.5, 100, k, DELTA)[0] if k else 0.0
     assert n >= 1
-    led.record(1.0, 1.5, n, 1, "sgd", "allocation", "add_remove", 0, 0, 100)
+    led.record(Allocation(1.5, 100), n, "sgd")
     assert led.epsilon(DELTA, "rdp")[0] <= 2.0 < Ledger([{**led.to_dict()["entries"][0], "count": n + 1}]).epsilon(
         DELTA, "rdp")[0]
     assert eps(n) >= led.epsilon(DELTA, "rdp")[0]          # the ledger's orders are a superset

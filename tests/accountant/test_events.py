@@ -11,7 +11,10 @@ from dpsgd.accountant.events import (Allocation, FixedSize, Gaussian, Poisson, S
 
 DELTA = 1e-5
 
-# each event and the flat record the ledger made of it before the events
+# the fields of a stored entry (Entry, privacy.json) that a case below leaves at their defaults
+FLAT_DEFAULTS = dict(groups=1, event="poisson", adjacency="add_remove", N=0, B=0, t=0)
+
+# each event and the flat entry the ledger stores for it (the record the flat form made before the events)
 CASES = [
     (Poisson(0.01, 4.0, 2), dict(q=0.01, sigma=4.0, groups=2)),
     (Gaussian(8.0, 0.5), dict(q=0.5, sigma=8.0)),
@@ -25,9 +28,11 @@ CASES = [
 
 @pytest.mark.parametrize("event,flat", CASES)
 def test_an_event_is_stored_as_its_flat_entry(event, flat):
-    a, b = Ledger(), Ledger()
+    a = Ledger()
     a.record(event, 7, "sgd")
-    b.record(count=7, label="sgd", **flat)
+    stored = {**FLAT_DEFAULTS, **flat, "count": 7, "label": "sgd"}
+    b = Ledger([stored])                       # the flat entry, loaded (and checked) as a stored ledger is
+    assert a.to_dict()["entries"] == [stored]
     assert a.to_dict() == b.to_dict()          # exact: the same entry, field by field
     assert json.dumps(a.to_dict()) == json.dumps(b.to_dict())
     assert event.adjacency == a.adjacency
@@ -74,7 +79,9 @@ def test_an_old_ledger_loads_and_gives_the_same_epsilon():
 def test_steps_within_takes_an_event(event, flat, acc):
     led = Ledger()
     led.record(Gaussian(8.0), 1, "pca")
-    assert led.steps_within(2.0, DELTA, event, acc) == led.steps_within(2.0, DELTA, accountant=acc, **flat)  # integer
+    stored = Ledger([{**FLAT_DEFAULTS, **flat, "count": 1, "label": ""}]).entries[0]
+    assert from_entry(stored) == event
+    assert led.steps_within(2.0, DELTA, event, acc) == led.steps_within(2.0, DELTA, from_entry(stored), acc)  # integer
 
 
 def test_an_event_is_checked_when_recorded():
@@ -84,3 +91,12 @@ def test_an_event_is_checked_when_recorded():
         Ledger().record(Gaussian(2.0, 0.5, 1, "replace_one"), 1)
     with pytest.raises(ValueError, match="t >= 1"):
         Ledger().record(Allocation(2.0, 0), 1)
+    with pytest.raises(ValueError, match="q="):
+        Ledger().steps_within(1.0, DELTA, Poisson(2.0, 4.0))       # checked as if recorded
+
+
+def test_only_an_event_is_recorded_or_counted():
+    with pytest.raises(ValueError, match="a privacy event"):
+        Ledger().record(0.01, 4.0)
+    with pytest.raises(ValueError, match="a privacy event"):
+        Ledger().steps_within(1.0, DELTA, 0.01, 4.0)

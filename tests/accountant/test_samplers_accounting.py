@@ -9,6 +9,7 @@ import torch
 from scipy import stats
 
 from dpsgd.accountant import Ledger, pld
+from dpsgd.accountant.events import Gaussian, TruncatedPoisson
 from dpsgd.accountant.privacy_loss import shuffle_lower, truncated
 from dpsgd.accountant.renyi import wor
 from dpsgd.mechanism.sampling import make_sampler
@@ -94,8 +95,8 @@ def test_shuffle_bracket_orders_and_shows_poisson_is_ruled_out_at_small_sigma():
 
 def test_ledger_refuses_mixed_relations_and_converts_pca():
     led = Ledger()
-    led.record(1.0, 7.0, 1, 1, "pca")
-    led.record(1.0, 2.0, 3, 1, "sgd", "poisson", "replace_one")
+    led.record(Gaussian(7.0), 1, "pca")
+    led.record(Gaussian(2.0, 1.0, 1, "replace_one"), 3, "sgd")
     with pytest.raises(ValueError, match="different neighbouring relations"):
         led.epsilon(1e-5, "rdp")
     conv = Ledger([led.entries[0]]).converted("replace_one")
@@ -104,18 +105,18 @@ def test_ledger_refuses_mixed_relations_and_converts_pca():
     with pytest.raises(ValueError, match="does not serve"):
         Ledger([dict(q=0.01, sigma=4.0, count=10, event="wor", adjacency="replace_one")]).epsilon(1e-5, "moments")
     with pytest.raises(ValueError, match="replace_one needs q = 1"):
-        Ledger().record(0.5, 1.0, 1, 1, "x", "poisson", "replace_one")
+        Ledger().record(Gaussian(1.0, 0.5, 1, "replace_one"), 1, "x")
 
 
 def test_ledger_events_round_trip_and_budget():
     led = Ledger()
-    led.record(0.01, 4.0, 100, 1, "sgd", "truncated", "add_remove", 60000, 660)
+    led.record(TruncatedPoisson(0.01, 4.0, 60000, 660), 100, "sgd")
     back = Ledger.from_dict(led.to_dict())
     assert back == led
     e = led.epsilon(1e-5, "pld")[0]
-    n = Ledger().steps_within(e, 1e-5, 0.01, 4.0, 1, "pld", event="truncated", N=60000, B=660)
+    n = Ledger().steps_within(e, 1e-5, TruncatedPoisson(0.01, 4.0, 60000, 660), "pld")
     assert n >= 100                 # 100 lots fit within their own ε; 2n do not
-    assert Ledger().steps_within(e, 1e-5, 0.01, 4.0, 1, "pld", event="truncated", N=60000, B=660) < 200
+    assert Ledger().steps_within(e, 1e-5, TruncatedPoisson(0.01, 4.0, 60000, 660), "pld") < 200
 
 
 # -- the data path ------------------------------------------------------------------------------------

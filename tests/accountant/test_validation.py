@@ -4,6 +4,7 @@ import math
 import pytest
 
 from dpsgd.accountant import Ledger, calibrate, moments, pld, rdp, strong_composition as sc
+from dpsgd.accountant.events import Poisson
 
 GOOD = dict(q=0.01, sigma=1.0, steps=10, delta=1e-5, epsilon=1.0)
 BAD = {   # the last values of each row are just outside the serviceable ranges (limits)
@@ -17,7 +18,7 @@ BAD = {   # the last values of each row are just outside the serviceable ranges 
 
 def _led():
     led = Ledger()
-    led.record(0.01, 1.0, 10)
+    led.record(Poisson(0.01, 1.0), 10)
     return led
 
 
@@ -37,10 +38,10 @@ FUNCS = {
     "calibrate.epsilon": (lambda a: calibrate.epsilon(a["q"], a["sigma"], a["steps"], a["delta"]), ("q", "sigma", "steps", "delta")),
     "calibrate.sigma_for_epsilon": (lambda a: calibrate.sigma_for_epsilon(a["epsilon"], a["delta"], a["q"], a["steps"]), ("epsilon", "delta", "q", "steps")),
     "calibrate.max_steps": (lambda a: calibrate.max_steps(a["epsilon"], a["delta"], a["q"], a["sigma"]), ("epsilon", "delta", "q", "sigma")),
-    "Ledger.record": (lambda a: Ledger().record(a["q"], a["sigma"], a["steps"]), ("q", "sigma", "steps")),
+    "Ledger.record": (lambda a: Ledger().record(Poisson(a["q"], a["sigma"]), a["steps"]), ("q", "sigma", "steps")),
     "Ledger.epsilon": (lambda a: _led().epsilon(a["delta"]), ("delta",)),
     "Ledger.delta": (lambda a: _led().delta(a["epsilon"]), ("epsilon",)),
-    "Ledger.steps_within": (lambda a: _led().steps_within(a["epsilon"], a["delta"], a["q"], a["sigma"]), ("epsilon", "delta", "q", "sigma")),
+    "Ledger.steps_within": (lambda a: _led().steps_within(a["epsilon"], a["delta"], Poisson(a["q"], a["sigma"])), ("epsilon", "delta", "q", "sigma")),
 }
 CASES = [(f, p, v) for f, (_, params) in FUNCS.items() for p in params for v in BAD[p]]
 
@@ -68,7 +69,7 @@ def test_bad_choices_named():
     with pytest.raises(ValueError, match="convention"):
         _led().epsilon(1e-5, convention="sum")
     with pytest.raises(ValueError, match="groups"):
-        Ledger().record(0.01, 1.0, 1, groups=0)
+        Ledger().record(Poisson(0.01, 1.0, groups=0), 1)
     with pytest.raises(ValueError, match="variant"):
         sc.epsilon(0.01, 1.0, 10, 1e-5, variant="tight")
 

@@ -15,6 +15,7 @@ import pytest
 from scipy import signal, special
 
 from dpsgd.accountant import Ledger, pld
+from dpsgd.accountant.events import FixedSize, Gaussian
 from dpsgd.accountant.privacy_loss import truncated, wor_pld
 from dpsgd.accountant.renyi import wor
 from tolerances import PLD_GRID_STEPS
@@ -119,8 +120,8 @@ def test_below_dp_accounting_rdp_and_above_each_direction_alone(N, L, sigma, T):
 
 def test_ledger_serves_wor_by_pld_and_rdp():
     led = Ledger()
-    led.record(0.01, 4.0, 1000, 1, "sgd", "wor", "replace_one")
-    led.record(1.0, 2.0, 1, 1, "pca", "poisson", "replace_one")      # DP-PCA converted: a Gaussian at σ/2
+    led.record(FixedSize(0.01, 4.0), 1000, "sgd")
+    led.record(Gaussian(2.0, 1.0, 1, "replace_one"), 1, "pca")    # DP-PCA converted: a Gaussian at σ/2
     e_pld = led.epsilon(1e-5, "pld")[0]
     e_rdp = led.epsilon(1e-5, "rdp")[0]
     alone = truncated.fixed_size_epsilon(0.01, 4.0, 1000, 1e-5)

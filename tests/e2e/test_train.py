@@ -74,6 +74,7 @@ def test_short_mnist_run_far_above_chance(tmp_path):
 
 def test_budget_stop_before_the_lot_that_would_exceed_the_target(tmp_path):
     from dpsgd.accountant import Ledger
+    from dpsgd.accountant.events import Poisson
     target = 1.2
     c = _cfg(*TINY, "privacy.sigma=1.5", f"privacy.target_epsilon={target}", "training.epochs=500",
              "privacy.convention=per_tensor")
@@ -84,19 +85,20 @@ def test_budget_stop_before_the_lot_that_would_exceed_the_target(tmp_path):
     assert st["epsilon"] <= target
     # one more lot would have exceeded it
     led = Ledger.from_dict(st["ledger"])
-    led.record(q=150 / 3000, sigma=1.5, count=1, groups=2, label="sgd")
+    led.record(Poisson(150 / 3000, 1.5, 2), 1, "sgd")
     assert led.epsilon(1e-5, accountant="moments", convention="per_tensor")[0] > target
 
 
 def test_shuffle_is_charged_once_per_epoch_without_amplification(tmp_path):
     from dpsgd.accountant import Ledger
+    from dpsgd.accountant.events import Gaussian
     c = _cfg(*TINY, "privacy.sampling=shuffle", "model.projection=random", "training.epochs=3",
              "privacy.clipping=global")
     st = train(c, tmp_path / "run")
     rows = metrics_rows(tmp_path / "run")
     assert int(rows[-1]["steps"]) == 3 * (3000 // 150) and float(rows[-1]["q"]) == 1.0
     ref = Ledger()
-    ref.record(q=1.0, sigma=c.privacy.sigma / 2, count=3, groups=1, label="sgd")
+    ref.record(Gaussian(c.privacy.sigma / 2), 3, "sgd")
     assert st["epsilon"] == pytest.approx(ref.epsilon(1e-5, accountant="moments", convention="joint")[0])
     assert "substitution" in st["sampling"]["adjacency"] and st["sampling"]["amplification_by_sampling"] is False
 

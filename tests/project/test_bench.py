@@ -85,6 +85,7 @@ def test_bench_cifar_epoch_protocol_and_preset_budgets(tmp_path):
     lots within its target ε from the accountant (timings are never asserted)."""
     from bench import bench_cifar_epoch as b
     from dpsgd.accountant import Ledger
+    from dpsgd.accountant.events import Poisson
     from experiments.claims import DELTA
 
     out = tmp_path / "cifar_epoch.csv"
@@ -106,7 +107,7 @@ def test_bench_cifar_epoch_protocol_and_preset_budgets(tmp_path):
         r = presets[name]
         q = p["lot_size"] / b.N
         if p["sigma"] > 0:      # the accountant's budget at k = 3 groups; its PLD ε never above the target
-            lots = Ledger().steps_within(p["epsilon"], DELTA, q, p["sigma"], 3, p["accountant"], p["convention"])
+            lots = Ledger().steps_within(p["epsilon"], DELTA, Poisson(q, p["sigma"], 3), p["accountant"], p["convention"])
             # the CSV keeps epochs to 2 decimals (half a unit)
             assert int(r["preset_lots"]) == lots and float(r["epochs"]) == pytest.approx(lots * q, abs=0.005)
             assert 0 < float(r["epsilon_pld_joint"]) <= p["epsilon"]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dpsgd.accountant import Ledger
+from dpsgd.accountant.events import Gaussian, Poisson
 from dpsgd.config.schema import validate
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.run.report import (COLUMNS, STATUSES, eps_up, epsilons, final_line, metrics_row, privacy_statement,
@@ -28,8 +29,8 @@ def _cfg(**privacy):
 
 def _ledger(cls=Ledger):
     led = cls()
-    led.record(q=1.0, sigma=7.0, count=1, groups=1, label="pca")       # DP-PCA release
-    led.record(q=0.01, sigma=4.0, count=300, groups=K, label="sgd")    # 300 lots at q = 0.01
+    led.record(Gaussian(7.0), 1, "pca")                # DP-PCA release
+    led.record(Poisson(0.01, 4.0, K), 300, "sgd")      # 300 lots at q = 0.01
     return led
 
 
@@ -75,7 +76,7 @@ def test_valid_epsilon_is_never_below_the_exact_gaussian_epsilon():
     # Balle & Wang 2018, Thm 8: δ = Φ(1/(2s) − εs) − e^ε Φ(−1/(2s) − εs).
     c = _cfg(convention="joint")
     led = Ledger()
-    led.record(q=1.0, sigma=4.0, count=4, groups=2, label="sgd")
+    led.record(Gaussian(4.0, groups=2), 4, "sgd")
     s = mpmath.sqrt(2)
     mpmath.mp.dps = 40
     delta = lambda e: mpmath.ncdf(1 / (2 * s) - e * s) - mpmath.exp(e) * mpmath.ncdf(-1 / (2 * s) - e * s)  # noqa: E731

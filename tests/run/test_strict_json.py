@@ -106,9 +106,10 @@ def test_writer_refuses_non_finite_and_names_it(tmp_path):
 def test_an_unbounded_accountant_is_a_refusal(monkeypatch):
     """An accountant answering ε = inf gives no bound: recorded as refused (null in privacy.json)."""
     from dpsgd.accountant import Ledger
+    from dpsgd.accountant.events import Poisson
     c = validate({"privacy": {"sigma": 4.0, "lot_size": 600}})
     led = Ledger()
-    led.record(q=0.01, sigma=4.0, count=10, groups=2, label="sgd")
+    led.record(Poisson(0.01, 4.0, 2), 10, "sgd")
     real = Ledger.epsilon
     monkeypatch.setattr(Ledger, "epsilon", lambda self, d, accountant="moments", convention="joint", **kw:
                         (math.inf, None) if accountant == "pld" else real(self, d, accountant, convention, **kw))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from dpsgd.accountant import Ledger, selection
+from dpsgd.accountant.events import Poisson
 from dpsgd.launch.sweeps import SWEEP_CLAIM
 from dpsgd.tune import cli, sweep
 from dpsgd.tune.space import Point
@@ -92,7 +93,7 @@ def test_plan_is_reproducible_from_its_seed():
 def _privacy(d: Path, lots: int, sigma: float) -> None:
     d.mkdir(parents=True)
     led = Ledger()
-    led.record(0.1, sigma, lots)
+    led.record(Poisson(0.1, sigma), lots)
     (d / "privacy.json").write_text(json.dumps({"ledger": led.to_dict()}))
 
 

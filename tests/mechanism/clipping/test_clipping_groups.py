@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from dpsgd.accountant import Ledger
+from dpsgd.accountant.events import Poisson
 from dpsgd.accountant.calibrate import sigma_for_epsilon
 from dpsgd.mechanism.clipping import PerExampleClipper, clipping_groups, register_layer
 from dpsgd.mechanism.clipping.groups import owners
@@ -159,7 +160,7 @@ def test_shared_parameter_engine_config_and_ledger_agree(clipping):
     q, steps, delta, target = 0.01, 1000, 1e-5, 2.0
     sigma = sigma_for_epsilon(target, delta, q, steps, "rdp", config_k(model, clipping), "joint")
     led = Ledger()
-    led.record(q=q, sigma=sigma, count=steps, groups=len(auto.groups))
+    led.record(Poisson(q, sigma, len(auto.groups)), steps)
     eps = led.epsilon(delta, accountant="rdp", convention="joint")[0]
     assert (1 - 0.005) * target <= eps <= target      # calibrate.sigma_for_epsilon's rtol = 0.5 %
 
