@@ -54,6 +54,7 @@ def _measure(rank: int, P: int, lot: int, steps: int, reps: int, init_file: str 
     from dpsgd.models.networks import MLP
     from dpsgd.mechanism.noise import GaussianNoise
     from dpsgd.mechanism.optim import DPSGD
+    from dpsgd.mechanism.plan import Plan
     from dpsgd.mechanism.sampling import PoissonSampler
 
     torch.set_num_threads(1)
@@ -65,7 +66,7 @@ def _measure(rank: int, P: int, lot: int, steps: int, reps: int, init_file: str 
         torch.manual_seed(0)
         model = MLP(60, (1000,), 10, bias=False)
         clipper = PerExampleClipper(model, C, clipping="per_layer", mode="ghost")
-        dp = DPSGD(model, clipper, GaussianNoise(seed=1), sigma=SIGMA, max_grad_norm=C, expected_lot_size=lot, lr=LR)
+        dp = DPSGD(model, clipper, GaussianNoise(seed=1), Plan.by_hand(SIGMA, C, lot), lr=LR)
         if d.active:
             dp.comm = distributed.Aggregator(d, False, list(clipper.clipped_sum(X[:1], y[:1]).grads))
         sampler = PoissonSampler(len(X), lot, torch.Generator().manual_seed(2))

@@ -43,6 +43,7 @@ from dpsgd.core.runtime import describe_hardware
 from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
+from dpsgd.mechanism.plan import Plan
 from dpsgd.models.networks import CifarCNN
 
 C, SIGMA, LR, N = 3.0, 6.0, 0.05, 50_000      # the paper's CIFAR-10 C and σ; N training images
@@ -88,7 +89,7 @@ def dp_step(lot: int, frozen: bool = True, clipper_cls=PerExampleClipper):
     divided by the expected lot size L) on a fresh copy of the network."""
     model = network(frozen)
     clipper = clipper_cls(model, C, "per_layer", mode="ghost")
-    opt = DPSGD(model, clipper, GaussianNoise(seed=1), SIGMA, C, expected_lot_size=lot, lr=LR)
+    opt = DPSGD(model, clipper, GaussianNoise(seed=1), Plan.by_hand(SIGMA, C, lot), lr=LR)
     return len(clipper.groups), opt.step
 
 

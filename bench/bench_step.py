@@ -96,13 +96,11 @@ def make_nonprivate(model, lot):
 def make_dpsgd(model, lot, mode):
     from dpsgd.mechanism.noise import GaussianNoise
     from dpsgd.mechanism.optim import DPSGD
+    from dpsgd.mechanism.plan import Plan
 
     clipper = PerExampleClipper(model, C, "global", mode=mode)
     noise = GaussianNoise(seed=0, device=next(model.parameters()).device)
-    try:
-        dp = DPSGD(model, clipper, noise, sigma=SIGMA, max_grad_norm=C, expected_lot_size=lot, lr=LR)
-    except TypeError:                           # contract form without max_grad_norm
-        dp = DPSGD(model, clipper, noise, sigma=SIGMA, expected_lot_size=lot, lr=LR)
+    dp = DPSGD(model, clipper, noise, Plan.by_hand(SIGMA, C, lot), lr=LR)
 
     def step(x, y):
         dp.step(x, y, physical_batch_size=lot)

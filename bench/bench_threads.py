@@ -44,6 +44,7 @@ def child(threads: int, steps: int) -> float:
     from dpsgd.models.networks import MLP
     from dpsgd.mechanism.noise import GaussianNoise
     from dpsgd.mechanism.optim import DPSGD
+    from dpsgd.mechanism.plan import Plan
     from dpsgd.core.runtime import tune_allocator
 
     tune_allocator()
@@ -52,7 +53,7 @@ def child(threads: int, steps: int) -> float:
     L, C, sigma = 600, 4.0, 4.0
     model = MLP(60, (1000,), 10, bias=False)
     clipper = PerExampleClipper(model, C, "per_layer", mode="auto")
-    dp = DPSGD(model, clipper, GaussianNoise(seed=0), sigma=sigma, max_grad_norm=C, expected_lot_size=L, lr=0.1)
+    dp = DPSGD(model, clipper, GaussianNoise(seed=0), Plan.by_hand(sigma, C, L), lr=0.1)
     x, y = torch.randn(L, 60), torch.randint(0, 10, (L,))
     for _ in range(5):
         dp.step(x, y, physical_batch_size=L)

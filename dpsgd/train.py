@@ -131,8 +131,7 @@ def run_epoch(run: Run):
         stop_reason = run.stop_reason(i)
         if stop_reason is not None:
             return stop_reason, lots, loss_sum, seen
-        # what this lot costs: the event the step noises at (parts.dp.event), where its position carries a charge
-        release = parts.dp.event if p.private and parts.sampler.charged(i) else None
+        release = parts.plan.release(i)        # what this lot costs (None: its epoch's charge covers it)
         run.reserve(i)                                             # write-ahead, before the lot runs
         x, y, kw = parts.lot(idx, at.steps, run.dist.share)        # this rank's share, augmented
         out = parts.dp.step(x, y, physical_batch_size=p.physical_batch_size, **kw)

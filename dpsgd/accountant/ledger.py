@@ -43,7 +43,9 @@ from .compose import ACCOUNTANTS
 from .renyi.rdp import CONVERSIONS, rdp_curve, rdp_to_epsilon_unchecked
 
 ADJACENCIES = ("add_remove", "replace_one")
-EVENTS = {"poisson": ("moments", "rdp", "pld"), "wor": ("rdp", "pld"), "truncated": ("pld",),   # → accountants
+# the one table: an entry's event kind → the accountants that serve it, first the one that is tightest for
+# it; a sampler's and a plan's accountants and neighbouring relation are read from their event
+EVENTS = {"poisson": ("moments", "rdp", "pld"), "wor": ("pld", "rdp"), "truncated": ("pld",),
           "allocation": ("rdp",)}
 
 _FORMAT = "dpsgd.ledger/1"

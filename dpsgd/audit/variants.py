@@ -23,6 +23,19 @@ VARIANTS = ("correct", "no_clip", "noise_div10", "noise_per_rank", "realised_lot
 GAME_VARIANTS = ("correct", "no_clip", "noise_div10", "realised_lot")
 
 
+class ScaledNoise:
+    """The noise source with every draw's std multiplied by ``factor`` (the plan, and so the claim, unchanged)."""
+
+    def __init__(self, inner, factor: float):
+        self.inner, self.factor = inner, float(factor)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def add_(self, t, std: float):
+        return self.inner.add_(t, std * self.factor)
+
+
 class PerRankNoise:
     """R independent draws of N(0, (std/R)²) per call: the sum over R ranks of noise sized for a local batch."""
 
@@ -45,7 +58,7 @@ def break_mechanism(parts, variant: str, ranks: int = 4) -> None:
     if variant == "no_clip":
         parts.clipper.max_grad_norm = None
     elif variant == "noise_div10":
-        dp.sigma = dp.sigma / 10
+        dp.noise = ScaledNoise(dp.noise, 0.1)
     elif variant == "noise_per_rank":
         dp.noise = PerRankNoise(dp.noise, ranks)
     elif variant == "realised_lot":

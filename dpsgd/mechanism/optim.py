@@ -21,13 +21,10 @@ each row's clip factor is multiplied by its weight, 1 for the lot's examples and
 so the padding adds exactly 0 to Σ_i clip(g_i) while every step runs at the same shape B. The
 divisor stays L; the returned lot_size counts the rows of positive weight (the real lot).
 
-σ is read from the privacy event the lot is charged as (``sigma`` given as an event of
-``accountant/events.py``, the one the sampler's ``release`` returns and the ledger records;
-``DPSGD.event``): the σ that is noised and the σ that is charged are one value by construction (a
-plain float σ remains for steps outside a ledger; only the audit's deliberately broken
-mechanism sets another σ after construction).
-The noise scale is σ·C where C is the clipping bound the privacy analysis uses; it is passed here
-explicitly so that a deliberately broken mechanism (clipping disabled in the clipper, used by the
+σ, C and L are read from the run's plan (``dpsgd/mechanism/plan.py``: the privacy event each lot is
+charged as, the clipping bound the claim uses, the expected lot size): the σ that is noised and the σ
+that is charged are one value by construction. The noise scale is σ·C with C the plan's, not the
+clipper's, so that a deliberately broken mechanism (clipping disabled in the clipper, used by the
 audit) still adds the noise it claims.
 
 Momentum (``training.momentum`` = μ > 0; heavy ball, Polyak 1964, as ``torch.optim.SGD`` with
@@ -39,31 +36,27 @@ from __future__ import annotations
 
 import torch
 
-from dpsgd.accountant.events import Event
 from dpsgd.mechanism.noise import GaussianNoise
+from dpsgd.mechanism.plan import Plan
 
 
 class DPSGD:
     """Noisy SGD on top of a per-example clipping engine (``dpsgd.mechanism.clipping.PerExampleClipper``)."""
 
-    def __init__(self, model: torch.nn.Module, clipper, noise: GaussianNoise, sigma: float | Event,
-                 max_grad_norm: float, expected_lot_size: float, lr: float, momentum: float = 0.0,
-                 augment_multiplicity: int = 1, augment=None, augment_generator=None):
-        self.event = sigma if isinstance(sigma, Event) else None   # what each lot is charged as
-        if self.event is None and sigma < 0:
-            raise ValueError(f"privacy.sigma={sigma!r} must be >= 0")
-        if not max_grad_norm > 0:
-            raise ValueError(f"privacy.clip_norm={max_grad_norm!r} must be > 0")
-        if not expected_lot_size > 0:
-            raise ValueError(f"privacy.lot_size={expected_lot_size!r} must be > 0")
+    def __init__(self, model: torch.nn.Module, clipper, noise: GaussianNoise, plan: Plan, lr: float,
+                 momentum: float = 0.0, augment_multiplicity: int = 1, augment=None, augment_generator=None):
+        if not isinstance(plan, Plan):
+            raise ValueError(f"DPSGD: plan={plan!r} must be a dpsgd.mechanism.plan.Plan (Plan.by_hand(σ, C, L) "
+                             "for steps outside a run)")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"training.momentum={momentum!r} must be in [0, 1)")
+        self.plan = plan
+        self.event = plan.event            # what each lot is charged as (None: not private)
         self.model = model
         self.clipper = clipper
         self.noise = noise
-        self._sigma = None if self.event is not None else float(sigma)
-        self.C = float(max_grad_norm)
-        self.L = float(expected_lot_size)
+        self.C = float(plan.clip_norm)
+        self.L = float(plan.lot_size)      # an attribute: the audit's realised_lot variant replaces it per step
         self.lr = float(lr)
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         self.comm = None    # distributed.Aggregator under torchrun: Σ over ranks, the noise added once
@@ -78,13 +71,8 @@ class DPSGD:
 
     @property
     def sigma(self) -> float:
-        """The noise multiplier: the charged event's σ (or the plain σ given)."""
-        return self.event.sigma if self._sigma is None else self._sigma
-
-    @sigma.setter
-    def sigma(self, value: float) -> None:
-        # only a deliberately broken mechanism (the audit's noise_div10) noises another σ than it is charged
-        self._sigma = float(value)
+        """The noise multiplier: the plan's (its charged event's σ; 0 when not private)."""
+        return self.plan.sigma
 
     def state_dict(self) -> dict:
         """The optimiser state a resumed run needs (the momentum buffers v_t, on the CPU)."""

@@ -48,13 +48,12 @@ import torch
 
 from dpsgd.accountant import events
 from dpsgd.accountant.calibrate import lots_per_epoch
+from dpsgd.accountant.ledger import EVENTS
 
 
 class Sampler:
     name = "?"
     adjacency = "?"                  # words, for privacy.json
-    relation = "add_remove"          # the ledger's neighbouring relation (accountant/ledger.py)
-    accountants = ("moments", "rdp", "pld")    # the accountants that serve this sampler's charges
     amplification = False
     pads = False                     # ``padded`` adds zero-weight rows (fixed-shape lots; train.py)
 
@@ -78,6 +77,16 @@ class Sampler:
         """The privacy event one charge of this sampler is, for lots noised at σ with ``groups`` = k
         separately clipped tensors."""
         raise NotImplementedError
+
+    @property
+    def relation(self) -> str:
+        """The ledger's neighbouring relation of this sampler's charges: its event's (accountant/events.py)."""
+        return self.event(1.0).entry()["adjacency"]
+
+    @property
+    def accountants(self) -> tuple[str, ...]:
+        """The accountants that serve this sampler's charges: its event kind's (``ledger.EVENTS``)."""
+        return EVENTS[self.event(1.0).entry()["event"]]
 
     def charged(self, lot_in_epoch: int) -> bool:
         """Whether lot ``lot_in_epoch`` (0-based) of an epoch carries a charge of its own (False: an
@@ -152,7 +161,6 @@ class ShuffleSampler(Sampler):
 
     name = "shuffle"
     adjacency = "substitution (replace one example), no amplification by sampling"
-    relation = "replace_one"
     amplification = False
 
     @property
@@ -188,8 +196,6 @@ class FixedSizeSampler(Sampler):
     name = "fixed_size"
     adjacency = ("substitution (replace one example); sampling without replacement, amplified (PLD: Dong, Roth & "
                  "Su 2022, Thm 9; RDP: Wang et al. 2019)")
-    relation = "replace_one"
-    accountants = ("pld", "rdp")
     amplification = True
 
     @property
@@ -216,7 +222,6 @@ class TruncatedPoissonSampler(PoissonSampler):
 
     name = "truncated_poisson"
     adjacency = "add/remove one example; Poisson lots truncated to B (Ganesh et al. 2025)"
-    accountants = ("pld",)
     pads = True
 
     def __init__(self, N: int, L: int, generator: torch.Generator | None = None, B: int | None = None):
@@ -256,7 +261,6 @@ class BallsInBinsSampler(Sampler):
     name = "balls_in_bins"
     adjacency = ("add/remove one example; random allocation to one lot per epoch, amplified (RDP per epoch, remove "
                  "and add directions exact: Feldman & Shenfeld 2025)")
-    accountants = ("rdp",)
     amplification = True
 
     @property

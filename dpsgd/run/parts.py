@@ -25,6 +25,7 @@ from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.mechanism.ema import EMA
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
+from dpsgd.mechanism.plan import Plan
 from dpsgd.mechanism.sampling import Sampler, make_sampler
 from dpsgd.models.networks import build_model, frozen_names
 from dpsgd.models.pretrained import load as load_pretrained
@@ -75,6 +76,10 @@ class Parts:
     @property
     def k(self) -> int:             # separately clipped groups per lot
         return len(self.clipper.groups)
+
+    @property
+    def plan(self) -> Plan:         # the mechanism: the charged event (σ, k), C, L, the sampler
+        return self.dp.plan
 
     @property
     def noise(self) -> GaussianNoise:
@@ -174,10 +179,11 @@ def build(c: Config, d: distributed.Dist, device: torch.device, runtime: dict, d
     in_step = p.augment_multiplicity > 1 and not transform.identity   # the step augments the K copies
     sampler = make_sampler(p.sampling, len(data.X_train), p.lot_size,
                            torch.Generator().manual_seed(seeds["sampler"]), p.max_lot_size)
-    # the privacy event each charge records; the step noises at its σ (charged σ = noised σ)
-    event = sampler.event(p.sigma, len(clipper.groups)) if p.private else 0.0
-    dp = DPSGD(model, clipper, noise, sigma=event, max_grad_norm=p.clip_norm,
-               expected_lot_size=p.lot_size, lr=t.lr, momentum=t.momentum,
+    # the mechanism, built once: the event each charge records, whose σ the step noises at (charged σ =
+    # noised σ), C and L; nothing after this reads σ, C or L from the configuration
+    plan = Plan(sampler.event(p.sigma, len(clipper.groups)) if p.private else None, p.clip_norm, p.lot_size,
+                sampler)
+    dp = DPSGD(model, clipper, noise, plan, lr=t.lr, momentum=t.momentum,
                augment_multiplicity=p.augment_multiplicity, augment=transform if in_step else None)
     data = Data(*(a.to(device) for a in data))
     if d.active:   # Σ over ranks, noise once; the noise is drawn in the engine's parameter order

@@ -32,7 +32,6 @@ from dpsgd.run import distributed
 from dpsgd.run import parts
 from dpsgd.run.checkpoint import MetricsWriter, save_checkpoint
 from dpsgd.run.parts import Parts
-from dpsgd.mechanism.sampling import record_lots
 from dpsgd.run.guard import LotGuard, Owed
 from dpsgd.run.report import epsilons, privacy_statement
 
@@ -208,7 +207,7 @@ class Run:
             self.guard.before_lot(at.steps, at.steps + self.lots_left(lot))
 
     def charge(self, release: Event | None) -> None:
-        """Record one lot's release (the privacy event it ran: ``parts.dp.event``) in the ledger: one
+        """Record one lot's release (the privacy event it ran: ``parts.plan.release``) in the ledger: one
         charge less fits within the target ε."""
         if release is not None:
             self.progress.ledger.record(release, 1, "sgd")
@@ -222,19 +221,19 @@ class Run:
         c, p, ledger = self.c, self.c.privacy, self.progress.ledger
         if not (p.private and p.target_epsilon is not None):
             return None
-        return int(ledger.steps_within(p.target_epsilon, p.delta, self.parts.dp.event, c.accountant.name,
+        return int(ledger.steps_within(p.target_epsilon, p.delta, self.parts.plan.event, c.accountant.name,
                                        p.convention))
 
     def _charge_lots(self, start: int, n: int) -> int:
         """Charge the lots after lot ``start`` (absolute, 0-based, counted from the checkpoint's epoch
-        boundary), ``n`` of them, as lost, each as the loop charges it (``record_lots``: the sampler's
-        event at its position, σ, k groups); where the first one's position carries no charge of its
-        own (one charge per epoch: shuffle, random allocation), from the epoch's first lot, whose charge
-        covers it. Returns n."""
-        sampler = self.parts.sampler
-        first = (start - self.progress.base) % sampler.lots_per_epoch()
-        back = 0 if sampler.charged(first) else first
-        record_lots(self.progress.ledger, sampler, self.c.privacy.sigma, n + back, first - back, self.parts.k, "lost")
+        boundary), ``n`` of them, as lost, each as the loop charges it (``Plan.charge_lots``: the plan's
+        event, the very σ and k that were noised); where the first one's position carries no charge of
+        its own (one charge per epoch: shuffle, random allocation), from the epoch's first lot, whose
+        charge covers it. Returns n."""
+        plan = self.parts.plan
+        first = (start - self.progress.base) % plan.sampler.lots_per_epoch()
+        back = 0 if plan.sampler.charged(first) else first
+        plan.charge_lots(self.progress.ledger, n + back, first - back, "lost")
         return n
 
     # -- what a run writes -----------------------------------------------------------------------

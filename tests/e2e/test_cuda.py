@@ -17,6 +17,7 @@ from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.models.networks import MLP, CifarCNN
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
+from dpsgd.mechanism.plan import Plan
 from tolerances import assert_f64_close, f64_rtol
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -98,7 +99,7 @@ def test_dp_step_without_clip_or_noise_is_plain_sgd_on_cuda():
         for p, g in zip(ref.parameters(), torch.autograd.grad(loss, list(ref.parameters()))):
             p.sub_(0.1 * g)
     dp = DPSGD(model, PerExampleClipper(model, None, mode="ghost"), GaussianNoise(seed=0, device="cuda"),
-               sigma=0.0, max_grad_norm=1.0, expected_lot_size=50, lr=0.1)
+               Plan.by_hand(0.0, 1.0, 50), lr=0.1)
     out = dp.step(x, y, physical_batch_size=16)
     assert out["loss_sum"].device.type == "cuda"
     for p, q in zip(model.parameters(), ref.parameters()):
@@ -127,7 +128,7 @@ def test_empty_lot_on_cuda_is_noise_only():
     model = model.cuda()
     before = [p.detach().clone() for p in model.parameters()]
     dp = DPSGD(model, PerExampleClipper(model, 4.0, "per_layer"), GaussianNoise(seed=1, device="cuda"),
-               sigma=4.0, max_grad_norm=4.0, expected_lot_size=600, lr=0.1)
+               Plan.by_hand(4.0, 4.0, 600), lr=0.1)
     out = dp.step(torch.zeros(0, 60, device="cuda"), torch.zeros(0, dtype=torch.long, device="cuda"))
     assert out["lot_size"] == 0 and float(out["loss_sum"]) == 0.0
     moved = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])

@@ -27,6 +27,7 @@ from dpsgd.launch.main import compose
 from dpsgd.models.networks import MLP, Linear, ScatterCNN
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
+from dpsgd.mechanism.plan import Plan
 from dpsgd.train import train
 from tolerances import assert_f64_close, chain_rel_tol, f64_rtol
 
@@ -41,7 +42,7 @@ def _cfg(*overrides):
 
 def _dp(model, momentum, seed=0, lr=0.5):
     clipper = PerExampleClipper(model, 1.0, "per_layer", mode="ghost")
-    return DPSGD(model, clipper, GaussianNoise(seed=seed), sigma=1.0, max_grad_norm=1.0, expected_lot_size=8,
+    return DPSGD(model, clipper, GaussianNoise(seed=seed), Plan.by_hand(1.0, 1.0, 8),
                  lr=lr, momentum=momentum)
 
 

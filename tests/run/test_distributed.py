@@ -72,6 +72,7 @@ def _noise_once(d, group, res, tag):
     from dpsgd.models.networks import MLP
     from dpsgd.mechanism.noise import GaussianNoise
     from dpsgd.mechanism.optim import DPSGD
+    from dpsgd.mechanism.plan import Plan
 
     for secure in (False, True):
         model = MLP(200, (100,), 10, bias=False)           # 21 000 coordinates
@@ -80,7 +81,7 @@ def _noise_once(d, group, res, tag):
             torch.nn.init.normal_(p)
         clipper = PerExampleClipper(model, C, clipping="per_layer", mode="ghost")
         noise = GaussianNoise(seed=None if secure else 123, secure=secure)
-        dp = DPSGD(model, clipper, noise, sigma=SIGMA, max_grad_norm=C, expected_lot_size=L, lr=1.0)
+        dp = DPSGD(model, clipper, noise, Plan.by_hand(SIGMA, C, L), lr=1.0)
         x, y = torch.zeros(13, 200), torch.zeros(13, dtype=torch.long)
         dp.comm = distributed.Aggregator(d, secure, list(clipper.clipped_sum(x[:1], y[:1]).grads), group)
         before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])

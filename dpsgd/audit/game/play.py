@@ -31,6 +31,7 @@ import torch
 from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
+from dpsgd.mechanism.plan import Plan
 from dpsgd.models.networks import MLP
 
 from ..variants import break_mechanism
@@ -43,8 +44,7 @@ def _mechanism(model, cfg: AuditConfig, noise):
     """(clipper, DPSGD) as training builds them, L = η = 1 (post-processing), then broken as
     ``cfg.mechanism`` says by the variants the one-run audit uses too (``dpsgd.audit.variants``)."""
     clipper = PerExampleClipper(model, max_grad_norm=cfg.clip_norm, clipping=cfg.clipping)
-    dp = DPSGD(model, clipper, noise, sigma=cfg.sigma, max_grad_norm=cfg.clip_norm,
-               expected_lot_size=1.0, lr=1.0)
+    dp = DPSGD(model, clipper, noise, Plan.by_hand(cfg.sigma, cfg.clip_norm, 1.0), lr=1.0)
     break_mechanism(SimpleNamespace(dp=dp, clipper=clipper), cfg.mechanism)
     return clipper, dp
 

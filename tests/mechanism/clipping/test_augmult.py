@@ -13,6 +13,7 @@ from dpsgd.config.schema import ConfigError, validate
 from dpsgd.models.networks import MLP, TanhCNN
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
+from dpsgd.mechanism.plan import Plan
 from tolerances import EPS64, assert_f64_close, f64_rtol
 
 DT = torch.float64
@@ -111,7 +112,7 @@ def test_conv_rows_in_chunks_hold_whole_examples(monkeypatch):
 
 def _dp(model, K=1, augment=None, seed=5):
     clipper = PerExampleClipper(model, 0.1, "per_layer", "auto")
-    return DPSGD(model, clipper, GaussianNoise(seed=seed), sigma=1.0, max_grad_norm=0.1, expected_lot_size=8,
+    return DPSGD(model, clipper, GaussianNoise(seed=seed), Plan.by_hand(1.0, 0.1, 8),
                  lr=0.5, augment_multiplicity=K, augment=augment,
                  augment_generator=torch.Generator().manual_seed(9))
 
@@ -163,7 +164,7 @@ def test_dpsgd_augments_each_row_from_its_generator():
         seen.append(jitter(t, generator))
         return seen[-1].clone()
     clipper = PerExampleClipper(model, C, "per_layer", "ghost")
-    dp = DPSGD(model, clipper, GaussianNoise(seed=5), sigma=0.0, max_grad_norm=C, expected_lot_size=L, lr=lr,
+    dp = DPSGD(model, clipper, GaussianNoise(seed=5), Plan.by_hand(0.0, C, L), lr=lr,
                augment_multiplicity=K, augment=augment, augment_generator=torch.Generator().manual_seed(9))
     dp.step(x, y, physical_batch_size=5)
     assert [len(s) for s in seen] == [5 * K, 3 * K]

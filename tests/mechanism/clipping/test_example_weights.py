@@ -18,6 +18,7 @@ from dpsgd.config.schema import validate
 from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
+from dpsgd.mechanism.plan import Plan
 from dpsgd.launch.main import compose
 from dpsgd.train import train
 from test_clipping import assert_close_dict, make
@@ -95,8 +96,8 @@ def test_padded_step_is_the_unpadded_step(mode):
     xp, yp, w = _padded(x, y)
     outs = []
     for m, args, kw in [(model, (x, y), {}), (m2, (xp, yp), {"weights": w})]:
-        dp = DPSGD(m, PerExampleClipper(m, 0.5, "per_layer", mode=mode), GaussianNoise(seed=3), sigma=1.0,
-                   max_grad_norm=0.5, expected_lot_size=20, lr=0.1)
+        dp = DPSGD(m, PerExampleClipper(m, 0.5, "per_layer", mode=mode), GaussianNoise(seed=3),
+                   Plan.by_hand(1.0, 0.5, 20), lr=0.1)
         outs.append(dp.step(*args, physical_batch_size=4, **kw))
     assert outs[0]["lot_size"] == outs[1]["lot_size"] == len(y)             # integer count of rows
     assert_f64_close(outs[1]["loss_sum"], outs[0]["loss_sum"], reduction_rtol(len(yp)))

@@ -18,6 +18,7 @@ from dpsgd.mechanism.clipping import PerExampleClipper, ghost
 from dpsgd.models.networks import CifarCNN
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
+from dpsgd.mechanism.plan import Plan
 from test_clipping import DT, assert_close_dict, plain_sum_grad
 from tolerances import assert_f64_close, f64_rtol
 
@@ -70,7 +71,7 @@ def test_dpsgd_step_leaves_frozen_parameters_bit_identical(mode, frozen):
     model, x, y = cifar(frozen)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = DPSGD(model, PerExampleClipper(model, C, "per_layer", mode=mode), GaussianNoise(seed=1),
-                SIGMA, C, expected_lot_size=len(x), lr=0.1)
+                Plan.by_hand(SIGMA, C, len(x)), lr=0.1)
     opt.step(x, y)
     for n, p in model.named_parameters():
         if n in FROZEN[frozen]:

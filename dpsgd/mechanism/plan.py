@@ -1,0 +1,93 @@
+"""The mechanism as one object: how each lot is sampled, what it is clipped to, the noise it gets, and
+the privacy event it is charged as (in the manner of jax_privacy's ``DPExecutionPlan``).
+
+    plan = Plan(event, clip_norm=C, lot_size=L, sampler=sampler)
+    DPSGD(model, clipper, noise, plan, lr)      the step noises at N(0, (plan.sigma · C)²), divides by L
+    plan.release(i)                             the event lot i of an epoch records (None: an earlier
+                                                charge of its epoch covers it)
+    plan.charge_lots(ledger, n, first)          n lots from position ``first``, as the loop charges them
+
+σ is the event's own ``sigma`` (the noise multiplier the mechanism adds), so the σ that is noised and
+the σ that is charged are one value by construction, for every sampler and for lots charged as lost
+on resume alike; k = ``event.groups`` tensors clipped separately to C (a k-group lot is one Gaussian
+mechanism at σ/√k: the joint convention). ``event`` None is the non-private step: no noise, nothing
+charged. The neighbouring relation and the accountants that serve a charge follow from the event's
+type (``adjacency``, ``accountants``; one table, ``ledger.EVENTS``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dpsgd.accountant.events import Event, Gaussian
+from dpsgd.accountant.ledger import EVENTS
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The mechanism of one run: ``event`` (what a charged lot is: σ, k, the adjacency; None: not
+    private), ``clip_norm`` C (the bound the claim uses), ``lot_size`` L (the expected lot size the noisy
+    sum is divided by) and ``sampler`` (draws the lots and says which positions carry a charge; None
+    for steps driven by hand, outside a ledger)."""
+    event: Event | None
+    clip_norm: float
+    lot_size: float
+    sampler: object | None = None
+
+    def __post_init__(self):
+        if self.event is not None and not isinstance(self.event, Event):
+            raise ValueError(f"plan.event={self.event!r}: a privacy event of dpsgd.accountant.events (or None)")
+        if self.event is not None and not self.event.sigma >= 0:
+            raise ValueError(f"privacy.sigma={self.event.sigma!r} must be >= 0")
+        if not self.clip_norm > 0:
+            raise ValueError(f"privacy.clip_norm={self.clip_norm!r} must be > 0")
+        if not self.lot_size > 0:
+            raise ValueError(f"privacy.lot_size={self.lot_size!r} must be > 0")
+
+    @classmethod
+    def by_hand(cls, sigma: float, clip_norm: float, lot_size: float, groups: int = 1) -> "Plan":
+        """A plan for steps driven by hand (benchmarks, tests, the one-step game): noise σC, no sampler;
+        σ = 0 is the non-private step."""
+        if not sigma >= 0:
+            raise ValueError(f"privacy.sigma={sigma!r} must be >= 0")
+        return cls(Gaussian(float(sigma), 1.0, groups) if sigma > 0 else None, clip_norm, lot_size)
+
+    @property
+    def sigma(self) -> float:
+        """The noise multiplier the step adds (the charged event's σ; 0 when not private)."""
+        return 0.0 if self.event is None else float(self.event.sigma)
+
+    @property
+    def groups(self) -> int:
+        """k: the tensors clipped separately to C, each noised at σC."""
+        return 1 if self.event is None else int(self.event.groups)
+
+    @property
+    def private(self) -> bool:
+        return self.event is not None
+
+    @property
+    def adjacency(self) -> str | None:
+        """The neighbouring relation of the charge (None when not private)."""
+        return None if self.event is None else self.event.entry()["adjacency"]
+
+    @property
+    def accountants(self) -> tuple[str, ...]:
+        """The accountants that serve this plan's charges (``ledger.EVENTS``)."""
+        return () if self.event is None else EVENTS[self.event.entry()["event"]]
+
+    def release(self, lot_in_epoch: int) -> Event | None:
+        """The event lot ``lot_in_epoch`` (0-based) of an epoch records; None when an earlier charge of
+        its epoch covers it (shuffle, random allocation) or the plan is not private."""
+        if self.event is None or not self.sampler.charged(lot_in_epoch):
+            return None
+        return self.event
+
+    def charge_lots(self, ledger, lots: int, first: int = 0, label: str = "lost") -> int:
+        """Record in ``ledger`` what ``lots`` consecutive lots from position ``first`` of an epoch cost,
+        each as the loop charges it (``Sampler.charges`` at this plan's σ and k); returns the charges."""
+        if self.event is None:
+            return 0
+        out = self.sampler.charges(self.sigma, lots, first, self.groups)
+        for ev, n in out.items():
+            ledger.record(ev, n, label)
+        return sum(out.values())
