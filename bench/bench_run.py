@@ -3,7 +3,7 @@
     python -m bench.bench_run                          # mnist_medium, 5 epochs, DP and non-private, 3 repeats
     python -m bench.bench_run --epochs 2 --repeats 1 --out /tmp/r.csv     # smoke run
 
-Each measurement is one fresh child process running the real command line (``dpsgd.train.main``) on
+Each measurement is one fresh child process running the real command line (``dpsgd.launch.main.train_main``) on
 ``--experiment`` for ``--epochs`` epochs, privately and with ``privacy.private=false`` (the same lots,
 model and evaluation), alternating so that drifts in background load hit both alike. Inside the
 child, timers wrap the pieces of a run (monkeypatched, nothing else changes), and the rows give, in
@@ -45,6 +45,7 @@ def child(args: list[str], out: str, t_process: float) -> None:
     """Run ``python -m dpsgd.train args`` in this process with the pieces timed; write them to ``out``."""
     t0 = time.perf_counter()
     from dpsgd import train
+    from dpsgd.launch.main import train_main
     from dpsgd.core import fileio
     from dpsgd.mechanism.optim import DPSGD
     from dpsgd.run import checkpoint, report, state
@@ -80,7 +81,7 @@ def child(args: list[str], out: str, t_process: float) -> None:
     timed(state, "save_checkpoint", "writes")
     timed(checkpoint.MetricsWriter, "append", "writes")
     try:
-        train.main(args)
+        train_main(args)
     except SystemExit as e:
         if e.code:
             raise

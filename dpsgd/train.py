@@ -1,6 +1,6 @@
 """Train with DP-SGD — Algorithm 1 of Abadi et al. 2016 ("Deep Learning with Differential Privacy").
 
-    python -m dpsgd.train experiment=mnist_medium [key=value ...]      (command line: launch.py)
+    python -m dpsgd.train experiment=mnist_medium [key=value ...]      (command line: dpsgd/launch/main.py)
     python -m dpsgd.train resume=<run dir>
 
     setup:  data → (DP-)PCA, charged to the ledger → model → clipping engine → DPSGD → sampler (q = L/N)
@@ -36,7 +36,6 @@ from dpsgd.core.errors import Diverged, Interrupted
 from dpsgd.core.signals import held_signals, signals_as_interrupts
 from dpsgd.core.fileio import write_json
 from dpsgd.run import distributed
-from dpsgd.launch import main as launch
 from dpsgd.run.checkpoint import PRIVACY
 from dpsgd.run.evaluate import evaluate
 from dpsgd.run.opening import setup
@@ -171,10 +170,6 @@ def end_of_epoch(run: Run, stop_reason: str | None, lr: float, lot_loss: float, 
             run.checkpoint(False, None)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m dpsgd.train ...``: the command line (launch.py) running Algorithm 1."""
-    launch.main(train, argv)
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":          # python -m dpsgd.train: the command line (the layer above) runs train
+    from dpsgd.launch.main import train_main
+    train_main()

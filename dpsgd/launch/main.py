@@ -143,6 +143,12 @@ def _run_hydra(app, args: list[str]) -> None:
     hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(app)()
 
 
+def train_main(argv: list[str] | None = None) -> None:
+    """``python -m dpsgd.train ...``: the command line running Algorithm 1 (``dpsgd.train.train``)."""
+    from dpsgd.train import train
+    main(train, argv)
+
+
 def main(train, argv: list[str] | None = None) -> None:
     """The command line around ``train(config, run_dir, overrides)`` (Algorithm 1, dpsgd/train.py)."""
     global _LAUNCHER_PID

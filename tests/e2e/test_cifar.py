@@ -26,10 +26,9 @@ from dpsgd.run.checkpoint import load_checkpoint
 from dpsgd.config.schema import validate
 from dpsgd.data.archives import main as data_main
 from dpsgd.core.errors import ConfigError
-from dpsgd.launch.main import compose
+from dpsgd.launch.main import compose, train_main
 from dpsgd.launch.prepare import prepare_resume
 from dpsgd.pretrain import pretrain
-from dpsgd.train import main as train_main
 from dpsgd.train import train
 from tolerances import reduction_rtol
 

@@ -18,6 +18,7 @@ import torch
 
 from conftest import TINY_RUN, snapshot
 from dpsgd import train as training
+from dpsgd.launch.main import train_main
 from dpsgd.config.privacy import AUGMENT_MULTIPLICITY_MAX, ROWS_PER_PASS_MAX
 from dpsgd.config.schema import ConfigError, validate
 from dpsgd.core import fileio
@@ -32,7 +33,7 @@ _snapshot = snapshot
 
 def _main(capsys, argv: list[str]) -> tuple[int, str]:
     with pytest.raises(SystemExit) as e:
-        training.main(argv)
+        train_main(argv)
     return e.value.code, capsys.readouterr().err
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dpsgd import train as training
+from dpsgd.launch.main import train_main
 from dpsgd.core.errors import ConfigError
 from dpsgd.config.schema import validate
 from dpsgd.launch.cli import SHORT_BYTES, compose, hydra_quoted, literal_value, short_name
@@ -34,7 +35,7 @@ _snapshot = snapshot
 def _refused(capsys, *argv) -> str:
     """The one stderr line of a command refused with exit 2."""
     with pytest.raises(SystemExit) as e:
-        training.main(list(argv))
+        train_main(list(argv))
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), err
     return err
@@ -268,7 +269,7 @@ def test_a_run_whose_name_ends_in_a_quote_resumes_itself_not_its_sibling(quote, 
     quoted = tmp_path / f"run{quote}"
     shutil.copytree(run, quoted)
     before = _snapshot(run)
-    training.main([f"resume={quoted}", "training.epochs=2"])
+    train_main([f"resume={quoted}", "training.epochs=2"])
     assert len((quoted / "metrics.csv").read_text().splitlines()) == 3     # header + 2 epochs
     assert _snapshot(run) == before
 

@@ -2,7 +2,8 @@
 higher layer, and no folder of more than ten modules.
 
 Read with ``ast`` (nothing imported), function-level imports included: a circle hidden inside a
-function is still a circle. The modules of one package may share private names
+function is still a circle. Only the body of an ``if __name__ == "__main__":`` guard is left out: it is
+the command line of ``python -m`` (the program on top of every layer), never run on import. The modules of one package may share private names
 (``accountant/privacy_loss/``: ``pld_lot._step_pmf``); across packages only public names are used
 (shared helpers become public names of one module, e.g. ``dpsgd/core/errors.py``).
 """
@@ -31,10 +32,26 @@ def _target(mods: dict[str, Path], name: str, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def _is_main_guard(node) -> bool:
+    t = getattr(node, "test", None)
+    return (isinstance(node, ast.If) and isinstance(t, ast.Compare) and isinstance(t.left, ast.Name)
+            and t.left.id == "__name__" and len(t.comparators) == 1
+            and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value == "__main__")
+
+
+def _walk(tree):
+    """``ast.walk`` without the bodies of ``if __name__ == "__main__":`` guards."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        todo.extend(c for c in ast.iter_child_nodes(node) if not _is_main_guard(c))
+
+
 def _imports(mods: dict[str, Path]):
     """(importer, imported module, [names]) for every import of a dpsgd module inside dpsgd."""
     for name, path in mods.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in _walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom):
                 target = _target(mods, name, node)
                 subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in mods]
@@ -116,10 +133,11 @@ def test_modules_use_only_public_names_of_other_packages():
 
 
 # The layers of dpsgd, bottom to top (docs/ARCHITECTURE.md walks them): a module imports only from its
-# own layer or the ones below. The commands (train, privacy, pretrain, audit) sit on top.
+# own layer or the ones below. Algorithm 1 (train) sits under the command line (launch), which runs it;
+# the other commands (privacy, audit, tune, pretrain) sit on top.
 LAYERS = [("dpsgd.core", "dpsgd.accountant"), ("dpsgd.data",), ("dpsgd.models",), ("dpsgd.mechanism",),
-          ("dpsgd.config",), ("dpsgd.run",), ("dpsgd.launch",), ("dpsgd.train", "dpsgd.privacy", "dpsgd.audit",
-                                               "dpsgd.tune"), ("dpsgd.pretrain",)]
+          ("dpsgd.config",), ("dpsgd.run",), ("dpsgd.train",), ("dpsgd.launch",),
+          ("dpsgd.privacy", "dpsgd.audit", "dpsgd.tune"), ("dpsgd.pretrain",)]
 
 
 def _layer(m: str) -> int:

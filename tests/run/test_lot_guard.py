@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from conftest import metrics_rows, snapshot
-from dpsgd import train as training
+from dpsgd.launch.main import train_main
 from dpsgd.config.schema import ConfigError
 from dpsgd.run import parts as runparts
 from dpsgd.run.checkpoint import PRIVACY, SUPERSEDED, load_checkpoint
@@ -127,7 +127,7 @@ def test_a_signal_while_a_resume_opens_is_one_line_and_leaves_its_writes_whole(e
 
     monkeypatch.setattr(opening, "write_json", signalled)
     with pytest.raises(SystemExit) as e:
-        training.main([f"resume={escaped.run}"])
+        train_main([f"resume={escaped.run}"])
     assert e.value.code == 128 + signal.SIGTERM
     assert _statement(escaped.run)["status"] == "running" and lots(_statement(escaped.run), ("lost",)) == 20
     monkeypatch.setattr(opening, "write_json", write)
@@ -145,7 +145,7 @@ def test_a_signal_while_the_data_load_is_one_line_and_writes_nothing(escaped, mo
     monkeypatch.setattr(runparts, "load_data", signalled)
     before = snapshot(escaped.run)
     with pytest.raises(SystemExit) as e:
-        training.main([f"resume={escaped.run}"])
+        train_main([f"resume={escaped.run}"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 128 + signal.SIGTERM and len(err.splitlines()) == 1 and "SIGTERM" in err
     assert snapshot(escaped.run) == before
@@ -190,7 +190,7 @@ def test_removed_superseded_rows_stop_the_resume_in_one_line(escaped, capsys):
     sup.write_text(sup.read_text().splitlines(keepends=True)[0])
     before = snapshot(escaped.run)
     with pytest.raises(SystemExit) as e:
-        training.main([f"resume={escaped.run}", "training.epochs=5"])
+        train_main([f"resume={escaped.run}", "training.epochs=5"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and SUPERSEDED in err and "removed" in err, err
     assert snapshot(escaped.run) == before
@@ -210,7 +210,7 @@ def test_a_foreign_finished_checkpoint_is_refused_in_one_line(escaped, tmp_path,
     shutil.copy(other.run / "checkpoint.pt", escaped.run / "checkpoint.pt")
     before = snapshot(escaped.run)
     with pytest.raises(SystemExit) as e:
-        training.main([f"resume={escaped.run}"])
+        train_main([f"resume={escaped.run}"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and "bound to another checkpoint" in err, err
     assert snapshot(escaped.run) == before

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import metrics_rows
-from dpsgd import train as training
+from dpsgd.launch.main import train_main
 from dpsgd.config.fingerprint import FREE, LENGTH, REPLAY, RESUME_ALLOWED, config_fingerprint, config_leaves
 from dpsgd.config.schema import CHOICES, Config, ConfigError, validate
 from dpsgd.run import state as runstate
@@ -164,7 +164,7 @@ def test_a_missing_or_altered_reservation_file_is_refused(killed, capsys, damage
     damage(h.run / RESERVATIONS)
     before = _snapshot(h.run)
     with pytest.raises(SystemExit) as e:
-        training.main([f"resume={h.run}"])
+        train_main([f"resume={h.run}"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and RESERVATIONS in err and why in err, err
     assert _snapshot(h.run) == before

@@ -20,6 +20,7 @@ import pytest
 from conftest import metrics_row_count
 from dpsgd.launch import main as T
 from dpsgd import train as training
+from dpsgd.launch.main import train_main
 from dpsgd.run import state as runstate
 from dpsgd.run.checkpoint import CheckpointError, MetricsWriter, load_checkpoint, save_checkpoint
 from dpsgd.launch.prepare import prepare_resume
@@ -43,7 +44,7 @@ def _fresh(run: Path, *extra: str) -> dict:
 
 def _main(capsys, *argv) -> tuple[int, str]:
     with pytest.raises(SystemExit) as e:
-        training.main(list(argv))
+        train_main(list(argv))
     err = capsys.readouterr().err.strip()
     return e.value.code, err
 
@@ -103,7 +104,7 @@ def test_resume_reads_its_checkpoint_not_hydra_files(finished, tmp_path, capsys)
     shutil.rmtree(run / ".hydra", ignore_errors=True)
     (run / ".hydra").mkdir()
     (run / ".hydra" / "overrides.yaml").write_text("- privacy.target_epsilon=null\n- accountant=pld\n")
-    training.main([f"resume={run}", "training.epochs=40"])
+    train_main([f"resume={run}", "training.epochs=40"])
     st = json.loads((run / "privacy.json").read_text())
     assert st["target_epsilon"] == 1.5 and st["accountant"] == "moments"
     assert st["stop_reason"] == "target_epsilon_reached" and st["epsilon"] <= 1.5
@@ -120,7 +121,7 @@ def test_a_resume_whose_ledger_already_spends_the_target_finishes_at_once(tmp_pa
     ck["complete"], ck["stop_reason"] = False, None
     ck["ledger"]["entries"][-1]["count"] += 100000       # as if more had been spent than the target allows
     save_checkpoint(run, ck)
-    training.main([f"resume={run}", "training.epochs=3"])
+    train_main([f"resume={run}", "training.epochs=3"])
     st = json.loads((run / "privacy.json").read_text())
     assert "target_epsilon_reached" in capsys.readouterr().out and st["status"] == "complete" and st["stop_reason"] == "target_epsilon_reached"
     assert st["epsilon"] > 2 and st["steps"] == ck["steps"]
@@ -345,7 +346,7 @@ def test_disk_errors_during_training_are_one_line(tmp_path, capsys, monkeypatch)
 def test_run_dir_with_a_quote_can_be_resumed(tmp_path, capsys):
     run = tmp_path / "it's a run"
     _fresh(run, "training.epochs=1")
-    training.main([f"resume={run}", "training.epochs=2"])
+    train_main([f"resume={run}", "training.epochs=2"])
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     assert [r["epoch"] for r in rows] == ["1", "2"]
 
@@ -362,7 +363,7 @@ def test_each_resume_replaces_the_overrides_it_changes(tmp_path):
     run = tmp_path / "run"
     _fresh(run, "training.epochs=1")
     for e in (2, 3):
-        training.main([f"resume={run}", f"training.epochs={e}"])
+        train_main([f"resume={run}", f"training.epochs={e}"])
     ov = load_checkpoint(run)["overrides"]
     assert [o for o in ov if o.startswith("training.epochs=")] == ["training.epochs=3"]
     assert [r["epoch"] for r in csv.DictReader(open(run / "metrics.csv"))] == ["1", "2", "3"]
