@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     n = p.add_mutually_exclusive_group(required=True)
     n.add_argument("--epochs", type=float, help="epochs E (lots = E × round(1/q), rounded up)")
     n.add_argument("--steps", type=int, help="number of lots T")
-    p.add_argument("--delta", type=float, default=1e-5, help="delta (default 1e-5)")
+    p.add_argument("--delta", type=float, default=limits.DELTA_DEFAULT, help=f"delta (default {limits.DELTA_DEFAULT:g})")
     p.add_argument("--groups", type=int, default=1, help="tensors clipped separately per lot (k)")
     p.add_argument("--convention", choices=list(CONVENTIONS), default="joint",
                    help="joint: one mechanism at sigma/sqrt(k) (correct); per_tensor: paper's code")

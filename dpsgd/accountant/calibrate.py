@@ -60,16 +60,27 @@ def sigma_for_epsilon(target_epsilon: float, delta: float, q: float, steps: int,
         if target < floor:
             raise ValueError(f"moments: target_epsilon={target_epsilon!r} is below the moments accountant's floor "
                              f"log(1/delta)/{lam_max} = {floor:.4g} (lambda <= {lam_max}); no sigma reaches it")
-    eps = lambda s: epsilon(q, s, steps, delta, accountant, groups, convention)
+    return smallest_sigma(lambda s: epsilon(q, s, steps, delta, accountant, groups, convention), target,
+                          rtol, accountant)
+
+
+def smallest_sigma(eps, target: float, rtol: float = 0.005, name: str = "epsilon") -> float:
+    """The one σ search: the smallest σ (to within ``rtol`` in ε) with ``eps(σ)`` <= target, for any ε(σ)
+    that does not increase with σ (a ledger's ε after a run's charges at noise σ).
+
+    Brackets by doubling and halving from [0.5, 1] inside [SIGMA_MIN, SIGMA_MAX], then bisects on log σ
+    keeping ε(σ_hi) <= target; stops when ε(σ_hi) >= (1 − rtol)·target (the calibrated ε is within rtol
+    of the target from below) or the bracket is below 1e-12 relative. ValueError, naming ``name``, when
+    no σ in range reaches the target or every σ does."""
     lo, hi = 0.5, 1.0
     while eps(hi) > target:
         if hi >= SIGMA_MAX:
-            raise ValueError(f"{accountant}: target_epsilon={target_epsilon!r} is not reachable with "
+            raise ValueError(f"{name}: target_epsilon={target!r} is not reachable with "
                              f"sigma <= {SIGMA_MAX:g} (SIGMA_MAX)")
         lo, hi = hi, min(hi * 2.0, SIGMA_MAX)
     while eps(lo) <= target:
         if lo <= SIGMA_MIN:
-            raise ValueError(f"{accountant}: target_epsilon={target_epsilon!r} is met at every sigma >= "
+            raise ValueError(f"{name}: target_epsilon={target!r} is met at every sigma >= "
                              f"{SIGMA_MIN:g} (SIGMA_MIN); too large to calibrate")
         lo, hi = max(lo / 2.0, SIGMA_MIN), lo
     e_hi = eps(hi)

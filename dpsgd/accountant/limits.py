@@ -29,6 +29,9 @@ from __future__ import annotations
 import math
 import numbers
 
+# δ = 1e-5, the paper's (Abadi et al. 2016, §5: δ = 1e-5 < 1/N for MNIST's N = 60 000): the one default of
+# every command and configuration (privacy.delta, --delta)
+DELTA_DEFAULT = 1e-5
 SIGMA_MIN = 0.01
 SIGMA_MAX = 1e6
 Q_MIN = 1e-12

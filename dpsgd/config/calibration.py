@@ -1,18 +1,17 @@
 """σ from the target ε: ``privacy.calibrate_sigma=true`` sets ``privacy.sigma`` so that the planned lots
 spend at most ``privacy.target_epsilon`` under the configured accountant and convention.
 
-Poisson sampling calibrates with ``dpsgd/accountant/calibrate.py:sigma_for_epsilon`` (bisection on log σ
-over the configured accountant's ε after the planned lots); the other samplers bisect over their own
-charges (the events ``dpsgd/mechanism/sampling.py:record_lots`` records) in a ``Ledger``. Either way ε(σ) is kept at or below the target
-and within 0.5 % of it. The k of the charge is the number of
-separately clipped groups (``clipping_groups``), the rule the clipping engine clips by.
+One σ search (``dpsgd/accountant/calibrate.py:smallest_sigma``, bisection on log σ): over the
+configured accountant's ε after the planned lots for Poisson sampling (``calibrate.sigma_for_epsilon``),
+over the sampler's own charges (the events ``dpsgd/mechanism/sampling.py:record_lots`` records) in a
+``Ledger`` for the others. Either way ε(σ) is kept at or below the target and within 0.5 % of it. The k
+of the charge is the number of separately clipped groups (``clipping_groups``), the rule the clipping
+engine clips by.
 """
 from __future__ import annotations
 
 import functools
-import math
 
-from dpsgd.accountant import limits
 from dpsgd.core.errors import ConfigError
 from dpsgd.data.datasets import DATASETS
 from dpsgd.models.networks import build_model, frozen_names
@@ -57,10 +56,10 @@ def _sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention) 
 
 
 def _sigma_for_sampler(sampler, target, delta, steps, accountant, groups, convention, rtol=0.005) -> float:
-    """σ for samplers other than Poisson: bisection on log σ over the sampler's own charges (its
-    events for the ``steps`` lots, ``record_lots``) in a ledger, keeping ε(σ) <= target, stopping within
-    rtol of the target from below (as ``calibrate.sigma_for_epsilon``)."""
+    """σ for samplers other than Poisson: the one σ search (``calibrate.smallest_sigma``) over the
+    sampler's own charges (its events for the ``steps`` lots, ``record_lots``) in a ledger."""
     from dpsgd.accountant import Ledger
+    from dpsgd.accountant.calibrate import smallest_sigma
     from dpsgd.mechanism.sampling import record_lots
 
     def eps(sigma: float) -> float:
@@ -68,19 +67,7 @@ def _sigma_for_sampler(sampler, target, delta, steps, accountant, groups, conven
         record_lots(led, sampler, sigma, steps, 0, groups)
         return led.epsilon(delta, accountant, convention)[0]
 
-    lo, hi = math.log(max(limits.SIGMA_MIN, 0.1)), math.log(min(limits.SIGMA_MAX, 1e3))
-    if eps(math.exp(hi)) > target:
-        raise ValueError(f"target ε={target} is not reached with σ <= {math.exp(hi):g}")
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        e = eps(math.exp(mid))
-        if e <= target:
-            hi = mid
-            if e >= (1 - rtol) * target:
-                break
-        else:
-            lo = mid
-    return math.exp(hi)
+    return smallest_sigma(eps, target, rtol, f"{sampler.name} ({accountant})")
 
 
 def clipping_groups(model, clipping: str, freeze: str = "none") -> int:

@@ -79,7 +79,7 @@ class PrivacyConfig:
     sigma_p: float = 7.0               # σ_p: DP-PCA noise
     clip_norm: float = 4.0             # C
     lot_size: int = 600                # L (expected lot size; q = L/N)
-    delta: float = 1e-5                # δ, < 1/N unless allow_large_delta
+    delta: float = limits.DELTA_DEFAULT   # δ, < 1/N unless allow_large_delta
     allow_large_delta: bool = False    # true: accept δ >= 1/N (recorded in config.resolved.yaml)
     clipping: str = "per_layer"        # per_layer | global
     convention: str = "joint"          # joint | per_tensor (the paper's code)

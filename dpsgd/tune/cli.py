@@ -39,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-dir", type=Path, help="the sweep folder (new or empty)")
     p.add_argument("--resume", type=Path, help="continue the sweep in this folder (its tuning.json)")
     p.add_argument("--target-epsilon", type=float, help="total ε of the released winner")
-    p.add_argument("--delta", type=float, default=1e-5)
+    p.add_argument("--delta", type=float, default=limits.DELTA_DEFAULT)
     p.add_argument("--distribution", choices=selection.DISTRIBUTIONS, default="truncated_negative_binomial")
     p.add_argument("--k", type=int, help="fixed: the number of candidates")
     p.add_argument("--mu", type=float, help="poisson: the mean of K")

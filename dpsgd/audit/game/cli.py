@@ -18,6 +18,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from dpsgd.accountant.limits import DELTA_DEFAULT
 from dpsgd.core.checks import typed_number
 from dpsgd.core.fileio import write_json
 
@@ -58,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--clipping", choices=CLIPPINGS,
                    help="clipping groups (tiny: global, mnist: per_layer)")
     p.add_argument("--q", type=typed_number, default=1.0, help="Poisson inclusion probability of the canary")
-    p.add_argument("--delta", type=typed_number, default=1e-5, help="δ (default 1e-5)")
+    p.add_argument("--delta", type=typed_number, default=DELTA_DEFAULT, help=f"δ (default {DELTA_DEFAULT:g})")
     p.add_argument("--trials", type=typed_number, help="trials per mechanism, half with the canary "
                                               "(tiny: 50000, mnist: 20000)")
     p.add_argument("--select-fraction", type=typed_number, default=0.5,

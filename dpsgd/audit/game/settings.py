@@ -55,7 +55,7 @@ class AuditConfig:
     clip_norm: float = 1.0
     clipping: str = "global"
     q: float = 1.0
-    delta: float = 1e-5
+    delta: float = limits.DELTA_DEFAULT
     trials: int = 50000
     select_fraction: float = 0.5
     alpha: float = 0.05

@@ -66,7 +66,7 @@ class Claim:
     sigma: float
     steps: int
     groups: int = 1
-    delta: float = 1e-5
+    delta: float = limits.DELTA_DEFAULT
 
     def validate(self, label=lambda name: name) -> Claim:
         """ConfigError naming the first bad field, as ``label(field)``."""
