@@ -143,8 +143,8 @@ def _first_writes(run: Run) -> None:
     if p.private:
         tag = "dpsgd AUDIT RUN" if run.instrument is not None else "dpsgd"
         print(f"{tag}: {c.dataset.name} N={len(built.data.X_train)} → {run_dir}  (device {built.device}{ws}, engine "
-              f"{built.clipper.mode}, k={built.k}, {built.sampler.name} q={built.sampler.q:.4g}, σ={p.sigma}, "
-              f"C={p.clip_norm}, L={p.lot_size})", flush=True)
+              f"{built.clipper.mode}, k={built.k}, {built.sampler.name} q={built.sampler.q:.4g}, σ={built.plan.sigma}, "
+              f"C={built.plan.clip_norm}, L={built.plan.lot_size})", flush=True)
     else:
         print(f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
     if run.warning:

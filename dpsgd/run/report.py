@@ -112,8 +112,8 @@ def metrics_row(c: Config, run, lr: float, lot_loss: float, ev, epoch_time: floa
         "epsilon_rdp": e("rdp", p.convention), "epsilon_pld": e("pld", p.convention),
         "epsilon_moments_joint": e("moments", "joint"), "epsilon_rdp_joint": e("rdp", "joint"),
         "epsilon_pld_joint": e("pld", "joint"), "lambda_star": eps["lambda_star"], "delta": p.delta,
-        "sigma": p.sigma if p.private else 0.0, "sigma_p": p.sigma_p if p.private else 0.0,
-        "q": sampler.q, "C": p.clip_norm if p.private else math.inf, "L": p.lot_size, "groups": b.k,
+        "sigma": b.plan.sigma, "sigma_p": p.sigma_p if p.private else 0.0,
+        "q": sampler.q, "C": b.plan.clip_norm if p.private else math.inf, "L": b.plan.lot_size, "groups": b.k,
         "sampling": sampler.name, "clipping": p.clipping if p.private else "none",
         "convention": p.convention, "accountant": c.accountant.name if p.private else "none",
         "grad_sample_mode": b.clipper.mode, "seed": c.seed, "epoch_time_s": round(epoch_time, 3),
@@ -192,12 +192,13 @@ CHARGED = {   # what each sampler's release() records (dpsgd/mechanism/sampling.
 }
 
 
-def _shuffle_lower(ledger, sampler, p) -> dict:
+def _shuffle_lower(ledger, plan, p) -> dict:
     """The lower end of the shuffle bracket (Chua et al. 2024): no valid ε of this run is below it."""
     from dpsgd.accountant.privacy_loss import shuffle_lower
     epochs = sum(e.count for e in ledger.entries if e.label in ("sgd", "lost"))
     try:
-        low = shuffle_lower.epsilon_lower(p.sigma, sampler.lots_per_epoch(), epochs, p.delta) if epochs else 0.0
+        low = (shuffle_lower.epsilon_lower(plan.sigma, plan.sampler.lots_per_epoch(), epochs, p.delta)
+               if epochs else 0.0)
     except ValueError as e:
         return {"epsilon_lower": None, "epsilon_lower_refused": str(e)}
     return {"epsilon_lower": low, "epsilon_lower_source": (
@@ -221,8 +222,8 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
         st["statement"] = f"AUDIT RUN ({inst.label.get('summary', 'audit')}): {st['statement']}"
         st["audit_run"] = inst.label
     if p.private:
-        st["mechanism"] = _mechanism(c, run.parts.k)
-    st["sampling"] = _sampling(run.parts.sampler, p, at.ledger)
+        st["mechanism"] = _mechanism(c, run.parts.plan, run.parts.k)
+    st["sampling"] = _sampling(run.parts.plan, p, at.ledger)
     st["convention"] = {
         "configured": p.convention, "groups": run.parts.k,
         "joint": "k separately clipped groups on one lot = one Gaussian mechanism with multiplier σ/√k (correct)",
@@ -236,12 +237,13 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
     return st
 
 
-def _mechanism(c: Config, k: int) -> str:
-    """The mechanism in words: clipping, noise, division by L, DP-PCA and augmentation multiplicity."""
+def _mechanism(c: Config, plan, k: int) -> str:
+    """The mechanism in words (σ, C and L from the run's plan): clipping, noise, division by L, DP-PCA and
+    augmentation multiplicity."""
     p = c.privacy
-    return (f"DP-SGD (Abadi et al. 2016, Algorithm 1): each example's gradient clipped to C={p.clip_norm} "
-            f"({p.clipping}: k={k} group(s)), Gaussian noise N(0, σ²C²) with σ={p.sigma} added to each "
-            f"group's sum, divided by the expected lot size L={p.lot_size}"
+    return (f"DP-SGD (Abadi et al. 2016, Algorithm 1): each example's gradient clipped to C={plan.clip_norm} "
+            f"({p.clipping}: k={k} group(s)), Gaussian noise N(0, σ²C²) with σ={plan.sigma} added to each "
+            f"group's sum, divided by the expected lot size L={plan.lot_size}"
             + (f"; DP-PCA (§4) to {c.model.pca_dims} dims: one Gaussian release of the sum of x xᵀ over "
                f"unit-norm images (sensitivity 1), σ_p={p.sigma_p}, sampling rate {p.pca_fraction}"
                if c.model.projection == "pca" else "")
@@ -250,15 +252,16 @@ def _mechanism(c: Config, k: int) -> str:
                "norm ≤ C and the sensitivity is unchanged" if p.augment_multiplicity > 1 else ""))
 
 
-def _sampling(sampler, p, ledger) -> dict:
+def _sampling(plan, p, ledger) -> dict:
     """How the lots were drawn, what that is charged as, and (shuffle) the lower end of its bracket."""
+    sampler = plan.sampler
     out = {"name": sampler.name, "N": sampler.N, "L": sampler.L, "q": sampler.q,
            "lots_per_epoch": sampler.lots_per_epoch(), "adjacency": sampler.adjacency,
            "neighbouring_relation": sampler.relation, "accountants": list(sampler.accountants),
            "max_lot_size": getattr(sampler, "B", None),
            "amplification_by_sampling": sampler.amplification, "charged": CHARGED[sampler.name]}
     if p.private and sampler.name == "shuffle" and ledger is not None:
-        out.update(_shuffle_lower(ledger, sampler, p))
+        out.update(_shuffle_lower(ledger, plan, p))
     return out
 
 

@@ -14,6 +14,7 @@ from dpsgd.accountant import Ledger
 from dpsgd.accountant.events import Gaussian, Poisson
 from dpsgd.config.schema import validate
 from dpsgd.mechanism.noise import GaussianNoise
+from dpsgd.mechanism.plan import Plan
 from dpsgd.run.report import (COLUMNS, STATUSES, eps_up, epsilons, final_line, metrics_row, privacy_statement,
                           progress_line)
 from dpsgd.mechanism.sampling import make_sampler
@@ -42,20 +43,24 @@ def paper():
     return c, led, epsilons(led, c)
 
 
-def _run(led, eps, steps=300):
-    """The run state the report reads (dpsgd/run/state.py: Run's progress and parts have these attributes)."""
+def _run(c, led, eps, steps=300):
+    """The run state the report reads (dpsgd/run/state.py: Run's progress and parts have these attributes;
+    the plan as dpsgd/run/parts.py:build makes it from ``c``)."""
+    p = c.privacy
     progress = SimpleNamespace(ledger=led, eps=eps, steps=steps, epoch=3, resumes=[])
-    parts = SimpleNamespace(sampler=make_sampler("poisson", 60_000, 600, torch.Generator().manual_seed(0)),
-                            k=K, noise=GaussianNoise(seed=0), runtime=None, clipper=SimpleNamespace(mode="ghost"))
+    sampler = make_sampler("poisson", 60_000, 600, torch.Generator().manual_seed(0))
+    plan = Plan(sampler.event(p.sigma, K) if p.private else None, p.clip_norm, p.lot_size, sampler)
+    parts = SimpleNamespace(sampler=sampler, plan=plan, k=K, noise=GaussianNoise(seed=0), runtime=None,
+                            clipper=SimpleNamespace(mode="ghost"))
     return SimpleNamespace(progress=progress, parts=parts)
 
 
 def _statement(c, led, eps, status="complete", stop_reason="epochs_completed", steps=300):
-    return privacy_statement(c, _run(led, eps, steps), status, stop_reason)
+    return privacy_statement(c, _run(c, led, eps, steps), status, stop_reason)
 
 
 def _row(c, eps):
-    return metrics_row(c, _run(None, eps), 0.1, 0.5, (0.4, 0.9, 0.9), 1.0, 3.0)
+    return metrics_row(c, _run(c, None, eps), 0.1, 0.5, (0.4, 0.9, 0.9), 1.0, 3.0)
 
 
 def test_valid_epsilon_is_the_min_over_valid_accountants_under_the_joint_convention(paper):
