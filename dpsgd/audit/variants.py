@@ -5,7 +5,7 @@ training configuration. Each breaks the real code path it is handed (``break_mec
 clipper and DPSGD step), while the claim is computed as if nothing were broken:
 
 * ``correct``        — nothing changed;
-* ``no_clip``        — the engine's clipping is off (``max_grad_norm = None``); the noise is still σC;
+* ``no_clip``        — the engine's clipping is off (``clip_norm = None``); the noise is still σC;
 * ``noise_div10``    — the step adds noise σC/10;
 * ``noise_per_rank`` — noise sized for a local batch on each of R ranks: every rank adds
   N(0, (σC/R)²) (σC scaled by its share L/R of the lot over L), and the R draws are summed: std σC/√R
@@ -56,7 +56,7 @@ def break_mechanism(parts, variant: str, ranks: int = 4) -> None:
     engine), in place; ``correct`` and ``loose_group`` (applied by the canaries) change nothing here."""
     dp = parts.dp
     if variant == "no_clip":
-        parts.clipper.max_grad_norm = None
+        parts.clipper.clip_norm = None
     elif variant == "noise_div10":
         dp.noise = ScaledNoise(dp.noise, 0.1)
     elif variant == "noise_per_rank":

@@ -90,7 +90,7 @@ def test_the_claim_does_not_depend_on_the_bits(tmp_path, monkeypatch):
 def test_gradient_canaries_enter_the_engine_clipped_to_C():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8, bias=False), torch.nn.ReLU(), torch.nn.Linear(8, 3, bias=False))
-    inner = PerExampleClipper(model, max_grad_norm=1.5, clipping="per_layer")
+    inner = PerExampleClipper(model, clip_norm=1.5, clipping="per_layer")
     placed = place(inner, 4, 0, "dirac")
     assert placed["groups_used"] == 2
     included = torch.tensor([True, False, True, True])

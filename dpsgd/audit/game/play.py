@@ -43,7 +43,7 @@ from .stats import clopper_pearson_bound
 def _mechanism(model, cfg: AuditConfig, noise):
     """(clipper, DPSGD) as training builds them, L = η = 1 (post-processing), then broken as
     ``cfg.mechanism`` says by the variants the one-run audit uses too (``dpsgd.audit.variants``)."""
-    clipper = PerExampleClipper(model, max_grad_norm=cfg.clip_norm, clipping=cfg.clipping)
+    clipper = PerExampleClipper(model, clip_norm=cfg.clip_norm, clipping=cfg.clipping)
     dp = DPSGD(model, clipper, noise, Plan.by_hand(cfg.sigma, cfg.clip_norm, 1.0), lr=1.0)
     break_mechanism(SimpleNamespace(dp=dp, clipper=clipper), cfg.mechanism)
     return clipper, dp

@@ -8,7 +8,7 @@ no biases; Abadi et al. 2016, §5.2), per-layer clipping C = 4, σ = 4, one step
 D' = {x_o, canary}, scored by the size of the release once x_o's clipped gradient is subtracted
 (‖θ₀ − θ₁ − g_o‖², which a white-box adversary who knows x_o can compute).
 
-Mechanisms (``dpsgd.audit.variants.GAME_VARIANTS``, implemented there for both audits): ``correct``; ``no_clip`` (the clipper has max_grad_norm=None while DPSGD still adds σC
+Mechanisms (``dpsgd.audit.variants.GAME_VARIANTS``, implemented there for both audits): ``correct``; ``no_clip`` (the clipper has clip_norm=None while DPSGD still adds σC
 noise for the claimed C); ``noise_div10`` (DPSGD adds σC/10 while σ is claimed); ``realised_lot``
 (``mnist_other`` only: the noisy sum divided by the realised lot size |L_t| instead of the expected L,
 so the noise shrinks by half when the canary is in — invisible to a one-run audit, whose canaries all

@@ -96,7 +96,7 @@ class GradientCanaries:
         """The clipped value of a canary's coordinate in each group: a · min(1, C_g / a)."""
         k = len(self.inner.groups)
         norms = torch.full((1, k), self.a, dtype=torch.float64)
-        C = self.inner.max_grad_norm
+        C = self.inner.clip_norm
         f = clip_factors(norms, C)
         if C is not None and self.loose != 1.0:
             g = self.loose_group

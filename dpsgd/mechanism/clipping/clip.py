@@ -8,12 +8,12 @@ CLIPPINGS = ("global", "per_layer")   # privacy.clipping: one norm over all para
 MODES = ("auto", "vmap", "ghost")     # privacy.grad_sample_mode: the engine computing the clipped sum
 
 
-def clip_factors(norms: torch.Tensor, max_grad_norm: float | None) -> torch.Tensor:
+def clip_factors(norms: torch.Tensor, clip_norm: float | None) -> torch.Tensor:
     """min(1, C / ‖g_i‖) = C / max(‖g_i‖, C); ones when clipping is disabled.
 
     Exactly 1 for every unclipped example and for zero gradients (C / C), and C / ‖g_i‖ correctly
     rounded above the bound: one true division. (``C / norms`` would not do: a tensor's reflected
     division is reciprocal-then-multiply, which gives 1 − 2⁻⁵³ for C = ‖g_i‖ = 49 in float64.)"""
-    if max_grad_norm is None:
+    if clip_norm is None:
         return torch.ones_like(norms)
-    return torch.div(max_grad_norm, norms.clamp_min(max_grad_norm))
+    return torch.div(clip_norm, norms.clamp_min(clip_norm))

@@ -39,17 +39,17 @@ class ClipResult:
 
 
 class PerExampleClipper:
-    def __init__(self, model: nn.Module, max_grad_norm: float | None, clipping: str = "global",
+    def __init__(self, model: nn.Module, clip_norm: float | None, clipping: str = "global",
                  mode: str = "auto", memory_budget_bytes: int = DEFAULT_BUDGET_BYTES, check_finite: bool = True):
-        if max_grad_norm is not None and not (float(max_grad_norm) > 0):
-            raise ValueError(f"max_grad_norm={max_grad_norm!r} must be > 0 (or None to disable clipping)")
+        if clip_norm is not None and not (float(clip_norm) > 0):
+            raise ValueError(f"clip_norm={clip_norm!r} must be > 0 (or None to disable clipping)")
         if clipping not in CLIPPINGS:
             raise ValueError(f"clipping={clipping!r} must be one of {CLIPPINGS}")
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} (privacy.grad_sample_mode) must be one of {MODES}")
         check_dp_compatible(model)
         self.model = model
-        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.clipping = clipping
         self.budget = int(memory_budget_bytes)
         self.check_finite = bool(check_finite)    # refuse a non-finite example (one device sync per call)
@@ -107,7 +107,7 @@ class PerExampleClipper:
                 # the verifying call compares with autograd at IEEE float32 precision (no TF32)
                 with ieee_float32(not self._verified):
                     grads, loss_sum, norms = ghost_clipped_sum(
-                        self.model, self._layers, x, y, self.groups, self.max_grad_norm,
+                        self.model, self._layers, x, y, self.groups, self.clip_norm,
                         verify=not self._verified, budget_bytes=self.budget, out=out,
                         multiplicity=K, weights=weights)
                 self._verified = True
@@ -117,7 +117,7 @@ class PerExampleClipper:
                     raise ValueError(f"mode='ghost' cannot handle this model: {e}") from None
                 warnings.warn(f"ghost clipping unavailable ({e}); falling back to vmap", stacklevel=2)
                 self.mode = "vmap"
-        grads, loss_sum, norms = vmap_clipped_sum(self.model, x, y, self.groups, self.max_grad_norm,
+        grads, loss_sum, norms = vmap_clipped_sum(self.model, x, y, self.groups, self.clip_norm,
                                                   chunk_bytes=self.budget, out=out, multiplicity=K,
                                                   weights=weights)
         return ClipResult(grads, loss_sum, norms)

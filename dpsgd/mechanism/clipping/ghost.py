@@ -142,7 +142,7 @@ class Work(NamedTuple):
 
 
 @torch.no_grad()                     # only the forward pass records a graph (enable_grad in _forward)
-def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool = False,
+def ghost_clipped_sum(model, layers, x, y, groups, clip_norm, verify: bool = False,
                       budget_bytes: int = DEFAULT_BUDGET_BYTES, out: dict | None = None,
                       multiplicity: int = 1, weights: torch.Tensor | None = None):
     """Σ_i clip(g_i) by ghost norms + book-keeping. Returns (grads by name, loss_sum, norms [B, k]).
@@ -161,7 +161,7 @@ def ghost_clipped_sum(model, layers, x, y, groups, max_grad_norm, verify: bool =
     group_of = {n: g for g, names in enumerate(groups) for n in names}
     sq, work = _squared_norms(layers, recs, order, bs, group_of, len(groups), K, budget_bytes)
     dtype = work[0].b.dtype if work else loss_dtype
-    norms, factors = _norms_and_factors(sq, max_grad_norm, B, dtype, x.device)
+    norms, factors = _norms_and_factors(sq, clip_norm, B, dtype, x.device)
     if verify:
         _check_against_autograd(layers, work, ref, B, dtype, x.device)
     if weights is not None:                      # c_i ← w_i c_i: a weight-0 row adds exactly 0
@@ -244,15 +244,15 @@ def _squared_norms(layers, recs, order, bs, group_of: dict, k: int, K: int, budg
     return sq, work
 
 
-def _norms_and_factors(sq, max_grad_norm, B: int, dtype, device):
+def _norms_and_factors(sq, clip_norm, B: int, dtype, device):
     """(norms [B, k], per group the clip factors [B]) from the groups' squared norms."""
     if any(v is None for v in sq):               # a group with no gradient at all
         sq = [torch.zeros(B, dtype=dtype, device=device) if v is None else v for v in sq]
     if len(sq) == 1:                             # global clipping: no [B, 1] round trip
         norm = sq[0].sqrt()
-        return norm.unsqueeze(1), (clip_factors(norm, max_grad_norm),)
+        return norm.unsqueeze(1), (clip_factors(norm, clip_norm),)
     norms = torch.stack(sq, 1).sqrt()
-    return norms, clip_factors(norms, max_grad_norm).unbind(1)
+    return norms, clip_factors(norms, clip_norm).unbind(1)
 
 
 def _check_against_autograd(layers, work, ref: dict, B: int, dtype, device) -> None:

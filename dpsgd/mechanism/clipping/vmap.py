@@ -65,7 +65,7 @@ def per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
 
 
 def vmap_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, groups: list[list[str]],
-                     max_grad_norm: float | None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                     clip_norm: float | None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                      out: dict[str, torch.Tensor] | None = None, multiplicity: int = 1,
                      weights: torch.Tensor | None = None):
     """Σ_i clip(g_i) per parameter, Σ_i loss_i, per-example group norms [B, k].
@@ -92,7 +92,7 @@ def vmap_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, groups:
         g, losses = per_example(params, x[s:s + chunk], y[s:s + chunk])
         sq = torch.stack([sum(g[n].flatten(1).pow(2).sum(1) for n in names) for names in groups], 1)
         norms = sq.sqrt()
-        factors = clip_factors(norms, max_grad_norm)
+        factors = clip_factors(norms, clip_norm)
         if weights is not None:
             w = weights[s:s + chunk].to(device=factors.device, dtype=factors.dtype)
             factors, losses = factors * w[:, None], losses * w.to(losses.dtype)

@@ -224,7 +224,7 @@ def test_auto_chooses_ghost_for_paper_models():
 
 def test_bad_arguments():
     model = MLP(4, (3,), 2)
-    with pytest.raises(ValueError, match="max_grad_norm"):
+    with pytest.raises(ValueError, match="clip_norm"):
         PerExampleClipper(model, 0.0)
     with pytest.raises(ValueError, match="clipping"):
         PerExampleClipper(model, 1.0, clipping="layer")

@@ -109,7 +109,7 @@ def test_canaries_skip_padding_rows():
     """The audit's wrapper: ordinary rows weighted by the engine, a zero-weight canary row adds nothing."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8, bias=False), torch.nn.ReLU(), torch.nn.Linear(8, 3, bias=False))
-    inner = PerExampleClipper(model, max_grad_norm=1.5, clipping="per_layer")
+    inner = PerExampleClipper(model, clip_norm=1.5, clipping="per_layer")
     placed = place(inner, 4, 0, "dirac")
     wrapped = GradientCanaries(inner, placed["coords"], torch.tensor([True, True, True, True]), a=15.0)
     x, y = torch.randn(5, 6), torch.tensor([0, 1, 2, 0, 1])
