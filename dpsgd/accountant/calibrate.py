@@ -23,7 +23,16 @@ CALIBRATABLE = ACCOUNTANTS + ("strong_composition", "strong_composition_valid")
 
 def epsilon(q: float, sigma: float, steps: int, delta: float, accountant: str = "rdp", groups: int = 1,
             convention: str = "joint") -> float:
-    """ε after ``steps`` lots (q, σ, groups) under ``accountant`` (any of :data:`CALIBRATABLE`)."""
+    """ε after ``steps`` Poisson lots.
+
+    Args:
+        q: the sampling rate L/N. sigma: the noise multiplier σ. steps: the lots T.
+        delta: δ. accountant: any of :data:`CALIBRATABLE`. groups: k clipped groups per lot.
+        convention: ``joint`` or ``per_tensor``.
+
+    Returns:
+        ε (float).
+    """
     q, sigma, steps, delta = check_q(q), check_sigma(sigma), check_steps(steps), check_delta(delta)
     groups = check_groups(groups)
     check_choice(accountant, "accountant", CALIBRATABLE)

@@ -76,9 +76,18 @@ class Ledger:
 
     # -- recording -------------------------------------------------------------------------
     def record(self, event: Event, count: int = 1, label: str = "") -> None:
-        """Record ``count`` releases of ``event`` (an :mod:`~dpsgd.accountant.events` event), stored as
-        the event's ``entry`` with its groups and ``label``; checked as recorded (q, σ, count, k, the
-        adjacency its kind allows). ValueError for anything that is not an event."""
+        """Record ``count`` releases of ``event``, stored as the event's ``entry`` with its groups.
+
+        Args:
+            event: an :mod:`~dpsgd.accountant.events` event (Poisson, Gaussian, FixedSize,
+                TruncatedPoisson, Allocation, Shuffle).
+            count: how many releases (≥ 0; 0 records nothing).
+            label: what they were (``pca``, ``sgd``, ``lost``, ...), kept in privacy.json.
+
+        Raises:
+            ValueError: naming the value, for a non-event or an event outside what the accountants serve
+                (q, σ, count, k, the adjacency its kind allows).
+        """
         _check_event(event, "Ledger.record")
         return self._record_event(event, count, label)
 
@@ -171,9 +180,17 @@ class Ledger:
 
     def epsilon(self, delta: float, accountant: str = "moments", convention: str = "joint",
                 conversion: str = "improved"):
-        """(ε, order) at δ: order = λ* (moments), α* (rdp) or None (pld); (0.0, None) if empty.
+        """ε of every release recorded, composed, at δ.
 
-        ``conversion`` ("improved" | "paper") applies to the RDP accountant only.
+        Args:
+            delta: δ in (0, 1).
+            accountant: ``moments``, ``rdp`` or ``pld`` (an entry's kind may be served by some only).
+            convention: ``joint`` (k groups = one Gaussian at σ/√k: correct) or ``per_tensor`` (the
+                paper code's k mechanisms at σ: under-states ε).
+            conversion: ``improved`` or ``paper``: the RDP → (ε, δ) conversion (RDP only).
+
+        Returns:
+            (ε, order): order = λ* (moments), α* (rdp) or None (pld); (0.0, None) if empty.
         """
         delta = check_delta(delta)
         if self._plain(accountant, conversion):

@@ -41,7 +41,20 @@ from dpsgd.mechanism.plan import Plan
 
 
 class DPSGD:
-    """Noisy SGD on top of a per-example clipping engine (``dpsgd.mechanism.clipping.PerExampleClipper``)."""
+    """Noisy SGD on top of a per-example clipping engine: one lot of Algorithm 1 per ``step``.
+
+    Args:
+        model: the network whose trainable parameters are updated in place.
+        clipper: a ``dpsgd.mechanism.clipping.PerExampleClipper`` over ``model``.
+        noise: the Gaussian noise source (``GaussianNoise``: seeded, or OS entropy).
+        plan: the mechanism (``dpsgd.mechanism.plan.Plan``): σ, C and the expected lot size L are
+            read from it, never given separately.
+        lr: the learning rate η (``set_lr`` changes it per epoch).
+        momentum: μ in [0, 1); 0 is the plain update.
+        augment_multiplicity: K augmented copies per example, averaged before clipping.
+        augment: ``augment(x, generator) -> x``, per row, when the step makes the K copies itself.
+        augment_generator: the generator of those draws when a step is given none.
+    """
 
     def __init__(self, model: torch.nn.Module, clipper, noise: GaussianNoise, plan: Plan, lr: float,
                  momentum: float = 0.0, augment_multiplicity: int = 1, augment=None, augment_generator=None):

@@ -24,10 +24,19 @@ from dpsgd.accountant.ledger import EVENTS
 
 @dataclass(frozen=True)
 class Plan:
-    """The mechanism of one run: ``event`` (what a charged lot is: σ, k, the adjacency; None: not
-    private), ``clip_norm`` C (the bound the claim uses), ``lot_size`` L (the expected lot size the noisy
-    sum is divided by) and ``sampler`` (draws the lots and says which positions carry a charge; None
-    for steps driven by hand, outside a ledger)."""
+    """The mechanism of one run, built once (dpsgd/run/parts.py:build).
+
+    Args:
+        event: what one charged lot is (``dpsgd.accountant.events``: σ, k, and from its type the
+            adjacency and the accountants); None: not private (no noise, nothing charged).
+        clip_norm: C, the clipping bound the claim uses; the noise std is σ·C.
+        lot_size: L, the expected lot size the noisy sum is divided by (never the realised one).
+        sampler: draws the lots and says which positions carry a charge; None for steps driven by hand,
+            outside a ledger (``Plan.by_hand``).
+
+    Raises:
+        ValueError: naming the value, for σ < 0, C ≤ 0, L ≤ 0 or an event that is not one.
+    """
     event: Event | None
     clip_norm: float
     lot_size: float

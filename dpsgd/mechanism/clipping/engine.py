@@ -39,6 +39,21 @@ class ClipResult:
 
 
 class PerExampleClipper:
+    """Σ_i clip_C(∇ℓ(θ, x_i)) over a lot, per clipping group: ghost norms or ``torch.func`` (vmap).
+
+    Args:
+        model: the network; refused if a layer mixes examples (BatchNorm).
+        clip_norm: C, each example's gradient is scaled to norm ≤ C in every group; None: no clipping
+            (only a deliberately broken audit variant and the non-private tests use it).
+        clipping: ``global`` (one group, k = 1) or ``per_layer`` (one group per layer, k = layers).
+        mode: ``ghost``, ``vmap`` or ``auto`` (ghost when every layer has a rule, else vmap).
+        memory_budget_bytes: how much one chunk of per-example work may hold.
+        check_finite: refuse an example holding NaN or inf, naming it (one device sync per call).
+
+    Attributes:
+        groups: the k groups of parameter names (the k the accountant charges).
+    """
+
     def __init__(self, model: nn.Module, clip_norm: float | None, clipping: str = "global",
                  mode: str = "auto", memory_budget_bytes: int = DEFAULT_BUDGET_BYTES, check_finite: bool = True):
         if clip_norm is not None and not (float(clip_norm) > 0):
