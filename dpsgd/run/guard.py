@@ -15,7 +15,8 @@ results/resume_cost.csv).
   one per second of training), never past the end of the epoch, training.max_steps or the budget;
 * **after a checkpoint** (``bind``): the file is replaced by one line ``{"checkpoint": token,
   "steps": S}`` carrying the token that checkpoint records, whose ledger covers every lot reserved
-  so far;
+  so far; every process also binds it as it opens, once what the file owed is charged, so no process
+  appends to another's lines (a torn tail included);
 * **on resume** (``owed``): the lots past the checkpoint that are still to be charged: from the lot
   the checkpoint's ledger covers (``covers``: its ``steps``, or more when it was written at a resume's
   opening with lost lots in its ledger) to the largest of every reservation and of every escaped

@@ -130,7 +130,7 @@ def _first_writes(run: Run) -> None:
         run.checkpoint(False, None)
     elif not c.resume:
         guard.bind(secrets.token_hex(8), 0)
-    elif guard.token != guard.expected:     # still bound to the previous checkpoint: bind it to this one
+    else:     # nothing owed: every line is covered; a fresh file, never appended to after a torn tail
         guard.bind(guard.expected, run.progress.steps)
     if not (run_dir / "config.resolved.yaml").exists():   # the validated, fully resolved config
         import yaml
