@@ -24,7 +24,8 @@ GAME_VARIANTS = ("correct", "no_clip", "noise_div10", "realised_lot")
 
 
 class ScaledNoise:
-    """The noise source with every draw's std multiplied by ``factor`` (the plan, and so the claim, unchanged)."""
+    """The noise source with every draw's std multiplied by ``factor`` (the plan, and so the claim, unchanged);
+    every other attribute is the wrapped source's."""
 
     def __init__(self, inner, factor: float):
         self.inner, self.factor = inner, float(factor)
@@ -36,14 +37,12 @@ class ScaledNoise:
         return self.inner.add_(t, std * self.factor)
 
 
-class PerRankNoise:
+class PerRankNoise(ScaledNoise):
     """R independent draws of N(0, (std/R)²) per call: the sum over R ranks of noise sized for a local batch."""
 
     def __init__(self, inner, ranks: int):
-        self.inner, self.ranks = inner, int(ranks)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+        super().__init__(inner, 1.0 / int(ranks))
+        self.ranks = int(ranks)
 
     def add_(self, t, std: float):
         for _ in range(self.ranks):
