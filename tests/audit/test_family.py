@@ -144,7 +144,7 @@ def test_bad_score_files(tmp_path, capsys):
                              ("bits.csv", "included,score\n2,0.5\n", "included='2'"),
                              ("nan.csv", "included,score\n1,nan\n", "NaN"),
                              ("text.csv", "included,score\n1,abc\n", "not a number"),
-                             # issue 40: a header-only file, every canary in, a one-row file
+                             # a header-only file, every canary in, a one-row file
                              ("header.csv", "included,score\n", "no rows (a header only)"),
                              ("allin.csv", "included,score\n" + "1,0.5\n" * 300, "all 300 canaries have included=1"),
                              ("one.csv", "included,score\n0,0.5\n", "all 1 canaries have included=0")]:

@@ -203,8 +203,8 @@ def test_gdp_is_tighter_than_the_eps_delta_bound_on_gaussian_scores():
 
 
 def test_the_score_file_holds_every_canary_when_the_games_differ_in_size(tmp_path, capsys):
-    """Issue 40: 200 gradient canaries beside 1000 input canaries (any gradient count below the input
-    count) wrote audit.json and then died with an IndexError, losing audit_scores.csv."""
+    """200 gradient canaries beside 1000 input canaries (any gradient count below the input count): every
+    canary's row is written, Σz² only on the gradient canaries', and the scores before audit.json."""
     import csv
     import json
     import torch

@@ -210,7 +210,7 @@ def test_nccl_refusing_two_ranks_on_one_gpu_is_a_reason_not_a_failure(device, st
 @pytest.mark.parametrize("args, names", [(["--total-s", "-5"], "--total-s=-5"), (["--total-s", "nan"], "--total-s=nan"),
                                          (["--work", "{file}/w"], "--work=")])
 def test_bad_options_are_one_line_before_any_work(tmp_path, capsys, args, names):
-    """Issue 40: a negative or NaN budget, a work folder that cannot be made: one line, exit 2."""
+    """A negative or NaN budget, a work folder that cannot be made: one line, exit 2."""
     (tmp_path / "file").write_text("")
     args = [a.format(file=tmp_path / "file") for a in args]
     try:

@@ -64,7 +64,7 @@ def test_a_resume_charges_what_ran_past_the_checkpoint_and_ends_where_the_run_wo
     assert whole.log[-1] == escaped.log[-1]           # the same weights after lot 40, bit for bit
 
 
-# ----------------------------------------------------------------- issue 40, case 1: an extension that died
+# ----------------------------------------------------------------- an extension that died
 @pytest.fixture
 def extended(tmp_path, monkeypatch):
     """A finished 2-epoch run, resumed with training.epochs=4 and killed in lot 25."""
@@ -106,7 +106,7 @@ def test_an_extension_that_died_before_its_first_lot_gets_its_final_statement_ba
     assert st == done and _statement(h.run) == done and "restored" in capsys.readouterr().out
 
 
-# ----------------------------------------------------------------- case 2: a crash at any point of opening
+# ----------------------------------------------------------------- a crash at any point of opening
 @pytest.mark.parametrize("kill", [("open", 1), ("checkpoint", 1), ("bind", 1)])
 def test_a_resume_killed_while_it_opens_leaves_a_folder_that_opens(escaped, kill):
     """The first resume dies as it opens: before its first write, before its checkpoint-at-open (the
@@ -151,7 +151,7 @@ def test_a_signal_while_the_data_load_is_one_line_and_writes_nothing(escaped, mo
     assert snapshot(escaped.run) == before
 
 
-# ----------------------------------------------------------------- case 3: edits the files can and cannot show
+# ----------------------------------------------------------------- edits the files can and cannot show
 def test_cutting_lots_reserved_back_lowers_nothing_while_an_output_shows_the_lots(escaped):
     path = escaped.run / RESERVATIONS
     path.write_text(path.read_text().splitlines()[0] + "\n")
@@ -203,7 +203,7 @@ def test_an_output_past_any_possible_run_is_refused(escaped):
         escaped.resume()
 
 
-# ----------------------------------------------------------------- case 4: a foreign finished checkpoint
+# ----------------------------------------------------------------- a foreign finished checkpoint
 def test_a_foreign_finished_checkpoint_is_refused_in_one_line(escaped, tmp_path, monkeypatch, capsys):
     other = Harness(monkeypatch, tmp_path / "other")
     other.fresh("training.epochs=4", "training.checkpoint_every=2")
@@ -349,7 +349,7 @@ def test_the_ledger_covers_every_lot_that_ran(tmp_path, monkeypatch, seed):
 
 @pytest.mark.slow
 def test_the_ledger_covers_every_lot_that_ran_in_200_searched_sequences(tmp_path, monkeypatch):
-    """The long seeded search (issue 40's acceptance: ≥ 200 sequences, 0 violations)."""
+    """The long seeded search (≥ 200 sequences, 0 violations)."""
     seeds = range(1000, 1200)
     for seed in seeds:
         with monkeypatch.context() as m:
@@ -385,8 +385,8 @@ def test_a_real_kill_then_a_resume_with_another_lr_charges_what_ran(tmp_path):
 
 
 def test_a_format_4_checkpoint_charges_what_it_owed_and_says_so(tmp_path, monkeypatch, capsys):
-    """Issue 40: a format-4 resume said its owed lots "are replayed and proved" when none could be;
-    they are charged, and the console says so."""
+    """A format-4 checkpoint's owed lots carry no evidence of a replay: they are charged, and the console
+    says so (never "replayed and proved")."""
     from dpsgd.run import checkpoint as ck
     h = Harness(monkeypatch, tmp_path / "run")
     h.fresh("training.epochs=2", "training.checkpoint_every=1", kill=("lot", 13))

@@ -181,7 +181,7 @@ def test_a_non_finite_example_is_one_clear_error(mode, bad):
     assert not torch.isfinite(unchecked.clipped_sum(x, y).norms[4]).all()   # what the check prevents
     ghost = PerExampleClipper(model, 1.0, "per_layer", mode="ghost", check_finite=False)
     with pytest.raises(ValueError, match=r"^clipped_sum: the gradient of parameter '.*' is not finite"):
-        ghost.clipped_sum(x, y)             # its verifying first call: one clear line (issue 40), not atol=nan
+        ghost.clipped_sum(x, y)             # its verifying first call: one clear line, not atol=nan
 
 
 def test_groups_structure():
