@@ -65,13 +65,15 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None, in
     if writer:
         run_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(run_dir, "resume" if c.resume else "hydra.run.dir") if writer else nullcontext():
-        with signals_as_interrupts():     # a signal during set-up: one line; its writes are held whole
+        # SIGINT, SIGTERM, SIGHUP: one line, for the whole run (set-up, epochs, the last writes), and the
+        # writes that open or finish a run and each lot's charge are held whole
+        with signals_as_interrupts():
             run = setup(c, run_dir, list(overrides or []), instrument)
-        if run.finished is not None:
-            return run.finished
-        if run.finish_as is not None:      # a finished run whose lots past its final checkpoint were charged
-            return finish(run, run.finish_as)
-        return algorithm1(run)
+            if run.finished is not None:
+                return run.finished
+            if run.finish_as is not None:      # a finished run whose lots past its final checkpoint were charged
+                return finish(run, run.finish_as)
+            return algorithm1(run)
 
 
 def algorithm1(run: Run) -> dict:
@@ -79,19 +81,18 @@ def algorithm1(run: Run) -> dict:
     c, t, at = run.c, run.c.training, run.progress
     stop_reason = None
     try:
-        with signals_as_interrupts():
-            while stop_reason is None and at.epoch < t.epochs:
-                t_epoch, lr = time.time(), lr_at(t, at.epoch)
-                run.parts.dp.set_lr(lr)
-                stop_reason, lots, loss_sum, seen = run_epoch(run)
-                if lots == 0:
-                    break
-                at.epoch += 1
-                at.eps = epsilons(at.ledger, c)
-                if not (bool(torch.isfinite(loss_sum)) and all(bool(torch.isfinite(w).all())
-                                                               for w in run.parts.model.parameters())):
-                    stop_reason = "diverged"
-                end_of_epoch(run, stop_reason, lr, float(loss_sum) / max(1, seen), t_epoch)
+        while stop_reason is None and at.epoch < t.epochs:
+            t_epoch, lr = time.time(), lr_at(t, at.epoch)
+            run.parts.dp.set_lr(lr)
+            stop_reason, lots, loss_sum, seen = run_epoch(run)
+            if lots == 0:
+                break
+            at.epoch += 1
+            at.eps = epsilons(at.ledger, c)
+            if not (bool(torch.isfinite(loss_sum)) and all(bool(torch.isfinite(w).all())
+                                                           for w in run.parts.model.parameters())):
+                stop_reason = "diverged"
+            end_of_epoch(run, stop_reason, lr, float(loss_sum) / max(1, seen), t_epoch)
         stop_reason = stop_reason or "epochs_completed"
     except Interrupted as e:
         at.eps = epsilons(at.ledger, c)   # every lot that ran is in the ledger

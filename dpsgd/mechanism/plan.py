@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from dpsgd.accountant.events import Event, Gaussian
 from dpsgd.accountant.ledger import EVENTS
+from dpsgd.mechanism.sampling import record_lots
 
 
 @dataclass(frozen=True)
@@ -93,10 +94,7 @@ class Plan:
 
     def charge_lots(self, ledger, lots: int, first: int = 0, label: str = "lost") -> int:
         """Record in ``ledger`` what ``lots`` consecutive lots from position ``first`` of an epoch cost,
-        each as the loop charges it (``Sampler.charges`` at this plan's σ and k); returns the charges."""
+        each as the loop charges it (``sampling.record_lots`` at this plan's σ and k); returns the charges."""
         if self.event is None:
             return 0
-        out = self.sampler.charges(self.sigma, lots, first, self.groups)
-        for ev, n in out.items():
-            ledger.record(ev, n, label)
-        return sum(out.values())
+        return record_lots(ledger, self.sampler, self.sigma, lots, first, self.groups, label)

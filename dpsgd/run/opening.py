@@ -99,7 +99,7 @@ def _open(c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, s
         owed = _owed(run_dir, ckpt, per_epoch)
         if not (owed.lots and c.privacy.private):
             return Run.already_finished(c, run_dir, overrides, d, ckpt)
-        return Run.from_checkpoint(c, run_dir, overrides, d, seeds, ckpt, owed, finish_as=ckpt["stop_reason"])
+        return Run.from_checkpoint(c, run_dir, overrides, d, seeds, ckpt, lambda _: owed, finish_as=ckpt["stop_reason"])
     # read once the sampler is built (a checkpoint of format 4-5 records no lots_per_epoch)
     return Run.from_checkpoint(c, run_dir, overrides, d, seeds, ckpt, lambda per: _owed(run_dir, ckpt, per))
 
@@ -143,8 +143,8 @@ def _first_writes(run: Run) -> None:
     if p.private:
         tag = "dpsgd AUDIT RUN" if run.instrument is not None else "dpsgd"
         print(f"{tag}: {c.dataset.name} N={len(built.data.X_train)} → {run_dir}  (device {built.device}{ws}, engine "
-              f"{built.clipper.mode}, k={built.k}, {built.sampler.name} q={built.sampler.q:.4g}, σ={built.plan.sigma}, "
-              f"C={built.plan.clip_norm}, L={built.plan.lot_size})", flush=True)
+              f"{built.clipper.mode}, k={built.k}, {built.sampler.name} q={built.sampler.q:.4g}, "
+              f"σ={built.plan.sigma}, C={built.plan.clip_norm}, L={built.plan.lot_size})", flush=True)
     else:
         print(f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
     if run.warning:

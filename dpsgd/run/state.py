@@ -129,11 +129,11 @@ class Run:
 
     @classmethod
     def from_checkpoint(cls, c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, seeds: dict,
-                        ckpt: dict, owed: Owed | Callable[[int], Owed], finish_as: str | None = None) -> Run:
+                        ckpt: dict, owe: Callable[[int], Owed], finish_as: str | None = None) -> Run:
         """The run continued from its checkpoint: the projection, weights, generators, momentum, EMA
-        and ledger restored; the lots ``owed`` (guard.py; or its function of the sampler's lots per
-        epoch) charged as lost. ``finish_as``: a finished
-        run's stop reason, when it is restored only to charge lots past its final checkpoint."""
+        and ledger restored; the lots it owes (``owe(lots per epoch)``: guard.py's rule on the folder)
+        charged as lost. ``finish_as``: a finished run's stop reason, when it is restored only to charge
+        lots past its final checkpoint."""
         device, runtime = _device(c, d)
         data = parts.project(parts.load_data(c), ckpt["projection"])
         model = parts.init_model(c, data, seeds["model"])
@@ -149,8 +149,7 @@ class Run:
                   overrides=[o for o in ckpt["overrides"] if override_key(o) not in new_keys] + list(overrides),
                   dist=d, progress=progress, parts=built, writer=Rows(ckpt["rows"]),
                   guard=LotGuard(run_dir), finish_as=finish_as)
-        if callable(owed):
-            owed = owed(built.sampler.lots_per_epoch())
+        owed = owe(built.sampler.lots_per_epoch())
         run.guard.token, run.guard.expected, run.warning = owed.token, binding["token"], owed.warning
         if c.privacy.private:
             progress.lost = sum(run._charge_lots(first, n) for first, n in owed.windows)
