@@ -1,4 +1,5 @@
 """Benchmarks (`make bench`): timings go to CSVs under results/, never into test assertions."""
+
 from __future__ import annotations
 
 import csv

@@ -6,6 +6,7 @@ Also the per-call cost the training loop pays at 70,000 lots (warm caches). Writ
 results/bench_accountant.csv (benchmark,value_s,target_s,notes); timings are wall-clock and noisy
 on a shared machine (best of a few repeats is reported).
 """
+
 from __future__ import annotations
 
 import os
@@ -55,7 +56,7 @@ def bench_per_call_70k(accountant, convention, sigma=2.0, groups=2, calls=5):
     """Mean cost of one led.epsilon at ~70,000 lots after the curves are cached (one epoch apart)."""
     led = Ledger()
     led.record(Poisson(0.01, sigma, groups), 69_000)
-    led.epsilon(DELTA, accountant, convention)            # warm the per-(q, σ) caches
+    led.epsilon(DELTA, accountant, convention)  # warm the per-(q, σ) caches
     times = []
     for _ in range(calls):
         led.record(Poisson(0.01, sigma, groups), 100)
@@ -75,23 +76,55 @@ def bench_steps_within_pld():
 
 def main():
     try:
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})   # one CPU core
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one CPU core
     except (AttributeError, OSError):
         pass
     rows = [
-        ("moments_eps_every_epoch_1000_epochs_q0.01", bench_moments_1000_epochs(), 0.050,
-         "total for 1000 x (record 100 lots + epsilon), sigma=4, cold caches, best of 3"),
-        ("pld_10000_steps_q0.01_sigma1", bench_pld_10k(), 2.0, "cold caches, both directions, best of 3"),
+        (
+            "moments_eps_every_epoch_1000_epochs_q0.01",
+            bench_moments_1000_epochs(),
+            0.050,
+            "total for 1000 x (record 100 lots + epsilon), sigma=4, cold caches, best of 3",
+        ),
+        (
+            "pld_10000_steps_q0.01_sigma1",
+            bench_pld_10k(),
+            2.0,
+            "cold caches, both directions, best of 3",
+        ),
     ]
     for acc, target in (("moments", 0.005), ("rdp", 0.005), ("pld", 0.100)):
         for conv in ("joint", "per_tensor"):
-            rows.append((f"ledger_epsilon_{acc}_{conv}_70k_lots", bench_per_call_70k(acc, conv), target,
-                         "per call, warm caches, q=0.01 sigma=2 groups=2, median of 5"))
-    rows.append(("ledger_steps_within_pld", bench_steps_within_pld(), 2.0,
-                 "target eps 8 after 20k lots, q=0.01 sigma=2 groups=2 joint"))
+            rows.append(
+                (
+                    f"ledger_epsilon_{acc}_{conv}_70k_lots",
+                    bench_per_call_70k(acc, conv),
+                    target,
+                    "per call, warm caches, q=0.01 sigma=2 groups=2, median of 5",
+                )
+            )
+    rows.append(
+        (
+            "ledger_steps_within_pld",
+            bench_steps_within_pld(),
+            2.0,
+            "target eps 8 after 20k lots, q=0.01 sigma=2 groups=2 joint",
+        )
+    )
     host = f"{platform.machine()} {os.cpu_count()} cpus, shared machine (noisy)"
-    write_csv([{"benchmark": name, "value_s": f"{val:.6f}", "target_s": target, "notes": f"{note}; {host}"}
-               for name, val, target, note in rows], OUT, ["benchmark", "value_s", "target_s", "notes"])
+    write_csv(
+        [
+            {
+                "benchmark": name,
+                "value_s": f"{val:.6f}",
+                "target_s": target,
+                "notes": f"{note}; {host}",
+            }
+            for name, val, target, note in rows
+        ],
+        OUT,
+        ["benchmark", "value_s", "target_s", "notes"],
+    )
     print(f"{'benchmark':<48}{'value_s':>12}{'target_s':>10}")
     for name, val, target, _ in rows:
         flag = "" if val <= target else "  (over target)"

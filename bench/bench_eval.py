@@ -10,6 +10,7 @@ The settings alternate within each repetition, so background load hits them alik
 ``--reps``. Every setting must return the very same (loss, accuracy) as one pass per batch, or the
 benchmark stops (the chunks may not move a metric).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ from dpsgd.models.networks import MLP
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["rows_per_pass", "seconds_per_epoch", "reps", "same_metrics", "loadavg_1min", "machine"]
-WHOLE = 10 ** 9     # larger than any batch: one forward pass per batch
+WHOLE = 10**9  # larger than any batch: one forward pass per batch
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,13 +54,23 @@ def main(argv: list[str] | None = None) -> None:
                 times[rows].append(time.perf_counter() - t)
                 ref = got if ref is None else ref
                 if got != ref:
-                    raise SystemExit(f"EVAL_ROWS={rows}: the metrics differ from one pass per batch")
+                    raise SystemExit(
+                        f"EVAL_ROWS={rows}: the metrics differ from one pass per batch"
+                    )
     finally:
         ev.EVAL_ROWS = 1024
     machine = describe_hardware()
-    rows = [{"rows_per_pass": "whole batch" if r == WHOLE else r, "seconds_per_epoch": round(statistics.median(ts), 4),
-             "reps": a.reps, "same_metrics": True, "loadavg_1min": round(load, 2), "machine": machine}
-            for r, ts in times.items()]
+    rows = [
+        {
+            "rows_per_pass": "whole batch" if r == WHOLE else r,
+            "seconds_per_epoch": round(statistics.median(ts), 4),
+            "reps": a.reps,
+            "same_metrics": True,
+            "loadavg_1min": round(load, 2),
+            "machine": machine,
+        }
+        for r, ts in times.items()
+    ]
     write_csv(rows, a.out, COLUMNS)
     for r in rows:
         print(f"{r['rows_per_pass']!s:>12}  {r['seconds_per_epoch']:.4f} s per epoch")

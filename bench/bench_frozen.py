@@ -22,6 +22,7 @@ time, the median (min, max) of per-repetition ratios to the non-private step of 
 repetition, and the projected epoch: N / L lots (the expected number under Poisson sampling)
 × the median step time. Timings are never asserted by tests.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,10 +47,28 @@ from dpsgd.mechanism.optim import DPSGD
 from dpsgd.mechanism.plan import Plan
 from dpsgd.models.networks import CifarCNN
 
-C, SIGMA, LR, N = 3.0, 6.0, 0.05, 50_000      # the paper's CIFAR-10 C and σ; N training images
-COLUMNS = ["method", "frozen", "engine", "lot", "clipping", "groups", "step_s", "step_s_min",
-           "step_s_max", "ratio_to_nonprivate", "ratio_min", "ratio_max", "lots_per_epoch",
-           "epoch_s", "reps", "threads", "load_avg_1min", "hardware", "torch"]
+C, SIGMA, LR, N = 3.0, 6.0, 0.05, 50_000  # the paper's CIFAR-10 C and σ; N training images
+COLUMNS = [
+    "method",
+    "frozen",
+    "engine",
+    "lot",
+    "clipping",
+    "groups",
+    "step_s",
+    "step_s_min",
+    "step_s_max",
+    "ratio_to_nonprivate",
+    "ratio_min",
+    "ratio_max",
+    "lots_per_epoch",
+    "epoch_s",
+    "reps",
+    "threads",
+    "load_avg_1min",
+    "hardware",
+    "torch",
+]
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -57,19 +76,31 @@ ROOT = Path(__file__).resolve().parents[1]
 def clipper_at(rev: str):
     """`PerExampleClipper` of dpsgd/mechanism/clipping as committed at `rev`, imported beside the current one
     (as package dpsgd._clipping_<sha>: its relative imports of dpsgd.models.networks/runtime resolve)."""
-    sha = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout.strip()
-    files = subprocess.run(["git", "ls-tree", "--name-only", sha, "dpsgd/mechanism/clipping/"], cwd=ROOT,
-                           check=True, capture_output=True, text=True).stdout.split()
+    sha = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    files = subprocess.run(
+        ["git", "ls-tree", "--name-only", sha, "dpsgd/mechanism/clipping/"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     pkg = Path(tempfile.mkdtemp(prefix="clipping_"))
     for f in files:
         if f.endswith(".py"):
-            src = subprocess.run(["git", "show", f"{sha}:{f}"], cwd=ROOT, check=True,
-                                 capture_output=True, text=True).stdout
+            src = subprocess.run(
+                ["git", "show", f"{sha}:{f}"], cwd=ROOT, check=True, capture_output=True, text=True
+            ).stdout
             (pkg / Path(f).name).write_text(src)
     name = f"dpsgd._clipping_{sha[:10]}"
-    spec = importlib.util.spec_from_file_location(name, pkg / "__init__.py",
-                                                  submodule_search_locations=[str(pkg)])
+    spec = importlib.util.spec_from_file_location(
+        name, pkg / "__init__.py", submodule_search_locations=[str(pkg)]
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
@@ -102,13 +133,16 @@ def nonprivate_step():
         sgd.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         sgd.step()
+
     return step
 
 
 def make_methods(lot: int, baseline: str | None):
     """name -> (frozen, engine label, groups k, step(x, y))."""
-    methods = {"nonprivate": (True, "autograd", 0, nonprivate_step()),
-               "dpsgd_ghost_frozen": (True, "working tree", *dp_step(lot))}
+    methods = {
+        "nonprivate": (True, "autograd", 0, nonprivate_step()),
+        "dpsgd_ghost_frozen": (True, "working tree", *dp_step(lot)),
+    }
     if baseline:
         cls, sha = clipper_at(baseline)
         methods["dpsgd_ghost_frozen_baseline"] = (True, sha, *dp_step(lot, True, cls))
@@ -121,7 +155,9 @@ def main(argv=None):
     ap.add_argument("--lots", default="2000,4000", help="lot sizes L, comma-separated")
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions (after warm-up)")
     ap.add_argument("--warmup", type=int, default=1, help="repetitions dropped first")
-    ap.add_argument("--baseline", default=None, help="git revision whose clipping engine to time too")
+    ap.add_argument(
+        "--baseline", default=None, help="git revision whose clipping engine to time too"
+    )
     ap.add_argument("--out", default=str(ROOT / "results" / "bench_frozen.csv"))
     args = ap.parse_args(argv)
     lots = [int(s) for s in args.lots.split(",")]
@@ -132,8 +168,10 @@ def main(argv=None):
     torch.set_num_threads(1)
     load = os.getloadavg()[0]
     gen = torch.Generator().manual_seed(0)
-    data = {L: (torch.rand(L, 3, 24, 24, generator=gen), torch.randint(0, 10, (L,), generator=gen))
-            for L in lots}
+    data = {
+        L: (torch.rand(L, 3, 24, 24, generator=gen), torch.randint(0, 10, (L,), generator=gen))
+        for L in lots
+    }
     methods = {L: make_methods(L, args.baseline) for L in lots}
     times = {(L, m): [] for L in lots for m in methods[L]}
     for r in range(args.warmup + args.reps):
@@ -145,8 +183,12 @@ def main(argv=None):
                 dt = time.perf_counter() - t0
                 if r >= args.warmup:
                     times[L, m].append(dt)
-        print(f"repetition {r + 1}/{args.warmup + args.reps}"
-              + (" (warm-up)" if r < args.warmup else ""), file=sys.stderr, flush=True)
+        print(
+            f"repetition {r + 1}/{args.warmup + args.reps}"
+            + (" (warm-up)" if r < args.warmup else ""),
+            file=sys.stderr,
+            flush=True,
+        )
     rows, hw = [], describe_hardware()
     for L in lots:
         base = times[L, "nonprivate"]
@@ -154,20 +196,36 @@ def main(argv=None):
             t = times[L, m]
             ratios = [a / b for a, b in zip(t, base)]
             med = statistics.median(t)
-            rows.append({"method": m, "frozen": "features" if frozen else "none", "engine": engine,
-                         "lot": L, "clipping": "per_layer" if k else "", "groups": k,
-                         "step_s": f"{med:.4f}", "step_s_min": f"{min(t):.4f}",
-                         "step_s_max": f"{max(t):.4f}",
-                         "ratio_to_nonprivate": f"{statistics.median(ratios):.3f}",
-                         "ratio_min": f"{min(ratios):.3f}", "ratio_max": f"{max(ratios):.3f}",
-                         "lots_per_epoch": f"{N / L:g}", "epoch_s": f"{N / L * med:.1f}",
-                         "reps": args.reps, "threads": torch.get_num_threads(),
-                         "load_avg_1min": f"{load:.2f}", "hardware": hw, "torch": torch.__version__})
+            rows.append(
+                {
+                    "method": m,
+                    "frozen": "features" if frozen else "none",
+                    "engine": engine,
+                    "lot": L,
+                    "clipping": "per_layer" if k else "",
+                    "groups": k,
+                    "step_s": f"{med:.4f}",
+                    "step_s_min": f"{min(t):.4f}",
+                    "step_s_max": f"{max(t):.4f}",
+                    "ratio_to_nonprivate": f"{statistics.median(ratios):.3f}",
+                    "ratio_min": f"{min(ratios):.3f}",
+                    "ratio_max": f"{max(ratios):.3f}",
+                    "lots_per_epoch": f"{N / L:g}",
+                    "epoch_s": f"{N / L * med:.1f}",
+                    "reps": args.reps,
+                    "threads": torch.get_num_threads(),
+                    "load_avg_1min": f"{load:.2f}",
+                    "hardware": hw,
+                    "torch": torch.__version__,
+                }
+            )
     write_csv(rows, Path(args.out), COLUMNS)
     for row in rows:
-        print(f"L={row['lot']:>5} {row['method']:<28} {row['step_s']:>8} s "
-              f"[{row['step_s_min']}, {row['step_s_max']}]  x{row['ratio_to_nonprivate']} "
-              f"[{row['ratio_min']}, {row['ratio_max']}]  epoch {row['epoch_s']} s")
+        print(
+            f"L={row['lot']:>5} {row['method']:<28} {row['step_s']:>8} s "
+            f"[{row['step_s_min']}, {row['step_s_max']}]  x{row['ratio_to_nonprivate']} "
+            f"[{row['ratio_min']}, {row['ratio_max']}]  epoch {row['epoch_s']} s"
+        )
     return rows
 
 

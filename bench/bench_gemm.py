@@ -10,6 +10,7 @@ so the engine takes the transposed route when the layer widens its input p ≥ W
 models and a few others, interleaved (round r of every shape and route, then round r + 1, ...),
 1 torch thread, tuned allocator, as bench_step; median of the rounds after one warm-up round.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,18 @@ from dpsgd.core.runtime import tune_allocator
 from dpsgd.mechanism.clipping.layers import transposed_weight_sum
 
 # (p, d): MNIST paper net, raw-784 MLP, CIFAR net's FC layers, and narrower/wider variants
-SHAPES = [(1000, 60), (10, 1000), (1000, 784), (384, 2304), (384, 384), (10, 384),
-          (256, 64), (64, 256), (512, 32), (2000, 100)]
+SHAPES = [
+    (1000, 60),
+    (10, 1000),
+    (1000, 784),
+    (384, 2304),
+    (384, 384),
+    (10, 384),
+    (256, 64),
+    (64, 256),
+    (512, 32),
+    (2000, 100),
+]
 COLUMNS = ["p", "d", "batch", "direct_ms", "transposed_ms", "faster", "engine_uses", "threads"]
 
 
@@ -59,17 +70,26 @@ def main(argv=None):
     for p, d in SHAPES:
         direct = statistics.median(times[p, d, "direct"]) * 1e3
         trans = statistics.median(times[p, d, "transposed"]) * 1e3
-        rows.append(dict(p=p, d=d, batch=args.batch, direct_ms=round(direct, 3),
-                         transposed_ms=round(trans, 3),
-                         faster="transposed" if trans < direct else "direct",
-                         engine_uses="transposed" if transposed_weight_sum(p, d) else "direct",
-                         threads=torch.get_num_threads()))
+        rows.append(
+            dict(
+                p=p,
+                d=d,
+                batch=args.batch,
+                direct_ms=round(direct, 3),
+                transposed_ms=round(trans, 3),
+                faster="transposed" if trans < direct else "direct",
+                engine_uses="transposed" if transposed_weight_sum(p, d) else "direct",
+                threads=torch.get_num_threads(),
+            )
+        )
     out = Path(args.out)
     write_csv(rows, out, COLUMNS)
     print(f"{'p x d':>12} {'direct ms':>10} {'transp. ms':>11} {'faster':>11} {'engine':>11}")
     for r in rows:
-        print(f"{r['p']:>6} x {r['d']:<4} {r['direct_ms']:>10.3f} {r['transposed_ms']:>11.3f} "
-              f"{r['faster']:>11} {r['engine_uses']:>11}")
+        print(
+            f"{r['p']:>6} x {r['d']:<4} {r['direct_ms']:>10.3f} {r['transposed_ms']:>11.3f} "
+            f"{r['faster']:>11} {r['engine_uses']:>11}"
+        )
     print(f"wrote {out}")
 
 

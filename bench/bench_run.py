@@ -21,6 +21,7 @@ seconds:
 The 1-minute load average before each child and the CPU are recorded: on a busy machine the numbers
 are slower, not wrong, and the DP / non-private ratio is what the rows are for.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,9 +37,28 @@ from pathlib import Path
 from bench import write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = ["total", "startup", "imports", "lots", "steps", "per_lot_outside_step", "evaluation", "accounting",
-          "writes"]
-COLUMNS = ["experiment", "epochs", "private", "repeat", "phase", "seconds", "lots", "loadavg_1min", "machine"]
+PHASES = [
+    "total",
+    "startup",
+    "imports",
+    "lots",
+    "steps",
+    "per_lot_outside_step",
+    "evaluation",
+    "accounting",
+    "writes",
+]
+COLUMNS = [
+    "experiment",
+    "epochs",
+    "private",
+    "repeat",
+    "phase",
+    "seconds",
+    "lots",
+    "loadavg_1min",
+    "machine",
+]
 
 
 def child(args: list[str], out: str, t_process: float) -> None:
@@ -49,6 +69,7 @@ def child(args: list[str], out: str, t_process: float) -> None:
     from dpsgd.core import fileio
     from dpsgd.mechanism.optim import DPSGD
     from dpsgd.run import checkpoint, report, state
+
     t = {p: 0.0 for p in PHASES}
     t["imports"] = time.perf_counter() - t0
     first, count = [], [0]
@@ -64,6 +85,7 @@ def child(args: list[str], out: str, t_process: float) -> None:
                 return real(*a, **k)
             finally:
                 t[phase] += time.perf_counter() - s
+
         setattr(owner, name, wrapper)
 
     def first_lot():
@@ -96,17 +118,31 @@ def measure(experiment: str, epochs: int, private: bool, workdir: Path) -> dict:
     """One child: the timed run of ``experiment`` for ``epochs`` epochs in a fresh run folder."""
     run = Path(tempfile.mkdtemp(prefix="run", dir=workdir))
     out = run.with_suffix(".json")
-    args = [f"experiment={experiment}", f"training.epochs={epochs}", "privacy.target_epsilon=null",
-            f"privacy.private={str(private).lower()}", f"hydra.run.dir={run / 'r'}"]
-    code = ("import sys, time; t = time.time(); sys.argv = ['bench_run'];"
-            f"from bench.bench_run import child; child({args!r}, {str(out)!r}, t)")
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
-                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    args = [
+        f"experiment={experiment}",
+        f"training.epochs={epochs}",
+        "privacy.target_epsilon=null",
+        f"privacy.private={str(private).lower()}",
+        f"hydra.run.dir={run / 'r'}",
+    ]
+    code = (
+        "import sys, time; t = time.time(); sys.argv = ['bench_run'];"
+        f"from bench.bench_run import child; child({args!r}, {str(out)!r}, t)"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     return json.loads(out.read_text())
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.bench_run", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.bench_run", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--experiment", default="mnist_medium")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
@@ -115,21 +151,41 @@ def main(argv: list[str] | None = None) -> None:
     if a.epochs < 1 or a.repeats < 1:
         ap.error(f"--epochs={a.epochs}, --repeats={a.repeats}: each must be >= 1")
     from dpsgd.core.runtime import describe_hardware
+
     machine, rows = describe_hardware(), []
     with tempfile.TemporaryDirectory() as work:
         for r in range(a.repeats):
-            for private in ((True, False) if r % 2 == 0 else (False, True)):
+            for private in (True, False) if r % 2 == 0 else (False, True):
                 load = os.getloadavg()[0]
                 res = measure(a.experiment, a.epochs, private, Path(work))
-                rows += [{"experiment": a.experiment, "epochs": a.epochs, "private": private, "repeat": r,
-                          "phase": p, "seconds": round(res["seconds"][p], 4), "lots": res["lots"],
-                          "loadavg_1min": round(load, 2), "machine": machine} for p in PHASES]
-                print(f"repeat {r} {'DP' if private else 'non-private'}: total {res['seconds']['total']:.2f} s, "
-                      f"startup {res['seconds']['startup']:.2f} s, steps {res['seconds']['steps']:.2f} s "
-                      f"(load {load:.1f})", flush=True)
+                rows += [
+                    {
+                        "experiment": a.experiment,
+                        "epochs": a.epochs,
+                        "private": private,
+                        "repeat": r,
+                        "phase": p,
+                        "seconds": round(res["seconds"][p], 4),
+                        "lots": res["lots"],
+                        "loadavg_1min": round(load, 2),
+                        "machine": machine,
+                    }
+                    for p in PHASES
+                ]
+                print(
+                    f"repeat {r} {'DP' if private else 'non-private'}: total {res['seconds']['total']:.2f} s, "
+                    f"startup {res['seconds']['startup']:.2f} s, steps {res['seconds']['steps']:.2f} s "
+                    f"(load {load:.1f})",
+                    flush=True,
+                )
     write_csv(rows, a.out, COLUMNS)
-    med = {(p, pr): statistics.median(x["seconds"] for x in rows if x["phase"] == p and x["private"] == pr)
-           for p in PHASES for pr in (True, False)}
+    med = {
+        (p, pr): statistics.median(
+            x["seconds"] for x in rows if x["phase"] == p and x["private"] == pr
+        )
+        for p in PHASES
+        for pr in (True, False)
+    }
     print(f"{'phase':<22}{'DP':>10}{'non-private':>13}{'ratio':>8}")
     for p in PHASES:
         dp, npv = med[(p, True)], med[(p, False)]

@@ -31,6 +31,7 @@ and what the step keeps, not the model or the data.
 Timing runs in a process tuned as training is (``dpsgd.core.runtime.tune_allocator``: glibc keeps
 freed per-step buffers instead of re-faulting them; it applies to every method alike).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,9 +56,23 @@ from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.data.features import scatter_channels
 from dpsgd.models.networks import MLP, CifarCNN, Linear, TanhCNN
 
-COLUMNS = ["method", "model", "device", "lot", "examples_per_s", "ratio_to_nonprivate",
-           "ratio_min", "ratio_max", "peak_mem_mb", "step_ms", "processes", "reps", "steps_per_rep",
-           "threads", "tf32"]
+COLUMNS = [
+    "method",
+    "model",
+    "device",
+    "lot",
+    "examples_per_s",
+    "ratio_to_nonprivate",
+    "ratio_min",
+    "ratio_max",
+    "peak_mem_mb",
+    "step_ms",
+    "processes",
+    "reps",
+    "steps_per_rep",
+    "threads",
+    "tf32",
+]
 METHODS = ["nonprivate", "dpsgd_vmap", "dpsgd_ghost", "opacus_hooks", "opacus_ghost"]
 C, SIGMA, LR = 1.0, 1.0, 0.05
 
@@ -69,11 +84,16 @@ def models(quick: bool, lot: int | None, cnn_lot: int | None):
         ("mnist_pca60_mlp1000", lambda: MLP(60, (1000,), 10, bias=False), (60,), mlp_lot),
         ("mnist_raw784_mlp1000", lambda: MLP(784, (1000,), 10, bias=False), (784,), mlp_lot),
         ("cifar_cnn", lambda: CifarCNN(10), (3, 24, 24), cnn),
-        ("mnist_tanh_cnn", lambda: TanhCNN(), (784,), cnn),          # Tramèr & Boneh's lot: 512
+        ("mnist_tanh_cnn", lambda: TanhCNN(), (784,), cnn),  # Tramèr & Boneh's lot: 512
         # the paper's §5.3 setting: convolutions pretrained on CIFAR-100 and frozen, dense layers trained
         ("cifar_cnn_frozen", lambda: _frozen_convs(CifarCNN(10)), (3, 24, 24), cnn),
         # Tramèr & Boneh's ScatterNet + linear on MNIST: 81 × 7 × 7 scattering coefficients
-        ("scatter_linear", lambda: Linear(scatter_channels() * 7 * 7, 10), (scatter_channels() * 7 * 7,), mlp_lot),
+        (
+            "scatter_linear",
+            lambda: Linear(scatter_channels() * 7 * 7, 10),
+            (scatter_channels() * 7 * 7,),
+            mlp_lot,
+        ),
     ]
 
 
@@ -90,6 +110,7 @@ def make_nonprivate(model, lot):
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         opt.step()
+
     return step
 
 
@@ -104,6 +125,7 @@ def make_dpsgd(model, lot, mode):
 
     def step(x, y):
         dp.step(x, y, physical_batch_size=lot)
+
     return step
 
 
@@ -113,14 +135,22 @@ def make_opacus(model, lot, mode):
 
     dev = next(model.parameters()).device
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
-    dummy = DataLoader(TensorDataset(torch.zeros(lot, 1), torch.zeros(lot, dtype=torch.long)),
-                       batch_size=lot)
+    dummy = DataLoader(
+        TensorDataset(torch.zeros(lot, 1), torch.zeros(lot, dtype=torch.long)), batch_size=lot
+    )
     criterion = torch.nn.CrossEntropyLoss()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         engine = PrivacyEngine(accountant="rdp")
-        kw = dict(module=model, optimizer=opt, data_loader=dummy, noise_multiplier=SIGMA,
-                  max_grad_norm=C, poisson_sampling=False, grad_sample_mode=mode)
+        kw = dict(
+            module=model,
+            optimizer=opt,
+            data_loader=dummy,
+            noise_multiplier=SIGMA,
+            max_grad_norm=C,
+            poisson_sampling=False,
+            grad_sample_mode=mode,
+        )
         if mode == "ghost":
             pmodel, popt, pcrit, _ = engine.make_private(criterion=criterion, **kw)
         else:
@@ -133,6 +163,7 @@ def make_opacus(model, lot, mode):
         loss = pcrit(pmodel(x), y)
         loss.backward()
         popt.step()
+
     return step
 
 
@@ -191,11 +222,24 @@ def cpu_peak_mem_mb(model_name, method, lot, quick):
     on allocation and returned on free, and the peak (VmHWM) follows live tensor memory.
     """
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="65536")
-    cmd = [sys.executable, "-m", "bench.bench_step", "--mem-child", f"{model_name}:{method}:{lot}",
-           "--threads", str(torch.get_num_threads())] + (["--quick"] if quick else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.bench_step",
+        "--mem-child",
+        f"{model_name}:{method}:{lot}",
+        "--threads",
+        str(torch.get_num_threads()),
+    ] + (["--quick"] if quick else [])
     try:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800,
-                             cwd=Path(__file__).resolve().parents[1])
+        out = subprocess.run(
+            cmd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         return float(out.stdout.strip().splitlines()[-1])
     except Exception:
         return float("nan")
@@ -216,16 +260,17 @@ def mem_child(spec, quick):
     model = factory()
     x, y = torch.randn((lot,) + shape), torch.randint(0, 10, (lot,))
     step = build(method, model, lot)
-    step(x[:1], y[:1])             # initialise libraries and caches
+    step(x[:1], y[:1])  # initialise libraries and caches
     drop_step_state(model)
-    Path("/proc/self/clear_refs").write_text("5")          # VmHWM := current RSS
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
     base = _status_kb("VmRSS")
     step(x, y)
     print((_status_kb("VmHWM") - base) / 1024)
 
 
-def run_model(name, factory, in_shape, lot, dev, methods, reps, warmup, log, quick, block_s,
-              measure_mem=True):
+def run_model(
+    name, factory, in_shape, lot, dev, methods, reps, warmup, log, quick, block_s, measure_mem=True
+):
     torch.manual_seed(0)
     base = factory().to(dev)
     x = torch.randn((lot,) + in_shape, device=dev)
@@ -235,13 +280,13 @@ def run_model(name, factory, in_shape, lot, dev, methods, reps, warmup, log, qui
         try:
             nets[m] = copy.deepcopy(base)
             steps[m] = build(m, nets[m], lot)
-        except Exception as e:                        # e.g. Opacus missing or incompatible
+        except Exception as e:  # e.g. Opacus missing or incompatible
             log(f"  {m}: unavailable ({type(e).__name__}: {e})")
     # steps per repetition: consecutive steps as a training loop runs them, enough for block_s
     per_rep = {}
     for m, step in list(steps.items()):
         try:
-            step(x, y)                                # first call: library set-up, ghost's check
+            step(x, y)  # first call: library set-up, ghost's check
             per_rep[m] = max(1, math.ceil(block_s / max(timed(step, x, y, dev), 1e-9)))
         except Exception as e:
             log(f"  {m}: failed ({type(e).__name__}: {e})")
@@ -257,8 +302,12 @@ def run_model(name, factory, in_shape, lot, dev, methods, reps, warmup, log, qui
                 continue
             if r >= warmup:
                 times[m].append(t)
-        log(f"  rep {r + 1}/{warmup + reps}: " + ", ".join(
-            f"{m} {1e3 * times[m][-1]:.2f} ms" for m in times if times[m] and r >= warmup))
+        log(
+            f"  rep {r + 1}/{warmup + reps}: "
+            + ", ".join(
+                f"{m} {1e3 * times[m][-1]:.2f} ms" for m in times if times[m] and r >= warmup
+            )
+        )
     if not measure_mem:
         mem = {m: float("nan") for m in steps}
     elif dev.type == "cuda":
@@ -273,18 +322,35 @@ def run_model(name, factory, in_shape, lot, dev, methods, reps, warmup, log, qui
         # paired: the median over repetitions of (this method's block ÷ the non-private block
         # of the same repetition), so drifts in machine speed between repetitions cancel
         ratio = statistics.median(t / r for t, r in zip(times[m], ref)) if ref else float("nan")
-        rows.append(dict(method=m, model=name, device=dev.type, lot=lot,
-                         examples_per_s=round(lot / med[m], 1),
-                         ratio_to_nonprivate=round(ratio, 3),
-                         peak_mem_mb=round(mem[m], 1), step_ms=round(1e3 * med[m], 2),
-                         reps=len(times[m]), steps_per_rep=per_rep[m],
-                         threads=torch.get_num_threads()))
+        rows.append(
+            dict(
+                method=m,
+                model=name,
+                device=dev.type,
+                lot=lot,
+                examples_per_s=round(lot / med[m], 1),
+                ratio_to_nonprivate=round(ratio, 3),
+                peak_mem_mb=round(mem[m], 1),
+                step_ms=round(1e3 * med[m], 2),
+                reps=len(times[m]),
+                steps_per_rep=per_rep[m],
+                threads=torch.get_num_threads(),
+            )
+        )
     return rows
 
 
 def print_table(rows, out=sys.stdout):
-    cols = ["model", "method", "device", "lot", "step_ms", "examples_per_s", "ratio_to_nonprivate",
-            "peak_mem_mb"]
+    cols = [
+        "model",
+        "method",
+        "device",
+        "lot",
+        "step_ms",
+        "examples_per_s",
+        "ratio_to_nonprivate",
+        "peak_mem_mb",
+    ]
     width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
     print("  ".join(c.ljust(width[c]) for c in cols), file=out)
     for r in rows:
@@ -292,7 +358,9 @@ def print_table(rows, out=sys.stdout):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):        # one line naming the option, exit 2 (argparse would print the usage too)
+    def error(
+        self, message
+    ):  # one line naming the option, exit 2 (argparse would print the usage too)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -301,29 +369,54 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="3 reps, 1 warm-up, CNN lot 64")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default 9; quick 3)")
     ap.add_argument("--warmup", type=int, default=None, help="dropped repetitions (default 1)")
-    ap.add_argument("--block-s", type=float, default=0.5,
-                    help="seconds of consecutive steps per repetition (steps per repetition fixed per "
-                         "method from one timed step; 0 = single steps)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch CPU threads (default 1: the machine is shared; 0 = torch default)")
+    ap.add_argument(
+        "--block-s",
+        type=float,
+        default=0.5,
+        help="seconds of consecutive steps per repetition (steps per repetition fixed per "
+        "method from one timed step; 0 = single steps)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: the machine is shared; 0 = torch default)",
+    )
     ap.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     ap.add_argument("--lot", type=int, default=None, help="lot for the MLPs (default 600)")
-    ap.add_argument("--lots", default=None,
-                    help="comma list of MLP lots to scan (e.g. up to the largest that fits on a GPU); "
-                         "a lot that runs out of memory is reported and ends the scan")
-    ap.add_argument("--cnn-lot", type=int, default=None, help="lot for the CNN (default 600; quick 64)")
+    ap.add_argument(
+        "--lots",
+        default=None,
+        help="comma list of MLP lots to scan (e.g. up to the largest that fits on a GPU); "
+        "a lot that runs out of memory is reported and ends the scan",
+    )
+    ap.add_argument(
+        "--cnn-lot", type=int, default=None, help="lot for the CNN (default 600; quick 64)"
+    )
     ap.add_argument("--models", default="all", help="comma list of model names, or all")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma list of methods")
-    ap.add_argument("--tf32", choices=["off", "on", "default"], default="off",
-                    help="CUDA TF32 math for every method: off (as training's default tf32=false), on, "
-                         "or PyTorch's default (cuDNN convolutions TF32, matmuls IEEE)")
-    ap.add_argument("--allocator", choices=["tuned", "default"], default="tuned",
-                    help="tuned: glibc keeps freed buffers (as dpsgd.train does), for every method; "
-                         "default: glibc's defaults (page faults on every large per-step buffer)")
-    ap.add_argument("--processes", type=int, default=3,
-                    help="repeat the whole measurement in this many fresh processes, one after the "
-                         "other, and report medians with the ratio's range: a process's memory "
-                         "layout alone moved the MNIST ratio by up to ±0.07 here")
+    ap.add_argument(
+        "--tf32",
+        choices=["off", "on", "default"],
+        default="off",
+        help="CUDA TF32 math for every method: off (as training's default tf32=false), on, "
+        "or PyTorch's default (cuDNN convolutions TF32, matmuls IEEE)",
+    )
+    ap.add_argument(
+        "--allocator",
+        choices=["tuned", "default"],
+        default="tuned",
+        help="tuned: glibc keeps freed buffers (as dpsgd.train does), for every method; "
+        "default: glibc's defaults (page faults on every large per-step buffer)",
+    )
+    ap.add_argument(
+        "--processes",
+        type=int,
+        default=3,
+        help="repeat the whole measurement in this many fresh processes, one after the "
+        "other, and report medians with the ratio's range: a process's memory "
+        "layout alone moved the MNIST ratio by up to ±0.07 here",
+    )
     ap.add_argument("--out", default="results/bench.csv", help="CSV path (replaced atomically)")
     ap.add_argument("--no-mem", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mem-child", default=None, help=argparse.SUPPRESS)
@@ -345,7 +438,9 @@ def main(argv=None):
         except ValueError:
             lots = []
         if not lots or min(lots) < 1:
-            ap.error(f"--lots={args.lots}: a comma list of lot sizes, each at least 1 (e.g. 600,4096)")
+            ap.error(
+                f"--lots={args.lots}: a comma list of lot sizes, each at least 1 (e.g. 600,4096)"
+            )
     methods = [m for m in args.methods.split(",") if m]
     bad = set(methods) - set(METHODS)
     if bad:
@@ -357,17 +452,20 @@ def main(argv=None):
         if unknown:
             ap.error(f"--models: unknown {sorted(unknown)}; choose from {[n for n, *_ in chosen]}")
         chosen = [c for c in chosen if c[0] in keep]
-    if args.processes > 1:                    # checked above, so a child fails only for its own reasons
+    if args.processes > 1:  # checked above, so a child fails only for its own reasons
         return run_processes(args)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     tuned = tune_allocator() if args.allocator == "tuned" else False
     if args.tf32 != "default":
         set_tf32(args.tf32 == "on")
-    dev = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                       else ("cpu" if args.device == "auto" else args.device))
+    dev = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     warnings.filterwarnings("ignore", module="opacus")
-    warnings.filterwarnings("ignore", message="Full backward hook")   # Opacus ghost, harmless
+    warnings.filterwarnings("ignore", message="Full backward hook")  # Opacus ghost, harmless
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -379,21 +477,37 @@ def main(argv=None):
             for lot in (int(v) for v in args.lots.split(",")):
                 scan.append((name, factory, shape, lot))
         chosen = scan
-    log(f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}, "
+    log(
+        f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}, "
         f"reps {reps} after {warmup} warm-up, blocks of {args.block_s} s, allocator tuned: {tuned}, "
-        f"tf32 {args.tf32}")
+        f"tf32 {args.tf32}"
+    )
     rows, oom = [], set()
     for name, factory, shape, lot in chosen:
         if name in oom:
             continue
         log(f"{name} (lot {lot})")
         try:
-            got = run_model(name, factory, shape, lot, dev, methods, reps, warmup, log, args.quick,
-                            args.block_s, measure_mem=not args.no_mem)
+            got = run_model(
+                name,
+                factory,
+                shape,
+                lot,
+                dev,
+                methods,
+                reps,
+                warmup,
+                log,
+                args.quick,
+                args.block_s,
+                measure_mem=not args.no_mem,
+            )
             rows += got
-            write_csv(_finished(rows, args.tf32, dev), Path(args.out), COLUMNS)   # what a timeout would lose
+            write_csv(
+                _finished(rows, args.tf32, dev), Path(args.out), COLUMNS
+            )  # what a timeout would lose
             if args.lots and not any(r["method"] != "nonprivate" for r in got):
-                oom.add(name)                         # no DP method ran at this lot: end the scan
+                oom.add(name)  # no DP method ran at this lot: end the scan
         except torch.OutOfMemoryError as e:
             log(f"  out of memory at lot {lot}: {str(e).splitlines()[0]}")
             oom.add(name)
@@ -406,7 +520,9 @@ def _finished(rows, tf32, dev):
     """The rows of one process with the columns its aggregation over processes would fill."""
     for r in rows:
         r["tf32"] = tf32 if dev.type == "cuda" else "n/a"
-        r.update(processes=1, ratio_min=r["ratio_to_nonprivate"], ratio_max=r["ratio_to_nonprivate"])
+        r.update(
+            processes=1, ratio_min=r["ratio_to_nonprivate"], ratio_max=r["ratio_to_nonprivate"]
+        )
     return rows
 
 
@@ -421,10 +537,20 @@ def run_processes(args):
     Peak memory comes from the first process (it is deterministic)."""
     import tempfile
 
-    opts = {"--reps": args.reps, "--warmup": args.warmup, "--block-s": args.block_s,
-            "--threads": args.threads, "--device": args.device, "--lot": args.lot,
-            "--lots": args.lots, "--cnn-lot": args.cnn_lot, "--models": args.models,
-            "--methods": args.methods, "--tf32": args.tf32, "--allocator": args.allocator}
+    opts = {
+        "--reps": args.reps,
+        "--warmup": args.warmup,
+        "--block-s": args.block_s,
+        "--threads": args.threads,
+        "--device": args.device,
+        "--lot": args.lot,
+        "--lots": args.lots,
+        "--cnn-lot": args.cnn_lot,
+        "--models": args.models,
+        "--methods": args.methods,
+        "--tf32": args.tf32,
+        "--allocator": args.allocator,
+    }
     base = [sys.executable, "-m", "bench.bench_step", "--processes", "1"]
     base += ["--quick"] if args.quick else []
     base += [str(v) for opt, val in opts.items() if val is not None for v in (opt, val)]
@@ -433,9 +559,11 @@ def run_processes(args):
         for i in range(args.processes):
             print(f"== process {i + 1}/{args.processes}", file=sys.stderr, flush=True)
             path = Path(tmp) / f"p{i}.csv"
-            child = subprocess.run(base + ["--out", str(path)] + (["--no-mem"] if i else []),
-                                   cwd=Path(__file__).resolve().parents[1])
-            if child.returncode:              # it printed its own error: that line, and its exit code
+            child = subprocess.run(
+                base + ["--out", str(path)] + (["--no-mem"] if i else []),
+                cwd=Path(__file__).resolve().parents[1],
+            )
+            if child.returncode:  # it printed its own error: that line, and its exit code
                 raise SystemExit(child.returncode)
             with path.open() as f:
                 runs.append(list(csv.DictReader(f)))
@@ -445,10 +573,18 @@ def run_processes(args):
         same = [r for run in runs for r in run if (r["model"], r["lot"], r["method"]) == key]
         ms = statistics.median(float(r["step_ms"]) for r in same)
         ratios = [float(r["ratio_to_nonprivate"]) for r in same]
-        rows.append(dict(r0, step_ms=round(ms, 3), examples_per_s=round(int(r0["lot"]) / ms * 1e3, 1),
-                         ratio_to_nonprivate=round(statistics.median(ratios), 3),
-                         ratio_min=min(ratios), ratio_max=max(ratios), processes=len(same),
-                         steps_per_rep=int(statistics.median(int(r["steps_per_rep"]) for r in same))))
+        rows.append(
+            dict(
+                r0,
+                step_ms=round(ms, 3),
+                examples_per_s=round(int(r0["lot"]) / ms * 1e3, 1),
+                ratio_to_nonprivate=round(statistics.median(ratios), 3),
+                ratio_min=min(ratios),
+                ratio_max=max(ratios),
+                processes=len(same),
+                steps_per_rep=int(statistics.median(int(r["steps_per_rep"]) for r in same)),
+            )
+        )
     write_rows(rows, Path(args.out))
     print(f"wrote {args.out}", file=sys.stderr)
 

@@ -11,6 +11,7 @@ jobs take their share of the cores (dpsgd/core/runtime.py:thread_policy). One ro
 the command, the summed ``wall_time_s`` of its runs, the 1-minute load average before it started.
 Timings are never asserted anywhere.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def sweep_once(launcher: str, jobs: int, max_steps: int, where: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "DPSGD_THREADS", "DPSGD_PARALLEL_JOBS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "DPSGD_THREADS", "DPSGD_PARALLEL_JOBS")
+    }
     sweep = where / f"{launcher}_{time.time_ns()}"
-    cmd = [sys.executable, "-m", "dpsgd.train", "-m", "experiment=mnist_medium",
-           f"seed={','.join(str(s) for s in range(jobs))}", f"training.max_steps={max_steps}", "device=cpu",
-           f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dpsgd.train",
+        "-m",
+        "experiment=mnist_medium",
+        f"seed={','.join(str(s) for s in range(jobs))}",
+        f"training.max_steps={max_steps}",
+        "device=cpu",
+        f"hydra/launcher={launcher}",
+        f"hydra.sweep.dir={sweep}",
+    ]
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -43,9 +57,15 @@ def sweep_once(launcher: str, jobs: int, max_steps: int, where: Path) -> dict:
         raise SystemExit(f"sweep failed ({launcher}): {r.stderr[-2000:]}")
     runs = sorted(sweep.rglob("metrics.csv"))
     run_s = sum(float(pd.read_csv(m)["wall_time_s"].iloc[-1]) for m in runs)
-    return {"launcher": launcher, "jobs": len(runs), "max_steps": max_steps, "wall_s": round(wall, 2),
-            "sum_run_wall_s": round(run_s, 2), "load_1min_before": round(load, 2),
-            "command": " ".join(["python", *cmd[1:-1]])}
+    return {
+        "launcher": launcher,
+        "jobs": len(runs),
+        "max_steps": max_steps,
+        "wall_s": round(wall, 2),
+        "sum_run_wall_s": round(run_s, 2),
+        "load_1min_before": round(load, 2),
+        "command": " ".join(["python", *cmd[1:-1]]),
+    }
 
 
 def main(argv=None) -> int:
@@ -60,15 +80,21 @@ def main(argv=None) -> int:
         for rep in range(args.reps):
             order = ("basic", "joblib") if rep % 2 == 0 else ("joblib", "basic")
             for launcher in order:
-                row = {"rep": rep, **sweep_once(launcher, args.jobs, args.max_steps, Path(tmp)), "hardware": hw}
+                row = {
+                    "rep": rep,
+                    **sweep_once(launcher, args.jobs, args.max_steps, Path(tmp)),
+                    "hardware": hw,
+                }
                 print(row, flush=True)
                 rows.append(row)
     df = pd.DataFrame(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, df.to_csv(index=False))
     med = df.groupby("launcher")["wall_s"].median()
-    print(f"median wall: basic {med.get('basic', float('nan')):.1f} s, joblib {med.get('joblib', float('nan')):.1f} s "
-          f"-> {args.out}")
+    print(
+        f"median wall: basic {med.get('basic', float('nan')):.1f} s, joblib {med.get('joblib', float('nan')):.1f} s "
+        f"-> {args.out}"
+    )
     return 0
 
 

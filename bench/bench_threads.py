@@ -20,6 +20,7 @@ once they have run a while). Repetitions are interleaved (repeat r: every (load,
 thread order alternating with r) so that drifts in background load hit every configuration alike;
 medians and spreads are printed per (threads, load).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,9 +71,23 @@ def _loadavg() -> float:
 def measure(threads: int, steps: int) -> float:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     env.pop("DPSGD_THREADS", None)
-    out = subprocess.run([sys.executable, "-m", "bench.bench_threads", "--child", str(threads),
-                          "--steps", str(steps)], env=env, cwd=ROOT, capture_output=True, text=True,
-                         check=True, timeout=1800)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.bench_threads",
+            "--child",
+            str(threads),
+            "--steps",
+            str(steps),
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=1800,
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -101,10 +116,21 @@ def run(thread_counts, loads, repeats: int, steps: int, settle_s: float) -> list
                 for n in order:
                     la = _loadavg()
                     s = measure(n, steps)
-                    rows.append({"threads": n, "load": load, "repeat": r, "seconds": round(s, 4),
-                                 "steps": steps, "loadavg_1min": round(la, 2), "machine": machine})
-                    print(f"repeat {r} load {load} threads {n}: {s:.3f} s ({steps} steps, loadavg {la:.2f})",
-                          flush=True)
+                    rows.append(
+                        {
+                            "threads": n,
+                            "load": load,
+                            "repeat": r,
+                            "seconds": round(s, 4),
+                            "steps": steps,
+                            "loadavg_1min": round(la, 2),
+                            "machine": machine,
+                        }
+                    )
+                    print(
+                        f"repeat {r} load {load} threads {n}: {s:.3f} s ({steps} steps, loadavg {la:.2f})",
+                        flush=True,
+                    )
             finally:
                 stop(procs)
     return rows
@@ -115,8 +141,10 @@ def summary(rows: list[dict]) -> list[str]:
     for load in sorted({r["load"] for r in rows}):
         for n in sorted({r["threads"] for r in rows}):
             s = sorted(r["seconds"] for r in rows if r["load"] == load and r["threads"] == n)
-            out.append(f"load {load} threads {n}: median {statistics.median(s):.3f} s "
-                       f"(min {s[0]:.3f}, max {s[-1]:.3f}, n={len(s)})")
+            out.append(
+                f"load {load} threads {n}: median {statistics.median(s):.3f} s "
+                f"(min {s[0]:.3f}, max {s[-1]:.3f}, n={len(s)})"
+            )
     return out
 
 
@@ -126,7 +154,9 @@ def main(argv=None) -> None:
     ap.add_argument("--loads", default="0,1,2", help="numbers of competing CPU-bound processes")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--settle-s", type=float, default=1.0, help="seconds the spinners run before timing")
+    ap.add_argument(
+        "--settle-s", type=float, default=1.0, help="seconds the spinners run before timing"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_threads.csv")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

@@ -11,6 +11,7 @@ adds its own cost to every Python call (the lots' small pieces most), so the row
 the time goes and for before/after under the same profiler, not for the run's wall time. ``--out``
 appends to an existing CSV (one label per profiled run).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,7 @@ from dpsgd.core.runtime import describe_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["label", "piece", "seconds", "calls", "loadavg", "machine"]
-PIECES = [   # (piece, the function's "file:line(name)" as a pattern)
+PIECES = [  # (piece, the function's "file:line(name)" as a pattern)
     ("whole process", r"<string>:1\(<module>\)"),
     ("after importing dpsgd.train", r"dpsgd/train\.py:\d+\(main\)"),
     ("train()", r"dpsgd/train\.py:\d+\(train\)"),
@@ -52,8 +53,11 @@ def pieces(prof: Path) -> list[tuple[str, float, int]]:
     out = []
     for piece, pattern in PIECES:
         rx = re.compile(pattern)
-        hits = [(ct, nc) for (f, line, name), (cc, nc, tt, ct, callers) in stats.items()
-                if rx.search(f"{f}:{line}({name})")]
+        hits = [
+            (ct, nc)
+            for (f, line, name), (cc, nc, tt, ct, callers) in stats.items()
+            if rx.search(f"{f}:{line}({name})")
+        ]
         out.append((piece, round(sum(h[0] for h in hits), 3), sum(h[1] for h in hits)))
     return out
 
@@ -70,8 +74,17 @@ def main(argv: list[str] | None = None) -> None:
     if a.out.exists():
         with open(a.out, newline="") as f:
             rows = [r for r in csv.DictReader(f) if r["label"] != a.label]
-    rows += [{"label": a.label, "piece": p, "seconds": s, "calls": n, "loadavg": a.load, "machine": machine}
-             for p, s, n in pieces(a.prof)]
+    rows += [
+        {
+            "label": a.label,
+            "piece": p,
+            "seconds": s,
+            "calls": n,
+            "loadavg": a.load,
+            "machine": machine,
+        }
+        for p, s, n in pieces(a.prof)
+    ]
     write_csv(rows, a.out, COLUMNS)
     for p, s, n in pieces(a.prof):
         print(f"{p:32s} {s:9.2f} s  {n:7d} calls")

@@ -19,6 +19,7 @@ The MNIST archives are copied into ``<dest>/data/MNIST/raw/`` (from the data roo
 stay under ``MAX_MIB``; its size is printed. The folder is built beside ``dest`` and swapped in whole, so
 an interrupted run never leaves a half wheelhouse.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,11 +32,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / "requirements.lock"
-OPACUS = "1.6.0"                 # make bench's pin (Makefile); opacus is no dependency of the project
-MAX_MIB = 60.0                   # wheels + MNIST archives: they travel with the checkout (device tool: 64 MiB)
-PYTHONS = ("3.12", "3.11")       # the GPU image's Python, then this machine's (the CPU rehearsal)
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
-             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
+OPACUS = "1.6.0"  # make bench's pin (Makefile); opacus is no dependency of the project
+MAX_MIB = 60.0  # wheels + MNIST archives: they travel with the checkout (device tool: 64 MiB)
+PYTHONS = ("3.12", "3.11")  # the GPU image's Python, then this machine's (the CPU rehearsal)
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
 # distribution -> (the import names it provides, why the project needs it)
 WHEELS = {
     "hydra-core": (("hydra",), "configuration and command line of every run"),
@@ -46,11 +53,18 @@ WHEELS = {
     "attrs": (("attr", "attrs"), "dp-accounting's, which requires attrs < 24"),
     "kymatio": (("kymatio",), "ScatterNet features"),
     "appdirs": (("appdirs",), "kymatio's"),
-    "configparser": ((), "kymatio's; a backport in the namespace backports, the standard library's stays"),
+    "configparser": (
+        (),
+        "kymatio's; a backport in the namespace backports, the standard library's stays",
+    ),
     "opacus": (("opacus",), "the step benchmark's comparison (Opacus hooks and ghost)"),
 }
-DATA_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
-              "t10k-labels-idx1-ubyte.gz")
+DATA_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
 
 
 def canonical(name: str) -> str:
@@ -85,8 +99,20 @@ def fetch(dist: str, version: str, dest: Path) -> list[str]:
     spec, before = f"{dist}=={version}", set(dest.iterdir())
     plat = [a for p in PLATFORMS for a in ("--platform", p)]
     for py in PYTHONS:
-        r = _pip("download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", py,
-                 "--implementation", "cp", *plat, "-d", str(dest), spec)
+        r = _pip(
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            py,
+            "--implementation",
+            "cp",
+            *plat,
+            "-d",
+            str(dest),
+            spec,
+        )
         if r.returncode != 0:
             break
     else:
@@ -99,8 +125,10 @@ def fetch(dist: str, version: str, dest: Path) -> list[str]:
         for p in built:
             p.unlink()
         tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no pure wheel built"]
-        raise SystemExit(f"error: {spec}: no wheel for CPython {'/'.join(PYTHONS)} manylinux x86_64 on the "
-                         f"index, and building one from source failed: {tail[0]}")
+        raise SystemExit(
+            f"error: {spec}: no wheel for CPython {'/'.join(PYTHONS)} manylinux x86_64 on the "
+            f"index, and building one from source failed: {tail[0]}"
+        )
     return [f"{built[0].name} (built from the source archive)"]
 
 
@@ -124,10 +152,14 @@ def build(dest: Path) -> float:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for dist, version in versions.items():
-        print(f"{dist}=={version} ({WHEELS[dist][1]}): {', '.join(fetch(dist, version, tmp))}", flush=True)
+        print(
+            f"{dist}=={version} ({WHEELS[dist][1]}): {', '.join(fetch(dist, version, tmp))}",
+            flush=True,
+        )
     (tmp / "requirements.txt").write_text(
         "# written by python -m bench.wheelhouse: bench/gpu_check.py installs these, offline, --no-deps\n"
-        + "".join(f"{d}=={v}\n" for d, v in versions.items()))
+        + "".join(f"{d}=={v}\n" for d, v in versions.items())
+    )
     copy_mnist(tmp)
     mib = size_mib(tmp)
     old = dest.with_name(dest.name + ".old")
@@ -140,15 +172,24 @@ def build(dest: Path) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.wheelhouse", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dest", default=str(REPO / ".whl"), help="the wheelhouse folder (default .whl/)")
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.wheelhouse", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument(
+        "--dest", default=str(REPO / ".whl"), help="the wheelhouse folder (default .whl/)"
+    )
     a = ap.parse_args(argv)
     dest = Path(a.dest).resolve()
     mib = build(dest)
     wheels = sorted(p.name for p in dest.glob("*.whl"))
-    print(f"{dest}: {len(wheels)} wheels + MNIST archives = {mib:.1f} MiB (limit {MAX_MIB:.0f} MiB)")
+    print(
+        f"{dest}: {len(wheels)} wheels + MNIST archives = {mib:.1f} MiB (limit {MAX_MIB:.0f} MiB)"
+    )
     if mib >= MAX_MIB:
-        print(f"error: {dest} is {mib:.1f} MiB, over the {MAX_MIB:.0f} MiB that may travel", file=sys.stderr)
+        print(
+            f"error: {dest} is {mib:.1f} MiB, over the {MAX_MIB:.0f} MiB that may travel",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

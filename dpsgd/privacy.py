@@ -43,6 +43,7 @@ the Poisson lots' ε under replace-one as dp_accounting accounts it
 (``truncated.replace_one_poisson_epsilon``); ``closing_note`` compares balls_in_bins with Poisson and
 fixed_size with Poisson under replace-one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,12 +63,27 @@ ROWS = [  # key, label, order name, note
     ("moments", "moments (paper)", "lambda", "Abadi et al. 2016 Thm 2: lambda = 1..32, tail bound"),
     ("rdp", "rdp", "alpha", "Mironov-Talwar-Zhang 2019, improved RDP->DP conversion"),
     ("pld", "pld (tight)", None, "connect-the-dots PLD, FFT; an upper bound"),
-    ("strong_composition", "strong composition (paper)", None, "Figure 2 comparator: NOT a valid bound"),
-    ("strong_composition_valid", "strong composition (valid)", None, "correct amplification, exact Gaussian"),
+    (
+        "strong_composition",
+        "strong composition (paper)",
+        None,
+        "Figure 2 comparator: NOT a valid bound",
+    ),
+    (
+        "strong_composition_valid",
+        "strong composition (valid)",
+        None,
+        "correct amplification, exact Gaussian",
+    ),
 ]
-LAST_ITERATE_NOTE = ("HEURISTIC, NOT a guarantee: final model only, linear losses (Steinke et al. 2025); "
-                     "groups at sigma/sqrt(k)")
-EXTRA = {"moments": {"order_name": "lambda"}, "rdp": {"order_name": "alpha", "conversion": "improved"}}  # JSON fields
+LAST_ITERATE_NOTE = (
+    "HEURISTIC, NOT a guarantee: final model only, linear losses (Steinke et al. 2025); "
+    "groups at sigma/sqrt(k)"
+)
+EXTRA = {
+    "moments": {"order_name": "lambda"},
+    "rdp": {"order_name": "alpha", "conversion": "improved"},
+}  # JSON fields
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,24 +93,46 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Privacy (epsilon, delta) of DP-SGD with Poisson sampling.")
-    p.add_argument("--q", type=float, help="sampling rate q = L/N, in (0, 1] (Poisson; or give --N and --L)")
+    p.add_argument(
+        "--q", type=float, help="sampling rate q = L/N, in (0, 1] (Poisson; or give --N and --L)"
+    )
     p.add_argument("--N", type=int, help="dataset size N (sampler mode, with --L)")
     p.add_argument("--L", type=int, help="lot size L (sampler mode, with --N)")
     p.add_argument("--B", type=int, help="truncated_poisson: the cap on the lot size")
-    p.add_argument("--sampler", help="one sampler (poisson, fixed_size, truncated_poisson, balls_in_bins, shuffle)")
+    p.add_argument(
+        "--sampler",
+        help="one sampler (poisson, fixed_size, truncated_poisson, balls_in_bins, shuffle)",
+    )
     p.add_argument("--sigma", type=float, help="noise multiplier sigma (noise std / C)")
     n = p.add_mutually_exclusive_group(required=True)
     n.add_argument("--epochs", type=float, help="epochs E (lots = E × round(1/q), rounded up)")
     n.add_argument("--steps", type=int, help="number of lots T")
-    p.add_argument("--delta", type=float, default=limits.DELTA_DEFAULT, help=f"delta (default {limits.DELTA_DEFAULT:g})")
+    p.add_argument(
+        "--delta",
+        type=float,
+        default=limits.DELTA_DEFAULT,
+        help=f"delta (default {limits.DELTA_DEFAULT:g})",
+    )
     p.add_argument("--groups", type=int, default=1, help="tensors clipped separately per lot (k)")
-    p.add_argument("--convention", choices=list(CONVENTIONS), default="joint",
-                   help="joint: one mechanism at sigma/sqrt(k) (correct); per_tensor: paper's code")
-    p.add_argument("--target-epsilon", type=float, dest="target_epsilon",
-                   help="calibrate sigma for this epsilon instead of computing epsilon")
-    p.add_argument("--last-iterate", action="store_true", dest="last_iterate",
-                   help="also print the last-iterate heuristic epsilon (Steinke et al. 2025): a heuristic "
-                        "for the final model, NOT a privacy guarantee (needs --sigma)")
+    p.add_argument(
+        "--convention",
+        choices=list(CONVENTIONS),
+        default="joint",
+        help="joint: one mechanism at sigma/sqrt(k) (correct); per_tensor: paper's code",
+    )
+    p.add_argument(
+        "--target-epsilon",
+        type=float,
+        dest="target_epsilon",
+        help="calibrate sigma for this epsilon instead of computing epsilon",
+    )
+    p.add_argument(
+        "--last-iterate",
+        action="store_true",
+        dest="last_iterate",
+        help="also print the last-iterate heuristic epsilon (Steinke et al. 2025): a heuristic "
+        "for the final model, NOT a privacy guarantee (needs --sigma)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -105,9 +143,11 @@ def _steps(args, q) -> int:
     e = args.epochs
     if not (e > 0 and math.isfinite(e)):
         raise ValueError(f"epochs must be > 0 and finite, got epochs={e!r}")
-    lots = e * calibrate.lots_per_epoch(1, q)    # q = L/N: an epoch is N/L = 1/q lots, as trained
-    if not lots <= limits.STEPS_MAX:             # also inf (the product overflows)
-        raise ValueError(f"epochs={e!r} is {lots:.3g} lots at q={q!r}, more than STEPS_MAX = {limits.STEPS_MAX:.0e}")
+    lots = e * calibrate.lots_per_epoch(1, q)  # q = L/N: an epoch is N/L = 1/q lots, as trained
+    if not lots <= limits.STEPS_MAX:  # also inf (the product overflows)
+        raise ValueError(
+            f"epochs={e!r} is {lots:.3g} lots at q={q!r}, more than STEPS_MAX = {limits.STEPS_MAX:.0e}"
+        )
     return calibrate.lots_for_epochs(e, 1, q)
 
 
@@ -121,7 +161,10 @@ def _attempt(name: str, fn) -> dict:
         return {"epsilon": None, "refused": msg if msg.startswith(name) else f"{name}: {msg}"}
     bad = [k for k in ("epsilon", "sigma") if k in out and not math.isfinite(out[k])]
     if bad:
-        return {"epsilon": None, "refused": f"{name}: no finite bound ({bad[0]} = {out[bad[0]]}) at these parameters"}
+        return {
+            "epsilon": None,
+            "refused": f"{name}: no finite bound ({bad[0]} = {out[bad[0]]}) at these parameters",
+        }
     return out
 
 
@@ -130,35 +173,58 @@ def _epsilons(q, sigma, steps, delta, groups, convention) -> dict:
     led.record(Poisson(q, sigma, groups), steps)
     out = {}
     for acc in ACCOUNTANTS:
+
         def run(acc=acc, extra=EXTRA.get(acc, {})):
             eps, order = led.epsilon(delta, acc, convention)
             return {"epsilon": eps, "order": order, **extra}
+
         out[acc] = _attempt(acc, run)
-    sc = {name: _attempt(name, lambda name=name: {
-              "epsilon": calibrate.epsilon(q, sigma, steps, delta, name, groups, convention)})
-          for name in CALIBRATABLE if name not in ACCOUNTANTS}
+    sc = {
+        name: _attempt(
+            name,
+            lambda name=name: {
+                "epsilon": calibrate.epsilon(q, sigma, steps, delta, name, groups, convention)
+            },
+        )
+        for name in CALIBRATABLE
+        if name not in ACCOUNTANTS
+    }
     paper, valid = sc["strong_composition"], sc["strong_composition_valid"]
-    out["strong_composition"] = dict(paper, variant="paper", valid_bound=False,
-                                     valid_variant=dict(valid, variant="valid", valid_bound=True))
+    out["strong_composition"] = dict(
+        paper,
+        variant="paper",
+        valid_bound=False,
+        valid_variant=dict(valid, variant="valid", valid_bound=True),
+    )
     return out
 
 
 def _sigmas(target, q, steps, delta, groups, convention) -> dict:
     out = {}
     for acc in CALIBRATABLE:
+
         def run(acc=acc):
             s = calibrate.sigma_for_epsilon(target, delta, q, steps, acc, groups, convention)
-            return {"sigma": s, "epsilon": calibrate.epsilon(q, s, steps, delta, acc, groups, convention)}
+            return {
+                "sigma": s,
+                "epsilon": calibrate.epsilon(q, s, steps, delta, acc, groups, convention),
+            }
+
         out[acc] = _attempt(acc, run)
     valid = out.pop("strong_composition_valid")
-    out["strong_composition"].update(variant="paper", valid_bound=False,
-                                     valid_variant=dict(valid, variant="valid", valid_bound=True))
+    out["strong_composition"].update(
+        variant="paper",
+        valid_bound=False,
+        valid_variant=dict(valid, variant="valid", valid_bound=True),
+    )
     return out
 
 
 def _last_iterate(q, sigma, steps, delta, groups) -> dict:
     """{"epsilon": heuristic ε or None, "valid_bound": False, "note", ["refused"]}."""
-    r = _attempt("last_iterate", lambda: {"epsilon": last_iterate_epsilon(q, sigma, steps, delta, groups)})
+    r = _attempt(
+        "last_iterate", lambda: {"epsilon": last_iterate_epsilon(q, sigma, steps, delta, groups)}
+    )
     return dict(r, valid_bound=False, note=LAST_ITERATE_NOTE)
 
 
@@ -174,10 +240,13 @@ def _answered(res) -> int:
 def _sampler_mode(parser, args) -> int:
     """--N/--L: every sampler's ε (or one with --sampler), as each is charged in training."""
     from dpsgd.mechanism.sampling import SAMPLERS
+
     try:
         if args.B is not None and args.sampler not in (None, "truncated_poisson"):
-            raise ValueError(f"B={args.B}: applies to --sampler truncated_poisson only (sampler={args.sampler} "
-                             "has no cap on the lot size)")
+            raise ValueError(
+                f"B={args.B}: applies to --sampler truncated_poisson only (sampler={args.sampler} "
+                "has no cap on the lot size)"
+            )
         if args.N is None or args.L is None:
             raise ValueError("sampler mode needs both --N and --L")
         if not 1 <= args.L <= args.N:
@@ -194,8 +263,11 @@ def _sampler_mode(parser, args) -> int:
         steps = _steps(args, args.L / args.N)
     except ValueError as e:
         parser.error(str(e))
-    res = (sampler_epsilon(args.sampler, args.N, args.L, sigma, steps, delta, args.B) if args.sampler
-           else all_samplers(args.N, args.L, sigma, steps, delta, args.B))
+    res = (
+        sampler_epsilon(args.sampler, args.N, args.L, sigma, steps, delta, args.B)
+        if args.sampler
+        else all_samplers(args.N, args.L, sigma, steps, delta, args.B)
+    )
     rows = [res] if args.sampler else list(res.values())
     if args.json:
         print(json.dumps(res, allow_nan=False))
@@ -203,23 +275,33 @@ def _sampler_mode(parser, args) -> int:
         print(f"N={args.N}  L={args.L}  B={args.B}  sigma={sigma:g}  lots={steps}  delta={delta:g}")
         print(f"{'sampler':<19}{'epsilon':>10}{'accountant':>12}{'adjacency':>13}  note")
         for r in rows:
-            note = (f"bracket [{_num(r['epsilon_lower'])}, {_num(r['epsilon'])}]; the Poisson number "
-                    f"{_num(r['epsilon_if_poisson'])} is not valid for it" if "epsilon_if_poisson" in r else
-                    f"bracket [{_num(r['epsilon_lower'])}, {_num(r['epsilon'])}]; rdp "
-                    f"{_num(r['by_accountant']['rdp'])}" if "epsilon_lower" in r else
-                    "rdp, both directions exact" if r["sampler"] == "balls_in_bins" else "")
+            note = (
+                f"bracket [{_num(r['epsilon_lower'])}, {_num(r['epsilon'])}]; the Poisson number "
+                f"{_num(r['epsilon_if_poisson'])} is not valid for it"
+                if "epsilon_if_poisson" in r
+                else f"bracket [{_num(r['epsilon_lower'])}, {_num(r['epsilon'])}]; rdp "
+                f"{_num(r['by_accountant']['rdp'])}"
+                if "epsilon_lower" in r
+                else "rdp, both directions exact"
+                if r["sampler"] == "balls_in_bins"
+                else ""
+            )
             eps = _num(r["epsilon"]) if r["epsilon"] is not None else "refused"
-            print(f"{r['sampler']:<19}{eps:>10}{str(r['accountant']):>12}{r['adjacency']:>13}  {note}")
+            print(
+                f"{r['sampler']:<19}{eps:>10}{str(r['accountant']):>12}{r['adjacency']:>13}  {note}"
+            )
         if not args.sampler:
             for line in closing_note(res):
                 print(line)
     return 0 if all(r["epsilon"] is not None for r in rows) else 1
 
 
-def sampler_epsilon(name: str, N: int, L: int, sigma: float, steps: int, delta: float,
-                    B: int | None = None) -> dict:
+def sampler_epsilon(
+    name: str, N: int, L: int, sigma: float, steps: int, delta: float, B: int | None = None
+) -> dict:
     """{"sampler", "adjacency", "epsilon", "accountant", "by_accountant", ...} for one sampler."""
     from dpsgd.mechanism.sampling import make_sampler, record_lots
+
     t0 = time.perf_counter()
     s = make_sampler(name, N, L, None, B if name == "truncated_poisson" else None)
     led = Ledger()
@@ -231,22 +313,39 @@ def sampler_epsilon(name: str, N: int, L: int, sigma: float, steps: int, delta: 
         except ValueError as e:
             refused[acc] = " ".join(str(e).split())
     best = min(by, key=by.get) if by else None
-    out = {"sampler": name, "N": N, "L": L, "B": getattr(s, "B", None), "sigma": sigma, "steps": steps,
-           "delta": delta, "lots_per_epoch": s.lots_per_epoch(), "adjacency": s.relation,
-           "amplification_by_sampling": s.amplification, "epsilon": by.get(best), "accountant": best,
-           "by_accountant": by}
+    out = {
+        "sampler": name,
+        "N": N,
+        "L": L,
+        "B": getattr(s, "B", None),
+        "sigma": sigma,
+        "steps": steps,
+        "delta": delta,
+        "lots_per_epoch": s.lots_per_epoch(),
+        "adjacency": s.relation,
+        "amplification_by_sampling": s.amplification,
+        "epsilon": by.get(best),
+        "accountant": best,
+        "by_accountant": by,
+    }
     if refused:
         out["refused"] = refused
     if name == "shuffle":
         epochs = sum(led.entries[i].count for i in range(len(led.entries)))
         out["epsilon_lower"] = shuffle_lower.epsilon_lower(sigma, s.lots_per_epoch(), epochs, delta)
-        out["epsilon_lower_source"] = "Chua et al. 2024 (arXiv 2403.17673), max-statistic lower bound"
+        out["epsilon_lower_source"] = (
+            "Chua et al. 2024 (arXiv 2403.17673), max-statistic lower bound"
+        )
         out["epsilon_if_poisson"] = pld.epsilon(L / N, sigma, steps, delta)
     if name == "fixed_size":
         out["epsilon_lower"] = pld.epsilon(L / N, sigma / 2.0, steps, delta)
-        out["epsilon_lower_source"] = ("one dataset pair with constant gradients: the lot's remove/add pair "
-                                       "(rate L/N, noise sigma/2) self-composed, PLD")
-        out["epsilon_poisson_replace_one"] = truncated.replace_one_poisson_epsilon(L / N, sigma, steps, delta)
+        out["epsilon_lower_source"] = (
+            "one dataset pair with constant gradients: the lot's remove/add pair "
+            "(rate L/N, noise sigma/2) self-composed, PLD"
+        )
+        out["epsilon_poisson_replace_one"] = truncated.replace_one_poisson_epsilon(
+            L / N, sigma, steps, delta
+        )
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -257,22 +356,30 @@ def closing_note(res: dict) -> list[str]:
     lines = []
     if "balls_in_bins" in res and "poisson" in res:
         r = res["balls_in_bins"]["epsilon"] / res["poisson"]["epsilon"]
-        lines.append(f"balls_in_bins / poisson = {r:.3f} (target <= 1.10: {'met' if r <= 1.10 else 'NOT met'})")
+        lines.append(
+            f"balls_in_bins / poisson = {r:.3f} (target <= 1.10: {'met' if r <= 1.10 else 'NOT met'})"
+        )
     if "fixed_size" in res:
         f = res["fixed_size"]
         r = f["epsilon"] / f["epsilon_poisson_replace_one"]
-        lines.append(f"fixed_size / Poisson under replace-one ({f['epsilon_poisson_replace_one']:.4f}) = {r:.3f} "
-                     f"(target <= 1.10: {'met' if r <= 1.10 else 'NOT met'}); fixed_size on one dataset pair with "
-                     f"constant gradients already loses {f['epsilon_lower']:.4f} "
-                     f"({f['epsilon_lower'] / f['epsilon_poisson_replace_one']:.3f} x that Poisson number)")
+        lines.append(
+            f"fixed_size / Poisson under replace-one ({f['epsilon_poisson_replace_one']:.4f}) = {r:.3f} "
+            f"(target <= 1.10: {'met' if r <= 1.10 else 'NOT met'}); fixed_size on one dataset pair with "
+            f"constant gradients already loses {f['epsilon_lower']:.4f} "
+            f"({f['epsilon_lower'] / f['epsilon_poisson_replace_one']:.3f} x that Poisson number)"
+        )
     return lines
 
 
 def all_samplers(N, L, sigma, steps, delta, B=None) -> dict:
     """Every sampler's :func:`sampler_epsilon` (truncated_poisson needs B; skipped without it)."""
     from dpsgd.mechanism.sampling import SAMPLERS
-    return {name: sampler_epsilon(name, N, L, sigma, steps, delta, B)
-            for name in SAMPLERS if name != "truncated_poisson" or B is not None}
+
+    return {
+        name: sampler_epsilon(name, N, L, sigma, steps, delta, B)
+        for name in SAMPLERS
+        if name != "truncated_poisson" or B is not None
+    }
 
 
 def main(argv=None) -> int:
@@ -284,14 +391,20 @@ def main(argv=None) -> int:
         if args.q is None:
             raise ValueError("--q is required (or --N and --L for the samplers)")
         if args.B is not None:
-            raise ValueError(f"B={args.B}: applies to --sampler truncated_poisson only (with --N and --L); "
-                             "--q is the Poisson sampler's, which has no cap on the lot size")
+            raise ValueError(
+                f"B={args.B}: applies to --sampler truncated_poisson only (with --N and --L); "
+                "--q is the Poisson sampler's, which has no cap on the lot size"
+            )
         if args.target_epsilon is not None and args.sigma is not None:
-            raise ValueError("give either --sigma (compute epsilon) or --target-epsilon (calibrate sigma), "
-                             f"not both: sigma={args.sigma!r}, target_epsilon={args.target_epsilon!r}")
+            raise ValueError(
+                "give either --sigma (compute epsilon) or --target-epsilon (calibrate sigma), "
+                f"not both: sigma={args.sigma!r}, target_epsilon={args.target_epsilon!r}"
+            )
         if args.last_iterate and args.target_epsilon is not None:
-            raise ValueError("--last-iterate needs --sigma (the heuristic epsilon of a given run), "
-                             f"not --target-epsilon={args.target_epsilon!r}")
+            raise ValueError(
+                "--last-iterate needs --sigma (the heuristic epsilon of a given run), "
+                f"not --target-epsilon={args.target_epsilon!r}"
+            )
         q, delta = limits.check_q(args.q), limits.check_delta(args.delta)
         groups = limits.check_groups(args.groups)
         steps = _steps(args, q)
@@ -313,7 +426,9 @@ def main(argv=None) -> int:
     li = _last_iterate(q, sigma, steps, delta, groups) if args.last_iterate else None
     if args.json:
         if li is not None:
-            res = dict(res, epsilon_last_iterate_heuristic=li.pop("epsilon"), last_iterate_heuristic=li)
+            res = dict(
+                res, epsilon_last_iterate_heuristic=li.pop("epsilon"), last_iterate_heuristic=li
+            )
         print(json.dumps(res, allow_nan=False))
         return rc
     head = f"q={q:g}  lots={steps} (epochs={steps / calibrate.lots_per_epoch(1, q):g})  delta={delta:g}  groups={groups} ({args.convention})"
@@ -322,7 +437,11 @@ def main(argv=None) -> int:
     else:
         print(f"epsilon at sigma={args.sigma:g}:  {head}")
     target_mode = args.target_epsilon is not None
-    print(f"{'accountant':<28}" + (f"{'sigma':>10}" if target_mode else "") + f"{'epsilon':>10}{'order':>12}  note")
+    print(
+        f"{'accountant':<28}"
+        + (f"{'sigma':>10}" if target_mode else "")
+        + f"{'epsilon':>10}{'order':>12}  note"
+    )
     flat = dict(res)
     flat["strong_composition_valid"] = res["strong_composition"]["valid_variant"]
     for key, label, oname, note in ROWS:
@@ -336,7 +455,9 @@ def main(argv=None) -> int:
         print(f"{label:<28}{sig}{_num(r['epsilon']):>10}{order:>12}  {note}")
     if li is not None:
         val = "refused" if li["epsilon"] is None else _num(li["epsilon"])
-        print(f"{'last iterate (heuristic)':<28}{val:>10}{'-':>12}  {li.get('refused', LAST_ITERATE_NOTE)}")
+        print(
+            f"{'last iterate (heuristic)':<28}{val:>10}{'-':>12}  {li.get('refused', LAST_ITERATE_NOTE)}"
+        )
     return rc
 
 

@@ -16,12 +16,14 @@ Everything is written into the run directory, atomically, by one process at a ti
 Under torchrun (dpsgd/run/distributed.py) the lot is shared among the ranks, the clipped sums are
 all-reduced, the noise is added once, and rank 0 alone writes.
 """
+
 from __future__ import annotations
 
 import sys
 
-if __name__ == "__main__":          # `--help`: Hydra's help before torch is imported (dpsgd/launch/info.py)
+if __name__ == "__main__":  # `--help`: Hydra's help before torch is imported (dpsgd/launch/info.py)
     from dpsgd.launch.info import help_and_exit
+
     help_and_exit(sys.argv[1:])
 
 import math
@@ -54,14 +56,16 @@ def lr_at(t, epoch0: int) -> float:
     return t.lr - (t.lr - t.lr_end) * epoch0 / (t.lr_saturate_epochs - 1)
 
 
-def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None, instrument=None) -> dict:
+def train(
+    c: Config, run_dir: str | Path, overrides: list[str] | None = None, instrument=None
+) -> dict:
     """Run (or resume) Algorithm 1 in ``run_dir``; returns the final privacy statement.
 
     The run directory is locked for the whole call (one writer); every refusal happens in ``setup``,
     before the first write into it. ``instrument``: an audit's canaries and observers
     (``dpsgd.run.parts.Instrument``; only ``dpsgd.audit`` passes one)."""
     run_dir = Path(run_dir)
-    writer = distributed.current().writes           # under torchrun: rank 0 only
+    writer = distributed.current().writes  # under torchrun: rank 0 only
     if writer:
         run_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(run_dir, "resume" if c.resume else "hydra.run.dir") if writer else nullcontext():
@@ -71,7 +75,9 @@ def train(c: Config, run_dir: str | Path, overrides: list[str] | None = None, in
             run = setup(c, run_dir, list(overrides or []), instrument)
             if run.finished is not None:
                 return run.finished
-            if run.finish_as is not None:      # a finished run whose lots past its final checkpoint were charged
+            if (
+                run.finish_as is not None
+            ):  # a finished run whose lots past its final checkpoint were charged
                 return finish(run, run.finish_as)
             return algorithm1(run)
 
@@ -89,13 +95,15 @@ def algorithm1(run: Run) -> dict:
                 break
             at.epoch += 1
             at.eps = epsilons(at.ledger, c)
-            if not (bool(torch.isfinite(loss_sum)) and all(bool(torch.isfinite(w).all())
-                                                           for w in run.parts.model.parameters())):
+            if not (
+                bool(torch.isfinite(loss_sum))
+                and all(bool(torch.isfinite(w).all()) for w in run.parts.model.parameters())
+            ):
                 stop_reason = "diverged"
             end_of_epoch(run, stop_reason, lr, float(loss_sum) / max(1, seen), t_epoch)
         stop_reason = stop_reason or "epochs_completed"
     except Interrupted as e:
-        at.eps = epsilons(at.ledger, c)   # every lot that ran is in the ledger
+        at.eps = epsilons(at.ledger, c)  # every lot that ran is in the ledger
         if run.writes:
             write_json(run.run_dir / PRIVACY, run.statement("interrupted", "interrupted"))
         e.run_dir = run.run_dir
@@ -108,14 +116,16 @@ def finish(run: Run, stop_reason: str) -> dict:
     at, t = run.progress, run.c.training
     status = "diverged" if stop_reason == "diverged" else "complete"
     at.eps = epsilons(at.ledger, run.c)
-    with held_signals():   # the final checkpoint and statement are written whole
+    with held_signals():  # the final checkpoint and statement are written whole
         run.checkpoint(True, stop_reason, status)
         final = run.statement(status, stop_reason)
         if run.writes:
             write_json(run.run_dir / PRIVACY, final)
     if status == "diverged":
-        raise Diverged(f"training diverged at epoch {at.epoch} (non-finite loss or parameters; training.lr="
-                       f"{t.lr:g} may be too large): {final['statement']}; {run.run_dir / PRIVACY}")
+        raise Diverged(
+            f"training diverged at epoch {at.epoch} (non-finite loss or parameters; training.lr="
+            f"{t.lr:g} may be too large): {final['statement']}; {run.run_dir / PRIVACY}"
+        )
     if not run.writes:
         return final
     last = run.writer.rows[-1] if run.writer.rows else {}
@@ -131,12 +141,12 @@ def run_epoch(run: Run):
         stop_reason = run.stop_reason(i)
         if stop_reason is not None:
             return stop_reason, lots, loss_sum, seen
-        release = parts.plan.release(i)        # what this lot costs (None: its epoch's charge covers it)
-        run.reserve(i)                                             # write-ahead, before the lot runs
-        x, y, kw = parts.lot(idx, at.steps, run.dist.share)        # this rank's share, augmented
+        release = parts.plan.release(i)  # what this lot costs (None: its epoch's charge covers it)
+        run.reserve(i)  # write-ahead, before the lot runs
+        x, y, kw = parts.lot(idx, at.steps, run.dist.share)  # this rank's share, augmented
         out = parts.dp.step(x, y, physical_batch_size=p.physical_batch_size, **kw)
-        with held_signals():               # the lot that ran is charged and counted, or none is
-            run.charge(release)                                    # the ledger
+        with held_signals():  # the lot that ran is charged and counted, or none is
+            run.charge(release)  # the ledger
             if parts.ema is not None:
                 parts.ema.update(parts.model)
             at.steps, lots = at.steps + 1, lots + 1
@@ -144,19 +154,31 @@ def run_epoch(run: Run):
     return None, lots, loss_sum, seen
 
 
-def end_of_epoch(run: Run, stop_reason: str | None, lr: float, lot_loss: float, t_epoch: float) -> None:
+def end_of_epoch(
+    run: Run, stop_reason: str | None, lr: float, lot_loss: float, t_epoch: float
+) -> None:
     """Evaluate (when due), one metrics.csv row, and (unless this was the last epoch) privacy.json and
     the checkpoint."""
     c, t, parts = run.c, run.c.training, run.parts
-    if not run.writes:          # ranks > 0: rank 0 evaluates and writes
+    if not run.writes:  # ranks > 0: rank 0 evaluates and writes
         return
-    final = stop_reason is not None or run.stop_reason(0) is not None   # no lot of the next epoch may run
+    final = (
+        stop_reason is not None or run.stop_reason(0) is not None
+    )  # no lot of the next epoch may run
     if (run.progress.epoch % t.eval_every == 0 or final) and stop_reason != "diverged":
         Xtr, ytr, Xte, yte = parts.data
         tf = parts.transform.eval
-        with parts.ema.applied(parts.model) if parts.ema is not None else nullcontext(parts.model) as model:
+        with (
+            parts.ema.applied(parts.model)
+            if parts.ema is not None
+            else nullcontext(parts.model) as model
+        ):
             # (train loss, train accuracy): private data without noise, not covered by ε (report.not_covered)
-            ev = evaluate(model, Xtr, ytr, t.eval_batch_size, tf) if t.train_metrics else (math.nan, math.nan)
+            ev = (
+                evaluate(model, Xtr, ytr, t.eval_batch_size, tf)
+                if t.train_metrics
+                else (math.nan, math.nan)
+            )
             ev += (evaluate(model, Xte, yte, t.eval_batch_size, tf)[1],)  # test accuracy
     else:
         ev = (math.nan, math.nan, math.nan)
@@ -171,6 +193,7 @@ def end_of_epoch(run: Run, stop_reason: str | None, lr: float, lot_loss: float, 
             run.checkpoint(False, None)
 
 
-if __name__ == "__main__":          # python -m dpsgd.train: the command line (the layer above) runs train
+if __name__ == "__main__":  # python -m dpsgd.train: the command line (the layer above) runs train
     from dpsgd.launch.main import train_main
+
     train_main()

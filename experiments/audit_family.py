@@ -17,6 +17,7 @@ tests/audit/test_audit_run.py), audit.seed = training seed = 0..n−1, each with
 family-free bound; then the same seeds with noise_per_rank (R = 4, noise σC/2). A correct run may
 be flagged with probability ≤ β = 0.05 per audit.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,6 +33,7 @@ RUNS = RESULTS / "runs" / "audit"
 def measure(out=RESULTS / "audit_family.csv") -> pd.DataFrame:
     from dpsgd.audit.onerun.bound_file import bound, read_scores
     from dpsgd.audit.onerun.stats.family import Claim
+
     rows = []
     for run in sorted(p for p in RUNS.iterdir() if (p / "audit_scores.csv").is_file()):
         a = json.loads((run / "audit.json").read_text())
@@ -44,30 +46,52 @@ def measure(out=RESULTS / "audit_family.csv") -> pd.DataFrame:
         t = time.perf_counter()
         b = bound(scores, bits, claim, beta)
         lots = b["eps_claimed"]
-        rows.append({"audit": run.name, "variant": a["variant"], "sigma": r["sigma"], "lots": r["steps"],
-                     "groups": r["groups"], "q": round(claim.q, 6), "m": b["m"], "delta": a["delta"], "beta": beta,
-                     "eps_claimed": round(a["eps_claimed"], 4), "eps_claimed_lots": round(lots, 4),
-                     "family_eps_lb": round(b["family"]["eps_lb"], 4),
-                     "family_sigma_ub": None if b["family"]["sigma_upper_bound"] is None
-                     else round(b["family"]["sigma_upper_bound"], 4),
-                     "family_ratio_lots": round(b["family"]["eps_lb"] / lots, 3),
-                     "verdict_family": b["verdict"],
-                     "steinke_eps_lb": round(b["steinke"]["eps_lb"], 4),
-                     "steinke_ratio_lots": round(b["steinke"]["eps_lb"] / lots, 3),
-                     "gdp_eps_lb": round(b["gdp"]["eps_lb"], 4),
-                     "gdp_ratio_lots": round(b["gdp"]["eps_lb"] / lots, 3),
-                     "verdict_steinke_vs_whole_claim": a["verdict"],
-                     "out_score_var": round(b["scores"]["out"]["var"], 5),
-                     "out_score_var_h0": round(b["scores"]["out"]["var_h0"], 5),
-                     "out_var_ratio": round(b["scores"]["var_ratio_out"], 4),
-                     "seconds": round(time.perf_counter() - t, 1)})
+        rows.append(
+            {
+                "audit": run.name,
+                "variant": a["variant"],
+                "sigma": r["sigma"],
+                "lots": r["steps"],
+                "groups": r["groups"],
+                "q": round(claim.q, 6),
+                "m": b["m"],
+                "delta": a["delta"],
+                "beta": beta,
+                "eps_claimed": round(a["eps_claimed"], 4),
+                "eps_claimed_lots": round(lots, 4),
+                "family_eps_lb": round(b["family"]["eps_lb"], 4),
+                "family_sigma_ub": None
+                if b["family"]["sigma_upper_bound"] is None
+                else round(b["family"]["sigma_upper_bound"], 4),
+                "family_ratio_lots": round(b["family"]["eps_lb"] / lots, 3),
+                "verdict_family": b["verdict"],
+                "steinke_eps_lb": round(b["steinke"]["eps_lb"], 4),
+                "steinke_ratio_lots": round(b["steinke"]["eps_lb"] / lots, 3),
+                "gdp_eps_lb": round(b["gdp"]["eps_lb"], 4),
+                "gdp_ratio_lots": round(b["gdp"]["eps_lb"] / lots, 3),
+                "verdict_steinke_vs_whole_claim": a["verdict"],
+                "out_score_var": round(b["scores"]["out"]["var"], 5),
+                "out_score_var_h0": round(b["scores"]["out"]["var_h0"], 5),
+                "out_var_ratio": round(b["scores"]["var_ratio_out"], 4),
+                "seconds": round(time.perf_counter() - t, 1),
+            }
+        )
         print(rows[-1], flush=True)
         pd.DataFrame(rows).to_csv(out, index=False)
     return pd.DataFrame(rows)
 
 
-TINY = ["dataset.subset=300", "privacy.lot_size=300", "model.hidden=[200]", "model.pca_dims=10",
-        "training.epochs=6", "device=cpu", "privacy.sigma=3", "privacy.sigma_p=20", "training.eval_batch_size=1000"]
+TINY = [
+    "dataset.subset=300",
+    "privacy.lot_size=300",
+    "model.hidden=[200]",
+    "model.pca_dims=10",
+    "training.epochs=6",
+    "device=cpu",
+    "privacy.sigma=3",
+    "privacy.sigma_p=20",
+    "training.eval_batch_size=1000",
+]
 
 
 def seeds(n: int, out=RESULTS / "audit_family_seeds.csv") -> pd.DataFrame:
@@ -79,10 +103,13 @@ def seeds(n: int, out=RESULTS / "audit_family_seeds.csv") -> pd.DataFrame:
     from dpsgd.config.schema import validate
     from dpsgd.launch.cli import compose
     from experiments.paths import ROOT
+
     rows = []
     for variant in ("correct", "noise_per_rank"):
         for seed in range(n):
-            o = AuditOptions(gradient_canaries=2000, input_canaries=0, variant=variant, ranks=4, seed=seed).validate()
+            o = AuditOptions(
+                gradient_canaries=2000, input_canaries=0, variant=variant, ranks=4, seed=seed
+            ).validate()
             os.environ[ENV] = json.dumps(asdict(o))
             overrides = TINY + [f"seed={seed}"]
             run_dir = ROOT / "outputs" / "audit_family_seeds" / f"{variant}_seed{seed}"
@@ -90,12 +117,26 @@ def seeds(n: int, out=RESULTS / "audit_family_seeds.csv") -> pd.DataFrame:
             audit_train(validate(compose(overrides)), run_dir, overrides)
             a = json.loads((run_dir / "audit.json").read_text())
             f = a["family"]
-            rows.append({"variant": variant, "seed": seed, "sigma": a["run"]["sigma"], "lots": a["run"]["steps"],
-                         "groups": a["run"]["groups"], "q": round(a["run"]["q"], 6), "m": 2000, "beta": f["beta"],
-                         "eps_claimed": round(a["eps_claimed"], 4), "eps_claimed_lots": round(f["eps_claimed_lots"], 4),
-                         "family_eps_lb": round(f["eps_lower_bound"], 4), "family_sigma_ub": f["sigma_upper_bound"],
-                         "verdict_family": f["verdict_family"], "steinke_eps_lb": round(a["eps_lower_bound"], 4),
-                         "verdict": a["verdict"], "seconds": round(time.perf_counter() - t, 1)})
+            rows.append(
+                {
+                    "variant": variant,
+                    "seed": seed,
+                    "sigma": a["run"]["sigma"],
+                    "lots": a["run"]["steps"],
+                    "groups": a["run"]["groups"],
+                    "q": round(a["run"]["q"], 6),
+                    "m": 2000,
+                    "beta": f["beta"],
+                    "eps_claimed": round(a["eps_claimed"], 4),
+                    "eps_claimed_lots": round(f["eps_claimed_lots"], 4),
+                    "family_eps_lb": round(f["eps_lower_bound"], 4),
+                    "family_sigma_ub": f["sigma_upper_bound"],
+                    "verdict_family": f["verdict_family"],
+                    "steinke_eps_lb": round(a["eps_lower_bound"], 4),
+                    "verdict": a["verdict"],
+                    "seconds": round(time.perf_counter() - t, 1),
+                }
+            )
             print(rows[-1], flush=True)
             pd.DataFrame(rows).to_csv(out, index=False)
     return pd.DataFrame(rows)
@@ -103,6 +144,7 @@ def seeds(n: int, out=RESULTS / "audit_family_seeds.csv") -> pd.DataFrame:
 
 if __name__ == "__main__":
     import sys
+
     if sys.argv[1:2] == ["seeds"]:
         seeds(int(sys.argv[3]) if sys.argv[2:3] == ["--n"] else 20)
     else:

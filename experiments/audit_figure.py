@@ -4,6 +4,7 @@ Left: the full-schedule audits (paper presets σ = 8, 4, 2 and a frontier recipe
 black-box ε_lb (95 %), and the last-iterate heuristic ε. Right: the paper's MNIST network, 1000 lots at
 σ = 2, 4, 8, each mechanism (correct and broken): white-box ε_lb over claimed ε — above 1 is a caught violation.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +15,15 @@ import pandas as pd
 from .paths import ROOT
 from .style import COLUMN_DPI, COLUMN_RC, COLUMN_WIDTH_IN, plt, save
 
-VARIANT_ORDER = ["correct", "no_clip", "noise_div10", "noise_per_rank", "realised_lot", "loose_group", "shuffle"]
+VARIANT_ORDER = [
+    "correct",
+    "no_clip",
+    "noise_div10",
+    "noise_per_rank",
+    "realised_lot",
+    "loose_group",
+    "shuffle",
+]
 
 
 def draw(df: pd.DataFrame | None = None, out: Path | None = None) -> list[Path]:
@@ -26,15 +35,23 @@ def draw(df: pd.DataFrame | None = None, out: Path | None = None) -> list[Path]:
 
 
 def _draw(df: pd.DataFrame, out: Path) -> list[Path]:
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(COLUMN_WIDTH_IN, 3.4), gridspec_kw={"width_ratios": [1, 1.3]})
+    fig, (ax1, ax2) = plt.subplots(
+        1, 2, figsize=(COLUMN_WIDTH_IN, 3.4), gridspec_kw={"width_ratios": [1, 1.3]}
+    )
     full = df[df["row"].str.endswith("_full")]
     x = np.arange(len(full))
-    for j, (col, label) in enumerate([("eps_claimed", "claimed ε (valid, PLD)"),
-                                      ("eps_last_iterate_heuristic", "last-iterate heuristic ε"),
-                                      ("eps_lb_white_box", "white-box ε_lb (95 %)"),
-                                      ("eps_lb_black_box", "black-box ε_lb (95 %)")]):
+    for j, (col, label) in enumerate(
+        [
+            ("eps_claimed", "claimed ε (valid, PLD)"),
+            ("eps_last_iterate_heuristic", "last-iterate heuristic ε"),
+            ("eps_lb_white_box", "white-box ε_lb (95 %)"),
+            ("eps_lb_black_box", "black-box ε_lb (95 %)"),
+        ]
+    ):
         ax1.bar(x + (j - 1.5) * 0.2, full[col].fillna(0), 0.2, label=label)
-    ax1.set_xticks(x, [r.replace("_full", "").replace("_", "\n", 1) for r in full["row"]], fontsize=6)
+    ax1.set_xticks(
+        x, [r.replace("_full", "").replace("_", "\n", 1) for r in full["row"]], fontsize=6
+    )
     ax1.set_ylabel("ε (δ = 1e-5)")
     ax1.set_title("full training runs")
     ax1.legend(fontsize=6)
@@ -45,10 +62,18 @@ def _draw(df: pd.DataFrame, out: Path) -> list[Path]:
         s = short[short["sigma"] == sigma].set_index("mech").reindex(VARIANT_ORDER)
         # a shuffled run is held to the Poisson claim it would (wrongly) make
         claim = s["eps_claimed"].where(s.index != "shuffle", s["eps_claimed_as_if_poisson"])
-        ax2.plot(range(len(VARIANT_ORDER)), s["eps_lb_white_box"] / claim, marker, label=f"σ = {sigma:g}")
+        ax2.plot(
+            range(len(VARIANT_ORDER)), s["eps_lb_white_box"] / claim, marker, label=f"σ = {sigma:g}"
+        )
     ax2.axhline(1.0, color="k", lw=0.8, ls="--")
-    ax2.set_xticks(range(len(VARIANT_ORDER)), [v.replace("_", "\n") if v != "shuffle" else "shuffle\nvs Poisson\nclaim"
-                                                for v in VARIANT_ORDER], fontsize=7)
+    ax2.set_xticks(
+        range(len(VARIANT_ORDER)),
+        [
+            v.replace("_", "\n") if v != "shuffle" else "shuffle\nvs Poisson\nclaim"
+            for v in VARIANT_ORDER
+        ],
+        fontsize=7,
+    )
     ax2.set_ylabel("white-box ε_lb / claimed ε")
     ax2.set_title("paper network, 1000 lots: above 1 = caught")
     ax2.legend(fontsize=6)

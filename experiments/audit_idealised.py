@@ -16,6 +16,7 @@ setting, correct mechanism. ``order-stats``: the order-statistics test of Xiang 
 again, equal those of results/audit_idealised.csv), and its ε_lb on the games of ``bounds``. Games are simulated by
 ``dpsgd.audit.onerun.stats.simulate``; seeds are fixed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,11 +30,13 @@ from scipy.stats import beta as beta_dist
 from experiments.paths import RESULTS
 
 # (setting, q, σ, T lots, k groups, m canaries): full batch, moderate and small q, per-layer groups
-SETTINGS = [("q1_sigma2_T4", 1.0, 2.0, 4, 1, 1000),
-            ("q0.1_sigma1_T100", 0.1, 1.0, 100, 1, 2000),
-            ("q0.01_sigma0.8_T1000", 0.01, 0.8, 1000, 1, 1000),
-            ("q0.05_sigma2_T200_k2", 0.05, 2.0, 200, 2, 5000)]
-NOISE_FACTORS = (1.0, 0.5, 0.25)          # the claimed mechanism, noise σC/2, noise σC/4
+SETTINGS = [
+    ("q1_sigma2_T4", 1.0, 2.0, 4, 1, 1000),
+    ("q0.1_sigma1_T100", 0.1, 1.0, 100, 1, 2000),
+    ("q0.01_sigma0.8_T1000", 0.01, 0.8, 1000, 1, 1000),
+    ("q0.05_sigma2_T200_k2", 0.05, 2.0, 200, 2, 5000),
+]
+NOISE_FACTORS = (1.0, 0.5, 0.25)  # the claimed mechanism, noise σC/2, noise σC/4
 BETA, DELTA = 0.05, 1e-5
 
 
@@ -50,14 +53,31 @@ def _rate_row(setting: tuple, claim, nu: float, res: list[dict], tests: tuple, t
     with their rate and Clopper–Pearson interval."""
     name, q, sigma, steps, k, m = setting
     games = len(res)
-    row = {"setting": name, "q": q, "sigma": sigma, "lots": steps, "groups": k, "m": m,
-           "eps_claimed": round(claim.epsilon(), 4), "delta": DELTA, "beta": BETA,
-           "mechanism": "claimed" if nu == 1 else f"noise sigma*{nu:g}", "noise_factor": nu, "games": games}
+    row = {
+        "setting": name,
+        "q": q,
+        "sigma": sigma,
+        "lots": steps,
+        "groups": k,
+        "m": m,
+        "eps_claimed": round(claim.epsilon(), 4),
+        "delta": DELTA,
+        "beta": BETA,
+        "mechanism": "claimed" if nu == 1 else f"noise sigma*{nu:g}",
+        "noise_factor": nu,
+        "games": games,
+    }
     for test in tests:
         n_rej = sum(r[test] for r in res)
         lo, hi = clopper_pearson(n_rej, games)
-        row.update({f"{test}_rejections": n_rej, f"{test}_rate": n_rej / games,
-                    f"{test}_ci_lo": round(lo, 4), f"{test}_ci_hi": round(hi, 4)})
+        row.update(
+            {
+                f"{test}_rejections": n_rej,
+                f"{test}_rate": n_rej / games,
+                f"{test}_ci_lo": round(lo, 4),
+                f"{test}_ci_hi": round(hi, 4),
+            }
+        )
     row["seconds"] = round(time.perf_counter() - t0, 1)
     row["cpu"] = platform.machine()
     return row
@@ -66,6 +86,7 @@ def _rate_row(setting: tuple, claim, nu: float, res: list[dict], tests: tuple, t
 def rates(games: int, out=RESULTS / "audit_idealised.csv") -> pd.DataFrame:
     from dpsgd.audit.onerun.stats.family import Claim
     from dpsgd.audit.onerun.stats.simulate import play
+
     rows = []
     for s_i, (name, q, sigma, steps, k, m) in enumerate(SETTINGS):
         claim = Claim(q, sigma, steps, k, DELTA).validate()
@@ -85,6 +106,7 @@ def bounds(games: int, out=RESULTS / "audit_idealised_bounds.csv") -> pd.DataFra
     from dpsgd.audit.onerun.stats.bounds import audit_bound
     from dpsgd.audit.onerun.stats.family import family_test
     from dpsgd.audit.onerun.stats.simulate import game_scores
+
     rows = []
     for s_i, (name, q, sigma, steps, k, m) in enumerate(SETTINGS):
         claim = Claim(q, sigma, steps, k, DELTA).validate()
@@ -94,34 +116,50 @@ def bounds(games: int, out=RESULTS / "audit_idealised_bounds.csv") -> pd.DataFra
             f = family_test(scores, bits, claim, BETA)
             free = audit_bound(scores, bits, DELTA, BETA, gdp=True)
             eps = f["eps_claimed"]
-            rows.append({"setting": name, "game": g, "m": m, "eps_claimed": round(eps, 4),
-                         "family_eps_lb": round(f["eps_lower_bound"], 4), "family_sigma_ub": f["sigma_upper_bound"],
-                         "family_ratio": round(f["eps_lower_bound"] / eps, 4),
-                         "steinke_eps_lb": round(free["eps_lower_bound"], 4),
-                         "steinke_ratio": round(free["eps_lower_bound"] / eps, 4),
-                         "gdp_eps_lb": round(free["gdp_eps_lower_bound"], 4),
-                         "gdp_ratio": round(free["gdp_eps_lower_bound"] / eps, 4),
-                         "verdict": f["verdict"], "seconds": round(time.perf_counter() - t, 1)})
+            rows.append(
+                {
+                    "setting": name,
+                    "game": g,
+                    "m": m,
+                    "eps_claimed": round(eps, 4),
+                    "family_eps_lb": round(f["eps_lower_bound"], 4),
+                    "family_sigma_ub": f["sigma_upper_bound"],
+                    "family_ratio": round(f["eps_lower_bound"] / eps, 4),
+                    "steinke_eps_lb": round(free["eps_lower_bound"], 4),
+                    "steinke_ratio": round(free["eps_lower_bound"] / eps, 4),
+                    "gdp_eps_lb": round(free["gdp_eps_lower_bound"], 4),
+                    "gdp_ratio": round(free["gdp_eps_lower_bound"] / eps, 4),
+                    "verdict": f["verdict"],
+                    "seconds": round(time.perf_counter() - t, 1),
+                }
+            )
             print(rows[-1], flush=True)
             pd.DataFrame(rows).to_csv(out, index=False)
     return pd.DataFrame(rows)
 
 
-def order_stats(games: int, power_games: int, bound_games: int,
-                out=RESULTS / "audit_idealised_order_stats.csv",
-                out_bounds=RESULTS / "audit_idealised_order_stats_bounds.csv") -> pd.DataFrame:
+def order_stats(
+    games: int,
+    power_games: int,
+    bound_games: int,
+    out=RESULTS / "audit_idealised_order_stats.csv",
+    out_bounds=RESULTS / "audit_idealised_order_stats_bounds.csv",
+) -> pd.DataFrame:
     from dpsgd.audit.onerun.stats.family import Claim
     from dpsgd.audit.onerun.stats.order_stats import order_stats_test
     from dpsgd.audit.onerun.stats.simulate import game_scores, play
+
     rows = []
     for s_i, (name, q, sigma, steps, k, m) in enumerate(SETTINGS):
         claim = Claim(q, sigma, steps, k, DELTA).validate()
         for f_i, nu in enumerate(NOISE_FACTORS[:2]):
             n_games = games if nu == 1 else power_games
-            rng = np.random.default_rng([s_i, f_i])            # the games of ``rates``
+            rng = np.random.default_rng([s_i, f_i])  # the games of ``rates``
             t = time.perf_counter()
             res = [play(rng, m, claim, BETA, nu, order_stats=True) for _ in range(n_games)]
-            row = _rate_row((name, q, sigma, steps, k, m), claim, nu, res, ("family", "order_stats"), t)
+            row = _rate_row(
+                (name, q, sigma, steps, k, m), claim, nu, res, ("family", "order_stats"), t
+            )
             rows.append(row)
             print(row, flush=True)
             pd.DataFrame(rows).to_csv(out, index=False)
@@ -129,15 +167,25 @@ def order_stats(games: int, power_games: int, bound_games: int,
     for s_i, (name, q, sigma, steps, k, m) in enumerate(SETTINGS):
         claim = Claim(q, sigma, steps, k, DELTA).validate()
         for g in range(bound_games):
-            scores, bits = game_scores(np.random.default_rng([100, s_i, g]), m, claim)   # the games of ``bounds``
+            scores, bits = game_scores(
+                np.random.default_rng([100, s_i, g]), m, claim
+            )  # the games of ``bounds``
             t = time.perf_counter()
             o = order_stats_test(scores, bits, claim, BETA)
             eps = o["eps_claimed"]
-            brows.append({"setting": name, "game": g, "m": m, "eps_claimed": round(eps, 4),
-                          "order_stats_eps_lb": round(o["eps_lower_bound"], 4),
-                          "order_stats_sigma_ub": o["sigma_upper_bound"],
-                          "order_stats_ratio": round(o["eps_lower_bound"] / eps, 4),
-                          "verdict": o["verdict"], "seconds": round(time.perf_counter() - t, 1)})
+            brows.append(
+                {
+                    "setting": name,
+                    "game": g,
+                    "m": m,
+                    "eps_claimed": round(eps, 4),
+                    "order_stats_eps_lb": round(o["eps_lower_bound"], 4),
+                    "order_stats_sigma_ub": o["sigma_upper_bound"],
+                    "order_stats_ratio": round(o["eps_lower_bound"] / eps, 4),
+                    "verdict": o["verdict"],
+                    "seconds": round(time.perf_counter() - t, 1),
+                }
+            )
             print(brows[-1], flush=True)
             pd.DataFrame(brows).to_csv(out_bounds, index=False)
     return pd.DataFrame(rows)

@@ -18,6 +18,7 @@ excluded canaries' score variance over the claimed channel's for the groups the 
 a canary using k_used of the claim's k groups can show (``eps_cap_k_used``: the lots' claim at noise
 σ√(k/k_used); ``cap_ratio`` over the lots' claim at σ) and the wall times.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,19 +44,43 @@ VARIANTS = ("correct", "no_clip", "noise_div10", "noise_per_rank", "realised_lot
 def rows() -> dict:
     """{row: (audit overrides, the training run it audits or None)}."""
     scatter = ["experiment=mnist_scatter_linear", "privacy.target_epsilon=2"]
-    out = {"mnist_scatter_linear_eps2_null_space": (scatter + NS + ["audit.gradient_canaries=3970", "audit.input_canaries=1000"],
-                                                     scatter)}
+    out = {
+        "mnist_scatter_linear_eps2_null_space": (
+            scatter + NS + ["audit.gradient_canaries=3970", "audit.input_canaries=1000"],
+            scatter,
+        )
+    }
     for preset in ("mnist_medium", "mnist_small"):
         for name, pl in (("null_space", NS), ("null_space_dirac", MIXED)):
-            out[f"{preset}_{name}"] = ([f"experiment={preset}", *pl, "audit.gradient_canaries=1000", "audit.input_canaries=1000"],
-                                       [f"experiment={preset}"] if name == "null_space" else None)
+            out[f"{preset}_{name}"] = (
+                [
+                    f"experiment={preset}",
+                    *pl,
+                    "audit.gradient_canaries=1000",
+                    "audit.input_canaries=1000",
+                ],
+                [f"experiment={preset}"] if name == "null_space" else None,
+            )
     for sigma in (2.0, 4.0, 8.0):
         base = ["experiment=mnist_medium", f"privacy.sigma={sigma}", *SHORT]
         for v in VARIANTS:
-            out[f"sigma{sigma:g}_{v}_1000lots_null_space"] = (base + NS + ["audit.gradient_canaries=1000",
-                                                                           "audit.input_canaries=1000", f"audit.variant={v}"], None)
-        out[f"sigma{sigma:g}_shuffle_1000lots_null_space"] = (base + ["privacy.sampling=shuffle"] + NS +
-                                                              ["audit.gradient_canaries=1000", "audit.input_canaries=1000"], None)
+            out[f"sigma{sigma:g}_{v}_1000lots_null_space"] = (
+                base
+                + NS
+                + [
+                    "audit.gradient_canaries=1000",
+                    "audit.input_canaries=1000",
+                    f"audit.variant={v}",
+                ],
+                None,
+            )
+        out[f"sigma{sigma:g}_shuffle_1000lots_null_space"] = (
+            base
+            + ["privacy.sampling=shuffle"]
+            + NS
+            + ["audit.gradient_canaries=1000", "audit.input_canaries=1000"],
+            None,
+        )
     return out
 
 
@@ -67,11 +92,16 @@ def _timed(cmd: list[str]) -> float:
 
 
 def run_row(name: str, overrides: list[str], train: list[str] | None) -> None:
-    out, dest = ROOT / "outputs" / "audit_null_space" / name, ROOT / "results" / "runs" / "audit_null_space" / name
+    out, dest = (
+        ROOT / "outputs" / "audit_null_space" / name,
+        ROOT / "results" / "runs" / "audit_null_space" / name,
+    )
     if not (dest / "audit.json").is_file():
         if out.exists():
             shutil.rmtree(out)
-        wall = _timed([sys.executable, "-m", "dpsgd.audit", "run", *overrides, f"hydra.run.dir={out}"])
+        wall = _timed(
+            [sys.executable, "-m", "dpsgd.audit", "run", *overrides, f"hydra.run.dir={out}"]
+        )
         dest.mkdir(parents=True, exist_ok=True)
         for f in SMALL:
             shutil.copyfile(out / f, dest / f)
@@ -81,20 +111,65 @@ def run_row(name: str, overrides: list[str], train: list[str] | None) -> None:
         tout = ROOT / "outputs" / "audit_null_space" / f"{name}_train"
         if tout.exists():
             shutil.rmtree(tout)
-        walls["train_wall_s"] = round(_timed([sys.executable, "-m", "dpsgd.train", *train, f"hydra.run.dir={tout}"]), 1)
+        walls["train_wall_s"] = round(
+            _timed([sys.executable, "-m", "dpsgd.train", *train, f"hydra.run.dir={tout}"]), 1
+        )
         walls["train_command"] = "python -m dpsgd.train " + " ".join(train)
         (dest / "wall.json").write_text(json.dumps(walls) + "\n")
 
 
-COLUMNS = ["row", "placement", "normalise", "variant", "sampling", "sigma", "steps", "groups", "canary_groups_used",
-           "m_gradient", "eps_claimed", "eps_claimed_sgd", "family_eps_lb", "family_ratio_sgd", "verdict_family",
-           "order_stats_eps_lb", "order_stats_ratio_sgd", "order_stats_independence", "verdict_order_stats",
-           "steinke_eps_lb", "steinke_ratio_sgd", "gdp_eps_lb", "gdp_ratio_sgd", "out_var_ratio",
-           "noise_ratio", "noise_ratio_upper", "verdict_noise", "eps_cap_k_used", "cap_ratio", "verdict_channel", "audit_wall_s", "train_wall_s", "wall_ratio", "hardware", "command", "train_command"]
+COLUMNS = [
+    "row",
+    "placement",
+    "normalise",
+    "variant",
+    "sampling",
+    "sigma",
+    "steps",
+    "groups",
+    "canary_groups_used",
+    "m_gradient",
+    "eps_claimed",
+    "eps_claimed_sgd",
+    "family_eps_lb",
+    "family_ratio_sgd",
+    "verdict_family",
+    "order_stats_eps_lb",
+    "order_stats_ratio_sgd",
+    "order_stats_independence",
+    "verdict_order_stats",
+    "steinke_eps_lb",
+    "steinke_ratio_sgd",
+    "gdp_eps_lb",
+    "gdp_ratio_sgd",
+    "out_var_ratio",
+    "noise_ratio",
+    "noise_ratio_upper",
+    "verdict_noise",
+    "eps_cap_k_used",
+    "cap_ratio",
+    "verdict_channel",
+    "audit_wall_s",
+    "train_wall_s",
+    "wall_ratio",
+    "hardware",
+    "command",
+    "train_command",
+]
 
 
 def _ratio(x, lots):
     return None if x is None or not lots else round(x / lots, 3)
+
+
+def _cap(a: dict) -> tuple[float, float]:
+    """The claim at the σ of the canary groups used alone, and its ratio to the claim."""
+    from dpsgd.audit.onerun.stats.family import Claim
+
+    r = a["run"]
+    claim = Claim(r["L"] / r["N"], r["sigma"], r["steps"], r["groups"], a["delta"]).validate()
+    cap = claim.epsilon(r["sigma"] * (r["groups"] / r["canary_groups_used"]) ** 0.5)
+    return round(cap, 4), round(cap / claim.epsilon(), 3)
 
 
 def collect() -> list[dict]:
@@ -103,25 +178,44 @@ def collect() -> list[dict]:
         d = ROOT / "results" / "runs" / "audit_null_space" / name
         if not (d / "audit.json").is_file():
             continue
-        a, walls = json.loads((d / "audit.json").read_text()), json.loads((d / "wall.json").read_text())
+        a, walls = (
+            json.loads((d / "audit.json").read_text()),
+            json.loads((d / "wall.json").read_text()),
+        )
         lots = claim_for_lots(json.loads((d / "privacy.json").read_text()))
         wb = next(g for g in a["games"] if g["game"].startswith("white-box"))
         fam = a.get("family") or {}
         osb = fam.get("order_stats") or {}
         pl = a["run"]["canary_placement"]
-        row = {"row": name, "placement": pl["placement"], "normalise": pl["normalise"], "variant": a["variant"],
-               "sampling": a["run"]["sampling"], "sigma": a["run"]["sigma"], "steps": a["run"]["steps"],
-               "groups": a["run"]["groups"], "canary_groups_used": a["run"]["canary_groups_used"],
-               "m_gradient": a["options"]["gradient_canaries"], "eps_claimed": round(a["eps_claimed"], 4),
-               "eps_claimed_sgd": round(lots, 4),
-               "family_eps_lb": fam.get("eps_lower_bound"), "verdict_family": a.get("verdict_family"),
-               "order_stats_eps_lb": osb.get("eps_lower_bound"), "order_stats_independence": osb.get("independence"),
-               "verdict_order_stats": None if not osb else ("violation" if osb["claim_rejected"] else "consistent"),
-               "steinke_eps_lb": wb["eps_lower_bound"], "gdp_eps_lb": wb["gdp_eps_lower_bound"],
-               "out_var_ratio": None if not fam else fam["interference"]["out_var_ratio"],
-               "audit_wall_s": walls["audit_wall_s"], "train_wall_s": walls.get("train_wall_s"),
-               "hardware": HARDWARE, "command": "python -m dpsgd.audit run " + " ".join(overrides),
-               "train_command": walls.get("train_command")}
+        row = {
+            "row": name,
+            "placement": pl["placement"],
+            "normalise": pl["normalise"],
+            "variant": a["variant"],
+            "sampling": a["run"]["sampling"],
+            "sigma": a["run"]["sigma"],
+            "steps": a["run"]["steps"],
+            "groups": a["run"]["groups"],
+            "canary_groups_used": a["run"]["canary_groups_used"],
+            "m_gradient": a["options"]["gradient_canaries"],
+            "eps_claimed": round(a["eps_claimed"], 4),
+            "eps_claimed_sgd": round(lots, 4),
+            "family_eps_lb": fam.get("eps_lower_bound"),
+            "verdict_family": a.get("verdict_family"),
+            "order_stats_eps_lb": osb.get("eps_lower_bound"),
+            "order_stats_independence": osb.get("independence"),
+            "verdict_order_stats": None
+            if not osb
+            else ("violation" if osb["claim_rejected"] else "consistent"),
+            "steinke_eps_lb": wb["eps_lower_bound"],
+            "gdp_eps_lb": wb["gdp_eps_lower_bound"],
+            "out_var_ratio": None if not fam else fam["interference"]["out_var_ratio"],
+            "audit_wall_s": walls["audit_wall_s"],
+            "train_wall_s": walls.get("train_wall_s"),
+            "hardware": HARDWARE,
+            "command": "python -m dpsgd.audit run " + " ".join(overrides),
+            "train_command": walls.get("train_command"),
+        }
         for k in ("family", "order_stats", "steinke", "gdp"):
             row[f"{k}_ratio_sgd"] = _ratio(row[f"{k}_eps_lb"], lots)
         nt = a.get("noise_test") or {}
@@ -131,13 +225,17 @@ def collect() -> list[dict]:
         row["eps_cap_k_used"] = row["cap_ratio"] = None
         row["verdict_channel"] = (fam.get("channel") or {}).get("verdict_channel")
         if fam and a["run"]["sampling"] == "poisson":
-            from dpsgd.audit.onerun.stats.family import Claim
-            r = a["run"]
-            claim = Claim(r["L"] / r["N"], r["sigma"], r["steps"], r["groups"], a["delta"]).validate()
-            cap = claim.epsilon(r["sigma"] * (r["groups"] / r["canary_groups_used"]) ** 0.5)
-            row["eps_cap_k_used"], row["cap_ratio"] = round(cap, 4), round(cap / claim.epsilon(), 3)
-        row["wall_ratio"] = None if not row["train_wall_s"] else round(row["audit_wall_s"] / row["train_wall_s"], 2)
-        for k in ("family_eps_lb", "order_stats_eps_lb", "steinke_eps_lb", "gdp_eps_lb", "out_var_ratio"):
+            row["eps_cap_k_used"], row["cap_ratio"] = _cap(a)
+        row["wall_ratio"] = (
+            None if not row["train_wall_s"] else round(row["audit_wall_s"] / row["train_wall_s"], 2)
+        )
+        for k in (
+            "family_eps_lb",
+            "order_stats_eps_lb",
+            "steinke_eps_lb",
+            "gdp_eps_lb",
+            "out_var_ratio",
+        ):
             row[k] = None if row[k] is None else round(row[k], 4)
         table.append(row)
     buf = io.StringIO()
@@ -150,8 +248,17 @@ def collect() -> list[dict]:
     return table
 
 
-TINY = ["dataset.subset=300", "privacy.lot_size=300", "model.hidden=[1000]", "model.pca_dims=10",
-        "training.epochs=6", "device=cpu", "privacy.sigma=3", "privacy.sigma_p=20", "training.eval_batch_size=1000"]
+TINY = [
+    "dataset.subset=300",
+    "privacy.lot_size=300",
+    "model.hidden=[1000]",
+    "model.pca_dims=10",
+    "training.epochs=6",
+    "device=cpu",
+    "privacy.sigma=3",
+    "privacy.sigma_p=20",
+    "training.eval_batch_size=1000",
+]
 
 
 def seeds(n: int, out=ROOT / "results" / "audit_null_space_seeds.csv") -> list[dict]:
@@ -166,11 +273,19 @@ def seeds(n: int, out=ROOT / "results" / "audit_null_space_seeds.csv") -> list[d
     from dpsgd.audit.onerun.run import ENV, audit_train
     from dpsgd.config.schema import validate
     from dpsgd.launch.cli import compose
+
     rows = []
     for variant in ("correct", "noise_per_rank"):
         for seed in range(n):
-            o = AuditOptions(gradient_canaries=1000, input_canaries=0, variant=variant, ranks=4, seed=seed,
-                             placement="null_space", normalise="claimed").validate()
+            o = AuditOptions(
+                gradient_canaries=1000,
+                input_canaries=0,
+                variant=variant,
+                ranks=4,
+                seed=seed,
+                placement="null_space",
+                normalise="claimed",
+            ).validate()
             os.environ[ENV] = json.dumps(asdict(o))
             overrides = TINY + [f"seed={seed}"]
             run_dir = ROOT / "outputs" / "audit_null_space_seeds" / f"{variant}_seed{seed}"
@@ -181,23 +296,38 @@ def seeds(n: int, out=ROOT / "results" / "audit_null_space_seeds.csv") -> list[d
             a = json.loads((run_dir / "audit.json").read_text())
             f = a["family"]
             osb = f["order_stats"]
-            rows.append({"variant": variant, "seed": seed, "sigma": a["run"]["sigma"], "lots": a["run"]["steps"],
-                         "groups": a["run"]["groups"], "canary_groups_used": a["run"]["canary_groups_used"],
-                         "q": round(a["run"]["q"], 6), "m": 1000, "beta": f["beta"],
-                         "eps_claimed_lots": round(f["eps_claimed_lots"], 4),
-                         "family_eps_lb": round(f["eps_lower_bound"], 4), "verdict_family": f["verdict_family"],
-                         "order_stats_eps_lb": round(osb["eps_lower_bound"], 4),
-                         "order_stats_independence": osb["independence"],
-                         "verdict_order_stats": "violation" if osb["claim_rejected"] else "consistent",
-                         "verdict_channel": f["channel"]["verdict_channel"] if "channel" in f else None,
-                         "steinke_eps_lb": round(a["eps_lower_bound"], 4),
-                         "verdict_steinke_vs_lots": "violation" if a["eps_lower_bound"] > f["eps_claimed_lots"] else "consistent",
-                         "out_var_ratio": round(f["interference"]["out_var_ratio"], 4),
-                         "noise_ratio": round(a["noise_test"]["noise_ratio"], 5) if "noise_test" in a else None,
-                         "noise_p_value": a["noise_test"]["p_value"] if "noise_test" in a else None,
-                         "verdict_noise": a["noise_test"]["verdict"] if "noise_test" in a else None,
-                         "seconds": round(time.perf_counter() - t, 1),
-                         "command": f"python -m experiments.audit_null_space seeds --n {n} --out {out.name}"})
+            rows.append(
+                {
+                    "variant": variant,
+                    "seed": seed,
+                    "sigma": a["run"]["sigma"],
+                    "lots": a["run"]["steps"],
+                    "groups": a["run"]["groups"],
+                    "canary_groups_used": a["run"]["canary_groups_used"],
+                    "q": round(a["run"]["q"], 6),
+                    "m": 1000,
+                    "beta": f["beta"],
+                    "eps_claimed_lots": round(f["eps_claimed_lots"], 4),
+                    "family_eps_lb": round(f["eps_lower_bound"], 4),
+                    "verdict_family": f["verdict_family"],
+                    "order_stats_eps_lb": round(osb["eps_lower_bound"], 4),
+                    "order_stats_independence": osb["independence"],
+                    "verdict_order_stats": "violation" if osb["claim_rejected"] else "consistent",
+                    "verdict_channel": f["channel"]["verdict_channel"] if "channel" in f else None,
+                    "steinke_eps_lb": round(a["eps_lower_bound"], 4),
+                    "verdict_steinke_vs_lots": "violation"
+                    if a["eps_lower_bound"] > f["eps_claimed_lots"]
+                    else "consistent",
+                    "out_var_ratio": round(f["interference"]["out_var_ratio"], 4),
+                    "noise_ratio": round(a["noise_test"]["noise_ratio"], 5)
+                    if "noise_test" in a
+                    else None,
+                    "noise_p_value": a["noise_test"]["p_value"] if "noise_test" in a else None,
+                    "verdict_noise": a["noise_test"]["verdict"] if "noise_test" in a else None,
+                    "seconds": round(time.perf_counter() - t, 1),
+                    "command": f"python -m experiments.audit_null_space seeds --n {n} --out {out.name}",
+                }
+            )
             print(rows[-1], flush=True)
             _write(rows, out)
     return rows
@@ -211,7 +341,10 @@ def _write(rows: list[dict], out) -> None:
     out.write_text(buf.getvalue())
 
 
-BEGIN, END = "<!-- audit-null-space:begin (python -m experiments.audit_null_space --only collect) -->", "<!-- audit-null-space:end -->"
+BEGIN, END = (
+    "<!-- audit-null-space:begin (python -m experiments.audit_null_space --only collect) -->",
+    "<!-- audit-null-space:end -->",
+)
 
 
 def _f(x, digits=3) -> str:
@@ -220,26 +353,53 @@ def _f(x, digits=3) -> str:
 
 def doc_table(table: list[dict]) -> str:
     """The markdown table of docs/AUDIT.md from the rows of results/audit_null_space.csv."""
-    lines = ["| audit | placement (k_used / k) | mechanism | σ | lots | m | lots' claim | order stats ε_lb (/ claim) | "
-             "family ε_lb (/ claim) | Steinke ε_lb (/ claim) | verdicts: order stats, family, Steinke | out_var_ratio | "
-             "noise / σC (≤ at 1 − β): verdict | cap (k_used) | own channel (k_used groups at σ) | wall: audit / train |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| audit | placement (k_used / k) | mechanism | σ | lots | m | lots' claim | order stats ε_lb (/ claim) | "
+        "family ε_lb (/ claim) | Steinke ε_lb (/ claim) | verdicts: order stats, family, Steinke | out_var_ratio | "
+        "noise / σC (≤ at 1 − β): verdict | cap (k_used) | own channel (k_used groups at σ) | wall: audit / train |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in table:
-        mech = r["variant"] if r["sampling"] == "poisson" else f"{r['variant']}, {r['sampling']} lots"
-        osb = "–" if r["order_stats_eps_lb"] is None else (f"{_f(r['order_stats_eps_lb'])} ({_f(r['order_stats_ratio_sgd'], 2)}, "
-                                                            f"{r['order_stats_independence']})")
-        fam = "–" if r["family_eps_lb"] is None else f"{_f(r['family_eps_lb'])} ({_f(r['family_ratio_sgd'], 2)})"
+        mech = (
+            r["variant"] if r["sampling"] == "poisson" else f"{r['variant']}, {r['sampling']} lots"
+        )
+        osb = (
+            "–"
+            if r["order_stats_eps_lb"] is None
+            else (
+                f"{_f(r['order_stats_eps_lb'])} ({_f(r['order_stats_ratio_sgd'], 2)}, "
+                f"{r['order_stats_independence']})"
+            )
+        )
+        fam = (
+            "–"
+            if r["family_eps_lb"] is None
+            else f"{_f(r['family_eps_lb'])} ({_f(r['family_ratio_sgd'], 2)})"
+        )
         st_v = "violation" if r["steinke_eps_lb"] > r["eps_claimed_sgd"] else "consistent"
-        verdicts = ", ".join(("**V**" if v == "violation" else "c") for v in
-                             (r["verdict_order_stats"], r["verdict_family"], st_v) if v is not None)
-        noise = "–" if r["noise_ratio"] is None else (f"{r['noise_ratio']:.3f} (≤ {r['noise_ratio_upper']:.3f}): "
-                                                      + ("**V**" if r["verdict_noise"] == "violation" else "c"))
+        verdicts = ", ".join(
+            ("**V**" if v == "violation" else "c")
+            for v in (r["verdict_order_stats"], r["verdict_family"], st_v)
+            if v is not None
+        )
+        noise = (
+            "–"
+            if r["noise_ratio"] is None
+            else (
+                f"{r['noise_ratio']:.3f} (≤ {r['noise_ratio_upper']:.3f}): "
+                + ("**V**" if r["verdict_noise"] == "violation" else "c")
+            )
+        )
         channel = {"violation": "**V**", "consistent": "c"}.get(r["verdict_channel"], "–")
-        wall = f"{r['audit_wall_s']:.0f} s" + (f" / {r['train_wall_s']:.0f} s" if r["train_wall_s"] else "")
-        lines.append(f"| {r['row']} | {r['placement']} ({r['canary_groups_used']} / {r['groups']}) | {mech} | {float(r['sigma']):.3g} | "
-                     f"{r['steps']} | {r['m_gradient']} | {_f(r['eps_claimed_sgd'])} | {osb} | {fam} | "
-                     f"{_f(r['steinke_eps_lb'])} ({_f(r['steinke_ratio_sgd'], 2)}) | {verdicts} | {_f(r['out_var_ratio'])} | "
-                     f"{noise} | {_f(r['cap_ratio'], 2)} | {channel} | {wall} |")
+        wall = f"{r['audit_wall_s']:.0f} s" + (
+            f" / {r['train_wall_s']:.0f} s" if r["train_wall_s"] else ""
+        )
+        lines.append(
+            f"| {r['row']} | {r['placement']} ({r['canary_groups_used']} / {r['groups']}) | {mech} | {float(r['sigma']):.3g} | "
+            f"{r['steps']} | {r['m_gradient']} | {_f(r['eps_claimed_sgd'])} | {osb} | {fam} | "
+            f"{_f(r['steinke_eps_lb'])} ({_f(r['steinke_ratio_sgd'], 2)}) | {verdicts} | {_f(r['out_var_ratio'])} | "
+            f"{noise} | {_f(r['cap_ratio'], 2)} | {channel} | {wall} |"
+        )
     return "\n".join(lines)
 
 
@@ -253,12 +413,19 @@ def timing(name: str, out=ROOT / "results" / "audit_null_space_timing.csv") -> d
     overrides, train = rows()[name]
     base = ROOT / "outputs" / "audit_null_space_timing"
     procs, t0 = {}, time.perf_counter()
-    for kind, cmd in (("audit", ["-m", "dpsgd.audit", "run", *overrides]), ("train", ["-m", "dpsgd.train", *train])):
+    for kind, cmd in (
+        ("audit", ["-m", "dpsgd.audit", "run", *overrides]),
+        ("train", ["-m", "dpsgd.train", *train]),
+    ):
         d = base / f"{name}_{kind}"
         if d.exists():
             shutil.rmtree(d)
-        procs[kind] = subprocess.Popen([sys.executable, *cmd, f"hydra.run.dir={d}"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                       env={**os.environ, "DPSGD_THREADS": "1"})
+        procs[kind] = subprocess.Popen(
+            [sys.executable, *cmd, f"hydra.run.dir={d}"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, "DPSGD_THREADS": "1"},
+        )
     walls = {}
     while len(walls) < 2:
         for kind, p in procs.items():
@@ -267,10 +434,16 @@ def timing(name: str, out=ROOT / "results" / "audit_null_space_timing.csv") -> d
                     raise SystemExit(f"{kind} exited {p.returncode}")
                 walls[kind] = round(time.perf_counter() - t0, 1)
         time.sleep(0.5)
-    row = {"row": name, "audit_wall_s": walls["audit"], "train_wall_s": walls["train"],
-           "wall_ratio": round(walls["audit"] / walls["train"], 3), "started": "together, DPSGD_THREADS=1 each",
-           "hardware": HARDWARE, "command": "python -m dpsgd.audit run " + " ".join(overrides),
-           "train_command": "python -m dpsgd.train " + " ".join(train)}
+    row = {
+        "row": name,
+        "audit_wall_s": walls["audit"],
+        "train_wall_s": walls["train"],
+        "wall_ratio": round(walls["audit"] / walls["train"], 3),
+        "started": "together, DPSGD_THREADS=1 each",
+        "hardware": HARDWARE,
+        "command": "python -m dpsgd.audit run " + " ".join(overrides),
+        "train_command": "python -m dpsgd.train " + " ".join(train),
+    }
     old = list(csv.DictReader(out.open())) if out.is_file() else []
     _write(old + [row], out)
     print(row, flush=True)
@@ -281,12 +454,24 @@ def adopt(name: str, timings=ROOT / "results" / "audit_null_space_timing.csv") -
     """Row ``name``'s committed run replaced by its latest timed audit (``timing``): the same command, its
     small files, and both wall times from the measurement where audit and training started together."""
     t = [r for r in csv.DictReader(timings.open()) if r["row"] == name][-1]
-    src, dest = ROOT / "outputs" / "audit_null_space_timing" / f"{name}_audit", ROOT / "results" / "runs" / "audit_null_space" / name
+    src, dest = (
+        ROOT / "outputs" / "audit_null_space_timing" / f"{name}_audit",
+        ROOT / "results" / "runs" / "audit_null_space" / name,
+    )
     dest.mkdir(parents=True, exist_ok=True)
     for f in SMALL:
         shutil.copyfile(src / f, dest / f)
-    (dest / "wall.json").write_text(json.dumps({"audit_wall_s": float(t["audit_wall_s"]), "train_wall_s": float(t["train_wall_s"]),
-                                                "train_command": t["train_command"], "timing": t["started"]}) + "\n")
+    (dest / "wall.json").write_text(
+        json.dumps(
+            {
+                "audit_wall_s": float(t["audit_wall_s"]),
+                "train_wall_s": float(t["train_wall_s"]),
+                "train_command": t["train_command"],
+                "timing": t["started"],
+            }
+        )
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,6 +21,7 @@ nothing but ``experiment=``, ``seed=`` or ``device=`` was overridden; tiny runs 
 ``training.max_steps``) are skipped unless ``--include-tiny``. With several runs of one preset or
 sweep point and seed, the most recent wins (listed on the console) unless ``--run PRESET=DIR`` pins one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,14 +50,17 @@ def panel_value(panel: str, c: dict, overrides=()):
     if panel == "pca_dims":
         if m.get("projection") == "none" or not m.get("pca_dims"):
             return "model.projection/pca_dims", "none"
-        return "model.projection/pca_dims", (f"random {m['pca_dims']}" if m["projection"] == "random"
-                                              else str(m["pca_dims"]))
+        return "model.projection/pca_dims", (
+            f"random {m['pca_dims']}" if m["projection"] == "random" else str(m["pca_dims"])
+        )
     if panel == "hidden_units":
         return "model.hidden", "x".join(str(h) for h in m.get("hidden", []))
     key = claims.FIGURE5_PANELS.get(panel, (None,))[0]
-    if key is None:   # a sweep file of the user's own: its swept overrides
+    if key is None:  # a sweep file of the user's own: its swept overrides
         swept = [o.lstrip("+~") for o in overrides if override_key(o) not in NOT_SWEPT]
-        return ",".join(o.split("=", 1)[0] for o in swept), ",".join(o.split("=", 1)[-1] for o in swept)
+        return ",".join(o.split("=", 1)[0] for o in swept), ",".join(
+            o.split("=", 1)[-1] for o in swept
+        )
     group, name = key.split(".", 1)
     val = {"privacy": p, "training": t, "model": m}[group].get(name)
     return key, f"{val:g}" if isinstance(val, (int, float)) else str(val)
@@ -66,9 +70,10 @@ def panel_value(panel: str, c: dict, overrides=()):
 @dataclass
 class Classified:
     """The runs each CSV is made of: one per preset, one per sweep point and seed."""
-    presets: dict[str, dict] = field(default_factory=dict)    # §5.2 preset -> run
-    cifar: dict[str, dict] = field(default_factory=dict)      # §5.3 (CIFAR-10) preset -> run
-    sweeps: dict[tuple, dict] = field(default_factory=dict)   # (panel, value, seed) -> run
+
+    presets: dict[str, dict] = field(default_factory=dict)  # §5.2 preset -> run
+    cifar: dict[str, dict] = field(default_factory=dict)  # §5.3 (CIFAR-10) preset -> run
+    sweeps: dict[tuple, dict] = field(default_factory=dict)  # (panel, value, seed) -> run
 
 
 def _keep(group: dict, key, r: dict, label: str) -> None:
@@ -77,7 +82,9 @@ def _keep(group: dict, key, r: dict, label: str) -> None:
     group[key] = r
 
 
-def classify(runs: list[dict], include_tiny: bool = False, pinned: dict[str, Path] | None = None) -> Classified:
+def classify(
+    runs: list[dict], include_tiny: bool = False, pinned: dict[str, Path] | None = None
+) -> Classified:
     """Sort complete runs into presets and sweep points; of several runs of one, the most recent (or
     the one ``pinned`` names for its preset) is kept. Runs of neither kind are left out."""
     pinned = {k: Path(v).resolve() for k, v in (pinned or {}).items()}
@@ -91,7 +98,11 @@ def classify(runs: list[dict], include_tiny: bool = False, pinned: dict[str, Pat
                 _keep(group, pr, r, pr)
         elif r["choices"].get("sweep"):
             panel = r["choices"]["sweep"]
-            key = (panel, panel_value(panel, r["config"], r["overrides"])[1], r["config"].get("seed"))
+            key = (
+                panel,
+                panel_value(panel, r["config"], r["overrides"])[1],
+                r["config"].get("seed"),
+            )
             _keep(out.sweeps, key, r, f"sweep {key}")
     return out
 
@@ -118,15 +129,33 @@ def figure4_rows(preset: str, r: dict, deltas=claims.FIGURE4_DELTAS) -> list[dic
     rows = []
     for m in r["metrics"].itertuples():
         led = Ledger(ledger_prefix(entries, int(m.steps)))
-        eps_pld = dict(zip(deltas, led.epsilons(deltas, accountant="pld", convention="joint")))  # composed once
+        eps_pld = dict(
+            zip(deltas, led.epsilons(deltas, accountant="pld", convention="joint"))
+        )  # composed once
         for delta in deltas:
-            base = {"preset": preset, "epoch": m.epoch, "steps": m.steps, "q": m.q, "sigma": m.sigma,
-                    "sigma_p": m.sigma_p, "train_accuracy": m.train_accuracy, "test_accuracy": m.test_accuracy,
-                    "delta": delta}
+            base = {
+                "preset": preset,
+                "epoch": m.epoch,
+                "steps": m.steps,
+                "q": m.q,
+                "sigma": m.sigma,
+                "sigma_p": m.sigma_p,
+                "train_accuracy": m.train_accuracy,
+                "test_accuracy": m.test_accuracy,
+                "delta": delta,
+            }
             for acc, cv in dict.fromkeys([("moments", conv), ("moments", "joint")]):
-                rows.append({**base, "accountant": acc, "convention": cv,
-                             "epsilon": led.epsilon(delta, accountant=acc, convention=cv)[0]})
-            rows.append({**base, "accountant": "pld", "convention": "joint", "epsilon": eps_pld[delta]})
+                rows.append(
+                    {
+                        **base,
+                        "accountant": acc,
+                        "convention": cv,
+                        "epsilon": led.epsilon(delta, accountant=acc, convention=cv)[0],
+                    }
+                )
+            rows.append(
+                {**base, "accountant": "pld", "convention": "joint", "epsilon": eps_pld[delta]}
+            )
     return rows
 
 
@@ -153,7 +182,9 @@ def write_figure3(results: Path, presets: dict[str, dict]) -> int:
 
 def write_figure4(results: Path, presets: dict[str, dict]) -> int:
     """figure4.csv: ε per private preset, epoch, δ and accountant (``figure4_rows``)."""
-    f4 = [row for p, r in presets.items() if r["privacy"].get("private") for row in figure4_rows(p, r)]
+    f4 = [
+        row for p, r in presets.items() if r["privacy"].get("private") for row in figure4_rows(p, r)
+    ]
     if f4:
         pd.DataFrame(f4).to_csv(results / "figure4.csv", index=False)
     return len(f4)
@@ -173,21 +204,37 @@ def figure5_rows(sweeps: dict[tuple, dict], medium: dict | None, hardware: str) 
     f5 = []
     for (panel, value, _seed), r in sweeps.items():
         param, _ = panel_value(panel, r["config"], r["overrides"])
-        f5.append({"panel": panel, "parameter": param, "value": value, "source": "sweep",
-                   **run_row(r, hardware)})
+        f5.append(
+            {
+                "panel": panel,
+                "parameter": param,
+                "value": value,
+                "source": "sweep",
+                **run_row(r, hardware),
+            }
+        )
     if medium is None:
         return f5
     for panel in sorted({row["panel"] for row in f5}):
-        if panel == "learning_rate":   # the sweep holds η constant; the preset decays it: no centre
+        if panel == "learning_rate":  # the sweep holds η constant; the preset decays it: no centre
             continue
         param, value = panel_value(panel, medium["config"])
         if not any(row["panel"] == panel and row["value"] == value for row in f5):
-            f5.append({"panel": panel, "parameter": param, "value": value, "source": "preset:mnist_medium",
-                       **run_row(medium, hardware)})
+            f5.append(
+                {
+                    "panel": panel,
+                    "parameter": param,
+                    "value": value,
+                    "source": "preset:mnist_medium",
+                    **run_row(medium, hardware),
+                }
+            )
     return f5
 
 
-def write_figure5(results: Path, sweeps: dict[tuple, dict], medium: dict | None, hardware: str) -> int:
+def write_figure5(
+    results: Path, sweeps: dict[tuple, dict], medium: dict | None, hardware: str
+) -> int:
     """figure5.csv: ``figure5_rows`` in the paper's panel order, each panel by value, then seed."""
     f5 = figure5_rows(sweeps, medium, hardware)
     if not f5:
@@ -195,26 +242,45 @@ def write_figure5(results: Path, sweeps: dict[tuple, dict], medium: dict | None,
     order = {p: i for i, p in enumerate(claims.FIGURE5_PANELS)}
     df5 = pd.DataFrame(f5)
     df5["_o"] = df5["panel"].map(order).fillna(len(order))
-    df5["_v"] = pd.to_numeric(df5["value"], errors="coerce").fillna(math.inf)   # 'none', 'random 60' last
+    df5["_v"] = pd.to_numeric(df5["value"], errors="coerce").fillna(
+        math.inf
+    )  # 'none', 'random 60' last
     df5 = df5.sort_values(["_o", "panel", "_v", "value", "seed"]).drop(columns=["_o", "_v"])
     df5.to_csv(results / "figure5.csv", index=False)
     return len(df5)
 
 
-def write_summary(results: Path, presets: dict[str, dict], sweeps: dict[tuple, dict], hardware: str) -> int:
+def write_summary(
+    results: Path, presets: dict[str, dict], sweeps: dict[tuple, dict], hardware: str
+) -> int:
     """summary.csv: one row per preset and sweep run (``experiments.runs.run_row``)."""
-    summ = [{"kind": "preset", "preset": p, "panel": None, "value": None, **run_row(r, hardware)}
-            for p, r in presets.items()]
-    summ += [{"kind": "sweep", "preset": "mnist_medium", "panel": panel, "value": value, **run_row(r, hardware)}
-             for (panel, value, _seed), r in sweeps.items()]
+    summ = [
+        {"kind": "preset", "preset": p, "panel": None, "value": None, **run_row(r, hardware)}
+        for p, r in presets.items()
+    ]
+    summ += [
+        {
+            "kind": "sweep",
+            "preset": "mnist_medium",
+            "panel": panel,
+            "value": value,
+            **run_row(r, hardware),
+        }
+        for (panel, value, _seed), r in sweeps.items()
+    ]
     if summ:
         pd.DataFrame(summ).to_csv(results / "summary.csv", index=False)
     return len(summ)
 
 
 # ------------------------------------------------------------------------------------- main
-def collect(roots: list[Path], results: Path, include_tiny: bool = False, hardware: str | None = None,
-            pinned: dict[str, Path] | None = None) -> dict:
+def collect(
+    roots: list[Path],
+    results: Path,
+    include_tiny: bool = False,
+    hardware: str | None = None,
+    pinned: dict[str, Path] | None = None,
+) -> dict:
     """Write the CSVs; ``pinned`` maps a preset to the run folder to use (else the most recent).
     Returns {file: rows written}."""
     hardware = hardware or describe_hardware()
@@ -222,11 +288,13 @@ def collect(roots: list[Path], results: Path, include_tiny: bool = False, hardwa
     c = classify(runs, include_tiny, pinned)
     results.mkdir(parents=True, exist_ok=True)
     write_runs(results, {**c.presets, **c.cifar})
-    written = {"figure3.csv": write_figure3(results, c.presets),
-               "figure4.csv": write_figure4(results, c.presets),
-               "figure6.csv": write_figure6(results, c.cifar, hardware),
-               "figure5.csv": write_figure5(results, c.sweeps, c.presets.get("mnist_medium"), hardware),
-               "summary.csv": write_summary(results, c.presets, c.sweeps, hardware)}
+    written = {
+        "figure3.csv": write_figure3(results, c.presets),
+        "figure4.csv": write_figure4(results, c.presets),
+        "figure6.csv": write_figure6(results, c.cifar, hardware),
+        "figure5.csv": write_figure5(results, c.sweeps, c.presets.get("mnist_medium"), hardware),
+        "summary.csv": write_summary(results, c.presets, c.sweeps, hardware),
+    }
     return {name: n for name, n in written.items() if n}
 
 
@@ -236,24 +304,43 @@ def _pinned_runs(ap: argparse.ArgumentParser, items: list[str]) -> dict[str, Pat
     for item in items:
         preset, sep, path = item.partition("=")
         if not sep or preset not in known or not (Path(path) / "metrics.csv").exists():
-            ap.error(f"--run {item!r}: expected PRESET=DIR with PRESET in {known} "
-                     "and DIR a run folder holding metrics.csv")
+            ap.error(
+                f"--run {item!r}: expected PRESET=DIR with PRESET in {known} "
+                "and DIR a run folder holding metrics.csv"
+            )
         pinned[preset] = Path(path)
     return pinned
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Collect Hydra runs into the tidy CSVs of results/.")
-    ap.add_argument("--roots", nargs="+", type=Path, default=[ROOT / "outputs", ROOT / "multirun"],
-                    help="folders searched for run directories (default: outputs multirun)")
+    ap.add_argument(
+        "--roots",
+        nargs="+",
+        type=Path,
+        default=[ROOT / "outputs", ROOT / "multirun"],
+        help="folders searched for run directories (default: outputs multirun)",
+    )
     ap.add_argument("--results", type=Path, default=ROOT / "results")
-    ap.add_argument("--include-tiny", action="store_true",
-                    help="also take runs with dataset.subset or training.max_steps (tests)")
-    ap.add_argument("--hardware", help="hardware string recorded per run (default: this machine's CPU)")
-    ap.add_argument("--run", action="append", default=[], metavar="PRESET=DIR",
-                    help="use this run folder for a preset (default: its most recent complete run)")
+    ap.add_argument(
+        "--include-tiny",
+        action="store_true",
+        help="also take runs with dataset.subset or training.max_steps (tests)",
+    )
+    ap.add_argument(
+        "--hardware", help="hardware string recorded per run (default: this machine's CPU)"
+    )
+    ap.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        metavar="PRESET=DIR",
+        help="use this run folder for a preset (default: its most recent complete run)",
+    )
     args = ap.parse_args(argv)
-    written = collect(args.roots, args.results, args.include_tiny, args.hardware, _pinned_runs(ap, args.run))
+    written = collect(
+        args.roots, args.results, args.include_tiny, args.hardware, _pinned_runs(ap, args.run)
+    )
     if not written:
         print("no complete runs found under " + ", ".join(map(str, args.roots)))
         return 1

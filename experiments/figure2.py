@@ -18,6 +18,7 @@ Curves (one tidy row per (curve, epoch)):
 Every number comes from ``dpsgd.accountant``; nothing is typed in. The PLD curve is computed on a
 epoch grid of its own (``--pld-every``, default every epoch; ~15 s in all).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,14 +43,26 @@ CURVES = {  # curve -> (accountant, conversion, valid_bound)
     "moments": ("moments", "tail bound, λ = 1..32 (paper)", True),
     "rdp_improved": ("rdp", "improved (Balle et al. 2020)", True),
     "pld": ("pld", "PLD, pessimistic discretisation", True),
-    "strong_composition_paper": ("strong_composition", "paper variant: linear amplification qε0", False),
-    "strong_composition_valid": ("strong_composition", "valid amplification log(1+q(e^ε0−1)), exact Gaussian ε0 (Balle & Wang 2018)", True),
+    "strong_composition_paper": (
+        "strong_composition",
+        "paper variant: linear amplification qε0",
+        False,
+    ),
+    "strong_composition_valid": (
+        "strong_composition",
+        "valid amplification log(1+q(e^ε0−1)), exact Gaussian ε0 (Balle & Wang 2018)",
+        True,
+    ),
 }
-CURVE_STYLE = {   # curve -> (label, colour, linestyle)
+CURVE_STYLE = {  # curve -> (label, colour, linestyle)
     "moments": ("moments accountant (paper: λ ≤ 32, tail bound)", "tab:blue", "-"),
     "rdp_improved": ("RDP, improved conversion (Balle et al. 2020)", "tab:purple", "-."),
     "pld": ("PLD, tight (pessimistic discretisation)", "tab:green", ":"),
-    "strong_composition_paper": ("strong composition, paper variant (NOT a valid bound)", "tab:red", "--"),
+    "strong_composition_paper": (
+        "strong composition, paper variant (NOT a valid bound)",
+        "tab:red",
+        "--",
+    ),
     "strong_composition_valid": ("strong composition, valid amplification", "tab:orange", "-"),
 }
 
@@ -60,18 +73,29 @@ def _ledger(steps: int, q: float, sigma: float) -> Ledger:
     return led
 
 
-def epsilon(curve: str, steps: int, q: float = Q, sigma: float = SIGMA, delta: float = DELTA) -> tuple[float, float]:
+def epsilon(
+    curve: str, steps: int, q: float = Q, sigma: float = SIGMA, delta: float = DELTA
+) -> tuple[float, float]:
     """(ε, order) of one curve after ``steps`` lots; order is λ* / the RDP order, NaN otherwise."""
     accountant = CURVES[curve][0]
     if accountant == "strong_composition":
         variant = "paper" if curve.endswith("paper") else "valid"
-        return float(sc.epsilon(q=q, sigma=sigma, steps=int(steps), delta=delta, variant=variant)), float("nan")
+        return float(
+            sc.epsilon(q=q, sigma=sigma, steps=int(steps), delta=delta, variant=variant)
+        ), float("nan")
     eps, order = _ledger(steps, q, sigma).epsilon(delta, accountant=accountant, convention="joint")
     return float(eps), float("nan") if order is None else float(order)
 
 
-def compute(max_epochs: int = 400, every: int = 1, pld_every: int = 1, q: float = Q, sigma: float = SIGMA,
-            delta: float = DELTA, curves: tuple[str, ...] = tuple(CURVES)) -> pd.DataFrame:
+def compute(
+    max_epochs: int = 400,
+    every: int = 1,
+    pld_every: int = 1,
+    q: float = Q,
+    sigma: float = SIGMA,
+    delta: float = DELTA,
+    curves: tuple[str, ...] = tuple(CURVES),
+) -> pd.DataFrame:
     rows = []
     for curve in curves:
         step = pld_every if curve == "pld" else every
@@ -80,19 +104,46 @@ def compute(max_epochs: int = 400, every: int = 1, pld_every: int = 1, q: float 
             epochs = np.concatenate([[1, 2, 5], epochs])
         t0 = time.perf_counter()
         for e in epochs:
-            steps = lots_for_epochs(e, 1, q)      # q = L/N: N/L = 1/q lots an epoch
+            steps = lots_for_epochs(e, 1, q)  # q = L/N: N/L = 1/q lots an epoch
             eps, order = epsilon(curve, steps, q, sigma, delta)
             acc, conv, valid = CURVES[curve]
-            rows.append({"epoch": int(e), "steps": steps, "q": q, "sigma": sigma, "delta": delta,
-                         "curve": curve, "accountant": acc, "conversion": conv, "valid_bound": valid,
-                         "epsilon": eps, "order": order})
-        print(f"  {curve:26s} {len(epochs):4d} points in {time.perf_counter() - t0:6.1f} s", flush=True)
+            rows.append(
+                {
+                    "epoch": int(e),
+                    "steps": steps,
+                    "q": q,
+                    "sigma": sigma,
+                    "delta": delta,
+                    "curve": curve,
+                    "accountant": acc,
+                    "conversion": conv,
+                    "valid_bound": valid,
+                    "epsilon": eps,
+                    "order": order,
+                }
+            )
+        print(
+            f"  {curve:26s} {len(epochs):4d} points in {time.perf_counter() - t0:6.1f} s",
+            flush=True,
+        )
     # the origin: nothing released, ε = 0
     for curve in curves:
         acc, conv, valid = CURVES[curve]
-        rows.append({"epoch": 0, "steps": 0, "q": q, "sigma": sigma, "delta": delta, "curve": curve,
-                     "accountant": acc, "conversion": conv, "valid_bound": valid, "epsilon": 0.0,
-                     "order": float("nan")})
+        rows.append(
+            {
+                "epoch": 0,
+                "steps": 0,
+                "q": q,
+                "sigma": sigma,
+                "delta": delta,
+                "curve": curve,
+                "accountant": acc,
+                "conversion": conv,
+                "valid_bound": valid,
+                "epsilon": 0.0,
+                "order": float("nan"),
+            }
+        )
     return pd.DataFrame(rows).sort_values(["curve", "epoch"]).reset_index(drop=True)
 
 
@@ -108,9 +159,14 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
         for epochs, curve, eps, _src in claims.FIGURE2:
             color = CURVE_STYLE[curve][1]
             ax.plot([epochs], [eps], marker="o", ms=8, mfc="none", mec=color, mew=2, ls="none")
-            ax.annotate(f"paper {eps:g}", (epochs, eps), textcoords="offset points",
-                        xytext=(-58, 6) if epochs >= df["epoch"].max() else (6, -12),
-                        fontsize=8, color=color)
+            ax.annotate(
+                f"paper {eps:g}",
+                (epochs, eps),
+                textcoords="offset points",
+                xytext=(-58, 6) if epochs >= df["epoch"].max() else (6, -12),
+                fontsize=8,
+                color=color,
+            )
         ax.plot([], [], marker="o", mfc="none", mec="k", ls="none", label="paper's stated values")
         ax.set_xlabel("epochs E (lots T = E/q)")
         ax.set_ylabel("ε (at δ = 1e-5)")
@@ -124,8 +180,11 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
             ax.set_title("linear scale (as in the paper)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7.5, loc="upper left")
-    fig.suptitle(f"Figure 2 — ε vs epochs: q = {s['q']:g}, σ = {s['sigma']:g}, δ = {s['delta']:g}; "
-                 "one clipped group (k = 1, conventions coincide), Poisson sampling", fontsize=11)
+    fig.suptitle(
+        f"Figure 2 — ε vs epochs: q = {s['q']:g}, σ = {s['sigma']:g}, δ = {s['delta']:g}; "
+        "one clipped group (k = 1, conventions coincide), Poisson sampling",
+        fontsize=11,
+    )
     return save(fig, out, "figure2")
 
 

@@ -12,6 +12,7 @@ The top of the experiments package: it imports the figure modules, which import 
 (``experiments.style``) and nothing above them. Every figure states (q, σ, δ) and the accounting
 convention in its title, and overlays the numbers the paper states (``experiments.claims``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,10 +26,16 @@ from . import audit_figure, figure2, figure6, frontier_figure, mnist_figures
 from .readme import write_readme
 
 # (CSV in results/, function drawing it into results/figures/), in drawing order
-DRAWERS = [("figure2.csv", figure2.draw), ("figure3.csv", mnist_figures.figure3),
-           ("figure4.csv", mnist_figures.figure4), ("figure5.csv", mnist_figures.figure5),
-           ("figure6.csv", figure6.draw), ("summary.csv", mnist_figures.privacy_utility),
-           ("frontier.csv", frontier_figure.draw), ("audit.csv", audit_figure.draw)]
+DRAWERS = [
+    ("figure2.csv", figure2.draw),
+    ("figure3.csv", mnist_figures.figure3),
+    ("figure4.csv", mnist_figures.figure4),
+    ("figure5.csv", mnist_figures.figure5),
+    ("figure6.csv", figure6.draw),
+    ("summary.csv", mnist_figures.privacy_utility),
+    ("frontier.csv", frontier_figure.draw),
+    ("audit.csv", audit_figure.draw),
+]
 # the figure each CSV gives, where its name is not the CSV's
 FIGURE_NAME = {"summary.csv": "privacy_utility"}
 
@@ -58,8 +65,12 @@ def draw_all(results: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Redraw every figure from the committed CSVs in results/.")
-    ap.add_argument("--results", type=Path, default=Path("results"), help="results folder (default: results)")
+    ap = argparse.ArgumentParser(
+        description="Redraw every figure from the committed CSVs in results/."
+    )
+    ap.add_argument(
+        "--results", type=Path, default=Path("results"), help="results folder (default: results)"
+    )
     ap.add_argument("--no-readme", action="store_true", help="do not regenerate results/README.md")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()

@@ -18,6 +18,7 @@ expected wall time comes from each run's config as training composes it (``exper
 Hyperparameters are the literature's (each preset names its source); they were not tuned on the test
 set, and the tuning behind the published values is not charged (Papernot & Steinke 2022).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,25 +41,62 @@ from .planning import composed, epochs_needed
 EPSILONS = (0.5, 1.0, 1.2, 2.0, 3.0, 8.0)
 SEEDS = (0, 1, 2)
 # The recipes, in plotting order: presets of conf/experiment/.
-RECIPES = ["mnist_paper_tight", "mnist_scatter_linear", "mnist_scatter_linear_val", "mnist_scatter_cnn",
-           "fmnist_scatter_linear", "mnist_tanh_cnn", "fmnist_tanh_cnn"]
+RECIPES = [
+    "mnist_paper_tight",
+    "mnist_scatter_linear",
+    "mnist_scatter_linear_val",
+    "mnist_scatter_cnn",
+    "fmnist_scatter_linear",
+    "mnist_tanh_cnn",
+    "fmnist_tanh_cnn",
+]
 # Recipes run at some ε only: mnist_scatter_linear_val's epochs were chosen on a validation split at ε = 1.2.
-RECIPE_EPSILONS = {"mnist_scatter_linear_val": (1.2,),
-                   # fixed σ and 40 epochs (Tramèr & Boneh's end-to-end setting), stopped by the budget at ε = 3
-                   "mnist_tanh_cnn": (3.0,), "fmnist_tanh_cnn": (3.0,)}
+RECIPE_EPSILONS = {
+    "mnist_scatter_linear_val": (1.2,),
+    # fixed σ and 40 epochs (Tramèr & Boneh's end-to-end setting), stopped by the budget at ε = 3
+    "mnist_tanh_cnn": (3.0,),
+    "fmnist_tanh_cnn": (3.0,),
+}
 # Per-ε overrides: the paper's own (σ, σ_p) where §5.2 gives one for that ε; elsewhere the preset's.
 PER_EPSILON = {
-    "mnist_paper_tight": {0.5: ["privacy.sigma=8.0", "privacy.sigma_p=16.0"],
-                          8.0: ["privacy.sigma=2.0", "privacy.sigma_p=4.0"]},
+    "mnist_paper_tight": {
+        0.5: ["privacy.sigma=8.0", "privacy.sigma_p=16.0"],
+        8.0: ["privacy.sigma=2.0", "privacy.sigma_p=4.0"],
+    },
 }
-SMALL_FILES = {"privacy.json": "privacy.json", "metrics.csv": "metrics.csv", "config.resolved.yaml": "config.yaml"}
-PATH_KEYS = (("dataset", "root"), ("model", "pretrained"))   # config entries naming files on this machine
-COLUMNS = ["recipe", "dataset", "epsilon_target", "epsilon_pld_joint", "seed", "test_accuracy", "epochs",
-           "steps", "sigma", "wall_time_s", "run", "command"]
-DEFAULT_SEC_PER_EPOCH = {"mnist_paper_tight": 1.0, "mnist_scatter_linear": 3.0, "mnist_scatter_linear_val": 3.0,
-                         "mnist_scatter_cnn": 15.0,
-                         "fmnist_scatter_linear": 3.0, "mnist_tanh_cnn": 32.0, "fmnist_tanh_cnn": 20.0}
-FEATURE_SECONDS = 150        # scattering features of one dataset, computed once (then cached)
+SMALL_FILES = {
+    "privacy.json": "privacy.json",
+    "metrics.csv": "metrics.csv",
+    "config.resolved.yaml": "config.yaml",
+}
+PATH_KEYS = (
+    ("dataset", "root"),
+    ("model", "pretrained"),
+)  # config entries naming files on this machine
+COLUMNS = [
+    "recipe",
+    "dataset",
+    "epsilon_target",
+    "epsilon_pld_joint",
+    "seed",
+    "test_accuracy",
+    "epochs",
+    "steps",
+    "sigma",
+    "wall_time_s",
+    "run",
+    "command",
+]
+DEFAULT_SEC_PER_EPOCH = {
+    "mnist_paper_tight": 1.0,
+    "mnist_scatter_linear": 3.0,
+    "mnist_scatter_linear_val": 3.0,
+    "mnist_scatter_cnn": 15.0,
+    "fmnist_scatter_linear": 3.0,
+    "mnist_tanh_cnn": 32.0,
+    "fmnist_tanh_cnn": 20.0,
+}
+FEATURE_SECONDS = 150  # scattering features of one dataset, computed once (then cached)
 
 
 def eps_tag(eps: float) -> str:
@@ -71,15 +109,27 @@ def run_name(recipe: str, eps: float, seed: int) -> str:
 
 def command(recipe: str, eps: float, seed: int) -> list[str]:
     """The training command of one run (relative paths only)."""
-    return (["python", "-m", "dpsgd.train", f"experiment={recipe}", f"privacy.target_epsilon={eps:g}", f"seed={seed}"]
-            + PER_EPSILON.get(recipe, {}).get(eps, [])
-            + [f"hydra.run.dir=outputs/frontier/{run_name(recipe, eps, seed)}"])
+    return (
+        [
+            "python",
+            "-m",
+            "dpsgd.train",
+            f"experiment={recipe}",
+            f"privacy.target_epsilon={eps:g}",
+            f"seed={seed}",
+        ]
+        + PER_EPSILON.get(recipe, {}).get(eps, [])
+        + [f"hydra.run.dir=outputs/frontier/{run_name(recipe, eps, seed)}"]
+    )
 
 
 def run_config(recipe: str, eps: float):
     """The composed config (conf/, as training composes it) of a run of ``recipe`` at target ``eps``."""
-    return composed(f"experiment={recipe}", f"privacy.target_epsilon={eps:g}",
-                    *PER_EPSILON.get(recipe, {}).get(eps, []))
+    return composed(
+        f"experiment={recipe}",
+        f"privacy.target_epsilon={eps:g}",
+        *PER_EPSILON.get(recipe, {}).get(eps, []),
+    )
 
 
 def expected_epochs(recipe: str, eps: float) -> float:
@@ -89,9 +139,20 @@ def expected_epochs(recipe: str, eps: float) -> float:
 
 
 def plan(recipes, epsilons, seeds) -> list[dict]:
-    return [{"recipe": r, "eps": e, "seed": s, "name": run_name(r, e, s), "cmd": command(r, e, s),
-             "epochs": expected_epochs(r, e)} for r in recipes for e in epsilons for s in seeds
-            if e in RECIPE_EPSILONS.get(r, (e,))]
+    return [
+        {
+            "recipe": r,
+            "eps": e,
+            "seed": s,
+            "name": run_name(r, e, s),
+            "cmd": command(r, e, s),
+            "epochs": expected_epochs(r, e),
+        }
+        for r in recipes
+        for e in epsilons
+        for s in seeds
+        if e in RECIPE_EPSILONS.get(r, (e,))
+    ]
 
 
 def measured_sec_per_epoch(results: Path, recipe: str) -> float:
@@ -147,13 +208,24 @@ def run_jobs(jobs: list[dict], results: Path, log_dir: Path) -> int:
         dest = results / "runs" / "frontier" / job["name"]
         if not _complete(run_dir):
             log = log_dir / (job["name"].replace("/", "_") + ".log")
-            print(f"[{time.strftime('%H:%M:%S')}] start {' '.join(job['cmd'])}  (log {log})", flush=True)
+            print(
+                f"[{time.strftime('%H:%M:%S')}] start {' '.join(job['cmd'])}  (log {log})",
+                flush=True,
+            )
             t0 = time.time()
             with open(log, "a") as fh:
-                rc = subprocess.call([sys.executable, *job["cmd"][1:]], cwd=ROOT, env=env, stdout=fh,
-                                     stderr=subprocess.STDOUT)
-            print(f"[{time.strftime('%H:%M:%S')}] {'done' if rc == 0 else 'FAILED'} {job['name']} (exit {rc}) "
-                  f"in {(time.time() - t0) / 60:.1f} min", flush=True)
+                rc = subprocess.call(
+                    [sys.executable, *job["cmd"][1:]],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                )
+            print(
+                f"[{time.strftime('%H:%M:%S')}] {'done' if rc == 0 else 'FAILED'} {job['name']} (exit {rc}) "
+                f"in {(time.time() - t0) / 60:.1f} min",
+                flush=True,
+            )
             if rc != 0:
                 failed += 1
                 continue
@@ -175,20 +247,38 @@ def collect(results: Path) -> list[dict]:
         with open(folder / "metrics.csv") as f:
             metrics = list(csv.DictReader(f))
         last = metrics[-1] if metrics else {}
-        cfg = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").is_file() else {}
+        cfg = (
+            yaml.safe_load((folder / "config.yaml").read_text())
+            if (folder / "config.yaml").is_file()
+            else {}
+        )
         eps_t = float(tag.split("_seed")[0][3:])
         seed = int(tag.split("_seed")[1])
-        rows.append({
-            "recipe": recipe, "dataset": cfg.get("dataset", {}).get("name", ""), "epsilon_target": eps_t,
-            "epsilon_pld_joint": st["epsilon_by_accountant"]["pld"]["joint"], "seed": seed,
-            "test_accuracy": float(last.get("test_accuracy", math.nan)), "epochs": st.get("epochs"),
-            "steps": st.get("steps"), "sigma": cfg.get("privacy", {}).get("sigma", last.get("sigma")),
-            "wall_time_s": float(last.get("wall_time_s", math.nan)),
-            "run": folder.relative_to(results).as_posix(),
-            "command": " ".join(command(recipe, eps_t, seed)[:-1]),
-        })
+        rows.append(
+            {
+                "recipe": recipe,
+                "dataset": cfg.get("dataset", {}).get("name", ""),
+                "epsilon_target": eps_t,
+                "epsilon_pld_joint": st["epsilon_by_accountant"]["pld"]["joint"],
+                "seed": seed,
+                "test_accuracy": float(last.get("test_accuracy", math.nan)),
+                "epochs": st.get("epochs"),
+                "steps": st.get("steps"),
+                "sigma": cfg.get("privacy", {}).get("sigma", last.get("sigma")),
+                "wall_time_s": float(last.get("wall_time_s", math.nan)),
+                "run": folder.relative_to(results).as_posix(),
+                "command": " ".join(command(recipe, eps_t, seed)[:-1]),
+            }
+        )
     order = {r: i for i, r in enumerate(RECIPES)}
-    rows.sort(key=lambda r: (order.get(r["recipe"], len(order)), r["recipe"], r["epsilon_target"], r["seed"]))
+    rows.sort(
+        key=lambda r: (
+            order.get(r["recipe"], len(order)),
+            r["recipe"],
+            r["epsilon_target"],
+            r["seed"],
+        )
+    )
     return rows
 
 
@@ -203,7 +293,9 @@ def write_csv(rows: list[dict], path: Path) -> None:
 def print_plan(jobs: list[dict], results: Path) -> float:
     """Print the plan and return the expected wall time in seconds (runs already complete cost nothing)."""
     total, datasets = 0.0, set()
-    print(f"plan: {len(jobs)} runs ({len({j['recipe'] for j in jobs})} recipes × ε × seeds), one at a time")
+    print(
+        f"plan: {len(jobs)} runs ({len({j['recipe'] for j in jobs})} recipes × ε × seeds), one at a time"
+    )
     for j in jobs:
         done = _complete(ROOT / "outputs" / "frontier" / j["name"])
         sec = 0.0 if done else j["epochs"] * measured_sec_per_epoch(results, j["recipe"])
@@ -211,11 +303,15 @@ def print_plan(jobs: list[dict], results: Path) -> float:
         if not done and c.model.features != "none":
             datasets.add(c.dataset.name)
         total += sec
-        print(f"  {j['name']:40s} ≈ {j['epochs']:5.0f} epochs  {'(done)' if done else f'≈ {sec / 60:5.1f} min'}  "
-              f"{' '.join(j['cmd'])}")
-    total += FEATURE_SECONDS * len(datasets)   # at most: a cached feature set costs nothing
-    print(f"expected wall time: ≈ {total / 60:.0f} min on this machine (1 thread per run; seconds per epoch "
-          "from the committed runs, else defaults; scattering features at most once per dataset)")
+        print(
+            f"  {j['name']:40s} ≈ {j['epochs']:5.0f} epochs  {'(done)' if done else f'≈ {sec / 60:5.1f} min'}  "
+            f"{' '.join(j['cmd'])}"
+        )
+    total += FEATURE_SECONDS * len(datasets)  # at most: a cached feature set costs nothing
+    print(
+        f"expected wall time: ≈ {total / 60:.0f} min on this machine (1 thread per run; seconds per epoch "
+        "from the committed runs, else defaults; scattering features at most once per dataset)"
+    )
     return total
 
 
@@ -234,12 +330,14 @@ def main(argv: list[str] | None = None) -> int:
         print_plan(jobs, args.results)
     if args.dry_run:
         return 0
-    failed = run_jobs(jobs, args.results, ROOT / "outputs" / "frontier_logs") if "run" in parts else 0
+    failed = (
+        run_jobs(jobs, args.results, ROOT / "outputs" / "frontier_logs") if "run" in parts else 0
+    )
     if "collect" in parts:
         rows = collect(args.results)
         write_csv(rows, args.results / "frontier.csv")
         print(f"{args.results / 'frontier.csv'}: {len(rows)} runs")
-    if "figures" in parts:   # every figure and results/README.md (its frontier table among them)
+    if "figures" in parts:  # every figure and results/README.md (its frontier table among them)
         figures.main(["--results", str(args.results)])
     return 1 if failed else 0
 

@@ -12,6 +12,7 @@
 
 The launcher name is checked before anything starts (a bad one: one line, exit 2).
 """
+
 from __future__ import annotations
 
 import os
@@ -33,6 +34,7 @@ def launcher_kind(name: str) -> tuple[str, dict]:
 
     from dpsgd.launch.main import compose
     from dpsgd.launch.launchers import check
+
     hc = compose([f"hydra/launcher={name}"], hydra_config=True).hydra
     return check(hc), OmegaConf.to_container(hc.launcher, resolve=False)
 
@@ -53,7 +55,9 @@ def commands(jobs: list[dict], launcher: str | None) -> list[list[str]]:
     """The ``python -m dpsgd.train`` arguments of each job; with a launcher, every job is a multirun."""
     if launcher is None:
         return [list(j["args"]) for j in jobs]
-    return [["-m", *[a for a in j["args"] if a != "-m"], f"hydra/launcher={launcher}"] for j in jobs]
+    return [
+        ["-m", *[a for a in j["args"] if a != "-m"], f"hydra/launcher={launcher}"] for j in jobs
+    ]
 
 
 def default_parallel(launcher: str | None, n_jobs: int) -> int:
@@ -63,12 +67,16 @@ def default_parallel(launcher: str | None, n_jobs: int) -> int:
     return 1 if launcher_kind(launcher)[0] in LOCAL else max(1, n_jobs)
 
 
-def run_jobs(jobs: list[dict], n_parallel: int, logs: Path, extra: list[str], launcher: str | None = None) -> int:
+def run_jobs(
+    jobs: list[dict], n_parallel: int, logs: Path, extra: list[str], launcher: str | None = None
+) -> int:
     """Run the jobs ({name, args}), at most ``n_parallel`` commands at a time, each logged to
     ``<logs>/<name>.log``; returns the number that failed."""
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
-    if launcher is None:   # own processes: one thread each; a launcher's jobs share the cores themselves
+    if (
+        launcher is None
+    ):  # own processes: one thread each; a launcher's jobs share the cores themselves
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     pending = list(zip(jobs, commands(jobs, launcher)))
     running, failed = [], 0
@@ -77,10 +85,19 @@ def run_jobs(jobs: list[dict], n_parallel: int, logs: Path, extra: list[str], la
             job, args = pending.pop(0)
             log = logs / f"{job['name']}.log"
             cmd = [sys.executable, "-m", "dpsgd.train", *args, *extra]
-            print(f"[{time.strftime('%H:%M:%S')}] start {job['name']}: {' '.join(cmd[1:])}  (log {log})", flush=True)
+            print(
+                f"[{time.strftime('%H:%M:%S')}] start {job['name']}: {' '.join(cmd[1:])}  (log {log})",
+                flush=True,
+            )
             fh = open(log, "a")
-            running.append((job, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT),
-                            fh, time.time()))
+            running.append(
+                (
+                    job,
+                    subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT),
+                    fh,
+                    time.time(),
+                )
+            )
         time.sleep(0.5)
         for item in list(running):
             job, proc, fh, t0 = item
@@ -89,6 +106,9 @@ def run_jobs(jobs: list[dict], n_parallel: int, logs: Path, extra: list[str], la
                 running.remove(item)
                 ok = proc.returncode == 0
                 failed += not ok
-                print(f"[{time.strftime('%H:%M:%S')}] {'done' if ok else 'FAILED'} {job['name']} "
-                      f"(exit {proc.returncode}) in {(time.time() - t0) / 60:.1f} min", flush=True)
+                print(
+                    f"[{time.strftime('%H:%M:%S')}] {'done' if ok else 'FAILED'} {job['name']} "
+                    f"(exit {proc.returncode}) in {(time.time() - t0) / 60:.1f} min",
+                    flush=True,
+                )
     return failed

@@ -8,6 +8,7 @@
 Each states (q, σ, δ) and the accounting convention in its title and overlays the numbers the paper
 states (``experiments.claims``); style and saving: ``experiments.style``.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,15 +17,38 @@ from pathlib import Path
 import pandas as pd
 
 from . import claims
-from .style import (COLUMN_DPI, COLUMN_RC, COLUMN_WIDTH_IN, CONVENTION_TEXT, convention, fmt_delta, fmt_value,
-                    grid, legend_below, log_x, plt, save)
+from .style import (
+    COLUMN_DPI,
+    COLUMN_RC,
+    COLUMN_WIDTH_IN,
+    CONVENTION_TEXT,
+    convention,
+    fmt_delta,
+    fmt_value,
+    grid,
+    legend_below,
+    log_x,
+    plt,
+    save,
+)
 
-PRESET_COLOR = {"mnist_small": "tab:green", "mnist_medium": "tab:blue", "mnist_large": "tab:red",
-                "mnist_nonprivate": "tab:gray"}
-DELTA_STYLE = [("#0072B2", "o", "-"), ("#E69F00", "s", "--"), ("#009E73", "^", "-."),
-               ("#CC79A7", "D", ":")]   # Okabe–Ito colours, one marker and dash per δ; cycled past four
-ROW_LABEL = {("moments", "per_tensor"): "moments, per-tensor\n(paper's accounting)",
-             ("moments", "joint"): "moments, joint (σ/√k)", ("pld", "joint"): "PLD, joint (tight)"}
+PRESET_COLOR = {
+    "mnist_small": "tab:green",
+    "mnist_medium": "tab:blue",
+    "mnist_large": "tab:red",
+    "mnist_nonprivate": "tab:gray",
+}
+DELTA_STYLE = [
+    ("#0072B2", "o", "-"),
+    ("#E69F00", "s", "--"),
+    ("#009E73", "^", "-."),
+    ("#CC79A7", "D", ":"),
+]  # Okabe–Ito colours, one marker and dash per δ; cycled past four
+ROW_LABEL = {
+    ("moments", "per_tensor"): "moments, per-tensor\n(paper's accounting)",
+    ("moments", "joint"): "moments, joint (σ/√k)",
+    ("pld", "joint"): "PLD, joint (tight)",
+}
 
 
 # ---------------------------------------------------------------------------------------- Figure 3
@@ -40,19 +64,31 @@ def _figure3_panel(ax, d: pd.DataFrame, preset: str, letter: str, delta: str) ->
     ax.grid(alpha=0.3)
     stated = f"paper: {100 * paper['accuracy']:g} % at ε = {fmt_value(paper['epsilon'])}"
     if preset == "mnist_nonprivate" or not d["epsilon"].notna().any():
-        ax.set_title(f"({letter}) {claims.PRESET_LABEL[preset]}: q = {r['q']:.3g}, no noise, "
-                     f"no clipping\n{stated} (no privacy guarantee)")
+        ax.set_title(
+            f"({letter}) {claims.PRESET_LABEL[preset]}: q = {r['q']:.3g}, no noise, "
+            f"no clipping\n{stated} (no privacy guarantee)"
+        )
         return
     ax2 = ax.twinx()
-    ax2.plot(d["epoch"], d["epsilon"], color="tab:red", ls="--", label="ε, moments (run's convention)")
+    ax2.plot(
+        d["epoch"], d["epsilon"], color="tab:red", ls="--", label="ε, moments (run's convention)"
+    )
     if "epsilon_pld_joint" in d and d["epsilon_pld_joint"].notna().any():
-        ax2.plot(d["epoch"], d["epsilon_pld_joint"], color="tab:green", ls="-.", label="ε, PLD joint (tight)")
+        ax2.plot(
+            d["epoch"],
+            d["epsilon_pld_joint"],
+            color="tab:green",
+            ls="-.",
+            label="ε, PLD joint (tight)",
+        )
     ax2.axhline(paper["epsilon"], color="tab:red", ls=":", lw=1, label="paper's ε")
     ax2.set_ylabel(f"ε (δ = {delta})", color="tab:red")
     ax2.tick_params(axis="y", colors="tab:red")
     ax2.set_ylim(0, 1.25 * max(paper["epsilon"], d["epsilon"].max()))
-    ax.set_title(f"({letter}) {claims.PRESET_LABEL[preset]}: q = {r['q']:.3g}, σ = {r['sigma']:g}, "
-                 f"σ_p = {r['sigma_p']:g}\n{stated}")
+    ax.set_title(
+        f"({letter}) {claims.PRESET_LABEL[preset]}: q = {r['q']:.3g}, σ = {r['sigma']:g}, "
+        f"σ_p = {r['sigma_p']:g}\n{stated}"
+    )
 
 
 def figure3(df: pd.DataFrame, out: Path) -> list[Path]:
@@ -63,11 +99,15 @@ def figure3(df: pd.DataFrame, out: Path) -> list[Path]:
     with plt.rc_context(COLUMN_RC):
         fig, axes = grid(len(presets), 2 if len(presets) > 1 else 1, 2.45, 1.0)
         for i, (ax, preset) in enumerate(zip(axes.flat, presets)):
-            _figure3_panel(ax, df[df["preset"] == preset].sort_values("epoch"), preset, "abcd"[i], delta)
+            _figure3_panel(
+                ax, df[df["preset"] == preset].sort_values("epoch"), preset, "abcd"[i], delta
+            )
         legend_below(fig, axes, ncol=2)
-        fig.suptitle(f"Figure 3 — MNIST accuracy vs epochs (60-d PCA, 1000 hidden units, L = 600, C = 4)\n"
-                     f"ε at δ = {delta}: moments accountant, {convention(private)}, DP-PCA charged; "
-                     "PLD: joint charge")
+        fig.suptitle(
+            f"Figure 3 — MNIST accuracy vs epochs (60-d PCA, 1000 hidden units, L = 600, C = 4)\n"
+            f"ε at δ = {delta}: moments accountant, {convention(private)}, DP-PCA charged; "
+            "PLD: joint charge"
+        )
         return save(fig, out, "figure3", dpi=COLUMN_DPI)
 
 
@@ -76,11 +116,29 @@ def _figure4_panel(ax, d: pd.DataFrame, deltas: list, preset: str) -> None:
     for i, delta in enumerate(deltas):
         color, marker, ls = DELTA_STYLE[i % len(DELTA_STYLE)]
         dd = d[d["delta"] == delta].sort_values("epsilon")
-        ax.plot(dd["epsilon"], 100 * dd["test_accuracy"], color=color, ls=ls, lw=1.2, marker=marker,
-                ms=4, mfc="white", mew=1, markevery=0.12, label=f"δ = {fmt_delta(delta)}")
+        ax.plot(
+            dd["epsilon"],
+            100 * dd["test_accuracy"],
+            color=color,
+            ls=ls,
+            lw=1.2,
+            marker=marker,
+            ms=4,
+            mfc="white",
+            mew=1,
+            markevery=0.12,
+            label=f"δ = {fmt_delta(delta)}",
+        )
     p = claims.PRESETS[preset]
-    ax.plot([p["epsilon"]], [100 * p["accuracy"]], marker="*", ms=10, color="k", ls="none",
-            label=f"paper (δ = {fmt_delta(claims.DELTA)}, its accounting)")
+    ax.plot(
+        [p["epsilon"]],
+        [100 * p["accuracy"]],
+        marker="*",
+        ms=10,
+        color="k",
+        ls="none",
+        label=f"paper (δ = {fmt_delta(claims.DELTA)}, its accounting)",
+    )
     ax.grid(alpha=0.3, which="both")
     ax.margins(0.06)
 
@@ -92,15 +150,28 @@ def figure4(df: pd.DataFrame, out: Path) -> list[Path]:
     presets = [p for p in claims.PRESETS if p in set(df["preset"])]
     deltas = sorted(df["delta"].unique())
     with plt.rc_context(COLUMN_RC):
-        fig, axes = plt.subplots(len(keys), len(presets), figsize=(COLUMN_WIDTH_IN, 1.95 * len(keys) + 1.0),
-                                 squeeze=False, sharex="col", sharey="col", layout="constrained")
+        fig, axes = plt.subplots(
+            len(keys),
+            len(presets),
+            figsize=(COLUMN_WIDTH_IN, 1.95 * len(keys) + 1.0),
+            squeeze=False,
+            sharex="col",
+            sharey="col",
+            layout="constrained",
+        )
         for row, (acc, conv) in zip(axes, keys):
             for ax, preset in zip(row, presets):
-                d = df[(df["accountant"] == acc) & (df["convention"] == conv) & (df["preset"] == preset)]
+                d = df[
+                    (df["accountant"] == acc)
+                    & (df["convention"] == conv)
+                    & (df["preset"] == preset)
+                ]
                 _figure4_panel(ax, d, deltas, preset)
         for j, preset in enumerate(presets):
             r = df[df["preset"] == preset].iloc[0]
-            axes[0, j].set_title(f"{claims.PRESET_LABEL[preset]}: σ = {r['sigma']:g}, σ_p = {r['sigma_p']:g}")
+            axes[0, j].set_title(
+                f"{claims.PRESET_LABEL[preset]}: σ = {r['sigma']:g}, σ_p = {r['sigma_p']:g}"
+            )
             log_x(axes[-1, j], ticks=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32))
             axes[-1, j].set_xlabel("ε (log scale)")
         for i, key in enumerate(keys):
@@ -108,9 +179,11 @@ def figure4(df: pd.DataFrame, out: Path) -> list[Path]:
             axes[i, 0].set_ylabel(f"{label}\ntest accuracy (%)")
         legend_below(fig, axes, ncol=len(deltas) + 1)
         q = df["q"].iloc[0] if "q" in df else float("nan")
-        fig.suptitle(f"Figure 4 — test accuracy vs ε at δ ∈ {{{', '.join(map(fmt_delta, claims.FIGURE4_DELTAS))}}}, "
-                     f"q = {q:.3g}, one point per epoch\nrows: accountant and charge (DP-PCA charged); "
-                     "columns: the paper's presets")
+        fig.suptitle(
+            f"Figure 4 — test accuracy vs ε at δ ∈ {{{', '.join(map(fmt_delta, claims.FIGURE4_DELTAS))}}}, "
+            f"q = {q:.3g}, one point per epoch\nrows: accountant and charge (DP-PCA charged); "
+            "columns: the paper's presets"
+        )
         return save(fig, out, "figure4", dpi=COLUMN_DPI)
 
 
@@ -144,10 +217,21 @@ def _figure5_claims(ax, panel: str, xs: list, labels: list[str], numeric: bool) 
             continue
         if c["kind"] == "argmax" and numeric:
             ax.axvline(c["value"], color="k", ls=":", lw=1, label=f"paper: {c['paper']}")
-        elif c["kind"] == "random_projection" and not numeric and any(l.startswith("random") for l in labels):
+        elif (
+            c["kind"] == "random_projection"
+            and not numeric
+            and any(l.startswith("random") for l in labels)
+        ):
             i = next(i for i, l in enumerate(labels) if l.startswith("random"))
-            ax.plot([xs[i]], [100 * c["value"]], marker="*", ms=13, color="k", ls="none",
-                    label=f"paper: {c['paper']}")
+            ax.plot(
+                [xs[i]],
+                [100 * c["value"]],
+                marker="*",
+                ms=13,
+                color="k",
+                ls="none",
+                label=f"paper: {c['paper']}",
+            )
         else:
             ax.plot([], [], ls="none", label=f"paper: {c['paper']}")
 
@@ -155,11 +239,20 @@ def _figure5_claims(ax, panel: str, xs: list, labels: list[str], numeric: bool) 
 def _figure5_panel(ax, df: pd.DataFrame, panel: str) -> None:
     _key, xlabel, _default = claims.FIGURE5_PANELS[panel]
     d = df[df["panel"] == panel].copy()
-    d = d.iloc[sorted(range(len(d)), key=lambda i: _pca_order(d["value"].iloc[i]))] if panel == "pca_dims" \
+    d = (
+        d.iloc[sorted(range(len(d)), key=lambda i: _pca_order(d["value"].iloc[i]))]
+        if panel == "pca_dims"
         else d.assign(_v=pd.to_numeric(d["value"], errors="coerce")).sort_values("_v")
-    agg = d.groupby("value", sort=False).agg(train=("train_accuracy", "mean"),
-                                               test=("test_accuracy", "mean"),
-                                               n=("test_accuracy", "size")).reset_index()
+    )
+    agg = (
+        d.groupby("value", sort=False)
+        .agg(
+            train=("train_accuracy", "mean"),
+            test=("test_accuracy", "mean"),
+            n=("test_accuracy", "size"),
+        )
+        .reset_index()
+    )
     xs, labels, numeric = _panel_x(agg)
     ax.plot(xs, 100 * agg["train"], marker="o", color="tab:blue", label="train accuracy")
     ax.plot(xs, 100 * agg["test"], marker="s", color="tab:orange", label="test accuracy")
@@ -178,8 +271,16 @@ def _figure5_panel(ax, df: pd.DataFrame, panel: str) -> None:
     centre = d[d["source"].astype(str).str.startswith("preset")] if "source" in d else d.iloc[:0]
     if len(centre):
         i = list(agg["value"]).index(centre["value"].iloc[0])
-        ax.plot([xs[i]], [100 * agg["test"].iloc[i]], marker="D", ms=10, mfc="none", mec="k", ls="none",
-                label="medium preset run (shared centre)")
+        ax.plot(
+            [xs[i]],
+            [100 * agg["test"].iloc[i]],
+            marker="D",
+            ms=10,
+            mfc="none",
+            mec="k",
+            ls="none",
+            label="medium preset run (shared centre)",
+        )
     ax.legend(fontsize=7, loc="lower right")
     letter = "abcdef"[list(claims.FIGURE5_PANELS).index(panel)]
     ax.set_title(f"({letter}) {xlabel}", fontsize=10)
@@ -193,17 +294,57 @@ def figure5(df: pd.DataFrame, out: Path) -> list[Path]:
         _figure5_panel(ax, df, panel)
     r = df.iloc[0]
     conv = CONVENTION_TEXT.get(r["convention"], r["convention"])
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    fig.suptitle("Figure 5 — one parameter varied from the medium preset (σ = 4, σ_p = 7, C = 4, L = 600, "
-                 f"q = L/N = 0.01 unless varied), each run stopped at (ε, δ) = ({r['epsilon_budget']:g}, "
-                 f"{r['delta']:g})\n{r['accountant']} accountant, {conv}, DP-PCA charged; "
-                 "mean over seeds where several", fontsize=10.5)
+    fig.suptitle(
+        "Figure 5 — one parameter varied from the medium preset (σ = 4, σ_p = 7, C = 4, L = 600, "
+        f"q = L/N = 0.01 unless varied), each run stopped at (ε, δ) = ({r['epsilon_budget']:g}, "
+        f"{r['delta']:g})\n{r['accountant']} accountant, {conv}, DP-PCA charged; "
+        "mean over seeds where several",
+        fontsize=10.5,
+    )
     fig.tight_layout()
     return save(fig, out, "figure5")
 
 
 # ---------------------------------------------------------------------------------------- every run
+def _ours(ax, priv: pd.DataFrame) -> None:
+    """Our preset runs: ε as claimed (filled) and ε joint by PLD (open), one colour per preset."""
+    for preset, d in priv[priv["kind"] == "preset"].groupby("preset"):
+        color = PRESET_COLOR.get(preset, "k")
+        ax.plot(
+            d["epsilon"],
+            100 * d["test_accuracy"],
+            ls="none",
+            marker="D",
+            ms=8,
+            color=color,
+            label=f"ours: {claims.PRESET_LABEL.get(preset, preset)}",
+        )
+        if (
+            "epsilon_pld_joint" in d
+        ):  # the same run under the correct joint charge, tight accountant
+            ax.plot(
+                d["epsilon_pld_joint"],
+                100 * d["test_accuracy"],
+                ls="none",
+                marker="D",
+                ms=8,
+                mfc="none",
+                mec=color,
+            )
+    if (priv["kind"] == "preset").any() and "epsilon_pld_joint" in priv:
+        ax.plot(
+            [],
+            [],
+            ls="none",
+            marker="D",
+            mfc="none",
+            mec="k",
+            label="same runs: ε joint, PLD (tight)",
+        )
+
+
 def privacy_utility(df: pd.DataFrame, out: Path) -> list[Path]:
     """Final test accuracy vs ε for every run, the paper's points overlaid."""
     fig, ax = plt.subplots(figsize=(7.5, 5))
@@ -211,27 +352,36 @@ def privacy_utility(df: pd.DataFrame, out: Path) -> list[Path]:
     sweeps = priv[priv["kind"] == "sweep"]
     if len(sweeps):
         for panel, d in sweeps.groupby("panel"):
-            ax.plot(d["epsilon"], 100 * d["test_accuracy"], ls="none", marker="o", ms=5, alpha=0.7,
-                    label=f"Figure 5 sweep: {panel}")
-    for preset, d in priv[priv["kind"] == "preset"].groupby("preset"):
-        color = PRESET_COLOR.get(preset, "k")
-        ax.plot(d["epsilon"], 100 * d["test_accuracy"], ls="none", marker="D", ms=8,
-                color=color, label=f"ours: {claims.PRESET_LABEL.get(preset, preset)}")
-        if "epsilon_pld_joint" in d:   # the same run under the correct joint charge, tight accountant
-            ax.plot(d["epsilon_pld_joint"], 100 * d["test_accuracy"], ls="none", marker="D", ms=8, mfc="none",
-                    mec=color)
-    if (priv["kind"] == "preset").any() and "epsilon_pld_joint" in priv:
-        ax.plot([], [], ls="none", marker="D", mfc="none", mec="k", label="same runs: ε joint, PLD (tight)")
+            ax.plot(
+                d["epsilon"],
+                100 * d["test_accuracy"],
+                ls="none",
+                marker="o",
+                ms=5,
+                alpha=0.7,
+                label=f"Figure 5 sweep: {panel}",
+            )
+    _ours(ax, priv)
     for preset, p in claims.PRESETS.items():
         if math.isfinite(p["epsilon"]):
             ax.plot([p["epsilon"]], [100 * p["accuracy"]], marker="*", ms=14, color="k", ls="none")
-    ax.plot([], [], marker="*", ms=10, color="k", ls="none", label="paper (90/95/97 % at ε = 0.5/2/8)")
+    ax.plot(
+        [], [], marker="*", ms=10, color="k", ls="none", label="paper (90/95/97 % at ε = 0.5/2/8)"
+    )
     nonpriv = df[df["preset"] == "mnist_nonprivate"]
     if len(nonpriv):
-        ax.axhline(100 * nonpriv["test_accuracy"].iloc[0], color="tab:gray", ls="--",
-                   label=f"ours: non-private {100 * nonpriv['test_accuracy'].iloc[0]:.2f} %")
-    ax.axhline(100 * claims.PRESETS["mnist_nonprivate"]["accuracy"], color="k", ls=":",
-               label="paper: non-private 98.3 %")
+        ax.axhline(
+            100 * nonpriv["test_accuracy"].iloc[0],
+            color="tab:gray",
+            ls="--",
+            label=f"ours: non-private {100 * nonpriv['test_accuracy'].iloc[0]:.2f} %",
+        )
+    ax.axhline(
+        100 * claims.PRESETS["mnist_nonprivate"]["accuracy"],
+        color="k",
+        ls=":",
+        label="paper: non-private 98.3 %",
+    )
     log_x(ax)
     ax.set_xlabel("ε at δ = 1e-5 (log scale)")
     ax.set_ylabel("final test accuracy (%)")
@@ -240,6 +390,9 @@ def privacy_utility(df: pd.DataFrame, out: Path) -> list[Path]:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="lower right")
     conv = convention(priv) if len(priv) else "n/a"
-    ax.set_title(f"Privacy–utility: every run (MNIST, δ = 1e-5, q = L/N, σ per run)\n"
-                 f"moments accountant, {conv}, DP-PCA charged", fontsize=9.5)
+    ax.set_title(
+        f"Privacy–utility: every run (MNIST, δ = 1e-5, q = L/N, σ per run)\n"
+        f"moments accountant, {conv}, DP-PCA charged",
+        fontsize=9.5,
+    )
     return save(fig, out, "privacy_utility")

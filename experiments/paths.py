@@ -3,6 +3,7 @@
 Nothing committed under results/ names a folder of the machine that made it: a path inside the
 repository is written relative to it, any other by its last component (``portable``).
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -8,6 +8,7 @@ run) but not validated: every default is read from ``conf/`` or those dataclasse
 A sweep file's points are its ``hydra.sweeper.params`` expanded by Hydra's override parser, in the
 order Hydra's basic sweeper runs them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,8 +31,10 @@ def typed(cfg) -> Config:
 
     raw = OmegaConf.to_container(cfg, resolve=True)
     top = {f.name for f in fields(Config)} - set(GROUPS)
-    return Config(**{g: cls(**(raw.get(g) or {})) for g, cls in GROUPS.items()},
-                  **{k: v for k, v in raw.items() if k in top})
+    return Config(
+        **{g: cls(**(raw.get(g) or {})) for g, cls in GROUPS.items()},
+        **{k: v for k, v in raw.items() if k in top},
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,7 +53,9 @@ def sweep_points(name: str) -> list[list[str]]:
     for line in (f"{key}={value}" for key, value in params.items()):
         o = parser.parse_override(line)
         key = o.get_key_element()
-        axes.append([f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [line])
+        axes.append(
+            [f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [line]
+        )
     return [list(point) for point in itertools.product(*axes)]
 
 
@@ -71,6 +76,11 @@ def epochs_needed(c, n: int = claims.MNIST_N) -> float:
     if c.model.projection == "pca" and p.sigma_p > 0:
         charge_pca(led, p.sigma_p, p.pca_fraction)
     q = p.lot_size / n
-    lots = led.steps_within(p.target_epsilon, p.delta, Poisson(q, p.sigma, clipping_groups_estimate(c)),
-                            c.accountant.name, p.convention)
+    lots = led.steps_within(
+        p.target_epsilon,
+        p.delta,
+        Poisson(q, p.sigma, clipping_groups_estimate(c)),
+        c.accountant.name,
+        p.convention,
+    )
     return min(epochs, lots * p.lot_size / n)

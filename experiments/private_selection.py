@@ -10,6 +10,7 @@ trained on 50 000 training examples and scored on the other 10 000 (noisy count,
 released model is evaluated once on the MNIST test set after the selection. ``collect`` copies each
 sweep's tuning.json and its candidates' metrics.csv / privacy.json into results/runs/private_selection/.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,9 +33,25 @@ LAW = ["--distribution", "truncated_negative_binomial", "--eta", "0", "--gamma",
 
 
 def command(seed: int, sweeps: Path = SWEEPS) -> list[str]:
-    return (["python", "-m", "dpsgd.tune", "--sweep-dir", str(sweeps / f"seed{seed}"), "--target-epsilon", "1.2",
-             "--delta", "1e-5", *LAW, "--validation", "10000", "--seed", str(seed), "--test-accuracy",
-             "experiment=mnist_scatter_linear", SPACE])
+    return [
+        "python",
+        "-m",
+        "dpsgd.tune",
+        "--sweep-dir",
+        str(sweeps / f"seed{seed}"),
+        "--target-epsilon",
+        "1.2",
+        "--delta",
+        "1e-5",
+        *LAW,
+        "--validation",
+        "10000",
+        "--seed",
+        str(seed),
+        "--test-accuracy",
+        "experiment=mnist_scatter_linear",
+        SPACE,
+    ]
 
 
 def run(seeds, sweeps: Path = SWEEPS) -> None:
@@ -68,17 +85,33 @@ def row(t: dict, seed: int, wall: float | None) -> dict:
     cands = t["candidates"]
     best = cands[w["index"]] if w else None
     return {
-        "seed": seed, "K": t["K"], "distribution": d["name"], "eta": d.get("eta"), "gamma": d.get("gamma"),
-        "mean_K": d["mean"], "candidates_epochs": ";".join(c["choice"]["training.epochs"] for c in cands),
+        "seed": seed,
+        "K": t["K"],
+        "distribution": d["name"],
+        "eta": d.get("eta"),
+        "gamma": d.get("gamma"),
+        "mean_K": d["mean"],
+        "candidates_epochs": ";".join(c["choice"]["training.epochs"] for c in cands),
         "candidates_status": ";".join(c["status"] for c in cands),
-        "candidates_score": ";".join("" if c["score"] is None else f"{c['score']:.4f}" for c in cands),
-        "winner_epochs": w and int(w["choice"]["training.epochs"]), "winner_sigma": best and best["sigma"],
-        "winner_score": w and w["score"], "winner_validation_accuracy": best and best["validation_accuracy"],
+        "candidates_score": ";".join(
+            "" if c["score"] is None else f"{c['score']:.4f}" for c in cands
+        ),
+        "winner_epochs": w and int(w["choice"]["training.epochs"]),
+        "winner_sigma": best and best["sigma"],
+        "winner_score": w and w["score"],
+        "winner_validation_accuracy": best and best["validation_accuracy"],
         "winner_test_accuracy": t.get("after_selection", {}).get("winner_test_accuracy"),
-        "epsilon_total": p["epsilon"], "delta": p["delta"], "order": p["order"],
-        "base_epsilon_rdp": p["base_epsilon_rdp"], "theorem": p["theorem"], "score_sigma": t["score_sigma"],
-        "validation_examples": t["validation"], "wall_s": wall, "hardware": HARDWARE,
-        "run": f"runs/private_selection/seed{seed}", "command": " ".join(command(seed)),
+        "epsilon_total": p["epsilon"],
+        "delta": p["delta"],
+        "order": p["order"],
+        "base_epsilon_rdp": p["base_epsilon_rdp"],
+        "theorem": p["theorem"],
+        "score_sigma": t["score_sigma"],
+        "validation_examples": t["validation"],
+        "wall_s": wall,
+        "hardware": HARDWARE,
+        "run": f"runs/private_selection/seed{seed}",
+        "command": " ".join(command(seed)),
     }
 
 
@@ -110,30 +143,46 @@ def table_rows(df: pd.DataFrame | None) -> list[str]:
     """The results/README.md section beside the frontier's uncharged mnist_scatter_linear_val row."""
     if df is None or not len(df):
         return []
-    acc = 100 * df["winner_test_accuracy"].astype(float).dropna()     # K = 0 (Poisson): nothing released
+    acc = (
+        100 * df["winner_test_accuracy"].astype(float).dropna()
+    )  # K = 0 (Poisson): nothing released
     sd = acc.std(ddof=1) if len(acc) > 1 else float("nan")
     first = df.iloc[0]
-    lines = ["## The tuned row with its tuning charged (private selection)", "",
-             "`mnist_scatter_linear_val` above chose T = 20 epochs on a validation split without charging the "
-             "selection. Here the choice itself is private (Papernot & Steinke 2022, Theorem 2): K ~ truncated "
-             f"negative binomial (η = {first['eta']:g}, γ = {first['gamma']:g}, E[K] = {first['mean_K']:.2f}) "
-             "candidates drawn from T ∈ {10, 15, 20, 40, 60}, each a DP-SGD run on 50 000 training examples "
-             f"scored on the other 10 000 (noisy count, σ = {first['score_sigma']:g}), the best released; "
-             "the *total* ε of the released model is at most 1.2 (RDP accountant, δ = 1e-5). Test accuracy: the "
-             "winner's model on the MNIST test set, once, after the selection. Rows: `tuning/private_selection.csv`; "
-             "runs: `runs/private_selection/`; method: docs/TUNING.md.", "",
-             "| recipe | ε (total) | test accuracy, mean ± sd (n seeds) | per seed: K, candidates' T → winner T, "
-             "test accuracy, wall time | wall time per seed (median; total) | hardware | command |", "|---|---|---|---|---|---|---|"]
-    per = "; ".join(f"S={r.seed}: K={r.K}, " + (f"T {str(r.candidates_epochs).replace(';', ',')} → {r.winner_epochs}, "
-                                                 f"{100 * float(r.winner_test_accuracy):.2f} %"
-                                                 if pd.notna(r.winner_test_accuracy) else "nothing released")
-                    + f", {float(r.wall_s) / 60:.1f} min" for r in df.itertuples())
+    lines = [
+        "## The tuned row with its tuning charged (private selection)",
+        "",
+        "`mnist_scatter_linear_val` above chose T = 20 epochs on a validation split without charging the "
+        "selection. Here the choice itself is private (Papernot & Steinke 2022, Theorem 2): K ~ truncated "
+        f"negative binomial (η = {first['eta']:g}, γ = {first['gamma']:g}, E[K] = {first['mean_K']:.2f}) "
+        "candidates drawn from T ∈ {10, 15, 20, 40, 60}, each a DP-SGD run on 50 000 training examples "
+        f"scored on the other 10 000 (noisy count, σ = {first['score_sigma']:g}), the best released; "
+        "the *total* ε of the released model is at most 1.2 (RDP accountant, δ = 1e-5). Test accuracy: the "
+        "winner's model on the MNIST test set, once, after the selection. Rows: `tuning/private_selection.csv`; "
+        "runs: `runs/private_selection/`; method: docs/TUNING.md.",
+        "",
+        "| recipe | ε (total) | test accuracy, mean ± sd (n seeds) | per seed: K, candidates' T → winner T, "
+        "test accuracy, wall time | wall time per seed (median; total) | hardware | command |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    per = "; ".join(
+        f"S={r.seed}: K={r.K}, "
+        + (
+            f"T {str(r.candidates_epochs).replace(';', ',')} → {r.winner_epochs}, "
+            f"{100 * float(r.winner_test_accuracy):.2f} %"
+            if pd.notna(r.winner_test_accuracy)
+            else "nothing released"
+        )
+        + f", {float(r.wall_s) / 60:.1f} min"
+        for r in df.itertuples()
+    )
     wall = df["wall_s"].astype(float).median() / 60
     total = df["wall_s"].astype(float).sum() / 60
     cmd = first["command"].replace("seed0", "seedS").replace("--seed 0", "--seed S")
-    lines.append(f"| `mnist_scatter_linear` + private selection of T | {df['epsilon_total'].max():.3f} | "
-                 f"{acc.mean():.2f} ± {sd:.2f} % ({len(acc)}) | {per} | {wall:.1f} min; {total:.1f} min | {first['hardware']} | "
-                 f"`{cmd}`, S = {', '.join(str(s) for s in df['seed'])} |")
+    lines.append(
+        f"| `mnist_scatter_linear` + private selection of T | {df['epsilon_total'].max():.3f} | "
+        f"{acc.mean():.2f} ± {sd:.2f} % ({len(acc)}) | {per} | {wall:.1f} min; {total:.1f} min | {first['hardware']} | "
+        f"`{cmd}`, S = {', '.join(str(s) for s in df['seed'])} |"
+    )
     return lines + [""]
 
 

@@ -4,6 +4,7 @@ Written by ``python -m experiments.figures`` only (``write_readme``); every numb
 from a CSV in results/, the paper's numbers come from ``experiments.claims``. Nothing here is typed in
 by hand.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,10 @@ def _epochs(x) -> str:
 
 
 EPOCHS_RULE = "epochs = lots × q, to one decimal"
-EPOCHS_NOTE = ("a run stopped by its ε budget ends part-way through an epoch; `metrics.csv` numbers that epoch "
-               "as a whole one, so its last `epoch` is this value rounded up")
+EPOCHS_NOTE = (
+    "a run stopped by its ε budget ends part-way through an epoch; `metrics.csv` numbers that epoch "
+    "as a whole one, so its last `epoch` is this value rounded up"
+)
 
 
 def _read(results: Path, name: str) -> pd.DataFrame | None:
@@ -59,68 +62,101 @@ def _read(results: Path, name: str) -> pd.DataFrame | None:
 
 
 def _figure2_rows(f2: pd.DataFrame) -> list[str]:
-    out = ["## Figure 2 — ε vs epochs (q = 0.01, σ = 4, δ = 1e-5), accountant only", "",
-           "| quantity | source | paper | ours | command |", "|---|---|---|---|---|"]
+    out = [
+        "## Figure 2 — ε vs epochs (q = 0.01, σ = 4, δ = 1e-5), accountant only",
+        "",
+        "| quantity | source | paper | ours | command |",
+        "|---|---|---|---|---|",
+    ]
     cmd = "`python -m experiments.figure2`"
     for epochs, curve, eps, src in claims.FIGURE2:
         d = f2[(f2["curve"] == curve) & (f2["epoch"] == epochs)]
         ours = _num(d["epsilon"].iloc[0]) if len(d) else "—"
-        note = " (paper variant, **not a valid bound**)" if curve == "strong_composition_paper" else ""
-        out.append(f"| ε at E = {epochs}, {curve.replace('_', ' ')}{note} | {src} | {eps:g} | {ours} | {cmd} |")
+        note = (
+            " (paper variant, **not a valid bound**)" if curve == "strong_composition_paper" else ""
+        )
+        out.append(
+            f"| ε at E = {epochs}, {curve.replace('_', ' ')}{note} | {src} | {eps:g} | {ours} | {cmd} |"
+        )
     for epochs in (100, 400):
-        for curve, label in (("strong_composition_valid", "strong composition, valid amplification"),
-                             ("rdp_improved", "RDP, improved conversion"),
-                             ("pld", "PLD (tight, pessimistic)")):
+        for curve, label in (
+            ("strong_composition_valid", "strong composition, valid amplification"),
+            ("rdp_improved", "RDP, improved conversion"),
+            ("pld", "PLD (tight, pessimistic)"),
+        ):
             d = f2[(f2["curve"] == curve) & (f2["epoch"] == epochs)]
             if len(d):
-                out.append(f"| ε at E = {epochs}, {label} | not in paper | — | {_num(d['epsilon'].iloc[0])} | {cmd} |")
+                out.append(
+                    f"| ε at E = {epochs}, {label} | not in paper | — | {_num(d['epsilon'].iloc[0])} | {cmd} |"
+                )
     out.append("")
     return out
 
 
 def _preset_rows(summary: pd.DataFrame) -> list[str]:
-    out = ["## §5.2 / Figure 3 — the paper's MNIST presets (δ = 1e-5)", "",
-           "ε under the paper's accounting (moments accountant, per-tensor charges, DP-PCA charged) and, "
-           f"beside it, the correct joint charge under the tight PLD accountant for the same run; {EPOCHS_RULE} ({EPOCHS_NOTE}).",
-           "", "| preset | paper | ours: test acc. | meets the paper? | ours: ε (paper's accounting) "
-           "| ours: ε (joint, PLD) | epochs | lots | stop | wall time | hardware | command |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "## §5.2 / Figure 3 — the paper's MNIST presets (δ = 1e-5)",
+        "",
+        "ε under the paper's accounting (moments accountant, per-tensor charges, DP-PCA charged) and, "
+        f"beside it, the correct joint charge under the tight PLD accountant for the same run; {EPOCHS_RULE} ({EPOCHS_NOTE}).",
+        "",
+        "| preset | paper | ours: test acc. | meets the paper? | ours: ε (paper's accounting) "
+        "| ours: ε (joint, PLD) | epochs | lots | stop | wall time | hardware | command |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for preset, p in claims.PRESETS.items():
         d = summary[(summary["kind"] == "preset") & (summary["preset"] == preset)]
         paper = f"{100 * p['accuracy']:g} % at ε = {_num(p['epsilon'], 1) if math.isfinite(p['epsilon']) else '∞'}"
         if d.empty:
-            out.append(f"| {preset} | {paper} | not run yet | — | — | — | — | — | — | — | — | "
-                       f"`python -m dpsgd.train experiment={preset}` |")
+            out.append(
+                f"| {preset} | {paper} | not run yet | — | — | — | — | — | — | — | — | "
+                f"`python -m dpsgd.train experiment={preset}` |"
+            )
             continue
         r = d.iloc[-1]
         gap = 100 * (float(r["test_accuracy"]) - p["accuracy"])
         within = not math.isfinite(p["epsilon"]) or float(r["epsilon"]) <= p["epsilon"]
         meets = f"{'yes' if gap >= 0 and within else 'no'} ({gap:+.2f} points)"
-        out.append(f"| {preset} | {paper} | {_pct(r['test_accuracy'])} | {meets} | {_num(r['epsilon'])} | "
-                   f"{_num(r.get('epsilon_pld_joint'))} | {_epochs(r['epochs'])} | {int(r['steps'])} | "
-                   f"{r.get('stop_reason', '—')} | "
-                   f"{_num(r['wall_time_s'] / 60, 1)} min | {r.get('hardware', '—')} | "
-                   f"`python -m dpsgd.train experiment={preset}` |")
+        out.append(
+            f"| {preset} | {paper} | {_pct(r['test_accuracy'])} | {meets} | {_num(r['epsilon'])} | "
+            f"{_num(r.get('epsilon_pld_joint'))} | {_epochs(r['epochs'])} | {int(r['steps'])} | "
+            f"{r.get('stop_reason', '—')} | "
+            f"{_num(r['wall_time_s'] / 60, 1)} min | {r.get('hardware', '—')} | "
+            f"`python -m dpsgd.train experiment={preset}` |"
+        )
     out.append("")
     return out
 
 
 def _seed_rows(seeds: pd.DataFrame | None) -> list[str]:
-    out = ["## Seed spread of the presets — is a shortfall noise?", "",
-           "Final test accuracy over independent seeds (model init, DP-PCA noise, lots, gradient noise), "
-           "each run stopped at the preset's ε under the paper's accounting. Rows per hardware: a GPU "
-           "and a CPU run of the same seed draw different noise streams, so they are separate samples.", "",
-           "| preset | paper | hardware | seeds | mean ± sd | min – max | runs ≥ paper | command |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "## Seed spread of the presets — is a shortfall noise?",
+        "",
+        "Final test accuracy over independent seeds (model init, DP-PCA noise, lots, gradient noise), "
+        "each run stopped at the preset's ε under the paper's accounting. Rows per hardware: a GPU "
+        "and a CPU run of the same seed draw different noise streams, so they are separate samples.",
+        "",
+        "| preset | paper | hardware | seeds | mean ± sd | min – max | runs ≥ paper | command |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     if seeds is None:
-        return out + ["| — | — | — | not run yet | — | — | — | `python -m experiments.seeds run` |", ""]
+        return out + [
+            "| — | — | — | not run yet | — | — | — | `python -m experiments.seeds run` |",
+            "",
+        ]
     for r in spread(seeds).itertuples():
         sd = "" if pd.isna(r.sd) else f" ± {100 * r.sd:.2f}"
         dev = "cuda" if "nvidia" in str(r.hardware).lower() else "cpu"
-        out.append(f"| {r.preset} | {100 * r.paper:g} % | {r.hardware} | {r.seeds} | {100 * r.mean:.2f}{sd} % | "
-                   f"{_pct(r.min)} – {_pct(r.max)} | {r.at_or_above_paper}/{r.n} | "
-                   f"`python -m experiments.seeds run --presets {r.preset} --seeds {r.seeds} --device {dev}` |")
-    return out + ["", "Per-run rows: `seeds.csv`; per-epoch metrics: `seeds/<hardware>/<preset>_seed<s>/`.", ""]
+        out.append(
+            f"| {r.preset} | {100 * r.paper:g} % | {r.hardware} | {r.seeds} | {100 * r.mean:.2f}{sd} % | "
+            f"{_pct(r.min)} – {_pct(r.max)} | {r.at_or_above_paper}/{r.n} | "
+            f"`python -m experiments.seeds run --presets {r.preset} --seeds {r.seeds} --device {dev}` |"
+        )
+    return out + [
+        "",
+        "Per-run rows: `seeds.csv`; per-epoch metrics: `seeds/<hardware>/<preset>_seed<s>/`.",
+        "",
+    ]
 
 
 def figure5_ours(f5: pd.DataFrame, claim: dict) -> str:
@@ -134,8 +170,10 @@ def figure5_ours(f5: pd.DataFrame, claim: dict) -> str:
         none = [k for k in acc.index if k in ("none", "0")]
         if "60" not in acc.index or not none:
             return "—"
-        return (f"60-d PCA {_pct(acc['60'])} vs no PCA {_pct(acc[none[0]])}: "
-                f"gap {100 * (acc['60'] - acc[none[0]]):+.2f} points")
+        return (
+            f"60-d PCA {_pct(acc['60'])} vs no PCA {_pct(acc[none[0]])}: "
+            f"gap {100 * (acc['60'] - acc[none[0]]):+.2f} points"
+        )
     if kind == "random_projection":
         rp = [k for k in acc.index if k.startswith("random")]
         return ", ".join(f"{k}: {_pct(acc[k])}" for k in rp) if rp else "—"
@@ -151,31 +189,44 @@ def figure5_ours(f5: pd.DataFrame, claim: dict) -> str:
 
 
 def _figure5_rows(f5: pd.DataFrame | None) -> list[str]:
-    out = ["## Figure 5 — effect of the parameters (medium preset, each run to (ε, δ) = (2, 1e-5))", "",
-           "| panel | paper | ours (final test accuracy) | command |", "|---|---|---|---|"]
+    out = [
+        "## Figure 5 — effect of the parameters (medium preset, each run to (ε, δ) = (2, 1e-5))",
+        "",
+        "| panel | paper | ours (final test accuracy) | command |",
+        "|---|---|---|---|",
+    ]
     for c in claims.FIGURE5_CLAIMS:
         ours = figure5_ours(f5, c) if f5 is not None else "not run yet"
-        out.append(f"| {c['panel']} | {c['paper']} | {ours} | `python -m dpsgd.train -m +sweep={c['panel']}` |")
+        out.append(
+            f"| {c['panel']} | {c['paper']} | {ours} | `python -m dpsgd.train -m +sweep={c['panel']}` |"
+        )
     out.append("")
     if f5 is not None:
-        out += ["Every Figure-5 run (ε: moments accountant, per-tensor charges, DP-PCA charged; "
-                f"{EPOCHS_RULE}; "
-                "the medium preset run is the centre point of every panel whose parameter it shares, "
-                "`source = preset:mnist_medium`):", "",
-                "| panel | value | source | train acc. | test acc. | ε | ε (joint, PLD) | epochs | lots | stop | seed "
-                "| wall time |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            "Every Figure-5 run (ε: moments accountant, per-tensor charges, DP-PCA charged; "
+            f"{EPOCHS_RULE}; "
+            "the medium preset run is the centre point of every panel whose parameter it shares, "
+            "`source = preset:mnist_medium`):",
+            "",
+            "| panel | value | source | train acc. | test acc. | ε | ε (joint, PLD) | epochs | lots | stop | seed "
+            "| wall time |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in f5.itertuples():
-            out.append(f"| {r.panel} | {r.value} | {r.source} | {_pct(r.train_accuracy)} | {_pct(r.test_accuracy)} | "
-                       f"{_num(r.epsilon)} | {_num(r.epsilon_pld_joint)} | {_epochs(r.epochs)} | {r.steps} | "
-                       f"{r.stop_reason} | {r.seed} | {_num(r.wall_time_s / 60, 1)} min |")
+            out.append(
+                f"| {r.panel} | {r.value} | {r.source} | {_pct(r.train_accuracy)} | {_pct(r.test_accuracy)} | "
+                f"{_num(r.epsilon)} | {_num(r.epsilon_pld_joint)} | {_epochs(r.epochs)} | {r.steps} | "
+                f"{r.stop_reason} | {r.seed} | {_num(r.wall_time_s / 60, 1)} min |"
+            )
         out.append("")
     return out
 
 
 CIFAR_MEASURE = "`make cifar10-all`, then `python -m experiments.collect` and `make figures`"
-CIFAR_NOT_MEASURED = ("The CIFAR-10 numbers (§5.3, Figure 6) have not been measured by this repository "
-                      f"(CIFAR is not reachable from our machines): {CIFAR_MEASURE} measure them.")
+CIFAR_NOT_MEASURED = (
+    "The CIFAR-10 numbers (§5.3, Figure 6) have not been measured by this repository "
+    f"(CIFAR is not reachable from our machines): {CIFAR_MEASURE} measure them."
+)
 
 
 def cifar_rows(f6: pd.DataFrame | None) -> list[str]:
@@ -184,35 +235,53 @@ def cifar_rows(f6: pd.DataFrame | None) -> list[str]:
     out = ["## §5.3 / Figure 6 — CIFAR-10 (δ = 1e-5)", ""]
     if f6 is None:
         return out + [CIFAR_NOT_MEASURED, ""]
-    out += ["Convolutions pretrained on CIFAR-100 (public, not charged) and frozen; DP-SGD on the dense "
-            "layers with per-layer clipping. ε under the paper's accounting (moments accountant, per-tensor "
-            f"charges) and, beside it, the joint charge under the tight PLD accountant; {EPOCHS_RULE}. "
-            f"Measured by {CIFAR_MEASURE}.", "",
-            "| preset | paper | source | ours: test acc. | meets the paper? | ours: ε (paper's accounting) "
-            "| ours: ε (joint, PLD) | epochs | lots | stop | wall time | hardware | command |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out += [
+        "Convolutions pretrained on CIFAR-100 (public, not charged) and frozen; DP-SGD on the dense "
+        "layers with per-layer clipping. ε under the paper's accounting (moments accountant, per-tensor "
+        f"charges) and, beside it, the joint charge under the tight PLD accountant; {EPOCHS_RULE}. "
+        f"Measured by {CIFAR_MEASURE}.",
+        "",
+        "| preset | paper | source | ours: test acc. | meets the paper? | ours: ε (paper's accounting) "
+        "| ours: ε (joint, PLD) | epochs | lots | stop | wall time | hardware | command |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     last = final(f6)
     for preset, p in claims.CIFAR10_PRESETS.items():
         private = math.isfinite(p["epsilon"])
-        paper = (f"{100 * p['accuracy']:g} % at ε = {p['epsilon']:g}, L = {p['lot_size']}" if private else
-                 f"≈ {100 * p['accuracy']:g} % (≈ {p['epochs']} epochs, batch {p['lot_size']})")
+        paper = (
+            f"{100 * p['accuracy']:g} % at ε = {p['epsilon']:g}, L = {p['lot_size']}"
+            if private
+            else f"≈ {100 * p['accuracy']:g} % (≈ {p['epochs']} epochs, batch {p['lot_size']})"
+        )
         cmd = f"`python -m dpsgd.train experiment={preset}`"
         if preset not in last:
-            out.append(f"| {preset} | {paper} | {p['source']} | not run yet | — | — | — | — | — | — | — | — | {cmd} |")
+            out.append(
+                f"| {preset} | {paper} | {p['source']} | not run yet | — | — | — | — | — | — | — | — | {cmd} |"
+            )
             continue
         r = last[preset]
         gap = 100 * (float(r["test_accuracy"]) - p["accuracy"])
         within = not private or float(r["epsilon"]) <= p["epsilon"]
-        out.append(f"| {preset} | {paper} | {p['source']} | {_pct(r['test_accuracy'])} | "
-                   f"{'yes' if gap >= 0 and within else 'no'} ({gap:+.2f} points) | "
-                   f"{_num(r['epsilon']) if private else '∞'} | {_num(r['epsilon_pld_joint']) if private else '∞'} | "
-                   f"{_epochs(r['steps'] * r['q'])} | {int(r['steps'])} | {r['stop_reason']} | "
-                   f"{_num(r['wall_time_s'] / 60, 1)} min | {r['hardware']} | {cmd} |")
-    return out + ["", "Per-epoch rows: `figure6.csv`; the runs: `runs/<preset>/` (`python -m experiments.collect`).", ""]
+        out.append(
+            f"| {preset} | {paper} | {p['source']} | {_pct(r['test_accuracy'])} | "
+            f"{'yes' if gap >= 0 and within else 'no'} ({gap:+.2f} points) | "
+            f"{_num(r['epsilon']) if private else '∞'} | {_num(r['epsilon_pld_joint']) if private else '∞'} | "
+            f"{_epochs(r['steps'] * r['q'])} | {int(r['steps'])} | {r['stop_reason']} | "
+            f"{_num(r['wall_time_s'] / 60, 1)} min | {r['hardware']} | {cmd} |"
+        )
+    return out + [
+        "",
+        "Per-epoch rows: `figure6.csv`; the runs: `runs/<preset>/` (`python -m experiments.collect`).",
+        "",
+    ]
 
 
 def render(results: Path) -> str:
-    f2, summary, f5 = _read(results, "figure2.csv"), _read(results, "summary.csv"), _read(results, "figure5.csv")
+    f2, summary, f5 = (
+        _read(results, "figure2.csv"),
+        _read(results, "summary.csv"),
+        _read(results, "figure5.csv"),
+    )
     f6 = _read(results, "figure6.csv")
     lines = [HEADER]
     if f2 is not None:
@@ -229,38 +298,49 @@ def render(results: Path) -> str:
     if summary is not None:
         hw = "; ".join(sorted(set(summary["hardware"].astype(str))))
         eng = ", ".join(sorted(set(summary["engine"].astype(str))))
-        lines += ["## How the runs were made", "",
-                  f"- Hardware: {hw}; per-example clipping engine: {eng}; one thread per run "
-                  "(`OMP_NUM_THREADS=1`), two runs at a time on a machine shared with other jobs, so wall "
-                  "times are upper bounds for an idle machine.",
-                  f"- {len(summary)} runs in all: {int((summary['kind'] == 'preset').sum())} presets, "
-                  f"{int((summary['kind'] == 'sweep').sum())} Figure-5 sweep runs; seed(s) "
-                  f"{', '.join(str(x) for x in sorted(set(summary['seed'])))}; "
-                  f"total training time {summary['wall_time_s'].sum() / 3600:.1f} h.",
-                  "- A run with a target ε stops before the lot that would exceed it (the last lot taken "
-                  "never exceeds it); the paper's presets and every Figure-5 run use the paper's accounting "
-                  "(moments accountant, per-tensor charges, DP-PCA charged). The joint, tight ε of the same "
-                  "runs is in the `epsilon_pld_joint` columns.", ""]
+        lines += [
+            "## How the runs were made",
+            "",
+            f"- Hardware: {hw}; per-example clipping engine: {eng}; one thread per run "
+            "(`OMP_NUM_THREADS=1`), two runs at a time on a machine shared with other jobs, so wall "
+            "times are upper bounds for an idle machine.",
+            f"- {len(summary)} runs in all: {int((summary['kind'] == 'preset').sum())} presets, "
+            f"{int((summary['kind'] == 'sweep').sum())} Figure-5 sweep runs; seed(s) "
+            f"{', '.join(str(x) for x in sorted(set(summary['seed'])))}; "
+            f"total training time {summary['wall_time_s'].sum() / 3600:.1f} h.",
+            "- A run with a target ε stops before the lot that would exceed it (the last lot taken "
+            "never exceeds it); the paper's presets and every Figure-5 run use the paper's accounting "
+            "(moments accountant, per-tensor charges, DP-PCA charged). The joint, tight ε of the same "
+            "runs is in the `epsilon_pld_joint` columns.",
+            "",
+        ]
     figs = sorted((results / "figures").glob("*.png")) if (results / "figures").exists() else []
     if figs:
         lines += ["## Figures", ""] + [f"![{p.stem}](figures/{p.name})" for p in figs] + [""]
-    lines += ["## Files", "",
-              "- `figure2.csv` — ε vs epochs per accountant (accountant only)",
-              "- `figure3.csv` — per-epoch metrics of the four presets",
-              "- `figure4.csv` — per-epoch test accuracy and ε at δ ∈ {1e-5, 1e-4, 1e-3, 1e-2}",
-              "- `figure5.csv` — one row per Figure-5 sweep run",
-              "- `summary.csv` — one row per run (MNIST presets and sweeps)",
-              *(["- `figure6.csv` — per-epoch metrics of the CIFAR-10 presets"] if f6 is not None else []),
-              "- `frontier.csv` — one row per frontier run (`python -m experiments.frontier`)",
-              "- `tuning/mnist_scatter_linear_eps1.2.csv` — the validation-split runs that chose `mnist_scatter_linear_val`'s "
-              "epochs (accuracy on 10 000 held-out training examples, never the test set)",
-              "- `tuning/private_selection.csv` — the same choice as a private selection whose total ε is 1.2, one row "
-              "per seed of the whole procedure (`python -m experiments.private_selection collect`); its sweeps: "
-              "`runs/private_selection/seed<s>/` (`tuning.json`, each candidate's `metrics.csv` and `privacy.json`)",
-              "- `seeds.csv` — one row per preset run over seeds and hardware (`python -m experiments.seeds collect`)",
-              "- `runs/<preset>/metrics.csv`, `runs/<preset>/privacy.json` — the preset runs as written by training",
-              "- `runs/frontier/<recipe>/eps<ε>_seed<s>/` — the frontier runs' `metrics.csv`, `privacy.json`, `config.yaml`",
-              ""]
+    lines += [
+        "## Files",
+        "",
+        "- `figure2.csv` — ε vs epochs per accountant (accountant only)",
+        "- `figure3.csv` — per-epoch metrics of the four presets",
+        "- `figure4.csv` — per-epoch test accuracy and ε at δ ∈ {1e-5, 1e-4, 1e-3, 1e-2}",
+        "- `figure5.csv` — one row per Figure-5 sweep run",
+        "- `summary.csv` — one row per run (MNIST presets and sweeps)",
+        *(
+            ["- `figure6.csv` — per-epoch metrics of the CIFAR-10 presets"]
+            if f6 is not None
+            else []
+        ),
+        "- `frontier.csv` — one row per frontier run (`python -m experiments.frontier`)",
+        "- `tuning/mnist_scatter_linear_eps1.2.csv` — the validation-split runs that chose `mnist_scatter_linear_val`'s "
+        "epochs (accuracy on 10 000 held-out training examples, never the test set)",
+        "- `tuning/private_selection.csv` — the same choice as a private selection whose total ε is 1.2, one row "
+        "per seed of the whole procedure (`python -m experiments.private_selection collect`); its sweeps: "
+        "`runs/private_selection/seed<s>/` (`tuning.json`, each candidate's `metrics.csv` and `privacy.json`)",
+        "- `seeds.csv` — one row per preset run over seeds and hardware (`python -m experiments.seeds collect`)",
+        "- `runs/<preset>/metrics.csv`, `runs/<preset>/privacy.json` — the preset runs as written by training",
+        "- `runs/frontier/<recipe>/eps<ε>_seed<s>/` — the frontier runs' `metrics.csv`, `privacy.json`, `config.yaml`",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ A run's hardware is the one its privacy statement records; older runs without it
 ``--hardware`` (default: this machine). The ``run`` column names the run without this machine's
 paths (``run_label``). ``results/README.md`` tabulates mean ± sd per preset.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,17 +54,34 @@ SUBDIR = "hydra.sweep.subdir=${hydra.job.num}_${hydra.runtime.choices.experiment
 
 
 def run(presets: list[str], seeds: list[int], device: str, launcher: str | None = None) -> None:
-    if launcher is not None:   # one multirun over presets × seeds, run by the launcher
-        cmd = [sys.executable, "-m", "dpsgd.train", "-m", f"experiment={','.join(presets)}",
-               f"seed={','.join(map(str, seeds))}", f"device={device}", "name=seeds", SWEEP_DIR, SUBDIR,
-               f"hydra/launcher={launcher}"]
+    if launcher is not None:  # one multirun over presets × seeds, run by the launcher
+        cmd = [
+            sys.executable,
+            "-m",
+            "dpsgd.train",
+            "-m",
+            f"experiment={','.join(presets)}",
+            f"seed={','.join(map(str, seeds))}",
+            f"device={device}",
+            "name=seeds",
+            SWEEP_DIR,
+            SUBDIR,
+            f"hydra/launcher={launcher}",
+        ]
         print("+", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True)
         return
     for preset in presets:
         for s in seeds:
-            cmd = [sys.executable, "-m", "dpsgd.train", f"experiment={preset}", f"seed={s}",
-                   f"device={device}", "name=seeds"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "dpsgd.train",
+                f"experiment={preset}",
+                f"seed={s}",
+                f"device={device}",
+                "name=seeds",
+            ]
             print("+", " ".join(cmd[1:]), flush=True)
             subprocess.run(cmd, cwd=ROOT, check=True)
 
@@ -94,8 +112,17 @@ def rows_from(roots: list[Path], hardware: str) -> list[tuple[dict, Path]]:
             continue
         row = {**run_row(r, hardware), "run": run_label(r["dir"], roots)}
         m = r["metrics"]["test_accuracy"].dropna()
-        out.append(({"preset": exp, **row, "best_test_accuracy": float(m.max()),
-                     "best_epoch": int(r["metrics"].loc[m.idxmax(), "epoch"])}, r["dir"]))
+        out.append(
+            (
+                {
+                    "preset": exp,
+                    **row,
+                    "best_test_accuracy": float(m.max()),
+                    "best_epoch": int(r["metrics"].loc[m.idxmax(), "epoch"]),
+                },
+                r["dir"],
+            )
+        )
     return out
 
 
@@ -105,7 +132,7 @@ def collect(roots: list[Path], results: Path, hardware: str | None = None) -> Pa
     path = results / "seeds.csv"
     old = pd.read_csv(path) if path.exists() else pd.DataFrame()
     df = pd.DataFrame([row for row, _ in new])
-    if len(df):                                  # the same run found twice: keep one
+    if len(df):  # the same run found twice: keep one
         df = df.drop_duplicates(KEY, keep="last")
     if len(old):
         keep = ~old.set_index(KEY).index.isin(df.set_index(KEY).index) if len(df) else slice(None)
@@ -116,7 +143,9 @@ def collect(roots: list[Path], results: Path, hardware: str | None = None) -> Pa
         for f in ("metrics.csv", "privacy.json"):
             shutil.copy2(Path(src) / f, dst / f)
     order = {p: i for i, p in enumerate(claims.PRESETS)}
-    df = df.sort_values(["preset", "hardware", "seed"], key=lambda s: s.map(order) if s.name == "preset" else s)
+    df = df.sort_values(
+        ["preset", "hardware", "seed"], key=lambda s: s.map(order) if s.name == "preset" else s
+    )
     atomic_write_text(path, df.to_csv(index=False))
     print(f"{len(new)} run(s) merged; {len(df)} rows in {path}")
     return path
@@ -128,11 +157,21 @@ def spread(df: pd.DataFrame) -> pd.DataFrame:
     for (preset, hw), d in df.groupby(["preset", "hardware"], sort=False):
         acc = d["test_accuracy"].astype(float)
         paper = claims.PRESETS[preset]["accuracy"]
-        rows.append({"preset": preset, "hardware": hw, "n": len(acc), "mean": acc.mean(),
-                     "sd": acc.std(ddof=1) if len(acc) > 1 else float("nan"), "min": acc.min(),
-                     "max": acc.max(), "at_or_above_paper": int((acc >= paper - 1e-12).sum()),
-                     "paper": paper, "epsilon": d["epsilon"].astype(float).max(),
-                     "seeds": ",".join(str(s) for s in sorted(d["seed"]))})
+        rows.append(
+            {
+                "preset": preset,
+                "hardware": hw,
+                "n": len(acc),
+                "mean": acc.mean(),
+                "sd": acc.std(ddof=1) if len(acc) > 1 else float("nan"),
+                "min": acc.min(),
+                "max": acc.max(),
+                "at_or_above_paper": int((acc >= paper - 1e-12).sum()),
+                "paper": paper,
+                "epsilon": d["epsilon"].astype(float).max(),
+                "seeds": ",".join(str(s) for s in sorted(d["seed"])),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -143,7 +182,10 @@ def main(argv=None) -> int:
     r.add_argument("--presets", default=",".join(claims.PRESETS))
     r.add_argument("--seeds", default="0-4", help="e.g. 0-4 or 0,2,5")
     r.add_argument("--device", default="auto")
-    r.add_argument("--launcher", help="one multirun through this hydra/launcher (default: one run after another)")
+    r.add_argument(
+        "--launcher",
+        help="one multirun through this hydra/launcher (default: one run after another)",
+    )
     c = sub.add_parser("collect", help="merge runs into results/seeds.csv")
     c.add_argument("--roots", nargs="+", type=Path, default=[ROOT / "outputs" / "seeds"])
     c.add_argument("--results", type=Path, default=ROOT / "results")

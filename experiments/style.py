@@ -4,6 +4,7 @@ Importing this module selects matplotlib's Agg backend (no display needed). The 
 (``figure2``, ``mnist_figures``, ``figure6``, ``frontier_figure``) draw with ``plt`` from here and
 save with ``save``, so every PNG and PDF is byte-reproducible from its CSV.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,20 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-__all__ = ["COLUMN_DPI", "COLUMN_RC", "COLUMN_WIDTH_IN", "CONVENTION_TEXT", "convention", "fmt_delta",
-           "fmt_value", "grid", "legend_below", "log_x", "plt", "save"]
+__all__ = [
+    "COLUMN_DPI",
+    "COLUMN_RC",
+    "COLUMN_WIDTH_IN",
+    "CONVENTION_TEXT",
+    "convention",
+    "fmt_delta",
+    "fmt_value",
+    "grid",
+    "legend_below",
+    "log_x",
+    "plt",
+    "save",
+]
 
 # Byte-reproducible files: the same CSVs give the same bytes on every run, so `make figures` leaves
 # git clean. matplotlib stamps a PDF with its creation time (now, or SOURCE_DATE_EPOCH when set) unless
@@ -30,10 +43,21 @@ PNG_METADATA = {"Software": None}
 # column, a two-column paper's figure*), printed at that size: text 7-9 pt, one legend outside the panels.
 COLUMN_WIDTH_IN = 7.0
 COLUMN_DPI = 200
-COLUMN_RC = {"font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7.5,
-             "ytick.labelsize": 7.5, "legend.fontsize": 7.5, "figure.titlesize": 9, "lines.linewidth": 1.3}
+COLUMN_RC = {
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "xtick.labelsize": 7.5,
+    "ytick.labelsize": 7.5,
+    "legend.fontsize": 7.5,
+    "figure.titlesize": 9,
+    "lines.linewidth": 1.3,
+}
 
-CONVENTION_TEXT = {"per_tensor": "per-tensor charges (paper's code)", "joint": "joint charge (σ/√k)"}
+CONVENTION_TEXT = {
+    "per_tensor": "per-tensor charges (paper's code)",
+    "joint": "joint charge (σ/√k)",
+}
 
 
 def save(fig, out: Path, name: str, dpi: int = 130) -> list[Path]:
@@ -49,8 +73,14 @@ def save(fig, out: Path, name: str, dpi: int = 130) -> list[Path]:
 def grid(n: int, ncols: int, panel_h: float, extra_h: float, **kw):
     """A column-wide figure with ``n`` panels in rows of ``ncols``; unused panels switched off."""
     nrows = max(1, math.ceil(n / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(COLUMN_WIDTH_IN, panel_h * nrows + extra_h),
-                             squeeze=False, layout="constrained", **kw)
+    fig, axes = plt.subplots(
+        nrows,
+        ncols,
+        figsize=(COLUMN_WIDTH_IN, panel_h * nrows + extra_h),
+        squeeze=False,
+        layout="constrained",
+        **kw,
+    )
     for ax in axes.flat[n:]:
         ax.axis("off")
     return fig, axes
@@ -62,12 +92,15 @@ def legend_below(fig, axes, ncol: int) -> None:
     for ax in fig.axes:
         for h, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, h)
-    fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=ncol, frameon=False)
+    fig.legend(
+        list(seen.values()), list(seen), loc="outside lower center", ncol=ncol, frameon=False
+    )
 
 
 def log_x(ax, ticks=(0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32)) -> None:
     """Log-scale x axis with plain-number ticks (no 2×10^0 style minor labels)."""
     from matplotlib.ticker import FixedLocator, NullFormatter, StrMethodFormatter
+
     ax.set_xscale("log")
     lo, hi = ax.get_xlim()
     ax.xaxis.set_major_locator(FixedLocator([t for t in ticks if lo <= t <= hi] or list(ticks)))

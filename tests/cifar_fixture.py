@@ -13,6 +13,7 @@ standardisation: class c has its own colour (the ratio of the RGB planes) and ho
 its own period, plus pixel noise. Generated files cannot match the publisher's md5: ``trust``
 registers theirs in ``dpsgd.data.datasets.EXPECTED_MD5`` (monkeypatch, the documented test-only escape hatch).
 """
+
 from __future__ import annotations
 
 import pickle
@@ -27,11 +28,16 @@ from dpsgd.data.archives import _md5_of
 def images(labels: np.ndarray, classes: int, rng: np.random.Generator) -> np.ndarray:
     """uint8 [N, 3072] images of the given labels (class structure as in the module docstring)."""
     palette = np.random.default_rng(1234).uniform(0.15, 0.85, size=(classes, 3))
-    period = 3 + np.arange(classes) % 7                       # stripes every 3..9 rows
+    period = 3 + np.arange(classes) % 7  # stripes every 3..9 rows
     rows = np.arange(32)
-    stripes = (np.sin(2 * np.pi * rows[None, :] / period[:, None]) > 0).astype(np.float64)  # [classes, 32]
-    img = (palette[labels][:, :, None, None] * (0.6 + 0.4 * stripes[labels][:, None, :, None])
-           * np.ones((1, 1, 1, 32)))
+    stripes = (np.sin(2 * np.pi * rows[None, :] / period[:, None]) > 0).astype(
+        np.float64
+    )  # [classes, 32]
+    img = (
+        palette[labels][:, :, None, None]
+        * (0.6 + 0.4 * stripes[labels][:, None, :, None])
+        * np.ones((1, 1, 1, 32))
+    )
     img = img + rng.normal(0, 0.08, size=img.shape)
     return (np.clip(img, 0, 1) * 255).round().astype(np.uint8).reshape(len(labels), 3072)
 
@@ -47,13 +53,27 @@ def write_cifar10(root: Path, n_train: int = 1000, n_test: int = 500, seed: int 
     folder = Path(root) / "cifar-10-batches-py"
     folder.mkdir(parents=True, exist_ok=True)
     sizes = [n_train // 5 + (i < n_train % 5) for i in range(5)]
-    for name, n in [(f"data_batch_{i + 1}", s) for i, s in enumerate(sizes)] + [("test_batch", n_test)]:
+    for name, n in [(f"data_batch_{i + 1}", s) for i, s in enumerate(sizes)] + [
+        ("test_batch", n_test)
+    ]:
         labels = rng.integers(0, 10, size=n)
-        _dump(folder / name, {b"batch_label": f"{name} (synthetic)".encode(), b"labels": labels.tolist(),
-                              b"data": images(labels, 10, rng),
-                              b"filenames": [f"synthetic_{name}_{i}.png".encode() for i in range(n)]})
-    _dump(folder / "batches.meta", {b"num_cases_per_batch": sizes[0], b"num_vis": 3072,
-                                    b"label_names": [f"class{c}".encode() for c in range(10)]})
+        _dump(
+            folder / name,
+            {
+                b"batch_label": f"{name} (synthetic)".encode(),
+                b"labels": labels.tolist(),
+                b"data": images(labels, 10, rng),
+                b"filenames": [f"synthetic_{name}_{i}.png".encode() for i in range(n)],
+            },
+        )
+    _dump(
+        folder / "batches.meta",
+        {
+            b"num_cases_per_batch": sizes[0],
+            b"num_vis": 3072,
+            b"label_names": [f"class{c}".encode() for c in range(10)],
+        },
+    )
     return folder
 
 
@@ -64,11 +84,23 @@ def write_cifar100(root: Path, n_train: int = 500, n_test: int = 200, seed: int 
     folder.mkdir(parents=True, exist_ok=True)
     for name, n in (("train", n_train), ("test", n_test)):
         fine = rng.integers(0, 100, size=n)
-        _dump(folder / name, {b"filenames": [f"synthetic_{name}_{i}.png".encode() for i in range(n)],
-                              b"batch_label": f"{name} (synthetic)".encode(), b"fine_labels": fine.tolist(),
-                              b"coarse_labels": (fine // 5).tolist(), b"data": images(fine, 100, rng)})
-    _dump(folder / "meta", {b"fine_label_names": [f"fine{c}".encode() for c in range(100)],
-                            b"coarse_label_names": [f"coarse{c}".encode() for c in range(20)]})
+        _dump(
+            folder / name,
+            {
+                b"filenames": [f"synthetic_{name}_{i}.png".encode() for i in range(n)],
+                b"batch_label": f"{name} (synthetic)".encode(),
+                b"fine_labels": fine.tolist(),
+                b"coarse_labels": (fine // 5).tolist(),
+                b"data": images(fine, 100, rng),
+            },
+        )
+    _dump(
+        folder / "meta",
+        {
+            b"fine_label_names": [f"fine{c}".encode() for c in range(100)],
+            b"coarse_label_names": [f"coarse{c}".encode() for c in range(20)],
+        },
+    )
     return folder
 
 

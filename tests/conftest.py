@@ -11,6 +11,7 @@ epoch; :func:`snapshot` fingerprints a folder, to show that a refused command le
 live in tests/tolerances.py, the batch-of-1 reference loop in tests/dp_reference.py. pytest.ini puts
 tests/ on the path, so a test in any folder imports these by name.
 """
+
 import csv
 import hashlib
 import os
@@ -23,7 +24,7 @@ import absl.logging
 import torch
 
 THREADS = int(os.environ.get("DPSGD_TEST_THREADS", "1"))
-os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))   # inherited by subprocesses
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))  # inherited by subprocesses
 torch.set_num_threads(THREADS)
 
 
@@ -65,14 +66,25 @@ def metrics_row_count(run: Path) -> int:
 
 
 # 600 examples, lots of 60 (10 lots per epoch), a 10-d DP-PCA and 8 hidden units: ~0.1 s per epoch
-TINY_RUN = ["dataset.subset=600", "privacy.lot_size=60", "model.hidden=[8]", "model.pca_dims=10",
-            "training.eval_batch_size=1000", "device=cpu", "privacy.sigma_p=20"]
+TINY_RUN = [
+    "dataset.subset=600",
+    "privacy.lot_size=60",
+    "model.hidden=[8]",
+    "model.pca_dims=10",
+    "training.eval_batch_size=1000",
+    "device=cpu",
+    "privacy.sigma_p=20",
+]
 
 
 def snapshot(root: Path) -> dict:
     """relative path -> SHA-256 of every file ('<dir>' for every folder) under ``root``."""
-    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "<dir>")
-            for p in sorted(Path(root).rglob("*"))}
+    return {
+        str(p.relative_to(root)): (
+            hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "<dir>"
+        )
+        for p in sorted(Path(root).rglob("*"))
+    }
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,15 +97,26 @@ def train_env() -> dict:
 
 def run_train(args, cwd) -> subprocess.CompletedProcess:
     """``python -m dpsgd.train ARGS`` in a child process in ``cwd``, run to its end (output captured)."""
-    return subprocess.run([sys.executable, "-m", "dpsgd.train", *args], cwd=cwd, env=train_env(),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "dpsgd.train", *args],
+        cwd=cwd,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def start_train(args, cwd, run, rows) -> subprocess.Popen:
     """``python -m dpsgd.train ARGS`` started in a child process; returns once ``run`` has ``rows``
     metrics rows (or the child ended, or 240 s passed), for a test that then signals it."""
-    proc = subprocess.Popen([sys.executable, "-m", "dpsgd.train", *args], cwd=cwd, env=train_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dpsgd.train", *args],
+        cwd=cwd,
+        env=train_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 240
     while metrics_row_count(run) < rows and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)

@@ -4,6 +4,7 @@
 (K = 1: the examples themselves); example i's gradient is the mean of its K copies' gradients
 (augmentation multiplicity, De et al. 2022), clipped per group of parameter names to norm C, summed.
 Returns (Σ_i clip(g_i) per parameter, per-example group norms [B, groups])."""
+
 import torch
 import torch.nn.functional as F
 
@@ -15,8 +16,13 @@ def loop_clipped_sum(model, rows, y, groups, C, K=1):
     sums = {n: torch.zeros_like(p) for n, p in named}
     norms = []
     for i in range(len(y)):
-        grads = [torch.autograd.grad(F.cross_entropy(model(rows[i * K + k:i * K + k + 1]), y[i:i + 1]),
-                                     [p for _, p in named]) for k in range(K)]
+        grads = [
+            torch.autograd.grad(
+                F.cross_entropy(model(rows[i * K + k : i * K + k + 1]), y[i : i + 1]),
+                [p for _, p in named],
+            )
+            for k in range(K)
+        ]
         g = {n: sum(gk[j] for gk in grads) / K for j, (n, _) in enumerate(named)}
         row = []
         for names in groups:

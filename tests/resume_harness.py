@@ -12,6 +12,7 @@ nothing more), raised at one of these points, counted within one attempt:
 Every lot that runs is logged (its absolute position and a SHA-256 of the weights it produced), so the
 lots that ran, counting repeats, are known independently of the ledger (``executed``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,7 +30,7 @@ from dpsgd.run import state as runstate
 from dpsgd.run.guard import LotGuard
 
 TINY = TINY_RUN + ["seed=1"]
-LOTS = 10          # lots per epoch of TINY
+LOTS = 10  # lots per epoch of TINY
 KINDS = ("lot", "checkpoint", "bind", "open")
 
 
@@ -44,8 +45,12 @@ class Harness:
         self.run, self.log, self.kill = run, [], None
         self.other_cpu = False
         self._n = dict.fromkeys(KINDS, 0)
-        charge, checkpoint, bind, first = (runstate.Run.charge, runstate.Run.checkpoint, LotGuard.bind,
-                                           opening._first_writes)
+        charge, checkpoint, bind, first = (
+            runstate.Run.charge,
+            runstate.Run.checkpoint,
+            LotGuard.bind,
+            opening._first_writes,
+        )
 
         def logged_charge(r, release):
             if self.other_cpu:
@@ -60,7 +65,9 @@ class Harness:
             checkpoint(r, *a, **k)
 
         def killable_bind(g, token, steps):
-            if (g.path.parent / "checkpoint.pt").exists():     # after a checkpoint (not a fresh run's first)
+            if (
+                g.path.parent / "checkpoint.pt"
+            ).exists():  # after a checkpoint (not a fresh run's first)
                 self._due("bind")
             bind(g, token, steps)
 
@@ -96,6 +103,7 @@ class Harness:
         def go():
             c, rd, rest = prepare_resume([f"resume={self.run}", *extra])
             return training.train(c, rd, rest)
+
         return self._go(go, kill, other_cpu)
 
     def executed(self) -> int:
@@ -122,6 +130,7 @@ def lots(st: dict, labels=("sgd", "lost")) -> int:
 def killed_once(tmp_path_factory, name: str, *args: str, kill) -> tuple[Path, list]:
     """A fresh run of ``args`` killed at ``kill``, made once for a module: (its folder, its lot log)."""
     import pytest
+
     run = tmp_path_factory.mktemp(name) / "run"
     with pytest.MonkeyPatch.context() as mp:
         h = Harness(mp, run)
@@ -132,6 +141,7 @@ def killed_once(tmp_path_factory, name: str, *args: str, kill) -> tuple[Path, li
 def copy_of(template: tuple[Path, list], tmp_path: Path, monkeypatch) -> Harness:
     """A harness over a copy of a ``killed_once`` folder, its lot log carried over."""
     import shutil
+
     folder, log = template
     shutil.copytree(folder, tmp_path / "run")
     h = Harness(monkeypatch, tmp_path / "run")

@@ -19,14 +19,17 @@ one machine.
   n = its parameter count. :func:`assert_f64_close` applies it with an absolute floor at the scale
   of the values.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
 
 import numpy as np
 
-EPS64 = float(np.finfo(np.float64).eps)     # 2.2e-16: spacing of float64 at 1 (twice the unit round-off)
-EPS32 = float(np.finfo(np.float32).eps)     # 1.2e-7: the same for float32
+EPS64 = float(
+    np.finfo(np.float64).eps
+)  # 2.2e-16: spacing of float64 at 1 (twice the unit round-off)
+EPS32 = float(np.finfo(np.float32).eps)  # 1.2e-7: the same for float32
 
 # PLD: ε is solved on the grid of losses ε_i = i·h, interpolated between the two grid losses around
 # the δ target. Last-bit differences in exp/log/FFT between CPUs can move that bracket by one grid
@@ -39,13 +42,14 @@ PLD_GRID_STEPS = 2
 
 # The xtol/rtol of the root-finders in dpsgd (tests/project/test_tolerance_policy.py checks them against
 # the source, so a change there shows up here).
-GAUSSIAN_EPSILON_XTOL = 1e-14               # strong_composition.gaussian_epsilon: brentq, xtol and rtol 1e-14
+GAUSSIAN_EPSILON_XTOL = 1e-14  # strong_composition.gaussian_epsilon: brentq, xtol and rtol 1e-14
 GAUSSIAN_EPSILON_RTOL = 1e-14
 
 
 @lru_cache(maxsize=64)
 def _pld_grid_step(releases: tuple, interval: float) -> float:
     from dpsgd.accountant import pld
+
     return max(c.h for c in pld.compose(list(releases), interval))
 
 
@@ -55,6 +59,7 @@ def pld_grid_step(releases, interval: float | None = None, delta: float | None =
     where the composed loss needs more than pld_fft.MAX_POINTS grid points). With ``delta``: the grid
     behind ε(δ) (``pld.grid_step``; at tiny δ the tilted composition's, which may differ)."""
     from dpsgd.accountant import pld
+
     interval = pld.DEFAULT_INTERVAL if interval is None else float(interval)
     if delta is not None:
         return pld.grid_step(list(releases), delta, interval)
@@ -69,6 +74,7 @@ def pld_epsilon_tol(releases, interval: float | None = None, delta: float | None
 def ledger_pld_epsilon_tol(ledger, convention: str = "joint") -> float:
     """:func:`pld_epsilon_tol` for the releases a Ledger charges under ``convention``."""
     from dpsgd.accountant import compose
+
     return pld_epsilon_tol(compose.mechanisms(ledger.entries, convention))
 
 
@@ -76,6 +82,7 @@ def rdp_series_rtol() -> float:
     """Relative round-off of an RDP ε at fractional orders: a series of at most rdp._FRAC_MAX_TERMS
     terms (:func:`reduction_rtol`); integer orders need fewer."""
     from dpsgd.accountant import rdp
+
     return reduction_rtol(rdp._FRAC_MAX_TERMS)
 
 
@@ -126,9 +133,26 @@ def assert_f64_close(a, b, rtol: float) -> None:
     """torch.testing.assert_close with relative tolerance ``rtol`` and an absolute floor at the scale of
     b (``rtol·max|b|``): entries that are 0 in exact arithmetic are round-off of that size."""
     import torch
+
     torch.testing.assert_close(a, b, rtol=rtol, atol=rtol * float(b.detach().abs().max()))
 
 
-__all__ = ["EPS64", "EPS32", "PLD_GRID_STEPS", "GAUSSIAN_EPSILON_XTOL", "GAUSSIAN_EPSILON_RTOL",
-           "pld_grid_step", "pld_epsilon_tol", "ledger_pld_epsilon_tol", "rdp_series_rtol", "root_tol", "propagated_tol", "sum_tol", "chain_rel_tol",
-           "reduction_rtol", "n_params", "f64_rtol", "assert_f64_close"]
+__all__ = [
+    "EPS64",
+    "EPS32",
+    "PLD_GRID_STEPS",
+    "GAUSSIAN_EPSILON_XTOL",
+    "GAUSSIAN_EPSILON_RTOL",
+    "pld_grid_step",
+    "pld_epsilon_tol",
+    "ledger_pld_epsilon_tol",
+    "rdp_series_rtol",
+    "root_tol",
+    "propagated_tol",
+    "sum_tol",
+    "chain_rel_tol",
+    "reduction_rtol",
+    "n_params",
+    "f64_rtol",
+    "assert_f64_close",
+]

@@ -13,6 +13,7 @@ Two guards, so that the check proves what it claims on any machine, the CPU rehe
 
 A ``sitecustomize`` further along ``sys.path`` (a distribution's own) is run afterwards.
 """
+
 import importlib.machinery
 import importlib.util
 import os
@@ -27,15 +28,23 @@ _LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", socket.ge
 
 def _local(host) -> bool:
     host = host.decode() if isinstance(host, bytes) else str(host)
-    return (host in _LOCAL_NAMES or host.startswith("127.") or host in ("::1", "0.0.0.0", "::")
-            or host.startswith("::ffff:127."))
+    return (
+        host in _LOCAL_NAMES
+        or host.startswith("127.")
+        or host in ("::1", "0.0.0.0", "::")
+        or host.startswith("::ffff:127.")
+    )
 
 
 def _refuse(what):
     raise OSError(f"gpu-check: network disabled, refused {what}")
 
 
-_connect, _connect_ex, _getaddrinfo = socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo
+_connect, _connect_ex, _getaddrinfo = (
+    socket.socket.connect,
+    socket.socket.connect_ex,
+    socket.getaddrinfo,
+)
 
 
 def _guarded_connect(self, address):
@@ -52,7 +61,9 @@ def _guarded_connect_ex(self, address):
 
 def _guarded_getaddrinfo(host, *a, **kw):
     if host is not None and not _local(host):
-        raise socket.gaierror(socket.EAI_NONAME, f"gpu-check: network disabled, refused to resolve {host!r}")
+        raise socket.gaierror(
+            socket.EAI_NONAME, f"gpu-check: network disabled, refused to resolve {host!r}"
+        )
     return _getaddrinfo(host, *a, **kw)
 
 
@@ -69,8 +80,11 @@ class _OnlyFromSite:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, [_SITE]) if _SITE else None
         if spec is None:
-            raise ModuleNotFoundError(f"No module named {name!r} in the gpu-check target folder "
-                                      f"{_SITE or '(none)'}: add its wheel to bench/wheelhouse.py", name=name)
+            raise ModuleNotFoundError(
+                f"No module named {name!r} in the gpu-check target folder "
+                f"{_SITE or '(none)'}: add its wheel to bench/wheelhouse.py",
+                name=name,
+            )
         return spec
 
     @staticmethod
@@ -85,7 +99,11 @@ if _HIDE:
 for _p in sys.path:
     if _p and os.path.abspath(_p) != _HERE:
         _spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [_p])
-        if _spec is not None and _spec.origin and os.path.dirname(os.path.abspath(_spec.origin)) != _HERE:
+        if (
+            _spec is not None
+            and _spec.origin
+            and os.path.dirname(os.path.abspath(_spec.origin)) != _HERE
+        ):
             _mod = importlib.util.module_from_spec(_spec)
             _spec.loader.exec_module(_mod)
             break

@@ -11,6 +11,7 @@ accountants serve (SIGMA_MIN, ..., STEPS_MAX) and the argument checks against th
 the training config and the privacy command line use too. ``moments``, ``rdp`` and ``pld`` are
 re-exported here, as before.
 """
+
 from . import limits
 from . import calibrate, compose, events, strong_composition
 from .privacy_loss import pld
@@ -18,5 +19,17 @@ from .renyi import moments, rdp
 from .compose import ACCOUNTANTS, CONVENTIONS
 from .ledger import Entry, Ledger
 
-__all__ = ["Ledger", "Entry", "ACCOUNTANTS", "CONVENTIONS", "limits", "moments", "rdp", "pld",
-           "strong_composition", "calibrate", "compose", "events"]
+__all__ = [
+    "Ledger",
+    "Entry",
+    "ACCOUNTANTS",
+    "CONVENTIONS",
+    "limits",
+    "moments",
+    "rdp",
+    "pld",
+    "strong_composition",
+    "calibrate",
+    "compose",
+    "events",
+]

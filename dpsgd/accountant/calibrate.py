@@ -4,6 +4,7 @@ Both are monotone searches over an accountant (ε grows with the number of lots 
 built so that they never overshoot the target: the σ returned always has ε(σ) <= target, and the
 number of lots n returned always has ε(n) <= target < ε(n + 1) (the training budget stop).
 """
+
 from __future__ import annotations
 
 import math
@@ -13,16 +14,33 @@ import numpy as np
 from . import compose
 from .renyi import moments as _moments
 from . import strong_composition as _sc
-from .limits import (SIGMA_MAX, SIGMA_MIN, STEPS_MAX, check_choice, check_delta, check_epsilon, check_groups,
-                      check_q, check_sigma, check_steps)
+from .limits import (
+    SIGMA_MAX,
+    SIGMA_MIN,
+    STEPS_MAX,
+    check_choice,
+    check_delta,
+    check_epsilon,
+    check_groups,
+    check_q,
+    check_sigma,
+    check_steps,
+)
 from .compose import ACCOUNTANTS, CONVENTIONS
 from .renyi.rdp import CONVERSIONS, DEFAULT_ORDERS
 
 CALIBRATABLE = ACCOUNTANTS + ("strong_composition", "strong_composition_valid")
 
 
-def epsilon(q: float, sigma: float, steps: int, delta: float, accountant: str = "rdp", groups: int = 1,
-            convention: str = "joint") -> float:
+def epsilon(
+    q: float,
+    sigma: float,
+    steps: int,
+    delta: float,
+    accountant: str = "rdp",
+    groups: int = 1,
+    convention: str = "joint",
+) -> float:
     """ε after ``steps`` Poisson lots.
 
     Args:
@@ -46,8 +64,16 @@ def epsilon(q: float, sigma: float, steps: int, delta: float, accountant: str = 
     return compose.epsilon([(q, s_eff, steps * per_lot)] if steps else [], delta, accountant)[0]
 
 
-def sigma_for_epsilon(target_epsilon: float, delta: float, q: float, steps: int, accountant: str = "rdp",
-                      groups: int = 1, convention: str = "joint", rtol: float = 0.005) -> float:
+def sigma_for_epsilon(
+    target_epsilon: float,
+    delta: float,
+    q: float,
+    steps: int,
+    accountant: str = "rdp",
+    groups: int = 1,
+    convention: str = "joint",
+    rtol: float = 0.005,
+) -> float:
     """Smallest σ (to within ``rtol`` in ε) with ε(σ) <= target_epsilon after ``steps`` lots.
 
     Bisection on log σ keeping ε(σ_hi) <= target; stops when ε(σ_hi) >= (1 − rtol)·target (so the
@@ -65,12 +91,18 @@ def sigma_for_epsilon(target_epsilon: float, delta: float, q: float, steps: int,
         raise ValueError(f"rtol must be in (0, 1), got rtol={rtol!r}")
     if accountant == "moments":
         lam_max = max(_moments.PAPER_LAMBDAS)
-        floor = math.log(1.0 / delta) / lam_max          # Abadi et al. 2016, Thm 2.2 with α(λ) >= 0
+        floor = math.log(1.0 / delta) / lam_max  # Abadi et al. 2016, Thm 2.2 with α(λ) >= 0
         if target < floor:
-            raise ValueError(f"moments: target_epsilon={target_epsilon!r} is below the moments accountant's floor "
-                             f"log(1/delta)/{lam_max} = {floor:.4g} (lambda <= {lam_max}); no sigma reaches it")
-    return smallest_sigma(lambda s: epsilon(q, s, steps, delta, accountant, groups, convention), target,
-                          rtol, accountant)
+            raise ValueError(
+                f"moments: target_epsilon={target_epsilon!r} is below the moments accountant's floor "
+                f"log(1/delta)/{lam_max} = {floor:.4g} (lambda <= {lam_max}); no sigma reaches it"
+            )
+    return smallest_sigma(
+        lambda s: epsilon(q, s, steps, delta, accountant, groups, convention),
+        target,
+        rtol,
+        accountant,
+    )
 
 
 def smallest_sigma(eps, target: float, rtol: float = 0.005, name: str = "epsilon") -> float:
@@ -84,13 +116,17 @@ def smallest_sigma(eps, target: float, rtol: float = 0.005, name: str = "epsilon
     lo, hi = 0.5, 1.0
     while eps(hi) > target:
         if hi >= SIGMA_MAX:
-            raise ValueError(f"{name}: target_epsilon={target!r} is not reachable with "
-                             f"sigma <= {SIGMA_MAX:g} (SIGMA_MAX)")
+            raise ValueError(
+                f"{name}: target_epsilon={target!r} is not reachable with "
+                f"sigma <= {SIGMA_MAX:g} (SIGMA_MAX)"
+            )
         lo, hi = hi, min(hi * 2.0, SIGMA_MAX)
     while eps(lo) <= target:
         if lo <= SIGMA_MIN:
-            raise ValueError(f"{name}: target_epsilon={target!r} is met at every sigma >= "
-                             f"{SIGMA_MIN:g} (SIGMA_MIN); too large to calibrate")
+            raise ValueError(
+                f"{name}: target_epsilon={target!r} is met at every sigma >= "
+                f"{SIGMA_MIN:g} (SIGMA_MIN); too large to calibrate"
+            )
         lo, hi = max(lo / 2.0, SIGMA_MIN), lo
     e_hi = eps(hi)
     while e_hi < (1.0 - rtol) * target and (hi - lo) > 1e-12 * hi:
@@ -103,9 +139,17 @@ def smallest_sigma(eps, target: float, rtol: float = 0.005, name: str = "epsilon
     return hi
 
 
-def steps_within(entries, target_epsilon: float, delta: float, q: float, sigma: float, groups: int = 1,
-                 accountant: str = "moments", convention: str = "joint",
-                 conversion: str = "improved") -> int:
+def steps_within(
+    entries,
+    target_epsilon: float,
+    delta: float,
+    q: float,
+    sigma: float,
+    groups: int = 1,
+    accountant: str = "moments",
+    convention: str = "joint",
+    conversion: str = "improved",
+) -> int:
     """Largest n >= 0 such that ε after ``entries`` (a ledger's records) and n more lots (q, σ,
     groups) is <= target.
 
@@ -121,7 +165,7 @@ def steps_within(entries, target_epsilon: float, delta: float, q: float, sigma: 
     check_choice(convention, "convention", CONVENTIONS)
     check_choice(conversion, "conversion", CONVERSIONS)
     base = compose.mechanisms(entries, convention)
-    new = compose.charge(q, sigma, groups, convention)      # (q, σ_eff, mechanisms per lot)
+    new = compose.charge(q, sigma, groups, convention)  # (q, σ_eff, mechanisms per lot)
 
     cap = max(0, (STEPS_MAX - sum(n for _, _, n in base)) // new[2])
 
@@ -141,7 +185,7 @@ def _pld_steps(eps_at, target: float, lo: int, cap: int) -> int:
     """PLD: the largest n <= cap with ε(n) <= target, by safeguarded regula falsi on the integers,
     bracketed upwards from ``lo`` (the RDP answer: PLD ε <= RDP ε) by doubling."""
     e_lo = eps_at(lo)
-    if e_lo > target:                  # PLD above RDP (round-off, or a coarse grid at huge T)
+    if e_lo > target:  # PLD above RDP (round-off, or a coarse grid at huge T)
         lo, e_lo = 0, eps_at(0)
     if lo >= cap:
         return cap
@@ -173,8 +217,9 @@ def _pld_steps(eps_at, target: float, lo: int, cap: int) -> int:
     return lo
 
 
-def _affine_steps(eps_at, target: float, delta: float, accountant: str, conversion: str, base, new,
-                  cap: int) -> int:
+def _affine_steps(
+    eps_at, target: float, delta: float, accountant: str, conversion: str, base, new, cap: int
+) -> int:
     """Moments / RDP: per order the bound is affine in n, so n is solved in closed form per order
     (moments: Abadi et al. 2016, Thm 2; RDP: Mironov 2017, Prop. 3, or the improved conversion of
     rdp.py), then checked against eps_at."""
@@ -182,7 +227,7 @@ def _affine_steps(eps_at, target: float, delta: float, accountant: str, conversi
     tot = compose.total(accountant, base) if base else np.zeros_like(per)
     if accountant == "moments":
         lam = np.asarray(_moments.PAPER_LAMBDAS, dtype=float)
-        slack = lam * target - math.log(1.0 / delta) - tot          # need n·per <= slack
+        slack = lam * target - math.log(1.0 / delta) - tot  # need n·per <= slack
     else:
         a = np.asarray(DEFAULT_ORDERS, dtype=float)
         if conversion == "paper":
@@ -194,23 +239,46 @@ def _affine_steps(eps_at, target: float, delta: float, accountant: str, conversi
         n_est = np.where(per > 0, np.floor(slack / per), np.where(slack >= 0, np.inf, -1))
     n = int(min(float(np.max(n_est)), cap))
     n = max(n, 0)
-    while n > 0 and eps_at(n) > target:     # guard against rounding at the boundary
+    while n > 0 and eps_at(n) > target:  # guard against rounding at the boundary
         n -= 1
-    while n < cap and eps_at(n + 1) <= target:   # (e.g. the RDP ε = 0 special case)
+    while n < cap and eps_at(n + 1) <= target:  # (e.g. the RDP ε = 0 special case)
         n += 1
     return n
 
 
-
-def max_steps(target_epsilon: float, delta: float, q: float, sigma: float, accountant: str = "rdp",
-              groups: int = 1, convention: str = "joint", ledger=None) -> int:
+def max_steps(
+    target_epsilon: float,
+    delta: float,
+    q: float,
+    sigma: float,
+    accountant: str = "rdp",
+    groups: int = 1,
+    convention: str = "joint",
+    ledger=None,
+) -> int:
     """Largest number of further lots (q, σ, groups) keeping ε <= target (after ``ledger``, if any)."""
-    return steps_within(ledger.entries if ledger is not None else (), target_epsilon, delta, q, sigma, groups,
-                        accountant, convention)
+    return steps_within(
+        ledger.entries if ledger is not None else (),
+        target_epsilon,
+        delta,
+        q,
+        sigma,
+        groups,
+        accountant,
+        convention,
+    )
 
 
-def max_epochs(target_epsilon: float, delta: float, q: float, sigma: float, accountant: str = "rdp",
-               groups: int = 1, convention: str = "joint", ledger=None) -> int:
+def max_epochs(
+    target_epsilon: float,
+    delta: float,
+    q: float,
+    sigma: float,
+    accountant: str = "rdp",
+    groups: int = 1,
+    convention: str = "joint",
+    ledger=None,
+) -> int:
     """Largest whole number of epochs (``lots_per_epoch(1, q)`` lots each) keeping ε <= target."""
     q = check_q(q)
     n = max_steps(target_epsilon, delta, q, sigma, accountant, groups, convention, ledger)

@@ -16,6 +16,7 @@ the tail bound gives ε (Thm 2.2); RDP curves add (Mironov 2017, Prop. 1) and co
 (Balle et al. 2020); PLDs convolve (FFT). Per-(q, σ) curves are cached in the accountant modules, so a
 query costs a weighted sum plus a minimum (moments, RDP) or one FFT power per direction (PLD).
 """
+
 from __future__ import annotations
 
 import math

@@ -24,6 +24,7 @@ accountants serve, the adjacency its kind allows), so a config check can build o
 value. ``from_entry`` reads a stored entry back as the event with the same accounting (a Shuffle epoch
 comes back as the Gaussian it is charged as: the same ε).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,13 +43,19 @@ class Event:
 @dataclass(frozen=True)
 class Poisson(Event):
     """A lot drawn by Poisson sampling at rate q, noised at σ (Abadi et al. 2016, §3.1)."""
+
     q: float
     sigma: float
     groups: int = 1
     adjacency: ClassVar[str] = "add_remove"
 
     def entry(self) -> dict:
-        return {"q": float(self.q), "sigma": float(self.sigma), "event": "poisson", "adjacency": "add_remove"}
+        return {
+            "q": float(self.q),
+            "sigma": float(self.sigma),
+            "event": "poisson",
+            "adjacency": "add_remove",
+        }
 
 
 @dataclass(frozen=True)
@@ -56,31 +63,44 @@ class Gaussian(Event):
     """The Gaussian mechanism with noise multiplier σ (per unit of sensitivity), subsampled at rate q
     (1: not subsampled). DP-PCA: σ = σ_p, q = privacy.pca_fraction. Under replace_one only with q = 1
     (a Gaussian whose σ already carries the sensitivity 2C: ``Ledger.converted``)."""
+
     sigma: float
     q: float = 1.0
     groups: int = 1
-    adjacency: str = "add_remove"              # a field here: a Gaussian is under either relation
+    adjacency: str = "add_remove"  # a field here: a Gaussian is under either relation
 
     def entry(self) -> dict:
-        return {"q": float(self.q), "sigma": float(self.sigma), "event": "poisson", "adjacency": self.adjacency}
+        return {
+            "q": float(self.q),
+            "sigma": float(self.sigma),
+            "event": "poisson",
+            "adjacency": self.adjacency,
+        }
 
 
 @dataclass(frozen=True)
 class FixedSize(Event):
     """A lot of exactly L of N examples without replacement, γ = L/N (Wang, Balle & Kasiviswanathan
     2019; Dong, Roth & Su 2022, Thm 9)."""
+
     gamma: float
     sigma: float
     groups: int = 1
     adjacency: ClassVar[str] = "replace_one"
 
     def entry(self) -> dict:
-        return {"q": float(self.gamma), "sigma": float(self.sigma), "event": "wor", "adjacency": "replace_one"}
+        return {
+            "q": float(self.gamma),
+            "sigma": float(self.sigma),
+            "event": "wor",
+            "adjacency": "replace_one",
+        }
 
 
 @dataclass(frozen=True)
 class TruncatedPoisson(Event):
     """A Poisson lot (rate q) of N examples capped at B (Ganesh et al. 2025)."""
+
     q: float
     sigma: float
     N: int
@@ -89,22 +109,34 @@ class TruncatedPoisson(Event):
     adjacency: ClassVar[str] = "add_remove"
 
     def entry(self) -> dict:
-        return {"q": float(self.q), "sigma": float(self.sigma), "event": "truncated", "adjacency": "add_remove",
-                "N": int(self.N), "B": int(self.B)}
+        return {
+            "q": float(self.q),
+            "sigma": float(self.sigma),
+            "event": "truncated",
+            "adjacency": "add_remove",
+            "N": int(self.N),
+            "B": int(self.B),
+        }
 
 
 @dataclass(frozen=True)
 class Allocation(Event):
     """One epoch of random allocation (balls-in-bins) over t lots, each noised at σ (Feldman &
     Shenfeld 2025; Chua et al. 2025)."""
+
     sigma: float
     t: int
     groups: int = 1
     adjacency: ClassVar[str] = "add_remove"
 
     def entry(self) -> dict:
-        return {"q": 1.0, "sigma": float(self.sigma), "event": "allocation", "adjacency": "add_remove",
-                "t": int(self.t)}
+        return {
+            "q": 1.0,
+            "sigma": float(self.sigma),
+            "event": "allocation",
+            "adjacency": "add_remove",
+            "t": int(self.t),
+        }
 
 
 @dataclass(frozen=True)
@@ -112,13 +144,19 @@ class Shuffle(Event):
     """One epoch of a shuffled dataset cut into t lots, each noised at σ: every example in exactly one
     lot, so under replace-one the epoch is one Gaussian with sensitivity 2C and noise σC (parallel
     composition), no amplification by sampling: charged as q = 1, σ/2."""
+
     sigma: float
     t: int = 1
     groups: int = 1
     adjacency: ClassVar[str] = "replace_one"
 
     def entry(self) -> dict:
-        return {"q": 1.0, "sigma": float(self.sigma) / 2.0, "event": "poisson", "adjacency": "replace_one"}
+        return {
+            "q": 1.0,
+            "sigma": float(self.sigma) / 2.0,
+            "event": "poisson",
+            "adjacency": "replace_one",
+        }
 
 
 EVENT_TYPES = (Poisson, Gaussian, FixedSize, TruncatedPoisson, Allocation, Shuffle)
@@ -136,4 +174,6 @@ def from_entry(e) -> Event:
         return Poisson(e.q, e.sigma, e.groups)
     if e.event == "poisson":
         return Gaussian(e.sigma, e.q, e.groups, e.adjacency)
-    raise ValueError(f"event must be one of ['poisson', 'wor', 'truncated', 'allocation'], got event={e.event!r}")
+    raise ValueError(
+        f"event must be one of ['poisson', 'wor', 'truncated', 'allocation'], got event={e.event!r}"
+    )

@@ -35,6 +35,7 @@ from bdtr/bdtrc). Dropping τ from Q changes H(P‖Q) only upward (Q(S) smaller)
 τ; τ is added to the latter, so the ε returned is an upper bound on the heuristic ε (within the
 root-finder's tolerance), larger by at most the effect of a τ change in δ.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,9 +46,9 @@ from scipy import optimize, special
 from .limits import check_delta, check_groups, check_q, check_sigma, check_steps
 from .compose import charge
 
-TAIL_FRACTION = 1e-3     # binomial mass dropped: at most this share of δ
-T_XTOL = 1e-13           # root-finding tolerance on t, relative to the noise scale √T·σ
-Z_FAR = 40.0             # Φ(−40) ≈ 4e-350: a Gaussian tail beyond this many σ is 0 in float64
+TAIL_FRACTION = 1e-3  # binomial mass dropped: at most this share of δ
+T_XTOL = 1e-13  # root-finding tolerance on t, relative to the noise scale √T·σ
+Z_FAR = 40.0  # Φ(−40) ≈ 4e-350: a Gaussian tail beyond this many σ is 0 in float64
 
 
 def _support(q: float, steps: int, tau: float):
@@ -55,7 +56,7 @@ def _support(q: float, steps: int, tau: float):
     if q == 1.0:
         return np.array([float(steps)]), np.zeros(1), 0.0
     mean, sd = steps * q, math.sqrt(steps * q * (1 - q))
-    half = max(8, math.ceil(sd * math.sqrt(2 * math.log(2 / tau)) + 8))   # Hoeffding-like start
+    half = max(8, math.ceil(sd * math.sqrt(2 * math.log(2 / tau)) + 8))  # Hoeffding-like start
     while True:
         lo, hi = max(0, math.floor(mean - half)), min(steps, math.ceil(mean + half))
         dropped = (special.bdtr(lo - 1, steps, q) if lo > 0 else 0.0) + special.bdtrc(hi, steps, q)
@@ -63,8 +64,13 @@ def _support(q: float, steps: int, tau: float):
             break
         half *= 2
     j = np.arange(lo, hi + 1, dtype=float)
-    logw = (special.gammaln(steps + 1) - special.gammaln(j + 1) - special.gammaln(steps - j + 1)
-            + j * math.log(q) + (steps - j) * math.log1p(-q))
+    logw = (
+        special.gammaln(steps + 1)
+        - special.gammaln(j + 1)
+        - special.gammaln(steps - j + 1)
+        + j * math.log(q)
+        + (steps - j) * math.log1p(-q)
+    )
     return j, logw, float(dropped)
 
 
@@ -82,13 +88,17 @@ def _log_q_tail(t, j, logw, s, upper: bool):
 def _h_remove(t, j, logw, s, s2):
     """(ε, H_ε(Q‖P)) at the threshold t (L(t) = ε)."""
     eps = _loss(t, j, logw, s2)
-    return eps, math.exp(_log_q_tail(t, j, logw, s, True)) - math.exp(eps + special.log_ndtr(-t / s))
+    return eps, math.exp(_log_q_tail(t, j, logw, s, True)) - math.exp(
+        eps + special.log_ndtr(-t / s)
+    )
 
 
 def _h_add(t, j, logw, s, s2):
     """(ε, H_ε(P‖Q)) at the threshold t (L(t) = −ε)."""
     eps = -_loss(t, j, logw, s2)
-    return eps, math.exp(special.log_ndtr(t / s)) - math.exp(eps + _log_q_tail(t, j, logw, s, False))
+    return eps, math.exp(special.log_ndtr(t / s)) - math.exp(
+        eps + _log_q_tail(t, j, logw, s, False)
+    )
 
 
 def _solve(h, lo, hi, target, xtol):
@@ -108,7 +118,9 @@ def _direction_eps(h, t0, t_far, target, xtol):
     return math.inf if eps is None else max(0.0, eps)
 
 
-def last_iterate_epsilon(q: float, sigma: float, steps: int, delta: float, groups: int = 1) -> float:
+def last_iterate_epsilon(
+    q: float, sigma: float, steps: int, delta: float, groups: int = 1
+) -> float:
     """Heuristic ε(δ) of the last iterate of ``steps`` lots of DP-SGD (module doc; Steinke et al.,
     ICLR 2025). A heuristic for the final model, NOT a privacy guarantee."""
     q, sigma, steps = check_q(q), check_sigma(sigma), check_steps(steps)
@@ -127,7 +139,11 @@ def last_iterate_epsilon(q: float, sigma: float, steps: int, delta: float, group
     while _loss(hi_t, j, logw, s2) <= 0.0:
         hi_t += hi_t - lo_t
     l_lo = _loss(lo_t, j, logw, s2)
-    t0 = lo_t if l_lo >= 0.0 else optimize.brentq(lambda x: _loss(x, j, logw, s2), lo_t, hi_t, xtol=xtol)
+    t0 = (
+        lo_t
+        if l_lo >= 0.0
+        else optimize.brentq(lambda x: _loss(x, j, logw, s2), lo_t, hi_t, xtol=xtol)
+    )
     rem = _direction_eps(lambda x: _h_remove(x, j, logw, s, s2), t0, hi_t, delta - dropped, xtol)
     add = _direction_eps(lambda x: _h_add(x, j, logw, s, s2), t0, lo_t, delta, xtol)
     return max(rem, add)

@@ -27,6 +27,7 @@ Every entry names its **event** and its **neighbouring relation** (``adjacency``
 A statement is in one relation: composing entries of different relations is refused (ValueError)
 unless they were converted first (:meth:`Ledger.converted`, which names the conversion in the label).
 """
+
 from __future__ import annotations
 
 import numbers
@@ -38,15 +39,28 @@ from . import calibrate, compose
 from .privacy_loss import truncated
 from .renyi import allocation, wor
 from .events import Event, Gaussian
-from .limits import STEPS_MAX, check_choice, check_delta, check_epsilon, check_groups, check_q, check_sigma, check_steps
+from .limits import (
+    STEPS_MAX,
+    check_choice,
+    check_delta,
+    check_epsilon,
+    check_groups,
+    check_q,
+    check_sigma,
+    check_steps,
+)
 from .compose import ACCOUNTANTS
 from .renyi.rdp import CONVERSIONS, rdp_curve, rdp_to_epsilon_unchecked
 
 ADJACENCIES = ("add_remove", "replace_one")
 # the one table: an entry's event kind → the accountants that serve it, first the one that is tightest for
 # it; a sampler's and a plan's accountants and neighbouring relation are read from their event
-EVENTS = {"poisson": ("moments", "rdp", "pld"), "wor": ("pld", "rdp"), "truncated": ("pld",),
-          "allocation": ("rdp",)}
+EVENTS = {
+    "poisson": ("moments", "rdp", "pld"),
+    "wor": ("pld", "rdp"),
+    "truncated": ("pld",),
+    "allocation": ("rdp",),
+}
 
 _FORMAT = "dpsgd.ledger/1"
 
@@ -60,9 +74,9 @@ class Entry:
     label: str = ""
     event: str = "poisson"
     adjacency: str = "add_remove"
-    N: int = 0                       # truncated: dataset size
-    B: int = 0                       # truncated: the cap on the lot size
-    t: int = 0                       # allocation: lots per epoch
+    N: int = 0  # truncated: dataset size
+    B: int = 0  # truncated: the cap on the lot size
+    t: int = 0  # allocation: lots per epoch
 
 
 class Ledger:
@@ -72,7 +86,9 @@ class Ledger:
         self._entries: list[Entry] = []
         for e in entries:
             e = e if isinstance(e, Entry) else Entry(**e)
-            self._record_fields(e.q, e.sigma, e.count, e.groups, e.label, e.event, e.adjacency, e.N, e.B, e.t)
+            self._record_fields(
+                e.q, e.sigma, e.count, e.groups, e.label, e.event, e.adjacency, e.N, e.B, e.t
+            )
 
     # -- recording -------------------------------------------------------------------------
     def record(self, event: Event, count: int = 1, label: str = "") -> None:
@@ -92,16 +108,30 @@ class Ledger:
         return self._record_event(event, count, label)
 
     def _record_event(self, event: Event, count: int = 1, label: str = "") -> None:
-        for name in ("q", "gamma", "sigma"):         # as given: entry() coerces with float() ("0.1", True)
+        for name in ("q", "gamma", "sigma"):  # as given: entry() coerces with float() ("0.1", True)
             v = getattr(event, name, None)
-            if v is not None and type(v) is not float and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
+            if (
+                v is not None
+                and type(v) is not float
+                and (isinstance(v, bool) or not isinstance(v, numbers.Real))
+            ):
                 raise ValueError(f"{name} must be a real number, got {name}={v!r}")
         f = event.entry()
         self._record_fields(f.pop("q"), f.pop("sigma"), count, event.groups, label, **f)
 
-    def _record_fields(self, q: float, sigma: float, count: int = 1, groups: int = 1, label: str = "",
-                       event: str = "poisson", adjacency: str = "add_remove", N: int = 0, B: int = 0,
-                       t: int = 0) -> None:
+    def _record_fields(
+        self,
+        q: float,
+        sigma: float,
+        count: int = 1,
+        groups: int = 1,
+        label: str = "",
+        event: str = "poisson",
+        adjacency: str = "add_remove",
+        N: int = 0,
+        B: int = 0,
+        t: int = 0,
+    ) -> None:
         q, sigma = check_q(q), check_sigma(sigma)
         count, groups = check_steps(count, "count"), check_groups(groups)
         if not isinstance(label, str):
@@ -109,21 +139,29 @@ class Ledger:
         check_choice(event, "event", tuple(EVENTS))
         check_choice(adjacency, "adjacency", ADJACENCIES)
         if event == "poisson" and adjacency == "replace_one" and q != 1.0:
-            raise ValueError(f"a Poisson-subsampled entry under replace_one needs q = 1 (a Gaussian), got q={q!r}")
+            raise ValueError(
+                f"a Poisson-subsampled entry under replace_one needs q = 1 (a Gaussian), got q={q!r}"
+            )
         if (event == "wor") != (adjacency == "replace_one") and event != "poisson":
-            raise ValueError(f"event={event!r} is accounted under {'replace_one' if event == 'wor' else 'add_remove'}")
+            raise ValueError(
+                f"event={event!r} is accounted under {'replace_one' if event == 'wor' else 'add_remove'}"
+            )
         if event == "truncated" and not (int(N) >= 1 and int(B) >= 1):
             raise ValueError(f"a truncated entry needs N >= 1 and B >= 1, got N={N!r}, B={B!r}")
         if event == "allocation" and not int(t) >= 1:
             raise ValueError(f"an allocation entry needs t >= 1 lots per epoch, got t={t!r}")
-        self._append(Entry(q, sigma, count, groups, label, event, adjacency, int(N), int(B), int(t)))
+        self._append(
+            Entry(q, sigma, count, groups, label, event, adjacency, int(N), int(B), int(t))
+        )
 
     def _append(self, e: Entry) -> None:
         """Store ``e``, merged into the last entry when they differ only in count."""
         if e.count == 0:
             return
         last = self._entries[-1] if self._entries else None
-        if last is not None and replace(last, count=e.count) == e:    # every field but the count equal
+        if (
+            last is not None and replace(last, count=e.count) == e
+        ):  # every field but the count equal
             self._entries[-1] = replace(e, count=last.count + e.count)
         else:
             self._entries.append(e)
@@ -133,8 +171,10 @@ class Ledger:
         """The one neighbouring relation of every entry (None if empty); ValueError if they differ."""
         rel = sorted({e.adjacency for e in self._entries})
         if len(rel) > 1:
-            raise ValueError(f"ledger entries are under different neighbouring relations {rel}; convert them "
-                             "first (Ledger.converted) — composing them as one statement is refused")
+            raise ValueError(
+                f"ledger entries are under different neighbouring relations {rel}; convert them "
+                "first (Ledger.converted) — composing them as one statement is refused"
+            )
         return rel[0] if rel else None
 
     def converted(self, adjacency: str) -> "Ledger":
@@ -150,10 +190,15 @@ class Ledger:
             if e.adjacency == adjacency:
                 out._entries.append(e)
             elif adjacency == "replace_one" and e.event == "poisson":
-                out.record(Gaussian(e.sigma / 2.0, 1.0, e.groups, "replace_one"), e.count,
-                           f"{e.label} [add/remove→replace-one: sensitivity doubled, sigma/2, q=1]")
+                out.record(
+                    Gaussian(e.sigma / 2.0, 1.0, e.groups, "replace_one"),
+                    e.count,
+                    f"{e.label} [add/remove→replace-one: sensitivity doubled, sigma/2, q=1]",
+                )
             else:
-                raise ValueError(f"no conversion of a {e.event} entry under {e.adjacency} to {adjacency}")
+                raise ValueError(
+                    f"no conversion of a {e.event} entry under {e.adjacency} to {adjacency}"
+                )
         return out
 
     @property
@@ -171,15 +216,22 @@ class Ledger:
         """Checks the query; True when every entry is a Poisson-subsampled Gaussian (compose.py)."""
         check_choice(accountant, "accountant", ACCOUNTANTS)
         check_choice(conversion, "conversion", CONVERSIONS)
-        self.adjacency                                       # one relation, or ValueError
+        self.adjacency  # one relation, or ValueError
         for e in self._entries:
             if accountant not in EVENTS[e.event]:
-                raise ValueError(f"accountant={accountant!r} does not serve {e.event} lots ({e.label or 'entry'}); "
-                                 f"use one of {list(EVENTS[e.event])}")
+                raise ValueError(
+                    f"accountant={accountant!r} does not serve {e.event} lots ({e.label or 'entry'}); "
+                    f"use one of {list(EVENTS[e.event])}"
+                )
         return all(e.event == "poisson" for e in self._entries)
 
-    def epsilon(self, delta: float, accountant: str = "moments", convention: str = "joint",
-                conversion: str = "improved"):
+    def epsilon(
+        self,
+        delta: float,
+        accountant: str = "moments",
+        convention: str = "joint",
+        conversion: str = "improved",
+    ):
         """ε of every release recorded, composed, at δ.
 
         Args:
@@ -194,40 +246,76 @@ class Ledger:
         """
         delta = check_delta(delta)
         if self._plain(accountant, conversion):
-            return compose.epsilon(compose.mechanisms(self._entries, convention), delta, accountant, conversion)
+            return compose.epsilon(
+                compose.mechanisms(self._entries, convention), delta, accountant, conversion
+            )
         return _events_epsilon(self._entries, delta, accountant, convention, conversion)
 
-    def epsilons(self, deltas, accountant: str = "moments", convention: str = "joint",
-                 conversion: str = "improved") -> list[float]:
+    def epsilons(
+        self,
+        deltas,
+        accountant: str = "moments",
+        convention: str = "joint",
+        conversion: str = "improved",
+    ) -> list[float]:
         """ε at each δ of ``deltas`` (one composition for all of them)."""
         deltas = [check_delta(d) for d in deltas]
         if self._plain(accountant, conversion):
-            return compose.epsilons(compose.mechanisms(self._entries, convention), deltas, accountant, conversion)
-        return [_events_epsilon(self._entries, d, accountant, convention, conversion)[0] for d in deltas]
+            return compose.epsilons(
+                compose.mechanisms(self._entries, convention), deltas, accountant, conversion
+            )
+        return [
+            _events_epsilon(self._entries, d, accountant, convention, conversion)[0] for d in deltas
+        ]
 
-    def delta(self, epsilon: float, accountant: str = "moments", convention: str = "joint",
-              conversion: str = "improved"):
+    def delta(
+        self,
+        epsilon: float,
+        accountant: str = "moments",
+        convention: str = "joint",
+        conversion: str = "improved",
+    ):
         """(δ, order) at ε under the chosen accountant; (0.0, None) if empty (Poisson entries only)."""
         epsilon = check_epsilon(epsilon)
         if not self._plain(accountant, conversion):
             raise ValueError("delta(epsilon) is served for Poisson-subsampled entries only")
-        return compose.delta(compose.mechanisms(self._entries, convention), epsilon, accountant, conversion)
+        return compose.delta(
+            compose.mechanisms(self._entries, convention), epsilon, accountant, conversion
+        )
 
-    def steps_within(self, target_epsilon: float, delta: float, event: Event, accountant: str = "moments",
-                     convention: str = "joint", conversion: str = "improved") -> int:
+    def steps_within(
+        self,
+        target_epsilon: float,
+        delta: float,
+        event: Event,
+        accountant: str = "moments",
+        convention: str = "joint",
+        conversion: str = "improved",
+    ) -> int:
         """Largest n >= 0 such that ε after n more releases of ``event`` (an
         :mod:`~dpsgd.accountant.events` event) is <= target (:func:`dpsgd.accountant.calibrate.steps_within`
         for Poisson lots; otherwise a doubling and bisection search on n, ε being non-decreasing in n).
         ValueError for anything that is not an event; the event is checked as if recorded."""
         _check_event(event, "Ledger.steps_within")
-        Ledger()._record_event(event, 1)                     # q, σ, k, adjacency: checked as recorded
+        Ledger()._record_event(event, 1)  # q, σ, k, adjacency: checked as recorded
         f = {"N": 0, "B": 0, "t": 0} | event.entry()
         if f["event"] == "poisson" and all(e.event == "poisson" for e in self._entries):
             if self._entries and {e.adjacency for e in self._entries} != {f["adjacency"]}:
-                raise ValueError(f"steps_within: lots under {f['adjacency']} after entries under "
-                                 f"{sorted({e.adjacency for e in self._entries})}; convert first (Ledger.converted)")
-            return calibrate.steps_within(self._entries, target_epsilon, delta, f["q"], f["sigma"], event.groups,
-                                          accountant, convention, conversion)
+                raise ValueError(
+                    f"steps_within: lots under {f['adjacency']} after entries under "
+                    f"{sorted({e.adjacency for e in self._entries})}; convert first (Ledger.converted)"
+                )
+            return calibrate.steps_within(
+                self._entries,
+                target_epsilon,
+                delta,
+                f["q"],
+                f["sigma"],
+                event.groups,
+                accountant,
+                convention,
+                conversion,
+            )
         target = check_epsilon(target_epsilon, "target_epsilon")
 
         def eps_at(n: int) -> float:
@@ -254,14 +342,28 @@ class Ledger:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Ledger":
-        if not isinstance(d, dict) or d.get("format") != _FORMAT or not isinstance(d.get("entries"), list):
+        if (
+            not isinstance(d, dict)
+            or d.get("format") != _FORMAT
+            or not isinstance(d.get("entries"), list)
+        ):
             raise ValueError(f"not a ledger dict (expected format {_FORMAT!r}), got {d!r:.200}")
         led = cls()
         for e in d["entries"]:
-            led._entries.append(Entry(check_q(e["q"]), check_sigma(e["sigma"]), check_steps(e["count"], "count"),
-                                      check_groups(e["groups"]), str(e["label"]), str(e.get("event", "poisson")),
-                                      str(e.get("adjacency", "add_remove")), int(e.get("N", 0)), int(e.get("B", 0)),
-                                      int(e.get("t", 0))))
+            led._entries.append(
+                Entry(
+                    check_q(e["q"]),
+                    check_sigma(e["sigma"]),
+                    check_steps(e["count"], "count"),
+                    check_groups(e["groups"]),
+                    str(e["label"]),
+                    str(e.get("event", "poisson")),
+                    str(e.get("adjacency", "add_remove")),
+                    int(e.get("N", 0)),
+                    int(e.get("B", 0)),
+                    int(e.get("t", 0)),
+                )
+            )
         return led
 
     def __eq__(self, other) -> bool:
@@ -273,8 +375,10 @@ class Ledger:
 
 def _check_event(event, where: str) -> None:
     if not isinstance(event, Event):
-        raise ValueError(f"{where}: a privacy event of dpsgd.accountant.events (Poisson, Gaussian, FixedSize, "
-                         f"TruncatedPoisson, Allocation, Shuffle), got {event!r}")
+        raise ValueError(
+            f"{where}: a privacy event of dpsgd.accountant.events (Poisson, Gaussian, FixedSize, "
+            f"TruncatedPoisson, Allocation, Shuffle), got {event!r}"
+        )
 
 
 def _events_epsilon(entries, delta: float, accountant: str, convention: str, conversion: str):
@@ -285,14 +389,24 @@ def _events_epsilon(entries, delta: float, accountant: str, convention: str, con
         total = 0.0
         for e in entries:
             q, s, per_lot = compose.charge(e.q, e.sigma, e.groups, convention)
-            curve = (wor.rdp_curve(q, s) if e.event == "wor" else allocation.rdp_curve(s, e.t, wor.ORDERS)
-                     if e.event == "allocation" else rdp_curve(q, s, wor.ORDERS))
+            curve = (
+                wor.rdp_curve(q, s)
+                if e.event == "wor"
+                else allocation.rdp_curve(s, e.t, wor.ORDERS)
+                if e.event == "allocation"
+                else rdp_curve(q, s, wor.ORDERS)
+            )
             total = total + e.count * per_lot * curve
         return rdp_to_epsilon_unchecked(np.array(wor.ORDERS), np.asarray(total), delta, conversion)
     rel = []
     for e in entries:
         q, s, per_lot = compose.charge(e.q, e.sigma, e.groups, convention)
-        kind = (("truncated", e.N, q, e.B, s) if e.event == "truncated" else ("wor", q, s) if e.event == "wor"
-                else ("poisson", q, s))
+        kind = (
+            ("truncated", e.N, q, e.B, s)
+            if e.event == "truncated"
+            else ("wor", q, s)
+            if e.event == "wor"
+            else ("poisson", q, s)
+        )
         rel.append((kind, e.count * per_lot))
     return truncated.epsilon_for_releases(rel, delta), None

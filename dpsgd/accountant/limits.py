@@ -24,6 +24,7 @@ memory; the training config validator imports the same constants):
 * ``EPSILON_MAX = 1e4`` — a target ε, or the ε of a δ(ε) query; ε ∈ (0, EPSILON_MAX]. Every ε
   reachable with σ >= SIGMA_MIN in a handful of lots is below it.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,14 +36,14 @@ DELTA_DEFAULT = 1e-5
 SIGMA_MIN = 0.01
 SIGMA_MAX = 1e6
 Q_MIN = 1e-12
-STEPS_MAX = 10 ** 9
-GROUPS_MAX = 10 ** 5
+STEPS_MAX = 10**9
+GROUPS_MAX = 10**5
 DELTA_MIN = 1e-100
 EPSILON_MAX = 1e4
 
 
 def _real(name: str, value) -> float:
-    if type(value) is float or type(value) is int:      # fast path (hot in the training loop)
+    if type(value) is float or type(value) is int:  # fast path (hot in the training loop)
         if value != value:
             raise ValueError(f"{name} must not be NaN, got {name}={value!r}")
         return float(value)
@@ -64,12 +65,14 @@ def check_q(q, name: str = "q") -> float:
 
 def check_sigma(sigma, name: str = "sigma") -> float:
     """Noise multiplier σ (noise std / clipping bound C): σ ∈ [SIGMA_MIN, SIGMA_MAX]."""
-    if type(sigma) is float and SIGMA_MIN <= sigma <= SIGMA_MAX:     # fast path (Ledger.record)
+    if type(sigma) is float and SIGMA_MIN <= sigma <= SIGMA_MAX:  # fast path (Ledger.record)
         return sigma
     v = _real(name, sigma)
     if not SIGMA_MIN <= v <= SIGMA_MAX:
-        raise ValueError(f"{name} (noise multiplier) must be in [{SIGMA_MIN:g}, {SIGMA_MAX:g}], "
-                         f"got {name}={sigma!r}")
+        raise ValueError(
+            f"{name} (noise multiplier) must be in [{SIGMA_MIN:g}, {SIGMA_MAX:g}], "
+            f"got {name}={sigma!r}"
+        )
     return v
 
 
@@ -91,31 +94,42 @@ def check_epsilon(epsilon, name: str = "epsilon") -> float:
 
 def check_steps(steps, name: str = "steps") -> int:
     """A number of lots / releases: an integer in [0, STEPS_MAX] (integral floats such as 1e4 too)."""
-    if type(steps) is int and 0 <= steps <= STEPS_MAX:               # fast path
+    if type(steps) is int and 0 <= steps <= STEPS_MAX:  # fast path
         return steps
     if isinstance(steps, bool):
         raise ValueError(f"{name} must be an integer >= 0, got {name}={steps!r}")
     if isinstance(steps, numbers.Integral):
         v = int(steps)
-    elif isinstance(steps, numbers.Real) and math.isfinite(float(steps)) and float(steps).is_integer():
+    elif (
+        isinstance(steps, numbers.Real)
+        and math.isfinite(float(steps))
+        and float(steps).is_integer()
+    ):
         v = int(steps)
     else:
         raise ValueError(f"{name} must be an integer >= 0, got {name}={steps!r}")
     if v < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {name}={steps!r}")
     if v > STEPS_MAX:
-        raise ValueError(f"{name} must be at most {STEPS_MAX:.0e} (STEPS_MAX), got {name}={steps!r}")
+        raise ValueError(
+            f"{name} must be at most {STEPS_MAX:.0e} (STEPS_MAX), got {name}={steps!r}"
+        )
     return v
 
 
 def check_groups(groups, name: str = "groups") -> int:
     """Number k of separately clipped tensors on one lot: integer in [1, GROUPS_MAX]."""
-    if type(groups) is int and 1 <= groups <= GROUPS_MAX:            # fast path
+    if type(groups) is int and 1 <= groups <= GROUPS_MAX:  # fast path
         return groups
     integral = isinstance(groups, numbers.Integral) or (
-        isinstance(groups, numbers.Real) and math.isfinite(float(groups)) and float(groups).is_integer())
+        isinstance(groups, numbers.Real)
+        and math.isfinite(float(groups))
+        and float(groups).is_integer()
+    )
     if isinstance(groups, bool) or not integral or not 1 <= int(groups) <= GROUPS_MAX:
-        raise ValueError(f"{name} must be an integer in [1, {GROUPS_MAX:.0e}] (GROUPS_MAX), got {name}={groups!r}")
+        raise ValueError(
+            f"{name} must be an integer in [1, {GROUPS_MAX:.0e}] (GROUPS_MAX), got {name}={groups!r}"
+        )
     return int(groups)
 
 
@@ -125,7 +139,9 @@ def check_choice(value, name: str, choices) -> str:
     return value
 
 
-def check_orders(orders, name: str = "orders", minimum: float = 1.0, integer: bool = False) -> tuple:
+def check_orders(
+    orders, name: str = "orders", minimum: float = 1.0, integer: bool = False
+) -> tuple:
     """A non-empty sequence of Rényi orders (> minimum); integers only if ``integer``."""
     try:
         vals = tuple(orders)
@@ -137,7 +153,9 @@ def check_orders(orders, name: str = "orders", minimum: float = 1.0, integer: bo
     for o in vals:
         v = _real(name, o)
         if not (v > minimum and math.isfinite(v)):
-            raise ValueError(f"{name} must all be > {minimum:g} and finite, got {name} containing {o!r}")
+            raise ValueError(
+                f"{name} must all be > {minimum:g} and finite, got {name} containing {o!r}"
+            )
         if integer and not v.is_integer():
             raise ValueError(f"{name} must be integers, got {name} containing {o!r}")
         out.append(int(v) if integer else v)

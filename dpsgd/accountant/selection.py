@@ -22,6 +22,7 @@ RDP is non-decreasing in λ (Mironov 2017, Prop. 9), so each ε'(λ) is also bou
 (``rdp.rdp_to_epsilon``). :func:`solve_base` is the inverse direction: the largest base budget whose
 tuned release still meets a total target.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,6 +41,7 @@ DISTRIBUTIONS = ("fixed", "poisson", "truncated_negative_binomial")
 class KDistribution:
     """The law of K, the number of candidates: ``fixed`` (k), ``poisson`` (mu) or
     ``truncated_negative_binomial`` (eta, gamma) in Papernot & Steinke's symbols."""
+
     name: str
     k: int | None = None
     mu: float | None = None
@@ -52,7 +54,7 @@ class KDistribution:
             if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
                 raise ValueError(f"k must be an integer >= 1, got k={self.k!r}")
         elif self.name == "poisson":
-            if not (_real(self.mu) and self.mu >= 1):   # as dp_accounting: E[K] >= 1
+            if not (_real(self.mu) and self.mu >= 1):  # as dp_accounting: E[K] >= 1
                 raise ValueError(f"mu must be a real number >= 1, got mu={self.mu!r}")
         else:
             if not (_real(self.eta) and self.eta >= 0):
@@ -78,9 +80,9 @@ class KDistribution:
             return int(self.k)
         if self.name == "poisson":
             return int(rng.poisson(self.mu))
-        if self.eta == 0:                       # logarithmic: P[K = k] ∝ (1 − γ)^k / k
+        if self.eta == 0:  # logarithmic: P[K = k] ∝ (1 − γ)^k / k
             return int(rng.logseries(1.0 - self.gamma))
-        while True:                             # NB(η, γ) conditioned on K >= 1 (rejection)
+        while True:  # NB(η, γ) conditioned on K >= 1 (rejection)
             k = int(rng.negative_binomial(self.eta, self.gamma))
             if k >= 1:
                 return k
@@ -106,22 +108,24 @@ def selection_rdp(orders, rdp_curve, dist: KDistribution) -> np.ndarray:
     a, r = _curve(orders, rdp_curve)
     if dist.name == "fixed":
         return dist.k * r
-    if dist.name == "poisson":                                   # Papernot & Steinke, Thm 6
+    if dist.name == "poisson":  # Papernot & Steinke, Thm 6
         out = np.empty_like(r)
         for i, lam in enumerate(a):
             eps_hat = math.log1p(1.0 / (lam - 1.0))
             delta_hat = rdp.rdp_to_delta(a, r, eps_hat)[0]
             out[i] = r[i] + dist.mu * delta_hat + math.log(dist.mu) / (lam - 1.0)
-    else:                                                        # Papernot & Steinke, Thm 2
+    else:  # Papernot & Steinke, Thm 2
         eta, g = float(dist.eta), float(dist.gamma)
-        c = (1.0 + eta) * np.min((1.0 - 1.0 / a) * r + math.log(1.0 / g) / a)   # min over λ̂
+        c = (1.0 + eta) * np.min((1.0 - 1.0 / a) * r + math.log(1.0 / g) / a)  # min over λ̂
         out = r + math.log(dist.mean) / (a - 1.0) + c
-    order = np.argsort(a)                                        # RDP non-decreasing in λ
+    order = np.argsort(a)  # RDP non-decreasing in λ
     out[order] = np.minimum.accumulate(out[order][::-1])[::-1]
     return out
 
 
-def selection_epsilon(orders, rdp_curve, dist: KDistribution, delta: float, conversion: str = "improved"):
+def selection_epsilon(
+    orders, rdp_curve, dist: KDistribution, delta: float, conversion: str = "improved"
+):
     """(ε, λ*) at δ of the tuned release (``rdp.rdp_to_epsilon`` of :func:`selection_rdp`)."""
     delta = check_delta(delta)
     return rdp.rdp_to_epsilon(orders, selection_rdp(orders, rdp_curve, dist), delta, conversion)
@@ -135,8 +139,17 @@ def base_curve(curves) -> np.ndarray:
     return np.max(np.stack(curves), axis=0)
 
 
-def solve_base(target_epsilon: float, delta: float, dist: KDistribution, curve_of, lo: float, hi: float,
-               xtol: float, orders=rdp.DEFAULT_ORDERS, conversion: str = "improved") -> float:
+def solve_base(
+    target_epsilon: float,
+    delta: float,
+    dist: KDistribution,
+    curve_of,
+    lo: float,
+    hi: float,
+    xtol: float,
+    orders=rdp.DEFAULT_ORDERS,
+    conversion: str = "improved",
+) -> float:
     """Largest x in [lo, hi] (to within xtol) whose tuned release meets the target: bisection on
     ``selection_epsilon(curve_of(x)) <= target_epsilon``, ``curve_of`` non-decreasing in x. The x
     returned always meets the target (the bracket's low end is kept feasible)."""
@@ -145,8 +158,10 @@ def solve_base(target_epsilon: float, delta: float, dist: KDistribution, curve_o
         raise ValueError(f"need lo < hi and xtol > 0, got lo={lo!r}, hi={hi!r}, xtol={xtol!r}")
     total = lambda x: selection_epsilon(orders, curve_of(x), dist, delta, conversion)[0]
     if total(lo) > target:
-        raise ValueError(f"target_epsilon={target_epsilon!r} is not reachable: the tuned release at the "
-                         f"smallest base budget {lo:g} already spends {total(lo):.4g}")
+        raise ValueError(
+            f"target_epsilon={target_epsilon!r} is not reachable: the tuned release at the "
+            f"smallest base budget {lo:g} already spends {total(lo):.4g}"
+        )
     if total(hi) <= target:
         return float(hi)
     while hi - lo > xtol:
@@ -162,8 +177,15 @@ def score_rdp(score_sigma: float | None, orders=rdp.DEFAULT_ORDERS) -> np.ndarra
     return np.zeros_like(a) if score_sigma is None else a / (2.0 * float(score_sigma) ** 2)
 
 
-def plan_sigmas(candidates, target_epsilon: float, delta: float, dist: KDistribution, xtol: float,
-                score_sigma: float | None = None, convention: str = "joint"):
+def plan_sigmas(
+    candidates,
+    target_epsilon: float,
+    delta: float,
+    dist: KDistribution,
+    xtol: float,
+    score_sigma: float | None = None,
+    convention: str = "joint",
+):
     """σ_i for each candidate (q_i, lots_i, groups_i) so that the tuned release spends at most
     ``target_epsilon``: every candidate is calibrated (RDP accountant) to one base ε_b, and ε_b is the
     largest (:func:`solve_base`) whose base curve (max over the candidates, plus the score's RDP)
@@ -175,15 +197,25 @@ def plan_sigmas(candidates, target_epsilon: float, delta: float, dist: KDistribu
     extra = score_rdp(score_sigma, orders)
 
     def sigmas(eps_b):
-        return [calibrate.sigma_for_epsilon(eps_b, delta, q, n, "rdp", k, convention, rtol=1e-4)
-                for q, n, k in cands]
+        return [
+            calibrate.sigma_for_epsilon(eps_b, delta, q, n, "rdp", k, convention, rtol=1e-4)
+            for q, n, k in cands
+        ]
 
     def curve_of(eps_b):
-        return base_curve([candidate_curve(q, s, n, k, convention) for (q, n, k), s in
-                           zip(cands, sigmas(eps_b))]) + extra
+        return (
+            base_curve(
+                [
+                    candidate_curve(q, s, n, k, convention)
+                    for (q, n, k), s in zip(cands, sigmas(eps_b))
+                ]
+            )
+            + extra
+        )
 
-    eps_b = solve_base(target_epsilon, delta, dist, curve_of, 1e-3, float(target_epsilon), xtol,
-                       orders)
+    eps_b = solve_base(
+        target_epsilon, delta, dist, curve_of, 1e-3, float(target_epsilon), xtol, orders
+    )
     curve = curve_of(eps_b)
     return eps_b, sigmas(eps_b), curve, selection_epsilon(orders, curve, dist, delta)
 
@@ -191,5 +223,6 @@ def plan_sigmas(candidates, target_epsilon: float, delta: float, dist: KDistribu
 def candidate_curve(q: float, sigma: float, lots: int, groups: int = 1, convention: str = "joint"):
     """RDP curve (default orders) of ``lots`` lots (q, σ) with ``groups`` clipped tensors."""
     from .compose import charge
+
     q, s, per = charge(q, sigma, groups, convention)
     return lots * per * rdp.rdp_curve(q, s, rdp.DEFAULT_ORDERS)

@@ -28,6 +28,7 @@ Two labelled variants:
 Where the per-lot ε' is so large that the bound overflows a double (σ ≲ 0.03), ε is ``math.inf``
 (a true, if empty, statement: the calibration and the CLI treat it as "no finite bound").
 """
+
 from __future__ import annotations
 
 import math
@@ -58,7 +59,11 @@ def gaussian_epsilon(delta0: float, sigma: float, gaussian: str = "analytic") ->
     hi = 1.0
     while gaussian_delta(hi, sigma) > delta0:
         hi *= 2.0
-    return float(optimize.brentq(lambda e: gaussian_delta(e, sigma) - delta0, 0.0, hi, xtol=1e-14, rtol=1e-14))
+    return float(
+        optimize.brentq(
+            lambda e: gaussian_delta(e, sigma) - delta0, 0.0, hi, xtol=1e-14, rtol=1e-14
+        )
+    )
 
 
 def _advanced(eps1: float, steps: int, delta2: float, form: str = "expm1") -> float:
@@ -70,24 +75,33 @@ def _advanced(eps1: float, steps: int, delta2: float, form: str = "expm1") -> fl
     return eps1 * math.sqrt(2.0 * steps * math.log(1.0 / delta2)) + steps * second
 
 
-def _epsilon_at_split(frac: float, q, sigma, steps, delta, variant, gaussian, form="expm1") -> float:
-    delta2 = frac * delta                      # δ''
+def _epsilon_at_split(
+    frac: float, q, sigma, steps, delta, variant, gaussian, form="expm1"
+) -> float:
+    delta2 = frac * delta  # δ''
     delta0 = (1.0 - frac) * delta / (steps * q)  # per-lot δ0, so that T·q·δ0 + δ'' = δ
-    if delta0 >= 1.0:                          # every mechanism is (0, 1)-DP
+    if delta0 >= 1.0:  # every mechanism is (0, 1)-DP
         eps0 = 0.0
     else:
         eps0 = gaussian_epsilon(delta0, sigma, gaussian)
     if variant == "paper":
         eps1 = q * eps0
-    elif eps0 > 700.0:                         # log(1 + q(e^ε0 − 1)) without overflow
+    elif eps0 > 700.0:  # log(1 + q(e^ε0 − 1)) without overflow
         eps1 = eps0 + math.log(q) + math.log1p(-(1.0 - q) * math.exp(-eps0) / q) if q < 1 else eps0
     else:
         eps1 = math.log1p(q * math.expm1(eps0))
     return _advanced(eps1, steps, delta2, form)
 
 
-def epsilon_and_split(q: float, sigma: float, steps: int, delta: float, variant: str = "paper",
-                      gaussian: str | None = None, form: str = "expm1"):
+def epsilon_and_split(
+    q: float,
+    sigma: float,
+    steps: int,
+    delta: float,
+    variant: str = "paper",
+    gaussian: str | None = None,
+    form: str = "expm1",
+):
     """(ε, δ''/δ) with the split of δ optimised; see module docstring for the variants and forms."""
     q, sigma, steps, delta = check_q(q), check_sigma(sigma), check_steps(steps), check_delta(delta)
     check_choice(variant, "variant", VARIANTS)
@@ -96,7 +110,9 @@ def epsilon_and_split(q: float, sigma: float, steps: int, delta: float, variant:
     check_choice(gaussian, "gaussian", GAUSSIANS)
     if steps == 0:
         return 0.0, None
-    f = lambda u: _epsilon_at_split(special.expit(u), q, sigma, steps, delta, variant, gaussian, form)
+    f = lambda u: _epsilon_at_split(
+        special.expit(u), q, sigma, steps, delta, variant, gaussian, form
+    )
     grid = np.linspace(-12.0, 12.0, 49)
     vals = [f(u) for u in grid]
     i = int(np.argmin(vals))
@@ -108,8 +124,15 @@ def epsilon_and_split(q: float, sigma: float, steps: int, delta: float, variant:
     return float(best[0]), float(special.expit(best[1]))
 
 
-def epsilon(q: float, sigma: float, steps: int, delta: float, variant: str = "paper",
-            gaussian: str | None = None, form: str = "expm1") -> float:
+def epsilon(
+    q: float,
+    sigma: float,
+    steps: int,
+    delta: float,
+    variant: str = "paper",
+    gaussian: str | None = None,
+    form: str = "expm1",
+) -> float:
     """ε of ``steps`` lots under strong composition (math.inf where the bound overflows).
     ``variant="paper"`` is NOT a valid bound, nor is ``form="square"``."""
     return epsilon_and_split(q, sigma, steps, delta, variant, gaussian, form)[0]

@@ -3,18 +3,22 @@
 ``python -m dpsgd.audit bound --scores F.csv ...``: every one-run bound of a score file against a claim
 (``dpsgd.audit.onerun.bound_file``);
 ``python -m dpsgd.audit [step] ...``: the one-step distinguishing game (``dpsgd.audit.game.cli``)."""
+
 import sys
 
 command = sys.argv[1] if len(sys.argv) > 1 else None
 if command == "run":
     from .onerun.run import main as run_main
+
     run_main(sys.argv[2:])
     sys.exit(0)
 if command == "rescore":
     from .onerun.run import rescore_main
+
     sys.exit(rescore_main(sys.argv[2:]))
 if command == "bound":
     from .onerun.bound_file import main as bound_main
+
     sys.exit(bound_main(sys.argv[2:]))
 if command == "step":
     del sys.argv[1]

@@ -15,6 +15,7 @@ clipper and DPSGD step), while the claim is computed as if nothing were broken:
 * ``loose_group``    — the first clipping group that carries gradient canaries clipped at 2C while C is
   claimed (applied to the gradient canaries' contributions, which is what the audit observes).
 """
+
 from __future__ import annotations
 
 VARIANTS = ("correct", "no_clip", "noise_div10", "noise_per_rank", "realised_lot", "loose_group")
@@ -66,8 +67,13 @@ def break_mechanism(parts, variant: str, ranks: int = 4) -> None:
         def step(x, y, physical_batch_size=None, weights=None):
             dp.L = float(max(1, len(x) if weights is None else int((weights > 0).sum())))
             try:
-                return inner(x, y, physical_batch_size=physical_batch_size,
-                             **({} if weights is None else {"weights": weights}))
+                return inner(
+                    x,
+                    y,
+                    physical_batch_size=physical_batch_size,
+                    **({} if weights is None else {"weights": weights}),
+                )
             finally:
                 dp.L = expected
+
         dp.step = step

@@ -8,6 +8,7 @@ over the sampler's own charges (the events ``dpsgd/mechanism/sampling.py:record_
 of the charge is the number of separately clipped groups (``clipping_groups``), the rule the clipping
 engine clips by.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,11 +28,17 @@ def calibrated_sigma(c, sampler, shape) -> float:
     if not p.private:
         raise ConfigError(f"{key}: a non-private run has no σ to calibrate")
     if p.target_epsilon is None:
-        raise ConfigError(f"{key}: needs privacy.target_epsilon (the ε to spend over training.epochs)")
+        raise ConfigError(
+            f"{key}: needs privacy.target_epsilon (the ε to spend over training.epochs)"
+        )
     if p.sampling == "shuffle":
-        raise ConfigError(f"{key}: shuffle is charged without amplification; set privacy.sigma (or another sampling)")
+        raise ConfigError(
+            f"{key}: shuffle is charged without amplification; set privacy.sigma (or another sampling)"
+        )
     if c.model.projection == "pca":
-        raise ConfigError(f"{key}: does not include the DP-PCA release; set privacy.sigma or model.projection=none")
+        raise ConfigError(
+            f"{key}: does not include the DP-PCA release; set privacy.sigma or model.projection=none"
+        )
     steps = t.epochs * sampler.lots_per_epoch()
     if t.max_steps is not None:
         steps = min(steps, t.max_steps)
@@ -42,8 +49,12 @@ def calibrated_sigma(c, sampler, shape) -> float:
     k = clipping_groups(model, p.clipping, c.model.freeze)
     try:
         if p.sampling != "poisson":
-            return _sigma_for_sampler(sampler, p.target_epsilon, p.delta, steps, c.accountant.name, k, p.convention)
-        return _sigma_for_epsilon(p.target_epsilon, p.delta, sampler.q, steps, c.accountant.name, k, p.convention)
+            return _sigma_for_sampler(
+                sampler, p.target_epsilon, p.delta, steps, c.accountant.name, k, p.convention
+            )
+        return _sigma_for_epsilon(
+            p.target_epsilon, p.delta, sampler.q, steps, c.accountant.name, k, p.convention
+        )
     except ValueError as e:
         raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
 
@@ -52,10 +63,13 @@ def calibrated_sigma(c, sampler, shape) -> float:
 def _sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention) -> float:
     """``sigma_for_epsilon``, remembered per process (a command validates its config more than once)."""
     from dpsgd.accountant.calibrate import sigma_for_epsilon
+
     return float(sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention))
 
 
-def _sigma_for_sampler(sampler, target, delta, steps, accountant, groups, convention, rtol=0.005) -> float:
+def _sigma_for_sampler(
+    sampler, target, delta, steps, accountant, groups, convention, rtol=0.005
+) -> float:
     """σ for samplers other than Poisson: the one σ search (``calibrate.smallest_sigma``) over the
     sampler's own charges (its events for the ``steps`` lots, ``record_lots``) in a ledger."""
     from dpsgd.accountant import Ledger
@@ -74,6 +88,7 @@ def clipping_groups(model, clipping: str, freeze: str = "none") -> int:
     """k, the separately clipped groups of ``model`` once ``model.freeze`` has frozen its public tensors
     (frozen here, in place): ``dpsgd/mechanism/clipping/groups.py:clipping_groups``, the rule the engine clips by."""
     from dpsgd.mechanism.clipping.groups import clipping_groups as groups
+
     for n in frozen_names(model, freeze):
         model.get_parameter(n).requires_grad_(False)
     return len(groups(model, clipping))

@@ -5,6 +5,7 @@ docs/RUNS.md walks the table; dpsgd/run/checkpoint.py:check_resumable refuses a 
 fingerprint differs, naming the first key; dpsgd/run/guard.py charges, on every resume, the lots that
 may have run after the checkpoint, whatever changed.
 """
+
 from __future__ import annotations
 
 from dpsgd.config.schema import Config
@@ -21,21 +22,42 @@ RESUME_ALLOWED: dict[str, tuple[str, str]] = {
     "resume": (FREE, "names the run being resumed"),
     "name": (FREE, "a folder name; nothing is computed from it"),
     "dataset.root": (FREE, "where the md5-verified archives are read from: the same data"),
-    "dataset.download": (FREE, "whether a missing archive may be fetched: the same md5-verified data"),
-    "model.pretrained": (FREE, "the artifact's path; its content is compared (model.pretrained_sha256)"),
+    "dataset.download": (
+        FREE,
+        "whether a missing archive may be fetched: the same md5-verified data",
+    ),
+    "model.pretrained": (
+        FREE,
+        "the artifact's path; its content is compared (model.pretrained_sha256)",
+    ),
     "training.eval_every": (FREE, "which epochs are evaluated; evaluation changes no lot"),
     "training.eval_batch_size": (FREE, "how evaluation is batched; evaluation changes no lot"),
     "training.checkpoint_every": (FREE, "when checkpoints are written; changes no lot"),
-    "training.train_metrics": (FREE, "whether the (uncovered) training-set metrics are computed; changes no lot"),
+    "training.train_metrics": (
+        FREE,
+        "whether the (uncovered) training-set metrics are computed; changes no lot",
+    ),
     "training.epochs": (LENGTH, "the run's length; each lot that runs is charged as it runs"),
     "training.max_steps": (LENGTH, "the run's length; each lot that runs is charged as it runs"),
-    "training.lr": (REPLAY, "post-processing of the noisy gradients (no cost per lot), but other weights"),
-    "training.lr_end": (REPLAY, "post-processing of the noisy gradients (no cost per lot), but other weights"),
+    "training.lr": (
+        REPLAY,
+        "post-processing of the noisy gradients (no cost per lot), but other weights",
+    ),
+    "training.lr_end": (
+        REPLAY,
+        "post-processing of the noisy gradients (no cost per lot), but other weights",
+    ),
     "training.lr_saturate_epochs": (REPLAY, "post-processing (no cost per lot), but other weights"),
-    "training.momentum": (REPLAY, "post-processing of the noisy gradients (no cost per lot), but other weights"),
+    "training.momentum": (
+        REPLAY,
+        "post-processing of the noisy gradients (no cost per lot), but other weights",
+    ),
     "device": (REPLAY, "the same mechanism, but sums that are not bit-identical"),
     "tf32": (REPLAY, "the same mechanism, but sums that are not bit-identical"),
-    "privacy.physical_batch_size": (REPLAY, "the same mechanism, but sums that are not bit-identical"),
+    "privacy.physical_batch_size": (
+        REPLAY,
+        "the same mechanism, but sums that are not bit-identical",
+    ),
     "privacy.grad_sample_mode": (REPLAY, "the same mechanism, but sums that are not bit-identical"),
 }
 
@@ -45,7 +67,9 @@ def config_leaves(c: Config) -> dict:
     out = {}
     for k, v in c.to_dict().items():
         if isinstance(v, dict):
-            out.update({f"{k}.{kk}": list(vv) if isinstance(vv, tuple) else vv for kk, vv in v.items()})
+            out.update(
+                {f"{k}.{kk}": list(vv) if isinstance(vv, tuple) else vv for kk, vv in v.items()}
+            )
         else:
             out[k] = v
     return out

@@ -7,6 +7,7 @@ the feature channels, models over PARAMS_MAX parameters (counted on the meta dev
 time) or that mix examples (BatchNorm, ...), frozen parameters that are not public ones, and
 pretrained weights that do not fit the network.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,7 +18,15 @@ from dpsgd.core.errors import ConfigError
 from dpsgd.data.datasets import DATASETS, input_shape
 from dpsgd.data.features import FEATURE_NORMS, FEATURES, feature_shape
 from dpsgd.mechanism.pca import PROJECTIONS
-from dpsgd.models.networks import FREEZE, INITS, MODELS, build_model, check_dp_compatible, check_input, frozen_names
+from dpsgd.models.networks import (
+    FREEZE,
+    INITS,
+    MODELS,
+    build_model,
+    check_dp_compatible,
+    check_input,
+    frozen_names,
+)
 
 # The largest model validated: 10**9 float32 parameters are 4 GB of weights alone, before gradients,
 # noise and optimiser buffers (several times that); beyond what one CPU or GPU run of this repo holds.
@@ -38,8 +47,10 @@ def validate_model(m, d) -> tuple[int, ...]:
     _check_projection(m, d, shape)
     check_input(m, d.name, shape)
     if d.augment != "none" and m.projection != "none":
-        raise ConfigError(f"model.projection={m.projection}: a projection is fit on fixed inputs; "
-                          f"dataset.augment={d.augment} needs model.projection=none")
+        raise ConfigError(
+            f"model.projection={m.projection}: a projection is fit on fixed inputs; "
+            f"dataset.augment={d.augment} needs model.projection=none"
+        )
     choice("model.freeze", m.freeze, FREEZE)
     _check_built(m, d, shape)
     return shape
@@ -50,13 +61,19 @@ def _check_widths(m) -> None:
     if not isinstance(m.hidden, (list, tuple)):
         raise ConfigError(f"model.hidden={fmt(m.hidden)}: must be a list of layer widths")
     if m.name == "mlp" and len(m.hidden) + 1 > limits.GROUPS_MAX:
-        raise ConfigError(f"model.hidden: {len(m.hidden)} hidden layers; per-layer clipping charges one group "
-                          f"per layer, at most GROUPS_MAX={limits.GROUPS_MAX} (dpsgd/accountant/limits.py)")
+        raise ConfigError(
+            f"model.hidden: {len(m.hidden)} hidden layers; per-layer clipping charges one group "
+            f"per layer, at most GROUPS_MAX={limits.GROUPS_MAX} (dpsgd/accountant/limits.py)"
+        )
     m.hidden = [num(f"model.hidden[{i}]", h, integer=True, lo=1) for i, h in enumerate(m.hidden)]
-    for i, h in enumerate(m.hidden):   # a layer of width h has >= h weights (checked before any build)
+    for i, h in enumerate(
+        m.hidden
+    ):  # a layer of width h has >= h weights (checked before any build)
         if h > PARAMS_MAX:
-            raise ConfigError(f"model.hidden[{i}]={h}: a layer this wide holds more than PARAMS_MAX={PARAMS_MAX:.0e} "
-                              "parameters (4 GB of float32 weights before gradients and noise)")
+            raise ConfigError(
+                f"model.hidden[{i}]={h}: a layer this wide holds more than PARAMS_MAX={PARAMS_MAX:.0e} "
+                "parameters (4 GB of float32 weights before gradients and noise)"
+            )
 
 
 def _features(m, d) -> tuple[int, ...]:
@@ -69,11 +86,15 @@ def _features(m, d) -> tuple[int, ...]:
     except ValueError as e:
         raise ConfigError(f"model.features={m.features}: {e}") from None
     if m.projection != "none" and m.pca_dims != 0:
-        raise ConfigError(f"model.projection={m.projection}: the {m.features} features are the input "
-                          "transform; use model.projection=none")
+        raise ConfigError(
+            f"model.projection={m.projection}: the {m.features} features are the input "
+            "transform; use model.projection=none"
+        )
     m.feature_groups = num("model.feature_groups", m.feature_groups, integer=True, lo=1)
     if m.feature_norm == "group" and shape[0] % m.feature_groups:
-        raise ConfigError(f"model.feature_groups={m.feature_groups}: must divide the {shape[0]} feature channels")
+        raise ConfigError(
+            f"model.feature_groups={m.feature_groups}: must divide the {shape[0]} feature channels"
+        )
     return shape
 
 
@@ -82,7 +103,9 @@ def _check_projection(m, d, shape) -> None:
     in_dim = math.prod(shape)
     m.pca_dims = num("model.pca_dims", m.pca_dims, integer=True, lo=0)
     if m.projection != "none" and m.pca_dims > in_dim:
-        raise ConfigError(f"model.pca_dims={m.pca_dims}: exceeds the input dimension {in_dim} of {d.name}")
+        raise ConfigError(
+            f"model.pca_dims={m.pca_dims}: exceeds the input dimension {in_dim} of {d.name}"
+        )
     if m.projection != "none" and m.pca_dims == 0:
         m.projection = "none"
 
@@ -96,8 +119,10 @@ def _check_built(m, d, shape) -> None:
         model = build_model(m, shape, DATASETS[d.name].classes)
     n_params = sum(p.numel() for p in model.parameters())
     if n_params > PARAMS_MAX:
-        raise ConfigError(f"model.hidden={list(m.hidden)}: {n_params} parameters ({m.name}), more "
-                          f"than PARAMS_MAX={PARAMS_MAX:.0e} (4 GB of float32 weights before gradients and noise)")
+        raise ConfigError(
+            f"model.hidden={list(m.hidden)}: {n_params} parameters ({m.name}), more "
+            f"than PARAMS_MAX={PARAMS_MAX:.0e} (4 GB of float32 weights before gradients and noise)"
+        )
     try:
         check_dp_compatible(model)
     except ValueError as e:
@@ -106,7 +131,9 @@ def _check_built(m, d, shape) -> None:
     if m.freeze != "none" and not frozen:
         raise ConfigError(f"model.freeze={m.freeze}: the {m.name} model has no such parameters")
     if m.freeze != "none" and m.pretrained is None:
-        raise ConfigError(f"model.freeze={m.freeze}: freezes public weights; set model.pretrained to their artifact")
+        raise ConfigError(
+            f"model.freeze={m.freeze}: freezes public weights; set model.pretrained to their artifact"
+        )
     if len(frozen) == sum(1 for _ in model.parameters()):
         raise ConfigError(f"model.freeze={m.freeze}: nothing left to train")
     _check_pretrained(m, model, frozen)
@@ -114,20 +141,29 @@ def _check_built(m, d, shape) -> None:
 
 def _check_pretrained(m, model, frozen: list[str]) -> None:
     """``model.pretrained``: a hash-checked artifact whose tensors fit the network and hold every frozen one."""
-    if m.pretrained_sha256 is not None and (not isinstance(m.pretrained_sha256, str) or m.pretrained is None):
-        raise ConfigError(f"model.pretrained_sha256={fmt(m.pretrained_sha256)}: a hex digest, with model.pretrained")
+    if m.pretrained_sha256 is not None and (
+        not isinstance(m.pretrained_sha256, str) or m.pretrained is None
+    ):
+        raise ConfigError(
+            f"model.pretrained_sha256={fmt(m.pretrained_sha256)}: a hex digest, with model.pretrained"
+        )
     if m.pretrained is None:
         return
     if not isinstance(m.pretrained, str) or not m.pretrained:
         raise ConfigError(f"model.pretrained={fmt(m.pretrained)}: must be the path of an artifact")
     from dpsgd.models.pretrained import verify
+
     tensors, m.pretrained_sha256 = verify(m.pretrained, m.pretrained_sha256)
     shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
     for n, shape in tensors.items():
         if shapes.get(n) != shape:
-            raise ConfigError(f"model.pretrained={m.pretrained}: its tensor {n} {list(shape)} does not fit the "
-                              f"{m.name} model ({list(shapes[n]) if n in shapes else 'no such tensor'})")
+            raise ConfigError(
+                f"model.pretrained={m.pretrained}: its tensor {n} {list(shape)} does not fit the "
+                f"{m.name} model ({list(shapes[n]) if n in shapes else 'no such tensor'})"
+            )
     missing = [n for n in frozen if n not in tensors]
     if missing:
-        raise ConfigError(f"model.pretrained={m.pretrained}: holds no {missing[0]}, which model.freeze={m.freeze} "
-                          "freezes (a frozen tensor must be the public one)")
+        raise ConfigError(
+            f"model.pretrained={m.pretrained}: holds no {missing[0]}, which model.freeze={m.freeze} "
+            "freezes (a frozen tensor must be the public one)"
+        )

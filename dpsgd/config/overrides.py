@@ -5,6 +5,7 @@ Used by the train command line (dpsgd/launch/main.py, dpsgd/launch/prepare.py), 
 torchrun ranks (which compare overrides by key), the tuner's search space, and ``validate`` itself
 (``resume=``).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,5 +24,7 @@ def check_run_dir(path: str) -> Path:
     if not rd.is_dir():
         raise ConfigError(f"resume={path}: no such run directory")
     if not ((rd / "privacy.json").is_file() or (rd / "checkpoint.pt").is_file()):
-        raise ConfigError(f"resume={path}: not a dpsgd run directory (no privacy.json or checkpoint.pt)")
+        raise ConfigError(
+            f"resume={path}: not a dpsgd run directory (no privacy.json or checkpoint.pt)"
+        )
     return rd

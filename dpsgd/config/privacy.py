@@ -13,6 +13,7 @@ started:
 * a private run without noise, a fixed noise seed with OS-entropy noise, a target ε in a non-private
   run or below what the DP-PCA release alone costs; physical batches larger than N (never formed).
 """
+
 from __future__ import annotations
 
 from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS, Ledger, limits
@@ -28,26 +29,48 @@ def validate_privacy(c):
     and coerced in place; returns the run's sampler (the one source of q). ConfigError naming the key."""
     p, N = c.privacy, c.N
     _check_lot(p, N)
-    p.max_lot_size = num("privacy.max_lot_size", p.max_lot_size, integer=True, optional=True, lo=p.lot_size, hi=N)
+    p.max_lot_size = num(
+        "privacy.max_lot_size", p.max_lot_size, integer=True, optional=True, lo=p.lot_size, hi=N
+    )
     if p.max_lot_size is not None and p.sampling != "truncated_poisson":
-        raise ConfigError(f"privacy.max_lot_size={p.max_lot_size}: applies to privacy.sampling=truncated_poisson "
-                          f"only (sampling={p.sampling})")
+        raise ConfigError(
+            f"privacy.max_lot_size={p.max_lot_size}: applies to privacy.sampling=truncated_poisson "
+            f"only (sampling={p.sampling})"
+        )
     if p.sampling == "truncated_poisson" and p.max_lot_size is None:
-        raise ConfigError("privacy.max_lot_size=null: privacy.sampling=truncated_poisson needs the cap B "
-                          "(an integer in [privacy.lot_size, N])")
+        raise ConfigError(
+            "privacy.max_lot_size=null: privacy.sampling=truncated_poisson needs the cap B "
+            "(an integer in [privacy.lot_size, N])"
+        )
     sampler = make_sampler(p.sampling, N, p.lot_size, max_lot_size=p.max_lot_size)
     if p.private and c.accountant.name not in sampler.accountants:
-        raise ConfigError(f"accountant.name={c.accountant.name}: privacy.sampling={p.sampling} is accounted by "
-                          f"{' or '.join(sampler.accountants)} only")
+        raise ConfigError(
+            f"accountant.name={c.accountant.name}: privacy.sampling={p.sampling} is accounted by "
+            f"{' or '.join(sampler.accountants)} only"
+        )
     _check_noise(p, sampler, c.model.projection)
-    p.target_epsilon = num("privacy.target_epsilon", p.target_epsilon, optional=True, lo=0, lo_open=True,
-                           hi=limits.EPSILON_MAX)
+    p.target_epsilon = num(
+        "privacy.target_epsilon",
+        p.target_epsilon,
+        optional=True,
+        lo=0,
+        lo_open=True,
+        hi=limits.EPSILON_MAX,
+    )
     if p.target_epsilon is not None and not p.private:
-        raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: a non-private run "
-                          "(privacy.private=false) has no ε to stop at")
+        raise ConfigError(
+            f"privacy.target_epsilon={p.target_epsilon}: a non-private run "
+            "(privacy.private=false) has no ε to stop at"
+        )
     # a lot holds at most N examples, so a larger physical batch is never formed
-    p.physical_batch_size = num("privacy.physical_batch_size", p.physical_batch_size, integer=True,
-                                optional=True, lo=1, hi=N)
+    p.physical_batch_size = num(
+        "privacy.physical_batch_size",
+        p.physical_batch_size,
+        integer=True,
+        optional=True,
+        lo=1,
+        hi=N,
+    )
     p.pca_fraction = num("privacy.pca_fraction", p.pca_fraction, lo=limits.Q_MIN, hi=1)
     _check_multiplicity(p)
     return sampler
@@ -65,14 +88,25 @@ ROWS_PER_PASS_MAX = 2**20
 def _check_multiplicity(p) -> None:
     """K in [1, AUGMENT_MULTIPLICITY_MAX], and the rows of one pass, B·K (B the physical batch, or the
     lot when none is set), at most ROWS_PER_PASS_MAX."""
-    p.augment_multiplicity = K = num("privacy.augment_multiplicity", p.augment_multiplicity, integer=True, lo=1,
-                                     hi=AUGMENT_MULTIPLICITY_MAX)
+    p.augment_multiplicity = K = num(
+        "privacy.augment_multiplicity",
+        p.augment_multiplicity,
+        integer=True,
+        lo=1,
+        hi=AUGMENT_MULTIPLICITY_MAX,
+    )
     B = p.physical_batch_size or p.lot_size
     if K > 1 and B * K > ROWS_PER_PASS_MAX:
-        which = "privacy.physical_batch_size" if p.physical_batch_size else "privacy.lot_size (no physical batch)"
-        raise ConfigError(f"privacy.augment_multiplicity={K}: {B} examples per pass ({which}) × K = {B * K} rows at "
-                          f"once, more than ROWS_PER_PASS_MAX={ROWS_PER_PASS_MAX}; set a smaller "
-                          "privacy.physical_batch_size (memory only: the result is the same)")
+        which = (
+            "privacy.physical_batch_size"
+            if p.physical_batch_size
+            else "privacy.lot_size (no physical batch)"
+        )
+        raise ConfigError(
+            f"privacy.augment_multiplicity={K}: {B} examples per pass ({which}) × K = {B * K} rows at "
+            f"once, more than ROWS_PER_PASS_MAX={ROWS_PER_PASS_MAX}; set a smaller "
+            "privacy.physical_batch_size (memory only: the result is the same)"
+        )
 
 
 def _check_lot(p, N: int) -> None:
@@ -83,37 +117,53 @@ def _check_lot(p, N: int) -> None:
     p.clip_norm = num("privacy.clip_norm", p.clip_norm, lo=0, lo_open=True)
     p.lot_size = num("privacy.lot_size", p.lot_size, integer=True, lo=1)
     if p.lot_size > N:
-        raise ConfigError(f"privacy.lot_size={p.lot_size}: must be <= N={N} (the number of training examples)")
+        raise ConfigError(
+            f"privacy.lot_size={p.lot_size}: must be <= N={N} (the number of training examples)"
+        )
     p.delta = num("privacy.delta", p.delta, lo=limits.DELTA_MIN, hi=1, hi_open=True)
     p.allow_large_delta = boolean("privacy.allow_large_delta", p.allow_large_delta)
     if p.private and p.delta >= 1 / N and not p.allow_large_delta:
-        raise ConfigError(f"privacy.delta={p.delta:g}: must be < 1/N = {1 / N:.4g} (N={N} training examples), "
-                          "else publishing one random example is within the guarantee; "
-                          "set privacy.allow_large_delta=true to accept it")
-    for k, options in (("clipping", CLIPPINGS), ("convention", CONVENTIONS), ("sampling", SAMPLERS),
-                       ("grad_sample_mode", MODES)):
+        raise ConfigError(
+            f"privacy.delta={p.delta:g}: must be < 1/N = {1 / N:.4g} (N={N} training examples), "
+            "else publishing one random example is within the guarantee; "
+            "set privacy.allow_large_delta=true to accept it"
+        )
+    for k, options in (
+        ("clipping", CLIPPINGS),
+        ("convention", CONVENTIONS),
+        ("sampling", SAMPLERS),
+        ("grad_sample_mode", MODES),
+    ):
         choice(f"privacy.{k}", getattr(p, k), options)
 
 
 def _check_noise(p, sampler, projection: str) -> None:
     """q and the noise as the ledger charges them: within what the accountants serve, never zero in a
     private run, a fixed seed only for seeded noise."""
-    ch = sampler.event(p.sigma).entry()       # what the ledger records per charge (shuffle: 1, σ/2)
+    ch = sampler.event(p.sigma).entry()  # what the ledger records per charge (shuffle: 1, σ/2)
     q, charged = ch["q"], ch["sigma"]
     if p.private and q < limits.Q_MIN:
-        raise ConfigError(f"privacy.lot_size={p.lot_size}: q = L/N = {q:.4g} (N={sampler.N}) is below "
-                          f"Q_MIN={limits.Q_MIN:g}, the smallest sampling rate the accountants serve")
+        raise ConfigError(
+            f"privacy.lot_size={p.lot_size}: q = L/N = {q:.4g} (N={sampler.N}) is below "
+            f"Q_MIN={limits.Q_MIN:g}, the smallest sampling rate the accountants serve"
+        )
     p.secure_rng = boolean("privacy.secure_rng", p.secure_rng)
     p.noise_seed = num("privacy.noise_seed", p.noise_seed, integer=True, optional=True, lo=0)
     if p.secure_rng and p.noise_seed is not None:
-        raise ConfigError(f"privacy.noise_seed={p.noise_seed}: a fixed noise seed is refused with "
-                          "privacy.secure_rng=true")
+        raise ConfigError(
+            f"privacy.noise_seed={p.noise_seed}: a fixed noise seed is refused with "
+            "privacy.secure_rng=true"
+        )
     if p.private and p.sigma == 0:
-        raise ConfigError("privacy.sigma=0.0: a private run needs noise (σ > 0); for a non-private run "
-                          "set privacy.private=false")
+        raise ConfigError(
+            "privacy.sigma=0.0: a private run needs noise (σ > 0); for a non-private run "
+            "set privacy.private=false"
+        )
     if p.private and p.sigma_p == 0 and projection == "pca":
-        raise ConfigError("privacy.sigma_p=0.0: DP-PCA needs noise (σ_p > 0) in a private run; use "
-                          "model.projection=random|none or privacy.private=false")
+        raise ConfigError(
+            "privacy.sigma_p=0.0: DP-PCA needs noise (σ_p > 0) in a private run; use "
+            "model.projection=random|none or privacy.private=false"
+        )
     if p.private:
         sigma_served("privacy.sigma", p.sigma, charged)
         if projection == "pca":
@@ -125,8 +175,10 @@ def sigma_served(key: str, v: float, charged: float) -> None:
     lo, hi = limits.SIGMA_MIN, limits.SIGMA_MAX
     if not lo <= charged <= hi:
         how = "" if charged == v else f" (charged as {charged:g})"
-        raise ConfigError(f"{key}={fmt(v)}{how}: must be in [{lo:g}, {hi:g}], the range the accountants serve "
-                          "(SIGMA_MIN, SIGMA_MAX in dpsgd/accountant/limits.py)")
+        raise ConfigError(
+            f"{key}={fmt(v)}{how}: must be in [{lo:g}, {hi:g}], the range the accountants serve "
+            "(SIGMA_MIN, SIGMA_MAX in dpsgd/accountant/limits.py)"
+        )
 
 
 def validate_accountant(c) -> None:
@@ -139,6 +191,8 @@ def validate_accountant(c) -> None:
         charge_pca(led, p.sigma_p, p.pca_fraction)
         eps_pca, _ = led.epsilon(p.delta, accountant=a.name, convention=p.convention)
         if eps_pca >= p.target_epsilon:
-            raise ConfigError(f"privacy.target_epsilon={p.target_epsilon}: the DP-PCA release alone costs "
-                              f"ε={eps_pca:.4g} (σ_p={p.sigma_p}, δ={p.delta:g}, {a.name}); raise the target "
-                              "or privacy.sigma_p")
+            raise ConfigError(
+                f"privacy.target_epsilon={p.target_epsilon}: the DP-PCA release alone costs "
+                f"ε={eps_pca:.4g} (σ_p={p.sigma_p}, δ={p.delta:g}, {a.name}); raise the target "
+                "or privacy.sigma_p"
+            )

@@ -23,6 +23,7 @@ What a resume may change (``RESUME_ALLOWED``, the fingerprint) is dpsgd/config/f
 Learning rates are only required to be finite and > 0: no principled upper bound exists (divergence
 depends on the loss surface and C), so a run that diverges is the trainer's to stop.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
@@ -46,58 +47,70 @@ from dpsgd.models.networks import FREEZE, INITS, MODELS, NORMS
 @dataclass
 class DatasetConfig:
     name: str = "mnist"
-    root: str | None = None            # None: $DPSGD_DATA_ROOT or <repo>/data
-    subset: int | None = None          # use only the first n training examples
-    validation: int | None = None      # hold out the last n of them and evaluate on those, not the test set
-    crop: int | None = None            # centre crop of CIFAR images (conf/dataset/cifar10.yaml: the paper's 24); None keeps 32
-    download: bool = True              # allow torchvision to download when no local copy exists
-    augment: str = "none"              # none | crop_flip (random crop to `crop` + horizontal flip, per lot)
-    standardize: bool = False          # per-image standardisation (TF per_image_standardization)
+    root: str | None = None  # None: $DPSGD_DATA_ROOT or <repo>/data
+    subset: int | None = None  # use only the first n training examples
+    validation: int | None = (
+        None  # hold out the last n of them and evaluate on those, not the test set
+    )
+    crop: int | None = (
+        None  # centre crop of CIFAR images (conf/dataset/cifar10.yaml: the paper's 24); None keeps 32
+    )
+    download: bool = True  # allow torchvision to download when no local copy exists
+    augment: str = "none"  # none | crop_flip (random crop to `crop` + horizontal flip, per lot)
+    standardize: bool = False  # per-image standardisation (TF per_image_standardization)
 
 
 @dataclass
 class ModelConfig:
-    name: str = "mlp"                  # mlp | cnn | tanh_cnn
+    name: str = "mlp"  # mlp | cnn | tanh_cnn
     hidden: list[int] = field(default_factory=lambda: [1000])
     bias: bool = False
-    projection: str = "pca"            # pca | random | none
-    pca_dims: int = 60                 # 0 = no projection
-    init: str = "paper"                # paper (original code: truncated normal, std 1/sqrt(fan_in)) | torch
-    norm: str = "none"                 # none | group: GroupNorm after each convolution (tanh_cnn)
-    pretrained: str | None = None      # artifact of python -m dpsgd.pretrain (public weights), loaded at setup
-    pretrained_sha256: str | None = None   # None: filled from the artifact's sidecar (after checking it)
-    freeze: str = "none"               # none | features: requires_grad=False (not clipped, noised, charged)
-    features: str = "none"             # none | scatter (fixed ScatterNet features, dpsgd/data/features.py)
-    feature_norm: str = "group"        # none | group (per-example GroupNorm of the features; free)
-    feature_groups: int = 27           # G of the GroupNorm (Tramèr & Boneh 2021: 27 for 81 channels)
+    projection: str = "pca"  # pca | random | none
+    pca_dims: int = 60  # 0 = no projection
+    init: str = "paper"  # paper (original code: truncated normal, std 1/sqrt(fan_in)) | torch
+    norm: str = "none"  # none | group: GroupNorm after each convolution (tanh_cnn)
+    pretrained: str | None = (
+        None  # artifact of python -m dpsgd.pretrain (public weights), loaded at setup
+    )
+    pretrained_sha256: str | None = (
+        None  # None: filled from the artifact's sidecar (after checking it)
+    )
+    freeze: str = "none"  # none | features: requires_grad=False (not clipped, noised, charged)
+    features: str = "none"  # none | scatter (fixed ScatterNet features, dpsgd/data/features.py)
+    feature_norm: str = "group"  # none | group (per-example GroupNorm of the features; free)
+    feature_groups: int = 27  # G of the GroupNorm (Tramèr & Boneh 2021: 27 for 81 channels)
 
 
 @dataclass
 class PrivacyConfig:
-    private: bool = True               # false: no clipping, no noise, no accounting ("not private")
-    sigma: float = 4.0                 # σ: noise multiplier of Algorithm 1
-    sigma_p: float = 7.0               # σ_p: DP-PCA noise
-    clip_norm: float = 4.0             # C
-    lot_size: int = 600                # L (expected lot size; q = L/N)
-    delta: float = limits.DELTA_DEFAULT   # δ, < 1/N unless allow_large_delta
-    allow_large_delta: bool = False    # true: accept δ >= 1/N (recorded in config.resolved.yaml)
-    clipping: str = "per_layer"        # per_layer | global
-    convention: str = "joint"          # joint | per_tensor (the paper's code)
-    sampling: str = "poisson"          # poisson | fixed_size | truncated_poisson | balls_in_bins | shuffle
-    max_lot_size: int | None = None    # B: truncated_poisson's cap (lots padded to B); None for the others
-    grad_sample_mode: str = "auto"     # auto | vmap | ghost
+    private: bool = True  # false: no clipping, no noise, no accounting ("not private")
+    sigma: float = 4.0  # σ: noise multiplier of Algorithm 1
+    sigma_p: float = 7.0  # σ_p: DP-PCA noise
+    clip_norm: float = 4.0  # C
+    lot_size: int = 600  # L (expected lot size; q = L/N)
+    delta: float = limits.DELTA_DEFAULT  # δ, < 1/N unless allow_large_delta
+    allow_large_delta: bool = False  # true: accept δ >= 1/N (recorded in config.resolved.yaml)
+    clipping: str = "per_layer"  # per_layer | global
+    convention: str = "joint"  # joint | per_tensor (the paper's code)
+    sampling: str = "poisson"  # poisson | fixed_size | truncated_poisson | balls_in_bins | shuffle
+    max_lot_size: int | None = (
+        None  # B: truncated_poisson's cap (lots padded to B); None for the others
+    )
+    grad_sample_mode: str = "auto"  # auto | vmap | ghost
     secure_rng: bool = False
-    noise_seed: int | None = None      # None: derived from seed
+    noise_seed: int | None = None  # None: derived from seed
     target_epsilon: float | None = None
-    physical_batch_size: int | None = None   # None: the whole lot in one forward/backward
-    pca_fraction: float = 1.0          # DP-PCA sampling rate
-    augment_multiplicity: int = 1      # K augmented copies per example, averaged before clipping
-    calibrate_sigma: bool = False      # true: σ computed from target_epsilon and training.epochs (accountant)
+    physical_batch_size: int | None = None  # None: the whole lot in one forward/backward
+    pca_fraction: float = 1.0  # DP-PCA sampling rate
+    augment_multiplicity: int = 1  # K augmented copies per example, averaged before clipping
+    calibrate_sigma: bool = (
+        False  # true: σ computed from target_epsilon and training.epochs (accountant)
+    )
 
 
 @dataclass
 class AccountantConfig:
-    name: str = "moments"              # moments | rdp | pld: target-ε stop and headline ε
+    name: str = "moments"  # moments | rdp | pld: target-ε stop and headline ε
 
 
 @dataclass
@@ -106,13 +119,15 @@ class TrainingConfig:
     lr: float = 0.1
     lr_end: float = 0.052
     lr_saturate_epochs: int = 10
-    momentum: float = 0.0              # heavy-ball momentum on the noisy gradient (post-processing; 0 = plain SGD)
-    max_steps: int | None = None       # stop after this many lots in total (tiny runs)
+    momentum: float = (
+        0.0  # heavy-ball momentum on the noisy gradient (post-processing; 0 = plain SGD)
+    )
+    max_steps: int | None = None  # stop after this many lots in total (tiny runs)
     eval_every: int = 1
     eval_batch_size: int = 10000
-    checkpoint_every: int = 1          # epochs; 0 = only at the end
-    ema_decay: float | None = None     # EMA of the weights (evaluated and released); None = off
-    train_metrics: bool = True         # training-set loss/accuracy in metrics.csv (private data, no noise)
+    checkpoint_every: int = 1  # epochs; 0 = only at the end
+    ema_decay: float | None = None  # EMA of the weights (evaluated and released); None = off
+    train_metrics: bool = True  # training-set loss/accuracy in metrics.csv (private data, no noise)
 
 
 @dataclass
@@ -138,7 +153,7 @@ class Config:
         return asdict(self)
 
 
-CHOICES = {   # each list is defined once, where the choice is implemented
+CHOICES = {  # each list is defined once, where the choice is implemented
     "dataset.name": sorted(DATASETS),
     "model.name": sorted(MODELS),
     "model.projection": sorted(PROJECTIONS),
@@ -154,13 +169,19 @@ CHOICES = {   # each list is defined once, where the choice is implemented
     "privacy.grad_sample_mode": sorted(MODES),
     "accountant.name": sorted(ACCOUNTANTS),
 }
-GROUPS = {"dataset": DatasetConfig, "model": ModelConfig, "privacy": PrivacyConfig,
-          "accountant": AccountantConfig, "training": TrainingConfig}
+GROUPS = {
+    "dataset": DatasetConfig,
+    "model": ModelConfig,
+    "privacy": PrivacyConfig,
+    "accountant": AccountantConfig,
+    "training": TrainingConfig,
+}
 
 
 def _plain(cfg) -> dict:
     try:
         from omegaconf import DictConfig, OmegaConf
+
         if isinstance(cfg, DictConfig):
             return OmegaConf.to_container(cfg, resolve=True)
     except ImportError:  # pragma: no cover
@@ -216,22 +237,31 @@ def validate_training(c: Config, sampler) -> None:
     t.epochs = num("training.epochs", t.epochs, integer=True, lo=0)
     t.lr = num("training.lr", t.lr, lo=0, lo_open=True)
     t.lr_end = num("training.lr_end", t.lr_end, lo=0, lo_open=True)
-    t.lr_saturate_epochs = num("training.lr_saturate_epochs", t.lr_saturate_epochs, integer=True, lo=0)
-    t.max_steps = num("training.max_steps", t.max_steps, integer=True, optional=True, lo=1,
-                      hi=limits.STEPS_MAX)
+    t.lr_saturate_epochs = num(
+        "training.lr_saturate_epochs", t.lr_saturate_epochs, integer=True, lo=0
+    )
+    t.max_steps = num(
+        "training.max_steps", t.max_steps, integer=True, optional=True, lo=1, hi=limits.STEPS_MAX
+    )
     lots = t.epochs * sampler.lots_per_epoch()
     if lots > limits.STEPS_MAX:
         p = c.privacy
-        raise ConfigError(f"training.epochs={t.epochs}: {lots} lots ({p.sampling} sampling, L={p.lot_size}, N={N}) "
-                          f"exceed STEPS_MAX={limits.STEPS_MAX}, the most the accountants serve; "
-                          "lower training.epochs")
+        raise ConfigError(
+            f"training.epochs={t.epochs}: {lots} lots ({p.sampling} sampling, L={p.lot_size}, N={N}) "
+            f"exceed STEPS_MAX={limits.STEPS_MAX}, the most the accountants serve; "
+            "lower training.epochs"
+        )
     t.momentum = num("training.momentum", t.momentum, lo=0, hi=1, hi_open=True)
     t.eval_every = num("training.eval_every", t.eval_every, integer=True, lo=1)
     # evaluation runs over the training set (N) and the test set; a larger batch is never formed
     n_eval = max(N, DATASETS[c.dataset.name].n_test)
-    t.eval_batch_size = num("training.eval_batch_size", t.eval_batch_size, integer=True, lo=1, hi=n_eval)
+    t.eval_batch_size = num(
+        "training.eval_batch_size", t.eval_batch_size, integer=True, lo=1, hi=n_eval
+    )
     t.checkpoint_every = num("training.checkpoint_every", t.checkpoint_every, integer=True, lo=0)
-    t.ema_decay = num("training.ema_decay", t.ema_decay, optional=True, lo=0, lo_open=True, hi=1, hi_open=True)
+    t.ema_decay = num(
+        "training.ema_decay", t.ema_decay, optional=True, lo=0, lo_open=True, hi=1, hi_open=True
+    )
     t.train_metrics = boolean("training.train_metrics", t.train_metrics)
 
 
@@ -240,14 +270,19 @@ def validate_top(c: Config, check_resume_dir: bool = True) -> None:
     c.seed = num("seed", c.seed, integer=True, lo=0)
     if not isinstance(c.name, str) or not c.name or "/" in c.name or c.name.startswith("."):
         raise ConfigError(f"name={fmt(c.name)}: must be a non-empty folder name without '/'")
-    if not isinstance(c.device, str) or not (c.device in ("auto", "cpu", "cuda") or c.device.startswith("cuda:")):
+    if not isinstance(c.device, str) or not (
+        c.device in ("auto", "cpu", "cuda") or c.device.startswith("cuda:")
+    ):
         raise ConfigError(f"device={fmt(c.device)}: must be auto, cpu, cuda or cuda:N")
     if not isinstance(c.tf32, bool):
         raise ConfigError(f"tf32={fmt(c.tf32)}: must be true or false")
     if c.device.startswith("cuda"):
         import torch
+
         if not torch.cuda.is_available():
-            raise ConfigError(f"device={c.device}: CUDA is not available on this machine (use device=auto or cpu)")
+            raise ConfigError(
+                f"device={c.device}: CUDA is not available on this machine (use device=auto or cpu)"
+            )
     if c.resume is not None:
         if not isinstance(c.resume, str) or not c.resume:
             raise ConfigError(f"resume={fmt(c.resume)}: must be a run directory")

@@ -4,6 +4,7 @@ Every config group's validator uses them (``dpsgd/config/schema.py:validate`` ca
 number in a range (bools, strings, NaN/inf and fractional integers refused), true/false, one of a
 list of choices (the list defined where the choice is implemented).
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,17 @@ def fmt(v: Any) -> str:
     return "null" if v is None else str(v)
 
 
-def num(key: str, v: Any, *, integer: bool = False, optional: bool = False, lo=None, lo_open=False,
-        hi=None, hi_open=False):
+def num(
+    key: str,
+    v: Any,
+    *,
+    integer: bool = False,
+    optional: bool = False,
+    lo=None,
+    lo_open=False,
+    hi=None,
+    hi_open=False,
+):
     """Coerce a number, refusing bools, strings, NaN/inf and (for integers) fractional values."""
     if v is None:
         if optional:
@@ -61,7 +71,9 @@ def boolean(key: str, v: Any) -> bool:
 
 def choice(key: str, v: Any, options) -> str:
     """``v`` if it is one of ``options`` (a config key's choices: dpsgd/config/schema.py:CHOICES)."""
-    allowed = sorted(options)       # a list: an unhashable value (a list, a dict) is refused, not a TypeError
+    allowed = sorted(
+        options
+    )  # a list: an unhashable value (a list, a dict) is refused, not a TypeError
     if v not in allowed:
         raise ConfigError(f"{key}={fmt(v)}: unknown, must be one of {allowed}")
     return v

@@ -10,6 +10,7 @@ Every JSON file is strict JSON (RFC 8259): ``json_text`` refuses NaN and ±Infin
 and names where one sits, so a writer states a non-finite value as ``null`` with words beside it
 (docs/PRIVACY_STATEMENT.md) instead of writing ``Infinity``, which no strict parser reads.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,7 +72,7 @@ def _link_new(tmp: Path, path: Path, data: bytes) -> None:
         os.link(tmp, path)
     except FileExistsError:
         raise
-    except OSError:                  # pragma: no cover (file systems without hard links)
+    except OSError:  # pragma: no cover (file systems without hard links)
         with open(path, "xb") as f:
             f.write(data)
             f.flush()
@@ -85,19 +86,29 @@ def atomic_write_text(path: str | Path, text: str, *, exclusive: bool = False) -
 def json_text(obj, indent: int | None = 2) -> str:
     """``obj`` as strict JSON text; ValueError naming the first NaN or ±Infinity (``epsilon: inf``)."""
     try:
-        return json.dumps(obj, indent=indent, sort_keys=False, allow_nan=False, default=json_default)
+        return json.dumps(
+            obj, indent=indent, sort_keys=False, allow_nan=False, default=json_default
+        )
     except ValueError:
         where = non_finite(plain(obj))
         if where is None:
             raise
-        raise ValueError(f"not strict JSON: {where[0] or '<top>'}: {where[1]} (write null and say why)") from None
+        raise ValueError(
+            f"not strict JSON: {where[0] or '<top>'}: {where[1]} (write null and say why)"
+        ) from None
 
 
 def non_finite(obj, at: str = ""):
     """(key path, value) of the first NaN or ±Infinity float in a JSON-like structure, else None."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return at, obj
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    items = (
+        obj.items()
+        if isinstance(obj, dict)
+        else enumerate(obj)
+        if isinstance(obj, (list, tuple))
+        else ()
+    )
     for k, v in items:
         found = non_finite(v, f"{at}.{k}" if at else str(k))
         if found is not None:

@@ -19,6 +19,7 @@ was 0.54 s with 1 thread and 3.0 s with 2. The cost of guessing
 "quiet" wrongly dwarfs the gain, and a load average taken at the start does not predict the load of
 a run lasting minutes, so on <= 2 usable cores dpsgd uses 1 thread unless told otherwise.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -73,7 +74,9 @@ def physical_cores() -> int | None:
         return None
 
 
-def thread_policy(env: dict, usable: int, physical: int | None, loadavg: float | None) -> tuple[int, str]:
+def thread_policy(
+    env: dict, usable: int, physical: int | None, loadavg: float | None
+) -> tuple[int, str]:
     """(intra-op threads, why) from the environment and the machine; pure, so it is testable.
 
     1. ``DPSGD_THREADS`` if set (dpsgd's own knob).
@@ -105,8 +108,9 @@ def thread_policy(env: dict, usable: int, physical: int | None, loadavg: float |
         return 1, f"auto: {usable} usable core(s) <= 2 -> 1 thread (oversubscription under load)"
     busy = 0 if loadavg is None or loadavg != loadavg else max(0, math.ceil(loadavg - 1e-9))
     n = max(1, min(physical or usable, usable, usable - busy))
-    return n, (f"auto: min(physical {physical or usable}, usable {usable}, usable - load {busy}) "
-               f"-> {n}")
+    return n, (
+        f"auto: min(physical {physical or usable}, usable {usable}, usable - load {busy}) -> {n}"
+    )
 
 
 def configure_threads(env: dict | None = None) -> dict:
@@ -142,7 +146,10 @@ def set_tf32(enabled) -> tuple[bool, bool] | None:
     matmul, cudnn = (enabled, enabled) if isinstance(enabled, bool) else enabled
     try:
         before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = bool(matmul), bool(cudnn)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = (
+            bool(matmul),
+            bool(cudnn),
+        )
     except RuntimeError:
         return None
     return before
@@ -183,6 +190,11 @@ def describe_runtime(device, tf32: bool = False, threads: dict | None = None) ->
     ``threads`` is what ``configure_threads`` returned (its policy is recorded beside the count)."""
     import torch
 
-    return {"device": str(device), "hardware": describe_hardware(device), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "threads_policy": (threads or {}).get("policy"),
-            "tf32": bool(tf32) and str(device).startswith("cuda")}
+    return {
+        "device": str(device),
+        "hardware": describe_hardware(device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "threads_policy": (threads or {}).get("policy"),
+        "tf32": bool(tf32) and str(device).startswith("cuda"),
+    }

@@ -2,6 +2,7 @@
 (``signals_as_interrupts``), except inside ``held_signals``, where the signal waits until the block
 has finished: a lot's charge and count, and the writes that open or finish a run, are never split by
 an interruption (dpsgd/train.py, dpsgd/run/opening.py)."""
+
 from __future__ import annotations
 
 import signal
@@ -9,7 +10,7 @@ from contextlib import contextmanager
 
 from dpsgd.core.errors import Interrupted
 
-_HELD: list = []      # [signal or None] while a lot's bookkeeping runs (``held_signals``)
+_HELD: list = []  # [signal or None] while a lot's bookkeeping runs (``held_signals``)
 
 
 @contextmanager
@@ -22,7 +23,7 @@ def held_signals():
     finally:
         signum = _HELD.pop()
     if signum is not None:
-        if _HELD:                     # nested: the outer block raises it
+        if _HELD:  # nested: the outer block raises it
             _HELD[-1] = _HELD[-1] or signum
         else:
             raise Interrupted(signum)
@@ -32,13 +33,14 @@ def held_signals():
 def signals_as_interrupts():
     """SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread (handlers restored after)."""
     import threading
+
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
         if _HELD:
-            _HELD[-1] = signum            # raised when the bookkeeping of the lot is done
+            _HELD[-1] = signum  # raised when the bookkeeping of the lot is done
             return
         raise Interrupted(signum)
 

@@ -5,6 +5,7 @@ the rule that every expected failure is one line on stderr and an exit code, nev
 Exit codes: 2 bad input (``ConfigError``, ``DataUnavailable``); 1 divergence or a disk error;
 128 + n an interrupting signal n.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,8 +22,10 @@ from dpsgd.data.datasets import DataUnavailable
 from dpsgd.launch.info import CONF_DIR  # noqa: F401 (conf/, re-exported for its callers)
 
 MULTIRUN_FLAGS = ("--multirun", "-m")
-CONFIG_DIR_FLAGS = ("--config-dir", "-cd")     # an extra config folder (searched after conf/)
-SHORT_BYTES = 96    # the longest text ``${dpsgd.short:...}`` keeps whole (a folder name holds 255 bytes)
+CONFIG_DIR_FLAGS = ("--config-dir", "-cd")  # an extra config folder (searched after conf/)
+SHORT_BYTES = (
+    96  # the longest text ``${dpsgd.short:...}`` keeps whole (a folder name holds 255 bytes)
+)
 
 
 def short_name(text) -> str:
@@ -34,7 +37,7 @@ def short_name(text) -> str:
     b = s.encode("utf-8", "surrogateescape")
     if len(b) <= SHORT_BYTES:
         return s
-    return f"{b[:SHORT_BYTES - 13].decode('utf-8', 'ignore')}_{hashlib.sha256(b).hexdigest()[:12]}"
+    return f"{b[: SHORT_BYTES - 13].decode('utf-8', 'ignore')}_{hashlib.sha256(b).hexdigest()[:12]}"
 
 
 def register_resolvers() -> None:
@@ -42,6 +45,7 @@ def register_resolvers() -> None:
     exist wherever Hydra resolves dpsgd's config: the launching process, joblib workers and submitit
     jobs (which import dpsgd/launch/main.py to unpickle the task before resolving the job's folder)."""
     from omegaconf import OmegaConf
+
     OmegaConf.register_new_resolver("dpsgd.short", short_name, replace=True)
 
 
@@ -53,6 +57,7 @@ def compose(args: list[str], hydra_config: bool = False):
     ``hydra_config=True`` includes Hydra's own node (run and sweep folders)."""
     import hydra
     from hydra.core.global_hydra import GlobalHydra
+
     GlobalHydra.instance().clear()
     try:
         with hydra.initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="train"):
@@ -68,6 +73,7 @@ def config_loader():
     """Hydra's config loader over conf/ (the one ``hydra.main`` uses), for composing as Hydra does."""
     import hydra
     from hydra.core.global_hydra import GlobalHydra
+
     GlobalHydra.instance().clear()
     try:
         with hydra.initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="train"):
@@ -88,6 +94,7 @@ def literal_value(arg: str) -> str:
     name ending in a quote, a comma list, a number) is the text exactly as given. Nothing else is
     stripped: a folder whose name ends in a quote is that folder, never its sibling."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
     raw = arg.split("=", 1)[1]
     try:
         value = OverridesParser.create().parse_override(arg).value()
@@ -112,8 +119,10 @@ def split_cli(args: list[str]) -> tuple[bool, list[str], list[str]]:
             else:
                 raise ConfigError(f"{a}: needs a folder")
         elif a.startswith("-"):
-            raise ConfigError(f"{a}: not supported (dpsgd takes key=value overrides, -m/--multirun, "
-                              "-cd/--config-dir, --cfg, --help)")
+            raise ConfigError(
+                f"{a}: not supported (dpsgd takes key=value overrides, -m/--multirun, "
+                "-cd/--config-dir, --cfg, --help)"
+            )
         else:
             overrides.append(a)
         i += 1
@@ -122,7 +131,11 @@ def split_cli(args: list[str]) -> tuple[bool, list[str], list[str]]:
 
 def search_path(dirs: list[str]) -> list[str]:
     """The override that adds the extra config folders (``-cd``) to Hydra's search path; [] for none."""
-    return [f"hydra.searchpath=[{','.join('file://' + str(Path(d).resolve()) for d in dirs)}]"] if dirs else []
+    return (
+        [f"hydra.searchpath=[{','.join('file://' + str(Path(d).resolve()) for d in dirs)}]"]
+        if dirs
+        else []
+    )
 
 
 def data_ready(c) -> None:
@@ -141,7 +154,9 @@ def dataset_ready(name: str, root: str | None, download: bool) -> None:
 def name_max(folder: Path) -> int:
     """The longest file name (bytes) the file system of ``folder`` (or its nearest existing parent) takes."""
     folder = Path(folder)
-    while not os.path.lexists(folder) and folder != folder.parent:     # lexists: False, never an OSError
+    while (
+        not os.path.lexists(folder) and folder != folder.parent
+    ):  # lexists: False, never an OSError
         folder = folder.parent
     try:
         return int(os.pathconf(folder, "PC_NAME_MAX"))
@@ -156,18 +171,24 @@ def check_name_lengths(key: str, d: Path) -> None:
     for name in Path(d).parts:
         size = len(os.fsencode(name))
         if size > limit:
-            raise ConfigError(f"{key}={d}: a folder name is {size} bytes, longer than the file system's {limit} "
-                              f"({name[:24]}...); pick a shorter one")
+            raise ConfigError(
+                f"{key}={d}: a folder name is {size} bytes, longer than the file system's {limit} "
+                f"({name[:24]}...); pick a shorter one"
+            )
 
 
 def fresh_dir(key: str, d: Path) -> None:
     """``d`` is a folder that holds nothing yet and can be created; else ConfigError naming ``key``."""
     check_name_lengths(key, d)
     if os.path.lexists(d) and not d.exists():
-        raise ConfigError(f"{key}={d}: is a symlink to nothing (dangling, or a loop); pick a new dir")
+        raise ConfigError(
+            f"{key}={d}: is a symlink to nothing (dangling, or a loop); pick a new dir"
+        )
     if d.exists() and (not d.is_dir() or any(d.iterdir())):
-        raise ConfigError(f"{key}={d}: already exists and is not empty; never overwritten "
-                          f"(pick a new dir, or resume=<run dir>)")
+        raise ConfigError(
+            f"{key}={d}: already exists and is not empty; never overwritten "
+            f"(pick a new dir, or resume=<run dir>)"
+        )
     parent = d
     while not parent.exists():
         parent = parent.parent

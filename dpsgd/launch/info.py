@@ -6,12 +6,13 @@ composed config) and exits 0; for anything else it returns at once and the comma
 before (dpsgd/launch/main.py, whose other information flags, ``--cfg``/``--info``/``--resolve``, need
 dpsgd's resolvers and go through it).
 """
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")   # conf/config.yaml and its groups
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")  # conf/config.yaml and its groups
 HELP_FLAGS = ("--help", "-h", "--hydra-help", "--version")
 
 
@@ -20,13 +21,16 @@ def help_and_exit(argv: list[str]) -> None:
     if not any(a.split("=", 1)[0] in HELP_FLAGS for a in argv):
         return
     import hydra
+
     sys.argv = [sys.argv[0]] + list(argv)
     hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(_none)()
     raise SystemExit(0)
 
 
-def _none(cfg) -> None:      # Hydra prints the help before it would call the task
+def _none(cfg) -> None:  # Hydra prints the help before it would call the task
     return None
 
 
-_none.__module__ = "dpsgd.launch.main"   # Hydra names the app after it: the text of main.py's own help
+_none.__module__ = (
+    "dpsgd.launch.main"  # Hydra names the app after it: the text of main.py's own help
+)

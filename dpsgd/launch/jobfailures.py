@@ -11,6 +11,7 @@ signal (``lost_worker``). A submitit job whose process dies leaves no result (su
 ``UncompletedJobError``); its siblings run on, so the launching process waits for all of them and then
 reports the lost job the same way (``lost_jobs``, exit 1: submitit does not pass on the signal).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -43,10 +44,17 @@ class JobFailed(CompactHydraException):
 
 
 # ------------------------------------------------------------------------------- lost worker processes
-_LAUNCHER_CLASSES = {   # where each kind's ``launch`` is defined
+_LAUNCHER_CLASSES = {  # where each kind's ``launch`` is defined
     "joblib": ("hydra_plugins.hydra_joblib_launcher.joblib_launcher", "JoblibLauncher"),
-    "submitit_local": ("hydra_plugins.hydra_submitit_launcher.submitit_launcher", "BaseSubmititLauncher"),
-    "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher.submitit_launcher", "BaseSubmititLauncher")}
+    "submitit_local": (
+        "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
+        "BaseSubmititLauncher",
+    ),
+    "submitit_slurm": (
+        "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
+        "BaseSubmititLauncher",
+    ),
+}
 _LOST_WORKER = {"joblib": ("joblib.externals.loky.process_executor", "TerminatedWorkerError")}
 
 
@@ -99,6 +107,7 @@ def job_failed(run) -> JobFailed | None:
     raises its exception and first writes Hydra's own "Error executing job" line to stderr, which would
     precede the job's one line. tests/launch/test_hydra_private.py fails if a Hydra upgrade changes it."""
     from hydra.core.utils import JobStatus
+
     if run.status == JobStatus.FAILED and isinstance(run._return_value, JobFailed):
         return run._return_value
     return None
@@ -109,6 +118,7 @@ class LostJob:
     """A submitit job that produced no result (its process killed, out of memory, crashed, a lost
     node), with its state as submitit saw it. Its exit code is not known: submitit_local's controller
     process does not pass on its task's, and SLURM reports states, not signals."""
+
     state: str
 
 
@@ -121,6 +131,7 @@ def _submitit_losses(kind: str):
         yield
         return
     from submitit.core import core, utils
+
     original = core.Job.results
 
     def results(job):
@@ -155,7 +166,7 @@ def lost_worker(exc: BaseException, kind: str, jobs: list, folders: list) -> tup
     that tell them apart), how it died, what each job's folder shows; the code is 128 + the signal
     that killed it (else its exit code, else 1)."""
     how, code = "died", 1
-    for name, c in re.findall(r"\b([A-Z][A-Z0-9]*)\((-?\d+)\)", str(exc)):    # loky: {SIGKILL(-9)}
+    for name, c in re.findall(r"\b([A-Z][A-Z0-9]*)\((-?\d+)\)", str(exc)):  # loky: {SIGKILL(-9)}
         if int(c) < 0:
             how, code = f"was killed by {name}", 128 - int(c)
             break
@@ -163,12 +174,20 @@ def lost_worker(exc: BaseException, kind: str, jobs: list, folders: list) -> tup
             how, code = f"exited with code {c}", int(c)
             break
     states = {num: job_state(folders[num] if num < len(folders) else None) for num, _ in jobs}
-    named = [(n, o) for n, o in jobs if states[n][0] == "stopped"] or \
-            [(n, o) for n, o in jobs if states[n][0] == "not run"] or jobs
-    what = (f"its hydra/launcher={kind} worker process {how}" if len(named) == 1 else
-            f"a hydra/launcher={kind} worker process running one of them {how}, and the others were stopped")
-    return error_line(f"{_who(named, jobs)}: {what}; the sweep stopped (jobs {_outcomes(jobs, states, folders)})",
-                      code), code
+    named = (
+        [(n, o) for n, o in jobs if states[n][0] == "stopped"]
+        or [(n, o) for n, o in jobs if states[n][0] == "not run"]
+        or jobs
+    )
+    what = (
+        f"its hydra/launcher={kind} worker process {how}"
+        if len(named) == 1
+        else f"a hydra/launcher={kind} worker process running one of them {how}, and the others were stopped"
+    )
+    return error_line(
+        f"{_who(named, jobs)}: {what}; the sweep stopped (jobs {_outcomes(jobs, states, folders)})",
+        code,
+    ), code
 
 
 def lost_jobs(dead: list, kind: str, jobs: list, folders: list) -> tuple[str, int]:
@@ -177,17 +196,24 @@ def lost_jobs(dead: list, kind: str, jobs: list, folders: list) -> tuple[str, in
     state, and what each job's folder shows."""
     states = {num: job_state(folders[num] if num < len(folders) else None) for num, _ in jobs}
     seen = ", ".join(dict.fromkeys(lost.state for _, lost in dead))
-    what = (f"{'its' if len(dead) == 1 else 'their'} hydra/launcher={kind} job{'' if len(dead) == 1 else 's'} "
-            f"ended without a result (the process died: killed, out of memory or crashed; submitit state {seen})")
-    return error_line(f"{_who([j for j, _ in dead], jobs)}: {what}; the other jobs ran to their end (jobs "
-                      f"{_outcomes(jobs, states, folders)})", 1), 1
+    what = (
+        f"{'its' if len(dead) == 1 else 'their'} hydra/launcher={kind} job{'' if len(dead) == 1 else 's'} "
+        f"ended without a result (the process died: killed, out of memory or crashed; submitit state {seen})"
+    )
+    return error_line(
+        f"{_who([j for j, _ in dead], jobs)}: {what}; the other jobs ran to their end (jobs "
+        f"{_outcomes(jobs, states, folders)})",
+        1,
+    ), 1
 
 
 def _who(named: list, jobs: list) -> str:
     """'sweep job(s) N, M (the overrides that tell them apart)'."""
     shared = set.intersection(*(set(o) for _, o in jobs)) if len(jobs) > 1 else set()
-    return (f"sweep job{'' if len(named) == 1 else 's'} {', '.join(str(n) for n, _ in named)} "
-            f"({' | '.join(' '.join(a for a in o if a not in shared) or 'no overrides' for _, o in named)})")
+    return (
+        f"sweep job{'' if len(named) == 1 else 's'} {', '.join(str(n) for n, _ in named)} "
+        f"({' | '.join(' '.join(a for a in o if a not in shared) or 'no overrides' for _, o in named)})"
+    )
 
 
 def _outcomes(jobs: list, states: dict, folders: list) -> str:
@@ -196,6 +222,10 @@ def _outcomes(jobs: list, states: dict, folders: list) -> str:
     for num, _ in jobs:
         state, resumable = states[num]
         groups.setdefault(state, []).append(
-            f"{num} (resume with: python -m dpsgd.train {shlex.quote('resume=' + folders[num])})" if resumable
-            else f"{num} (before its first checkpoint)" if state == "stopped" else str(num))
+            f"{num} (resume with: python -m dpsgd.train {shlex.quote('resume=' + folders[num])})"
+            if resumable
+            else f"{num} (before its first checkpoint)"
+            if state == "stopped"
+            else str(num)
+        )
     return "; ".join(f"{state}: {', '.join(nums)}" for state, nums in groups.items())

@@ -20,6 +20,7 @@ A SLURM job gets the cores of its own allocation (its CPU affinity), so nothing 
 The sweep's folders are resolved, checked and claimed in ``dpsgd/launch/sweeps.py``; a job that fails or
 dies in a worker process or cluster job is reported in ``dpsgd/launch/jobfailures.py``.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -39,10 +40,21 @@ PARALLEL_ENV = "DPSGD_PARALLEL_JOBS"
 
 # Integer settings: key -> (smallest value, None allowed). tasks_per_node and nodes must be 1: a job
 # is one training process (several tasks would be several writers of one run directory).
-_INTS = {"n_jobs": (None, False), "verbose": (0, False), "timeout_min": (1, False), "cpus_per_task": (1, True),
-         "gpus_per_node": (0, True), "gpus_per_task": (0, True), "cpus_per_gpu": (1, True), "mem_gb": (1, True),
-         "tasks_per_node": (1, False), "nodes": (1, False), "signal_delay_s": (0, False),
-         "max_num_timeout": (0, False), "array_parallelism": (1, False)}
+_INTS = {
+    "n_jobs": (None, False),
+    "verbose": (0, False),
+    "timeout_min": (1, False),
+    "cpus_per_task": (1, True),
+    "gpus_per_node": (0, True),
+    "gpus_per_task": (0, True),
+    "cpus_per_gpu": (1, True),
+    "mem_gb": (1, True),
+    "tasks_per_node": (1, False),
+    "nodes": (1, False),
+    "signal_delay_s": (0, False),
+    "max_num_timeout": (0, False),
+    "array_parallelism": (1, False),
+}
 _ONE = ("tasks_per_node", "nodes")
 
 
@@ -50,19 +62,27 @@ _ONE = ("tasks_per_node", "nodes")
 class Launch:
     """What the launching process decided: the overrides to run, the kind of launcher, the sweep's
     size and how many of its jobs run at once on this machine (1 for a single run)."""
+
     args: list
     launcher: str = "basic"
     jobs: int = 1
     parallel: int = 1
-    sweep_dir: str | None = None     # a sweep's folder, resolved (claimed by ``SweepClaim`` before Hydra runs)
-    pin: list = field(default_factory=list)    # the override that hands that folder to Hydra literally
-    folders: list = field(default_factory=list)    # each job's folder, by job number (resolved as Hydra will)
+    sweep_dir: str | None = (
+        None  # a sweep's folder, resolved (claimed by ``SweepClaim`` before Hydra runs)
+    )
+    pin: list = field(
+        default_factory=list
+    )  # the override that hands that folder to Hydra literally
+    folders: list = field(
+        default_factory=list
+    )  # each job's folder, by job number (resolved as Hydra will)
 
 
 def check(hc) -> str:
     """The launcher's settings (``hc = cfg.hydra``), checked; returns its kind (basic, joblib,
     submitit_local, submitit_slurm or other). ConfigError in one line naming the key."""
     from omegaconf import OmegaConf
+
     name = str((hc.runtime.choices or {}).get("hydra/launcher") or "basic")
     params = OmegaConf.to_container(hc.launcher, resolve=False)
     target = str(params.get("_target_"))
@@ -72,13 +92,15 @@ def check(hc) -> str:
     except (ImportError, ValueError):
         found = False
     if not found:
-        raise ConfigError(f"hydra/launcher={name}: its plugin is not installed ({module}; pinned in "
-                          "requirements.txt: make install)")
+        raise ConfigError(
+            f"hydra/launcher={name}: its plugin is not installed ({module}; pinned in "
+            "requirements.txt: make install)"
+        )
     for key, (lo, optional) in _INTS.items():
         if key not in params:
             continue
         v = params[key]
-        if isinstance(v, str) and "${" in v:     # an interpolation: its value
+        if isinstance(v, str) and "${" in v:  # an interpolation: its value
             try:
                 v = hc.launcher[key]
             except Exception:
@@ -86,12 +108,18 @@ def check(hc) -> str:
         if v is None and optional:
             continue
         if isinstance(v, bool) or not isinstance(v, int):
-            raise ConfigError(f"hydra.launcher.{key}={v}: must be an integer" + (" or null" if optional else ""))
+            raise ConfigError(
+                f"hydra.launcher.{key}={v}: must be an integer" + (" or null" if optional else "")
+            )
         if key == "n_jobs" and v == 0:
-            raise ConfigError("hydra.launcher.n_jobs=0: must be >= 1 (jobs at once), or -1 for one per usable core")
+            raise ConfigError(
+                "hydra.launcher.n_jobs=0: must be >= 1 (jobs at once), or -1 for one per usable core"
+            )
         if key in _ONE and v != 1:
-            raise ConfigError(f"hydra.launcher.{key}={v}: must be 1 (a job is one training process; one writer "
-                              "per run directory)")
+            raise ConfigError(
+                f"hydra.launcher.{key}={v}: must be 1 (a job is one training process; one writer "
+                "per run directory)"
+            )
         if lo is not None and v < lo:
             raise ConfigError(f"hydra.launcher.{key}={v}: must be >= {lo}")
     return launcher_kind(target)
@@ -123,7 +151,7 @@ def parallel_jobs(kind: str, params: dict, jobs: int, cores: int | None = None) 
     if kind == "joblib":
         try:
             n = int(params.get("n_jobs") or -1)
-        except (TypeError, ValueError):   # an unresolved interpolation: as many as joblib's default
+        except (TypeError, ValueError):  # an unresolved interpolation: as many as joblib's default
             n = -1
         cores = usable_cores() if cores is None else cores
         n = max(1, cores + 1 + n) if n < 0 else n
@@ -136,7 +164,9 @@ def parallel_jobs(kind: str, params: dict, jobs: int, cores: int | None = None) 
 def share_cores(plan: Launch, env: dict) -> bool:
     """Export DPSGD_PARALLEL_JOBS into ``env`` (inherited by the jobs) when several jobs share this
     machine and the user did not choose the threads; returns True if exported."""
-    if plan.parallel <= 1 or any((env.get(k) or "").strip() for k in ("DPSGD_THREADS", "OMP_NUM_THREADS")):
+    if plan.parallel <= 1 or any(
+        (env.get(k) or "").strip() for k in ("DPSGD_THREADS", "OMP_NUM_THREADS")
+    ):
         return False
     env[PARALLEL_ENV] = str(plan.parallel)
     return True

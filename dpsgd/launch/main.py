@@ -22,6 +22,7 @@ module runs what they allowed:
 Every expected failure is one line on stderr and an exit code (2: bad input; 1: diverged, disk
 error; 128 + n: signal n), never a traceback (dpsgd/launch/cli.py, shared with ``python -m dpsgd.pretrain``).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -39,8 +40,18 @@ from dpsgd.core.runtime import tune_allocator
 from dpsgd.data.datasets import DataUnavailable
 from dpsgd.run import distributed
 from dpsgd.core.errors import one_line
-from dpsgd.launch.cli import (CONF_DIR, compose, data_ready, error_line, fail, failure, hydra_quoted, run_or_exit,
-                              search_path, split_cli)
+from dpsgd.launch.cli import (
+    CONF_DIR,
+    compose,
+    data_ready,
+    error_line,
+    fail,
+    failure,
+    hydra_quoted,
+    run_or_exit,
+    search_path,
+    split_cli,
+)
 from dpsgd.launch.jobfailures import JobFailed, failures_reported
 from dpsgd.launch.launchers import share_cores
 from dpsgd.launch.prepare import prepare, prepare_launch, prepare_resume
@@ -48,9 +59,24 @@ from dpsgd.launch.sweeps import SWEEP_CLAIM, SweepClaim
 from dpsgd.run.rundir import RunLock
 
 _T0 = time.time()
-_LAUNCHER_PID = None    # set by main(): the process that runs Hydra (a worker or cluster job has another)
-_INFO_FLAGS = ("--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i", "--resolve",
-               "--package", "-p", "--shell-completion", "-sc")
+_LAUNCHER_PID = (
+    None  # set by main(): the process that runs Hydra (a worker or cluster job has another)
+)
+_INFO_FLAGS = (
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--version",
+    "--cfg",
+    "-c",
+    "--info",
+    "-i",
+    "--resolve",
+    "--package",
+    "-p",
+    "--shell-completion",
+    "-sc",
+)
 
 
 def _discard_fresh_run_dir(run_dir: Path, parents: bool = True) -> None:
@@ -60,7 +86,9 @@ def _discard_fresh_run_dir(run_dir: Path, parents: bool = True) -> None:
     hydra_files = {".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"}
     try:
         entries = {str(f.relative_to(run_dir)) for f in run_dir.rglob("*")}
-        if not entries <= hydra_files or any((run_dir / f).stat().st_mtime < _T0 - 1 for f in entries):
+        if not entries <= hydra_files or any(
+            (run_dir / f).stat().st_mtime < _T0 - 1 for f in entries
+        ):
             return
         shutil.rmtree(run_dir)
         if not parents:
@@ -68,10 +96,15 @@ def _discard_fresh_run_dir(run_dir: Path, parents: bool = True) -> None:
         for parent in run_dir.parents:
             if parent == Path.cwd() or parent.stat().st_ctime < _T0 - 1:
                 break
-            sweep_file = parent / "multirun.yaml"   # written by Hydra into a fresh sweep dir (claimed: main)
+            sweep_file = (
+                parent / "multirun.yaml"
+            )  # written by Hydra into a fresh sweep dir (claimed: main)
             names = {f.name for f in parent.iterdir()}
-            if "multirun.yaml" in names and names <= {"multirun.yaml", SWEEP_CLAIM} and \
-                    sweep_file.stat().st_mtime >= _T0 - 1:
+            if (
+                "multirun.yaml" in names
+                and names <= {"multirun.yaml", SWEEP_CLAIM}
+                and sweep_file.stat().st_mtime >= _T0 - 1
+            ):
                 sweep_file.unlink()
             if any(parent.iterdir()):
                 break
@@ -87,17 +120,20 @@ def task(train, cfg) -> None:
     worker process (joblib) or a cluster job (submitit) it is printed into the job's log and returned
     to the launching process as ``JobFailed``, so that the siblings still finish."""
     from hydra.core.hydra_config import HydraConfig
+
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     overrides = list(hc.overrides.task)
     launching = os.getpid() == _LAUNCHER_PID
 
     def run():
-        with RunLock(run_dir):        # held before anything is decided about this folder
+        with RunLock(run_dir):  # held before anything is decided about this folder
             try:
                 c = validate(cfg)
                 if c.resume:
-                    raise ConfigError("resume: resume a single run on its own: python -m dpsgd.train resume=<run dir>")
+                    raise ConfigError(
+                        "resume: resume a single run on its own: python -m dpsgd.train resume=<run dir>"
+                    )
                 data_ready(c)
                 train(c, run_dir, overrides)
             except (ConfigError, DataUnavailable):
@@ -139,6 +175,7 @@ def _resume(train, overrides: list[str]) -> None:
 def _run_hydra(app, args: list[str]) -> None:
     """Hydra's command line over ``args`` (conf/config.yaml), running ``app(cfg)``."""
     import hydra
+
     sys.argv = [sys.argv[0]] + args
     hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(app)()
 
@@ -146,6 +183,7 @@ def _run_hydra(app, args: list[str]) -> None:
 def train_main(argv: list[str] | None = None) -> None:
     """``python -m dpsgd.train ...``: the command line running Algorithm 1 (``dpsgd.train.train``)."""
     from dpsgd.train import train
+
     main(train, argv)
 
 
@@ -156,11 +194,11 @@ def main(train, argv: list[str] | None = None) -> None:
     tune_allocator()  # speed only: glibc keeps per-step buffers instead of re-faulting them
     train = _importable(train)
     args = list(sys.argv[1:] if argv is None else argv)
-    if any(a.split("=", 1)[0] in _INFO_FLAGS for a in args):     # help / print the config: no run
+    if any(a.split("=", 1)[0] in _INFO_FLAGS for a in args):  # help / print the config: no run
         _run_hydra(lambda cfg: None, args)
         return
     d = _or_exit_2(distributed.from_env)
-    if d is not None:               # under torchrun: one run over several processes
+    if d is not None:  # under torchrun: one run over several processes
         torchrun_main(train, args, d)
         return
     try:
@@ -170,16 +208,20 @@ def main(train, argv: list[str] | None = None) -> None:
             run_or_exit(_resume, train, overrides)
             return
         plan = prepare_launch(overrides, multirun, search)
-        claim = SweepClaim(plan.sweep_dir) if plan.sweep_dir is not None else None   # held for the sweep
+        claim = (
+            SweepClaim(plan.sweep_dir) if plan.sweep_dir is not None else None
+        )  # held for the sweep
     except ConfigError as e:
         fail(one_line(e), 2)
-    share_cores(plan, os.environ)     # inherited by joblib workers and submitit_local jobs
+    share_cores(plan, os.environ)  # inherited by joblib workers and submitit_local jobs
     try:
         with failures_reported(plan):
             _run_hydra(lambda cfg: task(train, cfg), args + plan.pin)
     except KeyboardInterrupt:
         fail("interrupted by SIGINT", 128 + signal.SIGINT)
-    except SystemExit as e:         # Hydra reported a failed sweep job (HYDRA_FULL_ERROR unset) and exits 1: its code
+    except (
+        SystemExit
+    ) as e:  # Hydra reported a failed sweep job (HYDRA_FULL_ERROR unset) and exits 1: its code
         if isinstance(e.__context__, JobFailed):
             raise SystemExit(e.__context__.code) from None
         raise
@@ -209,7 +251,7 @@ def torchrun_main(train, args: list[str], d: distributed.Dist) -> None:
 def _torchrun(train, args: list[str], d: distributed.Dist) -> None:
     quiet = d.rank != 0
 
-    def refuse(msg: str) -> None:       # rank 0 says why; every rank exits 2
+    def refuse(msg: str) -> None:  # rank 0 says why; every rank exits 2
         if quiet:
             raise SystemExit(2) from None
         fail(msg, 2)
@@ -219,21 +261,29 @@ def _torchrun(train, args: list[str], d: distributed.Dist) -> None:
             try:
                 try:
                     fn(*a)
-                except (ConfigError, DataUnavailable) as e:   # before the ranks agree: every rank stops with it
-                    distributed.join_refusal(e if isinstance(e, ConfigError) else ConfigError(str(e)))
-            except distributed.RanksDisagree:               # the same line on every rank
+                except (
+                    ConfigError,
+                    DataUnavailable,
+                ) as e:  # before the ranks agree: every rank stops with it
+                    distributed.join_refusal(
+                        e if isinstance(e, ConfigError) else ConfigError(str(e))
+                    )
+            except distributed.RanksDisagree:  # the same line on every rank
                 raise
             except ConfigError:
                 if quiet:
                     raise SystemExit(2) from None
                 raise
+
         run_or_exit(wrapped)
 
     try:
         multirun, dirs, overrides = split_cli(args)
         if multirun:
-            raise ConfigError("-m/--multirun: not under torchrun (one torchrun trains one run; sweeps use "
-                              "hydra/launcher, docs/SCALING.md)")
+            raise ConfigError(
+                "-m/--multirun: not under torchrun (one torchrun trains one run; sweeps use "
+                "hydra/launcher, docs/SCALING.md)"
+            )
         search = search_path(dirs)
     except ConfigError as e:
         refuse(one_line(e))
@@ -261,6 +311,7 @@ def _follow(train, composed: list[str], run_dir: str) -> None:
     are read as rank 0's Hydra job reads them (interpolations resolved, Hydra's own left out), and its
     validated Config is compared with every other rank's (``distributed.config_items``)."""
     from omegaconf import open_dict
+
     cfg = compose(composed, hydra_config=True)
     overrides = [str(o) for o in cfg.hydra.overrides.task]
     with open_dict(cfg):

@@ -7,6 +7,7 @@ resume may not change (dpsgd/config/fingerprint.py).
 A refused command exits 2 with one line and never writes into an existing run; dpsgd/launch/main.py
 runs what these checks allowed (Hydra, the sweep, torchrun).
 """
+
 from __future__ import annotations
 
 import os
@@ -18,11 +19,24 @@ from dpsgd.config.schema import Config, validate
 from dpsgd.core.errors import ConfigError
 from dpsgd.data.datasets import DATASETS
 from dpsgd.run.checkpoint import check_resumable, refuse_audit_resume, resume_checkpoint
-from dpsgd.launch.cli import check_name_lengths, compose, data_ready, dataset_ready, fresh_dir, literal_value
+from dpsgd.launch.cli import (
+    check_name_lengths,
+    compose,
+    data_ready,
+    dataset_ready,
+    fresh_dir,
+    literal_value,
+)
 from dpsgd.launch.launchers import Launch, check as check_launcher, parallel_jobs
 from dpsgd.launch.sweeps import check_job_folders, resolve_sweep, unclaimed
 
-_HYDRA_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.verbose", "hydra.job.name")
+_HYDRA_KEYS = (
+    "hydra.run.dir",
+    "hydra.sweep.dir",
+    "hydra.sweep.subdir",
+    "hydra.verbose",
+    "hydra.job.name",
+)
 _HYDRA_PREFIXES = ("hydra.launcher.", "hydra.sweeper.", "hydra/launcher", "hydra/sweeper")
 
 
@@ -34,11 +48,15 @@ def _check_overrides(overrides: list[str], resume: bool) -> None:
         if not (k.startswith("hydra.") or k.startswith("hydra/")):
             continue
         if resume:
-            raise ConfigError(f"{k}: Hydra settings cannot be given with resume= (a resume writes only into "
-                              "its own run directory)")
+            raise ConfigError(
+                f"{k}: Hydra settings cannot be given with resume= (a resume writes only into "
+                "its own run directory)"
+            )
         if k not in _HYDRA_KEYS and not k.startswith(_HYDRA_PREFIXES):
-            raise ConfigError(f"{k}: not supported (dpsgd accepts hydra.run.dir, hydra.sweep.dir, "
-                              "hydra.sweep.subdir, hydra/launcher and hydra/sweeper settings)")
+            raise ConfigError(
+                f"{k}: not supported (dpsgd accepts hydra.run.dir, hydra.sweep.dir, "
+                "hydra.sweep.subdir, hydra/launcher and hydra/sweeper settings)"
+            )
 
 
 def _check_name(cfg) -> None:
@@ -65,9 +83,12 @@ def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = 
     """``prepare``, and the launch plan: the launcher (checked), the sweep's jobs, how many run at once,
     and for a sweep its folder (resolved) and the override that hands it to Hydra."""
     from omegaconf import OmegaConf, open_dict
+
     if any(override_key(a) == "resume" for a in args):
-        raise ConfigError("resume: resume a single run on its own: python -m dpsgd.train resume=<run dir> "
-                          "[key=value ...]")
+        raise ConfigError(
+            "resume: resume a single run on its own: python -m dpsgd.train resume=<run dir> "
+            "[key=value ...]"
+        )
     _check_overrides(args, resume=False)
     if multirun:
         sweep = resolve_sweep(list(args) + list(search))
@@ -78,25 +99,40 @@ def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = 
         fresh_dir("hydra.sweep.dir", Path(sweep.dir))
         params = OmegaConf.to_container(hc.launcher, resolve=False)
         if "n_jobs" in params:
-            params["n_jobs"] = hc.launcher.n_jobs          # resolved (checked above)
+            params["n_jobs"] = hc.launcher.n_jobs  # resolved (checked above)
         swept = {override_key(a).split(".")[0] for a in args if "," in a.split("=", 1)[-1]}
-        if sweep.launcher != "basic" and "dataset" not in swept and cfg.get("dataset", {}).get("name") in DATASETS:
+        if (
+            sweep.launcher != "basic"
+            and "dataset" not in swept
+            and cfg.get("dataset", {}).get("name") in DATASETS
+        ):
             # seeded here, once: jobs running at the same time never seed one data root together
-            dataset_ready(cfg.dataset.name, cfg.dataset.get("root"), bool(cfg.dataset.get("download")))
+            dataset_ready(
+                cfg.dataset.name, cfg.dataset.get("root"), bool(cfg.dataset.get("download"))
+            )
         jobs = len(sweep.subdirs)
-        return Launch(args, sweep.launcher, jobs, parallel_jobs(sweep.launcher, params, jobs), sweep.dir, [sweep.pin],
-                      [os.path.join(sweep.dir, sub) for sub in sweep.subdirs])
+        return Launch(
+            args,
+            sweep.launcher,
+            jobs,
+            parallel_jobs(sweep.launcher, params, jobs),
+            sweep.dir,
+            [sweep.pin],
+            [os.path.join(sweep.dir, sub) for sub in sweep.subdirs],
+        )
     cfg = compose(args + list(search), hydra_config=True)
     check_launcher(cfg.hydra)
     try:
         run_dir = Path(cfg.hydra.run.dir)
-    except Exception as e:          # an interpolation that does not resolve
-        raise ConfigError(f"hydra.run.dir={OmegaConf.to_container(cfg.hydra.run, resolve=False)['dir']}: "
-                          f"{str(e).splitlines()[0]}") from None
+    except Exception as e:  # an interpolation that does not resolve
+        raise ConfigError(
+            f"hydra.run.dir={OmegaConf.to_container(cfg.hydra.run, resolve=False)['dir']}: "
+            f"{str(e).splitlines()[0]}"
+        ) from None
     _check_name(cfg)
     fresh_dir("hydra.run.dir", run_dir)
     with open_dict(cfg):
-        del cfg["hydra"]          # resolved by Hydra itself at run time (hydra.job.num, ...)
+        del cfg["hydra"]  # resolved by Hydra itself at run time (hydra.job.num, ...)
     data_ready(validate(cfg))
     return Launch(args)
 

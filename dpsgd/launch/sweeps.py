@@ -10,6 +10,7 @@ handed to Hydra literally (``${now:...}`` is resolved once, here) and claimed wi
 create of ``.sweep.claim`` held for the whole sweep (``SweepClaim``): of two sweeps started together
 into one folder exactly one proceeds; a claim whose launching process has ended is stale.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -27,8 +28,8 @@ from dpsgd.launch.cli import config_loader, hydra_quoted, name_max
 from dpsgd.launch.launchers import check
 
 
-SWEEP_CLAIM = ".sweep.claim"      # created exclusively by the launching process, removed when it ends
-RUN_MARKERS = (".hydra", "privacy.json", "checkpoint.pt")     # what a run folder holds
+SWEEP_CLAIM = ".sweep.claim"  # created exclusively by the launching process, removed when it ends
+RUN_MARKERS = (".hydra", "privacy.json", "checkpoint.pt")  # what a run folder holds
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Sweep:
     """A sweep as Hydra will run it: its config (Hydra's node included), its folder (resolved) and the
     override that hands that folder to Hydra, the launcher's kind, and each job's ``hydra.sweep.subdir``
     resolved (``probe``: job 0's with another job number)."""
+
     config: object
     dir: str
     pin: str
@@ -52,9 +54,12 @@ def resolve_sweep(args: list[str]) -> Sweep:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import OmegaConf
+
     with config_loader() as loader:
         try:
-            master = loader.load_configuration("config", overrides=list(args), run_mode=RunMode.MULTIRUN)
+            master = loader.load_configuration(
+                "config", overrides=list(args), run_mode=RunMode.MULTIRUN
+            )
         except Exception as e:
             raise ConfigError(one_line(e)) from None
         try:
@@ -64,12 +69,16 @@ def resolve_sweep(args: list[str]) -> Sweep:
             raise ConfigError(f"hydra.sweep.dir={text}: {one_line(e)}") from None
         pin = f"hydra.sweep.dir={hydra_quoted(folder)}"
         try:
-            master = loader.load_configuration("config", overrides=list(args) + [pin], run_mode=RunMode.MULTIRUN)
+            master = loader.load_configuration(
+                "config", overrides=list(args) + [pin], run_mode=RunMode.MULTIRUN
+            )
         except Exception as e:
             raise ConfigError(f"hydra.sweep.dir={folder}: {one_line(e)}") from None
         if str(master.hydra.sweep.dir) != folder:
-            raise ConfigError(f"hydra.sweep.dir={folder}: cannot be handed to Hydra literally (pick a folder name "
-                              "without quote characters or '${')")
+            raise ConfigError(
+                f"hydra.sweep.dir={folder}: cannot be handed to Hydra literally (pick a folder name "
+                "without quote characters or '${')"
+            )
         kind = check(master.hydra)
         subdir = str(OmegaConf.to_container(master.hydra.sweep, resolve=False)["subdir"])
         jobs = _job_overrides(loader, master)
@@ -79,12 +88,14 @@ def resolve_sweep(args: list[str]) -> Sweep:
                 try:
                     cfg = loader.load_sweep_config(master, list(overrides))
                 except Exception as e:
-                    raise ConfigError(f"sweep job {num} ({' '.join(overrides)}): {one_line(e)}") from None
+                    raise ConfigError(
+                        f"sweep job {num} ({' '.join(overrides)}): {one_line(e)}"
+                    ) from None
                 subdirs.append(_subdir(cfg, num, kind, subdir))
                 first = cfg if first is None else first
             probe = _subdir(first, len(jobs) + 1, kind, subdir) if first is not None else ""
         finally:
-            HydraConfig.instance().cfg = current        # as it was (each job's was made current)
+            HydraConfig.instance().cfg = current  # as it was (each job's was made current)
     return Sweep(master, folder, pin, kind, subdir, subdirs, probe)
 
 
@@ -92,14 +103,19 @@ def _job_overrides(loader, master) -> list[list[str]]:
     """Each job's overrides, in Hydra's order: the basic sweeper's expansion of the sweep file's params
     and the command line (glob() included, through the config loader)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
     target = str(master.hydra.sweeper.get("_target_"))
     if target != BASIC_SWEEPER:
         name = (master.hydra.runtime.choices or {}).get("hydra/sweeper") or target
-        raise ConfigError(f"hydra/sweeper={name}: not supported (dpsgd resolves and checks every job's folder "
-                          "before a sweep starts, with Hydra's basic sweeper)")
+        raise ConfigError(
+            f"hydra/sweeper={name}: not supported (dpsgd resolves and checks every job's folder "
+            "before a sweep starts, with Hydra's basic sweeper)"
+        )
     params = [f"{k}={v}" for k, v in (master.hydra.sweeper.get("params") or {}).items()]
     try:
-        parsed = OverridesParser.create(config_loader=loader).parse_overrides(params + list(master.hydra.overrides.task))
+        parsed = OverridesParser.create(config_loader=loader).parse_overrides(
+            params + list(master.hydra.overrides.task)
+        )
         return basic_sweeper_jobs(parsed)
     except Exception as e:
         raise ConfigError(one_line(e)) from None
@@ -117,6 +133,7 @@ def basic_sweeper_jobs(overrides: list) -> list[list[str]]:
     earlier one. Its private ``BasicSweeper.split_arguments``, called rather than copied: no public
     Hydra API expands a sweep without running it, and a copy would drift from what Hydra runs unseen."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
     return [list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
 
 
@@ -125,10 +142,17 @@ def _subdir(cfg, num: int, kind: str, text: str) -> str:
     will resolve it: job number and id set, Hydra's node current (``${hydra:...}``)."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict, read_write
-    with read_write(cfg.hydra.job), open_dict(cfg.hydra.job):     # read-only once Hydra's node is current
+
+    with (
+        read_write(cfg.hydra.job),
+        open_dict(cfg.hydra.job),
+    ):  # read-only once Hydra's node is current
         cfg.hydra.job.num = num
-        cfg.hydra.job.id = num if kind == "basic" else (f"{cfg.hydra.job.name}_{num}" if kind == "joblib"
-                                                        else f"job_id_for_{num}")
+        cfg.hydra.job.id = (
+            num
+            if kind == "basic"
+            else (f"{cfg.hydra.job.name}_{num}" if kind == "joblib" else f"job_id_for_{num}")
+        )
     HydraConfig.instance().set_config(cfg)
     try:
         return str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
@@ -139,7 +163,7 @@ def _subdir(cfg, num: int, kind: str, text: str) -> str:
 def _resolved(key: str, path: str) -> Path:
     try:
         return Path(path).resolve()
-    except (OSError, RuntimeError) as e:       # a symlink loop
+    except (OSError, RuntimeError) as e:  # a symlink loop
         raise ConfigError(f"{key}: {path} cannot be resolved ({one_line(e)})") from None
 
 
@@ -153,35 +177,50 @@ def check_job_folders(sweep: Sweep) -> None:
     limit = name_max(base)
     for name in base.parts:
         if len(os.fsencode(name)) > limit:
-            raise ConfigError(f"hydra.sweep.dir={sweep.dir}: a folder name is {len(os.fsencode(name))} bytes, "
-                              f"longer than the file system's {limit}; pick a shorter one")
+            raise ConfigError(
+                f"hydra.sweep.dir={sweep.dir}: a folder name is {len(os.fsencode(name))} bytes, "
+                f"longer than the file system's {limit}; pick a shorter one"
+            )
     for p in (base, *base.parents):
         marker = next((m for m in RUN_MARKERS if (p / m).exists()), None)
         if marker is not None and p != base:
-            raise ConfigError(f"hydra.sweep.dir={sweep.dir}: lies inside the run folder {p} (it holds {marker}); "
-                              "pick a folder outside every run")
+            raise ConfigError(
+                f"hydra.sweep.dir={sweep.dir}: lies inside the run folder {p} (it holds {marker}); "
+                "pick a folder outside every run"
+            )
     folders: dict[Path, int] = {}
     for num, sub in enumerate(sweep.subdirs):
         job = _resolved(key, os.path.join(sweep.dir, sub))
         if base not in job.parents:
-            raise ConfigError(f"{key}: job {num}'s folder {job} is not inside the sweep folder {base} (a relative "
-                              "path below it, one new folder per job)")
+            raise ConfigError(
+                f"{key}: job {num}'s folder {job} is not inside the sweep folder {base} (a relative "
+                "path below it, one new folder per job)"
+            )
         long = [n for n in job.relative_to(base).parts if len(os.fsencode(n)) > limit]
         if long:
-            raise ConfigError(f"{key}: job {num}'s folder name is {len(os.fsencode(long[0]))} bytes, longer than the "
-                              f"file system's {limit} (keep it short, e.g. ${{dpsgd.short:${{hydra.job.override_dirname}}}})")
+            raise ConfigError(
+                f"{key}: job {num}'s folder name is {len(os.fsencode(long[0]))} bytes, longer than the "
+                f"file system's {limit} (keep it short, e.g. ${{dpsgd.short:${{hydra.job.override_dirname}}}})"
+            )
         if job in folders:
-            raise ConfigError(f"{key}: jobs {folders[job]} and {num} would share the folder {job} (it must vary with "
-                              "${hydra.job.num})")
+            raise ConfigError(
+                f"{key}: jobs {folders[job]} and {num} would share the folder {job} (it must vary with "
+                "${hydra.job.num})"
+            )
         folders[job] = num
     for job, num in folders.items():
         outer = next((p for p in job.parents if p in folders), None)
         if outer is not None:
-            raise ConfigError(f"{key}: job {num}'s folder {job} lies inside job {folders[outer]}'s folder")
-    if sweep.subdirs and _resolved(key, os.path.join(sweep.dir, sweep.probe)) == \
-            _resolved(key, os.path.join(sweep.dir, sweep.subdirs[0])):
-        raise ConfigError(f"{key}: does not vary with the job number; must contain ${{hydra.job.num}} (one new "
-                          "folder per job)")
+            raise ConfigError(
+                f"{key}: job {num}'s folder {job} lies inside job {folders[outer]}'s folder"
+            )
+    if sweep.subdirs and _resolved(key, os.path.join(sweep.dir, sweep.probe)) == _resolved(
+        key, os.path.join(sweep.dir, sweep.subdirs[0])
+    ):
+        raise ConfigError(
+            f"{key}: does not vary with the job number; must contain ${{hydra.job.num}} (one new "
+            "folder per job)"
+        )
 
 
 def unclaimed(folder: str, key: str = "hydra.sweep.dir") -> None:
@@ -197,20 +236,28 @@ def unclaimed(folder: str, key: str = "hydra.sweep.dir") -> None:
         return
     not_file = _not_a_file(path)
     if not_file:
-        raise ConfigError(f"{key}={folder}: {path} is {not_file}, not a sweep claim; remove it if no sweep "
-                          "runs there")
+        raise ConfigError(
+            f"{key}={folder}: {path} is {not_file}, not a sweep claim; remove it if no sweep "
+            "runs there"
+        )
     stale = _stale(path)
     if stale is not None:
-        print(f"note: {key}={folder}: removed a stale sweep claim ({stale.strip()}; its launching "
-              "process has ended)", file=sys.stderr, flush=True)
+        print(
+            f"note: {key}={folder}: removed a stale sweep claim ({stale.strip()}; its launching "
+            "process has ended)",
+            file=sys.stderr,
+            flush=True,
+        )
         return
     try:
         holder = _read_claim(path)
     except OSError:
         holder = ""
-    raise ConfigError(f"{key}={folder}: another sweep holds this folder ({path}"
-                      f"{': ' + holder if holder else ''}; delete that file if no sweep runs there); one sweep "
-                      f"per folder (pick a new {key})")
+    raise ConfigError(
+        f"{key}={folder}: another sweep holds this folder ({path}"
+        f"{': ' + holder if holder else ''}; delete that file if no sweep runs there); one sweep "
+        f"per folder (pick a new {key})"
+    )
 
 
 def _not_a_file(path: Path) -> str:
@@ -221,7 +268,13 @@ def _not_a_file(path: Path) -> str:
         return ""
     if stat.S_ISREG(mode):
         return ""
-    return "a symlink" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+    return (
+        "a symlink"
+        if stat.S_ISLNK(mode)
+        else "a folder"
+        if stat.S_ISDIR(mode)
+        else "not a regular file"
+    )
 
 
 def _read_claim(path: Path) -> str:
@@ -249,23 +302,23 @@ def _stale(path: Path) -> str | None:
         return None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None                       # a folder, a fifo: never read; counts as held
+            return None  # a folder, a fifo: never read; counts as held
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            return None                       # held (EWOULDBLOCK), or no locks here (ENOLCK): held
+            return None  # held (EWOULDBLOCK), or no locks here (ENOLCK): held
         text = os.read(fd, 4096).decode(errors="replace")
         if not (text.startswith("pid ") and text.endswith("\n")):
-            return None                       # its creator has not locked and written it yet
+            return None  # its creator has not locked and written it yet
         try:
             if os.stat(path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
-                return None                   # replaced since it was opened
+                return None  # replaced since it was opened
             os.unlink(path)
         except OSError:
             return None
         return text
     finally:
-        os.close(fd)                          # drops the lock
+        os.close(fd)  # drops the lock
 
 
 class SweepClaim:
@@ -286,9 +339,13 @@ class SweepClaim:
         self.folder = Path(folder)
         self.key = key
         self.path = self.folder / SWEEP_CLAIM
-        self.token = f"pid {os.getpid()} on {socket.gethostname()} since " \
-                     f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} ({os.urandom(4).hex()})\n"
-        self.created = [p for p in (self.folder, *self.folder.parents) if not os.path.lexists(p)]   # deepest first
+        self.token = (
+            f"pid {os.getpid()} on {socket.gethostname()} since "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} ({os.urandom(4).hex()})\n"
+        )
+        self.created = [
+            p for p in (self.folder, *self.folder.parents) if not os.path.lexists(p)
+        ]  # deepest first
         self.fd = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -297,7 +354,7 @@ class SweepClaim:
         except OSError as e:
             raise ConfigError(f"{key}={folder}: cannot be created ({e.strerror or e})") from None
         fd = self._create()
-        if fd is None:                 # a claim is there: refused, unless its launcher has ended
+        if fd is None:  # a claim is there: refused, unless its launcher has ended
             try:
                 unclaimed(folder, key)
                 fd = self._create()
@@ -306,28 +363,36 @@ class SweepClaim:
                 raise
         if fd is None:
             self._remove_created()
-            raise ConfigError(f"{key}={folder}: another sweep held this folder; one sweep per folder "
-                              f"(pick a new {key})")
+            raise ConfigError(
+                f"{key}={folder}: another sweep held this folder; one sweep per folder "
+                f"(pick a new {key})"
+            )
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)    # held until release() or this process's end: the claim is live
+            fcntl.flock(
+                fd, fcntl.LOCK_EX
+            )  # held until release() or this process's end: the claim is live
         except OSError:
-            pass                              # no locks on this file system: the claim never reads as stale
+            pass  # no locks on this file system: the claim never reads as stale
         self.fd = fd
         try:
             os.write(fd, self.token.encode())
-        except OSError as e:                  # a full disk: nothing claimed, nothing left behind
+        except OSError as e:  # a full disk: nothing claimed, nothing left behind
             try:
                 os.unlink(self.path)
             except OSError:
                 pass
-            self.token = None                 # never matches a claim's text: release() removes nothing more
+            self.token = None  # never matches a claim's text: release() removes nothing more
             self.release()
-            raise ConfigError(f"{key}={folder}: cannot be claimed ({self.path}: {e.strerror or e})") from None
+            raise ConfigError(
+                f"{key}={folder}: cannot be claimed ({self.path}: {e.strerror or e})"
+            ) from None
         others = sorted(p.name for p in self.folder.iterdir() if p.name != SWEEP_CLAIM)
         if others and fresh:
             self.release()
-            raise ConfigError(f"{key}={folder}: already exists and is not empty ({others[0]}); never "
-                              "overwritten (pick a new dir)")
+            raise ConfigError(
+                f"{key}={folder}: already exists and is not empty ({others[0]}); never "
+                "overwritten (pick a new dir)"
+            )
 
     def _create(self) -> int | None:
         """The claim file, created exclusively (its descriptor), or None if one is there."""
@@ -337,7 +402,9 @@ class SweepClaim:
             return None
         except OSError as e:
             self._remove_created()
-            raise ConfigError(f"{self.key}={self.folder}: cannot be claimed ({e.strerror or e})") from None
+            raise ConfigError(
+                f"{self.key}={self.folder}: cannot be claimed ({e.strerror or e})"
+            ) from None
 
     def _remove_created(self) -> None:
         for p in self.created:
@@ -349,11 +416,13 @@ class SweepClaim:
     def release(self) -> None:
         """Remove the claim (if still this process's), and the folders it created if left empty."""
         try:
-            if self.token is not None and _read_claim(self.path) == self.token.strip():   # never follows a link
+            if (
+                self.token is not None and _read_claim(self.path) == self.token.strip()
+            ):  # never follows a link
                 self.path.unlink()
         except OSError:
             pass
         if self.fd is not None:
-            os.close(self.fd)                 # drops the lock
+            os.close(self.fd)  # drops the lock
             self.fd = None
         self._remove_created()

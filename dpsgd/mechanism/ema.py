@@ -12,6 +12,7 @@ training weights θ_T stay in ``model`` (what a resumed run continues from).
 Every floating-point entry of the model's state_dict is averaged (parameters, frozen ones included,
 and floating buffers; a frozen tensor stays equal to itself); other entries are copied.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -40,12 +41,17 @@ class EMA:
         self.updates += 1
 
     def state_dict(self) -> dict:
-        return {"decay": self.decay, "updates": self.updates,
-                "weights": {n: v.detach().cpu().clone() for n, v in self.shadow.items()}}
+        return {
+            "decay": self.decay,
+            "updates": self.updates,
+            "weights": {n: v.detach().cpu().clone() for n, v in self.shadow.items()},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if float(state["decay"]) != self.decay:
-            raise ValueError(f"training.ema_decay={self.decay} differs from the saved EMA's {state['decay']}")
+            raise ValueError(
+                f"training.ema_decay={self.decay} differs from the saved EMA's {state['decay']}"
+            )
         if state["weights"].keys() != self.shadow.keys():
             raise ValueError("the saved EMA weights do not match the model's state_dict")
         for n, v in state["weights"].items():

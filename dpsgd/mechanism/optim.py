@@ -32,6 +32,7 @@ dampening 0): v_t ← μ v_{t−1} + g̃_t (v_1 = g̃_1), θ_{t+1} ← θ_t − 
 released noisy gradients g̃_t, so it costs no privacy (Dwork & Roth 2014, Prop. 2.1). μ = 0 runs the
 plain update above, operation for operation.
 """
+
 from __future__ import annotations
 
 import torch
@@ -56,31 +57,49 @@ class DPSGD:
         augment_generator: the generator of those draws when a step is given none.
     """
 
-    def __init__(self, model: torch.nn.Module, clipper, noise: GaussianNoise, plan: Plan, lr: float,
-                 momentum: float = 0.0, augment_multiplicity: int = 1, augment=None, augment_generator=None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        clipper,
+        noise: GaussianNoise,
+        plan: Plan,
+        lr: float,
+        momentum: float = 0.0,
+        augment_multiplicity: int = 1,
+        augment=None,
+        augment_generator=None,
+    ):
         if not isinstance(plan, Plan):
-            raise ValueError(f"DPSGD: plan={plan!r} must be a dpsgd.mechanism.plan.Plan (Plan.by_hand(σ, C, L) "
-                             "for steps outside a run)")
+            raise ValueError(
+                f"DPSGD: plan={plan!r} must be a dpsgd.mechanism.plan.Plan (Plan.by_hand(σ, C, L) "
+                "for steps outside a run)"
+            )
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"training.momentum={momentum!r} must be in [0, 1)")
         self.plan = plan
-        self.event = plan.event            # what each lot is charged as (None: not private)
+        self.event = plan.event  # what each lot is charged as (None: not private)
         self.model = model
         self.clipper = clipper
         self.noise = noise
         self.C = float(plan.clip_norm)
-        self.L = float(plan.lot_size)      # an attribute: the audit's realised_lot variant replaces it per step
+        self.L = float(
+            plan.lot_size
+        )  # an attribute: the audit's realised_lot variant replaces it per step
         self.lr = float(lr)
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-        self.comm = None    # distributed.Aggregator under torchrun: Σ over ranks, the noise added once
+        self.comm = (
+            None  # distributed.Aggregator under torchrun: Σ over ranks, the noise added once
+        )
         K = augment_multiplicity
         if isinstance(K, bool) or not isinstance(K, int) or K < 1:
             raise ValueError(f"privacy.augment_multiplicity={K!r} must be an integer >= 1")
         self.K = K
-        self.augment = augment                     # augment(x, generator) -> x, per-row random
+        self.augment = augment  # augment(x, generator) -> x, per-row random
         self.augment_generator = augment_generator
         self.momentum = float(momentum)
-        self.velocity: dict[str, torch.Tensor] = {}     # v_t per parameter (empty before the first step)
+        self.velocity: dict[
+            str, torch.Tensor
+        ] = {}  # v_t per parameter (empty before the first step)
 
     @property
     def sigma(self) -> float:
@@ -89,13 +108,19 @@ class DPSGD:
 
     def state_dict(self) -> dict:
         """The optimiser state a resumed run needs (the momentum buffers v_t, on the CPU)."""
-        return {"momentum": self.momentum, "velocity": {n: v.detach().cpu() for n, v in self.velocity.items()}}
+        return {
+            "momentum": self.momentum,
+            "velocity": {n: v.detach().cpu() for n, v in self.velocity.items()},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         unknown = set(state["velocity"]) - set(self.params)
         if unknown:
             raise ValueError(f"optimizer state names unknown parameters: {sorted(unknown)}")
-        self.velocity = {n: v.to(self.params[n].device, self.params[n].dtype) for n, v in state["velocity"].items()}
+        self.velocity = {
+            n: v.to(self.params[n].device, self.params[n].dtype)
+            for n, v in state["velocity"].items()
+        }
 
     def _rows(self, xb: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """The K augmented copies of each example of a physical batch, consecutive: [B·K, ...]
@@ -108,8 +133,13 @@ class DPSGD:
     def set_lr(self, lr: float) -> None:
         self.lr = float(lr)
 
-    def noisy_gradient(self, x: torch.Tensor, y: torch.Tensor, physical_batch_size: int | None = None,
-                       weights: torch.Tensor | None = None):
+    def noisy_gradient(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        physical_batch_size: int | None = None,
+        weights: torch.Tensor | None = None,
+    ):
         """g̃_t = (Σ_i w_i clip(g_i) + N(0, σ²C²)) / L for one lot; returns (grads, loss_sum, lot_size).
 
         ``physical_batch_size`` bounds the examples per forward/backward (memory only; None = the
@@ -132,23 +162,33 @@ class DPSGD:
         physical_batch_size = physical_batch_size or max(1, len(x))
         if weights is not None and len(weights) != len(x):
             raise ValueError(f"weights has {len(weights)} rows, the lot {len(x)}")
-        lot_size = len(x) if weights is None else int((weights > 0).sum())   # the real rows
-        total = None                       # Σ_i clip(g_i), accumulated over physical batches
-        loss_sum = None                    # Σ_i loss_i as a tensor: no device sync per step
+        lot_size = len(x) if weights is None else int((weights > 0).sum())  # the real rows
+        total = None  # Σ_i clip(g_i), accumulated over physical batches
+        loss_sum = None  # Σ_i loss_i as a tensor: no device sync per step
         for start in range(0, len(x), physical_batch_size):
-            xb, yb = ((x, y) if physical_batch_size >= len(x) else
-                      (x[start:start + physical_batch_size], y[start:start + physical_batch_size]))
-            kw = {} if weights is None else {"weights": weights[start:start + physical_batch_size]}
+            xb, yb = (
+                (x, y)
+                if physical_batch_size >= len(x)
+                else (
+                    x[start : start + physical_batch_size],
+                    y[start : start + physical_batch_size],
+                )
+            )
+            kw = (
+                {} if weights is None else {"weights": weights[start : start + physical_batch_size]}
+            )
             if self.K > 1 or self.augment is not None:
-                res = self.clipper.clipped_sum(self._rows(xb, generator), yb, out=total, multiplicity=self.K, **kw)
+                res = self.clipper.clipped_sum(
+                    self._rows(xb, generator), yb, out=total, multiplicity=self.K, **kw
+                )
             else:
                 res = self.clipper.clipped_sum(xb, yb, out=total, **kw)
             total = res.grads
             loss_sum = res.loss_sum if loss_sum is None else loss_sum + res.loss_sum
-        if total is None:                  # empty lot (or share): the step is the noise alone
+        if total is None:  # empty lot (or share): the step is the noise alone
             total = {n: torch.zeros_like(p) for n, p in self.params.items()}
             loss_sum = torch.zeros((), device=x.device)
-        if self.comm is not None:          # the global sum over ranks, noised exactly once
+        if self.comm is not None:  # the global sum over ranks, noised exactly once
             return self.comm.aggregate(total, loss_sum, lot_size, self._add_noise)
         self._add_noise(total)
         return total, loss_sum, lot_size
@@ -159,8 +199,14 @@ class DPSGD:
             for g in total.values():
                 self.noise.add_(g, self.sigma * self.C)
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, physical_batch_size: int | None = None,
-             weights: torch.Tensor | None = None, generator: torch.Generator | None = None) -> dict:
+    def step(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        physical_batch_size: int | None = None,
+        weights: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> dict:
         """One lot of Algorithm 1: θ ← θ − (η/L)(Σ_i w_i clip(g_i) + N(0, σ²C²)).
 
         The division by L is folded into the update (one pass less over the parameters).
@@ -174,7 +220,7 @@ class DPSGD:
                     p.add_(total[n], alpha=-self.lr / self.L)
             else:
                 for n, p in self.params.items():
-                    g = total[n].div_(self.L)                      # g̃_t
+                    g = total[n].div_(self.L)  # g̃_t
                     v = self.velocity.get(n)
                     if v is None:
                         self.velocity[n] = v = g.clone()

@@ -18,6 +18,7 @@ planning all call it).
 
 A random projection (i.i.d. N(0, 1/k) matrix) does not look at the data and costs nothing.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,9 @@ import torch
 from dpsgd.accountant.events import Gaussian
 
 
-def dp_pca(X: torch.Tensor, k: int, sigma_p: float, generator: torch.Generator,
-           fraction: float = 1.0) -> torch.Tensor:
+def dp_pca(
+    X: torch.Tensor, k: int, sigma_p: float, generator: torch.Generator, fraction: float = 1.0
+) -> torch.Tensor:
     """The d × k DP-PCA projection matrix of the rows of X (float64 internally)."""
     X = X.reshape(len(X), -1)
     n, d = X.shape
@@ -38,10 +40,14 @@ def dp_pca(X: torch.Tensor, k: int, sigma_p: float, generator: torch.Generator,
         raise ValueError(f"privacy.sigma_p={sigma_p}: must be >= 0")
     if not 0 < fraction <= 1:
         raise ValueError(f"privacy.pca_fraction={fraction}: must be in (0, 1]")
-    if fraction < 1:  # Poisson subsample, so that amplification by sampling at rate `fraction` holds
+    if (
+        fraction < 1
+    ):  # Poisson subsample, so that amplification by sampling at rate `fraction` holds
         X = X[torch.rand(n, generator=generator) < fraction]
-    Xn = X.to(torch.float64, copy=True)       # one n × d copy, normalised in place
-    Xn.div_(Xn.norm(dim=1, keepdim=True).clamp_min(1e-12))   # an all-zero image stays zero (norm 0 <= 1)
+    Xn = X.to(torch.float64, copy=True)  # one n × d copy, normalised in place
+    Xn.div_(
+        Xn.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    )  # an all-zero image stays zero (norm 0 <= 1)
     # XᵀX as one GEMM. A symmetric rank-k update (BLAS syrk) would halve the flops, but it rounds
     # differently (scipy.linalg.blas.dsyrk vs this GEMM on MNIST: entries up to 5.7e-14 apart, and
     # slower here), and the presets must reproduce their projection bit for bit
@@ -70,7 +76,7 @@ def random_projection(d: int, k: int, generator: torch.Generator) -> torch.Tenso
     """A data-independent d × k Gaussian projection (entries N(0, 1/k)); no privacy cost."""
     if not 1 <= k <= d:
         raise ValueError(f"model.pca_dims={k}: must be in [1, {d}] (the input dimension)")
-    return torch.randn(d, k, generator=generator) / k ** 0.5
+    return torch.randn(d, k, generator=generator) / k**0.5
 
 
 def project(X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
@@ -78,11 +84,18 @@ def project(X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     return X.reshape(len(X), -1) @ V
 
 
-PROJECTIONS = ("none", "pca", "random")   # model.projection
+PROJECTIONS = ("none", "pca", "random")  # model.projection
 
 
-def fit_projection(kind: str, X: torch.Tensor, k: int, sigma_p: float, generator: torch.Generator,
-                   ledger=None, fraction: float = 1.0) -> torch.Tensor | None:
+def fit_projection(
+    kind: str,
+    X: torch.Tensor,
+    k: int,
+    sigma_p: float,
+    generator: torch.Generator,
+    ledger=None,
+    fraction: float = 1.0,
+) -> torch.Tensor | None:
     """The input projection of the config (``model.projection``); DP-PCA's release is charged to ``ledger``.
 
     Returns None for ``kind == "none"`` or ``k == 0`` (the model sees the raw inputs).

@@ -14,6 +14,7 @@ mechanism at σ/√k: the joint convention). ``event`` None is the non-private s
 charged. The neighbouring relation and the accountants that serve a charge follow from the event's
 type (``adjacency``, ``accountants``; one table, ``ledger.EVENTS``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class Plan:
     Raises:
         ValueError: naming the value, for σ < 0, C ≤ 0, L ≤ 0 or an event that is not one.
     """
+
     event: Event | None
     clip_norm: float
     lot_size: float
@@ -45,7 +47,9 @@ class Plan:
 
     def __post_init__(self):
         if self.event is not None and not isinstance(self.event, Event):
-            raise ValueError(f"plan.event={self.event!r}: a privacy event of dpsgd.accountant.events (or None)")
+            raise ValueError(
+                f"plan.event={self.event!r}: a privacy event of dpsgd.accountant.events (or None)"
+            )
         if self.event is not None and not self.event.sigma >= 0:
             raise ValueError(f"privacy.sigma={self.event.sigma!r} must be >= 0")
         if not self.clip_norm > 0:

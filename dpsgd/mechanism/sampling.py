@@ -39,6 +39,7 @@ the positions that carry a charge (None elsewhere): the one place the sampler's 
 neighbouring relation are defined. ``charges`` (and ``record_lots``, which records them) is the one
 count of "n lots → charges" that training, resume, calibration and the privacy command share.
 """
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -53,9 +54,9 @@ from dpsgd.accountant.ledger import EVENTS
 
 class Sampler:
     name = "?"
-    adjacency = "?"                  # words, for privacy.json
+    adjacency = "?"  # words, for privacy.json
     amplification = False
-    pads = False                     # ``padded`` adds zero-weight rows (fixed-shape lots; train.py)
+    pads = False  # ``padded`` adds zero-weight rows (fixed-shape lots; train.py)
 
     def __init__(self, N: int, L: int, generator: torch.Generator | None = None):
         N, L = int(N), int(L)
@@ -119,12 +120,19 @@ class Sampler:
         raise NotImplementedError
 
     def state_dict(self) -> dict:
-        return {"name": self.name, "N": self.N, "L": self.L, "generator": self.generator.get_state()}
+        return {
+            "name": self.name,
+            "N": self.N,
+            "L": self.L,
+            "generator": self.generator.get_state(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if (state["name"], state["N"], state["L"]) != (self.name, self.N, self.L):
-            raise ValueError(f"sampler state is for {state['name']} N={state['N']} L={state['L']}, "
-                             f"not {self.name} N={self.N} L={self.L}")
+            raise ValueError(
+                f"sampler state is for {state['name']} N={state['N']} L={state['L']}, "
+                f"not {self.name} N={self.N} L={self.L}"
+            )
         self.generator.set_state(state["generator"])
 
 
@@ -153,7 +161,7 @@ class PoissonSampler(Sampler):
         return events.Poisson(self.q, float(sigma), groups)
 
     def lots_within(self, charges: int, lot_in_epoch: int) -> int:
-        return max(0, charges)          # every lot is charged
+        return max(0, charges)  # every lot is charged
 
 
 class ShuffleSampler(Sampler):
@@ -174,7 +182,7 @@ class ShuffleSampler(Sampler):
     def epoch(self) -> Iterator[torch.Tensor]:
         perm = torch.randperm(self.N, generator=self.generator)
         for i in range(self.lots_per_epoch()):
-            yield perm[i * self.L:(i + 1) * self.L]
+            yield perm[i * self.L : (i + 1) * self.L]
 
     def event(self, sigma: float, groups: int = 1) -> events.Event:
         # One Gaussian mechanism per epoch, sensitivity 2C (substitution) and noise σC: multiplier σ/2.
@@ -194,8 +202,10 @@ class FixedSizeSampler(Sampler):
     epoch (an epoch is only a unit of length here)."""
 
     name = "fixed_size"
-    adjacency = ("substitution (replace one example); sampling without replacement, amplified (PLD: Dong, Roth & "
-                 "Su 2022, Thm 9; RDP: Wang et al. 2019)")
+    adjacency = (
+        "substitution (replace one example); sampling without replacement, amplified (PLD: Dong, Roth & "
+        "Su 2022, Thm 9; RDP: Wang et al. 2019)"
+    )
     amplification = True
 
     @property
@@ -207,7 +217,7 @@ class FixedSizeSampler(Sampler):
 
     def epoch(self) -> Iterator[torch.Tensor]:
         for _ in range(self.lots_per_epoch()):
-            yield torch.randperm(self.N, generator=self.generator)[:self.L].sort().values
+            yield torch.randperm(self.N, generator=self.generator)[: self.L].sort().values
 
     def event(self, sigma: float, groups: int = 1) -> events.Event:
         return events.FixedSize(self.q, float(sigma), groups)
@@ -224,7 +234,9 @@ class TruncatedPoissonSampler(PoissonSampler):
     adjacency = "add/remove one example; Poisson lots truncated to B (Ganesh et al. 2025)"
     pads = True
 
-    def __init__(self, N: int, L: int, generator: torch.Generator | None = None, B: int | None = None):
+    def __init__(
+        self, N: int, L: int, generator: torch.Generator | None = None, B: int | None = None
+    ):
         super().__init__(N, L, generator)
         B = int(B) if B is not None else N
         if not L <= B:
@@ -234,7 +246,7 @@ class TruncatedPoissonSampler(PoissonSampler):
     def epoch(self) -> Iterator[torch.Tensor]:
         for lot in super().epoch():
             if len(lot) > self.B:
-                keep = torch.randperm(len(lot), generator=self.generator)[:self.B]
+                keep = torch.randperm(len(lot), generator=self.generator)[: self.B]
                 lot = lot[keep.sort().values]
             yield lot
 
@@ -259,8 +271,10 @@ class BallsInBinsSampler(Sampler):
     """Each epoch, every example goes to one of t = N/L lots uniformly at random (balls in bins)."""
 
     name = "balls_in_bins"
-    adjacency = ("add/remove one example; random allocation to one lot per epoch, amplified (RDP per epoch, remove "
-                 "and add directions exact: Feldman & Shenfeld 2025)")
+    adjacency = (
+        "add/remove one example; random allocation to one lot per epoch, amplified (RDP per epoch, remove "
+        "and add directions exact: Feldman & Shenfeld 2025)"
+    )
     amplification = True
 
     @property
@@ -277,7 +291,7 @@ class BallsInBinsSampler(Sampler):
         counts = torch.bincount(bins, minlength=t).tolist()
         start = 0
         for n in counts:
-            yield order[start:start + n]
+            yield order[start : start + n]
             start += n
 
     def event(self, sigma: float, groups: int = 1) -> events.Event:
@@ -292,12 +306,24 @@ class BallsInBinsSampler(Sampler):
         return rest + max(0, charges) * self.lots_per_epoch()
 
 
-SAMPLERS = {"poisson": PoissonSampler, "shuffle": ShuffleSampler, "fixed_size": FixedSizeSampler,
-            "truncated_poisson": TruncatedPoissonSampler, "balls_in_bins": BallsInBinsSampler}
+SAMPLERS = {
+    "poisson": PoissonSampler,
+    "shuffle": ShuffleSampler,
+    "fixed_size": FixedSizeSampler,
+    "truncated_poisson": TruncatedPoissonSampler,
+    "balls_in_bins": BallsInBinsSampler,
+}
 
 
-def record_lots(ledger, sampler: Sampler, sigma: float, lots: int, first: int = 0, groups: int = 1,
-                label: str = "sgd") -> int:
+def record_lots(
+    ledger,
+    sampler: Sampler,
+    sigma: float,
+    lots: int,
+    first: int = 0,
+    groups: int = 1,
+    label: str = "sgd",
+) -> int:
     """Record in ``ledger`` what ``lots`` consecutive lots of ``sampler`` cost, the first at position
     ``first`` of its epoch (``Sampler.charges``: each lot as the training loop charges it, σ, k =
     ``groups``); returns how many charges were recorded."""
@@ -307,8 +333,13 @@ def record_lots(ledger, sampler: Sampler, sigma: float, lots: int, first: int = 
     return sum(out.values())
 
 
-def make_sampler(name: str, N: int, L: int, generator: torch.Generator | None = None,
-                 max_lot_size: int | None = None) -> Sampler:
+def make_sampler(
+    name: str,
+    N: int,
+    L: int,
+    generator: torch.Generator | None = None,
+    max_lot_size: int | None = None,
+) -> Sampler:
     if name not in SAMPLERS:
         raise ValueError(f"privacy.sampling={name!r}: must be one of {sorted(SAMPLERS)}")
     if name == "truncated_poisson":

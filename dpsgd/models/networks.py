@@ -15,6 +15,7 @@
 Algorithm 1) only holds if example i's gradient depends on example i alone. `check_input` holds the
 inputs each network takes (the rest of the ``model.*`` group is checked in dpsgd/config/model.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,14 @@ class MLP(nn.Module):
     The paper's MNIST net is ``MLP(60, (1000,), 10, bias=False)`` on PCA-projected input.
     """
 
-    def __init__(self, in_features: int, hidden: Sequence[int] = (1000,), num_classes: int = 10,
-                 bias: bool = False, init: str = "paper"):
+    def __init__(
+        self,
+        in_features: int,
+        hidden: Sequence[int] = (1000,),
+        num_classes: int = 10,
+        bias: bool = False,
+        init: str = "paper",
+    ):
         super().__init__()
         if in_features < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
@@ -78,15 +85,19 @@ class CifarCNN(nn.Module):
     def __init__(self, num_classes: int = 10, bias: bool = True, init: str = "paper"):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 64, kernel_size=5, stride=1, padding=2, bias=bias), nn.ReLU(),
-            nn.MaxPool2d(2),                                   # 24 -> 12
-            nn.Conv2d(64, 64, kernel_size=5, stride=1, padding=2, bias=bias), nn.ReLU(),
-            nn.MaxPool2d(2),                                   # 12 -> 6
+            nn.Conv2d(3, 64, kernel_size=5, stride=1, padding=2, bias=bias),
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 24 -> 12
+            nn.Conv2d(64, 64, kernel_size=5, stride=1, padding=2, bias=bias),
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 12 -> 6
         )
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(64 * 6 * 6, 384, bias=bias), nn.ReLU(),
-            nn.Linear(384, 384, bias=bias), nn.ReLU(),
+            nn.Linear(64 * 6 * 6, 384, bias=bias),
+            nn.ReLU(),
+            nn.Linear(384, 384, bias=bias),
+            nn.ReLU(),
             nn.Linear(384, num_classes, bias=bias),
         )
         init_weights(self, init)
@@ -111,7 +122,9 @@ class TanhCNN(nn.Module):
 
     NORM_GROUPS = 4
 
-    def __init__(self, num_classes: int = 10, bias: bool = True, init: str = "torch", norm: str = "none"):
+    def __init__(
+        self, num_classes: int = 10, bias: bool = True, init: str = "torch", norm: str = "none"
+    ):
         super().__init__()
         if norm not in NORMS:
             raise ValueError(f"model.norm={norm!r}: must be one of {list(NORMS)}")
@@ -122,8 +135,12 @@ class TanhCNN(nn.Module):
             return [conv, *gn, nn.Tanh(), nn.MaxPool2d(2, stride=1)]
 
         self.features = nn.Sequential(*block(1, 16, 8, 2, 2), *block(16, 32, 4, 2, 0))
-        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(32 * 4 * 4, 32, bias=bias), nn.Tanh(),
-                                        nn.Linear(32, num_classes, bias=bias))
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(32 * 4 * 4, 32, bias=bias),
+            nn.Tanh(),
+            nn.Linear(32, num_classes, bias=bias),
+        )
         init_weights(self, init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -138,7 +155,9 @@ class Linear(nn.Module):
     """A linear classifier on the flattened input: Tramèr & Boneh 2021's ``ScatterLinear`` (their
     ``models.py``) once the fixed features and their normalisation are applied outside the model."""
 
-    def __init__(self, in_features: int, num_classes: int = 10, bias: bool = True, init: str = "torch"):
+    def __init__(
+        self, in_features: int, num_classes: int = 10, bias: bool = True, init: str = "torch"
+    ):
         super().__init__()
         self.fc = nn.Linear(int(in_features), num_classes, bias=bias)
         init_weights(self, init)
@@ -155,19 +174,32 @@ class ScatterCNN(nn.Module):
 
     SIDE = 7
 
-    def __init__(self, in_features: int, num_classes: int = 10, bias: bool = True, init: str = "torch",
-                 channels: tuple[int, int] = (16, 32), hidden: int = 32):
+    def __init__(
+        self,
+        in_features: int,
+        num_classes: int = 10,
+        bias: bool = True,
+        init: str = "torch",
+        channels: tuple[int, int] = (16, 32),
+        hidden: int = 32,
+    ):
         super().__init__()
         if in_features % (self.SIDE * self.SIDE):
             raise ValueError(f"ScatterCNN expects K x 7 x 7 inputs, got {in_features} features")
         self.K = in_features // (self.SIDE * self.SIDE)
         c1, c2 = channels
         self.features = nn.Sequential(
-            nn.Conv2d(self.K, c1, kernel_size=3, stride=2, padding=1, bias=bias), nn.Tanh(),   # 7 -> 4
-            nn.Conv2d(c1, c2, kernel_size=3, stride=1, padding=1, bias=bias), nn.Tanh(),       # 4 -> 4
+            nn.Conv2d(self.K, c1, kernel_size=3, stride=2, padding=1, bias=bias),
+            nn.Tanh(),  # 7 -> 4
+            nn.Conv2d(c1, c2, kernel_size=3, stride=1, padding=1, bias=bias),
+            nn.Tanh(),  # 4 -> 4
         )
         self.classifier = nn.Sequential(
-            nn.Flatten(), nn.Linear(c2 * 4 * 4, hidden, bias=bias), nn.Tanh(), nn.Linear(hidden, num_classes, bias=bias))
+            nn.Flatten(),
+            nn.Linear(c2 * 4 * 4, hidden, bias=bias),
+            nn.Tanh(),
+            nn.Linear(hidden, num_classes, bias=bias),
+        )
         init_weights(self, init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -175,26 +207,35 @@ class ScatterCNN(nn.Module):
 
 
 INITS = ("paper", "torch")
-NORMS = ("none", "group")    # model.norm: normalisation after the convolutions (tanh_cnn)
-FREEZE = {   # model.freeze -> prefix of the parameters frozen (public weights, e.g. CIFAR-100-pretrained convs)
+NORMS = ("none", "group")  # model.norm: normalisation after the convolutions (tanh_cnn)
+FREEZE = {  # model.freeze -> prefix of the parameters frozen (public weights, e.g. CIFAR-100-pretrained convs)
     "none": "",
     "features": "features.",
 }
-MODELS = {   # model.name -> network for (input features after any projection, hidden widths, classes)
-    "mlp": lambda in_features, hidden, num_classes, bias, init, **_: MLP(in_features, hidden, num_classes,
-                                                                         bias, init),
-    "cnn": lambda in_features, hidden, num_classes, bias, init, **_: CifarCNN(num_classes, bias, init),
-    "tanh_cnn": lambda in_features, hidden, num_classes, bias, init, norm="none", **_:
-        TanhCNN(num_classes, bias, init, norm),
-    "linear": lambda in_features, hidden, num_classes, bias, init, **_: Linear(in_features, num_classes, bias, init),
-    "scatter_cnn": lambda in_features, hidden, num_classes, bias, init, **_: ScatterCNN(in_features, num_classes,
-                                                                                        bias, init),
+MODELS = {  # model.name -> network for (input features after any projection, hidden widths, classes)
+    "mlp": lambda in_features, hidden, num_classes, bias, init, **_: MLP(
+        in_features, hidden, num_classes, bias, init
+    ),
+    "cnn": lambda in_features, hidden, num_classes, bias, init, **_: CifarCNN(
+        num_classes, bias, init
+    ),
+    "tanh_cnn": lambda in_features, hidden, num_classes, bias, init, norm="none", **_: TanhCNN(
+        num_classes, bias, init, norm
+    ),
+    "linear": lambda in_features, hidden, num_classes, bias, init, **_: Linear(
+        in_features, num_classes, bias, init
+    ),
+    "scatter_cnn": lambda in_features, hidden, num_classes, bias, init, **_: ScatterCNN(
+        in_features, num_classes, bias, init
+    ),
 }
 
 
 def _mixes_examples(module: nn.Module) -> str | None:
     """Why `module` mixes examples within a batch, or None if it does not."""
-    if isinstance(module, nn.modules.batchnorm._BatchNorm):  # BatchNorm1d/2d/3d, Lazy*, SyncBatchNorm
+    if isinstance(
+        module, nn.modules.batchnorm._BatchNorm
+    ):  # BatchNorm1d/2d/3d, Lazy*, SyncBatchNorm
         return "batch normalisation uses statistics of the whole batch"
     if isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats:
         return "running statistics (track_running_stats=True) are averaged over the batch"
@@ -216,9 +257,11 @@ def check_dp_compatible(model: nn.Module) -> None:
             raise ValueError(
                 f"module '{label}' ({type(module).__name__}) mixes examples: {reason}; per-example "
                 "gradient clipping (DP-SGD) needs each example's gradient to depend on that example "
-                "only. Replace it, e.g. with nn.GroupNorm or nn.LayerNorm.")
+                "only. Replace it, e.g. with nn.GroupNorm or nn.LayerNorm."
+            )
 
-TANH_CNN_DATASETS = ("mnist", "fashion_mnist")   # 1×28×28 images
+
+TANH_CNN_DATASETS = ("mnist", "fashion_mnist")  # 1×28×28 images
 
 
 def check_input(m, dataset: str, shape: tuple[int, ...]) -> None:
@@ -228,28 +271,50 @@ def check_input(m, dataset: str, shape: tuple[int, ...]) -> None:
     dims = "x".join(map(str, shape))
     if m.name == "cnn":
         if shape != (3, 24, 24):
-            raise ConfigError(f"model.name=cnn: needs 3x24x24 images (cifar10/cifar100 with dataset.crop=24), "
-                              f"{dataset} gives {dims}")
+            raise ConfigError(
+                f"model.name=cnn: needs 3x24x24 images (cifar10/cifar100 with dataset.crop=24), "
+                f"{dataset} gives {dims}"
+            )
         if m.projection != "none":
-            raise ConfigError(f"model.projection={m.projection}: the cnn model takes images; use none")
+            raise ConfigError(
+                f"model.projection={m.projection}: the cnn model takes images; use none"
+            )
     choice("model.norm", m.norm, NORMS)
     if m.name == "tanh_cnn":
         if dataset not in TANH_CNN_DATASETS:
-            raise ConfigError(f"model.name=tanh_cnn: needs 1x28x28 images ({', '.join(TANH_CNN_DATASETS)}), "
-                              f"{dataset} gives {dims}")
+            raise ConfigError(
+                f"model.name=tanh_cnn: needs 1x28x28 images ({', '.join(TANH_CNN_DATASETS)}), "
+                f"{dataset} gives {dims}"
+            )
         if m.projection != "none":
-            raise ConfigError(f"model.projection={m.projection}: the tanh_cnn model takes images; use none")
+            raise ConfigError(
+                f"model.projection={m.projection}: the tanh_cnn model takes images; use none"
+            )
     elif m.norm != "none":
-        raise ConfigError(f"model.norm={m.norm}: only model.name=tanh_cnn has a normalisation option")
+        raise ConfigError(
+            f"model.norm={m.norm}: only model.name=tanh_cnn has a normalisation option"
+        )
 
 
 def build_model(m, shape, classes: int):
     """The network of ``model.*`` (a ``ModelConfig``) for inputs of ``shape`` (after any projection)."""
-    in_features = m.pca_dims if m.projection != "none" and m.features == "none" else math.prod(shape)
-    return MODELS[m.name](in_features=in_features, hidden=tuple(m.hidden), num_classes=classes, bias=m.bias,
-                          init=m.init, norm=m.norm)
+    in_features = (
+        m.pca_dims if m.projection != "none" and m.features == "none" else math.prod(shape)
+    )
+    return MODELS[m.name](
+        in_features=in_features,
+        hidden=tuple(m.hidden),
+        num_classes=classes,
+        bias=m.bias,
+        init=m.init,
+        norm=m.norm,
+    )
 
 
 def frozen_names(model, freeze: str) -> list[str]:
     """The parameters ``model.freeze`` freezes (requires_grad=False: public, neither clipped nor noised)."""
-    return [n for n, _ in model.named_parameters() if n.startswith(FREEZE[freeze])] if FREEZE[freeze] else []
+    return (
+        [n for n, _ in model.named_parameters() if n.startswith(FREEZE[freeze])]
+        if FREEZE[freeze]
+        else []
+    )

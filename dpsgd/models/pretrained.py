@@ -14,6 +14,7 @@ naming the key. The hash enters
 the run's fingerprint, so a resume with a changed artifact is refused. ``load`` hashes the very bytes
 it deserialises again (the file may have changed since ``verify``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,7 +45,9 @@ def relative(path: str | Path) -> str:
         return str(p)
 
 
-def _read(path: str | Path, expected: str | None, key: str = "model.pretrained") -> tuple[bytes, str]:
+def _read(
+    path: str | Path, expected: str | None, key: str = "model.pretrained"
+) -> tuple[bytes, str]:
     """The artifact's bytes and SHA-256, checked against its sidecar and ``expected``; else ConfigError."""
     p = Path(path)
     hint = "build it with make data/pretrained/cifar100_convs.pt (python -m dpsgd.pretrain)"
@@ -55,15 +58,23 @@ def _read(path: str | Path, expected: str | None, key: str = "model.pretrained")
         meta = json.loads(sidecar(p).read_text())
         recorded = meta["sha256"]
     except FileNotFoundError:
-        raise ConfigError(f"{key}={path}: no sidecar {sidecar(p).name} recording its SHA-256; {hint}") from None
+        raise ConfigError(
+            f"{key}={path}: no sidecar {sidecar(p).name} recording its SHA-256; {hint}"
+        ) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{key}={path}: unreadable artifact or sidecar ({type(e).__name__}: {e})") from None
+        raise ConfigError(
+            f"{key}={path}: unreadable artifact or sidecar ({type(e).__name__}: {e})"
+        ) from None
     sha = hashlib.sha256(data).hexdigest()
     if sha != recorded:
-        raise ConfigError(f"{key}={path}: SHA-256 {sha[:12]}… differs from its sidecar's {str(recorded)[:12]}… "
-                          f"(changed or truncated); {hint}")
+        raise ConfigError(
+            f"{key}={path}: SHA-256 {sha[:12]}… differs from its sidecar's {str(recorded)[:12]}… "
+            f"(changed or truncated); {hint}"
+        )
     if expected is not None and sha != expected:
-        raise ConfigError(f"model.pretrained_sha256={expected}: differs from {path}'s SHA-256 {sha}")
+        raise ConfigError(
+            f"model.pretrained_sha256={expected}: differs from {path}'s SHA-256 {sha}"
+        )
     return data, sha
 
 
@@ -71,15 +82,24 @@ def _tensors(data: bytes, path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # not a torch file, pickled code refused by weights_only, ...
-        raise ConfigError(f"model.pretrained={path}: not a tensor artifact ({str(e).splitlines()[0]})") from None
-    if not isinstance(state, dict) or not state or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
-        raise ConfigError(f"model.pretrained={path}: must hold a non-empty {{parameter name: tensor}} dict")
-    for n, t in state.items():      # a matching hash says the file is unchanged, not that it is usable
+        raise ConfigError(
+            f"model.pretrained={path}: not a tensor artifact ({str(e).splitlines()[0]})"
+        ) from None
+    if (
+        not isinstance(state, dict)
+        or not state
+        or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
+    ):
+        raise ConfigError(
+            f"model.pretrained={path}: must hold a non-empty {{parameter name: tensor}} dict"
+        )
+    for n, t in state.items():  # a matching hash says the file is unchanged, not that it is usable
         if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
-            raise ConfigError(f"model.pretrained={path}: tensor {n} holds {bad} non-finite value(s) (NaN or "
-                              "±inf); rebuild the artifact (python -m dpsgd.pretrain)")
+            raise ConfigError(
+                f"model.pretrained={path}: tensor {n} holds {bad} non-finite value(s) (NaN or "
+                "±inf); rebuild the artifact (python -m dpsgd.pretrain)"
+            )
     return state
 
 
@@ -93,7 +113,7 @@ def load(model: torch.nn.Module, path: str | Path, sha256: str, frozen: list[str
     """Copy the artifact's tensors into ``model`` (hash re-checked) and freeze ``frozen``
     (requires_grad=False: the clipper then neither clips nor noises them, and k excludes them)."""
     state = _tensors(_read(path, sha256)[0], path)
-    target = model.state_dict(keep_vars=True)     # parameters and buffers, by name
+    target = model.state_dict(keep_vars=True)  # parameters and buffers, by name
     params = dict(model.named_parameters())
     with torch.no_grad():
         for n, t in state.items():
@@ -107,15 +127,24 @@ def save(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict) -> str:
     weights are refused (``Diverged``) before anything is written: ``load`` would refuse them anyway."""
     for n, t in tensors.items():
         if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
-            raise Diverged(f"{path}: tensor {n} holds {int((~torch.isfinite(t)).sum())} non-finite value(s) "
-                           "(NaN or ±inf); not written (lower training.lr and pretrain again)")
+            raise Diverged(
+                f"{path}: tensor {n} holds {int((~torch.isfinite(t)).sum())} non-finite value(s) "
+                "(NaN or ±inf); not written (lower training.lr and pretrain again)"
+            )
     buf = io.BytesIO()
     torch.save({n: t.detach().cpu().clone() for n, t in tensors.items()}, buf)
     data = buf.getvalue()
     sha = hashlib.sha256(data).hexdigest()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(Path(path), data)
-    meta = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in meta.items()}  # nan: not measured
-    side = {"sha256": sha, "tensors": {n: list(t.shape) for n, t in tensors.items()}, "source": SOURCE, **meta}
-    atomic_write_text(sidecar(path), json_text(side) + os.linesep)        # strict JSON
+    meta = {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in meta.items()
+    }  # nan: not measured
+    side = {
+        "sha256": sha,
+        "tensors": {n: list(t.shape) for n, t in tensors.items()},
+        "source": SOURCE,
+        **meta,
+    }
+    atomic_write_text(sidecar(path), json_text(side) + os.linesep)  # strict JSON
     return sha

@@ -11,6 +11,7 @@ first line must carry, the lots its ledger covers; ``dpsgd/run/guard.py``). With
 also holds ``ema`` (the EMA weights, the released model; ``dpsgd.mechanism.ema``; None when EMA is
 off). Files are written with ``fileio`` (atomic replace).
 """
+
 from __future__ import annotations
 
 import csv
@@ -35,15 +36,32 @@ class CheckpointError(ConfigError):
 
 
 _MAGIC = b"DPSGD-CHECKPOINT\n"
-FORMAT_VERSION = 6      # 3: the optimiser state (momentum buffers); 4: whole-config fingerprint, bound lots.reserved;
-                        # 5: the debts of earlier attempts with their lot digests; 6: no digests, the binding's
-                        # ``covers`` and ``lots_per_epoch`` (dpsgd/run/guard.py)
-READS = (4, 5, 6)       # 4 and 5 are read: the lots they owe (``owed``, ``debts``) are charged whole
+FORMAT_VERSION = 6  # 3: the optimiser state (momentum buffers); 4: whole-config fingerprint, bound lots.reserved;
+# 5: the debts of earlier attempts with their lot digests; 6: no digests, the binding's
+# ``covers`` and ``lots_per_epoch`` (dpsgd/run/guard.py)
+READS = (4, 5, 6)  # 4 and 5 are read: the lots they owe (``owed``, ``debts``) are charged whole
 SUPERSEDED = "metrics.superseded.csv"
-REQUIRED_KEYS = ("version", "epoch", "steps", "complete", "stop_reason", "model", "ledger", "sampler", "noise",
-                 "optimizer",
-                 "projection", "target_epsilon", "rows", "fingerprint", "overrides", "wall_time_s",
-                 "resumes", "statement", "reservations")
+REQUIRED_KEYS = (
+    "version",
+    "epoch",
+    "steps",
+    "complete",
+    "stop_reason",
+    "model",
+    "ledger",
+    "sampler",
+    "noise",
+    "optimizer",
+    "projection",
+    "target_epsilon",
+    "rows",
+    "fingerprint",
+    "overrides",
+    "wall_time_s",
+    "resumes",
+    "statement",
+    "reservations",
+)
 
 
 def save_checkpoint(run_dir: str | Path, state: dict) -> None:
@@ -54,8 +72,16 @@ def save_checkpoint(run_dir: str | Path, state: dict) -> None:
     buf = io.BytesIO()
     torch.save(dict(state, version=FORMAT_VERSION), buf)
     payload = buf.getvalue()
-    header = json.dumps({"format": FORMAT_VERSION, "sha256": hashlib.sha256(payload).hexdigest(),
-                         "bytes": len(payload)}).encode() + b"\n"
+    header = (
+        json.dumps(
+            {
+                "format": FORMAT_VERSION,
+                "sha256": hashlib.sha256(payload).hexdigest(),
+                "bytes": len(payload),
+            }
+        ).encode()
+        + b"\n"
+    )
     atomic_write_bytes(Path(run_dir) / CHECKPOINT, _MAGIC + header + payload)
 
 
@@ -67,24 +93,30 @@ def load_checkpoint(run_dir: str | Path) -> dict | None:
         return None
 
     def bad(why: str) -> CheckpointError:
-        return CheckpointError(f"resume: {path}: {why}; it cannot be resumed from (start a new run)")
+        return CheckpointError(
+            f"resume: {path}: {why}; it cannot be resumed from (start a new run)"
+        )
 
     try:
         data = path.read_bytes()
     except OSError as e:
         raise bad(f"unreadable ({e.strerror or e})") from None
     if not data.startswith(_MAGIC):
-        raise bad("empty" if not data else "not a dpsgd checkpoint of format version "
-                  f"{FORMAT_VERSION} (older versions carry no content hash)")
+        raise bad(
+            "empty"
+            if not data
+            else "not a dpsgd checkpoint of format version "
+            f"{FORMAT_VERSION} (older versions carry no content hash)"
+        )
     head_end = data.find(b"\n", len(_MAGIC))
     try:
-        header = json.loads(data[len(_MAGIC):head_end])
+        header = json.loads(data[len(_MAGIC) : head_end])
         fmt, digest, size = header["format"], header["sha256"], header["bytes"]
     except (ValueError, KeyError, TypeError):
         raise bad("damaged header") from None
     if fmt not in READS:
         raise bad(f"format version {fmt}, this dpsgd reads versions {', '.join(map(str, READS))}")
-    payload = data[head_end + 1:]
+    payload = data[head_end + 1 :]
     if len(payload) != size:
         raise bad(f"truncated ({len(payload)} of {size} bytes)")
     if hashlib.sha256(payload).hexdigest() != digest:
@@ -103,16 +135,20 @@ def resume_checkpoint(run_dir: str | Path) -> dict:
     """The verified checkpoint of the run that ``resume=run_dir`` continues; ConfigError when it has none."""
     ckpt = load_checkpoint(run_dir)
     if ckpt is None:
-        raise ConfigError(f"resume={run_dir}: no {CHECKPOINT} (the run stopped before its first checkpoint); "
-                          "start a new run")
+        raise ConfigError(
+            f"resume={run_dir}: no {CHECKPOINT} (the run stopped before its first checkpoint); "
+            "start a new run"
+        )
     return ckpt
 
 
 def refuse_audit_resume(run_dir: str | Path, ckpt: dict) -> None:
     """An audit run (its data holds the audit's canaries; dpsgd/audit) is never resumed."""
     if ckpt.get("audit"):
-        raise ConfigError(f"resume={run_dir}: is an audit run (its canaries are part of its data); "
-                          "audit runs are not resumed, run the audit again")
+        raise ConfigError(
+            f"resume={run_dir}: is an audit run (its canaries are part of its data); "
+            "audit runs are not resumed, run the audit again"
+        )
 
 
 def fingerprint_hash(fp: dict) -> str:
@@ -126,10 +162,14 @@ def check_resumable(saved: dict, current: dict) -> None:
         if saved.get(key) != current.get(key):
             why = ""
             if key == "privacy.sigma" and current.get("privacy.calibrate_sigma"):
-                why = (" (privacy.calibrate_sigma=true: σ is calibrated from privacy.target_epsilon, "
-                       "training.epochs and training.max_steps, so these cannot change either)")
-            raise ConfigError(f"resume: {key}={current.get(key)} differs from the run's {key}={saved.get(key)}"
-                              f"{why}; privacy-relevant values cannot change on resume")
+                why = (
+                    " (privacy.calibrate_sigma=true: σ is calibrated from privacy.target_epsilon, "
+                    "training.epochs and training.max_steps, so these cannot change either)"
+                )
+            raise ConfigError(
+                f"resume: {key}={current.get(key)} differs from the run's {key}={saved.get(key)}"
+                f"{why}; privacy-relevant values cannot change on resume"
+            )
 
 
 def escaped_steps(run_dir: str | Path, ckpt: dict) -> int:
@@ -145,8 +185,10 @@ def escaped_steps(run_dir: str | Path, ckpt: dict) -> int:
     for name, skip in ((METRICS, len(ckpt["rows"])), (SUPERSEDED, bind.get("superseded") or 0)):
         rows = _csv_rows(run_dir / name)
         if name == SUPERSEDED and len(rows) < skip:
-            raise ConfigError(f"resume: {run_dir / name}: holds {len(rows)} rows, the checkpoint covers {skip}: rows "
-                              "that show which lots ran were removed; restore the file or start a new run")
+            raise ConfigError(
+                f"resume: {run_dir / name}: holds {len(rows)} rows, the checkpoint covers {skip}: rows "
+                "that show which lots ran were removed; restore the file or start a new run"
+            )
         seen += [_int(r.get("steps")) for r in rows[skip:]]
     try:
         seen.append(_int(json.loads((run_dir / PRIVACY).read_text()).get("steps")))
@@ -154,8 +196,10 @@ def escaped_steps(run_dir: str | Path, ckpt: dict) -> int:
         pass
     best = max(v for v in seen if v is not None)
     if best > limits.STEPS_MAX:
-        raise ConfigError(f"resume: {run_dir}: an output shows steps={best}, past what any run can reach "
-                          f"({limits.STEPS_MAX}); the files were altered")
+        raise ConfigError(
+            f"resume: {run_dir}: an output shows steps={best}, past what any run can reach "
+            f"({limits.STEPS_MAX}); the files were altered"
+        )
     return best
 
 
@@ -166,8 +210,10 @@ def _csv_rows(path: Path) -> list[dict]:
     except FileNotFoundError:
         return []
     except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise ConfigError(f"resume: {path}: unreadable ({getattr(e, 'strerror', None) or type(e).__name__}); "
-                          "it shows which lots ran: restore it or start a new run") from None
+        raise ConfigError(
+            f"resume: {path}: unreadable ({getattr(e, 'strerror', None) or type(e).__name__}); "
+            "it shows which lots ran: restore it or start a new run"
+        ) from None
 
 
 def _int(v) -> int | None:
@@ -191,7 +237,9 @@ class MetricsWriter:
         # (Re)write header + the rows we know of atomically: on resume this drops rows written after
         # the checkpoint (they are recomputed identically), so no epoch appears twice.
         self._keep_superseded()
-        self.superseded = len(_csv_rows(self.path.with_name(SUPERSEDED)))   # rows a checkpoint covers
+        self.superseded = len(
+            _csv_rows(self.path.with_name(SUPERSEDED))
+        )  # rows a checkpoint covers
         self._rewrite()
 
     def _csv(self, rows, header: bool) -> str:
@@ -218,7 +266,7 @@ class MetricsWriter:
         if not self.path.is_file():
             return
         lines = self.path.read_text().splitlines(keepends=True)
-        extra = lines[1 + len(self.rows):]
+        extra = lines[1 + len(self.rows) :]
         if extra:
             sup = self.path.with_name(SUPERSEDED)
             with naming(sup), open(sup, "a") as f:
@@ -230,7 +278,7 @@ class MetricsWriter:
 
     def append(self, row: dict) -> None:
         self.rows.append(dict(row))
-        if self._stat() != self._seen:            # removed or replaced under us: rewrite it whole
+        if self._stat() != self._seen:  # removed or replaced under us: rewrite it whole
             self._rewrite()
             return
         with naming(self.path), open(self.path, "a") as f:

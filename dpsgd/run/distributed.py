@@ -31,6 +31,7 @@ differing key and stop with the same line (``RanksDisagree``, exit 2) before any
 The command line under torchrun (one run directory agreed by every rank) is
 ``dpsgd/launch/main.py:torchrun_main``; this module is the communication only.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,22 +51,23 @@ ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 @dataclass(frozen=True)
 class Dist:
     """Where this process sits in the run: rank, world size, local rank, process-group backend."""
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    backend: str | None = None          # None: one process, no process group
+    backend: str | None = None  # None: one process, no process group
 
     @property
     def active(self) -> bool:
         return self.backend is not None
 
     @property
-    def writes(self) -> bool:            # the one writer of the run directory
+    def writes(self) -> bool:  # the one writer of the run directory
         return self.rank == 0
 
     def share(self, idx: torch.Tensor) -> torch.Tensor:
         """This rank's deterministic share of a global lot: every P-th index from position rank."""
-        return idx[self.rank::self.world_size] if self.world_size > 1 else idx
+        return idx[self.rank :: self.world_size] if self.world_size > 1 else idx
 
     def describe(self, device: torch.device | None = None) -> dict:
         """For privacy.json and the checkpoint: world size and the backend of the gradient all-reduce."""
@@ -90,7 +92,9 @@ def from_env(env=None) -> Dist | None:
     try:
         rank, world, local = (int(env.get(k, "0")) for k in ENV)
     except ValueError:
-        raise ConfigError(f"{', '.join(ENV)}={[env.get(k) for k in ENV]}: must be integers (set by torchrun)") from None
+        raise ConfigError(
+            f"{', '.join(ENV)}={[env.get(k) for k in ENV]}: must be integers (set by torchrun)"
+        ) from None
     if not (world >= 1 and 0 <= rank < world and local >= 0):
         raise ConfigError(f"RANK={rank}, WORLD_SIZE={world}: need 0 <= RANK < WORLD_SIZE")
     return Dist(rank, world, local, "?")
@@ -100,13 +104,16 @@ def init(d: Dist, init_method: str = "env://", cuda: bool | None = None) -> Dist
     """Join the process group (gloo for CPU tensors; with CUDA also nccl for CUDA tensors, device
     cuda:LOCAL_RANK) and make ``d`` the current context. ``cuda=False``: CPU only (forked test ranks)."""
     import torch.distributed as td
+
     global _CURRENT
     cuda = torch.cuda.is_available() if cuda is None else cuda
     backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
     if cuda:
         torch.cuda.set_device(d.local_rank % torch.cuda.device_count())
     if not td.is_initialized():
-        td.init_process_group(backend, init_method=init_method, rank=d.rank, world_size=d.world_size)
+        td.init_process_group(
+            backend, init_method=init_method, rank=d.rank, world_size=d.world_size
+        )
     _CURRENT = Dist(d.rank, d.world_size, d.local_rank, backend)
     _reset_exchanges()
     return _CURRENT
@@ -119,6 +126,7 @@ def _reset_exchanges() -> None:
 
 def shutdown() -> None:
     import torch.distributed as td
+
     global _CURRENT
     if td.is_initialized():
         td.destroy_process_group()
@@ -135,9 +143,11 @@ def _collective(fn, *a, **kw):
         return fn(*a, **kw)
     except RuntimeError as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise PeerLost(f"distributed rank {_CURRENT.rank}: a collective failed ({first}); another process "
-                       "of this run stopped — resume from the last checkpoint with the same torchrun command "
-                       "and resume=<run dir>") from None
+        raise PeerLost(
+            f"distributed rank {_CURRENT.rank}: a collective failed ({first}); another process "
+            "of this run stopped — resume from the last checkpoint with the same torchrun command "
+            "and resume=<run dir>"
+        ) from None
 
 
 def broadcast_object(obj):
@@ -146,11 +156,15 @@ def broadcast_object(obj):
     if not d.active:
         return obj
     import torch.distributed as td
+
     data = pickle.dumps(obj) if d.rank == 0 else b""
     n = torch.tensor([len(data)], dtype=torch.int64)
     _collective(td.broadcast, n, src=0)
-    buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if d.rank == 0
-           else torch.empty(int(n), dtype=torch.uint8))
+    buf = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if d.rank == 0
+        else torch.empty(int(n), dtype=torch.uint8)
+    )
     _collective(td.broadcast, buf, src=0)
     return pickle.loads(buf.numpy().tobytes()) if d.rank != 0 else obj
 
@@ -179,16 +193,20 @@ class RanksDisagree(ConfigError):
 # Config keys that may differ between ranks, each a place where a node finds something whose content
 # is compared anyway (``state_items``: the data every rank loaded, the weights it built). Every other
 # key of the validated Config is compared: a key added to the schema is compared without a change here.
-PER_RANK = frozenset({
-    "dataset.root",         # this node's data folder (None: $DPSGD_DATA_ROOT); the data is compared by hash
-    "dataset.download",     # whether this node may fetch a missing copy; the data is compared by hash
-    "model.pretrained",     # the artifact's path on this node; model.pretrained_sha256 and the weights are compared
-})
-SAME_BUILD = ("; every rank must read the same data and checkpoint and build the same run "
-              "(the same hardware and software)")
-REFUSED = "refused"         # the one item of a rank that could not build its run (its one-line error)
+PER_RANK = frozenset(
+    {
+        "dataset.root",  # this node's data folder (None: $DPSGD_DATA_ROOT); the data is compared by hash
+        "dataset.download",  # whether this node may fetch a missing copy; the data is compared by hash
+        "model.pretrained",  # the artifact's path on this node; model.pretrained_sha256 and the weights are compared
+    }
+)
+SAME_BUILD = (
+    "; every rank must read the same data and checkpoint and build the same run "
+    "(the same hardware and software)"
+)
+REFUSED = "refused"  # the one item of a rank that could not build its run (its one-line error)
 _MISSING = "(no such key)"
-_exchanges = 0              # agree_on calls of this process group; a refusal joins only the first
+_exchanges = 0  # agree_on calls of this process group; a refusal joins only the first
 
 
 def canonical(items: dict) -> dict[str, str]:
@@ -200,7 +218,9 @@ def canonical(items: dict) -> dict[str, str]:
 def _canonical(value) -> str:
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu().contiguous()
-        digest = hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy()).hexdigest()   # no copy of the bytes
+        digest = hashlib.sha256(
+            t.reshape(-1).view(torch.uint8).numpy()
+        ).hexdigest()  # no copy of the bytes
         return f"tensor {str(t.dtype).removeprefix('torch.')}{list(t.shape)} sha256 {digest}"
     return json.dumps(value, sort_keys=True, default=str)
 
@@ -235,7 +255,7 @@ def state_items(data: dict, state: dict, progress: dict) -> dict:
 
 
 def _show(text: str) -> str:
-    if text.startswith("tensor "):              # its dtype, shape and the digest's first digits
+    if text.startswith("tensor "):  # its dtype, shape and the digest's first digits
         head, digest = text.split(" sha256 ", 1)
         return f"{head} sha256 {digest[:12]}…"
     return text if len(text) <= 80 else text[:77] + "…"
@@ -247,7 +267,9 @@ def first_difference(every: list[dict]) -> str | None:
     for r, items in enumerate(every):
         if REFUSED in items:
             return items[REFUSED] if r == 0 else f"rank {r}: {items[REFUSED]}"
-    keys = dict.fromkeys(k for items in every for k in items)     # rank 0's keys first, then any others
+    keys = dict.fromkeys(
+        k for items in every for k in items
+    )  # rank 0's keys first, then any others
     for k in keys:
         ref = every[0].get(k, _MISSING)
         for r in range(1, len(every)):
@@ -263,15 +285,16 @@ def all_gather_bytes(data: bytes) -> list[bytes]:
     if not d.active:
         return [data]
     import torch.distributed as td
+
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(d.world_size)]
     _collective(td.all_gather, sizes, torch.tensor([len(data)], dtype=torch.int64))
     n = max(int(s) for s in sizes)
     mine = torch.zeros(n, dtype=torch.uint8)
     if data:
-        mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     bufs = [torch.empty(n, dtype=torch.uint8) for _ in range(d.world_size)]
     _collective(td.all_gather, bufs, mine)
-    return [b[:int(s)].numpy().tobytes() for b, s in zip(bufs, sizes)]
+    return [b[: int(s)].numpy().tobytes() for b, s in zip(bufs, sizes)]
 
 
 def agree_on(items: dict, hint: str = "") -> None:
@@ -304,21 +327,27 @@ class Aggregator:
     ``seconds`` / ``calls`` / ``bytes`` count the all-reduces (the benchmark reads them)."""
 
     def __init__(self, d: Dist, secure_noise: bool, order: list[str], group=None):
-        self.d, self.group = d, group               # group: a process subgroup (tests); None = all
-        self.order = list(order)                   # the engine's parameter order (noise draw order)
-        self.noise_before = bool(secure_noise)     # rank 0 adds its draw before the all-reduce
+        self.d, self.group = d, group  # group: a process subgroup (tests); None = all
+        self.order = list(order)  # the engine's parameter order (noise draw order)
+        self.noise_before = bool(secure_noise)  # rank 0 adds its draw before the all-reduce
         self.seconds, self.calls, self.bytes = 0.0, 0, 0
 
     def aggregate(self, total: dict, loss_sum: torch.Tensor, n: int, add_noise):
         """(Σ_ranks total + N(0, σ²C²) once, Σ_ranks loss_sum, Σ_ranks n) on every rank."""
         import torch.distributed as td
+
         total = {n: total[n] for n in self.order}  # one layout on every rank, empty shares included
         if self.noise_before and self.d.rank == 0:
             add_noise(total)
         grads = list(total.values())
         ref = grads[0]
-        flat = torch.cat([g.reshape(-1) for g in grads]
-                         + [loss_sum.detach().reshape(1).to(ref), torch.tensor([float(n)], dtype=ref.dtype, device=ref.device)])
+        flat = torch.cat(
+            [g.reshape(-1) for g in grads]
+            + [
+                loss_sum.detach().reshape(1).to(ref),
+                torch.tensor([float(n)], dtype=ref.dtype, device=ref.device),
+            ]
+        )
         t0 = time.perf_counter()
         _collective(td.all_reduce, flat, op=td.ReduceOp.SUM, group=self.group)
         if flat.is_cuda:
@@ -329,9 +358,8 @@ class Aggregator:
         o = 0
         with torch.no_grad():
             for g in grads:
-                g.copy_(flat[o:o + g.numel()].view_as(g))
+                g.copy_(flat[o : o + g.numel()].view_as(g))
                 o += g.numel()
         if not self.noise_before:
-            add_noise(total)                       # the identical draw on every rank, once
+            add_noise(total)  # the identical draw on every rank, once
         return total, flat[o].clone(), int(round(float(flat[o + 1])))
-

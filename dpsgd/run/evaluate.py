@@ -4,12 +4,13 @@ Training evaluates after every ``training.eval_every`` epochs (dpsgd/train.py:en
 tuner (dpsgd/tune/winner.py) and the benchmarks use the same function. On the CPU a row-wise model
 (the MLPs) runs ``EVAL_ROWS`` rows at a time, the same bits as one pass (``rowwise``).
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-EVAL_ROWS = 1024    # rows per forward pass of a row-wise model in ``evaluate`` (its activations stay in cache)
+EVAL_ROWS = 1024  # rows per forward pass of a row-wise model in ``evaluate`` (its activations stay in cache)
 _ROWWISE = (torch.nn.Linear, torch.nn.ReLU, torch.nn.Identity, torch.nn.Flatten)
 
 
@@ -27,7 +28,7 @@ def _logits(model, xb: torch.Tensor) -> torch.Tensor:
     bits. A GPU keeps one pass per batch (its GEMM may choose another kernel at another row count)."""
     if len(xb) <= EVAL_ROWS or xb.device.type != "cpu" or not rowwise(model):
         return model(xb)
-    return torch.cat([model(xb[s:s + EVAL_ROWS]) for s in range(0, len(xb), EVAL_ROWS)])
+    return torch.cat([model(xb[s : s + EVAL_ROWS]) for s in range(0, len(xb), EVAL_ROWS)])
 
 
 @torch.no_grad()
@@ -38,13 +39,13 @@ def evaluate(model, X, y, batch_size: int, transform=None) -> tuple[float, float
     the last bits of train_loss), whatever rows ``_logits`` computes at a time."""
     was = model.training
     model.eval()
-    if bool((y < 0).any()):       # an audit's gradient canaries (label < 0) have no class: not evaluated
+    if bool((y < 0).any()):  # an audit's gradient canaries (label < 0) have no class: not evaluated
         X, y = X[y >= 0], y[y >= 0]
     loss, correct = 0.0, 0
     for s in range(0, len(X), batch_size):
-        xb = X[s:s + batch_size]
+        xb = X[s : s + batch_size]
         out = _logits(model, xb if transform is None else transform(xb))
-        loss += F.cross_entropy(out, y[s:s + batch_size], reduction="sum").item()
-        correct += (out.argmax(1) == y[s:s + batch_size]).sum().item()
+        loss += F.cross_entropy(out, y[s : s + batch_size], reduction="sum").item()
+        correct += (out.argmax(1) == y[s : s + batch_size]).sum().item()
     model.train(was)
     return loss / max(1, len(X)), correct / max(1, len(X))

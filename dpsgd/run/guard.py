@@ -32,6 +32,7 @@ said, not assumed: when the last attempt ended without a statement and the file 
 the checkpoint (what a crash before its first lot leaves, and also what cutting the file back
 leaves), the resume warns (``Owed.warning``).
 """
+
 from __future__ import annotations
 
 import json
@@ -45,18 +46,19 @@ from dpsgd.core.errors import ConfigError
 from dpsgd.core.fileio import atomic_write_text, naming
 
 RESERVATIONS = "lots.reserved"
-CHUNK = 16          # lots in the first reservation of a process (and the smallest chunk)
-SECONDS = 1.0       # chunks double while a chunk of lots takes less than this
+CHUNK = 16  # lots in the first reservation of a process (and the smallest chunk)
+SECONDS = 1.0  # chunks double while a chunk of lots takes less than this
 
 
 @dataclass(frozen=True)
 class Owed:
     """Lots a resume charges as lost: ``windows`` of (first, count), absolute (lot S makes ``steps`` = S,
     so a window (f, n) is lots f+1 .. f+n); why; and what the files cannot show (a warning)."""
+
     windows: tuple[tuple[int, int], ...] = ()
     why: str | None = None
     warning: str | None = None
-    token: str | None = None         # the token the file is bound to (the checkpoint's, or its previous)
+    token: str | None = None  # the token the file is bound to (the checkpoint's, or its previous)
 
     @property
     def lots(self) -> int:
@@ -69,9 +71,9 @@ class LotGuard:
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / RESERVATIONS
-        self.upto = None            # lots reserved so far in this process (absolute step count)
-        self.token = None           # the checkpoint token the file is bound to
-        self.expected = None        # on resume: the token of the checkpoint resumed from
+        self.upto = None  # lots reserved so far in this process (absolute step count)
+        self.token = None  # the checkpoint token the file is bound to
+        self.expected = None  # on resume: the token of the checkpoint resumed from
         self.chunk, self._t = CHUNK, None
 
     # -- before a lot ---------------------------------------------------------------------------
@@ -114,54 +116,71 @@ class LotGuard:
         why = None
         if windows:
             end = max(upto, covers)
-            shown = (f"an output shows lots up to {end} ran" if escaped > reserved
-                     else f"{RESERVATIONS} reserved lots up to {end}")
+            shown = (
+                f"an output shows lots up to {end} ran"
+                if escaped > reserved
+                else f"{RESERVATIONS} reserved lots up to {end}"
+            )
             why = f"may have run after the checkpoint at lot {steps} ({shown})"
         warning = None
         if not windows and not ended and current:
-            warning = (f"the last attempt ended without a statement (privacy.json: running) and {self.path} "
-                       f"shows no lot past the checkpoint at lot {steps}: nothing is charged for it. A crash "
-                       "before its first lot leaves this; a file cut back leaves it too, and then the lots "
-                       "that ran are not charged (docs/RUNS.md)")
+            warning = (
+                f"the last attempt ended without a statement (privacy.json: running) and {self.path} "
+                f"shows no lot past the checkpoint at lot {steps}: nothing is charged for it. A crash "
+                "before its first lot leaves this; a file cut back leaves it too, and then the lots "
+                "that ran are not charged (docs/RUNS.md)"
+            )
         return Owed(tuple(windows), why, warning, self.token)
 
     def _read(self, binding: dict, steps: int, lots_per_epoch: int) -> tuple[int, bool]:
         """(the largest reservation, or ``steps``; whether the file is bound to this checkpoint), the
         file read strictly (the module docstring)."""
+
         def bad(why: str) -> ConfigError:
-            return ConfigError(f"resume: {self.path}: {why}; the checkpoint at lot {steps} is bound to it (the "
-                               "lots that ran after the checkpoint cannot be counted without it); restore it or "
-                               "start a new run")
+            return ConfigError(
+                f"resume: {self.path}: {why}; the checkpoint at lot {steps} is bound to it (the "
+                "lots that ran after the checkpoint cannot be counted without it); restore it or "
+                "start a new run"
+            )
+
         try:
             lines = self.path.read_bytes().split(b"\n")
         except FileNotFoundError:
             raise bad("missing") from None
         except OSError as e:
             raise bad(f"unreadable ({e.strerror or type(e).__name__})") from None
-        lines.pop()                 # after the last newline: a line cut short by a crash (not fsync'd) or ''
+        lines.pop()  # after the last newline: a line cut short by a crash (not fsync'd) or ''
         head = _json(lines[0]) if lines else None
         if not (isinstance(head, dict) and set(head) == {"checkpoint", "steps"}):
             raise bad("no binding line (the file was replaced or altered)")
         current = head["checkpoint"] == binding["token"] and head["steps"] == steps
-        if not (current or (head["checkpoint"] == binding.get("previous") and binding.get("previous"))):
+        if not (
+            current or (head["checkpoint"] == binding.get("previous") and binding.get("previous"))
+        ):
             raise bad("bound to another checkpoint (the file was replaced or altered)")
         # a file bound to the previous checkpoint holds only lots this checkpoint's ledger covers
         covers = steps if current else int(binding.get("covers", steps))
         best, torn = steps, None
         for n, line in enumerate(lines[1:], 2):
             d = _json(line)
-            if d is _TORN:          # not JSON: the torn tail of a crash, unless a reservation follows
+            if d is _TORN:  # not JSON: the torn tail of a crash, unless a reservation follows
                 torn = torn or n
                 continue
-            if _is_digest(d):       # a lot's parameter digest (checkpoint formats 4-5): no longer evidence
+            if _is_digest(
+                d
+            ):  # a lot's parameter digest (checkpoint formats 4-5): no longer evidence
                 continue
             v = _upto(d)
             bound = (-(-best // lots_per_epoch) + 1) * lots_per_epoch if current else covers
             if v is None or not 0 <= v <= min(bound, limits.STEPS_MAX):
-                raise bad(f"line {n} is not a reservation a run could have made "
-                          f"(after lot {best}: at most {min(bound, limits.STEPS_MAX)})")
+                raise bad(
+                    f"line {n} is not a reservation a run could have made "
+                    f"(after lot {best}: at most {min(bound, limits.STEPS_MAX)})"
+                )
             if torn is not None:
-                raise bad(f"line {torn} is not JSON, and a reservation follows it (not the torn tail of a crash)")
+                raise bad(
+                    f"line {torn} is not JSON, and a reservation follows it (not the torn tail of a crash)"
+                )
             best = max(best, v)
         self.token, self.expected = head["checkpoint"], binding["token"]
         return best, current
@@ -172,12 +191,14 @@ def _old_debts(binding: dict, steps: int) -> list[tuple[int, int]]:
     earlier attempt's lots ``first``..``upto``, whose digests no longer prove anything) and format 4's
     ``owed`` count; charged whole."""
     if binding.get("debts"):
-        return [(int(d["first"]) - 1, int(d["upto"]) - int(d["first"]) + 1) for d in binding["debts"]]
+        return [
+            (int(d["first"]) - 1, int(d["upto"]) - int(d["first"]) + 1) for d in binding["debts"]
+        ]
     owed = int(binding.get("owed") or 0)
     return [(steps, owed - steps)] if owed > steps else []
 
 
-_TORN = object()     # a line that is not JSON (UTF-8): what a crash can leave after the last fsync
+_TORN = object()  # a line that is not JSON (UTF-8): what a crash can leave after the last fsync
 
 
 def _json(line: bytes):
@@ -200,4 +221,9 @@ def _is_digest(d) -> bool:
     if not (isinstance(d, dict) and set(d) == {"ran", "digest"}):
         return False
     s, h = d["ran"], d["digest"]
-    return type(s) is int and isinstance(h, str) and len(h) == 32 and all(c in "0123456789abcdef" for c in h)
+    return (
+        type(s) is int
+        and isinstance(h, str)
+        and len(h) == 32
+        and all(c in "0123456789abcdef" for c in h)
+    )

@@ -7,6 +7,7 @@ projection and the model's weights come from (fitted and initialised from the ru
 from the checkpoint; see state.py) and, on resume, in the generator and optimiser states loaded
 afterwards (``Parts.load_state_dict``). Nothing here writes to the run directory.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ class Instrument:
     wires its observers into the built parts; ``label`` (a plain dict) is written into privacy.json,
     checkpoint.pt and metrics.csv (column ``audit``) of the run, so that an audit run is labelled as
     such everywhere it is written. The base class changes nothing."""
+
     label: dict = {}
 
     def data(self, data: Data) -> Data:
@@ -52,6 +54,7 @@ class Instrument:
 class Data(NamedTuple):
     """The training examples the lots are drawn from and the examples evaluated on (the test set,
     or a validation split of the training set)."""
+
     X_train: torch.Tensor
     y_train: torch.Tensor
     X_test: torch.Tensor
@@ -62,23 +65,24 @@ class Data(NamedTuple):
 class Parts:
     """What a run is built from; fixed for its life (weights and generator states move, and the
     checkpoint holds them)."""
+
     device: torch.device
-    runtime: dict                   # where it runs: device, threads, versions (runtime.describe_runtime)
-    data: Data                      # projected, on the device
+    runtime: dict  # where it runs: device, threads, versions (runtime.describe_runtime)
+    data: Data  # projected, on the device
     projection: torch.Tensor | None
     model: torch.nn.Module
     clipper: PerExampleClipper
-    dp: DPSGD                       # clip, noise, divide by L, descend
-    sampler: Sampler                # the one source of q and of the privacy event for the ledger
-    transform: LotTransform         # per example: augmentation, standardisation
-    ema: EMA | None = None          # EMA of the weights (training.ema_decay): the released model
+    dp: DPSGD  # clip, noise, divide by L, descend
+    sampler: Sampler  # the one source of q and of the privacy event for the ledger
+    transform: LotTransform  # per example: augmentation, standardisation
+    ema: EMA | None = None  # EMA of the weights (training.ema_decay): the released model
 
     @property
-    def k(self) -> int:             # separately clipped groups per lot
+    def k(self) -> int:  # separately clipped groups per lot
         return len(self.clipper.groups)
 
     @property
-    def plan(self) -> Plan:         # the mechanism: the charged event (σ, k), C, L, the sampler
+    def plan(self) -> Plan:  # the mechanism: the charged event (σ, k), C, L, the sampler
         return self.dp.plan
 
     @property
@@ -93,11 +97,14 @@ class Parts:
         from the lot's generator (the run's seed and ``step``), or, under augmentation multiplicity,
         that generator handed to the step, which augments the K copies of each example."""
         kw = {}
-        if self.sampler.pads:                        # fixed shape B: zero-weight padding rows
+        if self.sampler.pads:  # fixed shape B: zero-weight padding rows
             idx, w = self.sampler.padded(idx)
-            kw["weights"] = share(w)                 # the same positions as the indices
+            kw["weights"] = share(w)  # the same positions as the indices
         idx = share(idx).to(self.device)
-        x, y = self.data.X_train.index_select(0, idx), self.data.y_train.index_select(0, idx)   # = [idx], 3× faster
+        x, y = (
+            self.data.X_train.index_select(0, idx),
+            self.data.y_train.index_select(0, idx),
+        )  # = [idx], 3× faster
         if self.dp.augment is not None:
             kw["generator"] = lot_generator(self.transform.seed, step)
             return x, y, kw
@@ -105,11 +112,14 @@ class Parts:
 
     def state_dict(self) -> dict:
         """The states that move as the run runs, under the checkpoint's keys."""
-        return {"model": {n: v.detach().cpu() for n, v in self.model.state_dict().items()},
-                "sampler": self.sampler.state_dict(), "noise": self.dp.noise.state_dict(),
-                "optimizer": self.dp.state_dict(),
-                "projection": None if self.projection is None else self.projection.cpu(),
-                "ema": None if self.ema is None else self.ema.state_dict()}
+        return {
+            "model": {n: v.detach().cpu() for n, v in self.model.state_dict().items()},
+            "sampler": self.sampler.state_dict(),
+            "noise": self.dp.noise.state_dict(),
+            "optimizer": self.dp.state_dict(),
+            "projection": None if self.projection is None else self.projection.cpu(),
+            "ema": None if self.ema is None else self.ema.state_dict(),
+        }
 
     def load_state_dict(self, ckpt: dict) -> None:
         """Continue from a checkpoint: the sampler's and the noise's generators, the momentum and the
@@ -117,7 +127,9 @@ class Parts:
         self.sampler.load_state_dict(ckpt["sampler"])
         self.dp.noise.load_state_dict(ckpt["noise"])
         self.dp.load_state_dict(ckpt["optimizer"])
-        if self.ema is not None:    # training.ema_decay is in the fingerprint: the checkpoint has the EMA
+        if (
+            self.ema is not None
+        ):  # training.ema_decay is in the fingerprint: the checkpoint has the EMA
             self.ema.load_state_dict(ckpt["ema"])
 
 
@@ -125,15 +137,27 @@ def load_data(c: Config) -> Data:
     """The dataset (kept at 32×32 when lots are randomly cropped), its fixed features when the model
     has them, and the validation split when tuning; on the CPU, not yet projected."""
     ds = c.dataset
-    Xtr, ytr, Xte, yte = load_dataset(ds.name, ds.root, ds.subset, None if ds.augment != "none" else ds.crop,
-                                      download=ds.download)
-    if c.model.features != "none":   # fixed per-example features (ScatterNet): no privacy cost, cached
+    Xtr, ytr, Xte, yte = load_dataset(
+        ds.name, ds.root, ds.subset, None if ds.augment != "none" else ds.crop, download=ds.download
+    )
+    if (
+        c.model.features != "none"
+    ):  # fixed per-example features (ScatterNet): no privacy cost, cached
         from dpsgd.data.archives import default_root
-        from dpsgd.data.features import transform      # imports kymatio: only for models with features
-        Xtr, Xte = transform(c.model.features, Xtr, Xte, dataset=ds.name,
-                             root=Path(ds.root) if ds.root else default_root(),
-                             norm=c.model.feature_norm, groups=c.model.feature_groups)
-    if ds.validation:   # tuning: train on the rest, evaluate on held-out training examples (never the test set)
+        from dpsgd.data.features import transform  # imports kymatio: only for models with features
+
+        Xtr, Xte = transform(
+            c.model.features,
+            Xtr,
+            Xte,
+            dataset=ds.name,
+            root=Path(ds.root) if ds.root else default_root(),
+            norm=c.model.feature_norm,
+            groups=c.model.feature_groups,
+        )
+    if (
+        ds.validation
+    ):  # tuning: train on the rest, evaluate on held-out training examples (never the test set)
         n = len(Xtr) - ds.validation
         Xtr, ytr, Xte, yte = Xtr[:n], ytr[:n], Xtr[n:], ytr[n:]
     return Data(Xtr, ytr, Xte, yte)
@@ -142,12 +166,23 @@ def load_data(c: Config) -> Data:
 def fit_projection(c: Config, data: Data, seed: int, ledger: Ledger) -> torch.Tensor | None:
     """The input projection of a fresh run; DP-PCA is the first release charged to ``ledger``."""
     p = c.privacy
-    return pca.fit_projection(c.model.projection, data.X_train, c.model.pca_dims, p.sigma_p if p.private else 0.0,
-               torch.Generator().manual_seed(seed), ledger if p.private else None, p.pca_fraction)
+    return pca.fit_projection(
+        c.model.projection,
+        data.X_train,
+        c.model.pca_dims,
+        p.sigma_p if p.private else 0.0,
+        torch.Generator().manual_seed(seed),
+        ledger if p.private else None,
+        p.pca_fraction,
+    )
 
 
 def project(data: Data, V: torch.Tensor | None) -> Data:
-    return data if V is None else data._replace(X_train=pca.project(data.X_train, V), X_test=pca.project(data.X_test, V))
+    return (
+        data
+        if V is None
+        else data._replace(X_train=pca.project(data.X_train, V), X_test=pca.project(data.X_test, V))
+    )
 
 
 def init_model(c: Config, data: Data, seed: int) -> torch.nn.Module:
@@ -156,15 +191,30 @@ def init_model(c: Config, data: Data, seed: int) -> torch.nn.Module:
     ds = c.dataset
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        shape = input_shape(ds.name, ds.crop) if ds.augment != "none" else tuple(data.X_train.shape[1:])
+        shape = (
+            input_shape(ds.name, ds.crop) if ds.augment != "none" else tuple(data.X_train.shape[1:])
+        )
         model = build_model(c.model, shape, DATASETS[ds.name].classes)
-        if c.model.pretrained is not None:   # frozen before the clipper is built
-            load_pretrained(model, c.model.pretrained, c.model.pretrained_sha256, frozen_names(model, c.model.freeze))
+        if c.model.pretrained is not None:  # frozen before the clipper is built
+            load_pretrained(
+                model,
+                c.model.pretrained,
+                c.model.pretrained_sha256,
+                frozen_names(model, c.model.freeze),
+            )
     return model
 
 
-def build(c: Config, d: distributed.Dist, device: torch.device, runtime: dict, data: Data,
-          projection: torch.Tensor | None, model: torch.nn.Module, seeds: dict) -> Parts:
+def build(
+    c: Config,
+    d: distributed.Dist,
+    device: torch.device,
+    runtime: dict,
+    data: Data,
+    projection: torch.Tensor | None,
+    model: torch.nn.Module,
+    seeds: dict,
+) -> Parts:
     """The clipping engine, the noise, the DP-SGD step and the sampler around ``model`` (its weights
     final: initialised or loaded), with the data on ``device``. ``seeds``: the ``noise`` seed (None:
     OS entropy or privacy.noise_seed decides) and the ``sampler`` seed."""
@@ -172,22 +222,58 @@ def build(c: Config, d: distributed.Dist, device: torch.device, runtime: dict, d
     model.to(device)
     # check_finite=False: no device sync per physical batch; the data are finite, and a non-finite loss
     # or update stops the run as diverged (dpsgd/train.py)
-    clipper = PerExampleClipper(model, p.clip_norm if p.private else None, clipping=p.clipping,
-                                mode=p.grad_sample_mode, check_finite=False)
+    clipper = PerExampleClipper(
+        model,
+        p.clip_norm if p.private else None,
+        clipping=p.clipping,
+        mode=p.grad_sample_mode,
+        check_finite=False,
+    )
     noise = GaussianNoise(seed=seeds["noise"], secure=p.secure_rng, device=device)
     transform = LotTransform(ds.augment, ds.standardize, ds.crop, c.seed)
-    in_step = p.augment_multiplicity > 1 and not transform.identity   # the step augments the K copies
-    sampler = make_sampler(p.sampling, len(data.X_train), p.lot_size,
-                           torch.Generator().manual_seed(seeds["sampler"]), p.max_lot_size)
+    in_step = (
+        p.augment_multiplicity > 1 and not transform.identity
+    )  # the step augments the K copies
+    sampler = make_sampler(
+        p.sampling,
+        len(data.X_train),
+        p.lot_size,
+        torch.Generator().manual_seed(seeds["sampler"]),
+        p.max_lot_size,
+    )
     # the mechanism, built once: the event each charge records, whose σ the step noises at (charged σ =
     # noised σ), C and L; nothing after this reads σ, C or L from the configuration
-    plan = Plan(sampler.event(p.sigma, len(clipper.groups)) if p.private else None, p.clip_norm, p.lot_size,
-                sampler)
-    dp = DPSGD(model, clipper, noise, plan, lr=t.lr, momentum=t.momentum,
-               augment_multiplicity=p.augment_multiplicity, augment=transform if in_step else None)
+    plan = Plan(
+        sampler.event(p.sigma, len(clipper.groups)) if p.private else None,
+        p.clip_norm,
+        p.lot_size,
+        sampler,
+    )
+    dp = DPSGD(
+        model,
+        clipper,
+        noise,
+        plan,
+        lr=t.lr,
+        momentum=t.momentum,
+        augment_multiplicity=p.augment_multiplicity,
+        augment=transform if in_step else None,
+    )
     data = Data(*(a.to(device) for a in data))
-    if d.active:   # Σ over ranks, noise once; the noise is drawn in the engine's parameter order
-        dp.comm = distributed.Aggregator(d, p.secure_rng, list(clipper.clipped_sum(data[0][:1], data[1][:1]).grads))
+    if d.active:  # Σ over ranks, noise once; the noise is drawn in the engine's parameter order
+        dp.comm = distributed.Aggregator(
+            d, p.secure_rng, list(clipper.clipped_sum(data[0][:1], data[1][:1]).grads)
+        )
     ema = None if t.ema_decay is None else EMA(model, t.ema_decay)
-    return Parts(device=device, runtime=runtime, data=data, projection=projection, model=model,
-                 clipper=clipper, dp=dp, sampler=sampler, transform=transform, ema=ema)
+    return Parts(
+        device=device,
+        runtime=runtime,
+        data=data,
+        projection=projection,
+        model=model,
+        clipper=clipper,
+        dp=dp,
+        sampler=sampler,
+        transform=transform,
+        ema=ema,
+    )

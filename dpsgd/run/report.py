@@ -15,6 +15,7 @@ paper's per_tensor convention it under-states ε and is kept only to reproduce t
 Every ε printed in a statement is rounded UP (4 significant digits), so no printed claim is below
 what was spent; privacy.json keeps the exact floats.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,22 +27,56 @@ from dpsgd.config.fingerprint import config_fingerprint
 from dpsgd.config.schema import Config
 from dpsgd.run.checkpoint import METRICS, PRIVACY, fingerprint_hash
 
-COLUMNS = ["epoch", "steps", "lr", "lot_loss", "train_loss", "train_accuracy", "test_accuracy",
-           "epsilon", "epsilon_moments", "epsilon_rdp", "epsilon_pld", "epsilon_moments_joint",
-           "epsilon_rdp_joint", "epsilon_pld_joint", "lambda_star", "delta", "sigma", "sigma_p", "q",
-           "C", "L", "groups", "sampling", "clipping", "convention", "accountant", "grad_sample_mode",
-           "seed", "epoch_time_s", "wall_time_s", "epsilon_valid"]
-TRAIN_METRICS = ("lot_loss", "train_loss", "train_accuracy")   # on private training data, no noise
+COLUMNS = [
+    "epoch",
+    "steps",
+    "lr",
+    "lot_loss",
+    "train_loss",
+    "train_accuracy",
+    "test_accuracy",
+    "epsilon",
+    "epsilon_moments",
+    "epsilon_rdp",
+    "epsilon_pld",
+    "epsilon_moments_joint",
+    "epsilon_rdp_joint",
+    "epsilon_pld_joint",
+    "lambda_star",
+    "delta",
+    "sigma",
+    "sigma_p",
+    "q",
+    "C",
+    "L",
+    "groups",
+    "sampling",
+    "clipping",
+    "convention",
+    "accountant",
+    "grad_sample_mode",
+    "seed",
+    "epoch_time_s",
+    "wall_time_s",
+    "epsilon_valid",
+]
+TRAIN_METRICS = ("lot_loss", "train_loss", "train_accuracy")  # on private training data, no noise
 TIMINGS = ("epoch_time_s", "wall_time_s")
-VALID_ACCOUNTANTS = ACCOUNTANTS   # each gives an upper bound on ε (joint convention)
+VALID_ACCOUNTANTS = ACCOUNTANTS  # each gives an upper bound on ε (joint convention)
 VALID_CONVENTION = "joint"
 STATUSES = ("running", "complete", "interrupted", "diverged")
-STOP_REASONS = ("epochs_completed", "max_steps", "target_epsilon_reached", "interrupted", "diverged")
+STOP_REASONS = (
+    "epochs_completed",
+    "max_steps",
+    "target_epsilon_reached",
+    "interrupted",
+    "diverged",
+)
 CONVERSIONS = {
     "moments": "moments accountant: log moments α(λ) at integer λ = 1..32, tail bound "
-               "ε = min_λ (α(λ) + log(1/δ)) / λ (Abadi et al. 2016, Thm 2)",
+    "ε = min_λ (α(λ) + log(1/δ)) / λ (Abadi et al. 2016, Thm 2)",
     "rdp": "Rényi DP of the subsampled Gaussian (Mironov et al. 2019) with the improved RDP→(ε,δ) "
-           "conversion (Balle et al. 2020)",
+    "conversion (Balle et al. 2020)",
     "pld": "privacy loss distribution, FFT composition, pessimistic discretisation (tight)",
 }
 
@@ -58,8 +93,14 @@ def epsilons(ledger, c: Config) -> dict:
     """
     p = c.privacy
     if not p.private:
-        return {"epsilon": math.inf, "by": {}, "lambda_star": None, "refused": {},
-                "epsilon_valid": math.inf, "valid_accountant": None}
+        return {
+            "epsilon": math.inf,
+            "by": {},
+            "lambda_star": None,
+            "refused": {},
+            "epsilon_valid": math.inf,
+            "valid_accountant": None,
+        }
     by, refused = {}, {}
     for acc in ACCOUNTANTS:
         by[acc] = {}
@@ -71,11 +112,20 @@ def epsilons(ledger, c: Config) -> dict:
             except ValueError as e:
                 by[acc][conv] = (None, None)
                 refused.setdefault(acc, {})[conv] = " ".join(str(e).split()) or type(e).__name__
-    valid = [(by[a][VALID_CONVENTION][0], a) for a in VALID_ACCOUNTANTS if by[a][VALID_CONVENTION][0] is not None]
+    valid = [
+        (by[a][VALID_CONVENTION][0], a)
+        for a in VALID_ACCOUNTANTS
+        if by[a][VALID_CONVENTION][0] is not None
+    ]
     eps_valid, acc_valid = min(valid, key=lambda v: v[0]) if valid else (None, None)
-    return {"epsilon": by[c.accountant.name][p.convention][0], "by": by,
-            "lambda_star": by["moments"][p.convention][1], "refused": refused,
-            "epsilon_valid": eps_valid, "valid_accountant": acc_valid}
+    return {
+        "epsilon": by[c.accountant.name][p.convention][0],
+        "by": by,
+        "lambda_star": by["moments"][p.convention][1],
+        "refused": refused,
+        "epsilon_valid": eps_valid,
+        "valid_accountant": acc_valid,
+    }
 
 
 def eps_up(x) -> str:
@@ -98,7 +148,9 @@ def _none(x):
     return None if x is None or x != x else x
 
 
-def metrics_row(c: Config, run, lr: float, lot_loss: float, ev, epoch_time: float, wall: float) -> dict:
+def metrics_row(
+    c: Config, run, lr: float, lot_loss: float, ev, epoch_time: float, wall: float
+) -> dict:
     """One metrics.csv row after an epoch of ``run`` (a ``dpsgd.run.state.Run``: its progress's epoch, steps
     and eps, its parts' sampler, clipper and k); ``ev`` = (train loss, train accuracy, test accuracy)."""
     p, at, b = c.privacy, run.progress, run.parts
@@ -106,18 +158,37 @@ def metrics_row(c: Config, run, lr: float, lot_loss: float, ev, epoch_time: floa
     by = eps["by"]
     e = lambda a, conv: _nan(by[a][conv][0]) if by else math.inf  # noqa: E731
     return {
-        "epoch": at.epoch, "steps": at.steps, "lr": lr, "lot_loss": lot_loss,
-        "train_loss": ev[0], "train_accuracy": ev[1], "test_accuracy": ev[2],
-        "epsilon": _nan(eps["epsilon"]), "epsilon_moments": e("moments", p.convention),
-        "epsilon_rdp": e("rdp", p.convention), "epsilon_pld": e("pld", p.convention),
-        "epsilon_moments_joint": e("moments", "joint"), "epsilon_rdp_joint": e("rdp", "joint"),
-        "epsilon_pld_joint": e("pld", "joint"), "lambda_star": eps["lambda_star"], "delta": p.delta,
-        "sigma": b.plan.sigma, "sigma_p": p.sigma_p if p.private else 0.0,
-        "q": sampler.q, "C": b.plan.clip_norm if p.private else math.inf, "L": b.plan.lot_size, "groups": b.k,
-        "sampling": sampler.name, "clipping": p.clipping if p.private else "none",
-        "convention": p.convention, "accountant": c.accountant.name if p.private else "none",
-        "grad_sample_mode": b.clipper.mode, "seed": c.seed, "epoch_time_s": round(epoch_time, 3),
-        "wall_time_s": round(wall, 3), "epsilon_valid": _nan(eps["epsilon_valid"]),
+        "epoch": at.epoch,
+        "steps": at.steps,
+        "lr": lr,
+        "lot_loss": lot_loss,
+        "train_loss": ev[0],
+        "train_accuracy": ev[1],
+        "test_accuracy": ev[2],
+        "epsilon": _nan(eps["epsilon"]),
+        "epsilon_moments": e("moments", p.convention),
+        "epsilon_rdp": e("rdp", p.convention),
+        "epsilon_pld": e("pld", p.convention),
+        "epsilon_moments_joint": e("moments", "joint"),
+        "epsilon_rdp_joint": e("rdp", "joint"),
+        "epsilon_pld_joint": e("pld", "joint"),
+        "lambda_star": eps["lambda_star"],
+        "delta": p.delta,
+        "sigma": b.plan.sigma,
+        "sigma_p": p.sigma_p if p.private else 0.0,
+        "q": sampler.q,
+        "C": b.plan.clip_norm if p.private else math.inf,
+        "L": b.plan.lot_size,
+        "groups": b.k,
+        "sampling": sampler.name,
+        "clipping": p.clipping if p.private else "none",
+        "convention": p.convention,
+        "accountant": c.accountant.name if p.private else "none",
+        "grad_sample_mode": b.clipper.mode,
+        "seed": c.seed,
+        "epoch_time_s": round(epoch_time, 3),
+        "wall_time_s": round(wall, 3),
+        "epsilon_valid": _nan(eps["epsilon_valid"]),
         **_audit_column(run),
     }
 
@@ -132,8 +203,10 @@ def valid_claim(eps, delta) -> str | None:
     """'(1.583, 1e-05)-DP, pld accountant, joint convention' — the valid guarantee; None if none."""
     if eps["epsilon_valid"] is None:
         return None
-    return (f"({eps_up(eps['epsilon_valid'])}, {delta:g})-DP, {eps['valid_accountant']} accountant, "
-            f"{VALID_CONVENTION} convention")
+    return (
+        f"({eps_up(eps['epsilon_valid'])}, {delta:g})-DP, {eps['valid_accountant']} accountant, "
+        f"{VALID_CONVENTION} convention"
+    )
 
 
 def configured_label(c: Config, eps) -> str | None:
@@ -145,8 +218,10 @@ def configured_label(c: Config, eps) -> str | None:
     if eps["epsilon"] is None:
         v += f" (refused: {eps['refused'][acc][conv]})"
     if conv == "per_tensor":
-        return (f"paper's accounting ({acc}, per-tensor): ε = {v} — under-states ε, reproduces the "
-                "paper's numbers")
+        return (
+            f"paper's accounting ({acc}, per-tensor): ε = {v} — under-states ε, reproduces the "
+            "paper's numbers"
+        )
     return f"configured accounting ({acc}, {conv}): ε = {v} — a valid but looser bound"
 
 
@@ -157,14 +232,22 @@ def statement_text(c: Config, status: str, eps, steps: int) -> str:
     lots; diverged → no claim for a model (it is not released), only the privacy spent so far."""
     p = c.privacy
     if not p.private:
-        return "NOT PRIVATE: no clipping, no noise, exact PCA; no privacy guarantee, nothing accounted"
+        return (
+            "NOT PRIVATE: no clipping, no noise, exact PCA; no privacy guarantee, nothing accounted"
+        )
     claim = valid_claim(eps, p.delta)
     if claim is None:
-        why = "; ".join(f"{a}: {r[VALID_CONVENTION]}" for a, r in eps["refused"].items() if VALID_CONVENTION in r)
+        why = "; ".join(
+            f"{a}: {r[VALID_CONVENTION]}"
+            for a, r in eps["refused"].items()
+            if VALID_CONVENTION in r
+        )
         claim = f"no valid (ε, δ) bound: every accountant refused this run's ledger ({why})"
     if status == "diverged":
-        text = (f"DIVERGED after {steps} lots (non-finite loss or parameter): the model is not released and "
-                f"no privacy claim is made for it; privacy spent on the training data so far: {claim}")
+        text = (
+            f"DIVERGED after {steps} lots (non-finite loss or parameter): the model is not released and "
+            f"no privacy claim is made for it; privacy spent on the training data so far: {claim}"
+        )
     elif valid_claim(eps, p.delta) is None:
         text = f"NO PRIVACY CLAIM: {claim}"
     elif status == "complete":
@@ -175,35 +258,51 @@ def statement_text(c: Config, status: str, eps, steps: int) -> str:
     return text if label is None else f"{text}; {label}"
 
 
-CHARGED = {   # what each sampler's release() records (dpsgd/mechanism/sampling.py)
+CHARGED = {  # what each sampler's release() records (dpsgd/mechanism/sampling.py)
     "poisson": "one Poisson-subsampled Gaussian mechanism (q = L/N, noise multiplier σ) per lot, add/remove",
-    "fixed_size": ("one Gaussian on L examples sampled without replacement per lot, replace-one (γ = L/N, "
-                   "sensitivity 2C): PLD of the symmetric dominating pair (Dong, Roth & Su 2022 Thm 9; valid under "
-                   "composition) or RDP of Wang, Balle & Kasiviswanathan 2019 Thm 9; the PLD and RDP accountants"),
-    "truncated_poisson": ("one truncated Poisson-subsampled Gaussian per lot (lots capped at max_lot_size B, "
-                          "padded with zero-weight rows), add/remove, PLD of Ganesh et al. 2025; the PLD accountant only"),
-    "balls_in_bins": ("one epoch of random allocation over t = N/L lots per epoch (each example in one lot, uniformly "
-                      "at random), add/remove, RDP of the pair (1/t) Σ_j N(e_j, σ²I) vs N(0, σ²I) (Feldman & Shenfeld "
-                      "2025; Chua et al. 2025): remove and add directions exact (add by one-dimensional quadrature with a "
-                      "stated margin, AM–GM where unresolved); the RDP accountant only"),
-    "shuffle": ("shuffle uses substitution adjacency without amplification: one Gaussian mechanism "
-                "per epoch, q = 1, sensitivity 2C, noise multiplier σ/2 (each example is in exactly "
-                "one lot per epoch); the Poisson analysis does not cover this sampler"),
+    "fixed_size": (
+        "one Gaussian on L examples sampled without replacement per lot, replace-one (γ = L/N, "
+        "sensitivity 2C): PLD of the symmetric dominating pair (Dong, Roth & Su 2022 Thm 9; valid under "
+        "composition) or RDP of Wang, Balle & Kasiviswanathan 2019 Thm 9; the PLD and RDP accountants"
+    ),
+    "truncated_poisson": (
+        "one truncated Poisson-subsampled Gaussian per lot (lots capped at max_lot_size B, "
+        "padded with zero-weight rows), add/remove, PLD of Ganesh et al. 2025; the PLD accountant only"
+    ),
+    "balls_in_bins": (
+        "one epoch of random allocation over t = N/L lots per epoch (each example in one lot, uniformly "
+        "at random), add/remove, RDP of the pair (1/t) Σ_j N(e_j, σ²I) vs N(0, σ²I) (Feldman & Shenfeld "
+        "2025; Chua et al. 2025): remove and add directions exact (add by one-dimensional quadrature with a "
+        "stated margin, AM–GM where unresolved); the RDP accountant only"
+    ),
+    "shuffle": (
+        "shuffle uses substitution adjacency without amplification: one Gaussian mechanism "
+        "per epoch, q = 1, sensitivity 2C, noise multiplier σ/2 (each example is in exactly "
+        "one lot per epoch); the Poisson analysis does not cover this sampler"
+    ),
 }
 
 
 def _shuffle_lower(ledger, plan, p) -> dict:
     """The lower end of the shuffle bracket (Chua et al. 2024): no valid ε of this run is below it."""
     from dpsgd.accountant.privacy_loss import shuffle_lower
+
     epochs = sum(e.count for e in ledger.entries if e.label in ("sgd", "lost"))
     try:
-        low = (shuffle_lower.epsilon_lower(plan.sigma, plan.sampler.lots_per_epoch(), epochs, p.delta)
-               if epochs else 0.0)
+        low = (
+            shuffle_lower.epsilon_lower(plan.sigma, plan.sampler.lots_per_epoch(), epochs, p.delta)
+            if epochs
+            else 0.0
+        )
     except ValueError as e:
         return {"epsilon_lower": None, "epsilon_lower_refused": str(e)}
-    return {"epsilon_lower": low, "epsilon_lower_source": (
-        "Chua et al. 2024 (ICML, arXiv 2403.17673) lower bound for shuffled lots (max-statistic slices, "
-        "replace-one): the ε above (upper) is never below it")}
+    return {
+        "epsilon_lower": low,
+        "epsilon_lower_source": (
+            "Chua et al. 2024 (ICML, arXiv 2403.17673) lower bound for shuffled lots (max-statistic slices, "
+            "replace-one): the ε above (upper) is never below it"
+        ),
+    }
 
 
 def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> dict:
@@ -213,19 +312,26 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
     if status not in STATUSES:
         raise ValueError(f"status must be one of {list(STATUSES)}, got status={status!r}")
     if stop_reason is not None and stop_reason not in STOP_REASONS:
-        raise ValueError(f"stop_reason must be None or one of {list(STOP_REASONS)}, got stop_reason={stop_reason!r}")
+        raise ValueError(
+            f"stop_reason must be None or one of {list(STOP_REASONS)}, got stop_reason={stop_reason!r}"
+        )
     at, p = run.progress, c.privacy
-    st = {"status": status, "stop_reason": stop_reason, "private": p.private,
-          "statement": statement_text(c, status, at.eps, at.steps)}
+    st = {
+        "status": status,
+        "stop_reason": stop_reason,
+        "private": p.private,
+        "statement": statement_text(c, status, at.eps, at.steps),
+    }
     inst = getattr(run, "instrument", None)
-    if inst is not None:     # labelled: the data held the audit's canaries (the claim counts them)
+    if inst is not None:  # labelled: the data held the audit's canaries (the claim counts them)
         st["statement"] = f"AUDIT RUN ({inst.label.get('summary', 'audit')}): {st['statement']}"
         st["audit_run"] = inst.label
     if p.private:
         st["mechanism"] = _mechanism(c, run.parts.plan, run.parts.k)
     st["sampling"] = _sampling(run.parts.plan, p, at.ledger)
     st["convention"] = {
-        "configured": p.convention, "groups": run.parts.k,
+        "configured": p.convention,
+        "groups": run.parts.k,
         "joint": "k separately clipped groups on one lot = one Gaussian mechanism with multiplier σ/√k (correct)",
         "per_tensor": "k mechanisms at σ per lot: the paper's original code; under-states ε",
     }
@@ -241,25 +347,42 @@ def _mechanism(c: Config, plan, k: int) -> str:
     """The mechanism in words (σ, C and L from the run's plan): clipping, noise, division by L, DP-PCA and
     augmentation multiplicity."""
     p = c.privacy
-    return (f"DP-SGD (Abadi et al. 2016, Algorithm 1): each example's gradient clipped to C={plan.clip_norm} "
-            f"({p.clipping}: k={k} group(s)), Gaussian noise N(0, σ²C²) with σ={plan.sigma} added to each "
-            f"group's sum, divided by the expected lot size L={plan.lot_size}"
-            + (f"; DP-PCA (§4) to {c.model.pca_dims} dims: one Gaussian release of the sum of x xᵀ over "
-               f"unit-norm images (sensitivity 1), σ_p={p.sigma_p}, sampling rate {p.pca_fraction}"
-               if c.model.projection == "pca" else "")
-            + (f"; augmentation multiplicity K={p.augment_multiplicity} (De et al. 2022): the gradients of an "
-               "example's K augmented copies are averaged before clipping, so its contribution still has "
-               "norm ≤ C and the sensitivity is unchanged" if p.augment_multiplicity > 1 else ""))
+    return (
+        f"DP-SGD (Abadi et al. 2016, Algorithm 1): each example's gradient clipped to C={plan.clip_norm} "
+        f"({p.clipping}: k={k} group(s)), Gaussian noise N(0, σ²C²) with σ={plan.sigma} added to each "
+        f"group's sum, divided by the expected lot size L={plan.lot_size}"
+        + (
+            f"; DP-PCA (§4) to {c.model.pca_dims} dims: one Gaussian release of the sum of x xᵀ over "
+            f"unit-norm images (sensitivity 1), σ_p={p.sigma_p}, sampling rate {p.pca_fraction}"
+            if c.model.projection == "pca"
+            else ""
+        )
+        + (
+            f"; augmentation multiplicity K={p.augment_multiplicity} (De et al. 2022): the gradients of an "
+            "example's K augmented copies are averaged before clipping, so its contribution still has "
+            "norm ≤ C and the sensitivity is unchanged"
+            if p.augment_multiplicity > 1
+            else ""
+        )
+    )
 
 
 def _sampling(plan, p, ledger) -> dict:
     """How the lots were drawn, what that is charged as, and (shuffle) the lower end of its bracket."""
     sampler = plan.sampler
-    out = {"name": sampler.name, "N": sampler.N, "L": sampler.L, "q": sampler.q,
-           "lots_per_epoch": sampler.lots_per_epoch(), "adjacency": sampler.adjacency,
-           "neighbouring_relation": sampler.relation, "accountants": list(sampler.accountants),
-           "max_lot_size": getattr(sampler, "B", None),
-           "amplification_by_sampling": sampler.amplification, "charged": CHARGED[sampler.name]}
+    out = {
+        "name": sampler.name,
+        "N": sampler.N,
+        "L": sampler.L,
+        "q": sampler.q,
+        "lots_per_epoch": sampler.lots_per_epoch(),
+        "adjacency": sampler.adjacency,
+        "neighbouring_relation": sampler.relation,
+        "accountants": list(sampler.accountants),
+        "max_lot_size": getattr(sampler, "B", None),
+        "amplification_by_sampling": sampler.amplification,
+        "charged": CHARGED[sampler.name],
+    }
     if p.private and sampler.name == "shuffle" and ledger is not None:
         out.update(_shuffle_lower(ledger, plan, p))
     return out
@@ -268,30 +391,56 @@ def _sampling(plan, p, ledger) -> dict:
 def _epsilons(c: Config, at) -> dict:
     """The accountant, the conversion, ε (valid and configured) under every accountant, and the ledger's position."""
     p, eps = c.privacy, at.eps
-    return {"accountant": c.accountant.name, "conversion": CONVERSIONS,
-            "epsilon_valid": _finite(eps["epsilon_valid"]),     # null when not private (unbounded) or none valid
-            "epsilon_valid_accountant": eps["valid_accountant"],
-            "epsilon_valid_convention": VALID_CONVENTION if p.private else None,
-            "epsilon": _finite(eps["epsilon"]),
-            "epsilon_by_accountant": {a: {conv: _finite(v[0]) for conv, v in d.items()} for a, d in eps["by"].items()},
-            "epsilon_refused": eps["refused"], "lambda_star": eps["lambda_star"], "delta": p.delta,
-            "target_epsilon": p.target_epsilon, "steps": at.steps, "epochs": at.epoch}
+    return {
+        "accountant": c.accountant.name,
+        "conversion": CONVERSIONS,
+        "epsilon_valid": _finite(
+            eps["epsilon_valid"]
+        ),  # null when not private (unbounded) or none valid
+        "epsilon_valid_accountant": eps["valid_accountant"],
+        "epsilon_valid_convention": VALID_CONVENTION if p.private else None,
+        "epsilon": _finite(eps["epsilon"]),
+        "epsilon_by_accountant": {
+            a: {conv: _finite(v[0]) for conv, v in d.items()} for a, d in eps["by"].items()
+        },
+        "epsilon_refused": eps["refused"],
+        "lambda_star": eps["lambda_star"],
+        "delta": p.delta,
+        "target_epsilon": p.target_epsilon,
+        "steps": at.steps,
+        "epochs": at.epoch,
+    }
 
 
 def _provenance(c: Config, run) -> dict:
     """Where and how it ran: noise source, runtime, processes, ledger, configuration, resumes, weights."""
     b, at, fp = run.parts, run.progress, config_fingerprint(c)
-    dist = getattr(run, "dist", None)      # torchrun: processes and the backend of the gradient all-reduce
+    dist = getattr(
+        run, "dist", None
+    )  # torchrun: processes and the backend of the gradient all-reduce
     ema = c.training.ema_decay
-    return {"noise": {"source": b.noise.name, "seed": b.noise.seed}, "runtime": b.runtime,
-            "distributed": (dist.describe(b.device) if dist is not None and dist.active
-                            else {"world_size": 1, "backend": None}),
-            "ledger": at.ledger.to_dict() if at.ledger is not None else None,
-            "config_fingerprint": fp, "config_hash": fingerprint_hash(fp), "resumes": at.resumes,
-            "weights": {   # which weights the accuracies in metrics.csv and the released model are
-                "evaluated": "ema" if ema else "final", "ema_decay": ema,
-                "released": ("checkpoint.pt: ema (the EMA of the iterates, post-processing: no privacy cost)"
-                             if ema else "checkpoint.pt: model")}}
+    return {
+        "noise": {"source": b.noise.name, "seed": b.noise.seed},
+        "runtime": b.runtime,
+        "distributed": (
+            dist.describe(b.device)
+            if dist is not None and dist.active
+            else {"world_size": 1, "backend": None}
+        ),
+        "ledger": at.ledger.to_dict() if at.ledger is not None else None,
+        "config_fingerprint": fp,
+        "config_hash": fingerprint_hash(fp),
+        "resumes": at.resumes,
+        "weights": {  # which weights the accuracies in metrics.csv and the released model are
+            "evaluated": "ema" if ema else "final",
+            "ema_decay": ema,
+            "released": (
+                "checkpoint.pt: ema (the EMA of the iterates, post-processing: no privacy cost)"
+                if ema
+                else "checkpoint.pt: model"
+            ),
+        },
+    }
 
 
 def _finite(x):
@@ -302,7 +451,9 @@ def _finite(x):
 def _in_rows(run, columns) -> bool:
     """Whether any metrics row of ``run`` holds a number in one of ``columns``."""
     rows = getattr(getattr(run, "writer", None), "rows", None) or []
-    return any(isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) for r in rows for k in columns)
+    return any(
+        isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) for r in rows for k in columns
+    )
 
 
 def not_covered(c: Config, run) -> list[dict]:
@@ -311,27 +462,54 @@ def not_covered(c: Config, run) -> list[dict]:
     data without noise, as in the paper's Figure 3; left out with ``training.train_metrics=false``),
     the timings, and the accuracy on a validation split of the training data."""
     if not c.privacy.private:
-        return [{"what": "everything this run writes", "file": None, "columns": None, "computed": True,
-                 "why": "not private: no clipping, no noise, exact PCA; there is no (ε, δ) guarantee"}]
+        return [
+            {
+                "what": "everything this run writes",
+                "file": None,
+                "columns": None,
+                "computed": True,
+                "why": "not private: no clipping, no noise, exact PCA; there is no (ε, δ) guarantee",
+            }
+        ]
     where = f"{METRICS} (also the console progress line and checkpoint.pt)"
     computed = c.training.train_metrics or _in_rows(run, TRAIN_METRICS)
-    out = [{"what": "training-set loss and accuracy", "file": where, "columns": list(TRAIN_METRICS),
+    out = [
+        {
+            "what": "training-set loss and accuracy",
+            "file": where,
+            "columns": list(TRAIN_METRICS),
             "computed": computed,
-            "why": ("the mean loss of each epoch's lots and the loss and accuracy of the model on the whole "
-                    "training set are computed on the private training data without noise (as in the "
-                    "paper's Figure 3): each value is a function of the training data outside the (ε, δ) "
-                    "guarantee; training.train_metrics=false writes nan in these columns"
-                    if computed else
-                    "not computed (training.train_metrics=false): these columns hold nan")},
-           {"what": "timings", "file": where, "columns": list(TIMINGS), "computed": True,
+            "why": (
+                "the mean loss of each epoch's lots and the loss and accuracy of the model on the whole "
+                "training set are computed on the private training data without noise (as in the "
+                "paper's Figure 3): each value is a function of the training data outside the (ε, δ) "
+                "guarantee; training.train_metrics=false writes nan in these columns"
+                if computed
+                else "not computed (training.train_metrics=false): these columns hold nan"
+            ),
+        },
+        {
+            "what": "timings",
+            "file": where,
+            "columns": list(TIMINGS),
+            "computed": True,
             "why": "wall-clock times grow with the number of examples in the lots, which depends on the "
-                   "training data under add/remove adjacency: a side channel the analysis does not cover"}]
+            "training data under add/remove adjacency: a side channel the analysis does not cover",
+        },
+    ]
     v = c.dataset.validation
     if v:
-        out.append({"what": "validation accuracy", "file": where, "columns": ["test_accuracy"], "computed": True,
-                    "why": f"dataset.validation={v}: test_accuracy is measured without noise on {v} training "
-                           "examples held out from training; the guarantee covers the examples trained on, "
-                           "not these, and hyperparameters chosen on them are not accounted"})
+        out.append(
+            {
+                "what": "validation accuracy",
+                "file": where,
+                "columns": ["test_accuracy"],
+                "computed": True,
+                "why": f"dataset.validation={v}: test_accuracy is measured without noise on {v} training "
+                "examples held out from training; the guarantee covers the examples trained on, "
+                "not these, and hyperparameters chosen on them are not accounted",
+            }
+        )
     return out
 
 
@@ -343,16 +521,23 @@ def parameters(c: Config, run) -> dict:
     if model is None:
         return {}
     named = list(model.named_parameters())
-    out = {"private_parameters" if c.privacy.private else "trained_parameters":
-           [n for n, p in named if p.requires_grad]}
-    if c.privacy.private:        # the k separately clipped groups (per layer: a module's weight and bias)
+    out = {
+        "private_parameters" if c.privacy.private else "trained_parameters": [
+            n for n, p in named if p.requires_grad
+        ]
+    }
+    if c.privacy.private:  # the k separately clipped groups (per layer: a module's weight and bias)
         out["clipping_groups"] = [list(g) for g in run.parts.clipper.groups]
     m = c.model
     if m.pretrained is not None:
         from dpsgd.models.pretrained import SOURCE, relative
-        out["public_parameters"] = {"tensors": [n for n, p in named if not p.requires_grad],
-                                    "artifact": relative(m.pretrained), "sha256": m.pretrained_sha256,
-                                    "source": SOURCE}
+
+        out["public_parameters"] = {
+            "tensors": [n for n, p in named if not p.requires_grad],
+            "artifact": relative(m.pretrained),
+            "sha256": m.pretrained_sha256,
+            "source": SOURCE,
+        }
     else:
         out["public_parameters"] = None
     return out
@@ -360,28 +545,42 @@ def parameters(c: Config, run) -> dict:
 
 def progress_line(row: dict, c: Config) -> None:
     """One console line per epoch; ε leads with the valid bound (joint convention, best accountant)."""
+
     def pct(v):
         return "   -  " if v != v else f"{100 * v:6.2f}%"
+
     if c.privacy.private:
         v = row["epsilon_valid"]
-        acc = next((a for a in VALID_ACCOUNTANTS if _none(v) is not None and row[f"epsilon_{a}_joint"] == v), None)
+        acc = next(
+            (
+                a
+                for a in VALID_ACCOUNTANTS
+                if _none(v) is not None and row[f"epsilon_{a}_joint"] == v
+            ),
+            None,
+        )
         eps = f"ε≤{eps_up(v)} ({acc}, joint)" if acc is not None else "ε: no valid bound"
         if not (c.accountant.name == acc and c.privacy.convention == VALID_CONVENTION):
             name = "paper's" if c.privacy.convention == "per_tensor" else "configured"
             eps += f"; {name} {c.accountant.name}/{c.privacy.convention} {eps_up(_none(row['epsilon']))}"
     else:
         eps = "NOT PRIVATE"
-    print(f"epoch {row['epoch']:4d} | steps {row['steps']:6d} | lr {row['lr']:.4f} | loss {row['lot_loss']:.4f} "
-          f"| train {pct(row['train_accuracy'])} | test {pct(row['test_accuracy'])} | {eps} "
-          f"| {row['epoch_time_s']:.1f}s", flush=True)
+    print(
+        f"epoch {row['epoch']:4d} | steps {row['steps']:6d} | lr {row['lr']:.4f} | loss {row['lot_loss']:.4f} "
+        f"| train {pct(row['train_accuracy'])} | test {pct(row['test_accuracy'])} | {eps} "
+        f"| {row['epoch_time_s']:.1f}s",
+        flush=True,
+    )
 
 
 def final_line(statement: dict, test_accuracy: float, run_dir=None) -> str:
     """The trainer's closing console text: outcome, accuracy and the privacy statement (valid ε first),
     what it does not cover, then where the results are."""
     head = "DIVERGED" if statement["status"] == "diverged" else "done"
-    text = (f"{head} ({statement['stop_reason']}): {statement['steps']} lots, {statement['epochs']} epochs, "
-            f"test accuracy {test_accuracy:.4f}\n{statement['statement']}")
+    text = (
+        f"{head} ({statement['stop_reason']}): {statement['steps']} lots, {statement['epochs']} epochs, "
+        f"test accuracy {test_accuracy:.4f}\n{statement['statement']}"
+    )
     outside = [e for e in statement.get("not_covered") or [] if e["columns"] and e["computed"]]
     if statement.get("private") and outside:
         cols = "; ".join(f"{', '.join(e['columns'])} ({e['what']})" for e in outside)

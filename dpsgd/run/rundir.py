@@ -6,6 +6,7 @@ stale lock never blocks a resume; a second writer (a ``resume=`` while the origi
 runs given the same ``hydra.run.dir``) is refused with one line. What a crash costs (the lots that ran
 after the last checkpoint) is dpsgd/run/guard.py's.
 """
+
 from __future__ import annotations
 
 import errno
@@ -21,7 +22,7 @@ class RunLock:
 
     Re-entrant within one process (a nested ``RunLock`` on a folder this process holds is a no-op)."""
 
-    _held: dict = {}    # realpath -> open descriptor holding its flock, in this process
+    _held: dict = {}  # realpath -> open descriptor holding its flock, in this process
 
     def __init__(self, run_dir: str | Path, key: str = "hydra.run.dir"):
         self.run_dir, self.key = Path(run_dir), key
@@ -37,8 +38,10 @@ class RunLock:
         except OSError as e:
             os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ConfigError(f"{self.key}={self.run_dir}: another process is writing this run directory; "
-                                  "one run directory has one writer (wait for it or stop it)") from None
+                raise ConfigError(
+                    f"{self.key}={self.run_dir}: another process is writing this run directory; "
+                    "one run directory has one writer (wait for it or stop it)"
+                ) from None
             raise
         self.fd = RunLock._held[real] = fd
         return self
@@ -46,7 +49,7 @@ class RunLock:
     def release(self) -> None:
         if self.fd is not None:
             RunLock._held.pop(os.path.realpath(self.run_dir), None)
-            os.close(self.fd)          # closing the descriptor drops the flock
+            os.close(self.fd)  # closing the descriptor drops the flock
             self.fd = None
 
     def __enter__(self):

@@ -10,6 +10,7 @@ ledger), or a run that has already finished (``Run.already_finished``: its final
 build or run). A finished run whose folder shows lots past its final checkpoint (an extension that
 died) is restored instead, to charge them and finish again (``Run.finish_as``).
 """
+
 from __future__ import annotations
 
 import secrets
@@ -70,18 +71,21 @@ class Rows:
 class Progress:
     """Where a run stands: what moves with every lot. The checkpoint saves it, all but the budget and
     ε, which are recomputed from the ledger."""
-    ledger: Ledger                   # every release so far (DP-PCA, lots, lots lost on resume)
+
+    ledger: Ledger  # every release so far (DP-PCA, lots, lots lost on resume)
     epoch: int = 0
-    steps: int = 0                   # lots run
-    budget: int | None = None        # charges (lots; for shuffle, epochs) that still fit within the target ε
+    steps: int = 0  # lots run
+    budget: int | None = (
+        None  # charges (lots; for shuffle, epochs) that still fit within the target ε
+    )
     resumes: list[dict] = field(default_factory=list)
-    lost: int = 0                    # lots charged on resume as lost (may have run after the checkpoint)
-    lost_why: str | None = None      # what shows they may have run
-    covers: int = 0                  # lots the ledger covers: steps, and the lost lots charged past them
-    base: int = 0                    # lots at the checkpoint resumed from (an epoch boundary)
-    wall_before: float = 0.0         # seconds run before this process
+    lost: int = 0  # lots charged on resume as lost (may have run after the checkpoint)
+    lost_why: str | None = None  # what shows they may have run
+    covers: int = 0  # lots the ledger covers: steps, and the lost lots charged past them
+    base: int = 0  # lots at the checkpoint resumed from (an epoch boundary)
+    wall_before: float = 0.0  # seconds run before this process
     t_start: float = field(default_factory=time.time)
-    eps: dict = field(default_factory=dict)   # report.epsilons of the ledger, after the last epoch
+    eps: dict = field(default_factory=dict)  # report.epsilons of the ledger, after the last epoch
 
     def wall_time(self, now: float | None = None) -> float:
         return self.wall_before + (time.time() if now is None else now) - self.t_start
@@ -90,22 +94,32 @@ class Progress:
 @dataclass(kw_only=True)
 class Run:
     """One run of Algorithm 1: its parts and its progress, in its run directory."""
+
     c: Config
     run_dir: Path
     overrides: list[str]
     dist: distributed.Dist
     progress: Progress
-    parts: Parts | None              # None only for a run that had already finished
+    parts: Parts | None  # None only for a run that had already finished
     writer: MetricsWriter | Rows
     guard: LotGuard
-    finished: dict | None = None     # the final statement of a run that had already finished
-    finish_as: str | None = None     # a finished run restored to charge lots past its final checkpoint
-    warning: str | None = None       # what the folder could not show on resume (guard.py: Owed.warning)
-    instrument: parts.Instrument | None = None   # an audit's canaries and observers (dpsgd.audit.onerun.run)
+    finished: dict | None = None  # the final statement of a run that had already finished
+    finish_as: str | None = None  # a finished run restored to charge lots past its final checkpoint
+    warning: str | None = None  # what the folder could not show on resume (guard.py: Owed.warning)
+    instrument: parts.Instrument | None = (
+        None  # an audit's canaries and observers (dpsgd.audit.onerun.run)
+    )
 
     @classmethod
-    def fresh(cls, c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, seeds: dict,
-              instrument: parts.Instrument | None = None) -> Run:
+    def fresh(
+        cls,
+        c: Config,
+        run_dir: Path,
+        overrides: list[str],
+        d: distributed.Dist,
+        seeds: dict,
+        instrument: parts.Instrument | None = None,
+    ) -> Run:
         """A new run: the data (with an audit's canaries), DP-PCA charged to a new ledger, the model
         from its seed."""
         device, runtime = _device(c, d)
@@ -117,10 +131,21 @@ class Run:
         data = parts.project(data, V)
         model = parts.init_model(c, data, seeds["model"])
         built = parts.build(c, d, device, runtime, data, V, model, seeds)
-        if ledger.entries and built.sampler.relation != ledger.adjacency:   # one relation per statement
-            ledger = ledger.converted(built.sampler.relation)              # DP-PCA under replace-one
-        run = cls(c=c, run_dir=run_dir, overrides=list(overrides), dist=d, progress=Progress(ledger=ledger),
-                  parts=built, writer=Rows([]), guard=LotGuard(run_dir), instrument=instrument)
+        if (
+            ledger.entries and built.sampler.relation != ledger.adjacency
+        ):  # one relation per statement
+            ledger = ledger.converted(built.sampler.relation)  # DP-PCA under replace-one
+        run = cls(
+            c=c,
+            run_dir=run_dir,
+            overrides=list(overrides),
+            dist=d,
+            progress=Progress(ledger=ledger),
+            parts=built,
+            writer=Rows([]),
+            guard=LotGuard(run_dir),
+            instrument=instrument,
+        )
         if instrument is not None:
             instrument.attach(run.parts)
         run.progress.budget = run.compute_budget()
@@ -128,8 +153,17 @@ class Run:
         return run
 
     @classmethod
-    def from_checkpoint(cls, c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, seeds: dict,
-                        ckpt: dict, owe: Callable[[int], Owed], finish_as: str | None = None) -> Run:
+    def from_checkpoint(
+        cls,
+        c: Config,
+        run_dir: Path,
+        overrides: list[str],
+        d: distributed.Dist,
+        seeds: dict,
+        ckpt: dict,
+        owe: Callable[[int], Owed],
+        finish_as: str | None = None,
+    ) -> Run:
         """The run continued from its checkpoint: the projection, weights, generators, momentum, EMA
         and ledger restored; the lots it owes (``owe(lots per epoch)``: guard.py's rule on the folder)
         charged as lost. ``finish_as``: a finished run's stop reason, when it is restored only to charge
@@ -140,40 +174,78 @@ class Run:
         model.load_state_dict(ckpt["model"])
         built = parts.build(c, d, device, runtime, data, ckpt["projection"], model, seeds)
         built.load_state_dict(ckpt)
-        new_keys = {override_key(o) for o in overrides}        # a new value replaces the saved one
+        new_keys = {override_key(o) for o in overrides}  # a new value replaces the saved one
         binding = ckpt["reservations"]
-        progress = Progress(ledger=Ledger.from_dict(ckpt["ledger"]), epoch=ckpt["epoch"], steps=ckpt["steps"],
-                            wall_before=ckpt["wall_time_s"], base=ckpt["steps"],
-                            covers=int(binding.get("covers", ckpt["steps"])))
-        run = cls(c=c, run_dir=run_dir,
-                  overrides=[o for o in ckpt["overrides"] if override_key(o) not in new_keys] + list(overrides),
-                  dist=d, progress=progress, parts=built, writer=Rows(ckpt["rows"]),
-                  guard=LotGuard(run_dir), finish_as=finish_as)
+        progress = Progress(
+            ledger=Ledger.from_dict(ckpt["ledger"]),
+            epoch=ckpt["epoch"],
+            steps=ckpt["steps"],
+            wall_before=ckpt["wall_time_s"],
+            base=ckpt["steps"],
+            covers=int(binding.get("covers", ckpt["steps"])),
+        )
+        run = cls(
+            c=c,
+            run_dir=run_dir,
+            overrides=[o for o in ckpt["overrides"] if override_key(o) not in new_keys]
+            + list(overrides),
+            dist=d,
+            progress=progress,
+            parts=built,
+            writer=Rows(ckpt["rows"]),
+            guard=LotGuard(run_dir),
+            finish_as=finish_as,
+        )
         owed = owe(built.sampler.lots_per_epoch())
-        run.guard.token, run.guard.expected, run.warning = owed.token, binding["token"], owed.warning
+        run.guard.token, run.guard.expected, run.warning = (
+            owed.token,
+            binding["token"],
+            owed.warning,
+        )
         if c.privacy.private:
             progress.lost = sum(run._charge_lots(first, n) for first, n in owed.windows)
             progress.lost_why = owed.why
             progress.covers = max([progress.covers] + [first + n for first, n in owed.windows])
-        progress.resumes = list(ckpt["resumes"]) + [{
-            "at_epoch": progress.epoch, "at_steps": progress.steps, "lost_lots_charged": progress.lost,
-            "lost_lots_reason": progress.lost_why, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "overrides": run.overrides}]
+        progress.resumes = list(ckpt["resumes"]) + [
+            {
+                "at_epoch": progress.epoch,
+                "at_steps": progress.steps,
+                "lost_lots_charged": progress.lost,
+                "lost_lots_reason": progress.lost_why,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "overrides": run.overrides,
+            }
+        ]
         progress.budget = run.compute_budget()
         progress.eps = epsilons(progress.ledger, c)
         return run
 
     @classmethod
-    def already_finished(cls, c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist,
-                         ckpt: dict) -> Run:
+    def already_finished(
+        cls, c: Config, run_dir: Path, overrides: list[str], d: distributed.Dist, ckpt: dict
+    ) -> Run:
         """A resume of a run that has finished: its progress and final statement, nothing to run."""
-        progress = Progress(ledger=Ledger.from_dict(ckpt["ledger"]), epoch=ckpt["epoch"], steps=ckpt["steps"],
-                            resumes=list(ckpt["resumes"]), wall_before=ckpt["wall_time_s"])
-        return cls(c=c, run_dir=run_dir, overrides=list(overrides), dist=d, progress=progress, parts=None,
-                   writer=Rows(ckpt["rows"]), guard=LotGuard(run_dir), finished=ckpt["statement"])
+        progress = Progress(
+            ledger=Ledger.from_dict(ckpt["ledger"]),
+            epoch=ckpt["epoch"],
+            steps=ckpt["steps"],
+            resumes=list(ckpt["resumes"]),
+            wall_before=ckpt["wall_time_s"],
+        )
+        return cls(
+            c=c,
+            run_dir=run_dir,
+            overrides=list(overrides),
+            dist=d,
+            progress=progress,
+            parts=None,
+            writer=Rows(ckpt["rows"]),
+            guard=LotGuard(run_dir),
+            finished=ckpt["statement"],
+        )
 
     @property
-    def writes(self) -> bool:    # rank 0 (or the one process) writes the run directory
+    def writes(self) -> bool:  # rank 0 (or the one process) writes the run directory
         return self.dist.writes
 
     # -- the stop rule ---------------------------------------------------------------------------
@@ -195,7 +267,9 @@ class Run:
         if t.max_steps is not None:
             limits["max_steps"] = t.max_steps - at.steps
         if at.budget is not None:
-            limits["target_epsilon_reached"] = sampler.lots_within(at.budget, lot) if at.budget >= 0 else 0
+            limits["target_epsilon_reached"] = (
+                sampler.lots_within(at.budget, lot) if at.budget >= 0 else 0
+            )
         return limits
 
     def reserve(self, lot: int) -> None:
@@ -220,8 +294,11 @@ class Run:
         c, p, ledger = self.c, self.c.privacy, self.progress.ledger
         if not (p.private and p.target_epsilon is not None):
             return None
-        return int(ledger.steps_within(p.target_epsilon, p.delta, self.parts.plan.event, c.accountant.name,
-                                       p.convention))
+        return int(
+            ledger.steps_within(
+                p.target_epsilon, p.delta, self.parts.plan.event, c.accountant.name, p.convention
+            )
+        )
 
     def _charge_lots(self, start: int, n: int) -> int:
         """Charge the lots after lot ``start`` (absolute, 0-based, counted from the checkpoint's epoch
@@ -240,27 +317,45 @@ class Run:
     def statement(self, status: str, stop_reason: str | None) -> dict:
         return privacy_statement(self.c, self, status, stop_reason)
 
-    def checkpoint(self, complete: bool, stop_reason: str | None, status: str | None = None) -> None:
+    def checkpoint(
+        self, complete: bool, stop_reason: str | None, status: str | None = None
+    ) -> None:
         if not self.writes:
             return
         at = self.progress
         token = secrets.token_hex(8)
-        save_checkpoint(self.run_dir, {
-            "epoch": at.epoch, "steps": at.steps, "complete": complete, "stop_reason": stop_reason,
-            **self.parts.state_dict(), "ledger": plain(at.ledger.to_dict()),
-            "target_epsilon": self.c.privacy.target_epsilon, "rows": plain(self.writer.rows),
-            "fingerprint": config_fingerprint(self.c), "overrides": list(self.overrides),
-            "audit": plain(self.instrument.label) if self.instrument is not None else None,
-            "distributed": self.dist.describe(self.parts.device),
-            "wall_time_s": at.wall_time(), "resumes": plain(at.resumes),
-            "statement": plain(self.statement(status or ("complete" if complete else "running"), stop_reason)),
-            # lots.reserved's binding: its token, the one before (a crash may fall between the two
-            # writes), the lots this ledger covers (steps, and any lost lots charged past them)
-            "reservations": {"token": token, "previous": self.guard.token, "covers": max(at.covers, at.steps),
-                             "lots_per_epoch": self.parts.sampler.lots_per_epoch(),
-                             "superseded": getattr(self.writer, "superseded", 0)},
-        })
-        self.guard.bind(token, at.steps)   # the checkpoint's ledger covers every lot reserved so far
+        save_checkpoint(
+            self.run_dir,
+            {
+                "epoch": at.epoch,
+                "steps": at.steps,
+                "complete": complete,
+                "stop_reason": stop_reason,
+                **self.parts.state_dict(),
+                "ledger": plain(at.ledger.to_dict()),
+                "target_epsilon": self.c.privacy.target_epsilon,
+                "rows": plain(self.writer.rows),
+                "fingerprint": config_fingerprint(self.c),
+                "overrides": list(self.overrides),
+                "audit": plain(self.instrument.label) if self.instrument is not None else None,
+                "distributed": self.dist.describe(self.parts.device),
+                "wall_time_s": at.wall_time(),
+                "resumes": plain(at.resumes),
+                "statement": plain(
+                    self.statement(status or ("complete" if complete else "running"), stop_reason)
+                ),
+                # lots.reserved's binding: its token, the one before (a crash may fall between the two
+                # writes), the lots this ledger covers (steps, and any lost lots charged past them)
+                "reservations": {
+                    "token": token,
+                    "previous": self.guard.token,
+                    "covers": max(at.covers, at.steps),
+                    "lots_per_epoch": self.parts.sampler.lots_per_epoch(),
+                    "superseded": getattr(self.writer, "superseded", 0),
+                },
+            },
+        )
+        self.guard.bind(token, at.steps)  # the checkpoint's ledger covers every lot reserved so far
 
 
 def _device(c: Config, d: distributed.Dist) -> tuple[torch.device, dict]:

@@ -10,6 +10,7 @@ The overrides are Hydra-style (``key=a,b,c`` is a choice; the rest are fixed). E
 spend at most ``--target-epsilon`` (docs/TUNING.md). Bad input: one line naming the parameter, exit 2,
 before anything is written.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,28 +31,47 @@ PROG = "python -m dpsgd.tune"
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):        # one line, exit 2 (argparse would print the usage too)
+    def error(self, message):  # one line, exit 2 (argparse would print the usage too)
         fail(f"{PROG}: {message}", 2)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Private hyperparameter selection (Papernot & Steinke 2022).")
+    p = _Parser(
+        prog=PROG, description="Private hyperparameter selection (Papernot & Steinke 2022)."
+    )
     p.add_argument("--sweep-dir", type=Path, help="the sweep folder (new or empty)")
-    p.add_argument("--resume", type=Path, help="continue the sweep in this folder (its tuning.json)")
+    p.add_argument(
+        "--resume", type=Path, help="continue the sweep in this folder (its tuning.json)"
+    )
     p.add_argument("--target-epsilon", type=float, help="total ε of the released winner")
     p.add_argument("--delta", type=float, default=limits.DELTA_DEFAULT)
-    p.add_argument("--distribution", choices=selection.DISTRIBUTIONS, default="truncated_negative_binomial")
+    p.add_argument(
+        "--distribution", choices=selection.DISTRIBUTIONS, default="truncated_negative_binomial"
+    )
     p.add_argument("--k", type=int, help="fixed: the number of candidates")
     p.add_argument("--mu", type=float, help="poisson: the mean of K")
-    p.add_argument("--eta", type=float, help="truncated_negative_binomial: η (1 geometric, 0 logarithmic)")
+    p.add_argument(
+        "--eta", type=float, help="truncated_negative_binomial: η (1 geometric, 0 logarithmic)"
+    )
     p.add_argument("--gamma", type=float, help="truncated_negative_binomial: γ in (0, 1)")
-    p.add_argument("--seed", type=int, default=0, help="K, the candidates, their seeds and score noise")
+    p.add_argument(
+        "--seed", type=int, default=0, help="K, the candidates, their seeds and score noise"
+    )
     p.add_argument("--validation", type=int, help="training rows held out to score the candidates")
-    p.add_argument("--score-sigma", type=float, default=20.0,
-                   help="std of the Gaussian noise on each candidate's count of correct validation predictions")
-    p.add_argument("--xtol", type=float, default=1e-3, help="tolerance on the base ε of the inverse search")
-    p.add_argument("--test-accuracy", action="store_true",
-                   help="after the selection, evaluate the winner's model on the test set once")
+    p.add_argument(
+        "--score-sigma",
+        type=float,
+        default=20.0,
+        help="std of the Gaussian noise on each candidate's count of correct validation predictions",
+    )
+    p.add_argument(
+        "--xtol", type=float, default=1e-3, help="tolerance on the base ε of the inverse search"
+    )
+    p.add_argument(
+        "--test-accuracy",
+        action="store_true",
+        help="after the selection, evaluate the winner's model on the test set once",
+    )
     p.add_argument("--plan-only", action="store_true", help="write the plan (tuning.json) and stop")
     p.add_argument("overrides", nargs="*", help="Hydra-style overrides; key=a,b,c is a choice")
     return p
@@ -59,7 +79,9 @@ def parser() -> argparse.ArgumentParser:
 
 def _dist(a) -> selection.KDistribution:
     given = {"k": a.k, "mu": a.mu, "eta": a.eta, "gamma": a.gamma}
-    need = {"fixed": ("k",), "poisson": ("mu",), "truncated_negative_binomial": ("eta", "gamma")}[a.distribution]
+    need = {"fixed": ("k",), "poisson": ("mu",), "truncated_negative_binomial": ("eta", "gamma")}[
+        a.distribution
+    ]
     for key, v in given.items():
         if v is not None and key not in need:
             raise ConfigError(f"--{key}: not a parameter of --distribution={a.distribution}")
@@ -76,23 +98,31 @@ def check(a) -> tuple[selection.KDistribution, list]:
     if a.sweep_dir is None:
         raise ConfigError("--sweep-dir: needed (or --resume <sweep dir>)")
     if a.target_epsilon is None or not (0 < a.target_epsilon <= limits.EPSILON_MAX):
-        raise ConfigError(f"--target-epsilon={a.target_epsilon}: must be in (0, {limits.EPSILON_MAX:g}]")
+        raise ConfigError(
+            f"--target-epsilon={a.target_epsilon}: must be in (0, {limits.EPSILON_MAX:g}]"
+        )
     if not (limits.DELTA_MIN <= a.delta < 1):
         raise ConfigError(f"--delta={a.delta}: must be in [{limits.DELTA_MIN:g}, 1)")
     if a.seed < 0:
         raise ConfigError(f"--seed={a.seed}: must be >= 0")
     if a.validation is None or a.validation < 1:
-        raise ConfigError(f"--validation={a.validation}: the number of training rows that score the candidates "
-                          "(>= 1; never the test set)")
+        raise ConfigError(
+            f"--validation={a.validation}: the number of training rows that score the candidates "
+            "(>= 1; never the test set)"
+        )
     if not (math.isfinite(a.score_sigma) and a.score_sigma > 0):
-        raise ConfigError(f"--score-sigma={a.score_sigma}: must be > 0 (the score is charged as a Gaussian count)")
+        raise ConfigError(
+            f"--score-sigma={a.score_sigma}: must be > 0 (the score is charged as a Gaussian count)"
+        )
     if not (math.isfinite(a.xtol) and 0 < a.xtol < a.target_epsilon):
         raise ConfigError(f"--xtol={a.xtol}: must be in (0, --target-epsilon)")
     if not a.overrides:
-        raise ConfigError("overrides: give the runs' config, e.g. experiment=... training.epochs=10,20")
+        raise ConfigError(
+            "overrides: give the runs' config, e.g. experiment=... training.epochs=10,20"
+        )
     dist = _dist(a)
     check_name_lengths("--sweep-dir", a.sweep_dir)
-    unclaimed(str(a.sweep_dir), "--sweep-dir")         # held by a running tune or sweep: says so
+    unclaimed(str(a.sweep_dir), "--sweep-dir")  # held by a running tune or sweep: says so
     fresh_dir("--sweep-dir", a.sweep_dir)
     literal_for_hydra(a.sweep_dir)
     pts = space.points(a.overrides, a.validation)
@@ -104,11 +134,17 @@ def literal_for_hydra(d: Path) -> None:
     it); ConfigError naming ``--sweep-dir`` otherwise."""
     folder = str(d / "c00")
     try:
-        got = str(compose([f"hydra.run.dir={hydra_quoted(folder)}"], hydra_config=True).hydra.run.dir)
+        got = str(
+            compose([f"hydra.run.dir={hydra_quoted(folder)}"], hydra_config=True).hydra.run.dir
+        )
     except Exception as e:
-        raise ConfigError(f"--sweep-dir={d}: cannot be handed to Hydra as a folder ({one_line(e)})") from None
+        raise ConfigError(
+            f"--sweep-dir={d}: cannot be handed to Hydra as a folder ({one_line(e)})"
+        ) from None
     if got != folder:
-        raise ConfigError(f"--sweep-dir={d}: Hydra reads it as {got} (pick a folder name without '${{')")
+        raise ConfigError(
+            f"--sweep-dir={d}: Hydra reads it as {got} (pick a folder name without '${{')"
+        )
 
 
 def start(a, held: list) -> tuple[Path, dict]:
@@ -116,8 +152,14 @@ def start(a, held: list) -> tuple[Path, dict]:
     tunes started together into one folder one proceeds, the other is refused), the plan written."""
     dist, pts = check(a)
     fixed, choices = space.split(a.overrides)
-    args = {"target_epsilon": a.target_epsilon, "delta": a.delta, "xtol": a.xtol, "score_sigma": a.score_sigma,
-            "validation": a.validation, "search_space": {"fixed": fixed, "choices": choices}}
+    args = {
+        "target_epsilon": a.target_epsilon,
+        "delta": a.delta,
+        "xtol": a.xtol,
+        "score_sigma": a.score_sigma,
+        "validation": a.validation,
+        "search_space": {"fixed": fixed, "choices": choices},
+    }
     try:
         t = sweep.plan(pts, dist, a.seed, args)
     except ValueError as e:
@@ -142,10 +184,25 @@ def resume(a, held: list) -> tuple[Path, dict]:
 def _resume_alone(a) -> None:
     """--resume takes the plan from tuning.json: a plan argument beside it is refused, named."""
     p = parser()
-    for key in ("sweep_dir", "target_epsilon", "delta", "distribution", "k", "mu", "eta", "gamma", "seed",
-                "validation", "score_sigma", "xtol", "overrides"):
+    for key in (
+        "sweep_dir",
+        "target_epsilon",
+        "delta",
+        "distribution",
+        "k",
+        "mu",
+        "eta",
+        "gamma",
+        "seed",
+        "validation",
+        "score_sigma",
+        "xtol",
+        "overrides",
+    ):
         if getattr(a, key) != p.get_default(key) and not (key == "overrides" and not a.overrides):
-            raise ConfigError(f"--{key.replace('_', '-')}: not with --resume (the plan is in its {sweep.TUNING})")
+            raise ConfigError(
+                f"--{key.replace('_', '-')}: not with --resume (the plan is in its {sweep.TUNING})"
+            )
 
 
 def _term(signum, frame):
@@ -160,8 +217,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _main(a, held)
     except OSError as e:
-        hint = (f" (resume with: {PROG} --resume {d})" if d is not None and os.path.isfile(d / sweep.TUNING)
-                else "")
+        hint = (
+            f" (resume with: {PROG} --resume {d})"
+            if d is not None and os.path.isfile(d / sweep.TUNING)
+            else ""
+        )
         fail(f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}{hint}", 1)
     finally:
         for claim in held:
@@ -173,8 +233,11 @@ def _main(a, held: list) -> None:
         d, t = resume(a, held) if a.resume is not None else start(a, held)
     except ConfigError as e:
         fail(one_line(e), 2)
-    print(f"{PROG}: K={t['K']} candidates, each DP-SGD run at base ε={t['base']['epsilon_rdp']:.4f} (RDP), "
-          f"planned total ε={t['base']['planned_total']['epsilon']:.4f}; {d / sweep.TUNING}", flush=True)
+    print(
+        f"{PROG}: K={t['K']} candidates, each DP-SGD run at base ε={t['base']['epsilon_rdp']:.4f} (RDP), "
+        f"planned total ε={t['base']['planned_total']['epsilon']:.4f}; {d / sweep.TUNING}",
+        flush=True,
+    )
     if a.plan_only:
         return
     signal.signal(signal.SIGTERM, _term)
@@ -186,18 +249,28 @@ def _main(a, held: list) -> None:
         fail(one_line(e), 2)
     if a.test_accuracy and t["winner"] is not None:
         from dpsgd.tune.winner import test_accuracy
+
         w = t["winner"]
-        t["after_selection"] = {"winner_test_accuracy": test_accuracy(d / w["run_dir"], w["overrides"]),
-                                "note": "the winner's released model on the test set, evaluated once after the "
-                                        "selection; never used to select"}
+        t["after_selection"] = {
+            "winner_test_accuracy": test_accuracy(d / w["run_dir"], w["overrides"]),
+            "note": "the winner's released model on the test set, evaluated once after the "
+            "selection; never used to select",
+        }
         sweep.save(d, t)
     if t["winner"] is not None:
         print(f"{PROG}: winner {t['winner']['choice']}; {t['privacy']['statement']}", flush=True)
     elif t["K"] == 0:
-        print(f"{PROG}: K=0 was drawn: no candidate ran and nothing is released; {t['privacy']['statement']}",
-              flush=True)
+        print(
+            f"{PROG}: K=0 was drawn: no candidate ran and nothing is released; {t['privacy']['statement']}",
+            flush=True,
+        )
     else:
-        ran = ", ".join(f"{c['run_dir']} {c['status']}" + (f" (exit {c['rc']})" if c.get("rc") else "")
-                        for c in t["candidates"])
-        fail(f"no candidate finished ({ran}; their logs: {d / 'logs'}): nothing is released; the privacy spent "
-             f"is stated in {d / sweep.TUNING} (ε={t['privacy']['epsilon']:.4f})", 1)
+        ran = ", ".join(
+            f"{c['run_dir']} {c['status']}" + (f" (exit {c['rc']})" if c.get("rc") else "")
+            for c in t["candidates"]
+        )
+        fail(
+            f"no candidate finished ({ran}; their logs: {d / 'logs'}): nothing is released; the privacy spent "
+            f"is stated in {d / sweep.TUNING} (ε={t['privacy']['epsilon']:.4f})",
+            1,
+        )

@@ -7,6 +7,7 @@ groups (``dpsgd/config/calibration.py:clipping_groups``). The selection's base c
 point of the grid, not only the points drawn (the hyperparameter draw is part of each candidate run
 in Papernot & Steinke's analysis).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -21,13 +22,21 @@ from dpsgd.core.errors import ConfigError
 from dpsgd.launch.cli import compose, data_ready
 
 #: what the driver sets on every candidate itself
-RESERVED = ("privacy.sigma", "privacy.calibrate_sigma", "privacy.target_epsilon", "seed", "resume",
-            "hydra.run.dir", "dataset.validation")
+RESERVED = (
+    "privacy.sigma",
+    "privacy.calibrate_sigma",
+    "privacy.target_epsilon",
+    "seed",
+    "resume",
+    "hydra.run.dir",
+    "dataset.validation",
+)
 
 
 @dataclass(frozen=True)
 class Point:
     """One point of the grid: its choices, its overrides (fixed ones first) and its charge."""
+
     choice: dict
     overrides: tuple
     q: float
@@ -72,8 +81,13 @@ def config(overrides, validation: int, sigma: float = 1.0, seed: int = 0) -> Con
 
 def run_overrides(validation: int, sigma: float, seed: int) -> list[str]:
     """What the driver adds to a candidate's overrides: the validation split, its σ and seed."""
-    return [f"dataset.validation={validation}", "privacy.calibrate_sigma=false", f"privacy.sigma={sigma!r}",
-            "privacy.target_epsilon=null", f"seed={seed}"]
+    return [
+        f"dataset.validation={validation}",
+        "privacy.calibrate_sigma=false",
+        f"privacy.sigma={sigma!r}",
+        "privacy.target_epsilon=null",
+        f"seed={seed}",
+    ]
 
 
 def charge(c: Config) -> tuple[float, int, int]:
@@ -81,13 +95,20 @@ def charge(c: Config) -> tuple[float, int, int]:
     import torch
     from dpsgd.data.datasets import DATASETS
     from dpsgd.models.networks import build_model
+
     p, t = c.privacy, c.training
     if not p.private:
-        raise ConfigError("privacy.private=false: a private selection trains private candidates only")
+        raise ConfigError(
+            "privacy.private=false: a private selection trains private candidates only"
+        )
     if p.sampling != "poisson":
-        raise ConfigError(f"privacy.sampling={p.sampling}: the selection charges Poisson-sampled lots only")
+        raise ConfigError(
+            f"privacy.sampling={p.sampling}: the selection charges Poisson-sampled lots only"
+        )
     if c.model.projection == "pca":
-        raise ConfigError("model.projection=pca: the DP-PCA release is not planned by the selection; use none")
+        raise ConfigError(
+            "model.projection=pca: the DP-PCA release is not planned by the selection; use none"
+        )
     lots = lots_for_epochs(t.epochs, c.N, p.lot_size)
     if t.max_steps is not None:
         lots = min(lots, t.max_steps)

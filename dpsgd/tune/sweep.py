@@ -16,6 +16,7 @@ covers all K candidates: its base curve is the per-order maximum of the grid's p
 every candidate's charged curve (its ledger, its aborted attempts, its score), so it is never below
 what ran.
 """
+
 from __future__ import annotations
 
 import csv
@@ -48,24 +49,62 @@ def plan(points: list[Point], dist: selection.KDistribution, seed: int, args: di
     """The write-ahead plan: σ per grid point (``selection.plan_sigmas``), K ~ dist, K candidates drawn
     uniformly from the grid, a seed each; all from ``seed`` (numpy PCG64)."""
     eps_b, sigmas, curve, (eps, order) = selection.plan_sigmas(
-        [(p.q, p.lots, p.groups) for p in points], args["target_epsilon"], args["delta"], dist, args["xtol"],
-        args["score_sigma"])
+        [(p.q, p.lots, p.groups) for p in points],
+        args["target_epsilon"],
+        args["delta"],
+        dist,
+        args["xtol"],
+        args["score_sigma"],
+    )
     rng = np.random.default_rng(seed)
     K = dist.sample(rng)
     idx = [int(i) for i in rng.integers(len(points), size=K)]
-    seeds = [int(s) for s in rng.integers(0, 2 ** 31 - 1, size=K)]
-    grid = [{"choice": p.choice, "overrides": list(p.overrides), "q": p.q, "lots": p.lots, "groups": p.groups,
-             "sigma": s} for p, s in zip(points, sigmas)]
-    cands = [{"index": j, "point": i, "choice": points[i].choice, "seed": seeds[j], "sigma": sigmas[i],
-              "overrides": list(points[i].overrides) + run_overrides(args["validation"], sigmas[i], seeds[j]),
-              "run_dir": f"c{j:02d}", "status": "pending", "aborted_attempts": 0}
-             for j, i in enumerate(idx)]
-    return {"format": FORMAT, "status": "planned", "seed": seed, "distribution": dist.to_dict(), "K": K,
-            **{k: args[k] for k in ("target_epsilon", "delta", "xtol", "score_sigma", "validation")},
-            "search_space": args["search_space"], "grid": grid,
-            "base": {"epsilon_rdp": eps_b, "planned_total": {"epsilon": eps, "order": order},
-                     "curve_orders": list(rdp.DEFAULT_ORDERS), "planned_curve": [float(x) for x in curve]},
-            "candidates": cands, "winner": None, "privacy": None}
+    seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=K)]
+    grid = [
+        {
+            "choice": p.choice,
+            "overrides": list(p.overrides),
+            "q": p.q,
+            "lots": p.lots,
+            "groups": p.groups,
+            "sigma": s,
+        }
+        for p, s in zip(points, sigmas)
+    ]
+    cands = [
+        {
+            "index": j,
+            "point": i,
+            "choice": points[i].choice,
+            "seed": seeds[j],
+            "sigma": sigmas[i],
+            "overrides": list(points[i].overrides)
+            + run_overrides(args["validation"], sigmas[i], seeds[j]),
+            "run_dir": f"c{j:02d}",
+            "status": "pending",
+            "aborted_attempts": 0,
+        }
+        for j, i in enumerate(idx)
+    ]
+    return {
+        "format": FORMAT,
+        "status": "planned",
+        "seed": seed,
+        "distribution": dist.to_dict(),
+        "K": K,
+        **{k: args[k] for k in ("target_epsilon", "delta", "xtol", "score_sigma", "validation")},
+        "search_space": args["search_space"],
+        "grid": grid,
+        "base": {
+            "epsilon_rdp": eps_b,
+            "planned_total": {"epsilon": eps, "order": order},
+            "curve_orders": list(rdp.DEFAULT_ORDERS),
+            "planned_curve": [float(x) for x in curve],
+        },
+        "candidates": cands,
+        "winner": None,
+        "privacy": None,
+    }
 
 
 def dist_of(t: dict) -> selection.KDistribution:
@@ -85,14 +124,17 @@ def load(sweep: Path, key: str = "--resume") -> dict:
         t = json.loads(path.read_text())
     except OSError as e:
         raise ConfigError(f"{key}={sweep}: {path}: cannot be read ({e.strerror or e})") from None
-    except ValueError as e:           # JSONDecodeError, or bytes that are not UTF-8
-        raise ConfigError(f"{key}={sweep}: {path}: not valid JSON ({one_line(e)}); it cannot be resumed") from None
+    except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+        raise ConfigError(
+            f"{key}={sweep}: {path}: not valid JSON ({one_line(e)}); it cannot be resumed"
+        ) from None
     try:
         check_plan(t)
     except (KeyError, TypeError, ValueError, IndexError) as e:
         why = f"lacks {e.args[0]!r}" if isinstance(e, KeyError) else one_line(e)
-        raise ConfigError(f"{key}={sweep}: {path}: {why} (not a whole {FORMAT} plan); it cannot be "
-                          "resumed") from None
+        raise ConfigError(
+            f"{key}={sweep}: {path}: {why} (not a whole {FORMAT} plan); it cannot be resumed"
+        ) from None
     return t
 
 
@@ -123,13 +165,25 @@ def check_plan(t) -> None:
         _is(t[k], int, k)
     grid = _is(t["grid"], list, "grid")
     for i, g in enumerate(grid):
-        for k, kind in (("q", num), ("sigma", num), ("lots", int), ("groups", int), ("overrides", list)):
+        for k, kind in (
+            ("q", num),
+            ("sigma", num),
+            ("lots", int),
+            ("groups", int),
+            ("overrides", list),
+        ):
             _is(_is(g, dict, f"grid[{i}]")[k], kind, f"grid[{i}].{k}")
     base = _is(t["base"], dict, "base")
     _is(base["epsilon_rdp"], num, "base.epsilon_rdp")
-    _is(_is(base["planned_total"], dict, "base.planned_total")["epsilon"], num, "base.planned_total.epsilon")
+    _is(
+        _is(base["planned_total"], dict, "base.planned_total")["epsilon"],
+        num,
+        "base.planned_total.epsilon",
+    )
     curve = _is(base["planned_curve"], list, "base.planned_curve")
-    if len(curve) != len(rdp.DEFAULT_ORDERS) or not all(_is(x, num, "base.planned_curve[]") >= 0 for x in curve):
+    if len(curve) != len(rdp.DEFAULT_ORDERS) or not all(
+        _is(x, num, "base.planned_curve[]") >= 0 for x in curve
+    ):
         raise ValueError(f"base.planned_curve: not {len(rdp.DEFAULT_ORDERS)} values >= 0")
     cands = _is(t["candidates"], list, "candidates")
     if len(cands) != t["K"]:
@@ -138,7 +192,9 @@ def check_plan(t) -> None:
         w = f"candidates[{j}]"
         _is(c, dict, w)
         if c["index"] != j or c["run_dir"] != f"c{j:02d}":
-            raise ValueError(f"{w}: index {c['index']!r} and run_dir {c['run_dir']!r} must be {j} and c{j:02d}")
+            raise ValueError(
+                f"{w}: index {c['index']!r} and run_dir {c['run_dir']!r} must be {j} and c{j:02d}"
+            )
         if _is(c["point"], int, f"{w}.point") not in range(len(grid)):
             raise ValueError(f"{w}.point={c['point']}: no such grid point")
         if c["status"] not in _STATUSES:
@@ -169,16 +225,18 @@ def run_one(sweep: Path, t: dict, c: dict, log=print) -> None:
     """One candidate as an ordinary run of ``python -m dpsgd.train`` in its own folder."""
     d = sweep / c["run_dir"]
     if d.exists() and not (d / "checkpoint.pt").is_file() and any(d.iterdir()):
-        c["aborted_attempts"] += 1          # killed before its first checkpoint: set aside, charged in full
+        c["aborted_attempts"] += 1  # killed before its first checkpoint: set aside, charged in full
         d.rename(sweep / f"{c['run_dir']}.aborted{c['aborted_attempts']}")
     cmd = candidate_command(d, c)
     c["status"], c["command"] = "running", " ".join(cmd[1:])
     save(sweep, t)
-    log(f"candidate {c['index']}: {c['choice']} σ={c['sigma']:.4f} seed={c['seed']} -> {c['run_dir']}")
+    log(
+        f"candidate {c['index']}: {c['choice']} σ={c['sigma']:.4f} seed={c['seed']} -> {c['run_dir']}"
+    )
     (sweep / "logs").mkdir(exist_ok=True)
     with open(sweep / "logs" / f"{c['run_dir']}.log", "a") as out:
         rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=os.getcwd())
-    if rc < 0 or rc >= 128 and rc - 128 in (2, 15, 1):   # the sweep itself was interrupted
+    if rc < 0 or rc >= 128 and rc - 128 in (2, 15, 1):  # the sweep itself was interrupted
         raise KeyboardInterrupt
     c["rc"] = rc
     c["status"] = "complete" if rc == 0 else "failed"
@@ -193,7 +251,13 @@ def candidate_command(d: Path, c: dict) -> list[str]:
     ``=``, ``,``, a space) is that folder."""
     if (d / CHECKPOINT).is_file():
         return [sys.executable, "-m", "dpsgd.train", f"resume={hydra_quoted(str(d))}"]
-    return [sys.executable, "-m", "dpsgd.train", *c["overrides"], f"hydra.run.dir={hydra_quoted(str(d))}"]
+    return [
+        sys.executable,
+        "-m",
+        "dpsgd.train",
+        *c["overrides"],
+        f"hydra.run.dir={hydra_quoted(str(d))}",
+    ]
 
 
 def check_candidate_folders(sweep: Path, t: dict) -> None:
@@ -210,13 +274,15 @@ def check_candidate_folders(sweep: Path, t: dict) -> None:
         got = ckpt["fingerprint"]
         key = next((k for k in [*want, *got] if want.get(k) != got.get(k)), None)
         saved = [o for o in ckpt["overrides"] if override_key(o) != "resume"]
-        if key is None and saved != list(c["overrides"]):      # a key a resume may change (its length)
+        if key is None and saved != list(c["overrides"]):  # a key a resume may change (its length)
             key = "overrides"
             want, got = {key: " ".join(c["overrides"])}, {key: " ".join(saved)}
         if key is not None:
-            raise ConfigError(f"{d}: its checkpoint is not candidate {c['index']}'s run ({key}={got.get(key)!r} "
-                              f"there, {want.get(key)!r} in the plan); never resumed as this candidate (move "
-                              f"the folder out of the sweep to start the candidate anew)")
+            raise ConfigError(
+                f"{d}: its checkpoint is not candidate {c['index']}'s run ({key}={got.get(key)!r} "
+                f"there, {want.get(key)!r} in the plan); never resumed as this candidate (move "
+                f"the folder out of the sweep to start the candidate anew)"
+            )
 
 
 def run_epsilon(d: Path) -> float | None:
@@ -242,7 +308,9 @@ def score(d: Path, c: dict, t: dict) -> tuple[float | None, float | None]:
     count = round(acc * n)
     noise = 0.0
     if t["score_sigma"] is not None:
-        noise = float(np.random.default_rng([t["seed"], 2, c["index"]]).normal(0.0, t["score_sigma"]))
+        noise = float(
+            np.random.default_rng([t["seed"], 2, c["index"]]).normal(0.0, t["score_sigma"])
+        )
     return acc, (count + noise) / n
 
 
@@ -255,7 +323,9 @@ def charged_curve(sweep: Path, t: dict, c: dict) -> np.ndarray:
     p = sweep / c["run_dir"] / "privacy.json"
     if p.is_file():
         led = Ledger.from_dict(json.loads(p.read_text())["ledger"])
-        curve = np.asarray(compose.total("rdp", compose.mechanisms(led.entries, "joint")), dtype=float)
+        curve = np.asarray(
+            compose.total("rdp", compose.mechanisms(led.entries, "joint")), dtype=float
+        )
         curve = curve if np.ndim(curve) else np.zeros_like(planned)
     return curve + c["aborted_attempts"] * planned + selection.score_rdp(t["score_sigma"])
 
@@ -264,32 +334,53 @@ def statement(sweep: Path, t: dict) -> dict:
     """The privacy statement of the released winner (Papernot & Steinke's theorem for t's K law)."""
     dist = dist_of(t)
     orders = rdp.DEFAULT_ORDERS
-    curves = [np.asarray(t["base"]["planned_curve"])] + [charged_curve(sweep, t, c) for c in t["candidates"]]
+    curves = [np.asarray(t["base"]["planned_curve"])] + [
+        charged_curve(sweep, t, c) for c in t["candidates"]
+    ]
     base = selection.base_curve(curves)
     eps, order = selection.selection_epsilon(orders, base, dist, t["delta"])
     base_eps, base_order = rdp.rdp_to_epsilon(orders, base, t["delta"])
-    theorem = {"fixed": "composition of k runs (Mironov 2017, Prop. 1); the best is post-processing",
-               "poisson": "Papernot & Steinke 2022, Theorem 6 (K ~ Poisson(mu))",
-               "truncated_negative_binomial": "Papernot & Steinke 2022, Theorem 2 (K ~ truncated negative "
-                                              "binomial(eta, gamma))"}[dist.name]
-    return {"epsilon": eps, "delta": t["delta"], "order": order, "theorem": theorem, "accountant": "rdp",
-            "conversion": "improved", "base_epsilon_rdp": base_eps, "base_order": base_order,
-            "target_epsilon": t["target_epsilon"], "meets_target": eps <= t["target_epsilon"],
-            "covers": f"all K={t['K']} candidates (failed and aborted ones included), each charged its "
-                      "ledger, its aborted attempts and its noisy score",
-            "statement": f"the released winner (model, hyperparameters, score) is ({eps:.4f}, {t['delta']:g})-DP "
-                         f"by {theorem}; each candidate run is at most ({base_eps:.4f}, {t['delta']:g})-DP (RDP)"}
+    theorem = {
+        "fixed": "composition of k runs (Mironov 2017, Prop. 1); the best is post-processing",
+        "poisson": "Papernot & Steinke 2022, Theorem 6 (K ~ Poisson(mu))",
+        "truncated_negative_binomial": "Papernot & Steinke 2022, Theorem 2 (K ~ truncated negative "
+        "binomial(eta, gamma))",
+    }[dist.name]
+    return {
+        "epsilon": eps,
+        "delta": t["delta"],
+        "order": order,
+        "theorem": theorem,
+        "accountant": "rdp",
+        "conversion": "improved",
+        "base_epsilon_rdp": base_eps,
+        "base_order": base_order,
+        "target_epsilon": t["target_epsilon"],
+        "meets_target": eps <= t["target_epsilon"],
+        "covers": f"all K={t['K']} candidates (failed and aborted ones included), each charged its "
+        "ledger, its aborted attempts and its noisy score",
+        "statement": f"the released winner (model, hyperparameters, score) is ({eps:.4f}, {t['delta']:g})-DP "
+        f"by {theorem}; each candidate run is at most ({base_eps:.4f}, {t['delta']:g})-DP (RDP)",
+    }
 
 
 def finish(sweep: Path, t: dict) -> dict:
     """Pick the winner (highest score among complete candidates; ties: the first), state the privacy."""
     done = [c for c in t["candidates"] if c["status"] == "complete" and c["score"] is not None]
     best = max(done, key=lambda c: c["score"], default=None)
-    t["winner"] = None if best is None else {
-        "index": best["index"], "run_dir": best["run_dir"], "choice": best["choice"], "score": best["score"],
-        "overrides": best["overrides"],
-        "model": f"{best['run_dir']}/checkpoint.pt: model (its weights only; the file's generator states are not "
-                 "part of the release)"}
+    t["winner"] = (
+        None
+        if best is None
+        else {
+            "index": best["index"],
+            "run_dir": best["run_dir"],
+            "choice": best["choice"],
+            "score": best["score"],
+            "overrides": best["overrides"],
+            "model": f"{best['run_dir']}/checkpoint.pt: model (its weights only; the file's generator states are not "
+            "part of the release)",
+        }
+    )
     t["privacy"] = statement(sweep, t)
     t["status"] = "complete"
     save(sweep, t)

@@ -7,6 +7,7 @@ checkpoint (its weights as released; the EMA's when training.ema_decay is set); 
 same features and projection the run trained on, with dataset.validation unset so that the held-out
 rows are the dataset's test split.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,13 +25,18 @@ def test_accuracy(run_dir: Path, overrides: list[str]) -> float:
     ckpt = load_checkpoint(run_dir)
     if ckpt is None or not ckpt["complete"]:
         raise ValueError(f"{run_dir}: no finished checkpoint to evaluate")
-    c = validate(compose([o for o in overrides if not o.startswith("dataset.validation=")]
-                         + ["dataset.validation=null"]))
+    c = validate(
+        compose(
+            [o for o in overrides if not o.startswith("dataset.validation=")]
+            + ["dataset.validation=null"]
+        )
+    )
     data = parts.project(parts.load_data(c), ckpt["projection"])
     model = parts.init_model(c, data, 0)
     model.load_state_dict(ckpt["model"])
     if ckpt.get("ema") is not None:
         from dpsgd.mechanism.ema import EMA
+
         ema = EMA(model, c.training.ema_decay)
         ema.load_state_dict(ckpt["ema"])
         with ema.applied(model) as m:

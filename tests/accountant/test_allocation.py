@@ -8,6 +8,7 @@ num_steps)`` (exact remove-direction RDP by integer partitions) and ``allocation
 this repo (numba's @jit replaced by the identity; numpy/scipy of this venv; AMD EPYC, 2 cores).
 Their code is not part of this repository; only its outputs are pinned here.
 """
+
 import math
 
 import numpy as np
@@ -43,7 +44,7 @@ THEIR_EPS_TOL = 1e-3
 def _remove_tol(alpha, sigma, t):
     """Round-off of log E_Q[(P/Q)^α] (a sum of 4 terms, one from ~2α·log2(t) positive log-space ops),
     doubled for the two implementations, divided by α − 1."""
-    coef = alpha * alpha / (2 * sigma * sigma) + alpha * math.log(t)    # size of log [z^α] f^t
+    coef = alpha * alpha / (2 * sigma * sigma) + alpha * math.log(t)  # size of log [z^α] f^t
     terms = [special.gammaln(alpha + 1.0), coef, alpha * math.log(t), alpha / (2 * sigma * sigma)]
     n_ops = 2 * alpha * (math.ceil(math.log2(t)) + 1)
     return 2 * (sum_tol(terms) + chain_rel_tol(n_ops) * coef) / (alpha - 1)
@@ -51,7 +52,9 @@ def _remove_tol(alpha, sigma, t):
 
 @pytest.mark.parametrize("alpha,sigma,t,theirs", THEIR_REMOVE)
 def test_remove_rdp_matches_the_authors_code(alpha, sigma, t, theirs):
-    assert allocation.rdp_remove(alpha, sigma, t) == pytest.approx(theirs, rel=0, abs=_remove_tol(alpha, sigma, t))
+    assert allocation.rdp_remove(alpha, sigma, t) == pytest.approx(
+        theirs, rel=0, abs=_remove_tol(alpha, sigma, t)
+    )
 
 
 @pytest.mark.parametrize("sigma,t,delta,theirs", THEIR_ADD)
@@ -60,14 +63,16 @@ def test_add_bound_is_not_below_the_authors_add_epsilon(sigma, t, delta, theirs)
     a = np.array(allocation.ORDERS)
     ours = rdp.rdp_to_epsilon(a, [allocation.rdp_add_amgm(x, sigma, t) for x in a], delta)[0]
     assert ours >= theirs - THEIR_EPS_TOL
-    assert ours <= 1.5 * theirs          # and not grossly looser (RDP vs exact Gaussian conversion)
+    assert ours <= 1.5 * theirs  # and not grossly looser (RDP vs exact Gaussian conversion)
 
 
 @pytest.mark.parametrize("sigma", [0.8, 2.0, 4.0])
 def test_one_lot_per_epoch_is_the_plain_gaussian(sigma):
     for a in (2, 7, 33):
         g = a / (2 * sigma * sigma)
-        assert allocation.rdp_remove(a, sigma, 1) == pytest.approx(g, rel=_remove_tol(a, sigma, 1) / g)
+        assert allocation.rdp_remove(a, sigma, 1) == pytest.approx(
+            g, rel=_remove_tol(a, sigma, 1) / g
+        )
         assert allocation.rdp_add(a, sigma, 1) == pytest.approx(g, rel=chain_rel_tol(8))
         assert allocation.rdp_add_amgm(a, sigma, 1) == pytest.approx(g, rel=chain_rel_tol(8))
 
@@ -78,12 +83,16 @@ def _direct_neg_moment(k, sigma, t, d):
     in log space: an independent reference (no Gamma identity, no Fubini)."""
     z = np.arange(-12.0, 12.0 + d / 2, d)
     grids = np.meshgrid(*([z] * t), indexing="ij", sparse=True)
-    log_m = special.logsumexp(np.broadcast_arrays(*[g / sigma for g in grids]), axis=0) - math.log(t)
+    log_m = special.logsumexp(np.broadcast_arrays(*[g / sigma for g in grids]), axis=0) - math.log(
+        t
+    )
     log_w = sum(-0.5 * g * g for g in grids) + t * (math.log(d) - 0.5 * math.log(2 * math.pi))
     return float(special.logsumexp(-k * log_m + log_w))
 
 
-@pytest.mark.parametrize("alpha,sigma,t", [(2, 4.0, 2), (17, 4.0, 2), (5, 1.1, 2), (9, 2.0, 3), (3, 0.8, 3)])
+@pytest.mark.parametrize(
+    "alpha,sigma,t", [(2, 4.0, 2), (17, 4.0, 2), (5, 1.1, 2), (9, 2.0, 3), (3, 0.8, 3)]
+)
 def test_add_direction_matches_a_t_dimensional_quadrature(alpha, sigma, t):
     k = alpha - 1.0
     d = 0.05 if t == 2 else 0.2
@@ -95,8 +104,8 @@ def test_add_direction_matches_a_t_dimensional_quadrature(alpha, sigma, t):
     assert value == pytest.approx(ref, rel=0, abs=margin + ref_err)
     exact = 1 / (2 * sigma * sigma) + ref / k
     charged = allocation.rdp_add(alpha, sigma, t)
-    assert charged >= exact - ref_err / k                      # valid: never below the exact divergence
-    assert charged <= allocation.rdp_add_amgm(alpha, sigma, t)   # and never above the AM–GM bound
+    assert charged >= exact - ref_err / k  # valid: never below the exact divergence
+    assert charged <= allocation.rdp_add_amgm(alpha, sigma, t)  # and never above the AM–GM bound
 
 
 def test_add_direction_is_tighter_than_am_gm_and_falls_back_where_unresolved():
@@ -104,7 +113,9 @@ def test_add_direction_is_tighter_than_am_gm_and_falls_back_where_unresolved():
     for t in (2, 10, 100):
         assert allocation.rdp_add(5, 4.0, t) < allocation.rdp_add_amgm(5, 4.0, t)
     assert allocation.log_neg_moment(4.0, 0.2, 10) is None
-    assert allocation.rdp_add(5, 0.2, 10) == allocation.rdp_add_amgm(5, 0.2, 10)   # exact: the same function
+    assert allocation.rdp_add(5, 0.2, 10) == allocation.rdp_add_amgm(
+        5, 0.2, 10
+    )  # exact: the same function
     # an order whose integrand the grid does not resolve keeps AM–GM (t = 1, σ = 2, α = 256: peak at s ~ e^{64})
     assert allocation.log_neg_moment(255.0, 2.0, 1) is None
 
@@ -121,7 +132,9 @@ def test_paper_and_frontier_settings_within_ten_percent_of_poisson(sigma, lots, 
 def test_between_the_lower_bound_and_the_unamplified_charge(N, L, sigma, lots, lower):
     t = N // L
     ours = allocation.epsilon(sigma, t, allocation.epochs_for(lots, t), DELTA)[0]
-    unamplified = pld.epsilon(1.0, sigma, allocation.epochs_for(lots, t), DELTA)     # one Gaussian per epoch
+    unamplified = pld.epsilon(
+        1.0, sigma, allocation.epochs_for(lots, t), DELTA
+    )  # one Gaussian per epoch
     assert lower <= ours <= unamplified + PLD_GRID_STEPS * pld.DEFAULT_INTERVAL
     # the sampler's ledger charge is this bound (its orders include these; 192 and 256 as well)
     charged = sampler_epsilon("balls_in_bins", N, L, sigma, lots, DELTA)
@@ -141,7 +154,9 @@ def test_many_bins_remove_direction_approaches_poisson(t):
     # below Poisson and the gap shrinks with t: 2.3% at t = 100, 0.41% at t = 1000, 0.015% at 10000 (the
     # AM–GM add bound did not approach Poisson: it keeps (1 − 1/t)/(2σ²) per epoch; the exact one does).
     lots, a = 10000, np.array(allocation.ORDERS)
-    rm = rdp.rdp_to_epsilon(a, (lots // t) * np.array([allocation.rdp_remove(x, 1.0, t) for x in a]), DELTA)[0]
+    rm = rdp.rdp_to_epsilon(
+        a, (lots // t) * np.array([allocation.rdp_remove(x, 1.0, t) for x in a]), DELTA
+    )[0]
     poisson = rdp.rdp_to_epsilon(a, rdp.compute_rdp(1.0 / t, 1.0, a, lots), DELTA)[0]
     assert rm <= poisson and rm >= {100: 0.97, 1000: 0.99, 10000: 0.999}[t] * poisson
     full = allocation.epsilon(1.0, t, lots // t, DELTA)[0]
@@ -154,8 +169,10 @@ def test_sampler_charges_one_allocation_epoch_at_its_first_lot():
     t = s.lots_per_epoch()
     assert s.release(2.0, 0) == Allocation(2.0, t)
     assert all(s.release(2.0, j) is None for j in range(1, t))
-    assert s.charges(2.0, 2 * t + 1) == {s.release(2.0, 0): 3}          # a partial epoch: one more charge
-    assert s.lots_within(2, 0) == 2 * t and s.lots_within(0, 5) == t - 5   # integer: unchanged semantics
+    assert s.charges(2.0, 2 * t + 1) == {s.release(2.0, 0): 3}  # a partial epoch: one more charge
+    assert (
+        s.lots_within(2, 0) == 2 * t and s.lots_within(0, 5) == t - 5
+    )  # integer: unchanged semantics
     assert s.accountants == ("rdp",) and s.amplification is True
 
 
@@ -165,9 +182,10 @@ def test_ledger_round_trip_and_refusals():
     back = Ledger.from_dict(led.to_dict())
     assert back == led and back.entries[0].t == 100
     # joint convention, k = 2 groups: the allocation curve at σ/√2, 3 epochs
-    want = rdp.rdp_to_epsilon(np.array(wor.ORDERS), 3 * allocation.rdp_curve(1.5 / math.sqrt(2), 100, wor.ORDERS),
-                              DELTA)
-    assert back.epsilon(DELTA, "rdp") == want          # exact: the same arithmetic on the same curve
+    want = rdp.rdp_to_epsilon(
+        np.array(wor.ORDERS), 3 * allocation.rdp_curve(1.5 / math.sqrt(2), 100, wor.ORDERS), DELTA
+    )
+    assert back.epsilon(DELTA, "rdp") == want  # exact: the same arithmetic on the same curve
     for acc in ("pld", "moments"):
         with pytest.raises(ValueError, match=f"accountant='{acc}' does not serve allocation lots"):
             led.epsilon(DELTA, acc)
@@ -187,18 +205,38 @@ def test_budget_search_counts_epochs():
     eps = lambda k: allocation.epsilon(1.5, 100, k, DELTA)[0] if k else 0.0
     assert n >= 1
     led.record(Allocation(1.5, 100), n, "sgd")
-    assert led.epsilon(DELTA, "rdp")[0] <= 2.0 < Ledger([{**led.to_dict()["entries"][0], "count": n + 1}]).epsilon(
-        DELTA, "rdp")[0]
-    assert eps(n) >= led.epsilon(DELTA, "rdp")[0]          # the ledger's orders are a superset
+    assert (
+        led.epsilon(DELTA, "rdp")[0]
+        <= 2.0
+        < Ledger([{**led.to_dict()["entries"][0], "count": n + 1}]).epsilon(DELTA, "rdp")[0]
+    )
+    assert eps(n) >= led.epsilon(DELTA, "rdp")[0]  # the ledger's orders are a superset
 
 
 def test_calibrate_sigma_for_balls_in_bins():
     from dpsgd.config.schema import validate
     from dpsgd.launch.main import compose
-    c = validate(compose(["experiment=mnist_scatter_linear", "privacy.sampling=balls_in_bins", "accountant.name=rdp",
-                          "privacy.calibrate_sigma=true", "privacy.target_epsilon=2", "training.epochs=5",
-                          "device=cpu"]))
+
+    c = validate(
+        compose(
+            [
+                "experiment=mnist_scatter_linear",
+                "privacy.sampling=balls_in_bins",
+                "accountant.name=rdp",
+                "privacy.calibrate_sigma=true",
+                "privacy.target_epsilon=2",
+                "training.epochs=5",
+                "device=cpu",
+            ]
+        )
+    )
     s = make_sampler("balls_in_bins", c.N, c.privacy.lot_size)
-    eps = sampler_epsilon("balls_in_bins", c.N, c.privacy.lot_size, c.privacy.sigma, 5 * s.lots_per_epoch(),
-                          c.privacy.delta)["epsilon"]
-    assert (1 - 0.005) * 2.0 <= eps <= 2.0           # calibrate's rtol: within 0.5 % below the target
+    eps = sampler_epsilon(
+        "balls_in_bins",
+        c.N,
+        c.privacy.lot_size,
+        c.privacy.sigma,
+        5 * s.lots_per_epoch(),
+        c.privacy.delta,
+    )["epsilon"]
+    assert (1 - 0.005) * 2.0 <= eps <= 2.0  # calibrate's rtol: within 0.5 % below the target

@@ -1,4 +1,5 @@
 """Calibration: σ for a target ε never overshoots and lands within 1 %; steps / epochs in a budget."""
+
 import pytest
 
 from dpsgd.accountant import calibrate
@@ -6,7 +7,9 @@ from dpsgd.accountant import calibrate
 DELTA = 1e-5
 
 
-@pytest.mark.parametrize("accountant", ["moments", "rdp", "pld", "strong_composition", "strong_composition_valid"])
+@pytest.mark.parametrize(
+    "accountant", ["moments", "rdp", "pld", "strong_composition", "strong_composition_valid"]
+)
 def test_sigma_round_trip(accountant):
     target = 2.0
     sigma = calibrate.sigma_for_epsilon(target, DELTA, q=0.01, steps=2_000, accountant=accountant)
@@ -16,8 +19,12 @@ def test_sigma_round_trip(accountant):
 
 
 def test_sigma_round_trip_groups_and_ordering():
-    s_joint = calibrate.sigma_for_epsilon(1.0, DELTA, 0.01, 1000, "rdp", groups=3, convention="joint")
-    s_pt = calibrate.sigma_for_epsilon(1.0, DELTA, 0.01, 1000, "rdp", groups=3, convention="per_tensor")
+    s_joint = calibrate.sigma_for_epsilon(
+        1.0, DELTA, 0.01, 1000, "rdp", groups=3, convention="joint"
+    )
+    s_pt = calibrate.sigma_for_epsilon(
+        1.0, DELTA, 0.01, 1000, "rdp", groups=3, convention="per_tensor"
+    )
     assert s_pt < s_joint
     s_pld = calibrate.sigma_for_epsilon(1.0, DELTA, 0.01, 1000, "pld")
     s_mom = calibrate.sigma_for_epsilon(1.0, DELTA, 0.01, 1000, "moments")
@@ -26,7 +33,11 @@ def test_sigma_round_trip_groups_and_ordering():
 
 def test_max_steps_and_epochs():
     n = calibrate.max_steps(2.0, DELTA, 0.01, 4.0, "moments")
-    assert calibrate.epsilon(0.01, 4.0, n, DELTA, "moments") <= 2.0 < calibrate.epsilon(0.01, 4.0, n + 1, DELTA, "moments")
+    assert (
+        calibrate.epsilon(0.01, 4.0, n, DELTA, "moments")
+        <= 2.0
+        < calibrate.epsilon(0.01, 4.0, n + 1, DELTA, "moments")
+    )
     assert calibrate.max_epochs(2.0, DELTA, 0.01, 4.0, "moments") == int(n * 0.01)
 
 
@@ -47,6 +58,7 @@ def test_moments_floor_is_named_and_others_still_answer():
 
 def test_search_stays_in_the_serviceable_sigma_range():
     from dpsgd.accountant.limits import SIGMA_MIN
+
     with pytest.raises(ValueError, match=r"rdp: .*SIGMA_MIN"):
         calibrate.sigma_for_epsilon(10_000.0, DELTA, 1.0, 1, "rdp")
     with pytest.raises(ValueError, match=r"strong_composition: .*SIGMA_MAX"):

@@ -1,4 +1,5 @@
 """Ledger: the contract in docs/ARCHITECTURE.md, conventions, budget queries, JSON round trip."""
+
 import json
 import math
 
@@ -44,8 +45,10 @@ def test_conventions_brief_example():
     led.record(Poisson(0.01, 2.0, 2), 40_000)
     pt, _ = led.epsilon(DELTA, "rdp", "per_tensor")
     jt, _ = led.epsilon(DELTA, "rdp", "joint")
-    assert pt == pytest.approx(7.66, abs=0.005)          # the brief's 7.66 (RDP, improved)
-    assert jt == pytest.approx(8.33, abs=0.005)          # 8.36 with integer orders only (test_accountant_rdp)
+    assert pt == pytest.approx(7.66, abs=0.005)  # the brief's 7.66 (RDP, improved)
+    assert jt == pytest.approx(
+        8.33, abs=0.005
+    )  # 8.36 with integer orders only (test_accountant_rdp)
     mpt, _ = led.epsilon(DELTA, "moments", "per_tensor")
     mjt, _ = led.epsilon(DELTA, "moments", "joint")
     # values as printed to 3 decimals (half a unit of the last digit)
@@ -71,7 +74,9 @@ def test_steps_within_is_the_largest(accountant, convention):
     led = Ledger()
     led.record(Gaussian(10.0), 1, "pca")
     led.record(Poisson(0.01, 2.0, 2), 500)
-    n = led.steps_within(3.0, DELTA, Poisson(0.01, 2.0, 2), accountant=accountant, convention=convention)
+    n = led.steps_within(
+        3.0, DELTA, Poisson(0.01, 2.0, 2), accountant=accountant, convention=convention
+    )
 
     def eps_after(m):
         other = Ledger.from_dict(led.to_dict())
@@ -91,7 +96,7 @@ def test_steps_within_zero_when_over_budget():
 def test_json_round_trip_is_exact():
     led = Ledger()
     led.record(Gaussian(0.1 + 0.2), 1, "pca")
-    led.record(Poisson(1 / 3, 2 ** 0.5, 3), 123, "sgd")
+    led.record(Poisson(1 / 3, 2**0.5, 3), 123, "sgd")
     d = json.loads(json.dumps(led.to_dict()))
     led2 = Ledger.from_dict(d)
     assert led2 == led and led2.entries == led.entries
@@ -125,9 +130,12 @@ def test_delta_query():
 def test_steps_within_is_capped_at_steps_max(accountant):
     # a mechanism that never spends the budget: the answer is the cap, not 10**12 / 10**15
     from dpsgd.accountant.limits import STEPS_MAX
+
     led = Ledger()
     led.record(Poisson(0.01, 4.0), 1000)
-    assert led.steps_within(1.0, DELTA, Poisson(1e-12, 1e6), accountant=accountant) == STEPS_MAX - 1000
+    assert (
+        led.steps_within(1.0, DELTA, Poisson(1e-12, 1e6), accountant=accountant) == STEPS_MAX - 1000
+    )
 
 
 def test_steps_within_pld_at_tiny_delta():

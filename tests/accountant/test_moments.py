@@ -1,4 +1,5 @@
 """Moments accountant (Abadi et al. 2016, §3.2): paper numbers, 50-digit integration, limits."""
+
 import math
 
 import mpmath as mp
@@ -15,18 +16,31 @@ def _log_e(q, sigma, lam, which):
     """log E1 (which=1) or log E2 (which=2) by 50-digit mpmath integration (paper §3.2)."""
     with mp.workdps(50):
         q, s = mp.mpf(q), mp.mpf(sigma)
-        base = lambda z: 1 - q + q * mp.exp((2 * z - 1) / (2 * s * s))    # μ(z)/μ0(z)
-        power = lam + 1 if which == 2 else -lam                           # E2 = E_μ0[(μ/μ0)^{λ+1}]
+        base = lambda z: 1 - q + q * mp.exp((2 * z - 1) / (2 * s * s))  # μ(z)/μ0(z)
+        power = lam + 1 if which == 2 else -lam  # E2 = E_μ0[(μ/μ0)^{λ+1}]
         f = lambda z: mp.npdf(z, 0, s) * base(z) ** power
-        pts = sorted({-mp.inf, -20 * s, -5 * s, mp.mpf(0), mp.mpf(1) / 2, mp.mpf(1), 5 * s,
-                      lam + 1 - 10 * s, mp.mpf(lam + 1), lam + 1 + 10 * s, mp.inf})
+        pts = sorted(
+            {
+                -mp.inf,
+                -20 * s,
+                -5 * s,
+                mp.mpf(0),
+                mp.mpf(1) / 2,
+                mp.mpf(1),
+                5 * s,
+                lam + 1 - 10 * s,
+                mp.mpf(lam + 1),
+                lam + 1 + 10 * s,
+                mp.inf,
+            }
+        )
         return mp.log(mp.quad(f, pts))
 
 
 def _check_against_mpmath(q, sigma, lam):
     e1, e2 = _log_e(q, sigma, lam, 1), _log_e(q, sigma, lam, 2)
     ref = max(e1, e2)
-    assert e1 <= e2                        # MTZ 2019 §3.3: the E2 direction dominates
+    assert e1 <= e2  # MTZ 2019 §3.3: the E2 direction dominates
     ours = moments.log_moments(q, sigma, [lam])[0]
     assert abs(ours - float(ref)) <= 1e-10 * float(ref), (q, sigma, lam, ours, float(ref))
 
@@ -60,7 +74,7 @@ def test_q_one_is_gaussian_mechanism():
     lams = np.arange(1, 33)
     for sigma in (0.7, 1.0, 4.0):
         a = moments.log_moments(1.0, sigma, tuple(lams))
-        np.testing.assert_array_equal(a, lams * (lams + 1) / (2 * sigma ** 2))
+        np.testing.assert_array_equal(a, lams * (lams + 1) / (2 * sigma**2))
         # continuity: q just below 1 goes through the binomial expansion
         np.testing.assert_allclose(moments.log_moments(1 - 1e-12, sigma, tuple(lams)), a, rtol=1e-6)
 
@@ -69,11 +83,15 @@ def test_moments_equal_rdp_paper_conversion():
     # α(λ) = λ·R(λ+1) and the tail bound equals the paper RDP conversion at α = λ + 1; both sides
     # share log A_α and differ by a few float64 operations (·λ, /(α − 1), the conversion's sums)
     lams = tuple(range(1, 33))
-    np.testing.assert_allclose(moments.log_moments(Q, SIGMA, lams),
-                               np.array(lams) * rdp.compute_rdp(Q, SIGMA, [l + 1 for l in lams]),
-                               rtol=chain_rel_tol(4))
+    np.testing.assert_allclose(
+        moments.log_moments(Q, SIGMA, lams),
+        np.array(lams) * rdp.compute_rdp(Q, SIGMA, [l + 1 for l in lams]),
+        rtol=chain_rel_tol(4),
+    )
     e_m, lam = moments.epsilon(Q, SIGMA, 10_000, DELTA)
-    e_r, alpha = rdp.epsilon(Q, SIGMA, 10_000, DELTA, orders=[l + 1 for l in lams], conversion="paper")
+    e_r, alpha = rdp.epsilon(
+        Q, SIGMA, 10_000, DELTA, orders=[l + 1 for l in lams], conversion="paper"
+    )
     assert e_m == pytest.approx(e_r, rel=chain_rel_tol(8)) and alpha == lam + 1
 
 
@@ -86,7 +104,10 @@ def test_tail_bound_delta_epsilon_inverse():
     eps, lam = moments.epsilon(Q, SIGMA, 10_000, DELTA)
     d, lam2 = moments.delta(Q, SIGMA, 10_000, eps)
     # δ = exp(α − λε): the round-off of λε and log(1/δ) (a few ops each) becomes relative error in δ
-    assert d == pytest.approx(DELTA, rel=chain_rel_tol(4) * (lam * eps + math.log(1 / DELTA))) and lam2 == lam
+    assert (
+        d == pytest.approx(DELTA, rel=chain_rel_tol(4) * (lam * eps + math.log(1 / DELTA)))
+        and lam2 == lam
+    )
 
 
 def test_heterogeneous_composition_adds_log_moments():
@@ -127,7 +148,7 @@ def test_exact_log_moments_stay_below_lemma3_inside_its_conditions():
 def test_lemma3_conditions_matter():
     # outside them the leading term is far too small: q = 0.1, σ = 1 (q > 1/16) is off by 38x at λ = 32
     assert not moments.lemma3_applies(0.1, 1.0, 32)
-    assert float(moments.log_moments(0.1, 1.0, (32,))[0]) > 10 * 0.1 ** 2 * 32 * 33 / (0.9 * 1.0)
+    assert float(moments.log_moments(0.1, 1.0, (32,))[0]) > 10 * 0.1**2 * 32 * 33 / (0.9 * 1.0)
     with pytest.raises(ValueError, match="Lemma 3"):
         moments.lemma3_bound(0.1, 1.0, 32)
     # the paper's large-noise MNIST setting (σ = 8, q = 0.01) is outside the lemma: 1/(16σ) = 0.0078 < q

@@ -1,4 +1,5 @@
 """PLD accountant: dp_accounting 0.6, the exact Gaussian mechanism, ordering, monotonicity."""
+
 import math
 
 import pytest
@@ -24,24 +25,30 @@ def _dpa_epsilon(q, sigma, steps):
 # the two upper bounds agree to 0.5 %, far below what a wrong q or σ would move
 @pytest.mark.parametrize("q,sigma,steps", FAST)
 def test_matches_dp_accounting(q, sigma, steps):
-    assert pld.epsilon(q, sigma, steps, DELTA) == pytest.approx(_dpa_epsilon(q, sigma, steps), rel=5e-3)
+    assert pld.epsilon(q, sigma, steps, DELTA) == pytest.approx(
+        _dpa_epsilon(q, sigma, steps), rel=5e-3
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("q,sigma,steps", [g for g in GRID if g not in FAST])
 def test_matches_dp_accounting_grid(q, sigma, steps):
-    assert pld.epsilon(q, sigma, steps, DELTA) == pytest.approx(_dpa_epsilon(q, sigma, steps), rel=5e-3)
+    assert pld.epsilon(q, sigma, steps, DELTA) == pytest.approx(
+        _dpa_epsilon(q, sigma, steps), rel=5e-3
+    )
 
 
 def _gaussian_epsilon(mu, delta):
     """Exact ε of a Gaussian mechanism with sensitivity/σ = mu (Balle & Wang 2018, Thm 8)."""
-    f = lambda e: special.ndtr(-e / mu + mu / 2) - math.exp(e) * special.ndtr(-e / mu - mu / 2) - delta
+    f = lambda e: (
+        special.ndtr(-e / mu + mu / 2) - math.exp(e) * special.ndtr(-e / mu - mu / 2) - delta
+    )
     return optimize.brentq(f, 0.0, 100.0, xtol=1e-13)
 
 
 @pytest.mark.parametrize("sigma,steps", [(1.0, 1), (4.0, 100), (10.0, 1000)])
 def test_q_one_is_gaussian_mechanism_upper_bound(sigma, steps):
-    exact = _gaussian_epsilon(math.sqrt(steps) / sigma, DELTA)    # T Gaussians = one at σ/√T
+    exact = _gaussian_epsilon(math.sqrt(steps) / sigma, DELTA)  # T Gaussians = one at σ/√T
     ours = pld.epsilon(1.0, sigma, steps, DELTA)
     assert exact <= ours <= exact + 1e-3
 
@@ -52,7 +59,9 @@ def test_delta_epsilon_inverse_and_upper_bound_in_delta():
     assert pld.delta(0.01, 1.0, 1000, eps) == pytest.approx(DELTA, rel=1e-6)
 
 
-@pytest.mark.parametrize("q,sigma,steps", [(0.01, 4.0, 10_000), (0.1, 1.0, 100), (0.001, 0.7, 1000), (0.01, 2.0, 70_000)])
+@pytest.mark.parametrize(
+    "q,sigma,steps", [(0.01, 4.0, 10_000), (0.1, 1.0, 100), (0.001, 0.7, 1000), (0.01, 2.0, 70_000)]
+)
 def test_ordering_pld_rdp_moments(q, sigma, steps):
     e_pld = pld.epsilon(q, sigma, steps, DELTA)
     e_rdp = rdp.epsilon(q, sigma, steps, DELTA)[0]

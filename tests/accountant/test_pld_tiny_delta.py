@@ -16,6 +16,7 @@ References, independent of pld.py (no grid, no FFT):
   converges geometrically for these analytic, fast-decaying integrands; c is the saddle point.
   Checked against the closed form at q = 1 below.
 """
+
 import math
 
 import mpmath as mp
@@ -27,7 +28,7 @@ from dpsgd.accountant import limits, pld
 from tolerances import EPS64, pld_epsilon_tol
 
 DELTAS = (1e-5, 1e-10, 9.999e-13, 1e-12, 1.0001e-12, 1e-15, 1e-20, 1e-30)
-DPS = 50                      # mpmath digits: the exact ε is known to ~1e-40 relative
+DPS = 50  # mpmath digits: the exact ε is known to ~1e-40 relative
 
 
 def _gaussian_delta(eps, mu):
@@ -37,10 +38,10 @@ def _gaussian_delta(eps, mu):
 def _one_lot_delta(eps, q, sigma):
     """δ(ε) of one lot (q, σ), both directions (module doc); mp numbers in, mp out."""
     q, s, e = mp.mpf(q), mp.mpf(sigma), mp.mpf(eps)
-    t = s * s * (mp.log(mp.exp(e) - 1 + q) - mp.log(q)) + mp.mpf(1) / 2       # remove: L > ε ⇔ z > t
+    t = s * s * (mp.log(mp.exp(e) - 1 + q) - mp.log(q)) + mp.mpf(1) / 2  # remove: L > ε ⇔ z > t
     rem = (1 - q) * mp.ncdf(-t / s) + q * mp.ncdf((1 - t) / s) - mp.exp(e) * mp.ncdf(-t / s)
     add = mp.mpf(0)
-    if q < 1 and e < -mp.log(1 - q):                                          # add: L > ε ⇔ z < t
+    if q < 1 and e < -mp.log(1 - q):  # add: L > ε ⇔ z < t
         t = s * s * (mp.log(mp.exp(-e) - 1 + q) - mp.log(q)) + mp.mpf(1) / 2
         add = mp.ncdf(t / s) - mp.exp(e) * ((1 - q) * mp.ncdf(t / s) + q * mp.ncdf((t - 1) / s))
     return max(rem, add)
@@ -71,11 +72,15 @@ def _assert_exact_to_grid(ours, exact, releases, delta):
 
 
 @pytest.mark.parametrize("delta", DELTAS)
-@pytest.mark.parametrize("sigma,steps", [(1.0, 1), (4.0, 100), pytest.param(0.035, 1, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sigma,steps", [(1.0, 1), (4.0, 100), pytest.param(0.035, 1, marks=pytest.mark.slow)]
+)
 def test_gaussian_mechanism_exact(sigma, steps, delta):
     mu = mp.sqrt(steps) / mp.mpf(sigma)
     exact = _exact_epsilon(lambda e: _gaussian_delta(e, mu), delta)
-    _assert_exact_to_grid(pld.epsilon(1.0, sigma, steps, delta), exact, [(1.0, sigma, steps)], delta)
+    _assert_exact_to_grid(
+        pld.epsilon(1.0, sigma, steps, delta), exact, [(1.0, sigma, steps)], delta
+    )
 
 
 @pytest.mark.parametrize("delta", (1e-20, 1e-30))
@@ -85,7 +90,9 @@ def test_gaussian_mechanism_small_sigma_exact(delta):
     sigma, steps = 0.035, 1
     mu = mp.sqrt(steps) / mp.mpf(sigma)
     exact = _exact_epsilon(lambda e: _gaussian_delta(e, mu), delta)
-    _assert_exact_to_grid(pld.epsilon(1.0, sigma, steps, delta), exact, [(1.0, sigma, steps)], delta)
+    _assert_exact_to_grid(
+        pld.epsilon(1.0, sigma, steps, delta), exact, [(1.0, sigma, steps)], delta
+    )
 
 
 @pytest.mark.parametrize("delta", DELTAS)
@@ -101,26 +108,30 @@ def _log_mgf(s, q, sigma, direction):
     dz = sigma / 16
     z = np.arange(-40 * sigma, 40 * sigma + dz / 2, dz)
     w = np.exp(-0.5 * (z / sigma) ** 2) * dz / (sigma * math.sqrt(2 * math.pi))
-    g = np.logaddexp(math.log1p(-q) if q < 1 else -np.inf, math.log(q) + (2 * z - 1) / (2 * sigma ** 2))
+    g = np.logaddexp(
+        math.log1p(-q) if q < 1 else -np.inf, math.log(q) + (2 * z - 1) / (2 * sigma**2)
+    )
     s = np.asarray(s, dtype=complex)[:, None]
     a = (s + 1) * g if direction == "remove" else -s * g
-    return np.log1p((np.expm1(a) * w).sum(axis=1) - (1 - w.sum()))     # M − 1 without cancellation
+    return np.log1p((np.expm1(a) * w).sum(axis=1) - (1 - w.sum()))  # M − 1 without cancellation
 
 
 def _cf_delta_one(eps, q, sigma, steps, direction):
     k = lambda x: steps * _log_mgf([x], q, sigma, direction)[0].real
-    slope = lambda x: (k(x + 1e-4) - k(x - 1e-4)) / 2e-4 - eps          # saddle point: T·K'(c) = ε
+    slope = lambda x: (k(x + 1e-4) - k(x - 1e-4)) / 2e-4 - eps  # saddle point: T·K'(c) = ε
     c = 0.5
     if slope(c) < 0:
         hi = 1.0
         while slope(hi) < 0:
             hi *= 2.0
         c = optimize.brentq(slope, max(0.5, hi / 2), hi)
-    sd = 1.0 / math.sqrt((k(c + 1e-3) - 2 * k(c) + k(c - 1e-3)) / 1e-6)  # width of the integrand in t
+    sd = 1.0 / math.sqrt(
+        (k(c + 1e-3) - 2 * k(c) + k(c - 1e-3)) / 1e-6
+    )  # width of the integrand in t
     t = np.arange(0.0, 30 * sd, sd / 10)
     s = c + 1j * t
     v = np.exp(steps * _log_mgf(s, q, sigma, direction) - k(c) - 1j * t * eps) / (s * (s + 1))
-    integral = (v.real.sum() - 0.5 * v.real[0]) * (t[1] - t[0]) / math.pi    # trapezoid, t >= 0
+    integral = (v.real.sum() - 0.5 * v.real[0]) * (t[1] - t[0]) / math.pi  # trapezoid, t >= 0
     return math.exp(k(c) - c * eps) * integral
 
 
@@ -134,7 +145,7 @@ CF_RTOL = 1e-8
 
 
 def test_characteristic_function_reference_matches_closed_form():
-    sigma, steps = 400.0, 150_000                       # one Gaussian at σ/√T ≈ 1.03
+    sigma, steps = 400.0, 150_000  # one Gaussian at σ/√T ≈ 1.03
     mu = mp.sqrt(steps) / mp.mpf(sigma)
     for eps in (2.8, 7.0):
         with mp.workdps(DPS):
@@ -151,9 +162,9 @@ def test_switch_over_continuous_and_never_below_exact():
     deltas = (9.999e-13, 1e-12, 1.0001e-12)
     eps = [pld.epsilon(*SWITCH, d) for d in deltas]
     tol = max(pld_epsilon_tol([SWITCH], delta=d) for d in deltas)
-    assert eps[0] >= eps[1] >= eps[2] and eps[0] - eps[2] <= tol            # monotone, no jump
+    assert eps[0] >= eps[1] >= eps[2] and eps[0] - eps[2] <= tol  # monotone, no jump
     for d, e in zip(deltas, eps):
-        assert _cf_delta(e, *SWITCH) <= d * (1 + CF_RTOL)                   # never below exact
+        assert _cf_delta(e, *SWITCH) <= d * (1 + CF_RTOL)  # never below exact
         # tight: connect-the-dots over T lots at h = 1e-4 leaves ε 0.08 % above the exact one
         # here (dp_accounting at δ = 1e-5 likewise: 1.61603 against 1.61473); 0.2 % bounds it
         assert _cf_delta(e * (1 - 2e-3), *SWITCH) > d
@@ -162,6 +173,7 @@ def test_switch_over_continuous_and_never_below_exact():
 def test_switch_over_against_dp_accounting():
     dpa = pytest.importorskip("dp_accounting")
     from dp_accounting.pld import PLDAccountant
+
     acc = PLDAccountant(value_discretization_interval=pld.DEFAULT_INTERVAL)
     acc.compose(dpa.PoissonSampledDpEvent(SWITCH[0], dpa.GaussianDpEvent(SWITCH[1])), SWITCH[2])
     for d in (9.999e-13, 1e-12, 1.0001e-12):
@@ -174,14 +186,23 @@ def test_switch_over_against_dp_accounting():
 def test_documented_ranges_match_checks():
     """docs/ACCOUNTING.md's table of serviceable ranges names each constant of limits.py and its value."""
     from pathlib import Path
+
     text = (Path(__file__).resolve().parents[2] / "docs" / "ACCOUNTING.md").read_text()
     section = text.split("## Where the accountants stop", 1)[1].split("\n## ", 1)[0]
     rows = [r for r in section.splitlines() if r.startswith("| `")]
-    names = {"SIGMA_MIN", "SIGMA_MAX", "Q_MIN", "STEPS_MAX", "GROUPS_MAX", "DELTA_MIN", "EPSILON_MAX"}
+    names = {
+        "SIGMA_MIN",
+        "SIGMA_MAX",
+        "Q_MIN",
+        "STEPS_MAX",
+        "GROUPS_MAX",
+        "DELTA_MIN",
+        "EPSILON_MAX",
+    }
     seen = {}
     for row in rows:
         name, value = (c.strip().strip("`") for c in row.strip("|").split("|")[:2])
         seen[name] = float(value)
     assert set(seen) == names
     for name, value in seen.items():
-        assert value == getattr(limits, name), name                  # exact: the same decimal literal
+        assert value == getattr(limits, name), name  # exact: the same decimal literal

@@ -1,4 +1,5 @@
 """RDP of the Poisson-subsampled Gaussian (MTZ 2019): dp_accounting 0.6, mpmath, limits, conversions."""
+
 import math
 
 import mpmath as mp
@@ -43,14 +44,34 @@ def _rdp_mpmath(q, sigma, alpha):
     with mp.workdps(50):
         q, s, a = mp.mpf(q), mp.mpf(sigma), mp.mpf(alpha)
         f = lambda z: mp.npdf(z, 0, s) * (1 - q + q * mp.exp((2 * z - 1) / (2 * s * s))) ** a
-        pts = sorted({-mp.inf, -10 * s, mp.mpf(0), mp.mpf(1) / 2, mp.mpf(1), a - 10 * s, a, a + 10 * s, mp.inf})
+        pts = sorted(
+            {
+                -mp.inf,
+                -10 * s,
+                mp.mpf(0),
+                mp.mpf(1) / 2,
+                mp.mpf(1),
+                a - 10 * s,
+                a,
+                a + 10 * s,
+                mp.inf,
+            }
+        )
         return float(mp.log(mp.quad(f, pts)) / (a - 1))
 
 
-@pytest.mark.parametrize("q,sigma,alpha", [
-    (0.1, 0.7, 1.25), (0.1, 0.7, 2.5), (0.1, 0.7, 32.5), (0.01, 1.0, 4.5), (0.01, 4.0, 1.5),
-    (0.5, 1.0, 1.75), (0.001, 4.0, 10.5),
-])
+@pytest.mark.parametrize(
+    "q,sigma,alpha",
+    [
+        (0.1, 0.7, 1.25),
+        (0.1, 0.7, 2.5),
+        (0.1, 0.7, 32.5),
+        (0.01, 1.0, 4.5),
+        (0.01, 4.0, 1.5),
+        (0.5, 1.0, 1.75),
+        (0.001, 4.0, 10.5),
+    ],
+)
 def test_fractional_orders_match_integration(q, sigma, alpha):
     ours = rdp.compute_rdp(q, sigma, [alpha])[0]
     # rel: the 50-digit integration's own accuracy; abs: round-off of the signed series, whose
@@ -68,9 +89,14 @@ def test_fractional_orders_between_integer_neighbours():
 def test_q_one_is_gaussian_mechanism_exactly():
     orders = rdp.DEFAULT_ORDERS
     for sigma in (0.7, 1.0, 4.0):
-        np.testing.assert_array_equal(rdp.compute_rdp(1.0, sigma, orders), np.array(orders) / (2 * sigma ** 2))
-        np.testing.assert_allclose(rdp.compute_rdp(1 - 1e-12, sigma, range(2, 33)),
-                                   np.arange(2, 33) / (2 * sigma ** 2), rtol=1e-6)
+        np.testing.assert_array_equal(
+            rdp.compute_rdp(1.0, sigma, orders), np.array(orders) / (2 * sigma**2)
+        )
+        np.testing.assert_allclose(
+            rdp.compute_rdp(1 - 1e-12, sigma, range(2, 33)),
+            np.arange(2, 33) / (2 * sigma**2),
+            rtol=1e-6,
+        )
 
 
 def test_conversions():
@@ -103,14 +129,19 @@ def test_monotone_in_steps_and_sigma():
 
 
 def test_default_orders_reach_below_1_1_and_keep_the_old_ones():
-    old = ((1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.25, 3.5, 3.75, 4.0, 4.5, 5.0, 5.5)
-           + tuple(float(a) for a in range(6, 65)) + (80.0, 96.0, 128.0, 192.0, 256.0, 512.0))
+    old = (
+        (1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.25, 3.5, 3.75, 4.0, 4.5, 5.0, 5.5)
+        + tuple(float(a) for a in range(6, 65))
+        + (80.0, 96.0, 128.0, 192.0, 256.0, 512.0)
+    )
     assert set(old) <= set(rdp.DEFAULT_ORDERS) and min(rdp.DEFAULT_ORDERS) <= 1.1
     assert list(rdp.DEFAULT_ORDERS) == sorted(rdp.DEFAULT_ORDERS)
 
 
-@pytest.mark.parametrize("q,sigma,steps,from_1_1", [(0.1, 0.5, 10_000, 956.1972884736996),
-                                                (0.05, 0.7, 100_000, 831.6218490844357)])
+@pytest.mark.parametrize(
+    "q,sigma,steps,from_1_1",
+    [(0.1, 0.5, 10_000, 956.1972884736996), (0.05, 0.7, 100_000, 831.6218490844357)],
+)
 def test_large_epsilon_uses_small_orders(q, sigma, steps, from_1_1):
     # ε > 100: the optimum is below 1.25, and ε is well below ``from_1_1``, the ε with opacus' orders
     # (from 1.1 up; up to 32 % larger)
@@ -120,7 +151,9 @@ def test_large_epsilon_uses_small_orders(q, sigma, steps, from_1_1):
     # drops these orders), and against dp_accounting's conversion at the orders it does compute
     for a in (1.02, 1.05, 1.1):
         # rel: the 50-digit integration's quadrature accuracy
-        assert rdp.compute_rdp(q, sigma, [a])[0] == pytest.approx(_rdp_mpmath(q, sigma, a), rel=1e-8)
+        assert rdp.compute_rdp(q, sigma, [a])[0] == pytest.approx(
+            _rdp_mpmath(q, sigma, a), rel=1e-8
+        )
 
 
 def test_small_orders_not_worse_than_dp_accounting():
@@ -135,8 +168,10 @@ def test_small_orders_not_worse_than_dp_accounting():
     assert ours == pytest.approx(232.48, abs=0.01)
 
 
-@pytest.mark.parametrize("q,sigma,steps,delta", [(0.01, 4.0, 10_000, 1e-5), (0.1, 1.0, 100, 1e-5),
-                                                  (0.01, 0.5, 10_000, 1e-10)])
+@pytest.mark.parametrize(
+    "q,sigma,steps,delta",
+    [(0.01, 4.0, 10_000, 1e-5), (0.1, 1.0, 100, 1e-5), (0.01, 0.5, 10_000, 1e-10)],
+)
 def test_ordinary_numbers_do_not_use_the_new_orders(q, sigma, steps, delta):
     old = tuple(a for a in rdp.DEFAULT_ORDERS if a >= 1.25)
     assert rdp.epsilon(q, sigma, steps, delta) == rdp.epsilon(q, sigma, steps, delta, orders=old)
@@ -145,9 +180,9 @@ def test_ordinary_numbers_do_not_use_the_new_orders(q, sigma, steps, delta):
 def test_tiny_q_fractional_orders_are_non_negative_upper_bounds():
     # q = 1e-12: log A_α ~ 1e-25 is below the signed series' round-off (it came out negative and
     # rdp_to_epsilon refused the curve); the bound via R(⌈α⌉) is non-negative
-    curve = rdp.compute_rdp(1e-12, 1.0, rdp.DEFAULT_ORDERS, 10 ** 9)
+    curve = rdp.compute_rdp(1e-12, 1.0, rdp.DEFAULT_ORDERS, 10**9)
     assert (curve >= 0).all()
-    eps, _ = rdp.epsilon(1e-12, 1.0, 10 ** 9, 1e-5)
+    eps, _ = rdp.epsilon(1e-12, 1.0, 10**9, 1e-5)
     assert eps == 0.0 or math.isfinite(eps)
     r = rdp.compute_rdp(1e-12, 1.0, [1.5])[0]
     assert 0.0 <= r <= rdp.compute_rdp(1e-12, 1.0, [2.0])[0]

@@ -7,6 +7,7 @@ the output binned, losses rounded down: a lower bound on the true ε, since binn
 doc (one lot: ε(δ) of the symmetric pair is the larger of the remove and add directions of the Poisson
 pair at rate γ and noise σ/2).
 """
+
 import itertools
 import math
 
@@ -33,7 +34,11 @@ def _exact_pair(D, Dp, L, sigma, dy):
     edges = np.arange(-L - 14 * sigma, L + 14 * sigma + dy, dy)
 
     def masses(X):
-        return np.diff(sum(special.ndtr((edges - sum(X[j] for j in S)) / sigma) for S in subsets) / len(subsets))
+        return np.diff(
+            sum(special.ndtr((edges - sum(X[j] for j in S)) / sigma) for S in subsets)
+            / len(subsets)
+        )
+
     p, q = masses(D), masses(Dp)
     keep = (p > 0) & (q > 0)
     return p[keep], np.log(p[keep]) - np.log(q[keep])
@@ -52,6 +57,7 @@ def _lower_epsilon(steps, delta, g):
     def d(e):
         m = loss > e
         return float(np.sum(pmf[m] * -np.expm1(e - loss[m])))
+
     lo, hi = 0.0, float(loss.max())
     if d(0.0) <= delta:
         return 0.0
@@ -64,8 +70,12 @@ def _lower_epsilon(steps, delta, g):
 # N = 4, L = 2 (γ = 1/2), σ = 2: "remove-like" (the differing example against three equal others),
 # its reverse, the ±1 pair, an arbitrary dataset, and a run that is remove-like first and add-like later
 R_PAIR = ([1, -1, -1, -1], [-1, -1, -1, -1])
-PAIRS = {"remove": R_PAIR, "add": R_PAIR[::-1], "pm1": ([1, 0, 0, 0], [-1, 0, 0, 0]),
-         "other": ([0.3, -0.7, 0.9, 0.1], [-0.5, -0.7, 0.9, 0.1])}
+PAIRS = {
+    "remove": R_PAIR,
+    "add": R_PAIR[::-1],
+    "pm1": ([1, 0, 0, 0], [-1, 0, 0, 0]),
+    "other": ([0.3, -0.7, 0.9, 0.1], [-0.5, -0.7, 0.9, 0.1]),
+}
 
 
 @pytest.mark.parametrize("T", [1, 3])
@@ -88,7 +98,9 @@ def test_never_below_the_brute_force_pld_over_many_lots():
         assert ours >= _lower_epsilon(steps, delta, g=2e-3)
 
 
-@pytest.mark.parametrize("gamma,sigma", [(0.5, 2.0), (0.01, 4.0), pytest.param(0.01, 1.1, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "gamma,sigma", [(0.5, 2.0), (0.01, 4.0), pytest.param(0.01, 1.1, marks=pytest.mark.slow)]
+)
 def test_one_lot_is_the_larger_direction_of_the_poisson_pair_at_half_sigma(gamma, sigma):
     # one lot: δ(ε) = max(δ_remove, δ_add) for ε >= 0 (module doc); both sides are connect-the-dots
     # upper bounds on the same grid h, each within 2 grid steps of the exact ε
@@ -100,28 +112,41 @@ def test_pmf_is_a_probability_and_its_q_mass_at_most_one():
     i_lo, probs, p_inf = wor_pld.lot_pmf(0.01, 4.0, H)
     loss = (i_lo + np.arange(probs.size)) * H
     assert probs.min() >= 0 and p_inf >= 0
-    assert probs.sum() + p_inf == pytest.approx(1.0, abs=probs.size * 1e-15)   # n·eps of the sum (P-mass 1)
-    assert float(np.sum(probs * np.exp(-loss))) <= 1.0 + probs.size * 1e-15    # Q-mass: the rest at −∞
+    assert probs.sum() + p_inf == pytest.approx(
+        1.0, abs=probs.size * 1e-15
+    )  # n·eps of the sum (P-mass 1)
+    assert (
+        float(np.sum(probs * np.exp(-loss))) <= 1.0 + probs.size * 1e-15
+    )  # Q-mass: the rest at −∞
 
 
-@pytest.mark.parametrize("N,L,sigma,T", [(60000, 600, 4.0, 10751),
-                                         pytest.param(60000, 600, 1.1, 1000, marks=pytest.mark.slow),
-                                         pytest.param(1000, 100, 2.0, 300, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "N,L,sigma,T",
+    [
+        (60000, 600, 4.0, 10751),
+        pytest.param(60000, 600, 1.1, 1000, marks=pytest.mark.slow),
+        pytest.param(1000, 100, 2.0, 300, marks=pytest.mark.slow),
+    ],
+)
 def test_below_dp_accounting_rdp_and_above_each_direction_alone(N, L, sigma, T):
     delta = 1e-5
     ours = truncated.fixed_size_epsilon(L / N, sigma, T, delta)
     acc = drdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
     acc.compose(dpa.SampledWithoutReplacementDpEvent(N, L, dpa.GaussianDpEvent(sigma / 2)), T)
-    assert ours <= acc.get_epsilon(delta)                      # the ceiling: RDP of the same mechanism
-    assert ours <= wor.epsilon(L / N, sigma, T, delta)[0]      # and our own RDP bound
+    assert ours <= acc.get_epsilon(delta)  # the ceiling: RDP of the same mechanism
+    assert ours <= wor.epsilon(L / N, sigma, T, delta)[0]  # and our own RDP bound
     # the symmetric pair dominates each direction, so its composition is never below theirs
-    assert ours >= pld.epsilon(L / N, sigma / 2, T, delta) - PLD_GRID_STEPS * pld.grid_step([(L / N, sigma / 2, T)], delta)
+    assert ours >= pld.epsilon(L / N, sigma / 2, T, delta) - PLD_GRID_STEPS * pld.grid_step(
+        [(L / N, sigma / 2, T)], delta
+    )
 
 
 def test_ledger_serves_wor_by_pld_and_rdp():
     led = Ledger()
     led.record(FixedSize(0.01, 4.0), 1000, "sgd")
-    led.record(Gaussian(2.0, 1.0, 1, "replace_one"), 1, "pca")    # DP-PCA converted: a Gaussian at σ/2
+    led.record(
+        Gaussian(2.0, 1.0, 1, "replace_one"), 1, "pca"
+    )  # DP-PCA converted: a Gaussian at σ/2
     e_pld = led.epsilon(1e-5, "pld")[0]
     e_rdp = led.epsilon(1e-5, "rdp")[0]
     alone = truncated.fixed_size_epsilon(0.01, 4.0, 1000, 1e-5)

@@ -2,6 +2,7 @@
 idealised game (simulate.py), against independent references: the Gaussian trade-off curve in closed
 form (Dong, Roth & Su 2022), the one-step subsampled Gaussian's trade-off curve in closed form, the
 μ-GDP one-run bound (onerun.gdp_lower_bound, closed-form f̄), and binomial limits on simulated games."""
+
 import json
 import math
 from pathlib import Path
@@ -14,7 +15,9 @@ from dpsgd.audit.onerun import bound_file as bound
 from dpsgd.audit.onerun.stats import bounds as onerun, family, simulate
 from tolerances import EPS64
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "audit_bound_gauss.csv"   # score 2·S + N(0, 1): 2-GDP
+FIXTURE = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "audit_bound_gauss.csv"
+)  # score 2·S + N(0, 1): 2-GDP
 
 
 def _gauss_fbar(x, mu):
@@ -38,7 +41,7 @@ MILLS = 1.25
 
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 2.0])
 def test_curve_lies_below_the_gaussian_trade_off_and_near_it(sigma):
-    tr = family.TradeOff(1.0, sigma, 1)                 # q = 1, one lot: the Gaussian mechanism, μ = 1/σ
+    tr = family.TradeOff(1.0, sigma, 1)  # q = 1, one lot: the Gaussian mechanism, μ = 1/σ
     exact = _gauss_fbar(tr.x, 1.0 / sigma)
     # below: each (ε, δ(ε)) line is a valid guarantee (δ an upper bound); slack = round-off of δ's sums
     assert np.all(tr.fbar_table <= exact + 1e3 * EPS64)
@@ -54,12 +57,12 @@ def test_curve_lies_below_the_subsampled_gaussian_trade_off():
     q, sigma = 0.2, 0.8
     mu = 1.0 / sigma
     tr = family.TradeOff(q, sigma, 1)
-    t = np.linspace(-12, 14, 200001)                   # NP thresholds on z
-    alpha = special.ndtr(-t)                           # P[z > t] under N(0, 1)
+    t = np.linspace(-12, 14, 200001)  # NP thresholds on z
+    alpha = special.ndtr(-t)  # P[z > t] under N(0, 1)
     beta = (1 - q) * special.ndtr(t) + q * special.ndtr(t - mu)
-    a = 1.0 - tr.x                                     # table at α = 1 − x
-    f_rm = np.interp(a, alpha[::-1], beta[::-1])       # f_q(α); chords of a convex curve lie above it
-    f_add = np.interp(a, beta, alpha)                  # f_q⁻¹(α)
+    a = 1.0 - tr.x  # table at α = 1 − x
+    f_rm = np.interp(a, alpha[::-1], beta[::-1])  # f_q(α); chords of a convex curve lie above it
+    f_add = np.interp(a, beta, alpha)  # f_q⁻¹(α)
     keep = (a > alpha.min()) & (a < alpha.max())
     assert np.all(tr.fbar_table[keep] <= np.minimum(f_rm, f_add)[keep] + 1e3 * EPS64)
 
@@ -75,26 +78,45 @@ def test_family_bound_is_the_gdp_bound_at_q1():
     scores, bits = bound.read_scores(str(FIXTURE), None)
     mu_lb = onerun.audit_bound(scores, bits, 1e-5, 0.05, gdp=True)["gdp_mu_lower_bound"]
     r = family.family_test(scores, bits, family.Claim(1.0, 0.5, 1, 1, 1e-5).validate(), 0.05)
-    assert r["verdict"] == "consistent" and not r["claim_rejected"]   # the scores are exactly 2-GDP = σ 0.5
+    assert (
+        r["verdict"] == "consistent" and not r["claim_rejected"]
+    )  # the scores are exactly 2-GDP = σ 0.5
     # one-sided: the table is below the curve, so it rejects less (σ_ub >= 1/μ_lb up to the bisection);
     # above by at most the table's errors in μ (MILLS·(X_STEP + REL_GAP), relative to μ ~ 1) and the bisection
     want = 1.0 / mu_lb
     slack = MILLS * (family.X_STEP + REL_GAP)
-    assert want * (1 - family.SIGMA_RTOL) <= r["sigma_upper_bound"] <= want * (1 + family.SIGMA_RTOL + slack)
+    assert (
+        want * (1 - family.SIGMA_RTOL)
+        <= r["sigma_upper_bound"]
+        <= want * (1 + family.SIGMA_RTOL + slack)
+    )
 
 
 def test_cli_bound_on_the_fixture(capsys):
     """The fixture's scores are 2-GDP; a claim of σ = 1.5 (μ = 2/3) must be a violation, and every
     family-free method equals onerun's own computation on the same file."""
-    rc = bound.main(["--scores", str(FIXTURE), "--q", "1", "--sigma", "1.5", "--steps", "1",
-                     "--delta", "1e-5", "--json"])
+    rc = bound.main(
+        [
+            "--scores",
+            str(FIXTURE),
+            "--q",
+            "1",
+            "--sigma",
+            "1.5",
+            "--steps",
+            "1",
+            "--delta",
+            "1e-5",
+            "--json",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["verdict"] == "violation" and out["family"]["claim_rejected"]
     assert out["m"] == 1000 and set(out) >= {"family", "steinke", "gdp", "eps_claimed"}
     free = onerun.audit_bound(*bound.read_scores(str(FIXTURE), None), 1e-5, 0.05, gdp=True)
-    assert out["steinke"]["eps_lb"] == free["eps_lower_bound"]          # exact: the same computation
-    assert out["gdp"]["eps_lb"] == free["gdp_eps_lower_bound"]          # exact: the same computation
+    assert out["steinke"]["eps_lb"] == free["eps_lower_bound"]  # exact: the same computation
+    assert out["gdp"]["eps_lb"] == free["gdp_eps_lower_bound"]  # exact: the same computation
     # docs/AUDIT_MATH.md §2 prints these for the same draw: 4.281 and 2.927 (half a unit of the last digit)
     assert out["gdp"]["eps_lb"] == pytest.approx(4.281, abs=5e-4)
     assert out["steinke"]["eps_lb"] == pytest.approx(2.927, abs=5e-4)
@@ -104,29 +126,46 @@ def test_cli_bound_on_the_fixture(capsys):
 
 
 def test_cli_table_names_every_method(capsys):
-    rc = bound.main(["--scores", str(FIXTURE), "--N", "1000", "--L", "1000", "--sigma", "0.5", "--steps", "1",
-                     "--delta", "1e-5"])
+    rc = bound.main(
+        [
+            "--scores",
+            str(FIXTURE),
+            "--N",
+            "1000",
+            "--L",
+            "1000",
+            "--sigma",
+            "0.5",
+            "--steps",
+            "1",
+            "--delta",
+            "1e-5",
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0
     for word in ("family", "steinke", "gdp", "assumes", "CONSISTENT"):
         assert word in text
 
 
-@pytest.mark.parametrize("args,names", [
-    (["--sigma", "abc"], "--sigma"),
-    (["--sigma", "0"], "--sigma"),
-    (["--steps", "1.5"], "--steps"),
-    (["--steps", "0"], "--steps"),
-    (["--groups", "0"], "--groups"),
-    (["--delta", "1"], "--delta"),
-    (["--beta", "0.9"], "--beta"),
-    (["--q", "2"], "--q"),
-    (["--q", "0.5", "--N", "100", "--L", "10"], "--q"),
-    (["--N", "100"], "--L"),
-    (["--sampler", "shuffle"], "--sampler"),
-    (["--scores", "/nonexistent/x.csv"], "--scores"),
-    (["--game", "white-box"], "--game"),
-])
+@pytest.mark.parametrize(
+    "args,names",
+    [
+        (["--sigma", "abc"], "--sigma"),
+        (["--sigma", "0"], "--sigma"),
+        (["--steps", "1.5"], "--steps"),
+        (["--steps", "0"], "--steps"),
+        (["--groups", "0"], "--groups"),
+        (["--delta", "1"], "--delta"),
+        (["--beta", "0.9"], "--beta"),
+        (["--q", "2"], "--q"),
+        (["--q", "0.5", "--N", "100", "--L", "10"], "--q"),
+        (["--N", "100"], "--L"),
+        (["--sampler", "shuffle"], "--sampler"),
+        (["--scores", "/nonexistent/x.csv"], "--scores"),
+        (["--game", "white-box"], "--game"),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_option(args, names, capsys):
     base = {"--scores": str(FIXTURE), "--q": "1", "--sigma": "1", "--steps": "1", "--delta": "1e-5"}
     for k, v in zip(args[::2], args[1::2]):
@@ -140,17 +179,24 @@ def test_bad_input_is_one_line_naming_the_option(args, names, capsys):
 
 
 def test_bad_score_files(tmp_path, capsys):
-    for name, text, what in [("nocol.csv", "included,value\n1,0.5\n", "'score'"),
-                             ("bits.csv", "included,score\n2,0.5\n", "included='2'"),
-                             ("nan.csv", "included,score\n1,nan\n", "NaN"),
-                             ("text.csv", "included,score\n1,abc\n", "not a number"),
-                             # a header-only file, every canary in, a one-row file
-                             ("header.csv", "included,score\n", "no rows (a header only)"),
-                             ("allin.csv", "included,score\n" + "1,0.5\n" * 300, "all 300 canaries have included=1"),
-                             ("one.csv", "included,score\n0,0.5\n", "all 1 canaries have included=0")]:
+    for name, text, what in [
+        ("nocol.csv", "included,value\n1,0.5\n", "'score'"),
+        ("bits.csv", "included,score\n2,0.5\n", "included='2'"),
+        ("nan.csv", "included,score\n1,nan\n", "NaN"),
+        ("text.csv", "included,score\n1,abc\n", "not a number"),
+        # a header-only file, every canary in, a one-row file
+        ("header.csv", "included,score\n", "no rows (a header only)"),
+        ("allin.csv", "included,score\n" + "1,0.5\n" * 300, "all 300 canaries have included=1"),
+        ("one.csv", "included,score\n0,0.5\n", "all 1 canaries have included=0"),
+    ]:
         f = tmp_path / name
         f.write_text(text)
-        assert bound.main(["--scores", str(f), "--q", "1", "--sigma", "1", "--steps", "1", "--delta", "1e-5"]) == 2
+        assert (
+            bound.main(
+                ["--scores", str(f), "--q", "1", "--sigma", "1", "--steps", "1", "--delta", "1e-5"]
+            )
+            == 2
+        )
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "--scores" in err and what in err
 
@@ -175,7 +221,9 @@ def test_noise_halved_is_caught_in_most_games():
     P[Bin(50, β) >= 20] < 1e-10, so >= 20 of 50 shows the power. (Measured: results/audit_idealised.csv.)"""
     claim = SMALL.validate()
     rng = np.random.default_rng(8)
-    rejected = sum(simulate.play(rng, 2000, claim, BETA, noise_factor=0.5)["family"] for _ in range(50))
+    rejected = sum(
+        simulate.play(rng, 2000, claim, BETA, noise_factor=0.5)["family"] for _ in range(50)
+    )
     assert stats.binom.sf(19, 50, BETA) < 1e-10
     assert rejected >= 20
 
@@ -187,24 +235,32 @@ def test_simulated_scores_are_the_claimed_llr():
     assert scores.shape == (400,) and set(np.unique(bits)) <= {0, 1}
     # included canaries' scores are higher on average by about T·μ² = 3 (μ = 1)
     gap = scores[bits == 1].mean() - scores[bits == 0].mean()
-    sd = math.sqrt(2 * 3 * 1.0 / 200)                 # sd of the difference of two means of ~200 draws, var Tμ²
-    assert abs(gap - 3.0) <= 5 * sd + 0.2             # 5 sd, plus the MAD noise estimate's effect (<= 7 %)
+    sd = math.sqrt(2 * 3 * 1.0 / 200)  # sd of the difference of two means of ~200 draws, var Tμ²
+    assert abs(gap - 3.0) <= 5 * sd + 0.2  # 5 sd, plus the MAD noise estimate's effect (<= 7 %)
 
 
 def test_audit_scores_csv_rows_of_one_game(tmp_path):
     """audit run's audit_scores.csv (columns game, canary, included, score): --game picks the rows."""
     f = tmp_path / "audit_scores.csv"
-    f.write_text("game,canary,included,score\nwhite-box,0,1,2.5\nwhite-box,1,0,-1.0\nblack-box,0,0,7.0\n"
-                 "black-box,1,1,3.0\n")
-    scores, bits = bound.read_scores(str(f), None)                      # default: white-box
-    assert scores.tolist() == [2.5, -1.0] and bits.tolist() == [1, 0]  # exact: values copied from the file
+    f.write_text(
+        "game,canary,included,score\nwhite-box,0,1,2.5\nwhite-box,1,0,-1.0\nblack-box,0,0,7.0\n"
+        "black-box,1,1,3.0\n"
+    )
+    scores, bits = bound.read_scores(str(f), None)  # default: white-box
+    assert scores.tolist() == [2.5, -1.0] and bits.tolist() == [
+        1,
+        0,
+    ]  # exact: values copied from the file
     scores, bits = bound.read_scores(str(f), "black-box")
-    assert scores.tolist() == [7.0, 3.0] and bits.tolist() == [0, 1]   # exact: values copied from the file
+    assert scores.tolist() == [7.0, 3.0] and bits.tolist() == [
+        0,
+        1,
+    ]  # exact: values copied from the file
 
 
 def test_score_moments_under_the_claim():
     """q = 1: ℓ(z) = μz − μ²/2 exactly, so the sum over T lots has mean ∓Tμ²/2 and variance Tμ²."""
-    m = simulate.llr_moments(family.Claim(1.0, 2.0, 3, 1, 1e-5).validate())   # μ = 1/2, T = 3
+    m = simulate.llr_moments(family.Claim(1.0, 2.0, 3, 1, 1e-5).validate())  # μ = 1/2, T = 3
     # quadrature to epsrel 1e-10 over ±40 sd (tails below 1e-300), central moments: 100 times its rtol
     assert m["out"] == pytest.approx((-0.375, 0.75), rel=1e-8)
     assert m["in"] == pytest.approx((0.375, 0.75), rel=1e-8)
@@ -218,6 +274,11 @@ def test_a_small_score_file_is_bounded_with_a_warning(tmp_path, capsys):
     """Ten canaries, both kinds: the bounds are computed, and stderr says that CONSISTENT means little."""
     f = tmp_path / "ten.csv"
     f.write_text("included,score\n" + "".join(f"{i % 2},{0.1 * i}\n" for i in range(10)))
-    assert bound.main(["--scores", str(f), "--q", "1", "--sigma", "1", "--steps", "1", "--delta", "1e-5"]) == 0
+    assert (
+        bound.main(
+            ["--scores", str(f), "--q", "1", "--sigma", "1", "--steps", "1", "--delta", "1e-5"]
+        )
+        == 0
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("warning: only m=10 canaries")

@@ -2,6 +2,7 @@
 2509.08704) against closed forms, a direct quadrature, the authors' published outcomes
 (compare/RESULTS.txt of GitHub zihangxiang/tight-privacy-audit-in-one-run) and binomial limits on
 simulated games."""
+
 import json
 import math
 from pathlib import Path
@@ -18,11 +19,17 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "audit_bound_gauss.
 BETA = 0.05
 
 
-@pytest.mark.parametrize("q,mu,steps", [(1.0, 0.5, 1), (1.0, 2.0, 1), (1.0, 0.1, 100), (0.5, 1.0, 1), (0.2, 2.0, 1)])
+@pytest.mark.parametrize(
+    "q,mu,steps", [(1.0, 0.5, 1), (1.0, 2.0, 1), (1.0, 0.1, 100), (0.5, 1.0, 1), (0.2, 2.0, 1)]
+)
 def test_single_bit_error_is_the_closed_form(q, mu, steps):
     """E[γ] = (1 − TV(P, Q))/2. Gaussian (q = 1), T lots: TV = 2Φ(μ√T/2) − 1. One subsampled lot: Q − P =
     q·(N(μ, 1) − N(0, 1)), so TV = q·(2Φ(μ/2) − 1). The L grid keeps means, not the exact law: 1e-6."""
-    tv = 2 * stats.norm.cdf(mu * math.sqrt(steps) / 2) - 1 if q == 1 else q * (2 * stats.norm.cdf(mu / 2) - 1)
+    tv = (
+        2 * stats.norm.cdf(mu * math.sqrt(steps) / 2) - 1
+        if q == 1
+        else q * (2 * stats.norm.cdf(mu / 2) - 1)
+    )
     assert o.Profile(*o.channel(q, mu, steps)).e_opt == pytest.approx((1 - tv) / 2, abs=1e-6)
 
 
@@ -36,27 +43,34 @@ def test_tail_is_an_upper_bound_within_one_bin():
     exact = integrate.quad(f, lo, hi, limit=400, epsabs=1e-12)[0]
     got = o.tail_probability(prof, u, r, m)
     assert exact - 1e-9 <= got <= exact + 1 / o.BINS
-    assert o.tail_probability(prof, 300, m, m) == stats.binom.cdf(300, m, prof.e_opt)     # r = m: no cut
+    assert o.tail_probability(prof, 300, m, m) == stats.binom.cdf(
+        300, m, prof.e_opt
+    )  # r = m: no cut
 
 
 def test_p_value_falls_as_the_claimed_noise_rises():
     """A larger σ′ claims more privacy (more noise is post-processing): its null makes more mistakes, so
     P[T <= u] falls and every σ′ above a rejected one is rejected (what family.search_sigma relies on)."""
     claim = family.Claim(0.1, 1.0, 50, 1, 1e-5).validate()
-    ps = [o.tail_probability(o.claim_profile(claim, s), 150, 500, 2000) for s in (0.6, 0.8, 1.0, 1.3, 1.8)]
+    ps = [
+        o.tail_probability(o.claim_profile(claim, s), 150, 500, 2000)
+        for s in (0.6, 0.8, 1.0, 1.3, 1.8)
+    ]
     assert all(a >= b for a, b in zip(ps, ps[1:])) and ps[0] > ps[-1]
 
 
 # compare/RESULTS.txt (their 60-row table, δ = 1e-5, 95 %): family, μ, q, n, r, mistakes u, Steinke, ours
 # (the rows marked slow run in `make test-all`)
 SLOW = pytest.mark.slow
-PUBLISHED = [("gauss", 0.5, 1.0, 1000, 100, 26, 0.6519, 1.1926),
-             pytest.param("gauss", 0.5, 1.0, 10000, 1000, 259, 0.9277, 1.7437, marks=SLOW),
-             ("gauss", 1.0, 1.0, 1000, 1000, 309, 0.6902, 3.6700),
-             pytest.param("gauss", 2.0, 1.0, 1000, 100, 1, 3.0052, 5.9018, marks=SLOW),
-             pytest.param("gauss", 2.0, 1.0, 100000, 100000, 15866, 1.6535, 9.9002, marks=SLOW),
-             pytest.param("sgm", 1.0, 0.5, 1000, 100, 24, 0.7484, 2.1584, marks=SLOW),
-             ("sgm", 2.0, 0.2, 10000, 1000, 216, 1.1576, 6.7008)]
+PUBLISHED = [
+    ("gauss", 0.5, 1.0, 1000, 100, 26, 0.6519, 1.1926),
+    pytest.param("gauss", 0.5, 1.0, 10000, 1000, 259, 0.9277, 1.7437, marks=SLOW),
+    ("gauss", 1.0, 1.0, 1000, 1000, 309, 0.6902, 3.6700),
+    pytest.param("gauss", 2.0, 1.0, 1000, 100, 1, 3.0052, 5.9018, marks=SLOW),
+    pytest.param("gauss", 2.0, 1.0, 100000, 100000, 15866, 1.6535, 9.9002, marks=SLOW),
+    pytest.param("sgm", 1.0, 0.5, 1000, 100, 24, 0.7484, 2.1584, marks=SLOW),
+    ("sgm", 2.0, 0.2, 10000, 1000, 216, 1.1576, 6.7008),
+]
 
 
 @pytest.mark.parametrize("fam,mu,q,n,r,u,steinke,ours", PUBLISHED)
@@ -68,7 +82,11 @@ def test_published_outcomes(fam, mu, q, n, r, u, steinke, ours):
     u = 1; 2e-4 elsewhere)."""
     # 20 halvings of [0.01, 32]: μ to 3e-5, ε to ~1e-5 relative, well inside the tolerance
     mu_lb = o.mu_lower_bound(u, r, n, BETA, q=q, iters=20)
-    eps = strong_composition.gaussian_epsilon(1e-5, 1 / mu_lb) if q == 1 else pld.epsilon(q, 1 / mu_lb, 1, 1e-5)
+    eps = (
+        strong_composition.gaussian_epsilon(1e-5, 1 / mu_lb)
+        if q == 1
+        else pld.epsilon(q, 1 / mu_lb, 1, 1e-5)
+    )
     assert eps == pytest.approx(ours, rel=1e-3)
     assert eps <= ours * (1 + 1e-4)
     assert bounds.steinke_bound(r, r - u, n, 1e-5, BETA) == pytest.approx(steinke, rel=1e-3)
@@ -82,7 +100,9 @@ def test_false_violations_of_the_claimed_mechanism_are_rare():
     exceed 3 by chance, but P[Bin(60, β) > cap] < 1e-6 (1000 games per setting: results/audit_idealised_order_stats.csv)."""
     claim = SMALL.validate()
     rng = np.random.default_rng(17)
-    rejected = sum(simulate.play(rng, 2000, claim, BETA, order_stats=True)["order_stats"] for _ in range(60))
+    rejected = sum(
+        simulate.play(rng, 2000, claim, BETA, order_stats=True)["order_stats"] for _ in range(60)
+    )
     assert rejected <= stats.binom.isf(1e-6, 60, BETA)
 
 
@@ -91,18 +111,36 @@ def test_noise_halved_is_caught_more_often_than_by_the_family_test():
     least as often as the family test (measured: 30/30 against 14 - 22 of 30)."""
     claim = SMALL.validate()
     rng = np.random.default_rng(18)
-    res = [simulate.play(rng, 2000, claim, BETA, noise_factor=0.5, order_stats=True) for _ in range(30)]
+    res = [
+        simulate.play(rng, 2000, claim, BETA, noise_factor=0.5, order_stats=True) for _ in range(30)
+    ]
     assert sum(r["order_stats"] for r in res) >= 20
     assert sum(r["order_stats"] for r in res) >= sum(r["family"] for r in res)
 
 
 def test_cli_reports_the_method_with_what_it_assumes(capsys):
-    rc = bound_file.main(["--scores", str(FIXTURE), "--q", "1", "--sigma", "1.5", "--steps", "1",
-                          "--delta", "1e-5", "--json"])
+    rc = bound_file.main(
+        [
+            "--scores",
+            str(FIXTURE),
+            "--q",
+            "1",
+            "--sigma",
+            "1.5",
+            "--steps",
+            "1",
+            "--delta",
+            "1e-5",
+            "--json",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     osb = out["order_stats"]
     assert "independent canaries" in osb["assumes"] and out["verdict_by"] == "family"
     assert [row["released"] for row in osb["grid"]] == o.release_grid(1000)
-    assert osb["eps_lb"] == (0.0 if osb["sigma_upper_bound"] is None
-                             else family.Claim(1.0, 1.5, 1, 1, 1e-5).epsilon(osb["sigma_upper_bound"]))
+    assert osb["eps_lb"] == (
+        0.0
+        if osb["sigma_upper_bound"] is None
+        else family.Claim(1.0, 1.5, 1, 1, 1e-5).epsilon(osb["sigma_upper_bound"])
+    )

@@ -1,6 +1,7 @@
 """Speed-only process settings: the allocator tuning applies on Linux/glibc and is idempotent; the
 thread policy honours explicit settings, refuses bad ones naming them, and otherwise picks 1 thread
 on <= 2 cores (results/bench_threads.csv) or leaves the busy cores of a larger machine."""
+
 import sys
 
 import pytest
@@ -18,35 +19,48 @@ def test_tune_allocator_applies_and_is_idempotent(monkeypatch):
     assert tune_allocator() is False
 
 
-
 def test_thread_policy_respects_explicit_settings_first():
-    assert thread_policy({"DPSGD_THREADS": "3", "OMP_NUM_THREADS": "2"}, 8, 8, 0.0) == (3, "DPSGD_THREADS=3")
+    assert thread_policy({"DPSGD_THREADS": "3", "OMP_NUM_THREADS": "2"}, 8, 8, 0.0) == (
+        3,
+        "DPSGD_THREADS=3",
+    )
     assert thread_policy({"OMP_NUM_THREADS": "4"}, 2, 2, 5.0) == (4, "OMP_NUM_THREADS=4")
-    assert thread_policy({"OMP_NUM_THREADS": "6,2"}, 8, 8, 0.0)[0] == 6       # nested list: outer level
-    assert thread_policy({"OMP_NUM_THREADS": " "}, 2, 2, 0.0)[0] == 1         # blank = unset
+    assert thread_policy({"OMP_NUM_THREADS": "6,2"}, 8, 8, 0.0)[0] == 6  # nested list: outer level
+    assert thread_policy({"OMP_NUM_THREADS": " "}, 2, 2, 0.0)[0] == 1  # blank = unset
 
 
 def test_thread_policy_parallel_jobs_share_the_cores():
     """P jobs of a joblib / submitit_local sweep (DPSGD_PARALLEL_JOBS, exported by the launching
     process) take min(physical, usable) // P threads each: P × threads never exceeds the cores."""
     share = {"DPSGD_PARALLEL_JOBS": "4"}
-    assert thread_policy(share, 16, 16, 9.0)[0] == 4          # the siblings are the load: not subtracted
-    assert thread_policy(share, 16, 8, 0.0)[0] == 2           # physical cores
-    assert thread_policy(share, 2, 2, 0.0)[0] == 1            # never below one
-    assert thread_policy({**share, "OMP_NUM_THREADS": "1"}, 16, 16, 0.0)[0] == 4   # joblib's own OMP: ignored
-    assert thread_policy({**share, "DPSGD_THREADS": "3"}, 16, 16, 0.0)[0] == 3     # dpsgd's own knob wins
+    assert thread_policy(share, 16, 16, 9.0)[0] == 4  # the siblings are the load: not subtracted
+    assert thread_policy(share, 16, 8, 0.0)[0] == 2  # physical cores
+    assert thread_policy(share, 2, 2, 0.0)[0] == 1  # never below one
+    assert (
+        thread_policy({**share, "OMP_NUM_THREADS": "1"}, 16, 16, 0.0)[0] == 4
+    )  # joblib's own OMP: ignored
+    assert (
+        thread_policy({**share, "DPSGD_THREADS": "3"}, 16, 16, 0.0)[0] == 3
+    )  # dpsgd's own knob wins
     assert "DPSGD_PARALLEL_JOBS=4" in thread_policy(share, 16, 16, 0.0)[1]
     for p in (48, 16):
         for usable in (1, 2, 3, 8, 16, 64):
             n, _ = thread_policy({"DPSGD_PARALLEL_JOBS": str(p)}, usable, None, None)
             assert n >= 1 and (n * p <= usable or n == 1)
-    assert thread_policy({"DPSGD_PARALLEL_JOBS": "1"}, 16, 16, 0.0)[0] == 16      # one job: the usual policy
+    assert (
+        thread_policy({"DPSGD_PARALLEL_JOBS": "1"}, 16, 16, 0.0)[0] == 16
+    )  # one job: the usual policy
 
 
-@pytest.mark.parametrize("env, name", [({"DPSGD_THREADS": "0"}, "DPSGD_THREADS"),
-                                       ({"DPSGD_THREADS": "two"}, "DPSGD_THREADS"),
-                                       ({"DPSGD_PARALLEL_JOBS": "0"}, "DPSGD_PARALLEL_JOBS"),
-                                       ({"OMP_NUM_THREADS": "-1"}, "OMP_NUM_THREADS")])
+@pytest.mark.parametrize(
+    "env, name",
+    [
+        ({"DPSGD_THREADS": "0"}, "DPSGD_THREADS"),
+        ({"DPSGD_THREADS": "two"}, "DPSGD_THREADS"),
+        ({"DPSGD_PARALLEL_JOBS": "0"}, "DPSGD_PARALLEL_JOBS"),
+        ({"OMP_NUM_THREADS": "-1"}, "OMP_NUM_THREADS"),
+    ],
+)
 def test_thread_policy_refuses_bad_values_naming_the_variable(env, name):
     with pytest.raises(ConfigError, match=f"^{name}=.*positive integer") as e:
         thread_policy(env, 8, 8, 0.0)
@@ -54,11 +68,11 @@ def test_thread_policy_refuses_bad_values_naming_the_variable(env, name):
 
 
 def test_thread_policy_auto_one_thread_on_two_cores_else_leaves_busy_cores():
-    assert thread_policy({}, 2, 2, 0.0)[0] == 1          # even when idle: measured, see bench_threads
+    assert thread_policy({}, 2, 2, 0.0)[0] == 1  # even when idle: measured, see bench_threads
     assert thread_policy({}, 1, 1, None)[0] == 1
-    assert thread_policy({}, 16, 8, 0.0)[0] == 8          # never more than the physical cores
-    assert thread_policy({}, 16, 16, 3.2)[0] == 12        # ⌈3.2⌉ cores already busy
-    assert thread_policy({}, 4, 4, 4.0)[0] == 1           # fully loaded: at least one
+    assert thread_policy({}, 16, 8, 0.0)[0] == 8  # never more than the physical cores
+    assert thread_policy({}, 16, 16, 3.2)[0] == 12  # ⌈3.2⌉ cores already busy
+    assert thread_policy({}, 4, 4, 4.0)[0] == 1  # fully loaded: at least one
     assert thread_policy({}, 4, 4, 50.0)[0] == 1
     assert thread_policy({}, 4, None, float("nan"))[0] == 4
 

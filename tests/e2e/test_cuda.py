@@ -5,6 +5,7 @@ Skipped where no GPU is present (CI has none); run on a GPU machine with
 ``python -m pytest tests/e2e/test_cuda.py``. Each test compares the CUDA result with the CPU result
 or with the reference engine on the GPU, so a device-specific bug shows up as a mismatch.
 """
+
 import copy
 import csv
 
@@ -30,8 +31,13 @@ def _model(name):
         return MLP(60, (1000,), 10, bias=False), torch.randn(37, 60)
     if name == "cifar_cnn":
         return CifarCNN(10), torch.randn(6, 3, 24, 24)
-    net = nn.Sequential(nn.Conv2d(3, 8, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-                        nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(8 * 4 * 4, 10),
+    )
     return net, torch.randn(9, 3, 8, 8)
 
 
@@ -55,7 +61,7 @@ def test_ghost_on_cuda_equals_vmap_on_cuda_and_cpu(name, clipping, budget):
     xg, yg = x.cuda(), y.cuda()
     ghost = PerExampleClipper(gm, 0.05, clipping, mode="ghost", memory_budget_bytes=budget)
     vmap = PerExampleClipper(gm, 0.05, clipping, mode="vmap")
-    for _ in range(2):                                   # verifying call, then the fast path
+    for _ in range(2):  # verifying call, then the fast path
         rg = ghost.clipped_sum(xg, yg)
     rv = vmap.clipped_sum(xg, yg)
     assert ghost.mode == "ghost"
@@ -69,7 +75,9 @@ def test_ghost_on_cuda_equals_vmap_on_cuda_and_cpu(name, clipping, budget):
 def test_float32_ghost_on_cuda_matches_float64_cpu():
     model, x = _model("mnist_mlp")
     y = torch.randint(0, 10, (x.shape[0],))
-    ref = PerExampleClipper(copy.deepcopy(model).to(DT), 4.0, "per_layer", mode="vmap").clipped_sum(x.to(DT), y)
+    ref = PerExampleClipper(copy.deepcopy(model).to(DT), 4.0, "per_layer", mode="vmap").clipped_sum(
+        x.to(DT), y
+    )
     gm = copy.deepcopy(model).cuda()
     res = PerExampleClipper(gm, 4.0, "per_layer", mode="ghost").clipped_sum(x.cuda(), y.cuda())
     _close(res.grads, ref.grads, 1e-4)
@@ -83,7 +91,9 @@ def test_clipped_example_has_norm_C_on_cuda():
         g = PerExampleClipper(gm, 0.7, clipping, mode="ghost").clipped_sum(x1, y1).grads
         if clipping == "global":
             total = torch.sqrt(sum(v.pow(2).sum() for v in g.values()))
-            assert float(total) == pytest.approx(0.7, rel=f64_rtol(gm))       # a norm over the parameters
+            assert float(total) == pytest.approx(
+                0.7, rel=f64_rtol(gm)
+            )  # a norm over the parameters
         else:
             for v in g.values():
                 assert float(v.norm()) == pytest.approx(0.7, rel=f64_rtol(gm))
@@ -98,8 +108,13 @@ def test_dp_step_without_clip_or_noise_is_plain_sgd_on_cuda():
     with torch.no_grad():
         for p, g in zip(ref.parameters(), torch.autograd.grad(loss, list(ref.parameters()))):
             p.sub_(0.1 * g)
-    dp = DPSGD(model, PerExampleClipper(model, None, mode="ghost"), GaussianNoise(seed=0, device="cuda"),
-               Plan.by_hand(0.0, 1.0, 50), lr=0.1)
+    dp = DPSGD(
+        model,
+        PerExampleClipper(model, None, mode="ghost"),
+        GaussianNoise(seed=0, device="cuda"),
+        Plan.by_hand(0.0, 1.0, 50),
+        lr=0.1,
+    )
     out = dp.step(x, y, physical_batch_size=16)
     assert out["loss_sum"].device.type == "cuda"
     for p, q in zip(model.parameters(), ref.parameters()):
@@ -113,8 +128,8 @@ def test_noise_on_cuda_std_reproducibility_and_resume():
     t, u = torch.zeros(400_000, device="cuda"), torch.zeros(400_000, device="cuda")
     a.add_(t, sigma_C), b.add_(u, sigma_C)
     assert torch.equal(t, u) and t.device.type == "cuda"
-    assert float(t.std()) == pytest.approx(sigma_C, rel=0.01)          # SE ≈ 0.0011 relative
-    assert abs(float(t.mean())) < 6 * sigma_C / 400_000 ** 0.5
+    assert float(t.std()) == pytest.approx(sigma_C, rel=0.01)  # SE ≈ 0.0011 relative
+    assert abs(float(t.mean())) < 6 * sigma_C / 400_000**0.5
     c = GaussianNoise(seed=0, device="cuda")
     c.load_state_dict(a.state_dict())
     assert torch.equal(a.sample((100,), 1.0), c.sample((100,), 1.0))
@@ -127,9 +142,16 @@ def test_empty_lot_on_cuda_is_noise_only():
     model, _ = _model("mnist_mlp")
     model = model.cuda()
     before = [p.detach().clone() for p in model.parameters()]
-    dp = DPSGD(model, PerExampleClipper(model, 4.0, "per_layer"), GaussianNoise(seed=1, device="cuda"),
-               Plan.by_hand(4.0, 4.0, 600), lr=0.1)
-    out = dp.step(torch.zeros(0, 60, device="cuda"), torch.zeros(0, dtype=torch.long, device="cuda"))
+    dp = DPSGD(
+        model,
+        PerExampleClipper(model, 4.0, "per_layer"),
+        GaussianNoise(seed=1, device="cuda"),
+        Plan.by_hand(4.0, 4.0, 600),
+        lr=0.1,
+    )
+    out = dp.step(
+        torch.zeros(0, 60, device="cuda"), torch.zeros(0, dtype=torch.long, device="cuda")
+    )
     assert out["lot_size"] == 0 and float(out["loss_sum"]) == 0.0
     moved = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
     # statistical: the SE of a std of ~10^4 parameters is < 1 %
@@ -141,8 +163,18 @@ def test_short_mnist_run_on_cuda(tmp_path):
     from dpsgd.launch.main import compose
     from dpsgd.train import train
 
-    c = validate(compose(["dataset.subset=5000", "privacy.lot_size=250", "privacy.sigma=1.0",
-                           "privacy.sigma_p=4", "training.epochs=10", "device=cuda"]))
+    c = validate(
+        compose(
+            [
+                "dataset.subset=5000",
+                "privacy.lot_size=250",
+                "privacy.sigma=1.0",
+                "privacy.sigma_p=4",
+                "training.epochs=10",
+                "device=cuda",
+            ]
+        )
+    )
     train(c, tmp_path / "run")
     with open(tmp_path / "run" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
@@ -160,13 +192,15 @@ def test_float32_cnn_ghost_on_cuda_whatever_the_tf32_setting(tf32):
     try:
         model, x = _model("cifar_cnn")
         y = torch.randint(0, 10, (x.shape[0],))
-        ref = PerExampleClipper(copy.deepcopy(model).to(DT), 1.0, "global", mode="vmap").clipped_sum(x.to(DT), y)
+        ref = PerExampleClipper(
+            copy.deepcopy(model).to(DT), 1.0, "global", mode="vmap"
+        ).clipped_sum(x.to(DT), y)
         gm = copy.deepcopy(model).cuda()
         g = PerExampleClipper(gm, 1.0, "global", mode="ghost")
         for _ in range(2):
             res = g.clipped_sum(x.cuda(), y.cuda())
         assert g.mode == "ghost"
-        if tf32:    # TF32 rounding (10-bit mantissa): per-example norms (no cancellation) to 1 %
+        if tf32:  # TF32 rounding (10-bit mantissa): per-example norms (no cancellation) to 1 %
             torch.testing.assert_close(res.norms.double().cpu(), ref.norms, rtol=1e-2, atol=0.0)
         else:
             _close(res.grads, ref.grads, 1e-4)
@@ -184,12 +218,21 @@ def _every_rule_net():
     """One module of each ghost rule (Conv2d, GroupNorm, Linear) and one without a rule (LayerNorm:
     the engine's per-module vmap fallback)."""
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.Tanh(), nn.Conv2d(8, 16, 3, stride=2), nn.ReLU(),
-        nn.Flatten(), nn.Linear(16 * 3 * 3, 12), nn.LayerNorm(12), nn.Tanh(), nn.Linear(12, 10))
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.GroupNorm(4, 8),
+        nn.Tanh(),
+        nn.Conv2d(8, 16, 3, stride=2),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(16 * 3 * 3, 12),
+        nn.LayerNorm(12),
+        nn.Tanh(),
+        nn.Linear(12, 10),
+    )
 
 
 @pytest.mark.parametrize("clipping", ["global", "per_layer"])
-@pytest.mark.parametrize("budget", [2**28, 0])       # kept per-example products / book-keeping
+@pytest.mark.parametrize("budget", [2**28, 0])  # kept per-example products / book-keeping
 def test_every_layer_rule_on_cuda_equals_the_batch_of_1_loop(clipping, budget):
     from dp_reference import assert_close, loop_clipped_sum
 
@@ -198,12 +241,12 @@ def test_every_layer_rule_on_cuda_equals_the_batch_of_1_loop(clipping, budget):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(7, 3, 7, 7, generator=g, dtype=DT).to(DEV)
     y = torch.randint(0, 10, (7,), generator=g).to(DEV)
-    C = 0.05                                          # small: every example is clipped in some group
+    C = 0.05  # small: every example is clipped in some group
     ghost = PerExampleClipper(model, C, clipping, mode="ghost", memory_budget_bytes=budget)
-    for _ in range(2):                                # verifying call, then the fast path
+    for _ in range(2):  # verifying call, then the fast path
         r_g = ghost.clipped_sum(x, y)
     r_v = PerExampleClipper(model, C, clipping, mode="vmap").clipped_sum(x, y)
-    ref, ref_norms = loop_clipped_sum(model, x, y, ghost.groups, C)   # on the device too
+    ref, ref_norms = loop_clipped_sum(model, x, y, ghost.groups, C)  # on the device too
     assert ghost.mode == "ghost" and next(iter(r_g.grads.values())).device.type == DEV
     assert_close(r_g.grads, ref)
     assert_close(r_v.grads, ref)
@@ -225,18 +268,21 @@ def test_padded_lot_on_cuda_adds_exactly_zero(mode):
     clipper = PerExampleClipper(model, 0.5, "per_layer", mode=mode)
     ref = clipper.clipped_sum(x.to(DEV), y.to(DEV))
     got = []
-    for seed in (1, 2):                               # the same lot, two paddings of other content
+    for seed in (1, 2):  # the same lot, two paddings of other content
         gp = torch.Generator().manual_seed(seed)
         xp = torch.cat([x, torch.randn(4, 20, generator=gp, dtype=DT)]).to(DEV)
         yp = torch.cat([y, torch.randint(0, 10, (4,), generator=gp)]).to(DEV)
         w = torch.cat([torch.ones(11), torch.zeros(4)]).to(DEV)
         got.append(clipper.clipped_sum(xp, yp, weights=w))
     for n in ref.grads:
-        assert torch.equal(got[0].grads[n], got[1].grads[n]), n     # exact: 0 · finite = 0, same shape
+        assert torch.equal(got[0].grads[n], got[1].grads[n]), n  # exact: 0 · finite = 0, same shape
         err = (got[0].grads[n] - ref.grads[n]).norm().item()
         # vmap: float64 kernels, f64_rtol; ghost: its book-keeping reorders the sums, 1e-5 (test_clipping.py)
-        assert err <= (f64_rtol(model) if mode == "vmap" else 1e-5) * ref.grads[n].norm().item(), (n, err)
-    assert torch.equal(got[0].loss_sum, got[1].loss_sum)             # exact: 0 · loss
+        assert err <= (f64_rtol(model) if mode == "vmap" else 1e-5) * ref.grads[n].norm().item(), (
+            n,
+            err,
+        )
+    assert torch.equal(got[0].loss_sum, got[1].loss_sum)  # exact: 0 · loss
 
 
 def test_seeded_resume_on_cuda_is_bit_identical(tmp_path):
@@ -248,21 +294,31 @@ def test_seeded_resume_on_cuda_is_bit_identical(tmp_path):
     from dpsgd.launch.prepare import prepare_resume
     from dpsgd.train import train
 
-    args = ["dataset.subset=3000", "privacy.lot_size=100", "model.hidden=[100]", "privacy.sigma=2",
-            f"device={DEV}", "seed=3", "training.eval_batch_size=3000"]
+    args = [
+        "dataset.subset=3000",
+        "privacy.lot_size=100",
+        "model.hidden=[100]",
+        "privacy.sigma=2",
+        f"device={DEV}",
+        "seed=3",
+        "training.eval_batch_size=3000",
+    ]
     for name, epochs in (("straight", 4), ("resumed", 2)):
         run = args + [f"training.epochs={epochs}"]
-        train(validate(compose(run)), tmp_path / name, run)      # the overrides a resume starts from
+        train(validate(compose(run)), tmp_path / name, run)  # the overrides a resume starts from
     c, run_dir, rest = prepare_resume([f"resume={tmp_path / 'resumed'}", "training.epochs=4"])
     train(c, run_dir, rest)
     a, b = load_checkpoint(tmp_path / "straight"), load_checkpoint(tmp_path / "resumed")
     assert a["steps"] == b["steps"] > 0 and a["ledger"] == b["ledger"]
-    assert torch.equal(a["sampler"]["generator"], b["sampler"]["generator"])        # bit-identical
-    assert torch.equal(a["noise"]["state"], b["noise"]["state"])                    # bit-identical
+    assert torch.equal(a["sampler"]["generator"], b["sampler"]["generator"])  # bit-identical
+    assert torch.equal(a["noise"]["state"], b["noise"]["state"])  # bit-identical
     assert a["model"].keys() == b["model"].keys()
     for k in a["model"]:
-        assert torch.equal(a["model"][k], b["model"][k]), k                          # bit-identical
-    with open(tmp_path / "straight" / "metrics.csv") as f, open(tmp_path / "resumed" / "metrics.csv") as g:
+        assert torch.equal(a["model"][k], b["model"][k]), k  # bit-identical
+    with (
+        open(tmp_path / "straight" / "metrics.csv") as f,
+        open(tmp_path / "resumed" / "metrics.csv") as g,
+    ):
         ra, rb = list(csv.DictReader(f)), list(csv.DictReader(g))
     for col in ("epoch", "steps", "lot_loss", "test_accuracy", "epsilon"):
         assert [r[col] for r in ra] == [r[col] for r in rb], col

@@ -1,5 +1,6 @@
 """Experiments: Figure-5 sweep files compose and run, output folders never collide, figures and
 results/README.md regenerate from the committed CSVs, and the numbers there are the CSVs' numbers."""
+
 import math
 import os
 import re
@@ -17,8 +18,15 @@ from dpsgd.config.schema import validate
 from dpsgd.launch.main import compose
 from experiments import claims, collect, figure2, figures, mnist_figures, readme, runs, style
 from fake_runs import fake_run
-from tolerances import (GAUSSIAN_EPSILON_RTOL, GAUSSIAN_EPSILON_XTOL, ledger_pld_epsilon_tol, pld_epsilon_tol,
-                        rdp_series_rtol, reduction_rtol, root_tol)
+from tolerances import (
+    GAUSSIAN_EPSILON_RTOL,
+    GAUSSIAN_EPSILON_XTOL,
+    ledger_pld_epsilon_tol,
+    pld_epsilon_tol,
+    rdp_series_rtol,
+    reduction_rtol,
+    root_tol,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
@@ -28,14 +36,22 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 def _sweep_values(name):
     c = yaml.safe_load((REPO / "conf" / "sweep" / f"{name}.yaml").read_text())
-    (key, values), = c["hydra"]["sweeper"]["params"].items()
+    ((key, values),) = c["hydra"]["sweeper"]["params"].items()
     values = str(values)
     vals = re.findall(r"\[[^\]]*\]", values) if values.startswith("[") else values.split(",")
     return key, [v.strip() for v in vals]
 
 
 def _multirun(sweep_dir, *args, timeout=600):
-    cmd = [sys.executable, "-m", "dpsgd.train", "-m", *args, "device=cpu", f"hydra.sweep.dir={sweep_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dpsgd.train",
+        "-m",
+        *args,
+        "device=cpu",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     res = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res
@@ -54,30 +70,51 @@ def test_sweep_file_composes_and_validates_every_value(name):
     for v in values:
         c = validate(compose([f"+sweep={name}", f"{key}={v}"]))
         assert c.name == f"fig5_{name}"
-        assert c.privacy.target_epsilon == claims.FIGURE5_BUDGET["epsilon"]      # run to the (2, 1e-5) budget
+        assert (
+            c.privacy.target_epsilon == claims.FIGURE5_BUDGET["epsilon"]
+        )  # run to the (2, 1e-5) budget
         assert c.privacy.delta == claims.FIGURE5_BUDGET["delta"]
         assert c.privacy.convention == "per_tensor" and c.privacy.sampling == "poisson"
-        others = {"sigma": 4.0, "sigma_p": 7.0, "clip_norm": 4.0, "lot_size": 600}   # the medium preset
+        others = {
+            "sigma": 4.0,
+            "sigma_p": 7.0,
+            "clip_norm": 4.0,
+            "lot_size": 600,
+        }  # the medium preset
         for k, want in others.items():
             if not key.endswith(k):
                 assert getattr(c.privacy, k) == want, (name, v, k)
-    if name == "lot_size":   # the paper's √N ≈ 245 and its L = 600 (the latter via the medium preset run)
+    if (
+        name == "lot_size"
+    ):  # the paper's √N ≈ 245 and its L = 600 (the latter via the medium preset run)
         assert "245" in values
     if name == "pca_dims":
-        labels = {collect.panel_value("pca_dims", validate(compose([f"+sweep={name}", f"{key}={v}"])).to_dict())[1]
-                  for v in values}
+        labels = {
+            collect.panel_value(
+                "pca_dims", validate(compose([f"+sweep={name}", f"{key}={v}"])).to_dict()
+            )[1]
+            for v in values
+        }
         assert {"none", "random 60"} <= labels
 
 
-@pytest.mark.slow   # ~17 s; folders of a multirun never colliding: tests/e2e/test_train.py, fast
+@pytest.mark.slow  # ~17 s; folders of a multirun never colliding: tests/e2e/test_train.py, fast
 def test_pca_sweep_multirun_runs_and_folders_never_collide(tmp_path):
     """A real multirun of the trickiest sweep file (a config-group sweep), two seeds, tiny mode:
     every (value, seed) gets its own folder, and collect turns them into Figure-5 rows."""
     key, values = _sweep_values("pca_dims")
-    _multirun(tmp_path / "mr", "+sweep=pca_dims", "dataset.subset=1000", "training.max_steps=1", "seed=0,1")
+    _multirun(
+        tmp_path / "mr",
+        "+sweep=pca_dims",
+        "dataset.subset=1000",
+        "training.max_steps=1",
+        "seed=0,1",
+    )
     runs = sorted(p.parent for p in (tmp_path / "mr").rglob("metrics.csv"))
     assert len(runs) == 2 * len(values) == len(set(runs))
-    written = collect.collect([tmp_path / "mr"], tmp_path / "res", include_tiny=True, hardware="test")
+    written = collect.collect(
+        [tmp_path / "mr"], tmp_path / "res", include_tiny=True, hardware="test"
+    )
     f5 = pd.read_csv(tmp_path / "res" / "figure5.csv")
     assert written["figure5.csv"] == len(f5) == 2 * len(values)
     assert sorted(f5["seed"].unique()) == [0, 1] and f5["run"].is_unique
@@ -108,34 +145,57 @@ def test_hydra_folders_include_seed_and_job_number():
 def test_figure4_recomputes_the_runs_own_epsilon(tmp_path):
     """ε rebuilt from privacy.json's ledger truncated to an epoch's lots equals the ε the run logged."""
     run = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "dpsgd.train", "experiment=mnist_medium", "dataset.subset=2000",
-                          "privacy.lot_size=200", "training.max_steps=12", "device=cpu", f"hydra.run.dir={run}"],
-                         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dpsgd.train",
+            "experiment=mnist_medium",
+            "dataset.subset=2000",
+            "privacy.lot_size=200",
+            "training.max_steps=12",
+            "device=cpu",
+            f"hydra.run.dir={run}",
+        ],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     r = runs.load_run(run)
     rows = pd.DataFrame(collect.figure4_rows("mnist_medium", r))
     m = r["metrics"]
-    assert len(m) >= 2                                     # 10 lots per epoch: 2 epochs
+    assert len(m) >= 2  # 10 lots per epoch: 2 epochs
     entries = r["privacy"]["ledger"]["entries"]
     for e in m.itertuples():
-        got = rows[(rows.epoch == e.epoch) & (rows.delta == 1e-5)].set_index(["accountant", "convention"])["epsilon"]
+        got = rows[(rows.epoch == e.epoch) & (rows.delta == 1e-5)].set_index(
+            ["accountant", "convention"]
+        )["epsilon"]
         # moments: the run summed the log moments lot by lot (<= steps additions), the ledger once;
         # then a few operations of the tail bound
         rel = reduction_rtol(int(e.steps) + 8)
         assert got[("moments", "per_tensor")] == pytest.approx(e.epsilon_moments, rel=rel)
         assert got[("moments", "joint")] == pytest.approx(e.epsilon_moments_joint, rel=rel)
-        pld_tol = ledger_pld_epsilon_tol(Ledger(collect.ledger_prefix(entries, int(e.steps))))   # the PLD grid
+        pld_tol = ledger_pld_epsilon_tol(
+            Ledger(collect.ledger_prefix(entries, int(e.steps)))
+        )  # the PLD grid
         assert got[("pld", "joint")] == pytest.approx(e.epsilon_pld_joint, abs=pld_tol)
     assert set(rows["delta"]) == set(claims.FIGURE4_DELTAS)
     # a larger δ never costs more ε: exact, each term (α + log(1/δ))/λ falls with δ (the FIGURE4_DELTAS
     # are decades apart) and rounding is monotone
-    g = rows[(rows.accountant == "moments") & (rows.convention == "per_tensor")].sort_values(["epoch", "delta"])
+    g = rows[(rows.accountant == "moments") & (rows.convention == "per_tensor")].sort_values(
+        ["epoch", "delta"]
+    )
     assert (g.groupby("epoch")["epsilon"].diff().dropna() <= 0).all()
 
 
 def test_ledger_prefix_keeps_the_pca_release():
-    entries = [{"q": 1.0, "sigma": 7.0, "count": 1, "groups": 1, "label": "pca"},
-               {"q": 0.01, "sigma": 4.0, "count": 300, "groups": 2, "label": "sgd"}]
+    entries = [
+        {"q": 1.0, "sigma": 7.0, "count": 1, "groups": 1, "label": "pca"},
+        {"q": 0.01, "sigma": 4.0, "count": 300, "groups": 2, "label": "sgd"},
+    ]
     pre = collect.ledger_prefix(entries, 120)
     assert [(e.label, e.count) for e in pre] == [("pca", 1), ("sgd", 120)]
     assert Ledger(pre).steps == 121
@@ -164,8 +224,13 @@ def test_committed_figure2_is_the_accountants_output_and_pins_the_paper():
     # rdp_improved: the fractional-order series (rdp_series_rtol);
     # strong_composition_valid: ε0 is a brentq root, ε0 >= 1e-3 here (below it ε <= 1e-3·√(2T·log(1/δ''))
     # + 2Tε0² < 1.1), and ε's elasticity in ε0 is <= 3 for ε0 < 1
-    rtol = {"moments": reduction_rtol(64), "rdp_improved": rdp_series_rtol(),
-            "strong_composition_valid": 3 * root_tol(1e-3, GAUSSIAN_EPSILON_XTOL, GAUSSIAN_EPSILON_RTOL) / 1e-3}
+    rtol = {
+        "moments": reduction_rtol(64),
+        "rdp_improved": rdp_series_rtol(),
+        "strong_composition_valid": 3
+        * root_tol(1e-3, GAUSSIAN_EPSILON_XTOL, GAUSSIAN_EPSILON_RTOL)
+        / 1e-3,
+    }
     for curve, e in [("moments", 100), ("rdp_improved", 250), ("strong_composition_valid", 100)]:
         assert at[(curve, e)] == pytest.approx(figure2.epsilon(curve, e * 100)[0], rel=rtol[curve])
     # PLD ε is an FFT composition over 40 000 lots: its last bits depend on the numpy/scipy build and
@@ -179,16 +244,16 @@ def test_committed_figure2_is_the_accountants_output_and_pins_the_paper():
 
 # ------------------------------------------------------------------------------- figures + README
 def _png_size(path):
-    head = Path(path).read_bytes()[:24]            # signature, IHDR length and type, width, height
+    head = Path(path).read_bytes()[:24]  # signature, IHDR length and type, width, height
     return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
 def _png_text_chunks(data: bytes) -> list[bytes]:
     out, i = [], 8
     while i < len(data):
-        n, kind = int.from_bytes(data[i:i + 4], "big"), data[i + 4:i + 8]
+        n, kind = int.from_bytes(data[i : i + 4], "big"), data[i + 4 : i + 8]
         if kind in (b"tEXt", b"iTXt", b"zTXt", b"tIME"):
-            out.append(kind + b" " + data[i + 8:i + 8 + n].split(b"\0")[0])
+            out.append(kind + b" " + data[i + 8 : i + 8 + n].split(b"\0")[0])
         i += 12 + n
     return out
 
@@ -236,8 +301,13 @@ def test_readme_numbers_come_from_the_csvs():
     f2 = pd.read_csv(RESULTS / "figure2.csv").set_index(["curve", "epoch"])["epsilon"]
     row = next(l for l in text.splitlines() if l.startswith("| ε at E = 100, moments"))
     assert f"| 1.26 | {f2[('moments', 100)]:.2f} |" in row
-    row = next(l for l in text.splitlines() if l.startswith("| ε at E = 100, strong composition paper"))
-    assert "not a valid bound" in row and f"| 9.34 | {f2[('strong_composition_paper', 100)]:.2f} |" in row
+    row = next(
+        l for l in text.splitlines() if l.startswith("| ε at E = 100, strong composition paper")
+    )
+    assert (
+        "not a valid bound" in row
+        and f"| 9.34 | {f2[('strong_composition_paper', 100)]:.2f} |" in row
+    )
     row = next(l for l in text.splitlines() if l.startswith("| ε at E = 400, PLD"))
     assert f"{f2[('pld', 400)]:.2f}" in row
     summary = RESULTS / "summary.csv"
@@ -256,7 +326,9 @@ def test_readme_numbers_come_from_the_csvs():
         df = pd.read_csv(f5)
         for c in claims.FIGURE5_CLAIMS:
             if c["panel"] in set(df["panel"]):
-                line = next(l for l in text.splitlines() if l.startswith(f"| {c['panel']} | {c['paper']}"))
+                line = next(
+                    l for l in text.splitlines() if l.startswith(f"| {c['panel']} | {c['paper']}")
+                )
                 assert readme.figure5_ours(df, c) in line
         for r in df.itertuples():
             assert f"| {r.epochs:.1f} | {r.steps} | {r.stop_reason} | {r.seed} |" in text
@@ -264,9 +336,12 @@ def test_readme_numbers_come_from_the_csvs():
 
 def test_paper_dry_run_prints_plan_and_wall_time(capsys):
     from experiments import paper
+
     assert paper.main(["--dry-run", "--sec-per-epoch", "2"]) == 0
     out = capsys.readouterr().out
-    assert "expected wall time" in out and "+sweep=lot_size" in out and "experiment=mnist_small" in out
+    assert (
+        "expected wall time" in out and "+sweep=lot_size" in out and "experiment=mnist_small" in out
+    )
 
 
 # ------------------------------------------------------------------------------- seeds
@@ -283,7 +358,9 @@ def test_seeds_collect_merges_replaces_and_summarises(tmp_path):
     roots = tmp_path / "runs"
     _fake_preset_run(roots, src, "mnist_large", 0, acc=0.91)
     _fake_preset_run(roots, src, "mnist_large", 1, acc=0.89)
-    _fake_preset_run(roots, src, "mnist_large", 2, extra_override="privacy.sigma=3")   # not a preset run
+    _fake_preset_run(
+        roots, src, "mnist_large", 2, extra_override="privacy.sigma=3"
+    )  # not a preset run
     res = tmp_path / "res"
     seeds.collect([roots], res, hardware="test-hw")
     df = pd.read_csv(res / "seeds.csv")
@@ -300,7 +377,11 @@ def test_seeds_collect_merges_replaces_and_summarises(tmp_path):
     assert len(df) == 3
     sp = seeds.spread(df).set_index("hardware").loc["test-hw"]
     # decimal inputs through a mean and a standard error: pytest's default rel 1e-6
-    assert sp["n"] == 2 and sp["mean"] == pytest.approx(0.92) and sp["sd"] == pytest.approx(0.02 / math.sqrt(2))
+    assert (
+        sp["n"] == 2
+        and sp["mean"] == pytest.approx(0.92)
+        and sp["sd"] == pytest.approx(0.02 / math.sqrt(2))
+    )
     assert sp["at_or_above_paper"] == 2 and sp["seeds"] == "0,1"
     assert seeds.parse_seeds("0-2,7") == [0, 1, 2, 7]
 
@@ -309,10 +390,16 @@ def test_seed_run_labels_are_free_of_machine_paths(tmp_path):
     from experiments import seeds
 
     inside = REPO / "outputs" / "seeds" / "mnist_small" / "2026-01-01" / "00-00-00_seed0"
-    assert seeds.run_label(inside, [REPO / "outputs" / "seeds"]) == "outputs/seeds/mnist_small/2026-01-01/00-00-00_seed0"
+    assert (
+        seeds.run_label(inside, [REPO / "outputs" / "seeds"])
+        == "outputs/seeds/mnist_small/2026-01-01/00-00-00_seed0"
+    )
     run = tmp_path / "device" / "3" / "runs" / "mnist_small_seed0"
     assert seeds.run_label(run, [tmp_path / "device"]) == "device/3/runs/mnist_small_seed0"
-    assert seeds.run_label(run, [tmp_path / "device", tmp_path / "device" / "3" / "runs"]) == "runs/mnist_small_seed0"
+    assert (
+        seeds.run_label(run, [tmp_path / "device", tmp_path / "device" / "3" / "runs"])
+        == "runs/mnist_small_seed0"
+    )
     path = RESULTS / "seeds.csv"
     if path.exists():
         runs = pd.read_csv(path)["run"]
@@ -327,6 +414,9 @@ def test_readme_seed_spread_comes_from_seeds_csv():
         pytest.skip("no seeds.csv committed")
     text = (RESULTS / "README.md").read_text(encoding="utf-8")
     for r in seeds.spread(pd.read_csv(path)).itertuples():
-        line = next(l for l in text.splitlines()
-                    if l.startswith(f"| {r.preset} |") and f"| {r.hardware} | {r.seeds} |" in l)
+        line = next(
+            l
+            for l in text.splitlines()
+            if l.startswith(f"| {r.preset} |") and f"| {r.hardware} | {r.seeds} |" in l
+        )
         assert f"{100 * r.mean:.2f}" in line and f"{r.at_or_above_paper}/{r.n}" in line

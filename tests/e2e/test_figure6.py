@@ -3,6 +3,7 @@ only; without that CSV no figure is drawn and the READMEs say the numbers were n
 
 The figure and the README rows are rendered from tests/fixtures/figure6_fixture.csv, a synthetic
 FIXTURE (never a result; tests/fixtures/README.md)."""
+
 import json
 import math
 import os
@@ -40,7 +41,9 @@ def test_figure6_and_the_readme_section_render_from_the_fixture(tmp_path):
     checked in tests/e2e/test_experiments.py.)"""
     df = _fixture()
     assert set(df.columns) == set(figure6.COLUMNS)
-    assert set(df["hardware"]) == {"FIXTURE (synthetic, not a measurement)"}     # labelled, never a result
+    assert set(df["hardware"]) == {
+        "FIXTURE (synthetic, not a measurement)"
+    }  # labelled, never a result
     res = tmp_path / "results"
     res.mkdir()
     shutil.copy(FIXTURE, res / "figure6.csv")
@@ -62,14 +65,14 @@ def test_readme_cifar_rows_come_from_figure6_csv():
     for preset, p in claims.CIFAR10_PRESETS.items():
         r = df[df["preset"] == preset].sort_values("steps").iloc[-1]
         line = next(l for l in text.splitlines() if l.startswith(f"| {preset} |"))
-        assert f"{100 * p['accuracy']:g} %" in line                                   # the paper's value
-        assert f"| {100 * r['test_accuracy']:.2f} % |" in line                          # ours
+        assert f"{100 * p['accuracy']:g} %" in line  # the paper's value
+        assert f"| {100 * r['test_accuracy']:.2f} % |" in line  # ours
         assert f"| {r['steps'] * r['q']:.1f} | {int(r['steps'])} | {r['stop_reason']} |" in line
         assert f"`python -m dpsgd.train experiment={preset}`" in line
         if math.isfinite(p["epsilon"]):
             assert f"ε = {p['epsilon']:g}, L = {p['lot_size']}" in line
             assert f"| {r['epsilon']:.2f} | {r['epsilon_pld_joint']:.2f} |" in line
-            assert r["epsilon"] <= p["epsilon"]                          # the budget stop: never above
+            assert r["epsilon"] <= p["epsilon"]  # the budget stop: never above
     # a preset not run yet says so
     text = "\n".join(readme.cifar_rows(df[df["preset"] != "cifar10_eps8"]))
     assert "| cifar10_eps8 |" in text and "not run yet" in text
@@ -79,7 +82,7 @@ def test_readme_cifar_rows_come_from_figure6_csv():
 def test_without_figure6_csv_nothing_is_drawn_and_the_readmes_say_not_measured(tmp_path):
     res = tmp_path / "results"
     res.mkdir()
-    figures.main(["--results", str(res)])        # nothing to draw at all: rc 1, the README still written
+    figures.main(["--results", str(res)])  # nothing to draw at all: rc 1, the README still written
     out = (res / "README.md").read_text(encoding="utf-8")
     assert readme.CIFAR_NOT_MEASURED in out and "`make cifar10-all`" in out
     assert "figure6" not in out
@@ -92,7 +95,9 @@ def test_without_figure6_csv_nothing_is_drawn_and_the_readmes_say_not_measured(t
     else:
         assert readme.CIFAR_NOT_MEASURED in committed
         assert not list((RESULTS / "figures").glob("figure6*"))
-        assert "CIFAR-10 numbers" in top and "not been measured" in top and "`make cifar10-all`" in top
+        assert (
+            "CIFAR-10 numbers" in top and "not been measured" in top and "`make cifar10-all`" in top
+        )
 
 
 # ------------------------------------------------------------------------------- the collector
@@ -100,8 +105,17 @@ def test_without_figure6_csv_nothing_is_drawn_and_the_readmes_say_not_measured(t
 def real_run(tmp_path_factory):
     """metrics.csv and privacy.json exactly as training writes them (a tiny real MNIST run)."""
     run = tmp_path_factory.mktemp("train") / "run"
-    c = validate(compose(["dataset.subset=1000", "privacy.lot_size=100", "model.hidden=[50]",
-                          "training.max_steps=3", "device=cpu"]))
+    c = validate(
+        compose(
+            [
+                "dataset.subset=1000",
+                "privacy.lot_size=100",
+                "model.hidden=[50]",
+                "training.max_steps=3",
+                "device=cpu",
+            ]
+        )
+    )
     train(c, run)
     return run
 
@@ -119,15 +133,20 @@ def test_collect_turns_cifar_run_folders_into_figure6_csv(real_run, tmp_path):
     _fake_cifar_run(roots, real_run, "cifar10_eps2", "a_old", acc=0.11)
     newest = _fake_cifar_run(roots, real_run, "cifar10_eps2", "b_new", acc=0.66)
     _fake_cifar_run(roots, real_run, "cifar10_eps8", "c", acc=0.72)
-    _fake_cifar_run(roots, real_run, "cifar10_eps4", "d_tuned", overrides=["privacy.sigma=3"])   # not a preset run
-    for i, name in enumerate(("a_old", "b_new", "c", "d_tuned")):              # the order they finished in
+    _fake_cifar_run(
+        roots, real_run, "cifar10_eps4", "d_tuned", overrides=["privacy.sigma=3"]
+    )  # not a preset run
+    for i, name in enumerate(("a_old", "b_new", "c", "d_tuned")):  # the order they finished in
         os.utime(roots / name / "privacy.json", (1_700_000_000 + i,) * 2)
     res = tmp_path / "results"
     written = collect.collect([roots], res, hardware="test-hw")
     f6 = pd.read_csv(res / "figure6.csv")
-    assert written == {"figure6.csv": len(f6)}                  # no MNIST run: nothing else written
+    assert written == {"figure6.csv": len(f6)}  # no MNIST run: nothing else written
     assert list(f6.columns) == figure6.COLUMNS
-    assert list(dict.fromkeys(f6["preset"])) == ["cifar10_eps2", "cifar10_eps8"]   # the paper's order
+    assert list(dict.fromkeys(f6["preset"])) == [
+        "cifar10_eps2",
+        "cifar10_eps8",
+    ]  # the paper's order
     for preset, acc in (("cifar10_eps2", 0.66), ("cifar10_eps8", 0.72)):
         d = f6[f6["preset"] == preset]
         assert len(d) == len(metrics)
@@ -137,8 +156,12 @@ def test_collect_turns_cifar_run_folders_into_figure6_csv(real_run, tmp_path):
             assert list(d[col]) == pytest.approx(list(metrics[col])), col
         assert set(d["stop_reason"]) == {privacy["stop_reason"]}
         assert set(d["hardware"]) == {privacy["runtime"]["hardware"]}
-        assert (res / "runs" / preset / "metrics.csv").exists() and (res / "runs" / preset / "privacy.json").exists()
-    assert set(f6[f6["preset"] == "cifar10_eps2"]["run"]) == {str(newest)}    # the newest run of a preset wins
+        assert (res / "runs" / preset / "metrics.csv").exists() and (
+            res / "runs" / preset / "privacy.json"
+        ).exists()
+    assert set(f6[f6["preset"] == "cifar10_eps2"]["run"]) == {
+        str(newest)
+    }  # the newest run of a preset wins
     # pinning an older run of a preset
     collect.collect([roots], res, hardware="test-hw", pinned={"cifar10_eps2": roots / "a_old"})
     f6 = pd.read_csv(res / "figure6.csv")
@@ -155,6 +178,11 @@ def test_claims_match_the_cifar_presets_when_present():
         assert c.name == preset
         if math.isfinite(p["epsilon"]):
             pr = c.privacy
-            assert (pr.sigma, pr.lot_size, pr.clip_norm, pr.target_epsilon, pr.delta) == \
-                (p["sigma"], p["lot_size"], p["clip_norm"], p["epsilon"], claims.DELTA)
+            assert (pr.sigma, pr.lot_size, pr.clip_norm, pr.target_epsilon, pr.delta) == (
+                p["sigma"],
+                p["lot_size"],
+                p["clip_norm"],
+                p["epsilon"],
+                claims.DELTA,
+            )
             assert pr.convention == "per_tensor" and pr.clipping == "per_layer"

@@ -1,4 +1,5 @@
 """The privacy CLI: python -m dpsgd.privacy (table, --json, --target-epsilon, bad arguments)."""
+
 import json
 import subprocess
 import sys
@@ -16,7 +17,14 @@ def _run(capsys, *argv):
 def test_table_has_every_accountant(capsys):
     rc, out = _run(capsys, "--q", "0.01", "--sigma", "4", "--epochs", "100", "--delta", "1e-5")
     assert rc == 0
-    for word in ("moments", "rdp", "pld", "strong composition (paper)", "NOT a valid bound", "lambda=19"):
+    for word in (
+        "moments",
+        "rdp",
+        "pld",
+        "strong composition (paper)",
+        "NOT a valid bound",
+        "lambda=19",
+    ):
         assert word in out.out
     assert "1.2586" in out.out and "9.353" in out.out
 
@@ -27,7 +35,9 @@ def test_json_keys_and_values(capsys):
     assert set(d) == {"moments", "rdp", "pld", "strong_composition"}
     assert all("epsilon" in v for v in d.values())
     # printed to 4 decimals; the order is an integer
-    assert d["moments"]["epsilon"] == pytest.approx(1.2586, abs=1e-4) and d["moments"]["order"] == 19
+    assert (
+        d["moments"]["epsilon"] == pytest.approx(1.2586, abs=1e-4) and d["moments"]["order"] == 19
+    )
     assert d["pld"]["epsilon"] <= d["rdp"]["epsilon"] <= d["moments"]["epsilon"]
     assert d["strong_composition"]["valid_bound"] is False
 
@@ -41,16 +51,19 @@ def test_target_epsilon_json(capsys):
     assert d["pld"]["sigma"] <= d["rdp"]["sigma"] <= d["moments"]["sigma"]
 
 
-@pytest.mark.parametrize("argv,name", [
-    (["--q", "1.5", "--sigma", "4", "--steps", "10"], "q"),
-    (["--q", "0.01", "--sigma", "0", "--steps", "10"], "sigma"),
-    (["--q", "0.01", "--sigma", "4", "--steps", "10", "--delta", "1"], "delta"),
-    (["--q", "0.01", "--sigma", "4", "--steps", "-3"], "steps"),
-    (["--q", "0.01", "--target-epsilon", "-1", "--steps", "10"], "target_epsilon"),
-    (["--q", "0.01", "--sigma", "4"], "--steps"),
-    (["--q", "abc", "--sigma", "4", "--steps", "10"], "--q"),
-    (["--q", "0.01", "--steps", "10"], "sigma"),
-])
+@pytest.mark.parametrize(
+    "argv,name",
+    [
+        (["--q", "1.5", "--sigma", "4", "--steps", "10"], "q"),
+        (["--q", "0.01", "--sigma", "0", "--steps", "10"], "sigma"),
+        (["--q", "0.01", "--sigma", "4", "--steps", "10", "--delta", "1"], "delta"),
+        (["--q", "0.01", "--sigma", "4", "--steps", "-3"], "steps"),
+        (["--q", "0.01", "--target-epsilon", "-1", "--steps", "10"], "target_epsilon"),
+        (["--q", "0.01", "--sigma", "4"], "--steps"),
+        (["--q", "abc", "--sigma", "4", "--steps", "10"], "--q"),
+        (["--q", "0.01", "--steps", "10"], "sigma"),
+    ],
+)
 def test_bad_arguments_one_line_exit_2(capsys, argv, name):
     with pytest.raises(SystemExit) as exc:
         privacy.main(argv)
@@ -60,14 +73,18 @@ def test_bad_arguments_one_line_exit_2(capsys, argv, name):
 
 
 def test_module_entry_point():
-    r = subprocess.run([sys.executable, "-m", "dpsgd.privacy", "--q", "2", "--sigma", "1", "--steps", "1"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "dpsgd.privacy", "--q", "2", "--sigma", "1", "--steps", "1"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "q" in r.stderr
 
 
 def _strict(text):
     def no_constant(name):
         raise ValueError(f"non-strict JSON token {name}")
+
     return json.loads(text, parse_constant=no_constant)
 
 
@@ -88,7 +105,9 @@ def test_each_accountant_answers_or_refuses_alone(capsys):
     assert d["moments"]["epsilon"] is None and "floor" in d["moments"]["refused"]
     assert d["moments"]["refused"].startswith("moments")
     # σ printed to 2 decimals; calibration stops within rtol 0.005 of the target ε
-    assert d["rdp"]["sigma"] == pytest.approx(3.18, abs=0.01) and d["pld"]["sigma"] == pytest.approx(3.02, abs=0.01)
+    assert d["rdp"]["sigma"] == pytest.approx(3.18, abs=0.01) and d["pld"][
+        "sigma"
+    ] == pytest.approx(3.02, abs=0.01)
     rc, out = _run(capsys, *argv)
     line = next(l for l in out.out.splitlines() if l.startswith("moments"))
     assert rc == 0 and "refused" in line and "floor log(1/delta)/32 = 0.5756" in line
@@ -106,7 +125,9 @@ def test_json_is_strict_where_a_bound_is_infinite(capsys):
 
 
 def test_groups_charged_below_sigma_min_is_refused_per_accountant(capsys):
-    rc, out = _run(capsys, "--q", "0.5", "--sigma", "1", "--steps", "10", "--groups", "100000", "--json")
+    rc, out = _run(
+        capsys, "--q", "0.5", "--sigma", "1", "--steps", "10", "--groups", "100000", "--json"
+    )
     d = _strict(out.out)
     assert rc == 0 and d["moments"]["epsilon"] > 0 and d["rdp"]["epsilon"] > 0
     assert d["pld"]["epsilon"] is None and "sigma/sqrt(groups)" in d["pld"]["refused"]
@@ -115,6 +136,7 @@ def test_groups_charged_below_sigma_min_is_refused_per_accountant(capsys):
 def test_exit_1_when_no_accountant_answers(capsys, monkeypatch):
     def refuse(*a, **k):
         raise ValueError("refused for the test")
+
     monkeypatch.setattr(privacy.Ledger, "epsilon", refuse)
     monkeypatch.setattr(privacy.calibrate, "epsilon", refuse)
     rc, out = _run(capsys, "--q", "0.01", "--sigma", "4", "--steps", "10", "--json")
@@ -122,18 +144,21 @@ def test_exit_1_when_no_accountant_answers(capsys, monkeypatch):
     assert rc == 1 and all(v["epsilon"] is None for v in d.values())
 
 
-@pytest.mark.parametrize("argv,name", [
-    (["--q", "0.01", "--sigma", "1e-300", "--steps", "10"], "sigma"),
-    (["--q", "0.01", "--sigma", "1e308", "--steps", "10"], "sigma"),
-    (["--q", "0.01", "--sigma", "1", "--epochs", "1e300"], "epochs"),
-    (["--q", "0.01", "--sigma", "1", "--epochs", "nan"], "epochs"),
-    (["--q", "0.01", "--sigma", "1", "--steps", "99999999999"], "steps"),
-    (["--q", "1e-300", "--sigma", "1", "--steps", "10"], "q"),
-    (["--q", "0.01", "--sigma", "1", "--steps", "10", "--delta", "1e-320"], "delta"),
-    (["--q", "0.01", "--sigma", "1", "--steps", "10", "--groups", "100000000"], "groups"),
-    (["--q", "0.01", "--target-epsilon", "1e9", "--epochs", "10"], "target_epsilon"),
-    (["--q", "0.01", "--sigma", "1", "--target-epsilon", "1", "--steps", "10"], "sigma"),
-])
+@pytest.mark.parametrize(
+    "argv,name",
+    [
+        (["--q", "0.01", "--sigma", "1e-300", "--steps", "10"], "sigma"),
+        (["--q", "0.01", "--sigma", "1e308", "--steps", "10"], "sigma"),
+        (["--q", "0.01", "--sigma", "1", "--epochs", "1e300"], "epochs"),
+        (["--q", "0.01", "--sigma", "1", "--epochs", "nan"], "epochs"),
+        (["--q", "0.01", "--sigma", "1", "--steps", "99999999999"], "steps"),
+        (["--q", "1e-300", "--sigma", "1", "--steps", "10"], "q"),
+        (["--q", "0.01", "--sigma", "1", "--steps", "10", "--delta", "1e-320"], "delta"),
+        (["--q", "0.01", "--sigma", "1", "--steps", "10", "--groups", "100000000"], "groups"),
+        (["--q", "0.01", "--target-epsilon", "1e9", "--epochs", "10"], "target_epsilon"),
+        (["--q", "0.01", "--sigma", "1", "--target-epsilon", "1", "--steps", "10"], "sigma"),
+    ],
+)
 def test_outside_the_serviceable_ranges_one_line_exit_2(capsys, argv, name):
     with pytest.raises(SystemExit) as exc:
         privacy.main(argv)
@@ -146,6 +171,7 @@ def test_outside_the_serviceable_ranges_one_line_exit_2(capsys, argv, name):
 
 def test_last_iterate_heuristic_beside_the_accountants(capsys):
     from dpsgd.accountant.last_iterate import last_iterate_epsilon
+
     argv = ["--q", "0.01", "--sigma", "4", "--steps", "10000", "--last-iterate"]
     rc, out = _run(capsys, *argv, "--json")
     d = _strict(out.out)
@@ -153,8 +179,11 @@ def test_last_iterate_heuristic_beside_the_accountants(capsys):
     h = d["epsilon_last_iterate_heuristic"]
     # exact: the same function on the same inputs (JSON round-trips a float64 exactly)
     assert h == last_iterate_epsilon(0.01, 4.0, 10000, 1e-5)
-    assert h < d["pld"]["epsilon"]                 # measured: 0.9309 < 0.9470
-    assert d["last_iterate_heuristic"]["valid_bound"] is False and "NOT a guarantee" in d["last_iterate_heuristic"]["note"]
+    assert h < d["pld"]["epsilon"]  # measured: 0.9309 < 0.9470
+    assert (
+        d["last_iterate_heuristic"]["valid_bound"] is False
+        and "NOT a guarantee" in d["last_iterate_heuristic"]["note"]
+    )
     rc, out = _run(capsys, *argv)
     line = next(l for l in out.out.splitlines() if l.startswith("last iterate (heuristic)"))
     assert rc == 0 and "0.9309" in line and "HEURISTIC, NOT a guarantee" in line
@@ -164,7 +193,19 @@ def test_last_iterate_heuristic_beside_the_accountants(capsys):
 
 
 def test_last_iterate_refused_alone_and_needs_sigma(capsys):
-    rc, out = _run(capsys, "--q", "0.5", "--sigma", "1", "--steps", "10", "--groups", "100000", "--last-iterate", "--json")
+    rc, out = _run(
+        capsys,
+        "--q",
+        "0.5",
+        "--sigma",
+        "1",
+        "--steps",
+        "10",
+        "--groups",
+        "100000",
+        "--last-iterate",
+        "--json",
+    )
     d = _strict(out.out)
     assert rc == 0 and d["epsilon_last_iterate_heuristic"] is None
     assert "sigma/sqrt(groups)" in d["last_iterate_heuristic"]["refused"]

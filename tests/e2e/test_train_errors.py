@@ -4,6 +4,7 @@ lost: an augmentation multiplicity too large for memory (dpsgd/config/privacy.py
 artifact with non-finite weights (dpsgd/models/pretrained.py), a full disk during a write
 (dpsgd/core/fileio.py) or during a resumed run. In-process.
 """
+
 from __future__ import annotations
 
 import errno
@@ -38,29 +39,51 @@ def _main(capsys, argv: list[str]) -> tuple[int, str]:
 
 
 # ------------------------------------------------------------------ huge augmentation multiplicity
-@pytest.mark.parametrize("args, expect", [
-    (["privacy.augment_multiplicity=1000000"], f"privacy.augment_multiplicity=1000000: must be <= "
-                                               f"{AUGMENT_MULTIPLICITY_MAX}"),
-    ([f"privacy.augment_multiplicity={AUGMENT_MULTIPLICITY_MAX}", "privacy.lot_size=6000"],
-     f"more than ROWS_PER_PASS_MAX={ROWS_PER_PASS_MAX}; set a smaller privacy.physical_batch_size"),
-])
-def test_a_huge_augmentation_multiplicity_is_refused_before_any_work(args, expect, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (
+            ["privacy.augment_multiplicity=1000000"],
+            f"privacy.augment_multiplicity=1000000: must be <= {AUGMENT_MULTIPLICITY_MAX}",
+        ),
+        (
+            [f"privacy.augment_multiplicity={AUGMENT_MULTIPLICITY_MAX}", "privacy.lot_size=6000"],
+            f"more than ROWS_PER_PASS_MAX={ROWS_PER_PASS_MAX}; set a smaller privacy.physical_batch_size",
+        ),
+    ],
+)
+def test_a_huge_augmentation_multiplicity_is_refused_before_any_work(
+    args, expect, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     code, err = _main(capsys, [*args, f"hydra.run.dir={tmp_path / 'run'}"])
-    assert code == 2 and err.count("\n") == 1 and err.startswith("error: privacy.augment_multiplicity="), err
+    assert (
+        code == 2
+        and err.count("\n") == 1
+        and err.startswith("error: privacy.augment_multiplicity=")
+    ), err
     assert expect in err
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_large_multiplicity_in_small_physical_batches_is_accepted():
-    c = validate(T.compose([f"privacy.augment_multiplicity={AUGMENT_MULTIPLICITY_MAX}", "privacy.lot_size=6000",
-                            "privacy.physical_batch_size=64"]))
+    c = validate(
+        T.compose(
+            [
+                f"privacy.augment_multiplicity={AUGMENT_MULTIPLICITY_MAX}",
+                "privacy.lot_size=6000",
+                "privacy.physical_batch_size=64",
+            ]
+        )
+    )
     assert c.privacy.augment_multiplicity == AUGMENT_MULTIPLICITY_MAX
 
 
 # ----------------------------------------------------------------- pretrained weights that are not finite
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_a_pretrained_artifact_with_non_finite_weights_is_refused(bad, tmp_path, monkeypatch, capsys):
+def test_a_pretrained_artifact_with_non_finite_weights_is_refused(
+    bad, tmp_path, monkeypatch, capsys
+):
     """Its hash matches its sidecar, but a tensor holds NaN or inf: refused at validation (before any
     folder) and again at load (the file is re-read), in one line naming model.pretrained and the file."""
     monkeypatch.chdir(tmp_path)
@@ -68,21 +91,35 @@ def test_a_pretrained_artifact_with_non_finite_weights_is_refused(bad, tmp_path,
     state["features.3.weight"] = state["features.3.weight"].clone()
     state["features.3.weight"][0, 0, 0, 0] = bad
     artifact = tmp_path / "art" / "convs.pt"
-    with pytest.raises(Diverged, match=r"convs.pt: tensor features.3.weight holds 1 non-finite value\(s\)"):
-        pretrained.save(artifact, state, {})          # pretraining never writes one ...
+    with pytest.raises(
+        Diverged, match=r"convs.pt: tensor features.3.weight holds 1 non-finite value\(s\)"
+    ):
+        pretrained.save(artifact, state, {})  # pretraining never writes one ...
     assert not artifact.parent.exists() or not any(artifact.parent.iterdir())
-    _write_artifact(artifact, state)                  # ... but one can arrive from elsewhere, hash intact
+    _write_artifact(artifact, state)  # ... but one can arrive from elsewhere, hash intact
     before = _snapshot(tmp_path)
-    code, err = _main(capsys, ["experiment=cifar10_eps2", f"model.pretrained={artifact}",
-                               f"hydra.run.dir={tmp_path / 'run'}"])
+    code, err = _main(
+        capsys,
+        [
+            "experiment=cifar10_eps2",
+            f"model.pretrained={artifact}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+    )
     assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith(f"error: model.pretrained={artifact}: tensor features.3.weight holds 1 non-finite"), err
+    assert err.startswith(
+        f"error: model.pretrained={artifact}: tensor features.3.weight holds 1 non-finite"
+    ), err
     model = CifarCNN()
     weights = {n: t.clone() for n, t in model.state_dict().items()}
     sha = json.loads(pretrained.sidecar(artifact).read_text())["sha256"]
-    with pytest.raises(ConfigError, match=r"^model.pretrained=\S+convs.pt: tensor features.3.weight holds 1 "):
+    with pytest.raises(
+        ConfigError, match=r"^model.pretrained=\S+convs.pt: tensor features.3.weight holds 1 "
+    ):
         pretrained.load(model, artifact, sha, [])
-    assert all(torch.equal(weights[n], t) for n, t in model.state_dict().items())     # exact: nothing copied
+    assert all(
+        torch.equal(weights[n], t) for n, t in model.state_dict().items()
+    )  # exact: nothing copied
     assert _snapshot(tmp_path) == before
 
 
@@ -92,7 +129,10 @@ def _write_artifact(path, state) -> None:
     torch.save(state, buf)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(buf.getvalue())
-    side = {"sha256": hashlib.sha256(buf.getvalue()).hexdigest(), "tensors": {n: list(t.shape) for n, t in state.items()}}
+    side = {
+        "sha256": hashlib.sha256(buf.getvalue()).hexdigest(),
+        "tensors": {n: list(t.shape) for n, t in state.items()},
+    }
     pretrained.sidecar(path).write_text(json.dumps(side))
 
 
@@ -117,9 +157,11 @@ def test_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch)
     with pytest.raises(OSError) as e:
         fileio.write_json(target, {"new": 1})
     assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(target))
-    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["privacy.json"]
+    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "privacy.json"
+    ]
     monkeypatch.undo()
-    with pytest.raises(FileExistsError) as e:         # the type follows the errno, as before
+    with pytest.raises(FileExistsError) as e:  # the type follows the errno, as before
         fileio.atomic_write_text(target, "x", exclusive=True)
     assert e.value.filename == str(target)
 

@@ -19,6 +19,7 @@ Resuming that real run with another L or dataset is refused in-process too (``RE
 ``test_every_checked_key_has_a_refusal_case`` computes the table's coverage: every key with a fixed
 set of choices and every numeric or boolean field of the config dataclasses.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,13 +45,13 @@ TIMEOUT = 180
 @dataclass
 class Bad:
     args: list[str]
-    key: str                      # the config key refused: the one-line message must name it
-    expect: str | None = None     # more of the message, where the reason matters
+    key: str  # the config key refused: the one-line message must name it
+    expect: str | None = None  # more of the message, where the reason matters
 
 
 VALIDATION = [
     # --- dataset
-    Bad(["dataset=imagenet"], "dataset"),                       # Hydra: no such group option
+    Bad(["dataset=imagenet"], "dataset"),  # Hydra: no such group option
     Bad(["dataset=svhn"], "dataset/svhn"),
     Bad(["dataset.name=imagenet"], "dataset.name", "dataset.name=imagenet: unknown"),
     Bad(["dataset.subset=0"], "dataset.subset"),
@@ -70,7 +71,11 @@ VALIDATION = [
     Bad(["model=cnn"], "model.name", "model.name=cnn"),
     Bad(["model.hidden=1000"], "model.hidden", "must be a list"),
     Bad(["model.hidden=[1000,0]"], "model.hidden", "model.hidden[1]"),
-    Bad(["model.hidden=[2000000000]"], "model.hidden", "model.hidden[0]=2000000000: a layer this wide"),
+    Bad(
+        ["model.hidden=[2000000000]"],
+        "model.hidden",
+        "model.hidden[0]=2000000000: a layer this wide",
+    ),
     Bad(["model.hidden=[100000000]"], "model.hidden", "parameters (mlp), more than PARAMS_MAX"),
     Bad(["model.bias=yes"], "model.bias"),
     Bad(["model.projection=svd"], "model.projection"),
@@ -80,14 +85,39 @@ VALIDATION = [
     Bad(["model=tanh_cnn", "dataset=cifar10"], "model.name", "tanh_cnn: needs 1x28x28 images"),
     Bad(["model.freeze=all"], "model.freeze"),
     Bad(["model.freeze=features"], "model.freeze", "the mlp model has no such parameters"),
-    Bad(["experiment=cifar10_eps2", "model.pretrained=null"], "model.freeze", "freezes public weights"),
-    Bad(["experiment=cifar10_eps2", "model.pretrained=none.pt"], "model.pretrained", "none.pt: no such file"),
+    Bad(
+        ["experiment=cifar10_eps2", "model.pretrained=null"],
+        "model.freeze",
+        "freezes public weights",
+    ),
+    Bad(
+        ["experiment=cifar10_eps2", "model.pretrained=none.pt"],
+        "model.pretrained",
+        "none.pt: no such file",
+    ),
     Bad(["model.features=wavelets"], "model.features"),
-    Bad(["model.name=linear", "model.projection=none", "model.features=scatter", "model.feature_norm=batch"],
-        "model.feature_norm"),
-    Bad(["model.name=linear", "model.projection=none", "model.features=scatter", "model.feature_groups=4"],
-        "model.feature_groups", "must divide the 81 feature channels"),
-    Bad(["model.pca_dims=785"], "model.pca_dims", "model.pca_dims=785: exceeds the input dimension"),
+    Bad(
+        [
+            "model.name=linear",
+            "model.projection=none",
+            "model.features=scatter",
+            "model.feature_norm=batch",
+        ],
+        "model.feature_norm",
+    ),
+    Bad(
+        [
+            "model.name=linear",
+            "model.projection=none",
+            "model.features=scatter",
+            "model.feature_groups=4",
+        ],
+        "model.feature_groups",
+        "must divide the 81 feature channels",
+    ),
+    Bad(
+        ["model.pca_dims=785"], "model.pca_dims", "model.pca_dims=785: exceeds the input dimension"
+    ),
     Bad(["model.pca_dims=-1"], "model.pca_dims"),
     # --- privacy
     Bad(["privacy.private=1"], "privacy.private"),
@@ -104,22 +134,39 @@ VALIDATION = [
     Bad(["privacy.clip_norm=0"], "privacy.clip_norm"),
     Bad(["privacy.clip_norm=-4"], "privacy.clip_norm"),
     Bad(["privacy.clip_norm=inf"], "privacy.clip_norm"),
-    Bad(["privacy.lot_size=60001"], "privacy.lot_size", "privacy.lot_size=60001: must be <= N=60000"),
+    Bad(
+        ["privacy.lot_size=60001"], "privacy.lot_size", "privacy.lot_size=60001: must be <= N=60000"
+    ),
     Bad(["dataset.subset=1000", "privacy.lot_size=1001"], "privacy.lot_size", "N=1000"),
     Bad(["privacy.lot_size=0"], "privacy.lot_size"),
     Bad(["privacy.delta=0"], "privacy.delta"),
     Bad(["privacy.delta=1"], "privacy.delta"),
     Bad(["privacy.delta=1e-101"], "privacy.delta", "must be >= 1e-100"),
     Bad(["privacy.delta=0.5"], "privacy.delta", "must be < 1/N = 1.667e-05 (N=60000"),
-    Bad(["dataset.subset=600", "privacy.delta=0.002"], "privacy.delta", "privacy.allow_large_delta=true"),
+    Bad(
+        ["dataset.subset=600", "privacy.delta=0.002"],
+        "privacy.delta",
+        "privacy.allow_large_delta=true",
+    ),
     Bad(["privacy.allow_large_delta=sure"], "privacy.allow_large_delta"),
     Bad(["privacy.clipping=perlayer"], "privacy.clipping", "privacy.clipping=perlayer: unknown"),
     Bad(["privacy.convention=paper"], "privacy.convention"),
     Bad(["privacy.sampling=uniform"], "privacy.sampling"),
-    Bad(["privacy.max_lot_size=700"], "privacy.max_lot_size", "applies to privacy.sampling=truncated_poisson only"),
-    Bad(["privacy.sampling=truncated_poisson", "accountant=pld", "privacy.max_lot_size=500"], "privacy.max_lot_size",
-        "must be >= 600"),
-    Bad(["privacy.sampling=truncated_poisson", "accountant=pld"], "privacy.max_lot_size", "needs the cap B"),
+    Bad(
+        ["privacy.max_lot_size=700"],
+        "privacy.max_lot_size",
+        "applies to privacy.sampling=truncated_poisson only",
+    ),
+    Bad(
+        ["privacy.sampling=truncated_poisson", "accountant=pld", "privacy.max_lot_size=500"],
+        "privacy.max_lot_size",
+        "must be >= 600",
+    ),
+    Bad(
+        ["privacy.sampling=truncated_poisson", "accountant=pld"],
+        "privacy.max_lot_size",
+        "needs the cap B",
+    ),
     Bad(["privacy.sampling=fixed_size"], "accountant.name", "accounted by pld or rdp only"),
     Bad(["privacy.sampling=balls_in_bins"], "accountant.name", "accounted by rdp only"),
     Bad(["privacy.grad_sample_mode=jax"], "privacy.grad_sample_mode"),
@@ -130,16 +177,26 @@ VALIDATION = [
     Bad(["privacy.target_epsilon=0"], "privacy.target_epsilon"),
     Bad(["privacy.target_epsilon=1e5"], "privacy.target_epsilon", "must be <= 10000"),
     Bad(["privacy.target_epsilon=0.5"], "privacy.target_epsilon", "the DP-PCA release alone costs"),
-    Bad(["experiment=mnist_nonprivate", "privacy.target_epsilon=2"], "privacy.target_epsilon", "non-private"),
+    Bad(
+        ["experiment=mnist_nonprivate", "privacy.target_epsilon=2"],
+        "privacy.target_epsilon",
+        "non-private",
+    ),
     Bad(["privacy.physical_batch_size=0"], "privacy.physical_batch_size"),
     Bad(["privacy.physical_batch_size=60001"], "privacy.physical_batch_size", "must be <= 60000"),
     Bad(["privacy.pca_fraction=1.5"], "privacy.pca_fraction"),
-    Bad(["privacy.calibrate_sigma=true"], "privacy.calibrate_sigma", "needs privacy.target_epsilon"),
-    Bad([f"privacy.pca_fraction={acc_limits.Q_MIN / 10:g}"], "privacy.pca_fraction", f"must be >= {acc_limits.Q_MIN}"),
+    Bad(
+        ["privacy.calibrate_sigma=true"], "privacy.calibrate_sigma", "needs privacy.target_epsilon"
+    ),
+    Bad(
+        [f"privacy.pca_fraction={acc_limits.Q_MIN / 10:g}"],
+        "privacy.pca_fraction",
+        f"must be >= {acc_limits.Q_MIN}",
+    ),
     Bad(["privacy.augment_multiplicity=0"], "privacy.augment_multiplicity", "must be >= 1"),
     Bad(["privacy.augment_multiplicity=1.5"], "privacy.augment_multiplicity", "must be an integer"),
     Bad(["+privacy.sigmaa=4"], "privacy.sigmaa", "unknown config key"),
-    Bad(["privacy.sigmaa=1"], "privacy.sigmaa"),                # Hydra: not in the struct
+    Bad(["privacy.sigmaa=1"], "privacy.sigmaa"),  # Hydra: not in the struct
     # --- accountant
     Bad(["accountant=gdp"], "accountant"),
     Bad(["accountant.name=gdp"], "accountant.name"),
@@ -147,8 +204,11 @@ VALIDATION = [
     Bad(["training.epochs=1.5"], "training.epochs", "must be an integer"),
     Bad(["training.epochs=-1"], "training.epochs"),
     Bad(["training.epochs=ten"], "training.epochs"),
-    Bad(["privacy.lot_size=1", "training.epochs=16667"], "training.epochs",
-        "1000020000 lots (poisson sampling, L=1, N=60000) exceed STEPS_MAX"),
+    Bad(
+        ["privacy.lot_size=1", "training.epochs=16667"],
+        "training.epochs",
+        "1000020000 lots (poisson sampling, L=1, N=60000) exceed STEPS_MAX",
+    ),
     Bad(["training.lr=nan"], "training.lr", "training.lr=nan"),
     Bad(["training.lr=inf"], "training.lr"),
     Bad(["training.lr=0"], "training.lr"),
@@ -177,7 +237,11 @@ VALIDATION = [
     # --- hydra launcher (sweeps; dpsgd/launch/launchers.py)
     Bad(["hydra/launcher=slurmm"], "hydra/launcher"),
     Bad(["hydra/launcher=joblib", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs"),
-    Bad(["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2"], "hydra.launcher.tasks_per_node", "must be 1"),
+    Bad(
+        ["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2"],
+        "hydra.launcher.tasks_per_node",
+        "must be 1",
+    ),
 ]
 
 PRIVACY_CLI = [
@@ -186,9 +250,41 @@ PRIVACY_CLI = [
     Bad(["--q", "0.01", "--sigma", "nan", "--epochs", "10"], "sigma"),
     Bad(["--q", "0.01", "--sigma", "4", "--epochs", "10", "--delta", "1"], "delta"),
     Bad(["--q", "0.01", "--sigma", "4", "--epochs", "-3"], "epochs"),
-    Bad(["--N", "60000", "--L", "600", "--sigma", "4", "--steps", "100", "--sampler", "poisson", "--B", "700"], "B=700",
-        "applies to --sampler truncated_poisson only"),
-    Bad(["--N", "60000", "--L", "600", "--sigma", "4", "--steps", "100", "--sampler", "shuffle", "--B", "700"], "B=700"),
+    Bad(
+        [
+            "--N",
+            "60000",
+            "--L",
+            "600",
+            "--sigma",
+            "4",
+            "--steps",
+            "100",
+            "--sampler",
+            "poisson",
+            "--B",
+            "700",
+        ],
+        "B=700",
+        "applies to --sampler truncated_poisson only",
+    ),
+    Bad(
+        [
+            "--N",
+            "60000",
+            "--L",
+            "600",
+            "--sigma",
+            "4",
+            "--steps",
+            "100",
+            "--sampler",
+            "shuffle",
+            "--B",
+            "700",
+        ],
+        "B=700",
+    ),
     Bad(["--q", "0.01", "--sigma", "4", "--epochs", "10", "--B", "700"], "B=700"),
 ]
 
@@ -237,8 +333,15 @@ def _uncovered(table: list[Bad]) -> set[str]:
 
 
 def test_every_checked_key_has_a_refusal_case():
-    assert {"privacy.sigma", "privacy.allow_large_delta", "model.hidden", "training.max_steps", "seed",
-            "tf32", "accountant.name"} <= _checked_keys()
+    assert {
+        "privacy.sigma",
+        "privacy.allow_large_delta",
+        "model.hidden",
+        "training.max_steps",
+        "seed",
+        "tf32",
+        "accountant.name",
+    } <= _checked_keys()
     assert not _uncovered(VALIDATION), f"no refusal case for {sorted(_uncovered(VALIDATION))}"
     assert len({_id(b) for b in VALIDATION}) == len(VALIDATION)
 
@@ -247,36 +350,65 @@ def test_every_checked_key_has_a_refusal_case():
 @dataclass
 class Case:
     id: str
-    cli: str                      # "train" | "privacy"
-    args: list[str]               # "{run}", "{tmp}" are filled in by the fixture
-    key: str                      # must appear in the one-line error
+    cli: str  # "train" | "privacy"
+    args: list[str]  # "{run}", "{tmp}" are filled in by the fixture
+    key: str  # must appear in the one-line error
     env: dict = field(default_factory=dict)
-    line: str | None = None       # the exact stderr line, where given
+    line: str | None = None  # the exact stderr line, where given
 
 
 # A valid, tiny training configuration: each bad case changes one thing.
-TINY = ["dataset.subset=600", "privacy.lot_size=60", "privacy.physical_batch_size=60", "model.hidden=[8]",
-        "model.pca_dims=10", "training.epochs=1", "training.max_steps=2", "training.eval_batch_size=1000"]
-NO_DATA = {"DPSGD_DATA_ROOT": "{tmp}/empty_root", "DPSGD_DATA_SOURCE": "{tmp}/empty_source",
-           # any download attempt fails at once: the proxy is a closed local port
-           "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
-           "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "no_proxy": ""}
+TINY = [
+    "dataset.subset=600",
+    "privacy.lot_size=60",
+    "privacy.physical_batch_size=60",
+    "model.hidden=[8]",
+    "model.pca_dims=10",
+    "training.epochs=1",
+    "training.max_steps=2",
+    "training.eval_batch_size=1000",
+]
+NO_DATA = {
+    "DPSGD_DATA_ROOT": "{tmp}/empty_root",
+    "DPSGD_DATA_SOURCE": "{tmp}/empty_source",
+    # any download attempt fails at once: the proxy is a closed local port
+    "http_proxy": "http://127.0.0.1:9",
+    "https_proxy": "http://127.0.0.1:9",
+    "HTTP_PROXY": "http://127.0.0.1:9",
+    "HTTPS_PROXY": "http://127.0.0.1:9",
+    "no_proxy": "",
+}
 
 PROCESS = [
     # --- end to end: one case of each table above
-    Case("e2e_negative_sigma", "train", ["privacy.sigma=-1"], "privacy.sigma",
-         line="error: privacy.sigma=-1.0: must be >= 0"),
+    Case(
+        "e2e_negative_sigma",
+        "train",
+        ["privacy.sigma=-1"],
+        "privacy.sigma",
+        line="error: privacy.sigma=-1.0: must be >= 0",
+    ),
     Case("e2e_unknown_dataset", "train", ["dataset=imagenet"], "dataset"),
-    Case("e2e_privacy_q_above_one", "privacy", ["--q", "1.5", "--sigma", "4", "--epochs", "10"], "q"),
+    Case(
+        "e2e_privacy_q_above_one", "privacy", ["--q", "1.5", "--sigma", "4", "--epochs", "10"], "q"
+    ),
     # --- data: missing, with no network
-    Case("missing_data_no_download", "train", TINY + ["dataset.download=false"], "dataset.root", env=NO_DATA),
+    Case(
+        "missing_data_no_download",
+        "train",
+        TINY + ["dataset.download=false"],
+        "dataset.root",
+        env=NO_DATA,
+    ),
     Case("missing_data_download_fails", "train", TINY, "dataset.root", env=NO_DATA),
     # --- outputs and resume
     Case("existing_run_dir", "train", TINY + ["hydra.run.dir={tmp}/outputs/old"], "hydra.run.dir"),
     Case("resume_changed_sigma", "train", ["resume={run}", "privacy.sigma=2"], "privacy.sigma"),
 ]
-RESUME = [Bad(["resume={run}", "privacy.lot_size=30"], "privacy.lot_size"),
-          Bad(["resume={run}", "dataset=fashion_mnist"], "dataset.name")]
+RESUME = [
+    Bad(["resume={run}", "privacy.lot_size=30"], "privacy.lot_size"),
+    Bad(["resume={run}", "dataset=fashion_mnist"], "dataset.name"),
+]
 
 
 def _snapshot(root: Path) -> dict[str, str]:
@@ -303,15 +435,23 @@ def _fill(s: str, subs: dict) -> str:
 
 
 def _env(extra: dict, subs: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}   # e.g. HYDRA_FULL_ERROR
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")
+    }  # e.g. HYDRA_FULL_ERROR
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.update({k: _fill(v, subs) for k, v in extra.items()})
     return env
 
 
 def _cli(cli: str, args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", f"dpsgd.{cli}", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run(
+        [sys.executable, "-m", f"dpsgd.{cli}", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -357,7 +497,9 @@ def test_refused_before_training(outcomes, case):
     lines = err.splitlines()
     assert len(lines) == 1, f"expected one line on stderr, got:\n{err[-1500:]}"
     # train: "error: <message>"; privacy (argparse style): "python -m dpsgd.privacy: error: <message>"
-    assert lines[0].startswith("error: ") if case.cli == "train" else "error: " in lines[0], lines[0]
+    assert lines[0].startswith("error: ") if case.cli == "train" else "error: " in lines[0], lines[
+        0
+    ]
     assert case.key in lines[0], f"error does not name {case.key!r}: {lines[0]}"
     assert case.line is None or lines[0] == case.line, lines[0]
     assert after == before, "existing outputs changed or new files appeared"
@@ -369,7 +511,9 @@ def test_resumed_run_untouched(outcomes):
 
 
 @pytest.mark.parametrize("bad", RESUME, ids=_id)
-def test_resume_with_changed_privacy_values_refused_in_process(outcomes, bad, tmp_path, monkeypatch):
+def test_resume_with_changed_privacy_values_refused_in_process(
+    outcomes, bad, tmp_path, monkeypatch
+):
     run = outcomes["__run_dir__"]
     before = _snapshot(run)
     monkeypatch.chdir(tmp_path)

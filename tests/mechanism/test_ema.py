@@ -29,7 +29,9 @@ def test_decay_math_is_the_closed_form():
         ema.update(model)
     T = len(thetas) - 1
     for n in ema.shadow:
-        closed = beta ** T * thetas[0][n] + sum((1 - beta) * beta ** (T - t) * thetas[t][n] for t in range(1, T + 1))
+        closed = beta**T * thetas[0][n] + sum(
+            (1 - beta) * beta ** (T - t) * thetas[t][n] for t in range(1, T + 1)
+        )
         # T recursive updates against a closed form of T + 1 terms: a few float64 ops per term
         assert_f64_close(ema.shadow[n], closed, chain_rel_tol(4 * (T + 1)))
     assert ema.updates == T
@@ -55,15 +57,19 @@ def test_state_round_trip_and_mismatch():
     ema.update(a)
     other = EMA(b, 0.99)
     other.load_state_dict(ema.state_dict())
-    assert other.updates == 1 and all(torch.equal(other.shadow[n], ema.shadow[n]) for n in ema.shadow)
+    assert other.updates == 1 and all(
+        torch.equal(other.shadow[n], ema.shadow[n]) for n in ema.shadow
+    )
     with pytest.raises(ValueError, match="ema_decay"):
         EMA(b, 0.9).load_state_dict(ema.state_dict())
     with pytest.raises(ValueError, match="ema_decay"):
         EMA(b, 1.0)
 
 
-@pytest.mark.parametrize("value,message", [(0, "must be > 0"), (1, "must be < 1"), (1.5, "must be < 1"),
-                                           ("x", "must be a number")])
+@pytest.mark.parametrize(
+    "value,message",
+    [(0, "must be > 0"), (1, "must be < 1"), (1.5, "must be < 1"), ("x", "must be a number")],
+)
 def test_config_refuses_bad_decay(value, message):
     with pytest.raises(ConfigError, match=f"training.ema_decay=.*{message}"):
         validate({"training": {"ema_decay": value}})
@@ -71,8 +77,16 @@ def test_config_refuses_bad_decay(value, message):
     assert validate({}).training.ema_decay is None
 
 
-ARGS = ["dataset.subset=1200", "privacy.lot_size=200", "model.hidden=[50]", "privacy.sigma=2",
-        "device=cpu", "seed=4", "training.ema_decay=0.8", "privacy.augment_multiplicity=2"]
+ARGS = [
+    "dataset.subset=1200",
+    "privacy.lot_size=200",
+    "model.hidden=[50]",
+    "privacy.sigma=2",
+    "device=cpu",
+    "seed=4",
+    "training.ema_decay=0.8",
+    "privacy.augment_multiplicity=2",
+]
 
 
 def test_resumed_run_equals_uninterrupted_with_ema(tmp_path):
@@ -87,7 +101,9 @@ def test_resumed_run_equals_uninterrupted_with_ema(tmp_path):
     a, b = load_checkpoint(ref), load_checkpoint(run)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert a["ema"]["updates"] == b["ema"]["updates"] == 18
-    assert all(torch.equal(a["ema"]["weights"][k], b["ema"]["weights"][k]) for k in a["ema"]["weights"])
+    assert all(
+        torch.equal(a["ema"]["weights"][k], b["ema"]["weights"][k]) for k in a["ema"]["weights"]
+    )
     for col in ("steps", "epsilon", "test_accuracy", "train_loss", "lot_loss"):
         assert [r[col] for r in metrics_rows(ref)] == [r[col] for r in metrics_rows(run)], col
     # the EMA cannot be switched or changed on resume (it is in the fingerprint)
@@ -99,9 +115,16 @@ def test_resumed_run_equals_uninterrupted_with_ema(tmp_path):
 def test_ema_and_augmult_enter_the_fingerprint():
     """Every configuration key is compared on resume unless allowed (default deny): EMA and K too."""
     from dpsgd.config.fingerprint import config_fingerprint
+
     fp = config_fingerprint(validate({}))
-    assert fp["model.norm"] == "none" and fp["privacy.augment_multiplicity"] == 1 and fp["training.ema_decay"] is None
-    fp = config_fingerprint(validate({"training": {"ema_decay": 0.9}, "privacy": {"augment_multiplicity": 2}}))
+    assert (
+        fp["model.norm"] == "none"
+        and fp["privacy.augment_multiplicity"] == 1
+        and fp["training.ema_decay"] is None
+    )
+    fp = config_fingerprint(
+        validate({"training": {"ema_decay": 0.9}, "privacy": {"augment_multiplicity": 2}})
+    )
     assert fp["training.ema_decay"] == 0.9 and fp["privacy.augment_multiplicity"] == 2
 
 
@@ -111,6 +134,7 @@ def test_sigkill_then_resume_equals_uninterrupted_run_with_ema_and_augmult(tmp_p
     import signal
     import time
     from conftest import run_train as _run, start_train as _start_and_wait
+
     args = [*ARGS, "training.epochs=6"]
     ref, run = tmp_path / "ref", tmp_path / "run"
     train(validate(compose(args)), ref, args)
@@ -123,5 +147,9 @@ def test_sigkill_then_resume_equals_uninterrupted_run_with_ema_and_augmult(tmp_p
     assert r.returncode == 0, r.stderr
     a, b = load_checkpoint(ref), load_checkpoint(run)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    assert all(torch.equal(a["ema"]["weights"][k], b["ema"]["weights"][k]) for k in a["ema"]["weights"])
-    assert [r["test_accuracy"] for r in metrics_rows(ref)] == [r["test_accuracy"] for r in metrics_rows(run)]
+    assert all(
+        torch.equal(a["ema"]["weights"][k], b["ema"]["weights"][k]) for k in a["ema"]["weights"]
+    )
+    assert [r["test_accuracy"] for r in metrics_rows(ref)] == [
+        r["test_accuracy"] for r in metrics_rows(run)
+    ]

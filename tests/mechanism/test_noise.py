@@ -5,6 +5,7 @@ secure mode (privacy.secure_rng=true) must draw the right distribution from OS e
 fixed seed, and never repeat itself. Statistical checks use bounds of >= 6 standard errors (or
 p > 1e-6), so a correct implementation fails them with probability < 1e-6.
 """
+
 import io
 import math
 
@@ -15,7 +16,7 @@ from scipy import stats
 
 from dpsgd.mechanism.noise import GaussianNoise
 
-N = 200_000          # samples for the statistical checks: SE(std)/std = 1/sqrt(2N) ≈ 0.0016
+N = 200_000  # samples for the statistical checks: SE(std)/std = 1/sqrt(2N) ≈ 0.0016
 
 
 def _check_gaussian(z: np.ndarray, std: float) -> None:
@@ -47,7 +48,7 @@ def test_seeded_resumes_from_state_dict_bit_exactly():
     state = torch.load(buf, weights_only=False)
     expected = [ref.sample((50,), 0.5), ref.sample((4, 5), 3.0)]
 
-    resumed = GaussianNoise(seed=999)                 # any seed: the state overrides it
+    resumed = GaussianNoise(seed=999)  # any seed: the state overrides it
     resumed.load_state_dict(state)
     got = [resumed.sample((50,), 0.5), resumed.sample((4, 5), 3.0)]
     for e, g in zip(expected, got):
@@ -104,7 +105,7 @@ def test_secure_draws_differ_between_instances_and_calls():
 
 def test_secure_and_seeded_checkpoints_do_not_mix():
     secure, seeded = GaussianNoise(secure=True), GaussianNoise(seed=3)
-    assert "state" not in secure.state_dict()          # nothing replayable is stored
+    assert "state" not in secure.state_dict()  # nothing replayable is stored
     with pytest.raises(ValueError, match="secure_rng"):
         seeded.load_state_dict(secure.state_dict())
     with pytest.raises(ValueError, match="secure_rng"):
@@ -112,7 +113,7 @@ def test_secure_and_seeded_checkpoints_do_not_mix():
 
 
 @pytest.mark.parametrize("secure", [False, True])
-@pytest.mark.parametrize("shape", [(N,), (3, 70_001)])          # one chunk; several chunks
+@pytest.mark.parametrize("shape", [(N,), (3, 70_001)])  # one chunk; several chunks
 def test_add_in_place_matches_std_and_draws_fresh_noise(secure, shape):
     g = GaussianNoise(seed=None if secure else 5, secure=secure)
     t = torch.full(shape, 2.0, dtype=torch.float64)
@@ -120,7 +121,7 @@ def test_add_in_place_matches_std_and_draws_fresh_noise(secure, shape):
     assert g.add_(t, 3.0) is t and t.data_ptr() == ptr
     z = (t - 2.0).flatten().numpy()
     _check_gaussian(z, 3.0)
-    assert len(np.unique(z)) == z.size                  # chunks are not repeats of one buffer
+    assert len(np.unique(z)) == z.size  # chunks are not repeats of one buffer
 
 
 def test_add_is_reproducible_resumable_and_noncontiguous_safe():
@@ -133,7 +134,7 @@ def test_add_is_reproducible_resumable_and_noncontiguous_safe():
     x, y = torch.zeros(50), torch.zeros(50)
     a.add_(x, 2.0), c.add_(y, 2.0)
     assert torch.equal(x, y)
-    nc = torch.zeros(40, 30).t()                         # not contiguous: drawn whole, same law
+    nc = torch.zeros(40, 30).t()  # not contiguous: drawn whole, same law
     before = nc.clone()
     GaussianNoise(seed=1).add_(nc, 1.0)
     assert not torch.equal(nc, before) and nc.shape == (30, 40)

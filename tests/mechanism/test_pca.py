@@ -1,4 +1,5 @@
 """DP-PCA (paper §4): with zero noise it spans the exact PCA subspace; noise is symmetric and charged."""
+
 import pytest
 import torch
 

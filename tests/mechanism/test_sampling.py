@@ -1,4 +1,5 @@
 """Samplers: the Poisson lot size has mean L (q = L/N); shuffle lots partition each epoch; states resume."""
+
 import math
 
 import pytest
@@ -26,13 +27,15 @@ def test_poisson_lots_are_sorted_unique_in_range():
     s = PoissonSampler(500, 50, torch.Generator().manual_seed(1))
     for idx in s.epoch():
         assert idx.dtype == torch.int64
-        assert bool((idx[1:] > idx[:-1]).all())          # strictly increasing: sorted and unique
+        assert bool((idx[1:] > idx[:-1]).all())  # strictly increasing: sorted and unique
         assert len(idx) == 0 or (idx.min() >= 0 and idx.max() < 500)
 
 
 def test_poisson_charges_every_lot_at_q_sigma():
     s = PoissonSampler(1000, 10, torch.Generator().manual_seed(0))
-    assert all((s.release(4.0, i).q, s.release(4.0, i).sigma) == (0.01, 4.0) for i in range(5))  # exact: L/N and σ copied
+    assert all(
+        (s.release(4.0, i).q, s.release(4.0, i).sigma) == (0.01, 4.0) for i in range(5)
+    )  # exact: L/N and σ copied
     assert s.amplification
 
 
@@ -42,13 +45,16 @@ def test_shuffle_partitions_each_epoch_into_fixed_lots():
     lots = list(s.epoch())
     assert len(lots) == N // L and all(len(l) == L for l in lots)
     seen = torch.cat(lots)
-    assert len(torch.unique(seen)) == len(seen)            # every example at most once per epoch
+    assert len(torch.unique(seen)) == len(seen)  # every example at most once per epoch
     assert s.name == "shuffle" and s.q == 1.0 and not s.amplification
 
 
 def test_shuffle_charges_one_substitution_mechanism_per_epoch():
     s = ShuffleSampler(1000, 100, torch.Generator().manual_seed(0))
-    assert (s.release(4.0, 0).entry()["q"], s.release(4.0, 0).entry()["sigma"]) == (1.0, 2.0)              # q = 1, multiplier σ/2 (sensitivity 2C)
+    assert (s.release(4.0, 0).entry()["q"], s.release(4.0, 0).entry()["sigma"]) == (
+        1.0,
+        2.0,
+    )  # q = 1, multiplier σ/2 (sensitivity 2C)
     assert all(s.release(4.0, i) is None for i in range(1, 10))
     assert "substitution" in s.adjacency
 

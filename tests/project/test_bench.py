@@ -1,4 +1,5 @@
 """The step benchmark's protocol runs end to end (tiny settings; timings are never asserted)."""
+
 import csv
 import sys
 
@@ -7,13 +8,30 @@ import pytest
 from bench import bench_step
 
 
-@pytest.mark.slow   # ~14 s: 3 benchmark processes; the one-line refusals below stay fast
+@pytest.mark.slow  # ~14 s: 3 benchmark processes; the one-line refusals below stay fast
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory children read /proc")
 def test_bench_step_processes_aggregate(tmp_path):
     out = tmp_path / "bench.csv"
-    bench_step.main(["--processes", "2", "--models", "mnist_pca60_mlp1000", "--methods",
-                     "nonprivate,dpsgd_ghost", "--reps", "2", "--warmup", "0", "--block-s", "0.01",
-                     "--lot", "64", "--out", str(out)])
+    bench_step.main(
+        [
+            "--processes",
+            "2",
+            "--models",
+            "mnist_pca60_mlp1000",
+            "--methods",
+            "nonprivate,dpsgd_ghost",
+            "--reps",
+            "2",
+            "--warmup",
+            "0",
+            "--block-s",
+            "0.01",
+            "--lot",
+            "64",
+            "--out",
+            str(out),
+        ]
+    )
     rows = list(csv.DictReader(out.open()))
     assert [r["method"] for r in rows] == ["nonprivate", "dpsgd_ghost"]
     assert all(r.keys() == set(bench_step.COLUMNS) for r in rows)
@@ -24,14 +42,23 @@ def test_bench_step_processes_aggregate(tmp_path):
     assert float(rows[0]["ratio_to_nonprivate"]) == 1.0
 
 
-@pytest.mark.parametrize("args, says", [(["--models", "nope"], "--models: unknown ['nope']"),
-                                        (["--methods", "dpsgd_magic"], "--methods: unknown ['dpsgd_magic']"),
-                                        (["--reps", "0"], "--reps and --processes must be >= 1"),
-                                        (["--lots", "-5"], "--lots=-5: a comma list of lot sizes"),
-                                        (["--lot", "0"], "--lot=0: a lot of at least 1")])
-def test_bench_step_bad_options_are_one_line_before_any_child(args, says, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--models", "nope"], "--models: unknown ['nope']"),
+        (["--methods", "dpsgd_magic"], "--methods: unknown ['dpsgd_magic']"),
+        (["--reps", "0"], "--reps and --processes must be >= 1"),
+        (["--lots", "-5"], "--lots=-5: a comma list of lot sizes"),
+        (["--lot", "0"], "--lot=0: a lot of at least 1"),
+    ],
+)
+def test_bench_step_bad_options_are_one_line_before_any_child(
+    args, says, tmp_path, monkeypatch, capsys
+):
     """Checked in the parent, before a child process starts: one line, exit 2, no traceback."""
-    monkeypatch.setattr(bench_step.subprocess, "run", lambda *a, **k: pytest.fail("a child was started"))
+    monkeypatch.setattr(
+        bench_step.subprocess, "run", lambda *a, **k: pytest.fail("a child was started")
+    )
     with pytest.raises(SystemExit) as e:
         bench_step.main(args + ["--out", str(tmp_path / "b.csv")])
     err = capsys.readouterr().err
@@ -44,9 +71,21 @@ def test_bench_step_a_failed_child_ends_with_its_exit_code(tmp_path, monkeypatch
     """A child that fails (it printed its own one line) ends the parent with the child's exit code and
     nothing more: no traceback of the parent after the child's line."""
     import subprocess
-    monkeypatch.setattr(bench_step.subprocess, "run", lambda cmd, **k: subprocess.CompletedProcess(cmd, 3))
+
+    monkeypatch.setattr(
+        bench_step.subprocess, "run", lambda cmd, **k: subprocess.CompletedProcess(cmd, 3)
+    )
     with pytest.raises(SystemExit) as e:
-        bench_step.main(["--processes", "2", "--models", "mnist_pca60_mlp1000", "--out", str(tmp_path / "b.csv")])
+        bench_step.main(
+            [
+                "--processes",
+                "2",
+                "--models",
+                "mnist_pca60_mlp1000",
+                "--out",
+                str(tmp_path / "b.csv"),
+            ]
+        )
     assert e.value.code == 3 and "Traceback" not in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
@@ -62,7 +101,9 @@ def test_bench_gemm_routes_agree_and_csv(tmp_path):
     out = tmp_path / "gemm.csv"
     bench_gemm.main(["--batch", "8", "--rounds", "1", "--calls", "1", "--out", str(out)])
     rows = list(csv.DictReader(out.open()))
-    assert len(rows) == len(bench_gemm.SHAPES) and all(r.keys() == set(bench_gemm.COLUMNS) for r in rows)
+    assert len(rows) == len(bench_gemm.SHAPES) and all(
+        r.keys() == set(bench_gemm.COLUMNS) for r in rows
+    )
     assert {r["engine_uses"] for r in rows} == {"direct", "transposed"}
 
 
@@ -71,10 +112,27 @@ def test_bench_distributed_protocol(tmp_path):
     from bench import bench_distributed
 
     out = tmp_path / "dist.csv"
-    bench_distributed.main(["--lots", "32", "--processes", "2", "--steps", "1", "--reps", "1",
-                            "--subset", "1000", "--out", str(out)])
+    bench_distributed.main(
+        [
+            "--lots",
+            "32",
+            "--processes",
+            "2",
+            "--steps",
+            "1",
+            "--reps",
+            "1",
+            "--subset",
+            "1000",
+            "--out",
+            str(out),
+        ]
+    )
     rows = list(csv.DictReader(out.open()))
-    assert [(r["mode"], r["processes"]) for r in rows] == [("plain", "1"), ("torch.distributed", "2")]
+    assert [(r["mode"], r["processes"]) for r in rows] == [
+        ("plain", "1"),
+        ("torch.distributed", "2"),
+    ]
     assert all(r.keys() == set(bench_distributed.COLUMNS) for r in rows)
     assert int(rows[1]["allreduce_bytes"]) == 4 * (60 * 1000 + 1000 * 10 + 2)
     assert float(rows[1]["examples_per_s"]) > 0 and 0 <= float(rows[1]["allreduce_share"])
@@ -95,45 +153,63 @@ def test_bench_cifar_epoch_protocol_and_preset_budgets(tmp_path):
     epochs = [r for r in rows if r["kind"] == "epoch"]
     settings = b.preset_settings()
     dp_lots = {p["lot_size"] for p in settings.values() if p["sigma"] > 0}
-    assert {(r["name"], int(r["lot"])) for r in epochs if r["name"] != "nonprivate"} == \
-        {("dpsgd_ghost_frozen", round(L * 100 / b.N)) for L in dp_lots}
+    assert {(r["name"], int(r["lot"])) for r in epochs if r["name"] != "nonprivate"} == {
+        ("dpsgd_ghost_frozen", round(L * 100 / b.N)) for L in dp_lots
+    }
     for r in epochs:
         assert int(r["examples"]) > 0 and float(r["cpu_s"]) > 0 and float(r["examples_per_s"]) > 0
-        assert r["groups"] == ("0" if r["name"] == "nonprivate" else "3")   # frozen convs: 3 dense layers
+        assert r["groups"] == (
+            "0" if r["name"] == "nonprivate" else "3"
+        )  # frozen convs: 3 dense layers
     assert [r["kind"] for r in rows].count("eval") == 1
     presets = {r["name"]: r for r in rows if r["kind"] == "preset"}
     assert set(presets) == set(settings)
     for name, p in settings.items():
         r = presets[name]
         q = p["lot_size"] / b.N
-        if p["sigma"] > 0:      # the accountant's budget at k = 3 groups; its PLD ε never above the target
-            lots = Ledger().steps_within(p["epsilon"], DELTA, Poisson(q, p["sigma"], 3), p["accountant"], p["convention"])
+        if (
+            p["sigma"] > 0
+        ):  # the accountant's budget at k = 3 groups; its PLD ε never above the target
+            lots = Ledger().steps_within(
+                p["epsilon"], DELTA, Poisson(q, p["sigma"], 3), p["accountant"], p["convention"]
+            )
             # the CSV keeps epochs to 2 decimals (half a unit)
-            assert int(r["preset_lots"]) == lots and float(r["epochs"]) == pytest.approx(lots * q, abs=0.005)
+            assert int(r["preset_lots"]) == lots and float(r["epochs"]) == pytest.approx(
+                lots * q, abs=0.005
+            )
             assert 0 < float(r["epsilon_pld_joint"]) <= p["epsilon"]
         else:
             assert float(r["epochs"]) == p["epochs"]
         per_epoch = float(r["epoch_s"]) + float(r["eval_s"]) / int(r["eval_every"])
         # the CSV keeps hours, epochs and timings to 2 decimals (half a unit each, through the product)
-        assert float(r["projected_h"]) == pytest.approx(float(r["epochs"]) * per_epoch / 3600, abs=0.006)
+        assert float(r["projected_h"]) == pytest.approx(
+            float(r["epochs"]) * per_epoch / 3600, abs=0.006
+        )
 
 
 @pytest.mark.slow
 def test_bench_run_times_every_phase_of_a_whole_run(tmp_path):
     """python -m bench.bench_run: a DP and a non-private child, every phase timed, the parts within the total."""
     from bench import bench_run
+
     out = tmp_path / "run.csv"
     bench_run.main(["--epochs", "1", "--repeats", "1", "--out", str(out)])
     rows = list(csv.DictReader(open(out)))
-    assert {r["phase"] for r in rows} == set(bench_run.PHASES) and {r["private"] for r in rows} == {"True", "False"}
+    assert {r["phase"] for r in rows} == set(bench_run.PHASES) and {r["private"] for r in rows} == {
+        "True",
+        "False",
+    }
     for private in ("True", "False"):
         t = {r["phase"]: float(r["seconds"]) for r in rows if r["private"] == private}
         assert 0 < t["steps"] <= t["lots"] < t["total"] and t["startup"] < t["total"]
-        assert int(next(r["lots"] for r in rows if r["private"] == private)) == 100    # one epoch of mnist_medium
+        assert (
+            int(next(r["lots"] for r in rows if r["private"] == private)) == 100
+        )  # one epoch of mnist_medium
 
 
 def test_bench_run_refuses_bad_options_in_one_line(capsys):
     from bench import bench_run
+
     with pytest.raises(SystemExit) as e:
         bench_run.main(["--repeats", "0"])
     assert e.value.code == 2 and "--repeats=0" in capsys.readouterr().err

@@ -14,6 +14,7 @@ examples run from the repository root whatever pytest's
 working directory, and pytest.ini (shared with every test file) stays as it is. The pages run under
 ``make test`` because this file is in ``tests/``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,8 +40,10 @@ EXECUTABLE = ("ACCOUNTING.md", "ARCHITECTURE.md", "CONFIGURATION.md")
 def run_page(path: Path) -> tuple[int, list[str]]:
     """(examples run, failure reports) for one markdown page; examples share globals in page order."""
     # a closing ``` fence would read as expected output: blank the fence lines (line numbers kept)
-    text = "\n".join("" if ln.lstrip().startswith("```") else ln
-                     for ln in path.read_text(encoding="utf-8").split("\n"))
+    text = "\n".join(
+        "" if ln.lstrip().startswith("```") else ln
+        for ln in path.read_text(encoding="utf-8").split("\n")
+    )
     parser = doctest.DocTestParser()
     examples = parser.get_examples(text, name=path.name)
     globs: dict = {"__name__": f"docs.{path.stem}"}
@@ -50,7 +53,7 @@ def run_page(path: Path) -> tuple[int, list[str]]:
         runner = doctest.DocTestRunner(optionflags=OPTIONS)
         test = doctest.DocTest([ex], globs, path.name, str(path), 0, None)
         res = runner.run(test, out=out.append, clear_globs=False)
-        globs = test.globs                           # DocTest copies its globals: carry them on
+        globs = test.globs  # DocTest copies its globals: carry them on
         line = ex.lineno + 1
         if res.failed:
             failures.append(f"{path.name}:{line}: {''.join(out).strip()}")
@@ -71,8 +74,10 @@ def test_page_examples_pass(page, monkeypatch):
 
 TOP_DIRS = ("dpsgd", "experiments", "bench", "tests", "conf", "results", "docs", ".ci")
 SPAN = re.compile(r"`([^`\n]+)`")
-PATH_REF = re.compile(r"^((?:%s)/[\w./-]*|Makefile|pytest\.ini|requirements[\w.-]*)(?::([A-Za-z_][\w.]*))?$"
-                      % "|".join(re.escape(d) for d in TOP_DIRS))
+PATH_REF = re.compile(
+    r"^((?:%s)/[\w./-]*|Makefile|pytest\.ini|requirements[\w.-]*)(?::([A-Za-z_][\w.]*))?$"
+    % "|".join(re.escape(d) for d in TOP_DIRS)
+)
 DOTTED = re.compile(r"^((?:dpsgd|experiments|bench)(?:\.[A-Za-z_]\w*)+)(?:\(\))?$")
 MODULE_RUN = re.compile(r"python -m ([A-Za-z_][\w.]*)")
 MAKE = re.compile(r"(?<![\w-])make ([a-z][\w-]*)(?![\w<-])")
@@ -111,12 +116,15 @@ def check_py_name(file: Path, dotted: str) -> str | None:
         if not isinstance(node, (ast.ClassDef, ast.Module)):
             return f"{where} is not a class, so {dotted!r} cannot be checked"
         scope, found = [node], None
-        while scope and found is None:              # the class, then its bases from this file
+        while scope and found is None:  # the class, then its bases from this file
             cls = scope.pop(0)
             found = _members(cls).get(part)
             if isinstance(cls, ast.ClassDef):
-                scope += [top[b.id] for b in cls.bases if isinstance(b, ast.Name)
-                          and isinstance(top.get(b.id), ast.ClassDef)]
+                scope += [
+                    top[b.id]
+                    for b in cls.bases
+                    if isinstance(b, ast.Name) and isinstance(top.get(b.id), ast.ClassDef)
+                ]
         if found is None:
             return f"{part!r} is not defined in {where}"
         node, where = found, f"{rel}:{part}" if where == str(rel) else f"{where}.{part}"
@@ -146,7 +154,7 @@ def check_module_run(mod: str) -> str | None:
     path = REPO.joinpath(*mod.split("."))
     if path.with_suffix(".py").is_file() or (path / "__main__.py").is_file():
         return None
-    if mod.split(".")[0] not in TOP_DIRS:            # a third-party module (pytest, pip, venv)
+    if mod.split(".")[0] not in TOP_DIRS:  # a third-party module (pytest, pip, venv)
         try:
             if importlib.util.find_spec(mod) is not None:
                 return None
@@ -168,7 +176,7 @@ def name_problems(text: str, where: str, base: Path = REPO / "docs") -> list[str
     for span in SPAN.findall(text):
         span = span.strip()
         if "<" in span or "*" in span or "{" in span:
-            continue                                 # a pattern, not a name
+            continue  # a pattern, not a name
         m = PATH_REF.match(span)
         if m:
             path, name = REPO / m.group(1).rstrip("/"), m.group(2)
@@ -176,14 +184,16 @@ def name_problems(text: str, where: str, base: Path = REPO / "docs") -> list[str
                 problems.append(f"{where}: `{span}`: no such file or folder")
             elif name is not None:
                 if path.suffix != ".py":
-                    problems.append(f"{where}: `{span}`: names inside non-Python files are not checkable")
+                    problems.append(
+                        f"{where}: `{span}`: names inside non-Python files are not checkable"
+                    )
                 elif (why := check_py_name(path, name)) is not None:
                     problems.append(f"{where}: `{span}`: {why}")
             continue
         m = DOTTED.match(span)
         if m and (why := check_dotted(m.group(1))) is not None:
             problems.append(f"{where}: `{span}`: {why}")
-    code = "\n".join(SPAN.findall(text) + FENCE.findall(text))   # commands only count inside code
+    code = "\n".join(SPAN.findall(text) + FENCE.findall(text))  # commands only count inside code
     for mod in set(MODULE_RUN.findall(code)):
         if (why := check_module_run(mod)) is not None:
             problems.append(f"{where}: {why}")
@@ -208,23 +218,34 @@ def test_page_names_exist(page):
 def test_architecture_traces_the_pipeline():
     """ARCHITECTURE.md names the functions a lot passes through, config to figure."""
     text = (REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
-    for ref in ("dpsgd/config/schema.py:validate", "dpsgd/data/readers.py:load_dataset", "dpsgd/mechanism/pca.py:fit_projection",
-                "dpsgd/mechanism/sampling.py:PoissonSampler.epoch", "dpsgd/train.py:run_epoch",
-                "dpsgd/mechanism/clipping/engine.py:PerExampleClipper.clipped_sum", "dpsgd/mechanism/optim.py:DPSGD.step",
-                "dpsgd/accountant/ledger.py:Ledger.record", "dpsgd/run/report.py:metrics_row",
-                "experiments/figures.py:main"):
+    for ref in (
+        "dpsgd/config/schema.py:validate",
+        "dpsgd/data/readers.py:load_dataset",
+        "dpsgd/mechanism/pca.py:fit_projection",
+        "dpsgd/mechanism/sampling.py:PoissonSampler.epoch",
+        "dpsgd/train.py:run_epoch",
+        "dpsgd/mechanism/clipping/engine.py:PerExampleClipper.clipped_sum",
+        "dpsgd/mechanism/optim.py:DPSGD.step",
+        "dpsgd/accountant/ledger.py:Ledger.record",
+        "dpsgd/run/report.py:metrics_row",
+        "experiments/figures.py:main",
+    ):
         assert f"`{ref}`" in text, ref
 
 
 def test_names_checker_catches_wrong_names():
     """The checker fails on names that do not exist (so a passing page means something)."""
     assert name_problems("make it fast, python -m dpsgd.nope in prose", "prose") == []
-    bad = ("`dpsgd/mechanism/sampling.py:PoissonSampler.iter` `dpsgd/nope.py` `dpsgd/mechanism/optim.py:SGD` "
-           "`dpsgd.accountant.Ledger.no_such` `python -m dpsgd.nope` `make no-such-target` [x](NOPE.md)")
+    bad = (
+        "`dpsgd/mechanism/sampling.py:PoissonSampler.iter` `dpsgd/nope.py` `dpsgd/mechanism/optim.py:SGD` "
+        "`dpsgd.accountant.Ledger.no_such` `python -m dpsgd.nope` `make no-such-target` [x](NOPE.md)"
+    )
     problems = name_problems(bad, "synthetic")
     assert len(problems) == 7, problems
-    good = ("`dpsgd/mechanism/sampling.py:PoissonSampler.epoch` `dpsgd/mechanism/sampling.py:PoissonSampler.state_dict` `dpsgd/mechanism/optim.py` `dpsgd/config/schema.py:PrivacyConfig.sigma` "
-            "`dpsgd.accountant.Ledger.steps_within` `python -m dpsgd.privacy` `make test` [r](RUNS.md)")
+    good = (
+        "`dpsgd/mechanism/sampling.py:PoissonSampler.epoch` `dpsgd/mechanism/sampling.py:PoissonSampler.state_dict` `dpsgd/mechanism/optim.py` `dpsgd/config/schema.py:PrivacyConfig.sigma` "
+        "`dpsgd.accountant.Ledger.steps_within` `python -m dpsgd.privacy` `make test` [r](RUNS.md)"
+    )
     assert name_problems(good, "synthetic") == []
 
 
@@ -233,6 +254,7 @@ def test_configuration_lists_every_key():
     from dataclasses import fields
 
     from dpsgd.config.schema import GROUPS, Config
+
     text = (REPO / "docs" / "CONFIGURATION.md").read_text(encoding="utf-8")
     keys = [f"{g}.{f.name}" for g, cls in GROUPS.items() for f in fields(cls)]
     keys += [f.name for f in fields(Config) if f.name not in GROUPS]

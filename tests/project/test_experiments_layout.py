@@ -2,6 +2,7 @@
 defaults in conf/ and the dataclasses only (and the two agree), sweeps expanded by Hydra, runs
 classified before any CSV is written, and nothing under results/ naming a folder of the machine that
 made it."""
+
 import ast
 import json
 import re
@@ -26,12 +27,16 @@ def _imports(module: str) -> list[tuple[str, list[str]]]:
     """(experiments module, names) of every import of ``module``, at the top or inside a function."""
     out = []
     for node in ast.walk(ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and (node.level == 1 or (node.module or "").startswith("experiments")):
+        if isinstance(node, ast.ImportFrom) and (
+            node.level == 1 or (node.module or "").startswith("experiments")
+        ):
             target = (node.module or "").removeprefix("experiments").lstrip(".")
             names = [a.name for a in node.names]
             out += [(target, names)] if target else [(n, []) for n in names]
         elif isinstance(node, ast.Import):
-            out += [(a.name.split(".")[1], []) for a in node.names if a.name.startswith("experiments.")]
+            out += [
+                (a.name.split(".")[1], []) for a in node.names if a.name.startswith("experiments.")
+            ]
     return [(t.split(".")[0], names) for t, names in out if t.split(".")[0] in MODULES]
 
 
@@ -40,7 +45,7 @@ def test_experiments_imports_have_no_circle():
     done, path = set(), []
 
     def visit(m):
-        assert m not in path, "import circle: " + " -> ".join(path[path.index(m):] + [m])
+        assert m not in path, "import circle: " + " -> ".join(path[path.index(m) :] + [m])
         if m in done:
             return
         path.append(m)
@@ -54,7 +59,13 @@ def test_experiments_imports_have_no_circle():
 
 
 def test_no_private_name_is_imported_across_modules():
-    bad = [f"{m} imports {t}.{n}" for m in MODULES for t, names in _imports(m) for n in names if n.startswith("_")]
+    bad = [
+        f"{m} imports {t}.{n}"
+        for m in MODULES
+        for t, names in _imports(m)
+        for n in names
+        if n.startswith("_")
+    ]
     assert not bad, bad
 
 
@@ -65,7 +76,9 @@ def test_layers_style_and_run_discovery_at_the_bottom_one_main_on_top():
         assert {t for t, _ in _imports(bottom)} <= {"claims", "paths"}, bottom
     importers = {m for m in MODULES if any(t == "figures" for t, _ in _imports(m))}
     assert importers <= {"frontier", "paper", "seeds"}, importers
-    callers = [m for m in MODULES if m != "readme" and "write_readme" in (PACKAGE / f"{m}.py").read_text()]
+    callers = [
+        m for m in MODULES if m != "readme" and "write_readme" in (PACKAGE / f"{m}.py").read_text()
+    ]
     assert callers == ["figures"], callers
 
 
@@ -73,7 +86,10 @@ def test_no_experiments_function_is_longer_than_80_lines():
     long = []
     for m in MODULES:
         for node in ast.walk(ast.parse((PACKAGE / f"{m}.py").read_text(encoding="utf-8"))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+            if (
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.end_lineno - node.lineno >= 80
+            ):
                 long.append(f"{m}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert not long, long
 
@@ -105,8 +121,15 @@ def conf_defaults():
         return _leaves(OmegaConf.to_container(compose([]), resolve=True))
 
 
-@pytest.mark.parametrize("key", [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason="see DISAGREE"))
-                                 if k in DISAGREE else k for k in sorted(DATACLASS_DEFAULTS)])
+@pytest.mark.parametrize(
+    "key",
+    [
+        pytest.param(k, marks=pytest.mark.xfail(strict=True, reason="see DISAGREE"))
+        if k in DISAGREE
+        else k
+        for k in sorted(DATACLASS_DEFAULTS)
+    ],
+)
 def test_dataclass_defaults_agree_with_conf(key, conf_defaults):
     """Every key the dataclasses of dpsgd/config/schema.py and the composed conf/ both define has one default."""
     if key not in conf_defaults:
@@ -115,29 +138,42 @@ def test_dataclass_defaults_agree_with_conf(key, conf_defaults):
 
 
 def test_every_conf_default_is_a_dataclass_field(conf_defaults):
-    assert set(conf_defaults) <= set(DATACLASS_DEFAULTS), set(conf_defaults) - set(DATACLASS_DEFAULTS)
+    assert set(conf_defaults) <= set(DATACLASS_DEFAULTS), set(conf_defaults) - set(
+        DATACLASS_DEFAULTS
+    )
 
 
 # ------------------------------------------------------------------------------- planning
 def test_sweep_points_are_hydras_expansion_of_the_sweep_file():
-    assert planning.sweep_points("hidden_units") == [["model.hidden=[250]"], ["model.hidden=[500]"],
-                                                     ["model.hidden=[2000]"]]
-    assert planning.sweep_points("lot_size") == [[f"privacy.lot_size={v}"] for v in (2400, 1200, 245)]
+    assert planning.sweep_points("hidden_units") == [
+        ["model.hidden=[250]"],
+        ["model.hidden=[500]"],
+        ["model.hidden=[2000]"],
+    ]
+    assert planning.sweep_points("lot_size") == [
+        [f"privacy.lot_size={v}"] for v in (2400, 1200, 245)
+    ]
     points = planning.sweep_points("pca_dims")
     assert points[0] == ["sweep/projection@model=pca_20"] and len(points) == 4
     for point in points:
         c = planning.composed("+sweep=pca_dims", *point)
-        assert c.privacy.target_epsilon == 2.0 and c.privacy.sigma_p == 7.0   # the medium preset's
+        assert c.privacy.target_epsilon == 2.0 and c.privacy.sigma_p == 7.0  # the medium preset's
 
 
 def test_plan_jobs_reads_every_setting_from_the_composed_config():
     """A sweep point's epochs follow its own lot size; a non-private preset runs its configured epochs."""
-    jobs = {j["name"]: j for j in paper.plan_jobs(["mnist_nonprivate", "mnist_medium"], ["lot_size"])}
-    assert jobs["mnist_nonprivate"]["each"] == [float(planning.composed("experiment=mnist_nonprivate").training.epochs)]
+    jobs = {
+        j["name"]: j for j in paper.plan_jobs(["mnist_nonprivate", "mnist_medium"], ["lot_size"])
+    }
+    assert jobs["mnist_nonprivate"]["each"] == [
+        float(planning.composed("experiment=mnist_nonprivate").training.epochs)
+    ]
     each = jobs["sweep_lot_size"]["each"]
     assert len(set(each)) == 3
-    assert each == [planning.epochs_needed(planning.composed("+sweep=lot_size", f"privacy.lot_size={L}"))
-                    for L in (2400, 1200, 245)]
+    assert each == [
+        planning.epochs_needed(planning.composed("+sweep=lot_size", f"privacy.lot_size={L}"))
+        for L in (2400, 1200, 245)
+    ]
     # the preset's own accountant and convention: the tanh CNN's PLD, joint, global clipping at ε = 3
     c = frontier.run_config("mnist_tanh_cnn", 3.0)
     assert (c.accountant.name, c.privacy.convention, c.model.projection) == ("pld", "joint", "none")
@@ -149,24 +185,39 @@ def test_typed_config_fills_what_a_config_file_leaves_out():
 
 
 # ------------------------------------------------------------------------------- collect
-def _run(d: str, mtime: float, experiment=None, sweep=None, seed=0, overrides=(), config=None) -> dict:
+def _run(
+    d: str, mtime: float, experiment=None, sweep=None, seed=0, overrides=(), config=None
+) -> dict:
     choices = {k: v for k, v in (("experiment", experiment), ("sweep", sweep)) if v}
-    return {"dir": Path(d), "mtime": mtime, "choices": choices, "overrides": list(overrides),
-            "config": {"seed": seed, **(config or {})}, "privacy": {"status": "complete"}}
+    return {
+        "dir": Path(d),
+        "mtime": mtime,
+        "choices": choices,
+        "overrides": list(overrides),
+        "config": {"seed": seed, **(config or {})},
+        "privacy": {"status": "complete"},
+    }
 
 
 def test_classify_keeps_the_newest_run_of_each_preset_and_sweep_point(capsys):
-    runs = [_run("b", 2, "mnist_small", overrides=["experiment=mnist_small"]),
-            _run("a", 1, "mnist_small", overrides=["experiment=mnist_small"]),
-            _run("c", 3, "mnist_small", overrides=["experiment=mnist_small", "privacy.sigma=3"]),   # not the preset
-            _run("d", 1, "cifar10_eps2", overrides=["experiment=cifar10_eps2"]),
-            _run("e", 1, "mnist_medium", "noise", config={"privacy": {"sigma": 2.0}}),
-            _run("f", 2, "mnist_medium", "noise", config={"privacy": {"sigma": 2.0}}),
-            _run("g", 1, "mnist_medium", "noise", seed=1, config={"privacy": {"sigma": 2.0}})]
+    runs = [
+        _run("b", 2, "mnist_small", overrides=["experiment=mnist_small"]),
+        _run("a", 1, "mnist_small", overrides=["experiment=mnist_small"]),
+        _run(
+            "c", 3, "mnist_small", overrides=["experiment=mnist_small", "privacy.sigma=3"]
+        ),  # not the preset
+        _run("d", 1, "cifar10_eps2", overrides=["experiment=cifar10_eps2"]),
+        _run("e", 1, "mnist_medium", "noise", config={"privacy": {"sigma": 2.0}}),
+        _run("f", 2, "mnist_medium", "noise", config={"privacy": {"sigma": 2.0}}),
+        _run("g", 1, "mnist_medium", "noise", seed=1, config={"privacy": {"sigma": 2.0}}),
+    ]
     c = collect.classify(runs)
     assert c.presets["mnist_small"]["dir"] == Path("b") and list(c.presets) == ["mnist_small"]
     assert c.cifar["cifar10_eps2"]["dir"] == Path("d")
-    assert {k: r["dir"] for k, r in c.sweeps.items()} == {("noise", "2", 0): Path("f"), ("noise", "2", 1): Path("g")}
+    assert {k: r["dir"] for k, r in c.sweeps.items()} == {
+        ("noise", "2", 0): Path("f"),
+        ("noise", "2", 1): Path("g"),
+    }
     assert "mnist_small: newer run b replaces a" in capsys.readouterr().out
     pinned = collect.classify(runs, pinned={"mnist_small": Path("a")})
     assert pinned.presets["mnist_small"]["dir"] == Path("a")
@@ -182,8 +233,11 @@ def test_portable_paths():
 def test_kept_config_names_no_folder_of_this_machine(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    cfg = {"dataset": {"name": "mnist", "root": str(tmp_path / "somewhere" / "data")},
-           "model": {"pretrained": None}, "privacy": {"sigma": 1.5}}
+    cfg = {
+        "dataset": {"name": "mnist", "root": str(tmp_path / "somewhere" / "data")},
+        "model": {"pretrained": None},
+        "privacy": {"sigma": 1.5},
+    }
     (run / "config.resolved.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     (run / "privacy.json").write_text(json.dumps({"status": "complete"}))
     frontier.keep_small_files(run, tmp_path / "kept")
@@ -193,10 +247,16 @@ def test_kept_config_names_no_folder_of_this_machine(tmp_path):
 
 
 def test_committed_results_name_no_folder_of_a_machine():
-    files = subprocess.run(["git", "ls-files", "results"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "results"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
     if not files:
         pytest.skip("not a git checkout")
     machine = re.compile(r"/(work|tmp|root|home)/[A-Za-z0-9._-]+/")
-    bad = [f for f in files if f.endswith((".yaml", ".csv", ".json", ".md"))
-           and machine.search((ROOT / f).read_text(encoding="utf-8", errors="replace"))]
+    bad = [
+        f
+        for f in files
+        if f.endswith((".yaml", ".csv", ".json", ".md"))
+        and machine.search((ROOT / f).read_text(encoding="utf-8", errors="replace"))
+    ]
     assert not bad, bad

@@ -7,6 +7,7 @@ the command line of ``python -m`` (the program on top of every layer), never run
 (``accountant/privacy_loss/``: ``pld_lot._step_pmf``); across packages only public names are used
 (shared helpers become public names of one module, e.g. ``dpsgd/core/errors.py``).
 """
+
 from __future__ import annotations
 
 import ast
@@ -28,15 +29,21 @@ def _target(mods: dict[str, Path], name: str, node: ast.ImportFrom) -> str:
     if node.level == 0:
         return node.module or ""
     base = name.split(".") if mods[name].name == "__init__.py" else name.split(".")[:-1]
-    base = base[:len(base) - (node.level - 1)]
+    base = base[: len(base) - (node.level - 1)]
     return ".".join(base + ([node.module] if node.module else []))
 
 
 def _is_main_guard(node) -> bool:
     t = getattr(node, "test", None)
-    return (isinstance(node, ast.If) and isinstance(t, ast.Compare) and isinstance(t.left, ast.Name)
-            and t.left.id == "__name__" and len(t.comparators) == 1
-            and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value == "__main__")
+    return (
+        isinstance(node, ast.If)
+        and isinstance(t, ast.Compare)
+        and isinstance(t.left, ast.Name)
+        and t.left.id == "__name__"
+        and len(t.comparators) == 1
+        and isinstance(t.comparators[0], ast.Constant)
+        and t.comparators[0].value == "__main__"
+    )
 
 
 def _walk(tree):
@@ -55,7 +62,7 @@ def _imports(mods: dict[str, Path]):
             if isinstance(node, ast.ImportFrom):
                 target = _target(mods, name, node)
                 subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in mods]
-                if len(subs) == len(node.names):        # from pkg import submodule, ...
+                if len(subs) == len(node.names):  # from pkg import submodule, ...
                     yield from ((name, s, []) for s in subs)
                 elif target in mods:
                     yield name, target, [a.name for a in node.names]
@@ -121,23 +128,43 @@ def test_modules_use_only_public_names_of_other_packages():
         private = [n for n in names if n.startswith("_")]
         if private or any(part.startswith("_") for part in b.split(".")[1:]):
             bad.append(f"{a} imports {private or b} from {b}")
-    for m in mods:      # module._name: an attribute of a dpsgd module of another package
+    for m in mods:  # module._name: an attribute of a dpsgd module of another package
         tree = ast.parse(mods[m].read_text(encoding="utf-8"))
-        aliases = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-                   for a in n.names if _target(mods, m, n) + "." + a.name in mods
-                   and _package(mods, _target(mods, m, n) + "." + a.name) != _package(mods, m)}
-        bad += [f"{m} uses {n.value.id}.{n.attr}" for n in ast.walk(tree)
-                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases
-                and n.attr.startswith("_") and not n.attr.startswith("__")]
+        aliases = {
+            a.asname or a.name
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom)
+            for a in n.names
+            if _target(mods, m, n) + "." + a.name in mods
+            and _package(mods, _target(mods, m, n) + "." + a.name) != _package(mods, m)
+        }
+        bad += [
+            f"{m} uses {n.value.id}.{n.attr}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name)
+            and n.value.id in aliases
+            and n.attr.startswith("_")
+            and not n.attr.startswith("__")
+        ]
     assert bad == []
 
 
 # The layers of dpsgd, bottom to top (docs/ARCHITECTURE.md walks them): a module imports only from its
 # own layer or the ones below. Algorithm 1 (train) sits under the command line (launch), which runs it;
 # the other commands (privacy, audit, tune, pretrain) sit on top.
-LAYERS = [("dpsgd.core", "dpsgd.accountant"), ("dpsgd.data",), ("dpsgd.models",), ("dpsgd.mechanism",),
-          ("dpsgd.config",), ("dpsgd.run",), ("dpsgd.train",), ("dpsgd.launch",),
-          ("dpsgd.privacy", "dpsgd.audit", "dpsgd.tune"), ("dpsgd.pretrain",)]
+LAYERS = [
+    ("dpsgd.core", "dpsgd.accountant"),
+    ("dpsgd.data",),
+    ("dpsgd.models",),
+    ("dpsgd.mechanism",),
+    ("dpsgd.config",),
+    ("dpsgd.run",),
+    ("dpsgd.train",),
+    ("dpsgd.launch",),
+    ("dpsgd.privacy", "dpsgd.audit", "dpsgd.tune"),
+    ("dpsgd.pretrain",),
+]
 
 
 def _layer(m: str) -> int:
@@ -155,16 +182,23 @@ def test_every_module_has_a_layer():
 
 def test_no_import_from_a_higher_layer():
     mods = _modules()
-    up = [f"{a} (layer {_layer(a)}) imports {b} (layer {_layer(b)})" for a, b, _ in _imports(mods)
-          if a != "dpsgd" and b != "dpsgd" and _layer(b) > _layer(a)]
+    up = [
+        f"{a} (layer {_layer(a)}) imports {b} (layer {_layer(b)})"
+        for a, b, _ in _imports(mods)
+        if a != "dpsgd" and b != "dpsgd" and _layer(b) > _layer(a)
+    ]
     assert up == []
 
 
 def test_no_function_longer_than_80_lines():
     """One idea per function: none in dpsgd/ runs past 80 lines (docstring included)."""
-    long = [f"{p.relative_to(ROOT.parent)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
-            for p in ROOT.rglob("*.py") for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 80]
+    long = [
+        f"{p.relative_to(ROOT.parent)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+        for p in ROOT.rglob("*.py")
+        for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.end_lineno - n.lineno + 1 > 80
+    ]
     assert long == []
 
 
@@ -175,9 +209,14 @@ METHODS = ("dpsgd.accountant.renyi", "dpsgd.accountant.privacy_loss")
 
 def test_accountant_methods_import_nothing_above_them():
     mods = _modules()
-    up = [f"{a} imports {b}" for a, b, _ in _imports(mods)
-          if a.startswith(METHODS) and b.startswith("dpsgd.accountant")
-          and not b.startswith(METHODS) and b != "dpsgd.accountant.limits"]
+    up = [
+        f"{a} imports {b}"
+        for a, b, _ in _imports(mods)
+        if a.startswith(METHODS)
+        and b.startswith("dpsgd.accountant")
+        and not b.startswith(METHODS)
+        and b != "dpsgd.accountant.limits"
+    ]
     assert up == []
 
 
@@ -194,4 +233,6 @@ def test_no_folder_holds_more_than_ten_modules():
         name = str(folder.relative_to(ROOT.parent))
         if n > MODULES_MAX and name not in LEFT_WHOLE:
             crowded[name] = n
-    assert crowded == {}, f"split these folders, or say in LEFT_WHOLE and docs/ARCHITECTURE.md why not: {crowded}"
+    assert crowded == {}, (
+        f"split these folders, or say in LEFT_WHOLE and docs/ARCHITECTURE.md why not: {crowded}"
+    )

@@ -4,6 +4,7 @@ The fake stands in for both the base Python (`-m venv DIR` copies itself to DIR/
 venv's Python (`-m pip ...` is logged with the interpreter that ran it); both sleep, so that two makes
 started together overlap. VENV, PYTHON are overridden on the make command line; each test ~1-3 s.
 """
+
 import os
 import shutil
 import subprocess
@@ -14,8 +15,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(not (shutil.which("make") and shutil.which("flock")),
-                                reason="needs GNU make and util-linux flock")
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("make") and shutil.which("flock")),
+    reason="needs GNU make and util-linux flock",
+)
 
 FAKE = textwrap.dedent("""\
     #!/usr/bin/env bash
@@ -43,10 +46,20 @@ def env(tmp_path):
 
 def _make(env, **extra):
     return subprocess.Popen(
-        ["make", "--no-print-directory", "-C", str(REPO), "install", f"VENV={env['venv']}",
-         f"PYTHON={env['fake']}"],
+        [
+            "make",
+            "--no-print-directory",
+            "-C",
+            str(REPO),
+            "install",
+            f"VENV={env['venv']}",
+            f"PYTHON={env['fake']}",
+        ],
         env={**os.environ, "FAKE_LOG": str(env["log"]), **extra},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _run(env, **extra):
@@ -77,7 +90,7 @@ def test_two_concurrent_installs_build_the_venv_once(env):
 
 
 def test_half_built_venv_is_rebuilt_not_installed_into(env):
-    (env["venv"] / "bin").mkdir(parents=True)          # python -m venv interrupted: no .created
+    (env["venv"] / "bin").mkdir(parents=True)  # python -m venv interrupted: no .created
     shutil.copy(env["fake"], env["venv"] / "bin" / "python")
     (env["venv"] / "junk").touch()
     rc, out = _run(env)

@@ -12,6 +12,7 @@
 * a resume with another world size is refused with one line naming it (exit 2);
 * (slow) SIGKILL of one rank mid-run leaves the last checkpoint intact and resumable.
 """
+
 import csv
 import json
 import os
@@ -35,9 +36,19 @@ from dpsgd.launch.prepare import prepare_resume
 from dpsgd.train import train
 
 REPO = Path(__file__).resolve().parents[2]
-TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
-ARGS = ["dataset.subset=1200", "privacy.lot_size=60", "model.hidden=[50]", "training.epochs=2",
-        "privacy.sigma=2", "device=cpu", "seed=5", "training.eval_batch_size=2000"]
+TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which(
+    "torchrun"
+)
+ARGS = [
+    "dataset.subset=1200",
+    "privacy.lot_size=60",
+    "model.hidden=[50]",
+    "training.epochs=2",
+    "privacy.sigma=2",
+    "device=cpu",
+    "seed=5",
+    "training.eval_batch_size=2000",
+]
 SIGMA, C, L = 2.0, 0.5, 64.0
 
 
@@ -75,7 +86,7 @@ def _noise_once(d, group, res, tag):
     from dpsgd.mechanism.plan import Plan
 
     for secure in (False, True):
-        model = MLP(200, (100,), 10, bias=False)           # 21 000 coordinates
+        model = MLP(200, (100,), 10, bias=False)  # 21 000 coordinates
         torch.manual_seed(0)
         for p in model.parameters():
             torch.nn.init.normal_(p)
@@ -83,17 +94,23 @@ def _noise_once(d, group, res, tag):
         noise = GaussianNoise(seed=None if secure else 123, secure=secure)
         dp = DPSGD(model, clipper, noise, Plan.by_hand(SIGMA, C, L), lr=1.0)
         x, y = torch.zeros(13, 200), torch.zeros(13, dtype=torch.long)
-        dp.comm = distributed.Aggregator(d, secure, list(clipper.clipped_sum(x[:1], y[:1]).grads), group)
+        dp.comm = distributed.Aggregator(
+            d, secure, list(clipper.clipped_sum(x[:1], y[:1]).grads), group
+        )
         before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
         share = d.share(torch.arange(13))
         out = dp.step(x[share], y[share])
         after = torch.cat([p.detach().flatten() for p in model.parameters()])
-        upd = (before - after) * L                          # = the noise N(0, σ²C²) if added once
+        upd = (before - after) * L  # = the noise N(0, σ²C²) if added once
         fps = [None] * d.world_size
         td.all_gather_object(fps, after.detach().cpu().clone(), group=group)
-        res[f"{tag}_{secure}"] = {"std": float(upd.double().std()), "mean": float(upd.double().mean()),
-                                  "lot_size": out["lot_size"], "calls": dp.comm.calls,
-                                  "identical": all(torch.equal(f, fps[0]) for f in fps)}   # bit-identical
+        res[f"{tag}_{secure}"] = {
+            "std": float(upd.double().std()),
+            "mean": float(upd.double().mean()),
+            "lot_size": out["lot_size"],
+            "calls": dp.comm.calls,
+            "identical": all(torch.equal(f, fps[0]) for f in fps),
+        }  # bit-identical
 
 
 def _worker(rank, init_file, out):
@@ -110,7 +127,10 @@ def _worker(rank, init_file, out):
         res = {}
         # every rank's sampler over the whole set, each takes its share: the union per step is the
         # lot of a 1-process sampler with the same seed
-        ref = [sorted(r.tolist()) for r in PoissonSampler(500, 40, torch.Generator().manual_seed(11)).epoch()]
+        ref = [
+            sorted(r.tolist())
+            for r in PoissonSampler(500, 40, torch.Generator().manual_seed(11)).epoch()
+        ]
         got = []
         for lot in PoissonSampler(500, 40, torch.Generator().manual_seed(11)).epoch():
             parts = [None] * 4
@@ -118,7 +138,7 @@ def _worker(rank, init_file, out):
             got.append(sorted(i for p in parts for i in p))
         res["lots_equal"] = got == ref and len(ref) > 1
         _noise_once(d, None, res, "P4")
-        pair = td.new_group([0, 1])                         # every rank takes part in creating it
+        pair = td.new_group([0, 1])  # every rank takes part in creating it
         if rank < 2:
             _noise_once(Dist(rank, 2, rank, d.backend), pair, res, "P2")
         td.barrier()
@@ -131,7 +151,9 @@ def _worker(rank, init_file, out):
 def test_lots_and_noise_once_with_2_and_4_processes(tmp_path):
     out = tmp_path / "res.json"
     # fork: the children inherit the imported modules (a spawn re-imports torch in each of 4 processes)
-    mp.start_processes(_worker, args=(str(tmp_path / "pg"), str(out)), nprocs=4, join=True, start_method="fork")
+    mp.start_processes(
+        _worker, args=(str(tmp_path / "pg"), str(out)), nprocs=4, join=True, start_method="fork"
+    )
     res = json.loads(out.read_text())
     assert res["lots_equal"]
     n = 200 * 100 + 100 * 10
@@ -141,15 +163,20 @@ def test_lots_and_noise_once_with_2_and_4_processes(tmp_path):
             # std of n = 21 000 i.i.d. normals: relative sd 1/√(2n) = 0.5 %; ±3 % is > 6 sd, while
             # the wrong scales √P·σC and σC/√P are ≥ 41 % away
             assert abs(r["std"] / (SIGMA * C) - 1) < 0.03, (P, secure, r)
-            assert abs(r["mean"]) < 5 * SIGMA * C / n ** 0.5
-            assert r["identical"] and r["lot_size"] == 13   # the global lot size, all-reduced
-            assert r["calls"] == 1                          # one all-reduce per lot
+            assert abs(r["mean"]) < 5 * SIGMA * C / n**0.5
+            assert r["identical"] and r["lot_size"] == 13  # the global lot size, all-reduced
+            assert r["calls"] == 1  # one all-reduce per lot
 
 
 def _train(args, cwd, n=None):
-    cmd = ([TORCHRUN, "--standalone", f"--nproc_per_node={n}", "-m", "dpsgd.train"] if n
-           else [sys.executable, "-m", "dpsgd.train"])
-    return subprocess.run(cmd + args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
+    cmd = (
+        [TORCHRUN, "--standalone", f"--nproc_per_node={n}", "-m", "dpsgd.train"]
+        if n
+        else [sys.executable, "-m", "dpsgd.train"]
+    )
+    return subprocess.run(
+        cmd + args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300
+    )
 
 
 def _in_process(args, run_dir=None):
@@ -167,8 +194,8 @@ def test_torchrun_two_processes_equal_one_process(tmp_path, capsys):
     assert two.returncode == 0, two.stderr + two.stdout
     _in_process(ARGS, tmp_path / "one")
     a, b = load_checkpoint(tmp_path / "one"), load_checkpoint(tmp_path / "two")
-    assert torch.equal(a["sampler"]["generator"], b["sampler"]["generator"])   # the same lots drawn
-    assert torch.equal(a["noise"]["state"], b["noise"]["state"])               # the same noise draws
+    assert torch.equal(a["sampler"]["generator"], b["sampler"]["generator"])  # the same lots drawn
+    assert torch.equal(a["noise"]["state"], b["noise"]["state"])  # the same noise draws
     assert a["ledger"] == b["ledger"] and a["steps"] == b["steps"] > 0
     for k in a["model"]:
         # float32: two processes sum each lot's clipped gradients in another order (all-reduce),
@@ -180,11 +207,14 @@ def test_torchrun_two_processes_equal_one_process(tmp_path, capsys):
     assert pa["epsilon_by_accountant"] == pb["epsilon_by_accountant"]
     ra, rb = (list(csv.DictReader(open(tmp_path / r / "metrics.csv"))) for r in ("one", "two"))
     assert len(ra) == len(rb) == 2
-    for x, y in zip(ra, rb):      # the same lots: same lot loss to float32 order; same ε, steps
-        assert [x[k] for k in ("epoch", "steps", "epsilon", "epsilon_valid")] == \
-               [y[k] for k in ("epoch", "steps", "epsilon", "epsilon_valid")]
+    for x, y in zip(ra, rb):  # the same lots: same lot loss to float32 order; same ε, steps
+        assert [x[k] for k in ("epoch", "steps", "epsilon", "epsilon_valid")] == [
+            y[k] for k in ("epoch", "steps", "epsilon", "epsilon_valid")
+        ]
         assert abs(float(x["lot_loss"]) - float(y["lot_loss"])) < 1e-5
-    assert {p.name for p in (tmp_path / "two").iterdir()} == {p.name for p in (tmp_path / "one").iterdir()} | {".hydra"}
+    assert {p.name for p in (tmp_path / "two").iterdir()} == {
+        p.name for p in (tmp_path / "one").iterdir()
+    } | {".hydra"}
     # a resume with another number of processes is refused in one line naming world_size, unwritten
     before = (tmp_path / "two" / "privacy.json").read_bytes()
     capsys.readouterr()
@@ -216,29 +246,39 @@ def _rank_pids(torchrun_pid):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(TORCHRUN is None or not sys.platform.startswith("linux"), reason="torchrun, /proc")
+@pytest.mark.skipif(
+    TORCHRUN is None or not sys.platform.startswith("linux"), reason="torchrun, /proc"
+)
 @pytest.mark.parametrize("victim", [0, 1])
 def test_sigkill_one_rank_then_resume(tmp_path, victim):
     args = ARGS + ["training.epochs=6", "hydra.run.dir=run"]
     ref = _train(ARGS + ["training.epochs=6", "hydra.run.dir=ref"], tmp_path, n=2)
     assert ref.returncode == 0, ref.stderr
-    proc = subprocess.Popen([TORCHRUN, "--standalone", "--nproc_per_node=2", "-m", "dpsgd.train", *args],
-                            cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [TORCHRUN, "--standalone", "--nproc_per_node=2", "-m", "dpsgd.train", *args],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     run, deadline = tmp_path / "run", time.time() + 240
     while time.time() < deadline and proc.poll() is None:
-        if (run / "metrics.csv").is_file() and len((run / "metrics.csv").read_text().splitlines()) >= 3:
+        if (run / "metrics.csv").is_file() and len(
+            (run / "metrics.csv").read_text().splitlines()
+        ) >= 3:
             break
         time.sleep(0.02)
     pids = _rank_pids(proc.pid)
     assert victim in pids, pids
     os.kill(pids[victim], signal.SIGKILL)
     assert proc.wait(timeout=120) != 0
-    ckpt = load_checkpoint(run)                  # verified (content hash): intact
+    ckpt = load_checkpoint(run)  # verified (content hash): intact
     assert ckpt is not None and not ckpt["complete"] and ckpt["distributed"]["world_size"] == 2
     r = _train([f"resume={run}"], tmp_path, n=2)
     assert r.returncode == 0, r.stderr
     done, want = load_checkpoint(run), load_checkpoint(tmp_path / "ref")
     assert done["complete"] and done["steps"] == want["steps"]
+
     # a seeded replay on the same setup: every lot proved by its digest on both ranks is charged once;
     # what the dead attempt reserved but never digested (the lot in flight, the rest of its chunk) is lost
     def by_kind(ledger, labels):
@@ -249,9 +289,15 @@ def test_sigkill_one_rank_then_resume(tmp_path, victim):
                 out[key] = out.get(key, 0) + e["count"]
         return out
 
-    assert by_kind(done["ledger"], ("pca", "sgd")) == by_kind(want["ledger"], ("pca", "sgd", "lost"))
+    assert by_kind(done["ledger"], ("pca", "sgd")) == by_kind(
+        want["ledger"], ("pca", "sgd", "lost")
+    )
     lost = sum(e["count"] for e in done["ledger"]["entries"] if e["label"] == "lost")
     st = json.loads((run / "privacy.json").read_text())
-    assert lost == sum(r["lost_lots_charged"] for r in st["resumes"]) <= want["steps"] // 6   # ≤ an epoch
+    assert (
+        lost == sum(r["lost_lots_charged"] for r in st["resumes"]) <= want["steps"] // 6
+    )  # ≤ an epoch
     for k in want["model"]:
-        torch.testing.assert_close(done["model"][k], want["model"][k], rtol=0, atol=0)   # bit-identical replay
+        torch.testing.assert_close(
+            done["model"][k], want["model"][k], rtol=0, atol=0
+        )  # bit-identical replay

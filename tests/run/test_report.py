@@ -1,6 +1,7 @@
 """The privacy statement leads with the valid guarantee (min over valid accountants, joint convention);
 the configured value is labelled beside it; refusing accountants are skipped; diverged runs claim
 nothing for a model. In-process, a small ledger, no training."""
+
 import math
 import random
 from decimal import Decimal
@@ -15,12 +16,20 @@ from dpsgd.accountant.events import Gaussian, Poisson
 from dpsgd.config.schema import validate
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.plan import Plan
-from dpsgd.run.report import (COLUMNS, STATUSES, eps_up, epsilons, final_line, metrics_row, privacy_statement,
-                          progress_line)
+from dpsgd.run.report import (
+    COLUMNS,
+    STATUSES,
+    eps_up,
+    epsilons,
+    final_line,
+    metrics_row,
+    privacy_statement,
+    progress_line,
+)
 from dpsgd.mechanism.sampling import make_sampler
 
 DELTA = 1e-5
-K = 2                                   # per-layer clipping of the paper's MLP: two groups
+K = 2  # per-layer clipping of the paper's MLP: two groups
 
 
 def _cfg(**privacy):
@@ -30,8 +39,8 @@ def _cfg(**privacy):
 
 def _ledger(cls=Ledger):
     led = cls()
-    led.record(Gaussian(7.0), 1, "pca")                # DP-PCA release
-    led.record(Poisson(0.01, 4.0, K), 300, "sgd")      # 300 lots at q = 0.01
+    led.record(Gaussian(7.0), 1, "pca")  # DP-PCA release
+    led.record(Poisson(0.01, 4.0, K), 300, "sgd")  # 300 lots at q = 0.01
     return led
 
 
@@ -50,8 +59,14 @@ def _run(c, led, eps, steps=300):
     progress = SimpleNamespace(ledger=led, eps=eps, steps=steps, epoch=3, resumes=[])
     sampler = make_sampler("poisson", 60_000, 600, torch.Generator().manual_seed(0))
     plan = Plan(sampler.event(p.sigma, K) if p.private else None, p.clip_norm, p.lot_size, sampler)
-    parts = SimpleNamespace(sampler=sampler, plan=plan, k=K, noise=GaussianNoise(seed=0), runtime=None,
-                            clipper=SimpleNamespace(mode="ghost"))
+    parts = SimpleNamespace(
+        sampler=sampler,
+        plan=plan,
+        k=K,
+        noise=GaussianNoise(seed=0),
+        runtime=None,
+        clipper=SimpleNamespace(mode="ghost"),
+    )
     return SimpleNamespace(progress=progress, parts=parts)
 
 
@@ -65,9 +80,12 @@ def _row(c, eps):
 
 def test_valid_epsilon_is_the_min_over_valid_accountants_under_the_joint_convention(paper):
     c, led, eps = paper
-    joint = {a: led.epsilon(DELTA, accountant=a, convention="joint")[0] for a in ("moments", "rdp", "pld")}
+    joint = {
+        a: led.epsilon(DELTA, accountant=a, convention="joint")[0]
+        for a in ("moments", "rdp", "pld")
+    }
     best = min(joint, key=joint.get)
-    assert eps["valid_accountant"] == best == "pld"              # the tight accountant wins here
+    assert eps["valid_accountant"] == best == "pld"  # the tight accountant wins here
     assert eps["epsilon_valid"] == joint[best]
     # the configured (paper's) value is kept as `epsilon` and is below the joint moments value
     assert eps["epsilon"] == led.epsilon(DELTA, accountant="moments", convention="per_tensor")[0]
@@ -84,11 +102,15 @@ def test_valid_epsilon_is_never_below_the_exact_gaussian_epsilon():
     led.record(Gaussian(4.0, groups=2), 4, "sgd")
     s = mpmath.sqrt(2)
     mpmath.mp.dps = 40
-    delta = lambda e: mpmath.ncdf(1 / (2 * s) - e * s) - mpmath.exp(e) * mpmath.ncdf(-1 / (2 * s) - e * s)  # noqa: E731
+    delta = lambda e: (
+        mpmath.ncdf(1 / (2 * s) - e * s) - mpmath.exp(e) * mpmath.ncdf(-1 / (2 * s) - e * s)
+    )  # noqa: E731
     exact = float(mpmath.findroot(lambda e: delta(e) - DELTA, 3.0))
     eps = epsilons(led, c)
-    assert eps["epsilon_valid"] >= exact                          # never below what was spent
-    assert eps["epsilon_valid"] == pytest.approx(exact, rel=1e-2)  # and tight (pessimistic PLD grid)
+    assert eps["epsilon_valid"] >= exact  # never below what was spent
+    assert eps["epsilon_valid"] == pytest.approx(
+        exact, rel=1e-2
+    )  # and tight (pessimistic PLD grid)
     assert Decimal(eps_up(eps["epsilon_valid"])) >= Decimal(exact)
 
 
@@ -96,21 +118,29 @@ def test_statement_leads_with_the_valid_guarantee_and_labels_the_papers_value(pa
     c, led, eps = paper
     st = _statement(c, led, eps)
     text = st["statement"]
-    assert text.startswith(f"({eps_up(eps['epsilon_valid'])}, 1e-05)-DP, pld accountant, joint convention, "
-                           "for the released model")
-    assert (f"paper's accounting (moments, per-tensor): ε = {eps_up(eps['epsilon'])} — under-states ε, "
-            "reproduces the paper's numbers") in text
+    assert text.startswith(
+        f"({eps_up(eps['epsilon_valid'])}, 1e-05)-DP, pld accountant, joint convention, "
+        "for the released model"
+    )
+    assert (
+        f"paper's accounting (moments, per-tensor): ε = {eps_up(eps['epsilon'])} — under-states ε, "
+        "reproduces the paper's numbers"
+    ) in text
     assert text.index("pld accountant") < text.index("paper's accounting")
     assert st["epsilon_valid"] == eps["epsilon_valid"] and st["epsilon_valid_accountant"] == "pld"
     assert st["epsilon_valid_convention"] == "joint"
-    assert st["epsilon"] == eps["epsilon"]                       # the configured value (budget stop, collectors)
+    assert st["epsilon"] == eps["epsilon"]  # the configured value (budget stop, collectors)
     assert st["epsilon_by_accountant"]["moments"]["per_tensor"] == eps["epsilon"]
     assert st["status"] == "complete" and st["stop_reason"] == "epochs_completed"
     line = final_line(st, 0.9457, "/tmp/run")
-    assert line.splitlines()[0] == "done (epochs_completed): 300 lots, 3 epochs, test accuracy 0.9457"
+    assert (
+        line.splitlines()[0] == "done (epochs_completed): 300 lots, 3 epochs, test accuracy 0.9457"
+    )
     assert line.splitlines()[1] == text and "results: /tmp/run/metrics.csv" in line
-    assert line.splitlines()[2].startswith("not covered by ε (privacy.json not_covered): lot_loss, train_loss, "
-                                           "train_accuracy (training-set loss and accuracy)")
+    assert line.splitlines()[2].startswith(
+        "not covered by ε (privacy.json not_covered): lot_loss, train_loss, "
+        "train_accuracy (training-set loss and accuracy)"
+    )
 
 
 def test_configured_joint_accountant_is_labelled_looser_or_omitted():
@@ -133,7 +163,9 @@ def test_printed_epsilon_is_rounded_up():
     for _ in range(2000):
         x = 10 ** rng.uniform(-4, 4)
         assert Decimal(eps_up(x)) >= Decimal(x)
-        assert Decimal(eps_up(x)) - Decimal(x) <= Decimal(x) * Decimal("1e-3")   # at most one unit in 4 digits
+        assert Decimal(eps_up(x)) - Decimal(x) <= Decimal(x) * Decimal(
+            "1e-3"
+        )  # at most one unit in 4 digits
 
 
 class _RefusesPld(Ledger):
@@ -157,7 +189,9 @@ def test_a_refusing_accountant_is_skipped_and_recorded():
     assert eps["refused"]["pld"]["joint"] == "pld: ledger too long for the FFT grid (test)"
     assert eps["by"]["pld"]["joint"] == (None, None)
     st = _statement(c, led, eps)
-    assert st["statement"].startswith(f"({eps_up(rdp)}, 1e-05)-DP, rdp accountant, joint convention")
+    assert st["statement"].startswith(
+        f"({eps_up(rdp)}, 1e-05)-DP, rdp accountant, joint convention"
+    )
     assert st["epsilon_by_accountant"]["pld"] == {"per_tensor": None, "joint": None}
     assert "FFT grid" in st["epsilon_refused"]["pld"]["joint"]
     row = _row(c, eps)
@@ -168,7 +202,9 @@ def test_every_accountant_refusing_makes_no_claim_and_does_not_crash(capsys):
     c = _cfg(convention="per_tensor")
     led = _ledger(_RefusesAll)
     eps = epsilons(led, c)
-    assert eps["epsilon_valid"] is None and eps["valid_accountant"] is None and eps["epsilon"] is None
+    assert (
+        eps["epsilon_valid"] is None and eps["valid_accountant"] is None and eps["epsilon"] is None
+    )
     st = _statement(c, led, eps)
     assert st["statement"].startswith("NO PRIVACY CLAIM: no valid (ε, δ) bound")
     assert "ε = n/a (refused: moments: refused (test))" in st["statement"]
@@ -182,9 +218,14 @@ def test_diverged_run_reports_the_spent_epsilon_but_releases_nothing(paper):
     c, led, eps = paper
     st = _statement(c, led, eps, status="diverged", stop_reason="diverged", steps=120)
     text = st["statement"]
-    assert text.startswith("DIVERGED after 120 lots (non-finite loss or parameter): the model is not released")
+    assert text.startswith(
+        "DIVERGED after 120 lots (non-finite loss or parameter): the model is not released"
+    )
     assert "for the released model" not in text
-    assert f"privacy spent on the training data so far: ({eps_up(eps['epsilon_valid'])}, 1e-05)-DP" in text
+    assert (
+        f"privacy spent on the training data so far: ({eps_up(eps['epsilon_valid'])}, 1e-05)-DP"
+        in text
+    )
     assert st["epsilon_valid"] == eps["epsilon_valid"]
     assert final_line(st, math.nan).startswith("DIVERGED (diverged): 120 lots")
     running = _statement(c, led, eps, status="running", stop_reason=None)["statement"]
@@ -202,9 +243,19 @@ def test_status_vocabulary_and_bad_status(paper):
 
 def test_metrics_columns_keep_their_order_and_progress_line_leads_with_valid(paper, capsys):
     c, led, eps = paper
-    assert COLUMNS[:8] == ["epoch", "steps", "lr", "lot_loss", "train_loss", "train_accuracy", "test_accuracy",
-                           "epsilon"]
-    assert COLUMNS[-2:] == ["wall_time_s", "epsilon_valid"] and len(COLUMNS) == len(set(COLUMNS)) == 31
+    assert COLUMNS[:8] == [
+        "epoch",
+        "steps",
+        "lr",
+        "lot_loss",
+        "train_loss",
+        "train_accuracy",
+        "test_accuracy",
+        "epsilon",
+    ]
+    assert (
+        COLUMNS[-2:] == ["wall_time_s", "epsilon_valid"] and len(COLUMNS) == len(set(COLUMNS)) == 31
+    )
     row = _row(c, eps)
     assert set(row) == set(COLUMNS) and row["epsilon"] == eps["epsilon"]
     progress_line(row, c)
@@ -219,5 +270,7 @@ def test_nonprivate_statement():
     st = _statement(c, None, eps)
     # strict JSON: no Infinity; "not private" in words beside a null ε
     assert st["statement"].startswith("NOT PRIVATE") and st["private"] is False
-    assert st["epsilon"] is None and st["epsilon_valid"] is None and st["epsilon_by_accountant"] == {}
+    assert (
+        st["epsilon"] is None and st["epsilon_valid"] is None and st["epsilon_by_accountant"] == {}
+    )
     assert "not private" in st["not_covered"][0]["why"]

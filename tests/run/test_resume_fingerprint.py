@@ -3,6 +3,7 @@ lots that may have run after the checkpoint charged whatever the resume changes,
 to the checkpoint. Kills are simulated in-process (tests/resume_harness.py); the property test that
 searches kill sequences is tests/run/test_lot_guard.py's.
 """
+
 from __future__ import annotations
 
 import copy
@@ -15,7 +16,14 @@ import pytest
 
 from conftest import metrics_rows
 from dpsgd.launch.main import train_main
-from dpsgd.config.fingerprint import FREE, LENGTH, REPLAY, RESUME_ALLOWED, config_fingerprint, config_leaves
+from dpsgd.config.fingerprint import (
+    FREE,
+    LENGTH,
+    REPLAY,
+    RESUME_ALLOWED,
+    config_fingerprint,
+    config_leaves,
+)
 from dpsgd.config.schema import CHOICES, Config, ConfigError, validate
 from dpsgd.run import state as runstate
 from dpsgd.run.checkpoint import fingerprint_hash, load_checkpoint
@@ -28,8 +36,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _snapshot(root: Path) -> dict:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 # ----------------------------------------------------------------- the fingerprint: default deny
@@ -44,7 +55,7 @@ def _changed(key, v):
         return v + "x"
     if isinstance(v, list):
         return [*v, 1]
-    return 1          # None
+    return 1  # None
 
 
 LEAVES = sorted(config_leaves(validate({})))
@@ -77,8 +88,11 @@ def test_the_allow_list_is_short_known_and_documented():
 
 def test_a_calibrated_sigma_names_its_calibration():
     from dpsgd.run.checkpoint import check_resumable
+
     saved = {"privacy.sigma": 1.2, "privacy.calibrate_sigma": True}
-    with pytest.raises(ConfigError, match=r"privacy\.sigma=1\.3 .*privacy\.calibrate_sigma=true.*training\.epochs"):
+    with pytest.raises(
+        ConfigError, match=r"privacy\.sigma=1\.3 .*privacy\.calibrate_sigma=true.*training\.epochs"
+    ):
         check_resumable(saved, {**saved, "privacy.sigma": 1.3})
 
 
@@ -86,9 +100,16 @@ def test_a_calibrated_sigma_names_its_calibration():
 @pytest.fixture(scope="module")
 def killed_template(tmp_path_factory):
     """checkpoint_every=2: epoch 3's row is written, the run dies 5 lots into epoch 4 (made once)."""
-    run, log = killed_once(tmp_path_factory, "killed", "training.epochs=4", "training.checkpoint_every=2",
-                           kill=("lot", 35))
-    assert [r["epoch"] for r in metrics_rows(run)] == ["1", "2", "3"] and load_checkpoint(run)["steps"] == 20
+    run, log = killed_once(
+        tmp_path_factory,
+        "killed",
+        "training.epochs=4",
+        "training.checkpoint_every=2",
+        kill=("lot", 35),
+    )
+    assert [r["epoch"] for r in metrics_rows(run)] == ["1", "2", "3"] and load_checkpoint(run)[
+        "steps"
+    ] == 20
     return run, log
 
 
@@ -96,23 +117,36 @@ def killed_template(tmp_path_factory):
 def killed(killed_template, tmp_path, monkeypatch):
     """A copy of the killed run; returns (harness, the lots reserved after the epoch-2 checkpoint)."""
     h = copy_of(killed_template, tmp_path, monkeypatch)
-    reserved = max(json.loads(x).get("upto", 0) for x in (h.run / RESERVATIONS).read_text().splitlines())
+    reserved = max(
+        json.loads(x).get("upto", 0) for x in (h.run / RESERVATIONS).read_text().splitlines()
+    )
     assert reserved >= 35
     return h, reserved
 
 
 def test_a_changed_key_that_no_list_names_is_refused(killed):
     h, _ = killed
-    for bad, key in [("model.init=torch", "model.init"), ("training.ema_decay=0.9", "training.ema_decay"),
-                     ("privacy.allow_large_delta=true", "privacy.allow_large_delta"),
-                     ("privacy.augment_multiplicity=2", "privacy.augment_multiplicity")]:
+    for bad, key in [
+        ("model.init=torch", "model.init"),
+        ("training.ema_decay=0.9", "training.ema_decay"),
+        ("privacy.allow_large_delta=true", "privacy.allow_large_delta"),
+        ("privacy.augment_multiplicity=2", "privacy.augment_multiplicity"),
+    ]:
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             prepare_resume([f"resume={h.run}", "training.epochs=2", bad])
 
 
-@pytest.mark.parametrize("change", [[], ["training.lr=0.05"], ["training.momentum=0.5"],
-                                    ["privacy.physical_batch_size=7"], ["training.epochs=3"],
-                                    ["training.max_steps=32"]])
+@pytest.mark.parametrize(
+    "change",
+    [
+        [],
+        ["training.lr=0.05"],
+        ["training.momentum=0.5"],
+        ["privacy.physical_batch_size=7"],
+        ["training.epochs=3"],
+        ["training.max_steps=32"],
+    ],
+)
 def test_every_resume_charges_the_reserved_lots_whatever_it_changes(killed, change):
     """One rule (dpsgd/run/guard.py): the lots reserved past the checkpoint at 20 are charged as lost
     on resume, whether the resume changes nothing, the weights, the sums or the length."""
@@ -120,7 +154,9 @@ def test_every_resume_charges_the_reserved_lots_whatever_it_changes(killed, chan
     st = h.resume(*change)
     assert _lots(st, ("lost",)) == reserved - 20 == st["resumes"][-1]["lost_lots_charged"]
     assert "lots.reserved reserved lots up to" in st["resumes"][-1]["lost_lots_reason"]
-    ran = {"training.epochs=3": 30, "training.max_steps=32": 32}.get(change[0] if change else "", 40)
+    ran = {"training.epochs=3": 30, "training.max_steps=32": 32}.get(
+        change[0] if change else "", 40
+    )
     assert st["status"] == "complete" and _lots(st, ("sgd",)) == ran
     assert _lots(st) >= h.executed()
 
@@ -129,6 +165,7 @@ def test_an_interrupted_resume_still_owes_nothing_twice(killed, monkeypatch):
     """A resume interrupted at lot 25: its statement holds the lost lots and the 25 it ran; the next
     resume charges the lots the interrupted one reserved past the checkpoint, once."""
     from dpsgd.core.errors import Interrupted
+
     h, reserved = killed
     orig = runstate.Run.charge
 
@@ -150,15 +187,30 @@ def test_an_interrupted_resume_still_owes_nothing_twice(killed, monkeypatch):
 
 
 # ----------------------------------------------------------------- lots.reserved bound to the checkpoint
-@pytest.mark.parametrize("damage,why", [
-    (lambda p: p.unlink(), "missing"),
-    (lambda p: p.write_text('{"upto": 36}\n'), "no binding line"),
-    (lambda p: p.write_text('{"checkpoint": "0123456789abcdef", "steps": 20}\n{"upto": 36}\n'),
-     "bound to another checkpoint"),
-    (lambda p: p.write_text(p.read_text().splitlines()[0] + '\n{"upto": 1000000000000000}\n'), "line 2"),
-    (lambda p: p.write_text(p.read_text().splitlines()[0] + '\n{"upto": 999999999}\n'), "line 2"),
-    (lambda p: p.write_text(p.read_text() + '{"upto": "many"}\n'), "is not a reservation"),
-])
+@pytest.mark.parametrize(
+    "damage,why",
+    [
+        (lambda p: p.unlink(), "missing"),
+        (lambda p: p.write_text('{"upto": 36}\n'), "no binding line"),
+        (
+            lambda p: p.write_text(
+                '{"checkpoint": "0123456789abcdef", "steps": 20}\n{"upto": 36}\n'
+            ),
+            "bound to another checkpoint",
+        ),
+        (
+            lambda p: p.write_text(
+                p.read_text().splitlines()[0] + '\n{"upto": 1000000000000000}\n'
+            ),
+            "line 2",
+        ),
+        (
+            lambda p: p.write_text(p.read_text().splitlines()[0] + '\n{"upto": 999999999}\n'),
+            "line 2",
+        ),
+        (lambda p: p.write_text(p.read_text() + '{"upto": "many"}\n'), "is not a reservation"),
+    ],
+)
 def test_a_missing_or_altered_reservation_file_is_refused(killed, capsys, damage, why):
     h, _ = killed
     damage(h.run / RESERVATIONS)
@@ -166,7 +218,9 @@ def test_a_missing_or_altered_reservation_file_is_refused(killed, capsys, damage
     with pytest.raises(SystemExit) as e:
         train_main([f"resume={h.run}"])
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and len(err.splitlines()) == 1 and RESERVATIONS in err and why in err, err
+    assert (
+        e.value.code == 2 and len(err.splitlines()) == 1 and RESERVATIONS in err and why in err
+    ), err
     assert _snapshot(h.run) == before
 
 
@@ -179,6 +233,8 @@ def test_a_crash_between_checkpoint_and_binding_resumes(tmp_path, monkeypatch):
     h.resume("training.epochs=3")
     ck = load_checkpoint(h.run)
     assert ck["reservations"]["previous"] == binding["token"]
-    (h.run / RESERVATIONS).write_text(stale + '{"upto": 20}\n')   # as if the binding had not been written
+    (h.run / RESERVATIONS).write_text(
+        stale + '{"upto": 20}\n'
+    )  # as if the binding had not been written
     st = h.resume("training.epochs=4")
     assert st["status"] == "complete" and _lots(st, ("lost",)) == 0 and _lots(st, ("sgd",)) == 40

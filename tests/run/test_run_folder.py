@@ -3,6 +3,7 @@
 In-process where the behaviour is about values (``main`` exits with SystemExit, capsys reads the one
 line); a real subprocess only where it is about signals and processes.
 """
+
 from __future__ import annotations
 
 import csv
@@ -70,28 +71,33 @@ def finished(tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("argv,key", [
-    (["++hydra.run.dir={run}"], "hydra.run.dir"),
-    (["+hydra.run.dir={run}"], "hydra.run.dir"),
-    (["hydra.run.dir='{run}'"], "hydra.run.dir"),
-    (["-m", "hydra.sweep.dir={run}"], "hydra.sweep.dir"),
-    (["--multirun", "hydra.sweep.dir={tmp}", "hydra.sweep.subdir=."], "hydra.sweep.subdir"),
-    (["-m", "hydra.sweep.dir={tmp}", "hydra.sweep.subdir=../x"], "hydra.sweep.subdir"),
-    (["hydra.output_subdir=../run/.hydra"], "hydra.output_subdir"),
-    (["--experimental-rerun", "x"], "--experimental-rerun"),
-    (["resume={run}", "hydra.run.dir={tmp}"], "hydra.run.dir"),
-    (["resume={run}", "privacy.target_epsilon=3"], "privacy.target_epsilon"),
-    (["resume={run}", "accountant=pld"], "accountant.name"),
-    (["resume={run}", "privacy.convention=per_tensor"], "privacy.convention"),
-    (["-m", "resume={run}"], "resume"),
-    (["hydra.run.dir={tmp}/file/sub"], "hydra.run.dir"),
-])
+@pytest.mark.parametrize(
+    "argv,key",
+    [
+        (["++hydra.run.dir={run}"], "hydra.run.dir"),
+        (["+hydra.run.dir={run}"], "hydra.run.dir"),
+        (["hydra.run.dir='{run}'"], "hydra.run.dir"),
+        (["-m", "hydra.sweep.dir={run}"], "hydra.sweep.dir"),
+        (["--multirun", "hydra.sweep.dir={tmp}", "hydra.sweep.subdir=."], "hydra.sweep.subdir"),
+        (["-m", "hydra.sweep.dir={tmp}", "hydra.sweep.subdir=../x"], "hydra.sweep.subdir"),
+        (["hydra.output_subdir=../run/.hydra"], "hydra.output_subdir"),
+        (["--experimental-rerun", "x"], "--experimental-rerun"),
+        (["resume={run}", "hydra.run.dir={tmp}"], "hydra.run.dir"),
+        (["resume={run}", "privacy.target_epsilon=3"], "privacy.target_epsilon"),
+        (["resume={run}", "accountant=pld"], "accountant.name"),
+        (["resume={run}", "privacy.convention=per_tensor"], "privacy.convention"),
+        (["-m", "resume={run}"], "resume"),
+        (["hydra.run.dir={tmp}/file/sub"], "hydra.run.dir"),
+    ],
+)
 def test_refused_command_leaves_the_run_byte_identical(finished, tmp_path, capsys, argv, key):
     (tmp_path / "file").write_text("x")
-    (tmp_path / "keep").write_text("x")           # the sweep dir candidates are not empty
+    (tmp_path / "keep").write_text("x")  # the sweep dir candidates are not empty
     before = _snapshot(finished.parent), _snapshot(tmp_path)
     code, err = _main(capsys, *[a.format(run=finished, tmp=tmp_path) for a in argv] + TINY)
-    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: ") and key in err, err
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: ") and key in err, (
+        err
+    )
     assert (_snapshot(finished.parent), _snapshot(tmp_path)) == before
 
 
@@ -99,11 +105,14 @@ def test_resume_reads_its_checkpoint_not_hydra_files(finished, tmp_path, capsys)
     """A rewritten or missing .hydra/overrides.yaml cannot drop the target: the target comes from the
     hash-checked checkpoint, and the budget is recomputed from the ledger."""
     import shutil
+
     run = tmp_path / "copy"
     shutil.copytree(finished, run)
     shutil.rmtree(run / ".hydra", ignore_errors=True)
     (run / ".hydra").mkdir()
-    (run / ".hydra" / "overrides.yaml").write_text("- privacy.target_epsilon=null\n- accountant=pld\n")
+    (run / ".hydra" / "overrides.yaml").write_text(
+        "- privacy.target_epsilon=null\n- accountant=pld\n"
+    )
     train_main([f"resume={run}", "training.epochs=40"])
     st = json.loads((run / "privacy.json").read_text())
     assert st["target_epsilon"] == 1.5 and st["accountant"] == "moments"
@@ -119,11 +128,17 @@ def test_a_resume_whose_ledger_already_spends_the_target_finishes_at_once(tmp_pa
     _fresh(run, "training.epochs=2", "privacy.target_epsilon=2", "training.checkpoint_every=1")
     ck = load_checkpoint(run)
     ck["complete"], ck["stop_reason"] = False, None
-    ck["ledger"]["entries"][-1]["count"] += 100000       # as if more had been spent than the target allows
+    ck["ledger"]["entries"][-1]["count"] += (
+        100000  # as if more had been spent than the target allows
+    )
     save_checkpoint(run, ck)
     train_main([f"resume={run}", "training.epochs=3"])
     st = json.loads((run / "privacy.json").read_text())
-    assert "target_epsilon_reached" in capsys.readouterr().out and st["status"] == "complete" and st["stop_reason"] == "target_epsilon_reached"
+    assert (
+        "target_epsilon_reached" in capsys.readouterr().out
+        and st["status"] == "complete"
+        and st["stop_reason"] == "target_epsilon_reached"
+    )
     assert st["epsilon"] > 2 and st["steps"] == ck["steps"]
     assert load_checkpoint(run)["complete"]
 
@@ -136,14 +151,18 @@ def _corrupt_flip(p: Path):
     p.write_bytes(bytes(d))
 
 
-@pytest.mark.parametrize("damage,why", [
-    (_corrupt_flip, "content hash mismatch"),
-    (lambda p: p.write_bytes(p.read_bytes()[:-100]), "truncated"),
-    (lambda p: p.write_bytes(b""), "empty"),
-    (lambda p: p.write_bytes(b"PK\x03\x04 an old torch.save zip"), "format version"),
-])
+@pytest.mark.parametrize(
+    "damage,why",
+    [
+        (_corrupt_flip, "content hash mismatch"),
+        (lambda p: p.write_bytes(p.read_bytes()[:-100]), "truncated"),
+        (lambda p: p.write_bytes(b""), "empty"),
+        (lambda p: p.write_bytes(b"PK\x03\x04 an old torch.save zip"), "format version"),
+    ],
+)
 def test_damaged_checkpoint_is_refused_in_one_line(finished, tmp_path, capsys, damage, why):
     import shutil
+
     run = tmp_path / "run"
     shutil.copytree(finished, run)
     damage(run / "checkpoint.pt")
@@ -161,13 +180,17 @@ def test_checkpoint_missing_a_key_is_refused(tmp_path):
 
 def test_checkpoint_round_trip_is_exact(finished):
     ck = load_checkpoint(finished)
-    assert ck["version"] == 6 and ck["target_epsilon"] == 1.5 and ck["fingerprint"]["accountant.name"] == "moments"
-    assert ck["optimizer"] == {"momentum": 0.0, "velocity": {}}      # plain SGD: no buffers
+    assert (
+        ck["version"] == 6
+        and ck["target_epsilon"] == 1.5
+        and ck["fingerprint"]["accountant.name"] == "moments"
+    )
+    assert ck["optimizer"] == {"momentum": 0.0, "velocity": {}}  # plain SGD: no buffers
 
 
 # ----------------------------------------------------------------- one writer
 def test_second_writer_is_refused_while_the_first_holds_the_run(finished, capsys):
-    fd = os.open(finished, os.O_RDONLY)            # another process's lock (a separate open file)
+    fd = os.open(finished, os.O_RDONLY)  # another process's lock (a separate open file)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
         before = _snapshot(finished)
@@ -203,7 +226,7 @@ def test_run_lock_is_reentrant_and_released(tmp_path):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.close(fd)
     fd = os.open(tmp_path, os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)      # free again
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
     os.close(fd)
 
 
@@ -219,7 +242,7 @@ def test_reservations_never_pass_the_limit_and_survive_a_torn_line(tmp_path):
         r.before_lot(s, 10)
     assert r.owed(ckpt, 0, 20).windows == ((0, 10),)
     with open(tmp_path / RESERVATIONS, "a") as f:
-        f.write('{"upto": 9999')                     # a line cut short by a crash: never fsync'd
+        f.write('{"upto": 9999')  # a line cut short by a crash: never fsync'd
     assert r.owed(ckpt, 0, 20).windows == ((0, 10),)
     r.bind("t2", 10)
     assert r.owed({"steps": 10, "reservations": {"token": "t2"}}, 0, 20).lots == 0
@@ -231,14 +254,15 @@ def test_reserved_lots_are_charged_even_to_a_seeded_replay(tmp_path, change, cha
     dpsgd/run/guard.py)."""
     run = tmp_path / "run"
     _fresh(run, "training.epochs=2", "training.checkpoint_every=1")
-    ck = load_checkpoint(run)            # pretend the process died 12 lots after epoch 1's checkpoint
+    ck = load_checkpoint(run)  # pretend the process died 12 lots after epoch 1's checkpoint
     ck.update(complete=False, stop_reason=None, epoch=1, steps=10)
     ck["ledger"]["entries"][-1]["count"] -= 10
     ck["rows"] = ck["rows"][:1]
     save_checkpoint(run, ck)
     binding = ck["reservations"]
-    (run / RESERVATIONS).write_text(json.dumps({"checkpoint": binding["token"], "steps": 10})
-                                    + '\n{"upto": 16}\n{"upto": 22}\n')
+    (run / RESERVATIONS).write_text(
+        json.dumps({"checkpoint": binding["token"], "steps": 10}) + '\n{"upto": 16}\n{"upto": 22}\n'
+    )
     c, rd, rest = prepare_resume([f"resume={run}", "training.epochs=3", *change])
     st = training.train(c, rd, rest)
     assert _ledger_lots(st, ("lost",)) == charged
@@ -247,8 +271,14 @@ def test_reserved_lots_are_charged_even_to_a_seeded_replay(tmp_path, change, cha
 
 def _start(args, cwd):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "dpsgd.train", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dpsgd.train", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_rows(run: Path, rows: int, proc, timeout=120):
@@ -263,18 +293,32 @@ def test_secure_mode_charges_every_lot_that_ran_after_a_kill(tmp_path):
     """privacy.secure_rng: the noise after the last checkpoint cannot be replayed, so the lots that
     ran after it (their rows reached metrics.superseded.csv) are charged on resume; the target holds."""
     run = tmp_path / "run"
-    args = [*TINY, "privacy.secure_rng=true", "training.checkpoint_every=5", "training.epochs=400",
-            "privacy.target_epsilon=2", "privacy.sigma=5", f"hydra.run.dir={run}"]
+    args = [
+        *TINY,
+        "privacy.secure_rng=true",
+        "training.checkpoint_every=5",
+        "training.epochs=400",
+        "privacy.target_epsilon=2",
+        "privacy.sigma=5",
+        f"hydra.run.dir={run}",
+    ]
     proc = _start(args, tmp_path)
     _wait_rows(run, 7, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    ran = max(int(r["steps"]) for r in csv.DictReader(open(run / "metrics.csv")))   # at least these ran
+    ran = max(
+        int(r["steps"]) for r in csv.DictReader(open(run / "metrics.csv"))
+    )  # at least these ran
     ckpt_steps = load_checkpoint(run)["steps"]
     assert ran > ckpt_steps
-    r = subprocess.run([sys.executable, "-m", "dpsgd.train", f"resume={run}"], cwd=tmp_path,
-                       env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"),
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "dpsgd.train", f"resume={run}"],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     st = json.loads((run / "privacy.json").read_text())
     lost = _ledger_lots(st, ("lost",))
@@ -295,8 +339,10 @@ def test_nonfinite_training_stops_as_diverged(tmp_path, capsys):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_signals_interrupt_with_one_line_and_no_traceback(tmp_path, sig):
     run = tmp_path / "run"
-    proc = _start([*TINY, "training.epochs=100000", "training.checkpoint_every=2", f"hydra.run.dir={run}"],
-                  tmp_path)
+    proc = _start(
+        [*TINY, "training.epochs=100000", "training.checkpoint_every=2", f"hydra.run.dir={run}"],
+        tmp_path,
+    )
     _wait_rows(run, 3, proc)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
@@ -305,7 +351,7 @@ def test_signals_interrupt_with_one_line_and_no_traceback(tmp_path, sig):
     assert f"interrupted by {signal.Signals(sig).name}" in err and f"resume={run}" in err
     st = json.loads((run / "privacy.json").read_text())
     assert st["status"] == "interrupted"
-    assert _ledger_lots(st) == st["steps"] >= 30          # every lot that ran is in the statement's ledger
+    assert _ledger_lots(st) == st["steps"] >= 30  # every lot that ran is in the statement's ledger
 
 
 def test_metrics_file_removed_mid_run_is_rewritten_whole(tmp_path):
@@ -315,9 +361,14 @@ def test_metrics_file_removed_mid_run_is_rewritten_whole(tmp_path):
     (tmp_path / "metrics.csv").unlink()
     w.append({"epoch": 3, "loss": 0.3})
     assert (tmp_path / "metrics.csv").read_text() == "epoch,loss\n1,0.5\n2,0.4\n3,0.3\n"
-    (tmp_path / "metrics.csv").write_text("epoch,loss\n")       # truncated under us
+    (tmp_path / "metrics.csv").write_text("epoch,loss\n")  # truncated under us
     w.append({"epoch": 4, "loss": 0.2})
-    assert (tmp_path / "metrics.csv").read_text().splitlines()[-4:] == ["1,0.5", "2,0.4", "3,0.3", "4,0.2"]
+    assert (tmp_path / "metrics.csv").read_text().splitlines()[-4:] == [
+        "1,0.5",
+        "2,0.4",
+        "3,0.3",
+        "4,0.2",
+    ]
 
 
 def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
@@ -336,11 +387,15 @@ def test_disk_errors_during_training_are_one_line(tmp_path, capsys, monkeypatch)
     import errno
 
     def full(*a, **k):
-        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "checkpoint.pt"))
+        raise OSError(
+            errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "checkpoint.pt")
+        )
 
     monkeypatch.setattr(runstate, "save_checkpoint", full)
     code, err = _train_cli(capsys, tmp_path / "run", "training.epochs=1")
-    assert code == 1 and err == f"error: {tmp_path / 'run' / 'checkpoint.pt'}: No space left on device"
+    assert (
+        code == 1 and err == f"error: {tmp_path / 'run' / 'checkpoint.pt'}: No space left on device"
+    )
 
 
 def test_run_dir_with_a_quote_can_be_resumed(tmp_path, capsys):

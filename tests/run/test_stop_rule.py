@@ -1,6 +1,7 @@
 """The stop rule (dpsgd/run/state.py: Run.lots_left, Run.stop_reason, Run.charge) and the epochs → lots rule
 (accountant.calibrate.lots_per_epoch, lots_for_epochs): one answer for the loop, the write-ahead
 reservation, the end of an epoch, the budget and the privacy command line."""
+
 import itertools
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,18 +21,34 @@ from dpsgd.run.state import Progress, Rows, Run
 from dpsgd.mechanism.sampling import make_sampler
 from dpsgd.train import train
 
-TINY = ["dataset.subset=3000", "privacy.lot_size=150", "privacy.physical_batch_size=150",
-        "model.hidden=[200]", "device=cpu"]
+TINY = [
+    "dataset.subset=3000",
+    "privacy.lot_size=150",
+    "privacy.physical_batch_size=150",
+    "model.hidden=[200]",
+    "device=cpu",
+]
 
 
 def _run(tmp_path, sampling, epochs, max_steps, epoch, steps, budget, N=100, L=10):
     """A Run holding only what the stop rule reads: the training limits, the progress, the sampler."""
-    c = SimpleNamespace(training=SimpleNamespace(epochs=epochs, max_steps=max_steps),
-                        privacy=SimpleNamespace(private=True, secure_rng=True, sigma=1.0))
-    parts = SimpleNamespace(sampler=make_sampler(sampling, N, L, torch.Generator().manual_seed(0)), k=1)
-    return Run(c=c, run_dir=Path(tmp_path), overrides=[], dist=Dist(),
-               progress=Progress(ledger=Ledger(), epoch=epoch, steps=steps, budget=budget),
-               parts=parts, writer=Rows([]), guard=LotGuard(tmp_path))
+    c = SimpleNamespace(
+        training=SimpleNamespace(epochs=epochs, max_steps=max_steps),
+        privacy=SimpleNamespace(private=True, secure_rng=True, sigma=1.0),
+    )
+    parts = SimpleNamespace(
+        sampler=make_sampler(sampling, N, L, torch.Generator().manual_seed(0)), k=1
+    )
+    return Run(
+        c=c,
+        run_dir=Path(tmp_path),
+        overrides=[],
+        dist=Dist(),
+        progress=Progress(ledger=Ledger(), epoch=epoch, steps=steps, budget=budget),
+        parts=parts,
+        writer=Rows([]),
+        guard=LotGuard(tmp_path),
+    )
 
 
 def _spelled_out(run, lot):
@@ -48,8 +65,11 @@ def _spelled_out(run, lot):
     limit = min(epoch_end, t.max_steps or epoch_end)
     if at.budget is not None and s.amplification:
         limit = min(limit, at.steps + at.budget)
-    last = (at.epoch == t.epochs or (t.max_steps is not None and at.steps >= t.max_steps)
-            or (at.budget is not None and at.budget <= 0))
+    last = (
+        at.epoch == t.epochs
+        or (t.max_steps is not None and at.steps >= t.max_steps)
+        or (at.budget is not None and at.budget <= 0)
+    )
     return why, limit, last
 
 
@@ -61,12 +81,12 @@ def test_one_rule_answers_what_each_caller_asked(tmp_path, sampling):
         run = _run(tmp_path, sampling, 3, max_steps, epoch, steps, budget)
         why, limit, last = _spelled_out(run, lot)
         case = (max_steps, epoch, lot, budget)
-        if lot == 0:      # at an epoch boundary: was the epoch before it the last one?
+        if lot == 0:  # at an epoch boundary: was the epoch before it the last one?
             assert (run.stop_reason(0) is not None) == last, case
-        if epoch == 3:    # the loop runs no lot of a fourth epoch
+        if epoch == 3:  # the loop runs no lot of a fourth epoch
             continue
         assert run.stop_reason(lot) == why, case
-        if why is None:   # a lot runs: it is reserved up to the same limit
+        if why is None:  # a lot runs: it is reserved up to the same limit
             assert steps + run.lots_left(lot) == limit, case
         else:
             assert run.lots_left(lot) == 0, case
@@ -82,22 +102,30 @@ def test_epochs_completed_comes_first_at_an_epoch_boundary(tmp_path):
 def test_a_charge_is_recorded_and_taken_off_the_budget(tmp_path):
     run = _run(tmp_path, "poisson", epochs=3, max_steps=None, epoch=0, steps=0, budget=2)
     run.charge(Poisson(0.1, 4.0))
-    run.charge(None)                       # a lot covered by an earlier charge (shuffle)
+    run.charge(None)  # a lot covered by an earlier charge (shuffle)
     assert run.progress.budget == 1 and run.progress.ledger.to_dict()["entries"][0]["count"] == 1
     assert run.lots_left(1) == 1
 
 
 def test_shuffle_budget_counts_epochs(tmp_path):
     run = _run(tmp_path, "shuffle", epochs=9, max_steps=None, epoch=1, steps=13, budget=0)
-    assert run.stop_reason(3) is None and run.lots_left(3) == 7      # the epoch was charged at its lot 0
+    assert (
+        run.stop_reason(3) is None and run.lots_left(3) == 7
+    )  # the epoch was charged at its lot 0
     run = _run(tmp_path, "shuffle", epochs=9, max_steps=None, epoch=1, steps=10, budget=2)
-    assert run.lots_left(0) == 10 and run.parts.sampler.lots_within(2, 0) == 20      # two epochs
+    assert run.lots_left(0) == 10 and run.parts.sampler.lots_within(2, 0) == 20  # two epochs
 
 
-@pytest.mark.parametrize("stop, lots", [
-    (["training.max_steps=27"], 27),
-    (["privacy.target_epsilon=0.8", "privacy.sigma=4"], calibrate.max_steps(0.8, 1e-5, 0.05, 4.0, "moments", 2)),
-])
+@pytest.mark.parametrize(
+    "stop, lots",
+    [
+        (["training.max_steps=27"], 27),
+        (
+            ["privacy.target_epsilon=0.8", "privacy.sigma=4"],
+            calibrate.max_steps(0.8, 1e-5, 0.05, 4.0, "moments", 2),
+        ),
+    ],
+)
 def test_no_lot_is_reserved_past_the_stop(tmp_path, monkeypatch, stop, lots):
     # 20 lots an epoch: both stops fall inside an epoch
     limits = []
@@ -115,16 +143,33 @@ def test_no_lot_is_reserved_past_the_stop(tmp_path, monkeypatch, stop, lots):
 
 
 def test_epochs_to_lots_is_the_training_loops_epoch():
-    for N, L in [(60000, 600), (60000, 4096), (60000, 2048), (50000, 2000), (60000, 512), (3000, 150), (7, 7)]:
+    for N, L in [
+        (60000, 600),
+        (60000, 4096),
+        (60000, 2048),
+        (50000, 2000),
+        (60000, 512),
+        (3000, 150),
+        (7, 7),
+    ]:
         s = make_sampler("poisson", N, L)
         assert calibrate.lots_per_epoch(N, L) == s.lots_per_epoch() == max(1, round(N / L))
         assert calibrate.lots_for_epochs(40, N, L) == 40 * s.lots_per_epoch()
-        assert calibrate.lots_for_epochs(40, 1, L / N) == 40 * s.lots_per_epoch()    # from q = L/N alone
-    assert calibrate.lots_for_epochs(0.5, 1, 0.01) == 50 and calibrate.lots_for_epochs(0.3, 1, 0.01) == 30
-    assert calibrate.lots_for_epochs(0.51, 1, 0.01) == 51                            # a fraction: rounded up
+        assert (
+            calibrate.lots_for_epochs(40, 1, L / N) == 40 * s.lots_per_epoch()
+        )  # from q = L/N alone
+    assert (
+        calibrate.lots_for_epochs(0.5, 1, 0.01) == 50
+        and calibrate.lots_for_epochs(0.3, 1, 0.01) == 30
+    )
+    assert calibrate.lots_for_epochs(0.51, 1, 0.01) == 51  # a fraction: rounded up
     n = calibrate.max_steps(3.0, 1e-5, 4096 / 60000, 1.1, "rdp")
     e = calibrate.max_epochs(3.0, 1e-5, 4096 / 60000, 1.1, "rdp")
-    assert calibrate.lots_for_epochs(e, 1, 4096 / 60000) <= n < calibrate.lots_for_epochs(e + 1, 1, 4096 / 60000)
+    assert (
+        calibrate.lots_for_epochs(e, 1, 4096 / 60000)
+        <= n
+        < calibrate.lots_for_epochs(e + 1, 1, 4096 / 60000)
+    )
 
 
 def test_privacy_command_line_counts_the_lots_training_runs(capsys):

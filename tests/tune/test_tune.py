@@ -1,6 +1,7 @@
 """``python -m dpsgd.tune`` (dpsgd/tune/): bad input refused before any work, the plan reproducible from
 its seed, the statement never below what ran (ledgers, aborted attempts, failures), and (slow) a
 whole sweep: same winner from the same seed, and a killed sweep resumed without charging less."""
+
 from __future__ import annotations
 
 import errno
@@ -22,8 +23,14 @@ from dpsgd.tune.space import Point
 from tolerances import chain_rel_tol
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["dataset.subset=600", "privacy.lot_size=60", "model.hidden=[8]", "model.projection=none",
-        "training.eval_batch_size=1000", "device=cpu"]
+TINY = [
+    "dataset.subset=600",
+    "privacy.lot_size=60",
+    "model.hidden=[8]",
+    "model.projection=none",
+    "training.eval_batch_size=1000",
+    "device=cpu",
+]
 LAW = ["--distribution", "truncated_negative_binomial", "--eta", "1", "--gamma", "0.5"]
 
 
@@ -31,16 +38,19 @@ def _args(d: Path, *extra) -> list[str]:
     return ["--sweep-dir", str(d), "--target-epsilon", "4", "--validation", "100", *LAW, *extra]
 
 
-@pytest.mark.parametrize("flags,overrides,name", [
-    (["--distribution", "poisson"], [], "--mu"),
-    (["--gamma", "1.5"], [], "gamma"),
-    (["--mu", "2"], [], "--mu"),
-    (["--target-epsilon", "-1"], [], "--target-epsilon"),
-    (["--score-sigma", "0"], [], "--score-sigma"),
-    (["--validation", "0"], [], "--validation"),
-    ([], ["privacy.sigma=1,2"], "privacy.sigma"),
-    ([], ["training.epochs=1,x"], "training.epochs"),
-])
+@pytest.mark.parametrize(
+    "flags,overrides,name",
+    [
+        (["--distribution", "poisson"], [], "--mu"),
+        (["--gamma", "1.5"], [], "gamma"),
+        (["--mu", "2"], [], "--mu"),
+        (["--target-epsilon", "-1"], [], "--target-epsilon"),
+        (["--score-sigma", "0"], [], "--score-sigma"),
+        (["--validation", "0"], [], "--validation"),
+        ([], ["privacy.sigma=1,2"], "privacy.sigma"),
+        ([], ["training.epochs=1,x"], "training.epochs"),
+    ],
+)
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, flags, overrides, name):
     d = tmp_path / "sweep"
     with pytest.raises(SystemExit) as e:
@@ -50,8 +60,10 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, flags, over
     assert not d.exists()
 
 
-@pytest.mark.parametrize("extra,name", [(["--seed", "3"], "--seed"), (["training.epochs=1,2"], "--overrides"),
-                                        ([], "--resume")])
+@pytest.mark.parametrize(
+    "extra,name",
+    [(["--seed", "3"], "--seed"), (["training.epochs=1,2"], "--overrides"), ([], "--resume")],
+)
 def test_resume_takes_its_plan_alone(tmp_path, capsys, extra, name):
     with pytest.raises(SystemExit) as e:
         cli.main(["--resume", str(tmp_path)] + extra)
@@ -69,9 +81,18 @@ def test_a_used_sweep_dir_is_refused(tmp_path, capsys):
 
 @functools.lru_cache(maxsize=4)
 def _cached_plan(seed: int) -> str:
-    pts = [Point({"training.epochs": str(e)}, (f"training.epochs={e}",), 0.08192, 12 * e, 1) for e in (10, 20)]
-    args = {"target_epsilon": 1.2, "delta": 1e-5, "xtol": 1e-2, "score_sigma": 20.0, "validation": 100,
-            "search_space": {"fixed": [], "choices": {"training.epochs": ["1", "2"]}}}
+    pts = [
+        Point({"training.epochs": str(e)}, (f"training.epochs={e}",), 0.08192, 12 * e, 1)
+        for e in (10, 20)
+    ]
+    args = {
+        "target_epsilon": 1.2,
+        "delta": 1e-5,
+        "xtol": 1e-2,
+        "score_sigma": 20.0,
+        "validation": 100,
+        "search_space": {"fixed": [], "choices": {"training.epochs": ["1", "2"]}},
+    }
     law = selection.KDistribution("truncated_negative_binomial", eta=1.0, gamma=0.3)
     return json.dumps(sweep.plan(pts, law, seed, args))
 
@@ -102,11 +123,11 @@ def test_statement_covers_everything_that_ran(tmp_path):
     t["candidates"] = t["candidates"][:1] + [dict(t["candidates"][0], index=1, run_dir="c01")]
     t["K"] = 2
     for c in t["candidates"]:
-        c["status"], c["score"] = "failed", None             # failed before writing anything: planned curve
+        c["status"], c["score"] = "failed", None  # failed before writing anything: planned curve
     planned = sweep.statement(tmp_path, t)["epsilon"]
     assert planned == pytest.approx(t["base"]["planned_total"]["epsilon"], rel=chain_rel_tol(8))
     g = t["grid"][t["candidates"][0]["point"]]
-    _privacy(tmp_path / "c00", 3 * g["lots"], g["sigma"])     # a ledger above the plan (more lots)
+    _privacy(tmp_path / "c00", 3 * g["lots"], g["sigma"])  # a ledger above the plan (more lots)
     more = sweep.statement(tmp_path, t)["epsilon"]
     assert more > planned
     t["candidates"][1]["aborted_attempts"] = 2
@@ -120,8 +141,24 @@ def _scores(t: dict) -> list:
 
 @pytest.mark.slow
 def test_sweep_reproducible_and_resumed_without_charging_less(tmp_path, capsys):
-    argv = lambda d: ["--sweep-dir", str(d), "--target-epsilon", "4", "--validation", "100", "--distribution",
-                      "fixed", "--k", "2", "--seed", "1"] + TINY + ["training.epochs=1,2"]
+    argv = lambda d: (
+        [
+            "--sweep-dir",
+            str(d),
+            "--target-epsilon",
+            "4",
+            "--validation",
+            "100",
+            "--distribution",
+            "fixed",
+            "--k",
+            "2",
+            "--seed",
+            "1",
+        ]
+        + TINY
+        + ["training.epochs=1,2"]
+    )
     cli.main(argv(tmp_path / "a"))
     a = sweep.load(tmp_path / "a")
     assert a["status"] == "complete" and a["winner"] is not None and a["privacy"]["meets_target"]
@@ -135,9 +172,11 @@ def test_sweep_reproducible_and_resumed_without_charging_less(tmp_path, capsys):
     sweep.save(tmp_path / "b", b)
     cli.main(["--resume", str(tmp_path / "b")])
     b = sweep.load(tmp_path / "b")
-    assert (tmp_path / "b" / "c01.aborted1").is_dir() and b["candidates"][1]["aborted_attempts"] == 1
-    assert _scores(b) == _scores(a) and b["winner"] == a["winner"]     # exact: same seeds, same runs
-    assert b["privacy"]["epsilon"] > a["privacy"]["epsilon"]           # the aborted attempt is charged
+    assert (tmp_path / "b" / "c01.aborted1").is_dir() and b["candidates"][1][
+        "aborted_attempts"
+    ] == 1
+    assert _scores(b) == _scores(a) and b["winner"] == a["winner"]  # exact: same seeds, same runs
+    assert b["privacy"]["epsilon"] > a["privacy"]["epsilon"]  # the aborted attempt is charged
     assert np.isfinite(b["privacy"]["epsilon"])
 
 
@@ -149,27 +188,42 @@ def _one_line(capsys, code: int, e) -> str:
 
 
 def _snapshot(root: Path) -> dict:
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else "<dir>") for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else "<dir>")
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def test_a_tune_into_a_folder_another_tune_holds_is_refused(tmp_path, capsys):
     """A live claim (``SweepClaim``, held by another process, as a running tune or sweep holds it)
     refuses a new tune into the folder and a --resume of it: one line, exit 2, nothing written."""
     d = tmp_path / "sweep"
-    holder = subprocess.Popen([sys.executable, "-c", "import time; from dpsgd.launch.sweeps import SweepClaim; "
-                               f"SweepClaim({str(d)!r}, '--sweep-dir'); print('held', flush=True); time.sleep(600)"],
-                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; from dpsgd.launch.sweeps import SweepClaim; "
+            f"SweepClaim({str(d)!r}, '--sweep-dir'); print('held', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         before = _snapshot(tmp_path)
         with pytest.raises(SystemExit) as e:
             cli.main(_args(d) + TINY + ["training.epochs=1,2"])
-        assert _one_line(capsys, 2, e).startswith(f"error: --sweep-dir={d}: another sweep holds this folder")
+        assert _one_line(capsys, 2, e).startswith(
+            f"error: --sweep-dir={d}: another sweep holds this folder"
+        )
         (d / sweep.TUNING).write_text("{}")
         before = _snapshot(tmp_path)
         with pytest.raises(SystemExit) as e:
             cli.main(["--resume", str(d)])
-        assert _one_line(capsys, 2, e).startswith(f"error: --resume={d}: another sweep holds this folder")
+        assert _one_line(capsys, 2, e).startswith(
+            f"error: --resume={d}: another sweep holds this folder"
+        )
         assert _snapshot(tmp_path) == before
     finally:
         holder.kill()
@@ -180,6 +234,7 @@ def _written_plan(d: Path, overrides: list[str] | None = None) -> dict:
     """A plan (``_plan``) written into ``d`` as a tune writes it; with ``overrides``, candidate 0 is a
     run of these (its σ and seed added as the driver adds them)."""
     from dpsgd.tune.space import run_overrides
+
     t = _plan(3)
     if overrides is not None:
         c = t["candidates"][0]
@@ -192,16 +247,19 @@ def _written_plan(d: Path, overrides: list[str] | None = None) -> dict:
 def test_the_claim_is_released_and_a_killed_tunes_claim_is_stale(tmp_path, capsys):
     d = tmp_path / "sweep"
     _written_plan(d)
-    (d / SWEEP_CLAIM).write_text("pid 1 on host since then (dead)\n")    # left by a SIGKILL: no lock held
+    (d / SWEEP_CLAIM).write_text(
+        "pid 1 on host since then (dead)\n"
+    )  # left by a SIGKILL: no lock held
     cli.main(["--resume", str(d), "--plan-only"])
     assert "removed a stale sweep claim" in capsys.readouterr().err
-    assert not (d / SWEEP_CLAIM).exists()                       # claimed anew, released at the end
+    assert not (d / SWEEP_CLAIM).exists()  # claimed anew, released at the end
 
 
 def _train(run: Path, overrides: list[str]) -> None:
     from dpsgd.config.schema import validate
     from dpsgd.launch.cli import compose
     from dpsgd.train import train
+
     train(validate(compose(overrides)), run, overrides)
 
 
@@ -220,17 +278,20 @@ def test_a_candidate_folder_holding_another_run_is_never_adopted(tmp_path, capsy
     with pytest.raises(SystemExit) as e:
         cli.main(["--resume", str(d)])
     err = _one_line(capsys, 2, e)
-    assert err.startswith(f"error: {d / 'c00'}: its checkpoint is not candidate 0's run (seed="), err
+    assert err.startswith(f"error: {d / 'c00'}: its checkpoint is not candidate 0's run (seed="), (
+        err
+    )
     assert _snapshot(tmp_path) == before
     (d / "c00").rename(tmp_path / "foreign")
     _train(d / "c00", list(c["overrides"]))
-    sweep.check_candidate_folders(d, t)                         # its own run: resumed
+    sweep.check_candidate_folders(d, t)  # its own run: resumed
 
 
 @pytest.mark.parametrize("name", ["it's", "a=b", "a,b", "a b", "all of ' = , \\ "])
 def test_candidate_folders_are_handed_to_hydra_quoted(name, tmp_path):
     """Each candidate's folder reaches Hydra as that folder, whatever its name holds."""
     from dpsgd.launch.cli import compose, literal_value
+
     d = tmp_path / name / "c00"
     c = {"overrides": TINY + ["seed=1"]}
     cmd = sweep.candidate_command(d, c)
@@ -260,15 +321,17 @@ def test_no_candidate_finished_is_one_line_exit_1(tmp_path, monkeypatch, capsys)
         cli.main(["--resume", str(d)])
     err = _one_line(capsys, 1, e)
     ran = ", ".join(f"c{j:02d} failed (exit 1)" for j in range(K))
-    assert err.startswith(f"error: no candidate finished ({ran}; their logs: {d / 'logs'}): nothing is released; "
-                          f"the privacy spent is stated in {d / sweep.TUNING} (ε="), err
+    assert err.startswith(
+        f"error: no candidate finished ({ran}; their logs: {d / 'logs'}): nothing is released; "
+        f"the privacy spent is stated in {d / sweep.TUNING} (ε="
+    ), err
     t = sweep.load(d)
     assert t["winner"] is None and t["privacy"]["epsilon"] > 0 and not (d / SWEEP_CLAIM).exists()
 
 
 def _broken(t: dict, how: str):
     if how == "not json":
-        return "{\"format\": "
+        return '{"format": '
     if how == "not a plan":
         return []
     t = json.loads(json.dumps(t))
@@ -285,15 +348,23 @@ def _broken(t: dict, how: str):
     return t
 
 
-@pytest.mark.parametrize("how,says", [("not json", "not valid JSON"), ("not a plan", "format: not dpsgd.tuning/1"),
-                                      ("no candidates", "lacks 'candidates'"), ("K a string", "K='"),
-                                      ("run_dir outside", "run_dir '../elsewhere' must be 0 and c00"),
-                                      ("short curve", "base.planned_curve"), ("no such point", "point=99")])
+@pytest.mark.parametrize(
+    "how,says",
+    [
+        ("not json", "not valid JSON"),
+        ("not a plan", "format: not dpsgd.tuning/1"),
+        ("no candidates", "lacks 'candidates'"),
+        ("K a string", "K='"),
+        ("run_dir outside", "run_dir '../elsewhere' must be 0 and c00"),
+        ("short curve", "base.planned_curve"),
+        ("no such point", "point=99"),
+    ],
+)
 def test_a_malformed_tuning_json_is_one_line_on_resume(how, says, tmp_path, capsys):
     d = tmp_path / "sweep"
     d.mkdir()
     (d / sweep.TUNING).write_text(json.dumps(_plan(3)))
-    sweep.load(d)                                               # whole, as written
+    sweep.load(d)  # whole, as written
     bad = _broken(_plan(3), how)
     (d / sweep.TUNING).write_text(bad if isinstance(bad, str) else json.dumps(bad))
     capsys.readouterr()
@@ -309,8 +380,9 @@ def test_a_sweep_dir_name_longer_than_the_file_system_takes(tmp_path, capsys):
     d = tmp_path / ("a" * 300) / "sweep"
     with pytest.raises(SystemExit) as e:
         cli.main(_args(d) + TINY + ["training.epochs=1,2"])
-    assert _one_line(capsys, 2, e).startswith(f"error: --sweep-dir={d}: a folder name is 300 bytes, longer than the "
-                                               "file system's")
+    assert _one_line(capsys, 2, e).startswith(
+        f"error: --sweep-dir={d}: a folder name is 300 bytes, longer than the file system's"
+    )
     with pytest.raises(SystemExit) as e:
         cli.main(["--resume", str(d)])
     assert _one_line(capsys, 2, e).startswith(f"error: --resume={d}: a folder name is 300 bytes")
@@ -334,11 +406,17 @@ def test_a_read_only_sweep_dir_is_one_line_exit_2(tmp_path, monkeypatch, capsys)
 
     monkeypatch.setattr(os, "open", read_only)
     with pytest.raises(SystemExit) as e:
-        cli.main(_args(d, "--xtol", "1") + TINY + ["training.epochs=1"])     # one point: a quick plan
-    assert _one_line(capsys, 2, e) == f"error: --sweep-dir={d}: cannot be claimed (Read-only file system)"
+        cli.main(_args(d, "--xtol", "1") + TINY + ["training.epochs=1"])  # one point: a quick plan
+    assert (
+        _one_line(capsys, 2, e)
+        == f"error: --sweep-dir={d}: cannot be claimed (Read-only file system)"
+    )
     with pytest.raises(SystemExit) as e:
         cli.main(["--resume", str(old)])
-    assert _one_line(capsys, 2, e) == f"error: --resume={old}: cannot be claimed (Read-only file system)"
+    assert (
+        _one_line(capsys, 2, e)
+        == f"error: --resume={old}: cannot be claimed (Read-only file system)"
+    )
     assert _snapshot(tmp_path) == before
 
 
@@ -356,22 +434,43 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(os, "fsync", fsync)
     d = tmp_path / "new" / "sweep"
     with pytest.raises(SystemExit) as e:
-        cli.main(_args(d, "--xtol", "1") + TINY + ["training.epochs=1"])     # one point: a quick plan
+        cli.main(_args(d, "--xtol", "1") + TINY + ["training.epochs=1"])  # one point: a quick plan
     assert _one_line(capsys, 1, e) == f"error: {d / sweep.TUNING}: No space left on device"
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow     # two real tunes, one of them training a candidate (~20 s, more on a loaded machine)
+@pytest.mark.slow  # two real tunes, one of them training a candidate (~20 s, more on a loaded machine)
 def test_two_tunes_started_together_into_a_folder_whose_name_hydra_would_split(tmp_path):
     """Real processes into ``it's a=b,c``: exactly one tune runs (its candidate trains in that very
     folder, and it names a winner); the other exits 2 with one line and its plan is never written."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     d = tmp_path / "it's a=b,c"
-    cmd = [sys.executable, "-m", "dpsgd.tune", "--sweep-dir", str(d), "--target-epsilon", "4", "--validation", "100",
-           "--distribution", "fixed", "--k", "1", "--xtol", "1", *TINY, "training.epochs=1"]
-    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dpsgd.tune",
+        "--sweep-dir",
+        str(d),
+        "--target-epsilon",
+        "4",
+        "--validation",
+        "100",
+        "--distribution",
+        "fixed",
+        "--k",
+        "1",
+        "--xtol",
+        "1",
+        *TINY,
+        "training.epochs=1",
+    ]
+    procs = [
+        subprocess.Popen(
+            cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     outs = [(p.wait(timeout=600), *p.communicate()) for p in procs]
     assert sorted(code for code, _, _ in outs) == [0, 2], outs
     _, out, _ = next(o for o in outs if o[0] == 0)

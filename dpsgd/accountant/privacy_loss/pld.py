@@ -45,6 +45,7 @@ the untilted composition with δ-scaled tails answers, its round-off estimate ad
 be loose (an upper bound still; e.g. 0.027 for q = 1e-6, σ = 1, 100 lots, δ = 1e-20). The inversion
 ε(δ) on one discrete PLD is rounded up: the ε returned satisfies δ(ε) <= δ in floating point too.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,8 @@ from ..limits import check_delta, check_epsilon, check_q, check_sigma, check_ste
 from .pld_fft import _Composed, _lam
 from .pld_lot import STEP_TAIL, TAIL_FRACTION, _T_GRID, _lot_interval, _step_tail, _z_tail
 
-DEFAULT_INTERVAL = 1e-4          # h: spacing of the privacy-loss grid
-TILT_BELOW = 1e-12               # δ below this: δ-scaled tails and the tilted FFT (module doc)
+DEFAULT_INTERVAL = 1e-4  # h: spacing of the privacy-loss grid
+TILT_BELOW = 1e-12  # δ below this: δ-scaled tails and the tilted FFT (module doc)
 DIRECTIONS = ("remove", "add")
 
 
@@ -93,8 +94,8 @@ def _epsilon_tiny(rel, direction, interval, delta):
     z_tail = _z_tail(_step_tail(delta, sum(n for _, _, n in rel)))
     comp = _Composed(rel, direction, interval, z_tail, delta=delta)
     eps = comp.epsilon(delta)
-    if eps < comp.floor:                      # answer below the tilted window: not resolved there;
-        comp = _Composed(rel, direction, interval, z_tail)    # untilted, its round-off added to δ
+    if eps < comp.floor:  # answer below the tilted window: not resolved there;
+        comp = _Composed(rel, direction, interval, z_tail)  # untilted, its round-off added to δ
         comp.extra += comp.noise
         eps = comp.epsilon(delta)
     return eps, comp
@@ -117,12 +118,12 @@ def _delta_tiny(rel, direction, interval, eps, untilted):
     h = _lot_interval(rel, direction, interval, _z_tail(STEP_TAIL))
     lam = _lam(rel, h, direction, _z_tail(STEP_TAIL))
     tp = _T_GRID > 0
-    est = math.exp(min(0.0, float(np.min(lam[tp] - _T_GRID[tp] * eps))))    # Chernoff bound on δ(ε)
+    est = math.exp(min(0.0, float(np.min(lam[tp] - _T_GRID[tp] * eps))))  # Chernoff bound on δ(ε)
     comp = _Composed(rel, direction, interval, _z_tail(_step_tail(max(est, 1e-300), lots)), eps=eps)
-    flat = min(1.0, untilted.delta(eps) + untilted.noise)   # round-off added: an upper bound
+    flat = min(1.0, untilted.delta(eps) + untilted.noise)  # round-off added: an upper bound
     if eps < comp.floor:
         return flat
-    return min(flat, comp.delta(eps))         # both are upper bounds
+    return min(flat, comp.delta(eps))  # both are upper bounds
 
 
 def epsilon_for_releases(releases, delta: float, interval: float = DEFAULT_INTERVAL) -> float:
@@ -151,8 +152,15 @@ def epsilons_for_releases(releases, deltas, interval: float = DEFAULT_INTERVAL) 
     if not rel:
         return [0.0] * len(deltas)
     interval = float(interval)
-    comp = [_Composed(rel, d, interval) for d in DIRECTIONS] if any(d >= TILT_BELOW for d in deltas) else [None] * 2
-    return [max(_epsilon_one(rel, d, interval, x, c)[0] for d, c in zip(DIRECTIONS, comp)) for x in deltas]
+    comp = (
+        [_Composed(rel, d, interval) for d in DIRECTIONS]
+        if any(d >= TILT_BELOW for d in deltas)
+        else [None] * 2
+    )
+    return [
+        max(_epsilon_one(rel, d, interval, x, c)[0] for d, c in zip(DIRECTIONS, comp))
+        for x in deltas
+    ]
 
 
 def delta_for_releases(releases, epsilon: float, interval: float = DEFAULT_INTERVAL) -> float:
@@ -171,13 +179,22 @@ def delta_for_releases(releases, epsilon: float, interval: float = DEFAULT_INTER
     return out
 
 
-def epsilon(q: float, sigma: float, steps: int, delta: float, interval: float = DEFAULT_INTERVAL) -> float:
+def epsilon(
+    q: float, sigma: float, steps: int, delta: float, interval: float = DEFAULT_INTERVAL
+) -> float:
     """ε(δ) after ``steps`` lots of the Poisson-subsampled Gaussian (PLD, connect-the-dots, FFT)."""
     q, sigma, steps, delta = check_q(q), check_sigma(sigma), check_steps(steps), check_delta(delta)
     return epsilon_for_releases([(q, sigma, steps)], delta, interval)
 
 
-def delta(q: float, sigma: float, steps: int, epsilon: float, interval: float = DEFAULT_INTERVAL) -> float:
+def delta(
+    q: float, sigma: float, steps: int, epsilon: float, interval: float = DEFAULT_INTERVAL
+) -> float:
     """δ(ε) after ``steps`` lots of the Poisson-subsampled Gaussian (PLD, connect-the-dots, FFT)."""
-    q, sigma, steps, epsilon = check_q(q), check_sigma(sigma), check_steps(steps), check_epsilon(epsilon)
+    q, sigma, steps, epsilon = (
+        check_q(q),
+        check_sigma(sigma),
+        check_steps(steps),
+        check_epsilon(epsilon),
+    )
     return delta_for_releases([(q, sigma, steps)], epsilon, interval)

@@ -20,6 +20,7 @@ tiny σ) h jumps straight to about the needed coarseness instead of doubling one
 coarser than MAX_INTERVAL = 1 is refused (ValueError naming pld). The inversion ε(δ) on one discrete
 PLD is rounded up: the ε returned satisfies δ(ε) <= δ in floating point too.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,15 +31,17 @@ from scipy import fft as sfft
 
 from .pld_lot import STEP_TAIL, TAIL_FRACTION, _T_GRID, _lot_interval, _step_pmf, _tiny, _z_tail
 
-MAX_POINTS = 1 << 18             # largest FFT grid before h is doubled
-WINDOW_TAIL = 1e-15              # Chernoff bound on the composed mass above the FFT window
-_TILT_TAIL = 1e-30               # tiny δ: tilted mass outside the window (tightness only)
-MAX_INTERVAL = 1.0               # coarser than this: refused (ValueError naming pld)
+MAX_POINTS = 1 << 18  # largest FFT grid before h is doubled
+WINDOW_TAIL = 1e-15  # Chernoff bound on the composed mass above the FFT window
+_TILT_TAIL = 1e-30  # tiny δ: tilted mass outside the window (tightness only)
+MAX_INTERVAL = 1.0  # coarser than this: refused (ValueError naming pld)
 _EPS = float(np.finfo(float).eps)
 
 
 @lru_cache(maxsize=48)
-def _step_fft(q: float, sigma: float, h: float, direction: str, m: int, z_tail: float, k_theta: int = -1):
+def _step_fft(
+    q: float, sigma: float, h: float, direction: str, m: int, z_tail: float, k_theta: int = -1
+):
     """rfft (log-magnitude, phase) of one lot's pmf on the cyclic grid of m points; tilted by
     θ = _T_GRID[k_theta] (ω_i e^{θε_i − Λ(θ)}) when k_theta >= 0."""
     i_lo, probs, _, lam = _step_pmf(q, sigma, h, direction, z_tail)
@@ -69,7 +72,7 @@ def _window(releases, h, direction, z_tail=_z_tail(STEP_TAIL)):
 
 def _theta_index(lam, delta=None, eps=None) -> int:
     """Grid index of the Chernoff-optimal tilt θ > 0 for δ (ε query) or for ε (δ query)."""
-    ks = np.flatnonzero(_T_GRID > 0)[:-1]                # keep one larger t for the window
+    ks = np.flatnonzero(_T_GRID > 0)[:-1]  # keep one larger t for the window
     t = _T_GRID[ks]
     vals = (lam[ks] - math.log(delta)) / t if delta is not None else lam[ks] - t * eps
     return int(ks[int(np.argmin(vals))])
@@ -97,7 +100,9 @@ def _tilted_window(lam, k, h, log_eta, sup):
     b1 = float(np.min((lam[hi] - lt - log_tau) / (_T_GRID[hi] - th)))
     b2 = float(np.min((lam[hi] - th * a - log_eta) / (_T_GRID[hi] - th)))
     b3 = a - log_eta / th
-    return math.floor(a / h), max(math.ceil(max(min(max(b1, b2), sup), b3) / h), math.floor(a / h) + 1)
+    return math.floor(a / h), max(
+        math.ceil(max(min(max(b1, b2), sup), b3) / h), math.floor(a / h) + 1
+    )
 
 
 def _plan(releases, direction, interval, z_tail=_z_tail(STEP_TAIL), delta=None, eps=None):
@@ -122,8 +127,10 @@ def _plan(releases, direction, interval, z_tail=_z_tail(STEP_TAIL), delta=None, 
         jump = 0 if ordinary else (b - a + 1) // (2 * MAX_POINTS)
         h *= 2.0 ** max(1, jump.bit_length())
         if h > MAX_INTERVAL:
-            raise ValueError(f"pld: the composed privacy loss spans more than {MAX_POINTS} grid points even at "
-                             f"spacing h = {MAX_INTERVAL:g} (epsilon in the hundreds of thousands); not served")
+            raise ValueError(
+                f"pld: the composed privacy loss spans more than {MAX_POINTS} grid points even at "
+                f"spacing h = {MAX_INTERVAL:g} (epsilon in the hundreds of thousands); not served"
+            )
 
 
 def _fft_compose(releases, direction, h, a, m, z_tail, k):
@@ -138,10 +145,10 @@ def _fft_compose(releases, direction, h, a, m, z_tail, k):
         phase += n * ph
         log_fin += n * math.log1p(-_step_pmf(q, s, h, direction, z_tail)[2])
     spec = np.zeros(m // 2 + 1, dtype=complex)
-    keep = logmag > -745.0                               # the rest underflows to 0 anyway
+    keep = logmag > -745.0  # the rest underflows to 0 anyway
     spec[keep] = np.exp(logmag[keep] + 1j * phase[keep])
     c = sfft.irfft(spec, n=m)
-    return np.roll(c, -(a % m)), log_fin                 # c[j] ↔ loss (a + j)·h
+    return np.roll(c, -(a % m)), log_fin  # c[j] ↔ loss (a + j)·h
 
 
 class _Composed:
@@ -150,9 +157,11 @@ class _Composed:
     ``delta`` (ε queries) or ``eps`` (δ queries) given: the tilted path for tiny δ (pld module doc).
     """
 
-    def __init__(self, releases, direction, interval, z_tail=_z_tail(STEP_TAIL), delta=None, eps=None):
+    def __init__(
+        self, releases, direction, interval, z_tail=_z_tail(STEP_TAIL), delta=None, eps=None
+    ):
         lots = sum(n for _, _, n in releases)
-        if lots == 1:                        # one lot: its pmf is the composition (no FFT, no tilt)
+        if lots == 1:  # one lot: its pmf is the composition (no FFT, no tilt)
             q, s, _ = releases[0]
             h = _lot_interval(releases, direction, interval, z_tail)
             a, c, p_inf, lam = _step_pmf(q, s, h, direction, z_tail)
@@ -165,21 +174,23 @@ class _Composed:
             # most m bins summed into δ. An estimate (observed: 10^4..10^5 times the largest
             # negative bin), which decides where the untilted composition is served (pld module doc)
             self.noise = float(lots * _EPS * math.sqrt(m) * np.linalg.norm(c))
-        np.maximum(c, 0.0, out=c)                        # FFT round-off below zero
-        top = a + m                                      # first index above the window
+        np.maximum(c, 0.0, out=c)  # FFT round-off below zero
+        top = a + m  # first index above the window
         tp = _T_GRID > 0
-        self.tail = 0.0 if lots == 1 else float(min(1.0, np.exp(np.min(lam[tp] - _T_GRID[tp] * top * h))))
-        if _tiny(z_tail):                                # tiny δ: nothing has loss above the support
+        self.tail = (
+            0.0 if lots == 1 else float(min(1.0, np.exp(np.min(lam[tp] - _T_GRID[tp] * top * h))))
+        )
+        if _tiny(z_tail):  # tiny δ: nothing has loss above the support
             sup = _support_top(releases, h, direction, z_tail)
             if top > sup:
-                self.tail = 0.0                          # no finite mass above the window
-            c[max(0, sup + 1 - a):] = 0.0                # above it: FFT round-off and aliasing only
+                self.tail = 0.0  # no finite mass above the window
+            c[max(0, sup + 1 - a) :] = 0.0  # above it: FFT round-off and aliasing only
         self.inf_mass = float(-math.expm1(log_fin))
-        self.base = max(a, 0)                           # c[i] ↔ loss (base + i)·h, all >= 0
-        self.floor = a * h                               # answers below this: not served (tilted)
+        self.base = max(a, 0)  # c[i] ↔ loss (base + i)·h, all >= 0
+        self.floor = a * h  # answers below this: not served (tilted)
         self.tilted = k >= 0
-        c = c[self.base - a:]
-        if self.tilted:                                  # untilt: c = c̃ e^{ΣnΛ(θ) − θℓ}, <= 1
+        c = c[self.base - a :]
+        if self.tilted:  # untilt: c = c̃ e^{ΣnΛ(θ) − θℓ}, <= 1
             with np.errstate(divide="ignore"):
                 log_c = np.log(c) + lam[k] - _T_GRID[k] * ((self.base + np.arange(c.size)) * h)
             c = np.exp(np.minimum(log_c, 0.0))
@@ -188,14 +199,15 @@ class _Composed:
         # S[i] = Σ_{k>=i} c_k ;  R[i] = Σ_{k>i} c_k e^{(i−k)h}
         self.S = np.cumsum(self.c[::-1])[::-1]
         n = self.c.size
-        if (self.base + n) * h < 600.0 and not self.tilted:   # scaled suffix sums (no overflow)
+        if (self.base + n) * h < 600.0 and not self.tilted:  # scaled suffix sums (no overflow)
             w = self.c * np.exp(-(np.arange(n) * h))
-            suffix = np.cumsum(w[::-1])[::-1]            # Σ_{k>=i} c_k e^{−(k)h}
+            suffix = np.cumsum(w[::-1])[::-1]  # Σ_{k>=i} c_k e^{−(k)h}
             self.R = np.append(suffix[1:], 0.0) * np.exp(np.arange(n) * h)
-        else:                                            # stable backward recursion
+        else:  # stable backward recursion
             u = np.concatenate([[0.0], self.c[::-1][:-1]])
             r = math.exp(-h)
-            from scipy import signal      # here only: importing scipy.signal costs ~0.8 s of start-up
+            from scipy import signal  # here only: importing scipy.signal costs ~0.8 s of start-up
+
             self.R = signal.lfilter([r], [1.0, -r], u)[::-1]
         self.extra = self.tail + self.inf_mass
 
@@ -208,7 +220,7 @@ class _Composed:
 
     def delta(self, eps: float) -> float:
         """δ(ε) = Σ_{ℓ>ε} c_ℓ (1 − e^{ε−ℓ}) + tail + ∞-mass (an upper bound)."""
-        k = max(0, math.floor(eps / self.h) - self.base + 1)   # first index with loss > ε
+        k = max(0, math.floor(eps / self.h) - self.base + 1)  # first index with loss > ε
         if k >= self.c.size:
             return min(1.0, self.extra)
         return float(min(1.0, max(0.0, self._delta_above(eps, k)) + self.extra))
@@ -219,8 +231,8 @@ class _Composed:
             return math.inf
         if self.delta(0.0) - self.extra <= target:
             return 0.0
-        d_grid = np.append(self.S[1:] - self.R[:-1], 0.0)   # δ at ε = ℓ_i (without extra)
-        k = int(np.argmax(d_grid <= target))                 # first grid loss meeting the target
+        d_grid = np.append(self.S[1:] - self.R[:-1], 0.0)  # δ at ε = ℓ_i (without extra)
+        k = int(np.argmax(d_grid <= target))  # first grid loss meeting the target
         # on [ℓ_{k−1}, ℓ_k] (or [0, ℓ_0]): δ(ε) = S[k] − e^{ε−ℓ_k}(c_k + R_k), solve for ε
         lo = max(0.0, self._loss(k - 1)) if k > 0 else 0.0
         hi = self._loss(k)
@@ -230,9 +242,8 @@ class _Composed:
         eps = float(min(hi, max(lo, hi + math.log(num / den))))
         # rounded up (pessimistic): the returned ε meets δ(ε) <= δ on this same discrete PLD, not
         # only in exact arithmetic (at worst hi, where δ(ℓ_k) <= δ holds by the choice of k)
-        for i in range(8):                   # steps of 4·ulp, growing fourfold
+        for i in range(8):  # steps of 4·ulp, growing fourfold
             if eps >= hi or self.delta(eps) <= delta:
                 return eps
-            eps = min(hi, eps + 4.0 * (math.ulp(eps) + math.ulp(hi)) * 4 ** i)
+            eps = min(hi, eps + 4.0 * (math.ulp(eps) + math.ulp(hi)) * 4**i)
         return hi
-

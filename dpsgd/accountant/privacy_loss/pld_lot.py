@@ -26,6 +26,7 @@ the Chernoff windows of the composition (``pld_fft.py``). For tiny δ (the rules
 module doc) the per-lot tail is δ-scaled (``_step_tail``) and the interval excess P(I) − e^{ε_i} Q(I)
 is formed without cancellation.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,11 +35,11 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-STEP_POINTS = 1 << 19            # largest per-lot grid before h is doubled (tiny σ)
-STEP_TAIL = 1e-22                # per-lot P-mass left outside the per-lot grid (into the ∞ atom)
-TAIL_FRACTION = 1e-3             # tiny δ: share of δ allowed to each tail budget
-_LOG_EXP_MAX = 700.0             # above this loss, e^ε·Q is formed in log space
-_Q_NORMAL = 1e-280               # interval Q-masses below this: e^ε·Q in log space (near subnormal)
+STEP_POINTS = 1 << 19  # largest per-lot grid before h is doubled (tiny σ)
+STEP_TAIL = 1e-22  # per-lot P-mass left outside the per-lot grid (into the ∞ atom)
+TAIL_FRACTION = 1e-3  # tiny δ: share of δ allowed to each tail budget
+_LOG_EXP_MAX = 700.0  # above this loss, e^ε·Q is formed in log space
+_Q_NORMAL = 1e-280  # interval Q-masses below this: e^ε·Q in log space (near subnormal)
 _T_GRID = np.concatenate([-np.logspace(-3, 2.5, 22)[::-1], np.logspace(-3, 2.5, 34)])
 
 
@@ -71,28 +72,30 @@ def _log_gauss_mass(a, b, mean, sigma):
     """log P(a < Z <= b) for Z ~ N(mean, σ²), no underflow (log-Φ differences)."""
     x, y = (np.asarray(a, float) - mean) / sigma, (np.asarray(b, float) - mean) / sigma
     with np.errstate(divide="ignore", invalid="ignore"):
-        ux, uy = special.log_ndtr(-x), special.log_ndtr(-y)          # log Φ(−x) >= log Φ(−y)
+        ux, uy = special.log_ndtr(-x), special.log_ndtr(-y)  # log Φ(−x) >= log Φ(−y)
         upper = ux + np.log(-np.expm1(uy - ux))
         lx, ly = special.log_ndtr(x), special.log_ndtr(y)
         lower = ly + np.log(-np.expm1(lx - ly))
     out = np.where(x > 0, upper, lower)
-    return np.where(np.isnan(out), -np.inf, out)                      # empty interval
+    return np.where(np.isnan(out), -np.inf, out)  # empty interval
 
 
 def _z_of_loss(eps, q, sigma):
     """Threshold z(ε) with L_remove(z) > ε ⇔ z > z(ε); −∞ where ε <= log(1 − q)."""
     eps = np.asarray(eps, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        if q == 1.0:                                    # log(e^ε − 0) = ε exactly
+        if q == 1.0:  # log(e^ε − 0) = ε exactly
             log_arg, ok = eps, np.isfinite(eps)
         elif q >= 0.5:
             # log(e^ε − r), r = 1 − q: log r + log(expm1(ε − log r)), no cancellation when e^ε ≪ 1
             lr = math.log1p(-q)
             d = eps - lr
-            log_arg = np.where(d > _LOG_EXP_MAX, eps, lr + np.log(np.expm1(np.minimum(d, _LOG_EXP_MAX))))
+            log_arg = np.where(
+                d > _LOG_EXP_MAX, eps, lr + np.log(np.expm1(np.minimum(d, _LOG_EXP_MAX)))
+            )
             ok = d > 0
         else:
-            arg = np.expm1(np.minimum(eps, _LOG_EXP_MAX)) + q    # e^ε − (1 − q)
+            arg = np.expm1(np.minimum(eps, _LOG_EXP_MAX)) + q  # e^ε − (1 − q)
             # for ε > 700, log(e^ε − (1 − q)) = ε to double precision (relative correction < e^−700)
             log_arg = np.where(eps > _LOG_EXP_MAX, eps, np.log(arg))
             ok = arg > 0
@@ -101,7 +104,9 @@ def _z_of_loss(eps, q, sigma):
 
 
 def _loss_remove(z, q, sigma):
-    return np.logaddexp(math.log1p(-q) if q < 1 else -np.inf, math.log(q) + (2.0 * z - 1.0) / (2.0 * sigma * sigma))
+    return np.logaddexp(
+        math.log1p(-q) if q < 1 else -np.inf, math.log(q) + (2.0 * z - 1.0) / (2.0 * sigma * sigma)
+    )
 
 
 def _mix_mass(a, b, q, sigma):
@@ -130,10 +135,10 @@ def _step_pmf(q: float, sigma: float, h: float, direction: str, z_tail: float = 
     lo, hi = _loss_range(q, sigma, direction, z_tail)
     i_lo, i_hi = math.floor(lo / h), math.ceil(hi / h)
     i_hi = max(i_hi, i_lo + 1)
-    eps = np.arange(i_lo, i_hi + 1) * h                 # grid ε_0..ε_n
+    eps = np.arange(i_lo, i_hi + 1) * h  # grid ε_0..ε_n
     if direction == "remove":
-        t = _z_of_loss(eps, q, sigma)                   # L > ε ⇔ z > t (t increasing)
-        a, b = t[:-1], t[1:]                            # interval (ε_i, ε_{i+1}] ⇔ z ∈ (t_i, t_{i+1}]
+        t = _z_of_loss(eps, q, sigma)  # L > ε ⇔ z > t (t increasing)
+        a, b = t[:-1], t[1:]  # interval (ε_i, ε_{i+1}] ⇔ z ∈ (t_i, t_{i+1}]
         p_int, q_int = _mix_mass(a, b, q, sigma), _gauss_mass(a, b, 0.0, sigma)
         p_below = float(_mix_mass(-np.inf, t[0], q, sigma))
         p_above = float(_mix_mass(t[-1], np.inf, q, sigma))
@@ -142,8 +147,10 @@ def _step_pmf(q: float, sigma: float, h: float, direction: str, z_tail: float = 
     else:
         # L_add(z) = −L_remove(z) > ε ⇔ z < t = z(−ε) (t decreasing in ε); for ε >= −log(1−q)
         # no z has L > ε (threshold −∞)
-        t = np.where(eps >= (-math.log1p(-q) if q < 1 else np.inf), -np.inf, _z_of_loss(-eps, q, sigma))
-        a, b = t[1:], t[:-1]                            # interval (ε_i, ε_{i+1}] ⇔ z ∈ [t_{i+1}, t_i)
+        t = np.where(
+            eps >= (-math.log1p(-q) if q < 1 else np.inf), -np.inf, _z_of_loss(-eps, q, sigma)
+        )
+        a, b = t[1:], t[:-1]  # interval (ε_i, ε_{i+1}] ⇔ z ∈ [t_{i+1}, t_i)
         p_int, q_int = _gauss_mass(a, b, 0.0, sigma), _mix_mass(a, b, q, sigma)
         p_below = float(_gauss_mass(t[0], np.inf, 0.0, sigma))
         p_above = float(_gauss_mass(-np.inf, t[-1], 0.0, sigma))
@@ -157,22 +164,24 @@ def _step_pmf(q: float, sigma: float, h: float, direction: str, z_tail: float = 
     sub = (q_int < _Q_NORMAL) & (p_int > 0)
     if eps[-1] <= _LOG_EXP_MAX:
         x = np.exp(eps)
-        B = x[:-1] * q_int                               # x_i Q(I_i)
+        B = x[:-1] * q_int  # x_i Q(I_i)
         if sub.any():
             B[sub] = np.exp(eps[:-1][sub] + log_q(a[sub], b[sub]))
         xq_above = x[-1] * q_above if q_above >= _Q_NORMAL else float(np.exp(eps[-1] + log_q(*top)))
-    else:                                                # e^ε overflows: x_i Q(I_i) in log space
+    else:  # e^ε overflows: x_i Q(I_i) in log space
         B = np.exp(eps[:-1] + log_q(a, b))
         xq_above = float(np.exp(eps[-1] + log_q(*top)))
-    excess = p_int - B                                   # P(I_i) − x_i Q(I_i)
+    excess = p_int - B  # P(I_i) − x_i Q(I_i)
     if _tiny(z_tail) and eps[-1] <= _LOG_EXP_MAX:
         # tiny δ: the same difference without cancelling (1 − q)·G0 against x_i·G0, which loses
         # it entirely where q/σ is tiny (it is ~q/σ·G0, far below δ only for ordinary δ)
         g0, g1 = _gauss_mass(a, b, 0.0, sigma), _gauss_mass(a, b, 1.0, sigma)
         em = np.expm1(eps[:-1])
-        exact = q * (g1 - g0) - em * g0 if direction == "remove" else q * x[:-1] * (g0 - g1) - em * g0
-        excess = np.where(sub, excess, exact)           # (g0 imprecise where Q(I) is subnormal)
-    D = np.clip(excess / em1, 0.0, B)                    # share moved to the right end point
+        exact = (
+            q * (g1 - g0) - em * g0 if direction == "remove" else q * x[:-1] * (g0 - g1) - em * g0
+        )
+        excess = np.where(sub, excess, exact)  # (g0 imprecise where Q(I) is subnormal)
+    D = np.clip(excess / em1, 0.0, B)  # share moved to the right end point
     probs = np.zeros(eps.size)
     probs[:-1] += B - D
     probs[1:] += math.exp(h) * D
@@ -200,4 +209,3 @@ def _lot_interval(releases, direction, interval, z_tail):
         while (hi - lo) / h > STEP_POINTS:
             h *= 2.0
     return h
-

@@ -23,6 +23,7 @@ window wrapped upwards (Chernoff bound) is subtracted from δ. The result ε_low
 The upper bound of the same run is one Gaussian mechanism per epoch at σ/2 (sensitivity 2C under
 replace-one, no amplification); ``sampling.ShuffleSampler`` charges it.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,9 +35,9 @@ from scipy import special
 from ..limits import check_delta, check_sigma, check_steps
 from .truncated import _epsilon, compose_pmfs
 
-INTERVAL = 1e-4                 # h: loss grid (each epoch's loss is rounded down by < h)
-_LOG_TRUNC = -40.0              # log of the P-mass left outside the slices (dropped: optimistic)
-_UPPER, _LOWER = 2.0, 1.0       # the pair's shifts (Chua et al. 2024)
+INTERVAL = 1e-4  # h: loss grid (each epoch's loss is rounded down by < h)
+_LOG_TRUNC = -40.0  # log of the P-mass left outside the slices (dropped: optimistic)
+_UPPER, _LOWER = 2.0, 1.0  # the pair's shifts (Chua et al. 2024)
 
 
 def _log_in_cube(caps, mean, sigma, T):
@@ -59,14 +60,16 @@ def epoch_pmf(sigma: float, T: int, epochs: int, h: float = INTERVAL):
     masses = np.concatenate([[math.exp(lp[0])], np.exp(lps), [p_out]])
     losses = np.concatenate([[lp[0] - lq[0]], lps - lqs, [math.log(p_out) - math.log(q_out)]])
     keep = (masses > 0) & np.isfinite(losses)
-    idx = np.floor(losses[keep] / h).astype(np.int64)          # rounded down: optimistic
+    idx = np.floor(losses[keep] / h).astype(np.int64)  # rounded down: optimistic
     i_lo = int(idx.min())
     probs = np.bincount(idx - i_lo, weights=masses[keep])
     probs.setflags(write=False)
     return i_lo, probs, 0.0
 
 
-def epsilon_lower(sigma: float, lots_per_epoch: int, epochs: int, delta: float, h: float = INTERVAL) -> float:
+def epsilon_lower(
+    sigma: float, lots_per_epoch: int, epochs: int, delta: float, h: float = INTERVAL
+) -> float:
     """Lower bound on ε(δ) of ``epochs`` epochs of ``lots_per_epoch`` shuffled lots at noise σ
     (replace-one adjacency): any valid ε of such a run is at least this."""
     sigma, delta = check_sigma(sigma), check_delta(delta)

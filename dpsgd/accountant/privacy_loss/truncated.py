@@ -28,6 +28,7 @@ placed by Chernoff bounds (mass above the window, <= WINDOW_TAIL, is added to δ
 upwards, pessimistic), as in ``pld.py``; this module serves δ >= pld.TILT_BELOW (1e-12) only.
 With B >= N, p_t = 0 and the lot is the Poisson one exactly.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,13 +43,14 @@ from .pld_fft import MAX_INTERVAL, WINDOW_TAIL
 from .pld_lot import STEP_TAIL, _T_GRID, _step_pmf, _z_tail
 from ..limits import check_delta, check_q, check_sigma, check_steps
 
-MAX_POINTS = 1 << 21             # largest FFT window before h is doubled
-_BISECT = 80                     # bisection steps for the loss thresholds (x to ~1e-24 relative)
+MAX_POINTS = 1 << 21  # largest FFT window before h is doubled
+_BISECT = 80  # bisection steps for the loss thresholds (x to ~1e-24 relative)
 
 
 def truncation(N: int, q: float, B: int) -> tuple[float, float]:
     """(p_t, q_t): probability of truncation given that x was drawn, and x's keep-rate given it."""
-    from scipy import stats           # here only: importing scipy.stats costs ~0.5 s of start-up
+    from scipy import stats  # here only: importing scipy.stats costs ~0.5 s of start-up
+
     p_t = float(stats.binom.sf(B - 1, N - 1, q))
     if p_t == 0.0:
         return 0.0, 0.0
@@ -66,7 +68,9 @@ def _replace_loss(x, qt, s):
 
 def _mass(a, b, mean_w, s):
     """Mass on [a, b) of Σ w·N(m, s²) for mean_w = ((m, w), ...)."""
-    return sum(w * (special.ndtr((b - m) / s) - special.ndtr((a - m) / s)) for m, w in mean_w if w > 0)
+    return sum(
+        w * (special.ndtr((b - m) / s) - special.ndtr((a - m) / s)) for m, w in mean_w if w > 0
+    )
 
 
 @lru_cache(maxsize=32)
@@ -78,21 +82,21 @@ def _replace_pmf(qt: float, sigma: float, h: float):
     lo, hi = float(_replace_loss(xhi, qt, s)), float(_replace_loss(xlo, qt, s))
     i_lo, i_hi = math.floor(lo / h), max(math.ceil(hi / h), math.floor(lo / h) + 1)
     eps = np.arange(i_lo, i_hi + 1) * h
-    a, b = np.full(eps.size, xlo), np.full(eps.size, xhi)      # threshold t_i: L(x) > ε_i ⇔ x < t_i
+    a, b = np.full(eps.size, xlo), np.full(eps.size, xhi)  # threshold t_i: L(x) > ε_i ⇔ x < t_i
     for _ in range(_BISECT):
         mid = 0.5 * (a + b)
         big = _replace_loss(mid, qt, s) > eps
         a, b = np.where(big, mid, a), np.where(big, b, mid)
     t = 0.5 * (a + b)
     P, Q = ((-1.0, qt), (0.0, 1.0 - qt)), ((1.0, qt), (0.0, 1.0 - qt))
-    p_int, q_int = _mass(t[1:], t[:-1], P, s), _mass(t[1:], t[:-1], Q, s)   # (ε_i, ε_{i+1}]
+    p_int, q_int = _mass(t[1:], t[:-1], P, s), _mass(t[1:], t[:-1], Q, s)  # (ε_i, ε_{i+1}]
     x = np.exp(eps)
     B = x[:-1] * q_int
     D = np.clip((p_int - B) / math.expm1(h), 0.0, B)
     probs = np.zeros(eps.size)
     probs[:-1] += B - D
     probs[1:] += math.exp(h) * D
-    probs[0] += _mass(t[0], np.inf, P, s)                       # losses <= ε_0, moved up to ε_0
+    probs[0] += _mass(t[0], np.inf, P, s)  # losses <= ε_0, moved up to ε_0
     p_above, q_above = _mass(-np.inf, t[-1], P, s), _mass(-np.inf, t[-1], Q, s)
     probs[-1] += x[-1] * q_above
     return i_lo, probs, max(0.0, p_above - x[-1] * q_above)
@@ -114,8 +118,8 @@ def _lot_pmf(release, h: float, direction: str):
     i2, w2, inf2 = _replace_pmf(q_t, sigma, h)
     i_lo = min(i1, i2)
     probs = np.zeros(max(i1 + w1.size, i2 + w2.size) - i_lo)
-    probs[i1 - i_lo:i1 - i_lo + w1.size] += (1.0 - p_t) * w1
-    probs[i2 - i_lo:i2 - i_lo + w2.size] += p_t * w2
+    probs[i1 - i_lo : i1 - i_lo + w1.size] += (1.0 - p_t) * w1
+    probs[i2 - i_lo : i2 - i_lo + w2.size] += p_t * w2
     return i_lo, probs, (1.0 - p_t) * inf1 + p_t * inf2
 
 
@@ -176,11 +180,11 @@ def _epsilon(loss, c, extra, delta):
     S = np.cumsum(c[::-1])[::-1]
     with np.errstate(under="ignore"):
         V = np.cumsum((c * np.exp(-(loss - loss[0])))[::-1])[::-1]
-    d_at = np.append(S[1:] - np.exp(loss[:-1] - loss[0]) * V[1:], 0.0)     # δ(ℓ_k)
-    k0 = int(np.searchsorted(loss, 0.0))                                    # first ℓ >= 0
+    d_at = np.append(S[1:] - np.exp(loss[:-1] - loss[0]) * V[1:], 0.0)  # δ(ℓ_k)
+    k0 = int(np.searchsorted(loss, 0.0))  # first ℓ >= 0
     if k0 >= loss.size:
         return 0.0
-    if S[k0] - math.exp(-loss[0]) * V[k0] <= target:                        # δ(0)
+    if S[k0] - math.exp(-loss[0]) * V[k0] <= target:  # δ(0)
         return 0.0
     ok = np.flatnonzero(d_at[k0:] <= target)
     if ok.size == 0:
@@ -198,7 +202,9 @@ def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_I
     the remove and add directions; an upper bound (pessimistic discretisation, tails into δ)."""
     delta = check_delta(delta)
     if delta < pld.TILT_BELOW:
-        raise ValueError(f"delta={delta!r}: the truncated-Poisson PLD serves delta >= {pld.TILT_BELOW:g}")
+        raise ValueError(
+            f"delta={delta!r}: the truncated-Poisson PLD serves delta >= {pld.TILT_BELOW:g}"
+        )
     rel = []
     for r, n in releases:
         n = check_steps(n, "count")
@@ -221,34 +227,54 @@ def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_I
         while (comp := _compose(rel, h, direction)) is None:
             h *= 2.0
             if h > MAX_INTERVAL:
-                raise ValueError("truncated: the composed privacy loss spans too many grid points; not served")
+                raise ValueError(
+                    "truncated: the composed privacy loss spans too many grid points; not served"
+                )
         out = max(out, _epsilon(*comp, delta))
     return out
 
 
-def epsilon(N: int, q: float, B: int, sigma: float, steps: int, delta: float,
-            interval: float = pld.DEFAULT_INTERVAL) -> float:
+def epsilon(
+    N: int,
+    q: float,
+    B: int,
+    sigma: float,
+    steps: int,
+    delta: float,
+    interval: float = pld.DEFAULT_INTERVAL,
+) -> float:
     """ε(δ) after ``steps`` lots of the truncated Poisson-subsampled Gaussian (N, q = L/N, cap B, σ)."""
     return epsilon_for_releases([(("truncated", N, q, B, sigma), steps)], delta, interval)
 
 
-def replace_one_poisson_epsilon(q: float, sigma: float, steps: int, delta: float,
-                                interval: float = pld.DEFAULT_INTERVAL) -> float:
+def replace_one_poisson_epsilon(
+    q: float, sigma: float, steps: int, delta: float, interval: float = pld.DEFAULT_INTERVAL
+) -> float:
     """ε(δ) of ``steps`` Poisson lots (q, σ) under replace-one as dp_accounting 0.6.0's PLD accounts them
     (``from_gaussian_mechanism(..., neighboring_relation=REPLACE_ONE)``: the pair q·N(∓1, σ²) +
     (1 − q)·N(0, σ²), self-composed) — a reference for the replace-one samplers, not a charge here."""
-    q, sigma, steps, delta = check_q(q), check_sigma(2.0 * sigma), check_steps(steps), check_delta(delta)
+    q, sigma, steps, delta = (
+        check_q(q),
+        check_sigma(2.0 * sigma),
+        check_steps(steps),
+        check_delta(delta),
+    )
     h = float(interval)
-    while (comp := compose_pmfs([(_replace_pmf(q, sigma, h), steps)], h)) is None:   # noise σ/2·2 = σ
+    while (
+        comp := compose_pmfs([(_replace_pmf(q, sigma, h), steps)], h)
+    ) is None:  # noise σ/2·2 = σ
         h *= 2.0
         if h > MAX_INTERVAL:
-            raise ValueError("truncated: the composed privacy loss spans too many grid points; not served")
+            raise ValueError(
+                "truncated: the composed privacy loss spans too many grid points; not served"
+            )
     loss, c, above, _, inf_mass = comp
     return _epsilon(loss, c, above + inf_mass, delta)
 
 
-def fixed_size_epsilon(gamma: float, sigma: float, steps: int, delta: float,
-                       interval: float = pld.DEFAULT_INTERVAL) -> float:
+def fixed_size_epsilon(
+    gamma: float, sigma: float, steps: int, delta: float, interval: float = pld.DEFAULT_INTERVAL
+) -> float:
     """ε(δ) after ``steps`` fixed-size lots (γ = L/N, σ), replace-one adjacency: the symmetric
     dominating pair of ``wor_pld.py``, composed by FFT."""
     gamma, sigma, steps = check_q(gamma, "gamma"), check_sigma(sigma), check_steps(steps)

@@ -50,6 +50,7 @@ Add/remove adjacency: R(α) = max(R_remove(α), R_add(α)) per epoch; E epochs c
 (Mironov 2017, Prop. 1); a partial last epoch is a prefix of a full one (post-processing), so it
 is charged as a full epoch. (ε, δ) by :func:`dpsgd.accountant.rdp.rdp_to_epsilon`.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,7 +70,7 @@ def _log_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Log coefficients of (A·B) truncated to degree len(a) − 1; a, b are log coefficients."""
     n = len(a)
     k = np.arange(n)
-    idx = k[:, None] - k[None, :]                      # [deg, k] -> deg − k
+    idx = k[:, None] - k[None, :]  # [deg, k] -> deg − k
     terms = np.where(idx >= 0, a[None, :] + b[np.clip(idx, 0, None)], -np.inf)
     return special.logsumexp(terms, axis=1)
 
@@ -77,7 +78,7 @@ def _log_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _log_coef_power(log_f: np.ndarray, t: int) -> float:
     """log [z^α] f(z)^t, α = len(log_f) − 1, by repeated squaring (all coefficients positive)."""
     result = np.full(len(log_f), -np.inf)
-    result[0] = 0.0                                     # the polynomial 1
+    result[0] = 0.0  # the polynomial 1
     base = log_f
     while t:
         if t & 1:
@@ -95,8 +96,12 @@ def rdp_remove(alpha: int, sigma: float, t: int) -> float:
     alpha, sigma, t = int(alpha), check_sigma(sigma), check_steps(t)
     j = np.arange(alpha + 1, dtype=float)
     log_f = j * j / (2.0 * sigma * sigma) - special.gammaln(j + 1.0)
-    log_m = (special.gammaln(alpha + 1.0) + _log_coef_power(log_f, t)
-             - alpha * math.log(t) - alpha / (2.0 * sigma * sigma))
+    log_m = (
+        special.gammaln(alpha + 1.0)
+        + _log_coef_power(log_f, t)
+        - alpha * math.log(t)
+        - alpha / (2.0 * sigma * sigma)
+    )
     return max(0.0, log_m / (alpha - 1))
 
 
@@ -108,21 +113,25 @@ def rdp_add_amgm(alpha: float, sigma: float, t: int) -> float:
 
 #: Below this σ the add direction keeps the AM–GM bound (the quadrature's grids are sized for σ >= it).
 SIGMA_EXACT = 0.3
-_Z_HALF = 12.0                   # inner integral: z* ± 12 (curvature >= 1: the rest is below e^{−72})
-_V_LO, _V_SPAN, _DV = -40.0, 40.0, 0.02     # outer integral: v = log s on [−40, log t + 40], step 0.02
-_DECAYED = -60.0                 # the outer integrand at the grid's end must be below e^{−60} × its maximum
+_Z_HALF = 12.0  # inner integral: z* ± 12 (curvature >= 1: the rest is below e^{−72})
+_V_LO, _V_SPAN, _DV = -40.0, 40.0, 0.02  # outer integral: v = log s on [−40, log t + 40], step 0.02
+_DECAYED = -60.0  # the outer integrand at the grid's end must be below e^{−60} × its maximum
 
 
 def _log_phi(u: np.ndarray, sigma: float) -> np.ndarray:
     """log φ(u) = log E[exp(−u e^{Z/σ})], Z ~ N(0, 1), for an array u > 0 (module doc)."""
     w = np.real(special.lambertw(u / (sigma * sigma)))
-    z_star = -sigma * w                                  # maximum of −u e^{z/σ} − z²/2
-    d = min(0.05, sigma / 6.0, 0.3 / math.sqrt(float(w.max()) + 1.0))   # a third of the narrowest scale
+    z_star = -sigma * w  # maximum of −u e^{z/σ} − z²/2
+    d = min(
+        0.05, sigma / 6.0, 0.3 / math.sqrt(float(w.max()) + 1.0)
+    )  # a third of the narrowest scale
     xi = np.arange(-_Z_HALF, _Z_HALF + d / 2, d)
     out = np.empty(u.size)
     for a in range(0, u.size, 1024):
-        z = z_star[a:a + 1024, None] + xi[None, :]
-        out[a:a + 1024] = special.logsumexp(-u[a:a + 1024, None] * np.exp(z / sigma) - 0.5 * z * z, axis=1)
+        z = z_star[a : a + 1024, None] + xi[None, :]
+        out[a : a + 1024] = special.logsumexp(
+            -u[a : a + 1024, None] * np.exp(z / sigma) - 0.5 * z * z, axis=1
+        )
     return out + math.log(d) - 0.5 * math.log(2.0 * math.pi)
 
 
@@ -145,7 +154,7 @@ def log_neg_moment(k: float, sigma: float, t: int):
         return None
     fine = special.logsumexp(g) + math.log(_DV)
     coarse = special.logsumexp(g[::2]) + math.log(2.0 * _DV)
-    left = k * _V_LO - math.log(k)                        # ∫_{−∞}^{−40} e^{kv} φ^t dv <= e^{−40k}/k
+    left = k * _V_LO - math.log(k)  # ∫_{−∞}^{−40} e^{kv} φ^t dv <= e^{−40k}/k
     value = float(np.logaddexp(fine, left)) - float(special.gammaln(k))
     return value, 10.0 * abs(fine - coarse) + (t + 1) * 1e-12
 

@@ -17,6 +17,7 @@ Composition (Theorem 2.1): log moments add over lots, including heterogeneous lo
 Tail bound (Theorem 2.2): δ = min_λ exp(α(λ) − λε), equivalently ε(δ) = min_λ (α(λ) + log(1/δ))/λ,
 over the paper's λ = 1..32 (configurable); the minimising λ* is reported.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,7 @@ PAPER_LAMBDAS: tuple = tuple(range(1, 33))
 @lru_cache(maxsize=256)
 def log_moments_unchecked(q: float, sigma: float, lambdas: tuple) -> np.ndarray:
     """:func:`log_moments` for arguments already valid (a ledger's charged mechanisms), cached."""
-    if q == 1.0:   # Gaussian mechanism: α(λ) = λ(λ+1)/(2σ²) exactly
+    if q == 1.0:  # Gaussian mechanism: α(λ) = λ(λ+1)/(2σ²) exactly
         out = np.array([lam * (lam + 1) / (2.0 * sigma * sigma) for lam in lambdas], dtype=float)
     else:
         out = np.array([log_a_unchecked(q, sigma, lam + 1) for lam in lambdas], dtype=float)
@@ -58,7 +59,9 @@ def epsilon_from_log_moments(total_log_moments, delta: float, lambdas=PAPER_LAMB
     lam = np.asarray(check_orders(lambdas, "lambdas", minimum=0.0, integer=True), dtype=float)
     a = np.asarray(total_log_moments, dtype=float)
     if a.shape != lam.shape:
-        raise ValueError(f"total_log_moments must have one value per lambda, got {a.shape} for {lam.shape}")
+        raise ValueError(
+            f"total_log_moments must have one value per lambda, got {a.shape} for {lam.shape}"
+        )
     return _epsilon_from_log_moments(a, lam, delta)
 
 
@@ -75,7 +78,9 @@ def delta_from_log_moments(total_log_moments, epsilon: float, lambdas=PAPER_LAMB
     lam = np.asarray(check_orders(lambdas, "lambdas", minimum=0.0, integer=True), dtype=float)
     a = np.asarray(total_log_moments, dtype=float)
     if a.shape != lam.shape:
-        raise ValueError(f"total_log_moments must have one value per lambda, got {a.shape} for {lam.shape}")
+        raise ValueError(
+            f"total_log_moments must have one value per lambda, got {a.shape} for {lam.shape}"
+        )
     log_d = a - lam * epsilon
     i = int(np.argmin(log_d))
     return float(math.exp(min(0.0, log_d[i]))), int(lam[i])
@@ -96,6 +101,7 @@ def delta(q: float, sigma: float, steps: int, epsilon: float, lambdas=PAPER_LAMB
 # ----------------------------------------------------------------------------------------------
 # The paper's analytic results, for reference (the accountant above uses the exact moments).
 
+
 def lemma3_applies(q: float, sigma: float, lam: int) -> bool:
     """Whether Lemma 3 of Abadi et al. 2016 covers (q, σ, λ): σ >= 1, q < 1/(16σ), and λ a positive
     integer with λ <= σ² ln(1/(qσ)).
@@ -104,8 +110,13 @@ def lemma3_applies(q: float, sigma: float, lam: int) -> bool:
     that does not matter here, since the accountant uses the exact log moments, not the lemma.
     """
     q, sigma = check_q(q), check_sigma(sigma)
-    return (sigma >= 1.0 and q < 1.0 / (16.0 * sigma) and float(lam).is_integer() and lam >= 1
-            and lam <= sigma * sigma * math.log(1.0 / (q * sigma)))
+    return (
+        sigma >= 1.0
+        and q < 1.0 / (16.0 * sigma)
+        and float(lam).is_integer()
+        and lam >= 1
+        and lam <= sigma * sigma * math.log(1.0 / (q * sigma))
+    )
 
 
 def lemma3_bound(q: float, sigma: float, lam: int) -> float:
@@ -118,8 +129,10 @@ def lemma3_bound(q: float, sigma: float, lam: int) -> float:
     :func:`log_moments` stays below this leading term alone (tested on a grid).
     """
     if not lemma3_applies(q, sigma, lam):
-        raise ValueError(f"Lemma 3 needs sigma >= 1, q < 1/(16 sigma) and integer 1 <= lambda <= "
-                         f"sigma^2 ln(1/(q sigma)); got q={q!r}, sigma={sigma!r}, lambda={lam!r}")
+        raise ValueError(
+            f"Lemma 3 needs sigma >= 1, q < 1/(16 sigma) and integer 1 <= lambda <= "
+            f"sigma^2 ln(1/(q sigma)); got q={q!r}, sigma={sigma!r}, lambda={lam!r}"
+        )
     return q * q * lam * (lam + 1) / ((1.0 - q) * sigma * sigma)
 
 

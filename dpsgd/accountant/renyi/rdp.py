@@ -24,6 +24,7 @@ Conversions to (ε, δ)-DP, chosen explicitly:
   (Balle et al. 2020, "Hypothesis testing interpretations and Rényi DP", Thm 21;
   Canonne, Kamath & Steinke 2020, Prop. 12).
 """
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,15 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from ..limits import check_choice, check_delta, check_epsilon, check_orders, check_q, check_sigma, check_steps
+from ..limits import (
+    check_choice,
+    check_delta,
+    check_epsilon,
+    check_orders,
+    check_q,
+    check_sigma,
+    check_steps,
+)
 
 #: Orders used by default: fractional orders where the optimum sits for large ε (down to 1.02:
 #: for ε > 100 the optimum is below 1.25, e.g. opacus starts at 1.1), integers 2..64, and a few
@@ -57,22 +66,34 @@ def _log_comb(n, k):
 def _log_a_int(q: float, sigma: float, alpha: int) -> float:
     """log A_α for integer α ≥ 2 and 0 < q < 1 (binomial expansion, MTZ 2019 §3.3)."""
     k = np.arange(2, alpha + 1, dtype=float)
-    x = (k * k - k) / (2.0 * sigma * sigma)                     # > 0 for k ≥ 2
-    log_expm1 = x + np.log(-np.expm1(-x))                       # log(e^x − 1), stable for all x > 0
+    x = (k * k - k) / (2.0 * sigma * sigma)  # > 0 for k ≥ 2
+    log_expm1 = x + np.log(-np.expm1(-x))  # log(e^x − 1), stable for all x > 0
     terms = _log_comb(float(alpha), k) + k * math.log(q) + (alpha - k) * math.log1p(-q) + log_expm1
-    log_a_minus_1 = special.logsumexp(terms)                    # log(A_α − 1), all terms ≥ 0
-    return float(np.logaddexp(0.0, log_a_minus_1))              # log(1 + (A_α − 1))
+    log_a_minus_1 = special.logsumexp(terms)  # log(A_α − 1), all terms ≥ 0
+    return float(np.logaddexp(0.0, log_a_minus_1))  # log(1 + (A_α − 1))
 
 
 def _frac_terms(q: float, sigma: float, alpha: float, i: np.ndarray):
     """Log-magnitudes and signs of the MTZ 2019 §3.3 series terms s0_i, s1_i (fractional α)."""
     z0 = sigma * sigma * math.log(1.0 / q - 1.0) + 0.5 if q < 1 else -np.inf
     j = alpha - i
-    log_c = _log_comb(alpha, i)                                 # log |C(α, i)|
-    sign = special.gammasgn(alpha - i + 1.0)                    # sign of C(α, i)
+    log_c = _log_comb(alpha, i)  # log |C(α, i)|
+    sign = special.gammasgn(alpha - i + 1.0)  # sign of C(α, i)
     s2 = 2.0 * sigma * sigma
-    ls0 = log_c + i * math.log(q) + j * math.log1p(-q) + (i * i - i) / s2 + special.log_ndtr((z0 - i) / sigma)
-    ls1 = log_c + j * math.log(q) + i * math.log1p(-q) + (j * j - j) / s2 + special.log_ndtr((j - z0) / sigma)
+    ls0 = (
+        log_c
+        + i * math.log(q)
+        + j * math.log1p(-q)
+        + (i * i - i) / s2
+        + special.log_ndtr((z0 - i) / sigma)
+    )
+    ls1 = (
+        log_c
+        + j * math.log(q)
+        + i * math.log1p(-q)
+        + (j * j - j) / s2
+        + special.log_ndtr((j - z0) / sigma)
+    )
     return ls0, ls1, sign
 
 
@@ -112,13 +133,13 @@ def log_a(q: float, sigma: float, alpha: float) -> float:
     return log_a_unchecked(q, sigma, alpha)
 
 
-_FRAC_FLOOR = 1e-12   # below this the signed series is round-off (~1e-16 absolute): use the bound
+_FRAC_FLOOR = 1e-12  # below this the signed series is round-off (~1e-16 absolute): use the bound
 
 
 def log_a_unchecked(q: float, sigma: float, alpha: float) -> float:
     """:func:`log_a` for arguments already valid."""
     if q == 1.0:
-        return (alpha - 1.0) * alpha / (2.0 * sigma * sigma)    # Gaussian mechanism, exact
+        return (alpha - 1.0) * alpha / (2.0 * sigma * sigma)  # Gaussian mechanism, exact
     if float(alpha).is_integer():
         return _log_a_int(q, sigma, int(alpha))
     v = _log_a_frac(q, sigma, float(alpha))
@@ -206,8 +227,14 @@ def rdp_to_delta(orders, rdp, epsilon: float, conversion: str = "improved"):
     return float(min(1.0, math.exp(min(0.0, log_d[i])))), float(a[i])
 
 
-def epsilon(q: float, sigma: float, steps: int, delta: float, orders=DEFAULT_ORDERS,
-            conversion: str = "improved"):
+def epsilon(
+    q: float,
+    sigma: float,
+    steps: int,
+    delta: float,
+    orders=DEFAULT_ORDERS,
+    conversion: str = "improved",
+):
     """(ε, α*) after ``steps`` lots of the Poisson-sampled Gaussian (RDP accountant)."""
     delta = check_delta(delta)
     orders = check_orders(orders, minimum=1.0)
@@ -215,8 +242,14 @@ def epsilon(q: float, sigma: float, steps: int, delta: float, orders=DEFAULT_ORD
     return rdp_to_epsilon(orders, curve, delta, conversion)
 
 
-def delta(q: float, sigma: float, steps: int, epsilon: float, orders=DEFAULT_ORDERS,
-          conversion: str = "improved"):
+def delta(
+    q: float,
+    sigma: float,
+    steps: int,
+    epsilon: float,
+    orders=DEFAULT_ORDERS,
+    conversion: str = "improved",
+):
     """(δ, α*) after ``steps`` lots at a given ε (RDP accountant)."""
     epsilon = check_epsilon(epsilon)
     orders = check_orders(orders, minimum=1.0)

@@ -29,6 +29,7 @@ dp_accounting's RdpAccountant (REPLACE_ONE, SampledWithoutReplacementDpEvent) im
 theorem with the Gaussian's noise multiplier relative to the replacement's sensitivity (σ/2 here) and a
 forward-difference refinement of the first arm (their Theorem 27), so its ε is never above ours.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,8 +62,11 @@ def _log_even_diffs(sigma: float, kmax: int) -> np.ndarray:
     z = np.arange(-40.0, kmax * r + 40.0, 0.01)
     u = c + r * z
     with np.errstate(divide="ignore", over="ignore"):
-        log_abs = np.where(u > 30.0, u + np.log1p(-np.exp(-np.clip(u, 30.0, 700.0))),
-                           np.log(np.abs(np.expm1(np.minimum(u, 30.0)))))
+        log_abs = np.where(
+            u > 30.0,
+            u + np.log1p(-np.exp(-np.clip(u, 30.0, 700.0))),
+            np.log(np.abs(np.expm1(np.minimum(u, 30.0)))),
+        )
     log_phi = -0.5 * z * z - 0.5 * math.log(2.0 * math.pi) + math.log(0.01)
     out = np.full(kmax + 1, -np.inf)
     for k in range(0, kmax + 1, 2):
@@ -81,8 +85,8 @@ def _log_sum_terms(gamma: float, sigma: float, alpha: int) -> float:
         j = np.arange(3, alpha + 1, dtype=float)
         d = _log_even_diffs(sigma, 2 * ((alpha + 1) // 2))
         ji = j.astype(int)
-        fd = math.log(4.0) + 0.5 * (d[2 * (ji // 2)] + d[2 * ((ji + 1) // 2)])          # Theorem 27
-        t9 = math.log(2.0) + (j - 1.0) * base_rdp(sigma, j)                                # Theorem 9
+        fd = math.log(4.0) + 0.5 * (d[2 * (ji // 2)] + d[2 * ((ji + 1) // 2)])  # Theorem 27
+        t9 = math.log(2.0) + (j - 1.0) * base_rdp(sigma, j)  # Theorem 9
         logs.extend(j * math.log(gamma) + _log_comb(alpha, j) + np.minimum(fd, t9))
     return float(special.logsumexp(logs))
 
@@ -96,14 +100,23 @@ def rdp_curve(gamma: float, sigma: float, orders: tuple = ORDERS) -> np.ndarray:
         if a != int(a) or a < 2:
             raise ValueError(f"orders must be integers >= 2 (Wang et al. 2019, Thm 9), got {a!r}")
         base = float(base_rdp(sigma, a))
-        out[i] = base if gamma >= 1.0 else min(base, _log_sum_terms(gamma, sigma, int(a)) / (a - 1.0))
+        out[i] = (
+            base if gamma >= 1.0 else min(base, _log_sum_terms(gamma, sigma, int(a)) / (a - 1.0))
+        )
     out.setflags(write=False)
     return out
 
 
 def epsilon(gamma: float, sigma: float, steps: int, delta: float, conversion: str = "improved"):
     """(ε, α*) after ``steps`` fixed-size lots (γ = L/N, noise multiplier σ), replace-one adjacency."""
-    gamma, sigma, steps, delta = check_q(gamma, "gamma"), check_sigma(sigma), check_steps(steps), check_delta(delta)
+    gamma, sigma, steps, delta = (
+        check_q(gamma, "gamma"),
+        check_sigma(sigma),
+        check_steps(steps),
+        check_delta(delta),
+    )
     if steps == 0:
         return 0.0, None
-    return rdp_to_epsilon_unchecked(np.array(ORDERS), steps * rdp_curve(gamma, sigma), delta, conversion)
+    return rdp_to_epsilon_unchecked(
+        np.array(ORDERS), steps * rdp_curve(gamma, sigma), delta, conversion
+    )

@@ -15,6 +15,7 @@ mechanism of ℓ2-sensitivity C√k and noise σC per coordinate, i.e. noise mul
 Each of these is an upper bound on the true ε of a correct implementation (PLD and the exact form are
 tight), so an audit lower bound above any of them proves the code is not the analysed mechanism.
 """
+
 from __future__ import annotations
 
 from dpsgd.accountant import Ledger, compose
@@ -23,7 +24,7 @@ from dpsgd.accountant.strong_composition import gaussian_epsilon
 
 from .settings import AuditConfig
 
-CONVENTION = "joint"     # k groups at noise σC each = one Gaussian mechanism with multiplier σ/√k
+CONVENTION = "joint"  # k groups at noise σC each = one Gaussian mechanism with multiplier σ/√k
 
 
 def claimed_epsilon(cfg: AuditConfig, groups: int) -> dict:
@@ -34,7 +35,7 @@ def claimed_epsilon(cfg: AuditConfig, groups: int) -> dict:
         led.record(Poisson(cfg.q, cfg.sigma, groups), 1, "audit")
         for acc in cfg.accountants:
             out[acc] = float(led.epsilon(cfg.delta, accountant=acc, convention=CONVENTION)[0])
-    if cfg.q == 1.0:                     # one lot charged as one Gaussian mechanism at σ/√k
+    if cfg.q == 1.0:  # one lot charged as one Gaussian mechanism at σ/√k
         _, sigma_eff, _ = compose.charge(cfg.q, cfg.sigma, groups, CONVENTION)
         out["exact"] = gaussian_epsilon(cfg.delta, sigma_eff, "analytic")
     return out

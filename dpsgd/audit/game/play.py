@@ -19,6 +19,7 @@
 ``run_audit`` plays ``cfg.trials`` trials, half with the canary, bounds ε from below with
 ``dpsgd.audit.game.stats`` and sets it beside the claimed ε of ``dpsgd.audit.game.claim``.
 """
+
 from __future__ import annotations
 
 import time
@@ -86,11 +87,11 @@ def _run_tiny(cfg: AuditConfig, noise, gen: torch.Generator):
     x0, y0, g0 = _calibrate_canary(model, clipper, e0, cfg)
     M, y_canary = float(x0[0, 0]), int(y0[0])
     u = g0["weight"][:, 0].double()
-    u = u / u.norm()                                      # direction of the canary's contribution
+    u = u / u.norm()  # direction of the canary's contribution
     remaining = cfg.trials
     while remaining > 0:
         n = min(T, remaining)
-        is_in = torch.zeros(T, dtype=torch.bool)          # columns beyond n are unused this round
+        is_in = torch.zeros(T, dtype=torch.bool)  # columns beyond n are unused this round
         is_in[torch.randperm(n, generator=gen)[: n // 2]] = True
         sampled = is_in & (torch.rand(T, generator=gen) < cfg.q)
         idx = sampled.nonzero().flatten()
@@ -101,7 +102,7 @@ def _run_tiny(cfg: AuditConfig, noise, gen: torch.Generator):
             model.weight.zero_()
         dp.step(x, y, physical_batch_size=512)
         with torch.no_grad():
-            released = -model.weight.detach().double()   # (θ₀ − θ₁)·L/η with θ₀ = 0, L = η = 1
+            released = -model.weight.detach().double()  # (θ₀ − θ₁)·L/η with θ₀ = 0, L = η = 1
         s = (u[:, None] * released).sum(0)
         scores.append(s[:n].numpy())
         present.append(is_in[:n].numpy())
@@ -127,12 +128,12 @@ def _run_mnist(cfg: AuditConfig, noise, gen: torch.Generator):
         x_o = torch.randn(1, 60, generator=gen)
         y_o = model(x_o).argmax(1).detach()
         g_o = _flat(clipper.clipped_sum(x_o, y_o).grads, names)
-        score = lambda released: -float(((released - g_o) ** 2).sum())   # noqa: E731
+        score = lambda released: -float(((released - g_o) ** 2).sum())  # noqa: E731
     else:
         x_o, y_o = x_c[:0], y_c[:0]
         u = _flat(g_c, names)
         u = u / u.norm()
-        score = lambda released: float(released @ u)                     # noqa: E731
+        score = lambda released: float(released @ u)  # noqa: E731
     theta0_flat = _flat(theta0, names)
     present = (torch.randperm(cfg.trials, generator=gen) < cfg.trials // 2).numpy()
     sampled = present & (torch.rand(cfg.trials, generator=gen) < cfg.q).numpy()
@@ -163,8 +164,14 @@ def run_audit(cfg: AuditConfig) -> AuditResult:
         scores, present, groups = run(cfg, noise, gen)
     finally:
         torch.set_num_threads(threads)
-    stat = clopper_pearson_bound(scores, present, cfg.delta, cfg.alpha, cfg.select_fraction,
-                                 seed=cfg.seed)
+    stat = clopper_pearson_bound(
+        scores, present, cfg.delta, cfg.alpha, cfg.select_fraction, seed=cfg.seed
+    )
     claimed = claimed_epsilon(cfg, groups)
-    return AuditResult(config=asdict(cfg), eps_claimed=claimed, groups=groups,
-                       seconds=time.perf_counter() - start, **stat)
+    return AuditResult(
+        config=asdict(cfg),
+        eps_claimed=claimed,
+        groups=groups,
+        seconds=time.perf_counter() - start,
+        **stat,
+    )

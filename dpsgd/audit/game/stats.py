@@ -17,12 +17,13 @@ The threshold t and the direction of the test are chosen on a random ``select_fr
 trials and evaluated only on the rest, so picking the best of many thresholds does not inflate the
 bound.
 """
+
 from __future__ import annotations
 
 import numpy as np
 from scipy.stats import beta
 
-DIRECTIONS = (("in>t", 1.0), ("in<t", -1.0))   # decide "canary present" when score ≥ t / score < t
+DIRECTIONS = (("in>t", 1.0), ("in<t", -1.0))  # decide "canary present" when score ≥ t / score < t
 
 
 def cp_upper(k, n, conf: float):
@@ -60,8 +61,9 @@ def _best_threshold(out, inn, delta, conf):
     return float(t[i]), float(e[i])
 
 
-def clopper_pearson_bound(scores, present, delta: float, alpha: float = 0.05,
-                        select_fraction: float = 0.5, seed: int = 0) -> dict:
+def clopper_pearson_bound(
+    scores, present, delta: float, alpha: float = 0.05, select_fraction: float = 0.5, seed: int = 0
+) -> dict:
     """Clopper–Pearson lower bound on ε from scores of trials with (present=True) / without the canary.
 
     A random ``select_fraction`` of the trials chooses the threshold and the test's direction; the
@@ -84,11 +86,23 @@ def clopper_pearson_bound(scores, present, delta: float, alpha: float = 0.05,
     s = sign * scores[ev]
     out, inn = s[~present[ev]], s[present[ev]]
     if not (len(out) and len(inn)):
-        raise ValueError(f"select_fraction={select_fraction:g}: the {len(ev)} evaluation trials hold no trial "
-                         f"{'without' if not len(out) else 'with'} the canary; evaluate on more trials")
+        raise ValueError(
+            f"select_fraction={select_fraction:g}: the {len(ev)} evaluation trials hold no trial "
+            f"{'without' if not len(out) else 'with'} the canary; evaluate on more trials"
+        )
     fp, fn = _counts(out, inn, np.array([t]))
     fp, fn = int(fp[0]), int(fn[0])
-    eps_lb = float(eps_from_rates(cp_upper(fp, len(out), conf), cp_upper(fn, len(inn), conf), delta))
+    eps_lb = float(
+        eps_from_rates(cp_upper(fp, len(out), conf), cp_upper(fn, len(inn), conf), delta)
+    )
     eps_point = float(eps_from_rates(fp / len(out), fn / len(inn), delta))
-    return dict(eps_lb=eps_lb, eps_point=eps_point, threshold=sign * t, direction=direction,
-                n_out=len(out), n_in=len(inn), false_pos=fp, false_neg=fn)
+    return dict(
+        eps_lb=eps_lb,
+        eps_point=eps_point,
+        threshold=sign * t,
+        direction=direction,
+        n_out=len(out),
+        n_in=len(inn),
+        false_pos=fp,
+        false_neg=fn,
+    )

@@ -29,6 +29,7 @@ Methods, each at confidence 1 − β on its own:
 
 A bad value ends the command before any work with one line naming the option and exit status 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,13 +51,13 @@ from .stats.simulate import llr_moments
 SAMPLERS = ("poisson",)
 ASSUMES = {
     "family": "the run is at most as leaky as the claimed mechanism (Poisson-subsampled Gaussian at q, T lots, "
-              "k groups) at some noise multiplier σ′ — a test of the claim, not a bound for every mechanism",
+    "k groups) at some noise multiplier σ′ — a test of the claim, not a bound for every mechanism",
     "steinke": "(ε, δ)-DP with respect to each canary (Steinke, Nasr & Jagielski 2023)",
     "gdp": "μ-GDP with respect to each canary (Mahloujifar, Melis & Chaudhuri 2024); DP-SGD with subsampling "
-           "is not exactly GDP, so this is shown, not used for the verdict",
+    "is not exactly GDP, so this is shown, not used for the verdict",
     "order_stats": "the claim's family (as family) AND independent canaries, each observed through its own copy of "
-                   "the per-canary channel (Xiang et al. 2025, Thm 2): exact for the idealised game; for a real run, "
-                   "whose canaries share lots and noise-scale estimate, a heuristic — shown, not used for the verdict",
+    "the per-canary channel (Xiang et al. 2025, Thm 2): exact for the idealised game; for a real run, "
+    "whose canaries share lots and noise-scale estimate, a heuristic — shown, not used for the verdict",
 }
 
 
@@ -66,28 +67,44 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m dpsgd.audit bound",
-                description="One-run lower bounds on ε from a score file (columns included, score) against a "
-                            "claimed DP-SGD mechanism; the verdict is the family test of the claim.")
+    p = _Parser(
+        prog="python -m dpsgd.audit bound",
+        description="One-run lower bounds on ε from a score file (columns included, score) against a "
+        "claimed DP-SGD mechanism; the verdict is the family test of the claim.",
+    )
     p.add_argument("--scores", required=True, help="CSV with columns included (0/1) and score")
-    p.add_argument("--q", type=typed_number, help="Poisson sampling rate of the claim (or --N and --L)")
+    p.add_argument(
+        "--q", type=typed_number, help="Poisson sampling rate of the claim (or --N and --L)"
+    )
     p.add_argument("--sigma", type=typed_number, required=True, help="claimed noise multiplier σ")
     p.add_argument("--steps", type=typed_number, required=True, help="number of lots T")
-    p.add_argument("--groups", type=typed_number, default=1, help="clipping groups k (joint convention; default 1)")
-    p.add_argument("--sampler", default="poisson", help="the claimed sampler (only poisson is served)")
+    p.add_argument(
+        "--groups",
+        type=typed_number,
+        default=1,
+        help="clipping groups k (joint convention; default 1)",
+    )
+    p.add_argument(
+        "--sampler", default="poisson", help="the claimed sampler (only poisson is served)"
+    )
     p.add_argument("--N", type=typed_number, help="dataset size: q = L/N")
     p.add_argument("--L", type=typed_number, help="expected lot size: q = L/N")
     p.add_argument("--delta", type=typed_number, required=True, help="δ at which ε is reported")
     p.add_argument("--beta", type=typed_number, default=0.05, help="1 − confidence (default 0.05)")
-    p.add_argument("--game", default=None, help="rows of this game when the file has a game column "
-                                                "(default white-box)")
+    p.add_argument(
+        "--game",
+        default=None,
+        help="rows of this game when the file has a game column (default white-box)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     return p
 
 
 def _claim(a) -> Claim:
     if a.sampler not in SAMPLERS:
-        raise ConfigError(f"--sampler={a.sampler}: the family test serves {', '.join(SAMPLERS)} lots only")
+        raise ConfigError(
+            f"--sampler={a.sampler}: the family test serves {', '.join(SAMPLERS)} lots only"
+        )
     q = a.q
     if a.N is not None or a.L is not None:
         if a.N is None or a.L is None:
@@ -128,33 +145,41 @@ def read_scores(path: str, game: str | None) -> tuple[np.ndarray, np.ndarray]:
     bits, scores = [], []
     for i, r in enumerate(rows, start=2):
         if r["included"] not in ("0", "1"):
-            raise ConfigError(f"--scores={path}: line {i}: included={r['included']!r}, must be 0 or 1")
+            raise ConfigError(
+                f"--scores={path}: line {i}: included={r['included']!r}, must be 0 or 1"
+            )
         try:
             s = float(r["score"])
         except (TypeError, ValueError):
-            raise ConfigError(f"--scores={path}: line {i}: score={r['score']!r} is not a number") from None
+            raise ConfigError(
+                f"--scores={path}: line {i}: score={r['score']!r} is not a number"
+            ) from None
         if s != s:
             raise ConfigError(f"--scores={path}: line {i}: score is NaN")
         bits.append(int(r["included"]))
         scores.append(s)
     n_in = sum(bits)
     if n_in in (0, len(bits)):
-        raise ConfigError(f"--scores={path}: all {len(bits)} canaries have included={bits[0]}: a one-run audit "
-                          "guesses which canaries were included, so it needs both (each included at random)")
+        raise ConfigError(
+            f"--scores={path}: all {len(bits)} canaries have included={bits[0]}: a one-run audit "
+            "guesses which canaries were included, so it needs both (each included at random)"
+        )
     s = np.array(scores)
-    s = np.where(np.isfinite(s), s, np.sign(s) * np.finfo(float).max)   # ±inf: ranked first / last
+    s = np.where(np.isfinite(s), s, np.sign(s) * np.finfo(float).max)  # ±inf: ranked first / last
     return s, np.array(bits)
 
 
-FEW = 100   # canaries below which a one-run audit has almost no power: its CONSISTENT says little
+FEW = 100  # canaries below which a one-run audit has almost no power: its CONSISTENT says little
 
 
 def few_warning(m: int) -> str | None:
     """A warning line when ``m`` canaries are too few for the verdict to mean much."""
     if m >= FEW:
         return None
-    return (f"warning: only m={m} canaries: a one-run audit this small can hardly reject any claim "
-            f"(its lower bounds stay near 0), so CONSISTENT says little; audits use ≥ {FEW}, typically 1000")
+    return (
+        f"warning: only m={m} canaries: a one-run audit this small can hardly reject any claim "
+        f"(its lower bounds stay near 0), so CONSISTENT says little; audits use ≥ {FEW}, typically 1000"
+    )
 
 
 def bound(scores, bits, claim: Claim, beta: float = 0.05) -> dict:
@@ -162,25 +187,57 @@ def bound(scores, bits, claim: Claim, beta: float = 0.05) -> dict:
     fam = family_test(scores, bits, claim, beta)
     free = audit_bound(scores, bits, claim.delta, beta, gdp=True)
     eps = fam["eps_claimed"]
-    out = {"m": int(len(bits)), "included": int(np.sum(bits)),
-           "claim": {"q": claim.q, "sigma": claim.sigma, "steps": claim.steps, "groups": claim.groups,
-                     "sampler": "poisson", "convention": "joint", "delta": claim.delta},
-           "eps_claimed": eps, "beta": beta, "confidence": 1 - beta,
-           "verdict": fam["verdict"], "verdict_by": "family",
-           "family": {"eps_lb": fam["eps_lower_bound"], "sigma_upper_bound": fam["sigma_upper_bound"],
-                      "claim_rejected": fam["claim_rejected"], "at_search_floor": fam["at_search_floor"],
-                      "verdict": fam["verdict"], "assumes": ASSUMES["family"]},
-           "steinke": {"eps_lb": free["eps_lower_bound"], "k_plus": free["k_plus"], "k_minus": free["k_minus"],
-                       "guesses": free["guesses"], "correct": free["correct"],
-                       "verdict": "violation" if free["eps_lower_bound"] > eps else "consistent",
-                       "assumes": ASSUMES["steinke"]},
-           "gdp": {"eps_lb": free["gdp_eps_lower_bound"], "mu_lb": free["gdp_mu_lower_bound"],
-                   "verdict": "violation" if free["gdp_eps_lower_bound"] > eps else "consistent",
-                   "assumes": ASSUMES["gdp"]}}
+    out = {
+        "m": int(len(bits)),
+        "included": int(np.sum(bits)),
+        "claim": {
+            "q": claim.q,
+            "sigma": claim.sigma,
+            "steps": claim.steps,
+            "groups": claim.groups,
+            "sampler": "poisson",
+            "convention": "joint",
+            "delta": claim.delta,
+        },
+        "eps_claimed": eps,
+        "beta": beta,
+        "confidence": 1 - beta,
+        "verdict": fam["verdict"],
+        "verdict_by": "family",
+        "family": {
+            "eps_lb": fam["eps_lower_bound"],
+            "sigma_upper_bound": fam["sigma_upper_bound"],
+            "claim_rejected": fam["claim_rejected"],
+            "at_search_floor": fam["at_search_floor"],
+            "verdict": fam["verdict"],
+            "assumes": ASSUMES["family"],
+        },
+        "steinke": {
+            "eps_lb": free["eps_lower_bound"],
+            "k_plus": free["k_plus"],
+            "k_minus": free["k_minus"],
+            "guesses": free["guesses"],
+            "correct": free["correct"],
+            "verdict": "violation" if free["eps_lower_bound"] > eps else "consistent",
+            "assumes": ASSUMES["steinke"],
+        },
+        "gdp": {
+            "eps_lb": free["gdp_eps_lower_bound"],
+            "mu_lb": free["gdp_mu_lower_bound"],
+            "verdict": "violation" if free["gdp_eps_lower_bound"] > eps else "consistent",
+            "assumes": ASSUMES["gdp"],
+        },
+    }
     osb = order_stats_test(scores, bits, claim, beta)
-    out["order_stats"] = {"eps_lb": osb["eps_lower_bound"], "sigma_upper_bound": osb["sigma_upper_bound"],
-                          "claim_rejected": osb["claim_rejected"], "at_search_floor": osb["at_search_floor"],
-                          "verdict": osb["verdict"], "grid": osb["grid"], "assumes": ASSUMES["order_stats"]}
+    out["order_stats"] = {
+        "eps_lb": osb["eps_lower_bound"],
+        "sigma_upper_bound": osb["sigma_upper_bound"],
+        "claim_rejected": osb["claim_rejected"],
+        "at_search_floor": osb["at_search_floor"],
+        "verdict": osb["verdict"],
+        "grid": osb["grid"],
+        "assumes": ASSUMES["order_stats"],
+    }
     out["scores"] = score_check(scores, bits, claim)
     return out
 
@@ -193,37 +250,62 @@ def score_check(scores, bits, claim: Claim) -> dict:
     validity — the tests above hold for any score. Meaningless for scores of another definition."""
     s, b = np.asarray(scores, dtype=float), np.asarray(bits).astype(bool)
     h0 = llr_moments(claim)
-    out = {"definition": "LLR of the claimed subsampled Gaussian, summed over lots (audit.score=llr)"}
+    out = {
+        "definition": "LLR of the claimed subsampled Gaussian, summed over lots (audit.score=llr)"
+    }
     for name, sel in (("out", ~b), ("in", b)):
         mean, var = h0[name]
-        out[name] = {"n": int(sel.sum()), "mean": float(s[sel].mean()) if sel.any() else None,
-                     "var": float(s[sel].var()) if sel.sum() > 1 else None, "mean_h0": mean, "var_h0": var}
+        out[name] = {
+            "n": int(sel.sum()),
+            "mean": float(s[sel].mean()) if sel.any() else None,
+            "var": float(s[sel].var()) if sel.sum() > 1 else None,
+            "mean_h0": mean,
+            "var_h0": var,
+        }
     v = out["out"]["var"]
-    out["var_ratio_out"] = None if v is None or out["out"]["var_h0"] <= 0 else v / out["out"]["var_h0"]
+    out["var_ratio_out"] = (
+        None if v is None or out["out"]["var_h0"] <= 0 else v / out["out"]["var_h0"]
+    )
     return out
 
 
 def format_bound(r: dict) -> str:
     c = r["claim"]
-    lines = [f"claim: Poisson q={c['q']:.6g}, σ={c['sigma']:g}, T={c['steps']} lots, k={c['groups']} (joint), "
-             f"δ={c['delta']:g} → ε_claimed={r['eps_claimed']:.4f}; m={r['m']} canaries ({r['included']} in), "
-             f"confidence {r['confidence']:.0%}"]
+    lines = [
+        f"claim: Poisson q={c['q']:.6g}, σ={c['sigma']:g}, T={c['steps']} lots, k={c['groups']} (joint), "
+        f"δ={c['delta']:g} → ε_claimed={r['eps_claimed']:.4f}; m={r['m']} canaries ({r['included']} in), "
+        f"confidence {r['confidence']:.0%}"
+    ]
     f = r["family"]
-    sub = "none rejected" if f["sigma_upper_bound"] is None else f"σ′ ≤ {f['sigma_upper_bound']:.4g}"
-    lines.append(f"family   ε_lb={f['eps_lb']:.4f} ({sub}; claim {'REJECTED' if f['claim_rejected'] else 'not rejected'})"
-                 f"  assumes: {f['assumes']}")
+    sub = (
+        "none rejected" if f["sigma_upper_bound"] is None else f"σ′ ≤ {f['sigma_upper_bound']:.4g}"
+    )
+    lines.append(
+        f"family   ε_lb={f['eps_lb']:.4f} ({sub}; claim {'REJECTED' if f['claim_rejected'] else 'not rejected'})"
+        f"  assumes: {f['assumes']}"
+    )
     s = r["steinke"]
-    lines.append(f"steinke  ε_lb={s['eps_lb']:.4f} ({s['correct']}/{s['guesses']} correct)  assumes: {s['assumes']}")
+    lines.append(
+        f"steinke  ε_lb={s['eps_lb']:.4f} ({s['correct']}/{s['guesses']} correct)  assumes: {s['assumes']}"
+    )
     g = r["gdp"]
-    lines.append(f"gdp      ε_lb={g['eps_lb']:.4f} (μ_lb={g['mu_lb']:.4f})  assumes: {g['assumes']}")
+    lines.append(
+        f"gdp      ε_lb={g['eps_lb']:.4f} (μ_lb={g['mu_lb']:.4f})  assumes: {g['assumes']}"
+    )
     o = r["order_stats"]
-    sub = "none rejected" if o["sigma_upper_bound"] is None else f"σ′ ≤ {o['sigma_upper_bound']:.4g}"
-    lines.append(f"order_stats ε_lb={o['eps_lb']:.4f} ({sub}; claim {'rejected' if o['claim_rejected'] else 'not rejected'})"
-                 f"  assumes: {o['assumes']}")
+    sub = (
+        "none rejected" if o["sigma_upper_bound"] is None else f"σ′ ≤ {o['sigma_upper_bound']:.4g}"
+    )
+    lines.append(
+        f"order_stats ε_lb={o['eps_lb']:.4f} ({sub}; claim {'rejected' if o['claim_rejected'] else 'not rejected'})"
+        f"  assumes: {o['assumes']}"
+    )
     sc = r["scores"]
     if sc["var_ratio_out"] is not None:
-        lines.append(f"excluded canaries' score variance {sc['out']['var']:.4g} against {sc['out']['var_h0']:.4g} "
-                     f"predicted by the claim for the LLR score (ratio {sc['var_ratio_out']:.3f}; > 1: interference)")
+        lines.append(
+            f"excluded canaries' score variance {sc['out']['var']:.4g} against {sc['out']['var_h0']:.4g} "
+            f"predicted by the claim for the LLR score (ratio {sc['var_ratio_out']:.3f}; > 1: interference)"
+        )
     lines.append(f"verdict (family test of the claim): {r['verdict'].upper()}")
     return "\n".join(lines)
 

@@ -20,6 +20,7 @@ changes nothing that is released, so the run is distributed exactly as on the da
 Hence N, q and the run's privacy claim are the same for every draw of the bits, and the claim is for
 the dataset with the canaries in it (add/remove adjacency: with or without canary i).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,13 +36,16 @@ from .placement import as_rows
 @dataclass
 class CanaryDraw:
     """Which canaries are in (the secret bits), drawn from the audit's own seed."""
-    gradient_in: torch.Tensor     # [m_g] bool
-    input_in: torch.Tensor        # [m_i] bool
+
+    gradient_in: torch.Tensor  # [m_g] bool
+    input_in: torch.Tensor  # [m_i] bool
 
     @classmethod
     def draw(cls, m_gradient: int, m_input: int, seed: int) -> CanaryDraw:
         g = torch.Generator().manual_seed(seed)
-        return cls(torch.rand(m_gradient, generator=g) < 0.5, torch.rand(m_input, generator=g) < 0.5)
+        return cls(
+            torch.rand(m_gradient, generator=g) < 0.5, torch.rand(m_input, generator=g) < 0.5
+        )
 
 
 def add_canaries(X: torch.Tensor, y: torch.Tensor, draw: CanaryDraw, classes: int, seed: int):
@@ -53,11 +57,13 @@ def add_canaries(X: torch.Tensor, y: torch.Tensor, draw: CanaryDraw, classes: in
     canaries, j ≥ m_g the excluded input canaries (zero gradient)."""
     m_g, m_i = len(draw.gradient_in), len(draw.input_in)
     if m_i + 1 > len(X):
-        raise ConfigError(f"audit.input_canaries={m_i}: needs fewer than the {len(X)} training examples")
+        raise ConfigError(
+            f"audit.input_canaries={m_i}: needs fewer than the {len(X)} training examples"
+        )
     gen = torch.Generator().manual_seed(seed + 1)
-    keep_X, keep_y = X[:len(X) - m_i], y[:len(y) - m_i]
-    Xc = X[len(X) - m_i:]
-    yc = (y[len(y) - m_i:] + 1 + torch.randint(0, classes - 1, (m_i,), generator=gen)) % classes
+    keep_X, keep_y = X[: len(X) - m_i], y[: len(y) - m_i]
+    Xc = X[len(X) - m_i :]
+    yc = (y[len(y) - m_i :] + 1 + torch.randint(0, classes - 1, (m_i,), generator=gen)) % classes
     n_special = m_g + int((~draw.input_in).sum())
     special_X = torch.zeros((n_special, *X.shape[1:]), dtype=X.dtype)
     special_y = -(torch.arange(n_special, dtype=y.dtype) + 1)
@@ -77,8 +83,10 @@ class GradientCanaries:
 
     def __init__(self, clipper, coords: dict, included: torch.Tensor, a: float, loose: float = 1.0):
         self.inner = clipper
-        self.coords = {n: as_rows(idx) for n, idx in coords.items()}   # name -> [m, r] flat indices or −1
-        self.included = included                       # [m] bool: canary i is in
+        self.coords = {
+            n: as_rows(idx) for n, idx in coords.items()
+        }  # name -> [m, r] flat indices or −1
+        self.included = included  # [m] bool: canary i is in
         self.m = len(included)
         self.a = float(a)
         self.loose = float(loose)
@@ -86,7 +94,9 @@ class GradientCanaries:
         self.group_of = names
         # the first group with a canary entry: group 0 under the Dirac placement, the softmax layer's under
         # the null-space one (a looser bound where no canary lives would be invisible by construction)
-        carrying = [names[n] for n, idx in self.coords.items() if n in names and bool((idx >= 0).any())]
+        carrying = [
+            names[n] for n, idx in self.coords.items() if n in names and bool((idx >= 0).any())
+        ]
         self.loose_group = min(carrying, default=0)
 
     def __getattr__(self, name):
@@ -100,11 +110,17 @@ class GradientCanaries:
         f = clip_factors(norms, C)
         if C is not None and self.loose != 1.0:
             g = self.loose_group
-            f[0, g] = clip_factors(norms[:, g:g + 1], C * self.loose)[0, 0]
+            f[0, g] = clip_factors(norms[:, g : g + 1], C * self.loose)[0, 0]
         return (self.a * f[0]).to(device=device, dtype=dtype)
 
-    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor, out=None, multiplicity: int = 1,
-                    weights: torch.Tensor | None = None) -> ClipResult:
+    def clipped_sum(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        out=None,
+        multiplicity: int = 1,
+        weights: torch.Tensor | None = None,
+    ) -> ClipResult:
         """``weights`` (per example, 0 for the padding rows of a fixed-shape lot): the ordinary rows'
         weights go to the engine; a canary row adds its gradient times its weight (0: nothing)."""
         kw = {} if weights is None else {"weights": weights}
@@ -115,7 +131,9 @@ class GradientCanaries:
         if multiplicity == 1:
             # the special rows stay in the batch at weight 0 (label 0, a zero image): no copy of the batch,
             # and exactly nothing of theirs in the sum (their clip factor times 0)
-            w_real = real.to(device=x.device, dtype=x.dtype if x.is_floating_point() else torch.float32)
+            w_real = real.to(
+                device=x.device, dtype=x.dtype if x.is_floating_point() else torch.float32
+            )
             kw["weights"] = w_real if weights is None else weights * w_real.to(weights)
             res = self.inner.clipped_sum(x, y.clamp_min(0), out=out, **kw)
         else:
@@ -125,10 +143,10 @@ class GradientCanaries:
             res = self.inner.clipped_sum(x[rows], y[real], out=out, multiplicity=multiplicity, **kw)
         ids = (-y[special] - 1).cpu()
         w = None if weights is None else weights[special.to(weights.device)].cpu()
-        keep = (ids < self.m)                            # gradient canaries (the rest: zero gradient)
-        keep[keep.clone()] = self.included[ids[keep]]    # an excluded canary's gradient is zero
+        keep = ids < self.m  # gradient canaries (the rest: zero gradient)
+        keep[keep.clone()] = self.included[ids[keep]]  # an excluded canary's gradient is zero
         if w is not None:
-            keep &= w > 0                                # a padding row adds nothing
+            keep &= w > 0  # a padding row adds nothing
         ids, w = ids[keep], (None if w is None else w[keep])
         if len(ids):
             first = next(iter(res.grads.values()))
@@ -138,13 +156,12 @@ class GradientCanaries:
                     idx = self.coords.get(n)
                     if idx is None:
                         continue
-                    sel = idx[ids]                               # [n, r]
+                    sel = idx[ids]  # [n, r]
                     has = sel[:, 0] >= 0
                     r = sel.shape[1]
-                    add = (vals[self.group_of[n]] / r ** 0.5).expand(int(has.sum()), r).clone()
+                    add = (vals[self.group_of[n]] / r**0.5).expand(int(has.sum()), r).clone()
                     if w is not None:
                         add = add * w[has].to(add)[:, None]
                     if add.numel():
                         g.view(-1).index_add_(0, sel[has].reshape(-1).to(g.device), add.reshape(-1))
         return res
-

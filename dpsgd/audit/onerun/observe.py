@@ -39,6 +39,7 @@ preset fell from d' = 0.41 to 0.17 over 4000 lots), while the drift it removes i
 (σ = 2: the per-coordinate means spread 1.19/√T instead of 1/√T); the noise-scale step below is what
 makes an under-noised mechanism visible. It stays an option for models whose drift dominates.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,18 +62,29 @@ def noise_scale(z: torch.Tensor) -> float:
 class WhiteBoxObserver:
     """Wraps ``DPSGD.step`` (``observe(dp)``) and accumulates both scores for every gradient canary."""
 
-    def __init__(self, coords: dict, groups_used: int, sigma: float, C: float, L: float, q: float,
-                 detrend: int = 0, normalise: str = "measured"):
+    def __init__(
+        self,
+        coords: dict,
+        groups_used: int,
+        sigma: float,
+        C: float,
+        L: float,
+        q: float,
+        detrend: int = 0,
+        normalise: str = "measured",
+    ):
         self.coords = {n: as_rows(idx) for n, idx in coords.items() if bool((idx >= 0).any())}
         self.normalise = normalise
         self.m = len(next(iter(coords.values()))) if coords else 0
         self.k = groups_used
-        self.unit = math.sqrt(max(groups_used, 1)) * sigma * C     # σC·√k: z = ⟨s, Σ_g e⟩ / unit
+        self.unit = math.sqrt(max(groups_used, 1)) * sigma * C  # σC·√k: z = ⟨s, Σ_g e⟩ / unit
         self.mu = math.sqrt(groups_used) / sigma if sigma > 0 else math.inf
         self.L, self.q = float(L), float(q)
         self.sum = torch.zeros(self.m, dtype=torch.float64)
         self.llr = torch.zeros(self.m, dtype=torch.float64)
-        self.sumsq = torch.zeros(self.m, dtype=torch.float64)   # Σ_t z², z in units of the claimed σC (noise_check.py)
+        self.sumsq = torch.zeros(
+            self.m, dtype=torch.float64
+        )  # Σ_t z², z in units of the claimed σC (noise_check.py)
         self.velocity = None
         self.steps = 0
         self.detrend = int(detrend)
@@ -80,8 +92,16 @@ class WhiteBoxObserver:
 
     def _read(self, params: dict) -> dict:
         """{name: [m]} each canary's coordinate in the parameter: its r entries summed, / √r."""
-        return {n: params[n].detach().reshape(-1)[idx.clamp_min(0).to(params[n].device)].double().cpu().sum(1)
-                / idx.shape[1] ** 0.5 for n, idx in self.coords.items()}
+        return {
+            n: params[n]
+            .detach()
+            .reshape(-1)[idx.clamp_min(0).to(params[n].device)]
+            .double()
+            .cpu()
+            .sum(1)
+            / idx.shape[1] ** 0.5
+            for n, idx in self.coords.items()
+        }
 
     def observe(self, dp) -> None:
         """Route every ``dp.step`` through this observer (the parameters as a white-box auditor sees them)."""
@@ -93,10 +113,13 @@ class WhiteBoxObserver:
             after = self._read(dp.params)
             self._score(before, after, dp.lr, dp.momentum)
             return out
+
         dp.step = step
 
     def _score(self, before: dict, after: dict, lr: float, momentum: float) -> None:
-        proj = torch.zeros(self.m, dtype=torch.float64)      # ⟨−(θ_{t+1} − θ_t)/η, Σ_g e_{c(g,i)}⟩ = ⟨v_t, ·⟩
+        proj = torch.zeros(
+            self.m, dtype=torch.float64
+        )  # ⟨−(θ_{t+1} − θ_t)/η, Σ_g e_{c(g,i)}⟩ = ⟨v_t, ·⟩
         for n, idx in self.coords.items():
             has = idx[:, 0] >= 0
             proj[has] -= (after[n] - before[n])[has] / lr
@@ -106,13 +129,18 @@ class WhiteBoxObserver:
         z = proj * self.L / self.unit
         self.sumsq += z * z
         if self.detrend:
-            z, self.trend = z - self.trend, self.trend + (z - self.trend) / min(self.steps + 1, self.detrend)
+            z, self.trend = (
+                z - self.trend,
+                self.trend + (z - self.trend) / min(self.steps + 1, self.detrend),
+            )
         scale = noise_scale(z) if self.normalise == "measured" else 1.0
         z, mu = z / scale, self.mu / scale
         self.sum += z
         # log(1 − q + q·e^x) as logaddexp(log(1 − q), log q + x): no overflow for the large shifts of a broken variant
-        log_out = torch.tensor(math.log1p(-self.q) if self.q < 1 else -math.inf, dtype=torch.float64)
-        self.llr += torch.logaddexp(log_out, math.log(self.q) + mu * z - mu ** 2 / 2)
+        log_out = torch.tensor(
+            math.log1p(-self.q) if self.q < 1 else -math.inf, dtype=torch.float64
+        )
+        self.llr += torch.logaddexp(log_out, math.log(self.q) + mu * z - mu**2 / 2)
         self.steps += 1
 
     def scores(self, kind: str) -> torch.Tensor:

@@ -19,6 +19,7 @@
 "null_groups", "dirac_groups"}``; a canary's direction in a parameter is the sum of its r entries'
 unit vectors divided by √r (r = 1 for Dirac, r = K for a class-sum direction).
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,10 +34,16 @@ def output_layer(model: nn.Module, classes: int, probe: torch.Tensor) -> tuple[s
     """(module name, module) of the softmax output layer: the ``nn.Linear`` with ``classes`` outputs
     whose output *is* the model's output on ``probe`` (checked by a forward hook, so nothing after it
     mixes the logits). ConfigError naming ``audit.placement`` when there is none."""
-    cands = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and m.out_features == classes
-             and m.weight.requires_grad]
+    cands = [
+        (n, m)
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and m.out_features == classes and m.weight.requires_grad
+    ]
     seen = {}
-    hooks = [m.register_forward_hook(lambda mod, inp, out, n=n: seen.__setitem__(n, out)) for n, m in cands]
+    hooks = [
+        m.register_forward_hook(lambda mod, inp, out, n=n: seen.__setitem__(n, out))
+        for n, m in cands
+    ]
     try:
         with torch.no_grad():
             out = model(probe)
@@ -46,8 +53,10 @@ def output_layer(model: nn.Module, classes: int, probe: torch.Tensor) -> tuple[s
     for n, m in reversed(cands):
         if n in seen and seen[n] is out:
             return n, m
-    raise ConfigError("audit.placement=null_space: this model has no softmax output layer (a trainable nn.Linear "
-                      f"with {classes} outputs whose output is the logits); use audit.placement=dirac")
+    raise ConfigError(
+        "audit.placement=null_space: this model has no softmax output layer (a trainable nn.Linear "
+        f"with {classes} outputs whose output is the logits); use audit.placement=dirac"
+    )
 
 
 def class_sum_directions(layer_name: str, layer: nn.Linear) -> dict:
@@ -55,14 +64,22 @@ def class_sum_directions(layer_name: str, layer: nn.Linear) -> dict:
     the bias, if trainable), each as the K flat indices of its entries."""
     K, H = layer.weight.shape
     prefix = f"{layer_name}." if layer_name else ""
-    out = {prefix + "weight": torch.arange(K)[None, :] * H + torch.arange(H)[:, None]}      # column j: j, H+j, ...
+    out = {
+        prefix + "weight": torch.arange(K)[None, :] * H + torch.arange(H)[:, None]
+    }  # column j: j, H+j, ...
     if layer.bias is not None and layer.bias.requires_grad:
         out[prefix + "bias"] = torch.arange(K)[None, :]
     return out
 
 
-def place(clipper, m: int, seed: int, placement: str = "dirac", classes: int | None = None,
-          probe: torch.Tensor | None = None) -> dict:
+def place(
+    clipper,
+    m: int,
+    seed: int,
+    placement: str = "dirac",
+    classes: int | None = None,
+    probe: torch.Tensor | None = None,
+) -> dict:
     """The canaries' directions (module doc); ConfigError naming the option when they do not fit."""
     gen = torch.Generator().manual_seed(seed + 2)
     params = dict(clipper.model.named_parameters())
@@ -76,8 +93,10 @@ def place(clipper, m: int, seed: int, placement: str = "dirac", classes: int | N
         if mine:
             dirs = sum(len(null[n]) for n in mine)
             if dirs < m:
-                raise ConfigError(f"audit.gradient_canaries={m}: audit.placement={placement} has {dirs} class-sum "
-                                  "directions in the output layer's clipping group (one per canary); use at most that")
+                raise ConfigError(
+                    f"audit.gradient_canaries={m}: audit.placement={placement} has {dirs} class-sum "
+                    "directions in the output layer's clipping group (one per canary); use at most that"
+                )
             pick = torch.randperm(dirs, generator=gen)[:m]
             start = 0
             for n in mine:

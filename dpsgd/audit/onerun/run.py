@@ -18,6 +18,7 @@ canaries in its data (``canaries.py``), then, in the run directory:
 An audit run is labelled as such in privacy.json, checkpoint.pt, metrics.csv and on the console,
 writes into ``outputs/audit/...`` unless ``hydra.run.dir`` is given, and is never resumed.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,17 +53,29 @@ def audit_train(c, run_dir, overrides) -> dict:
     """``dpsgd.train.train`` with the audit's instrument; then audit.json (rank 0)."""
     from dpsgd.data.datasets import DATASETS
     from dpsgd.train import train
+
     options = options_from_env()
     if not c.privacy.private:
-        raise ConfigError("privacy.private=false: a non-private run claims nothing; there is nothing to audit")
+        raise ConfigError(
+            "privacy.private=false: a non-private run claims nothing; there is nothing to audit"
+        )
     inst = AuditInstrument(options, DATASETS[c.dataset.name].classes)
     start = time.time()
     final = train(c, run_dir, overrides, instrument=inst)
     if distributed.current().writes and inst.parts is not None:
         scored = scores_and_bits(inst)
         sumsq = inst.observer.sumsq.numpy() if inst.observer is not None else None
-        report = audit_report(c.to_dict(), options, inst.label, scored, inst.groups_used, final, time.time() - start,
-                              inst.placed, sumsq)
+        report = audit_report(
+            c.to_dict(),
+            options,
+            inst.label,
+            scored,
+            inst.groups_used,
+            final,
+            time.time() - start,
+            inst.placed,
+            sumsq,
+        )
         write_report(Path(run_dir), scored, report, sumsq)
     return final
 
@@ -70,12 +83,17 @@ def audit_train(c, run_dir, overrides) -> dict:
 def usage() -> str:
     """``audit run --help``: the command, its audit.* options with their defaults, and where the training
     overrides are described."""
-    opts = "\n".join(f"  audit.{f.name}={f.default!r}" if not callable(f.default) else f"  audit.{f.name}"
-                     for f in fields(AuditOptions))
-    return ("usage: python -m dpsgd.audit run [training overrides] [audit.key=value ...]\n\n"
-            "A one-run audit: trains the configuration (any preset or override that python -m dpsgd.train takes;\n"
-            "see python -m dpsgd.train --help) with canaries in its data, then writes audit.json and\n"
-            "audit_scores.csv into the run folder (docs/AUDIT.md).\n\naudit options (defaults):\n" + opts)
+    opts = "\n".join(
+        f"  audit.{f.name}={f.default!r}" if not callable(f.default) else f"  audit.{f.name}"
+        for f in fields(AuditOptions)
+    )
+    return (
+        "usage: python -m dpsgd.audit run [training overrides] [audit.key=value ...]\n\n"
+        "A one-run audit: trains the configuration (any preset or override that python -m dpsgd.train takes;\n"
+        "see python -m dpsgd.train --help) with canaries in its data, then writes audit.json and\n"
+        "audit_scores.csv into the run folder (docs/AUDIT.md).\n\naudit options (defaults):\n"
+        + opts
+    )
 
 
 def split_args(args: list[str]) -> tuple[AuditOptions, list[str]]:
@@ -87,9 +105,11 @@ def split_args(args: list[str]) -> tuple[AuditOptions, list[str]]:
         if not key.startswith("audit."):
             rest.append(a)
             continue
-        name = key[len("audit."):]
+        name = key[len("audit.") :]
         if name not in known or not eq:
-            raise ConfigError(f"{a}: unknown audit option; one of {', '.join('audit.' + k for k in sorted(known))}")
+            raise ConfigError(
+                f"{a}: unknown audit option; one of {', '.join('audit.' + k for k in sorted(known))}"
+            )
         values[name] = typed_number(value)
     return AuditOptions(**values).validate(), rest
 
@@ -99,8 +119,12 @@ def rescore_main(argv: list[str]) -> int:
     the previous audit.json is kept as audit.superseded.json."""
     from dpsgd.core.fileio import write_json
     from .report import AUDIT, rescore
+
     if not argv or not (Path(argv[0]) / AUDIT).is_file():
-        print(f"error: rescore: {argv[0] if argv else 'RUN_DIR'}: not an audit run directory (no {AUDIT})", file=sys.stderr)
+        print(
+            f"error: rescore: {argv[0] if argv else 'RUN_DIR'}: not an audit run directory (no {AUDIT})",
+            file=sys.stderr,
+        )
         return 2
     run_dir, beta = Path(argv[0]), None
     try:
@@ -114,8 +138,10 @@ def rescore_main(argv: list[str]) -> int:
         return 2
     (run_dir / AUDIT).replace(run_dir / "audit.superseded.json")
     write_json(run_dir / AUDIT, report)
-    print(f"{run_dir / AUDIT}: ε_lb={report['eps_lower_bound']:.4g}, claimed ε={report['eps_claimed']:.4g} → "
-          f"{report['verdict']}")
+    print(
+        f"{run_dir / AUDIT}: ε_lb={report['eps_lower_bound']:.4g}, claimed ε={report['eps_claimed']:.4g} → "
+        f"{report['verdict']}"
+    )
     return 0
 
 
@@ -126,13 +152,20 @@ def check_canaries_fit(options: AuditOptions, args: list[str]) -> None:
     from dpsgd.config.overrides import override_key
     from dpsgd.config.schema import validate
     from dpsgd.launch.cli import compose, search_path, split_cli
+
     multirun, dirs, overrides = split_cli(args)
-    if not options.input_canaries or multirun or any(override_key(a) == "resume" for a in overrides):
+    if (
+        not options.input_canaries
+        or multirun
+        or any(override_key(a) == "resume" for a in overrides)
+    ):
         return
     N = validate(compose(overrides + search_path(dirs))).N
     if options.input_canaries >= N:
-        raise ConfigError(f"audit.input_canaries={options.input_canaries}: needs fewer than the {N} training "
-                          "examples (the input canaries are taken from them)")
+        raise ConfigError(
+            f"audit.input_canaries={options.input_canaries}: needs fewer than the {N} training "
+            "examples (the input canaries are taken from them)"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,11 +1,15 @@
 """The clipping rule of Algorithm 1 (Abadi et al. 2016): ḡ(x_i) = g(x_i) / max(1, ‖g(x_i)‖₂ / C),
 as per-example factors shared by both engines (vmap reference and ghost norms)."""
+
 from __future__ import annotations
 
 import torch
 
-CLIPPINGS = ("global", "per_layer")   # privacy.clipping: one norm over all parameters, or one per layer
-MODES = ("auto", "vmap", "ghost")     # privacy.grad_sample_mode: the engine computing the clipped sum
+CLIPPINGS = (
+    "global",
+    "per_layer",
+)  # privacy.clipping: one norm over all parameters, or one per layer
+MODES = ("auto", "vmap", "ghost")  # privacy.grad_sample_mode: the engine computing the clipped sum
 
 
 def clip_factors(norms: torch.Tensor, clip_norm: float | None) -> torch.Tensor:

@@ -14,6 +14,7 @@ and loss (0 for the padding rows of fixed-shape lots); ``memory_budget_bytes`` b
 tensors held at once. Why each keeps the sensitivity at C: docs/ARCHITECTURE.md (augmentation
 multiplicity), docs/ACCOUNTING.md (fixed-shape lots); the engines' cost: docs/PERFORMANCE.md.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -30,12 +31,26 @@ from .groups import clipping_groups
 from .vmap import vmap_clipped_sum
 
 
+def _check_batch(x: torch.Tensor, y: torch.Tensor, K: int, weights: torch.Tensor | None) -> None:
+    """Refuse a batch whose shapes do not fit: B·K rows of x, B labels, B weights."""
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise ValueError(f"multiplicity={K!r} must be an integer >= 1")
+    if x.shape[0] != y.shape[0] * K:
+        raise ValueError(
+            f"x has {x.shape[0]} rows but y has {y.shape[0]} examples"
+            + (f" × multiplicity {K}" if K > 1 else "")
+        )
+    if weights is not None and (weights.dim() != 1 or weights.shape[0] != y.shape[0]):
+        raise ValueError(
+            f"weights has shape {tuple(weights.shape)}, not [{y.shape[0]}] (one per example)"
+        )
+
 
 @dataclass
 class ClipResult:
-    grads: dict[str, torch.Tensor]   # Σ_i clip(g_i), same shape/device/dtype as each parameter
-    loss_sum: torch.Tensor           # Σ_i loss_i (cross-entropy), 0-dim, detached (no device sync)
-    norms: torch.Tensor              # [B, k] per-example, per-group norms before clipping
+    grads: dict[str, torch.Tensor]  # Σ_i clip(g_i), same shape/device/dtype as each parameter
+    loss_sum: torch.Tensor  # Σ_i loss_i (cross-entropy), 0-dim, detached (no device sync)
+    norms: torch.Tensor  # [B, k] per-example, per-group norms before clipping
 
 
 class PerExampleClipper:
@@ -54,8 +69,15 @@ class PerExampleClipper:
         groups: the k groups of parameter names (the k the accountant charges).
     """
 
-    def __init__(self, model: nn.Module, clip_norm: float | None, clipping: str = "global",
-                 mode: str = "auto", memory_budget_bytes: int = DEFAULT_BUDGET_BYTES, check_finite: bool = True):
+    def __init__(
+        self,
+        model: nn.Module,
+        clip_norm: float | None,
+        clipping: str = "global",
+        mode: str = "auto",
+        memory_budget_bytes: int = DEFAULT_BUDGET_BYTES,
+        check_finite: bool = True,
+    ):
         if clip_norm is not None and not (float(clip_norm) > 0):
             raise ValueError(f"clip_norm={clip_norm!r} must be > 0 (or None to disable clipping)")
         if clipping not in CLIPPINGS:
@@ -67,8 +89,10 @@ class PerExampleClipper:
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.clipping = clipping
         self.budget = int(memory_budget_bytes)
-        self.check_finite = bool(check_finite)    # refuse a non-finite example (one device sync per call)
-        self.groups = clipping_groups(model, clipping)      # the k groups the accountant charges
+        self.check_finite = bool(
+            check_finite
+        )  # refuse a non-finite example (one device sync per call)
+        self.groups = clipping_groups(model, clipping)  # the k groups the accountant charges
         # frozen (requires_grad=False): not clipped, not a group
         self.trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
         self._layers, self.native = None, False
@@ -78,14 +102,21 @@ class PerExampleClipper:
         except Unsupported as e:
             ghost_ok, why = False, str(e)
         if mode == "ghost" and not ghost_ok:
-            raise ValueError(f"mode='ghost' cannot handle this model: {why}; use mode='vmap' or 'auto'")
+            raise ValueError(
+                f"mode='ghost' cannot handle this model: {why}; use mode='vmap' or 'auto'"
+            )
         self.requested_mode = mode
         self.mode = "ghost" if mode in ("ghost", "auto") and ghost_ok else "vmap"
         self._verified = self.mode == "vmap"
 
-    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor,
-                    out: dict[str, torch.Tensor] | None = None, multiplicity: int = 1,
-                    weights: torch.Tensor | None = None) -> ClipResult:
+    def clipped_sum(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        out: dict[str, torch.Tensor] | None = None,
+        multiplicity: int = 1,
+        weights: torch.Tensor | None = None,
+    ) -> ClipResult:
         """Σ_i clip(g_i) for one physical batch. With ``out`` (a tensor per trainable parameter, e.g.
         the sum over the lot's earlier physical batches), the sum is added into it in place and
         ``grads`` are those tensors: no parameter-sized temporary and no extra pass.
@@ -100,42 +131,61 @@ class PerExampleClipper:
         naming the first such example (``check_finite``, the default): its gradient, and with it the
         clipped sum, would not be finite."""
         K = multiplicity
-        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
-            raise ValueError(f"multiplicity={K!r} must be an integer >= 1")
-        if x.shape[0] != y.shape[0] * K:
-            raise ValueError(f"x has {x.shape[0]} rows but y has {y.shape[0]} examples"
-                             + (f" × multiplicity {K}" if K > 1 else ""))
-        if weights is not None and (weights.dim() != 1 or weights.shape[0] != y.shape[0]):
-            raise ValueError(f"weights has shape {tuple(weights.shape)}, not [{y.shape[0]}] (one per example)")
+        _check_batch(x, y, K, weights)
         self._check_trainable()
         if self.check_finite:
             _check_finite(x, K, weights)
         if x.shape[0] == 0:
-            params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
-            dtype = next(iter(params.values())).dtype
-            grads = out if out is not None else {n: torch.zeros_like(p) for n, p in params.items()}
-            return ClipResult(grads,
-                              torch.zeros((), dtype=dtype, device=x.device),
-                              torch.zeros(0, len(self.groups), dtype=dtype, device=x.device))
+            return self._empty(x, out)
         if self.mode == "ghost":
             try:
                 # the verifying call compares with autograd at IEEE float32 precision (no TF32)
                 with ieee_float32(not self._verified):
                     grads, loss_sum, norms = ghost_clipped_sum(
-                        self.model, self._layers, x, y, self.groups, self.clip_norm,
-                        verify=not self._verified, budget_bytes=self.budget, out=out,
-                        multiplicity=K, weights=weights)
+                        self.model,
+                        self._layers,
+                        x,
+                        y,
+                        self.groups,
+                        self.clip_norm,
+                        verify=not self._verified,
+                        budget_bytes=self.budget,
+                        out=out,
+                        multiplicity=K,
+                        weights=weights,
+                    )
                 self._verified = True
                 return ClipResult(grads, loss_sum, norms)
             except Unsupported as e:
                 if self.requested_mode == "ghost":
                     raise ValueError(f"mode='ghost' cannot handle this model: {e}") from None
-                warnings.warn(f"ghost clipping unavailable ({e}); falling back to vmap", stacklevel=2)
+                warnings.warn(
+                    f"ghost clipping unavailable ({e}); falling back to vmap", stacklevel=2
+                )
                 self.mode = "vmap"
-        grads, loss_sum, norms = vmap_clipped_sum(self.model, x, y, self.groups, self.clip_norm,
-                                                  chunk_bytes=self.budget, out=out, multiplicity=K,
-                                                  weights=weights)
+        grads, loss_sum, norms = vmap_clipped_sum(
+            self.model,
+            x,
+            y,
+            self.groups,
+            self.clip_norm,
+            chunk_bytes=self.budget,
+            out=out,
+            multiplicity=K,
+            weights=weights,
+        )
         return ClipResult(grads, loss_sum, norms)
+
+    def _empty(self, x: torch.Tensor, out: dict[str, torch.Tensor] | None) -> ClipResult:
+        """The clipped sum of an empty batch: zeros (or ``out`` unchanged), no norms."""
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        dtype = next(iter(params.values())).dtype
+        grads = out if out is not None else {n: torch.zeros_like(p) for n, p in params.items()}
+        return ClipResult(
+            grads,
+            torch.zeros((), dtype=dtype, device=x.device),
+            torch.zeros(0, len(self.groups), dtype=dtype, device=x.device),
+        )
 
     def _check_trainable(self) -> None:
         """The groups (and k, which the accountant charges) were fixed from requires_grad when the
@@ -144,9 +194,11 @@ class PerExampleClipper:
         now = tuple(n for n, p in self.model.named_parameters() if p.requires_grad)
         if now != self.trainable:
             changed = sorted(set(now).symmetric_difference(self.trainable)) or ["(order)"]
-            raise ValueError(f"requires_grad changed for {', '.join(changed)} after the "
-                             "PerExampleClipper was built; freeze layers first, then build the "
-                             "clipper and the optimiser")
+            raise ValueError(
+                f"requires_grad changed for {', '.join(changed)} after the "
+                "PerExampleClipper was built; freeze layers first, then build the "
+                "clipper and the optimiser"
+            )
 
 
 def _check_finite(x: torch.Tensor, K: int, weights: torch.Tensor | None) -> None:
@@ -154,10 +206,19 @@ def _check_finite(x: torch.Tensor, K: int, weights: torch.Tensor | None) -> None
     for what, t, rows in (("x", x, K), ("weights", weights, 1)):
         if t is None or not (t.is_floating_point() or t.is_complex()):
             continue
-        bad = ~torch.isfinite(t.reshape(len(t), -1)).all(dim=1) if len(t) else t.new_zeros(0, dtype=torch.bool)
+        bad = (
+            ~torch.isfinite(t.reshape(len(t), -1)).all(dim=1)
+            if len(t)
+            else t.new_zeros(0, dtype=torch.bool)
+        )
         if bool(bad.any()):
             row = int(bad.nonzero()[0, 0])
-            where = f"row {row} of x (example {row // rows})" if what == "x" and rows > 1 else \
-                f"example {row}" + (" of x" if what == "x" else "'s weight")
-            raise ValueError(f"clipped_sum: {where} holds a non-finite value (NaN or inf); every example must be "
-                             "finite (its gradient, and the clipped sum, would not be)")
+            where = (
+                f"row {row} of x (example {row // rows})"
+                if what == "x" and rows > 1
+                else f"example {row}" + (" of x" if what == "x" else "'s weight")
+            )
+            raise ValueError(
+                f"clipped_sum: {where} holds a non-finite value (NaN or inf); every example must be "
+                "finite (its gradient, and the clipped sum, would not be)"
+            )

@@ -30,6 +30,7 @@ Per-example weights w (engine.py; the zero-weight padding of fixed-shape lots): 
 the unweighted one (so the norms are), and w_i multiplies example i's clip factor, c_i ← w_i c_i,
 before the book-keeping sums; the reported loss is Σ_i w_i loss_i.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -45,7 +46,7 @@ from .groups import owners
 from .layers import GenericLayer, Unsupported, _Layer
 from .registry import registered_rule
 
-DEFAULT_BUDGET_BYTES = 64 * 2**20    # per-example products kept in memory for reuse, all layers
+DEFAULT_BUDGET_BYTES = 64 * 2**20  # per-example products kept in memory for reuse, all layers
 
 
 def build_layers(model: nn.Module) -> tuple[list[_Layer], bool]:
@@ -61,13 +62,17 @@ def build_layers(model: nn.Module) -> tuple[list[_Layer], bool]:
     for o in owners(model):
         if o.aliases:
             attr, first = next(iter(o.aliases.items()))
-            raise Unsupported(f"parameter '{f'{o.name}.{attr}' if o.name else attr}' is shared with '{first}'")
+            raise Unsupported(
+                f"parameter '{f'{o.name}.{attr}' if o.name else attr}' is shared with '{first}'"
+            )
         rule = registered_rule(o.module)
         if rule is None and next(o.module.children(), None) is not None:
             kind = type(o.module).__name__
-            raise Unsupported(f"module '{o.name}' ({kind}) owns parameters and has submodules; its forward "
-                              f"may use its parameters in any way (no layer rule is registered for {kind}: "
-                              "see dpsgd/mechanism/clipping/registry.py:register_layer)")
+            raise Unsupported(
+                f"module '{o.name}' ({kind}) owns parameters and has submodules; its forward "
+                f"may use its parameters in any way (no layer rule is registered for {kind}: "
+                "see dpsgd/mechanism/clipping/registry.py:register_layer)"
+            )
         if rule is None:
             rule, native = GenericLayer, False
         layers.append(rule(o.module, o.params))
@@ -80,10 +85,11 @@ def _storage(t: torch.Tensor) -> int:
 
 class Record(NamedTuple):
     """What the forward hook of one layer keeps."""
-    input: torch.Tensor | None       # the layer's input a, when its rule reads it (``needs_input``)
-    edge: object                     # autograd edge of its output; None when the output needs no gradient
-    version: int                     # a._version at the call (a later in-place change is refused)
-    rows: int                        # a.shape[0]
+
+    input: torch.Tensor | None  # the layer's input a, when its rule reads it (``needs_input``)
+    edge: object  # autograd edge of its output; None when the output needs no gradient
+    version: int  # a._version at the call (a later in-place change is refused)
+    rows: int  # a.shape[0]
 
 
 class Capture:
@@ -105,7 +111,9 @@ class Capture:
 
     def __enter__(self):
         self.records.clear()
-        self.handles = [l.module.register_forward_hook(self._hook(i)) for i, l in enumerate(self.layers)]
+        self.handles = [
+            l.module.register_forward_hook(self._hook(i)) for i, l in enumerate(self.layers)
+        ]
         return self
 
     def __exit__(self, *exc):
@@ -116,35 +124,56 @@ class Capture:
     def _hook(self, i):
         def hook(module, args, output):
             if i in self.records:
-                raise Unsupported(f"module {self.layers[i].names} is called more than once per "
-                                  "forward pass")
-            if len(args) != 1 or not isinstance(args[0], torch.Tensor) or not isinstance(output, torch.Tensor):
-                raise Unsupported(f"module {self.layers[i].names} must take one tensor and return one")
+                raise Unsupported(
+                    f"module {self.layers[i].names} is called more than once per forward pass"
+                )
+            if (
+                len(args) != 1
+                or not isinstance(args[0], torch.Tensor)
+                or not isinstance(output, torch.Tensor)
+            ):
+                raise Unsupported(
+                    f"module {self.layers[i].names} must take one tensor and return one"
+                )
             a = args[0]
             if a.dim() == 0 or output.dim() == 0 or a.shape[0] != output.shape[0]:
-                raise Unsupported(f"module {self.layers[i].names} does not keep the batch in dimension 0")
+                raise Unsupported(
+                    f"module {self.layers[i].names} does not keep the batch in dimension 0"
+                )
             layer = self.layers[i]
             edge = get_gradient_edge(output) if output.requires_grad else None
             if edge is not None:
                 layer.check_input(a)
             kept = a if layer.needs_input else None
             self.records[i] = Record(kept, edge, a._version, a.shape[0])
+
         return hook
 
 
 class Work(NamedTuple):
     """One layer whose output reaches the loss, as its rule takes it, and the rule's reusable state."""
+
     layer: _Layer
     a: torch.Tensor | None
     b: torch.Tensor
     state: object
-    rows: int                        # rows per example the rule still sums (augmentation multiplicity)
+    rows: int  # rows per example the rule still sums (augmentation multiplicity)
 
 
-@torch.no_grad()                     # only the forward pass records a graph (enable_grad in _forward)
-def ghost_clipped_sum(model, layers, x, y, groups, clip_norm, verify: bool = False,
-                      budget_bytes: int = DEFAULT_BUDGET_BYTES, out: dict | None = None,
-                      multiplicity: int = 1, weights: torch.Tensor | None = None):
+@torch.no_grad()  # only the forward pass records a graph (enable_grad in _forward)
+def ghost_clipped_sum(
+    model,
+    layers,
+    x,
+    y,
+    groups,
+    clip_norm,
+    verify: bool = False,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    out: dict | None = None,
+    multiplicity: int = 1,
+    weights: torch.Tensor | None = None,
+):
     """Σ_i clip(g_i) by ghost norms + book-keeping. Returns (grads by name, loss_sum, norms [B, k]).
 
     With ``multiplicity`` K > 1, x has B·K rows (K augmented copies per example, consecutive) and
@@ -164,7 +193,7 @@ def ghost_clipped_sum(model, layers, x, y, groups, clip_norm, verify: bool = Fal
     norms, factors = _norms_and_factors(sq, clip_norm, B, dtype, x.device)
     if verify:
         _check_against_autograd(layers, work, ref, B, dtype, x.device)
-    if weights is not None:                      # c_i ← w_i c_i: a weight-0 row adds exactly 0
+    if weights is not None:  # c_i ← w_i c_i: a weight-0 row adds exactly 0
         w = weights.to(device=x.device, dtype=factors[0].dtype)
         factors = tuple(f * w for f in factors)
     return _clipped_sums(layers, work, factors, group_of, x, out), loss_sum, norms
@@ -176,14 +205,21 @@ def _forward(model, layers, x, y, K: int, weights=None):
     capture = Capture(layers)
     with torch.enable_grad(), capture:
         logits = model(x)
-        if weights is not None:                  # per-example losses, mean over the K copies
-            rows = F.cross_entropy(logits, y if K == 1 else y.repeat_interleave(K), reduction="none")
+        if weights is not None:  # per-example losses, mean over the K copies
+            rows = F.cross_entropy(
+                logits, y if K == 1 else y.repeat_interleave(K), reduction="none"
+            )
             total = rows.sum() if K == 1 else rows.sum() / K
             per_example = rows.detach() if K == 1 else rows.detach().view(-1, K).sum(1) / K
-            return capture.records, total, logits.dtype, (per_example * weights.to(per_example)).sum()
+            return (
+                capture.records,
+                total,
+                logits.dtype,
+                (per_example * weights.to(per_example)).sum(),
+            )
         if K == 1:
             total = F.cross_entropy(logits, y, reduction="sum")
-        else:                                    # Σ_i mean_k ℓ(θ, x_ik)
+        else:  # Σ_i mean_k ℓ(θ, x_ik)
             total = F.cross_entropy(logits, y.repeat_interleave(K), reduction="sum") / K
     return capture.records, total, logits.dtype, total.detach()
 
@@ -229,7 +265,7 @@ def _squared_norms(layers, recs, order, bs, group_of: dict, k: int, K: int, budg
     sq = [None] * k
     work, kept = [], 0
     for i, b in zip(order, bs):
-        if b is None:                            # output does not reach the loss: zero gradient
+        if b is None:  # output does not reach the loss: zero gradient
             continue
         layer = layers[i]
         a, b, k_rows = _rule_inputs(layer, recs[i].input, b, K)
@@ -246,9 +282,9 @@ def _squared_norms(layers, recs, order, bs, group_of: dict, k: int, K: int, budg
 
 def _norms_and_factors(sq, clip_norm, B: int, dtype, device):
     """(norms [B, k], per group the clip factors [B]) from the groups' squared norms."""
-    if any(v is None for v in sq):               # a group with no gradient at all
+    if any(v is None for v in sq):  # a group with no gradient at all
         sq = [torch.zeros(B, dtype=dtype, device=device) if v is None else v for v in sq]
-    if len(sq) == 1:                             # global clipping: no [B, 1] round trip
+    if len(sq) == 1:  # global clipping: no [B, 1] round trip
         norm = sq[0].sqrt()
         return norm.unsqueeze(1), (clip_factors(norm, clip_norm),)
     norms = torch.stack(sq, 1).sqrt()
@@ -261,7 +297,9 @@ def _check_against_autograd(layers, work, ref: dict, B: int, dtype, device) -> N
     ones = torch.ones(B, dtype=dtype, device=device)
     plain = {}
     for w in work:
-        for attr, g in w.layer.clipped_sum(w.a, w.b, w.state, {k: ones for k in w.layer.names}, K=w.rows).items():
+        for attr, g in w.layer.clipped_sum(
+            w.a, w.b, w.state, {k: ones for k in w.layer.names}, K=w.rows
+        ).items():
             plain[w.layer.names[attr]] = g
     for layer in layers:
         for attr, n in layer.names.items():
@@ -269,12 +307,16 @@ def _check_against_autograd(layers, work, ref: dict, B: int, dtype, device) -> N
             g = plain.get(n, torch.zeros_like(p))
             r = ref[n] if ref[n] is not None else torch.zeros_like(p)
             if not (bool(torch.isfinite(r).all()) and bool(torch.isfinite(g).all())):
-                raise ValueError(f"clipped_sum: the gradient of parameter '{n}' is not finite (NaN or inf) on this "
-                                 "lot: an example holds a non-finite value or the loss overflowed (check_finite=False "
-                                 "skips the check that names the example)")
+                raise ValueError(
+                    f"clipped_sum: the gradient of parameter '{n}' is not finite (NaN or inf) on this "
+                    "lot: an example holds a non-finite value or the loss overflowed (check_finite=False "
+                    "skips the check that names the example)"
+                )
             if not torch.allclose(g, r, rtol=1e-3, atol=1e-5 * (1.0 + float(r.abs().max()))):
-                raise Unsupported(f"parameter '{n}' receives gradient from outside its module's "
-                                  "forward call (e.g. weight tying or functional use)")
+                raise Unsupported(
+                    f"parameter '{n}' receives gradient from outside its module's "
+                    "forward call (e.g. weight tying or functional use)"
+                )
 
 
 def _clipped_sums(layers, work, factors, group_of: dict, x, out: dict | None) -> dict:
@@ -289,10 +331,14 @@ def _clipped_sums(layers, work, factors, group_of: dict, x, out: dict | None) ->
         f = {attr: factors[group_of[n]] for attr, n in layer.names.items()}
         own_b = w.b.is_contiguous() and users[_storage(w.b)] == 1
         acc = None if out is None else {attr: out[n] for attr, n in layer.names.items()}
-        for attr, g in layer.clipped_sum(w.a, w.b, w.state, f, own_b=own_b, out=acc, K=w.rows).items():
+        for attr, g in layer.clipped_sum(
+            w.a, w.b, w.state, f, own_b=own_b, out=acc, K=w.rows
+        ).items():
             grads[layer.names[attr]] = g
-    for layer in layers:                         # modules not called / not reaching the loss
+    for layer in layers:  # modules not called / not reaching the loss
         for attr, n in layer.names.items():
             if n not in grads:
-                grads[n] = out[n] if out is not None else torch.zeros_like(getattr(layer.module, attr))
+                grads[n] = (
+                    out[n] if out is not None else torch.zeros_like(getattr(layer.module, attr))
+                )
     return grads

@@ -23,6 +23,7 @@ convention ``joint``). k must therefore be the number of groups the engine actua
   does not form, so it declines such a model (``Owner.aliases``; ``mode="auto"`` then runs vmap,
   ``mode="ghost"`` refuses). The groups, and k, are the same in either engine.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,10 +36,13 @@ from .clip import CLIPPINGS
 @dataclass(frozen=True)
 class Owner:
     """A module owning trainable parameters: the ones it owns first, and aliases of earlier ones."""
-    name: str                       # module path in ``named_modules`` ("" for the root)
+
+    name: str  # module path in ``named_modules`` ("" for the root)
     module: nn.Module
-    params: dict[str, str]          # attribute -> full parameter name (first owner: this module)
-    aliases: dict[str, str] = field(default_factory=dict)   # attribute -> full name at its first owner
+    params: dict[str, str]  # attribute -> full parameter name (first owner: this module)
+    aliases: dict[str, str] = field(
+        default_factory=dict
+    )  # attribute -> full name at its first owner
 
 
 def owners(model: nn.Module) -> list[Owner]:
@@ -72,4 +76,3 @@ def clipping_groups(model: nn.Module, clipping: str) -> list[list[str]]:
     if not own:
         raise ValueError("model has no trainable parameters (requires_grad=True)")
     return [[n for g in own for n in g]] if clipping == "global" else own
-

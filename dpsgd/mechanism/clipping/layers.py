@@ -16,6 +16,7 @@ over its K rows (the 1/K of the mean is in b already). Every rule takes K: its p
 summed over each example's K rows *before* the norm (`group_rows`); book-keeping sums repeat each
 example's clip factor over its K rows. K = 1 runs the unchanged code.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,8 @@ from torch.func import functional_call, vjp, vmap
 
 from .registry import register_layer
 
-CHUNK_BYTES = 32 * 2**20             # per-example products formed at once when not kept
-WIDE_OUTPUT = 8                      # see `transposed_weight_sum`
+CHUNK_BYTES = 32 * 2**20  # per-example products formed at once when not kept
+WIDE_OUTPUT = 8  # see `transposed_weight_sum`
 
 
 def transposed_weight_sum(p: int, d: int) -> bool:
@@ -56,7 +57,7 @@ class _Layer:
 
     def __init__(self, module: nn.Module, names: dict[str, str]):
         self.module = module
-        self.names = names          # attribute ("weight", "bias", ...) -> full parameter name
+        self.names = names  # attribute ("weight", "bias", ...) -> full parameter name
 
     @property
     def needs_input(self) -> bool:
@@ -79,8 +80,16 @@ class _Layer:
         """(dict attr -> [B] squared per-example norms, state reused by `clipped_sum`)."""
         raise NotImplementedError
 
-    def clipped_sum(self, a, b, state, factors: dict[str, torch.Tensor], own_b: bool = False,
-                    out: dict[str, torch.Tensor] | None = None, K: int = 1):
+    def clipped_sum(
+        self,
+        a,
+        b,
+        state,
+        factors: dict[str, torch.Tensor],
+        own_b: bool = False,
+        out: dict[str, torch.Tensor] | None = None,
+        K: int = 1,
+    ):
         """dict attr -> Σ_i factors[attr]_i g_i(attr), added into out[attr] in place when given.
 
         own_b: b is a buffer nothing else reads afterwards (contiguous, sharing memory with no
@@ -104,16 +113,16 @@ class LinearLayer(_Layer):
 
     def sq_norms(self, a, b, keep, K=1):
         out = {}
-        if b.dim() == 2:                                         # T = 1: (‖a_i‖ ‖b_i‖)²
+        if b.dim() == 2:  # T = 1: (‖a_i‖ ‖b_i‖)²
             nb = torch.linalg.vector_norm(b, dim=1)
             if "weight" in self.names:
                 out["weight"] = torch.linalg.vector_norm(a, dim=1).mul_(nb).square_()
             if "bias" in self.names:
                 out["bias"] = nb.square_()
             return out, None
-        Bm = b.flatten(1, -2)                                    # [B, T, p]
+        Bm = b.flatten(1, -2)  # [B, T, p]
         state = None
-        if "weight" in self.names:                               # a: [B, T, d]
+        if "weight" in self.names:  # a: [B, T, d]
             out["weight"], state = _seq_sq_norms(a.flatten(1, -2), Bm, keep)
         if "bias" in self.names:
             out["bias"] = _sq(Bm.sum(1))
@@ -128,10 +137,10 @@ class LinearLayer(_Layer):
         out = out or {}
         grads = {}
         if b.dim() == 2:
-            if "bias" in self.names:                             # before b may be rescaled
+            if "bias" in self.names:  # before b may be rescaled
                 grads["bias"] = _mv(b.t(), factors["bias"], out.get("bias"))
-            if "weight" in self.names:                           # (c ⊙ b)ᵀ a: scale the smaller,
-                f = factors["weight"][:, None]                   # or b in place (no new buffer)
+            if "weight" in self.names:  # (c ⊙ b)ᵀ a: scale the smaller,
+                f = factors["weight"][:, None]  # or b in place (no new buffer)
                 if b.is_cpu and transposed_weight_sum(b.shape[1], a.shape[1]):
                     grads["weight"] = _acc(((a * f).t() @ b).t(), out.get("weight"))
                 else:
@@ -148,8 +157,10 @@ class LinearLayer(_Layer):
             grads["bias"] = _mv(Bm.sum(1).t(), factors["bias"], out.get("bias"))
         if "weight" in self.names:
             A = a.flatten(1, -2)
-            if state is not None:                                # reuse explicit b_iᵀ a_i
-                grads["weight"] = _acc(torch.tensordot(factors["weight"], state, dims=1), out.get("weight"))
+            if state is not None:  # reuse explicit b_iᵀ a_i
+                grads["weight"] = _acc(
+                    torch.tensordot(factors["weight"], state, dims=1), out.get("weight")
+                )
             else:
                 f = factors["weight"][:, None, None]
                 Bc = Bm.mul_(f) if own_b else Bm * f
@@ -161,14 +172,14 @@ def _seq_sq_norms(A, Bm, keep: bool):
     """‖b_iᵀ a_i‖²_F for A [B, T, d], Bm [B, T, p]; explicit when kept or cheaper, else ghost."""
     T, d, p = A.shape[1], A.shape[2], Bm.shape[2]
     if keep:
-        G = Bm.transpose(1, 2) @ A                               # [B, p, d] per-example grads
+        G = Bm.transpose(1, 2) @ A  # [B, p, d] per-example grads
         return _sq(G.flatten(1)), G
-    if T * (d + p) < d * p:                                      # ghost Gram form is cheaper
+    if T * (d + p) < d * p:  # ghost Gram form is cheaper
         return ((A @ A.transpose(1, 2)) * (Bm @ Bm.transpose(1, 2))).sum((1, 2)), None
     sq = torch.empty(A.shape[0], dtype=A.dtype, device=A.device)
     step = max(1, CHUNK_BYTES // max(1, p * d * A.element_size()))
-    for s in range(0, A.shape[0], step):                         # explicit, in bounded chunks
-        sq[s:s + step] = _sq((Bm[s:s + step].transpose(1, 2) @ A[s:s + step]).flatten(1))
+    for s in range(0, A.shape[0], step):  # explicit, in bounded chunks
+        sq[s : s + step] = _sq((Bm[s : s + step].transpose(1, 2) @ A[s : s + step]).flatten(1))
     return sq, None
 
 
@@ -189,13 +200,15 @@ class Conv2dLayer(_Layer):
         super().__init__(module, names)
         m = module
         self.explicit_pad = isinstance(m.padding, str) or m.padding_mode != "zeros"
-        self.by_rows = m.groups == 1 and m.in_channels >= 16       # `_row_products`, else grouped conv
+        self.by_rows = m.groups == 1 and m.in_channels >= 16  # `_row_products`, else grouped conv
         self.padding = [0, 0] if self.explicit_pad else list(m.padding)
 
     def check_input(self, a):
         if a.dim() != 4:
-            raise Unsupported(f"Conv2d '{self.names}' got input of shape {list(a.shape)}; "
-                              "the ghost engine needs batched [B, C, H, W] input")
+            raise Unsupported(
+                f"Conv2d '{self.names}' got input of shape {list(a.shape)}; "
+                "the ghost engine needs batched [B, C, H, W] input"
+            )
 
     def prepare(self, a):
         m = self.module
@@ -210,19 +223,30 @@ class Conv2dLayer(_Layer):
         w = m.weight
         if groups_mult == 1:
             weight = w
-        else:                                                     # shape only; values unused
+        else:  # shape only; values unused
             weight = w.new_empty((groups_mult * w.shape[0],) + tuple(w.shape[1:]))
         return torch.ops.aten.convolution_backward(
-            b, a, weight, None, list(m.stride), self.padding, list(m.dilation), False, [0, 0],
-            m.groups * groups_mult, [False, True, False])[1]
+            b,
+            a,
+            weight,
+            None,
+            list(m.stride),
+            self.padding,
+            list(m.dilation),
+            False,
+            [0, 0],
+            m.groups * groups_mult,
+            [False, True, False],
+        )[1]
 
     def _per_example(self, a, b):
         """Per-example weight gradients as (G, perm): G.permute(perm)[i] has the weight's shape."""
         m, n = self.module, a.shape[0]
         if self.by_rows:
             return self._per_example_rows(a, b), (0, 1, 4, 2, 3)
-        g = self._weight_grad(a.reshape((1, -1) + a.shape[2:]), b.reshape((1, -1) + b.shape[2:]),
-                              groups_mult=n)
+        g = self._weight_grad(
+            a.reshape((1, -1) + a.shape[2:]), b.reshape((1, -1) + b.shape[2:]), groups_mult=n
+        )
         return g.view((n,) + tuple(m.weight.shape)), None
 
     def _per_example_rows(self, a, b):
@@ -231,7 +255,7 @@ class Conv2dLayer(_Layer):
         kh, kw = self.module.kernel_size
         G = b.new_empty((n, cout, kh, kw, a.shape[1]))
         for s, u, G_u in self._row_products(a, b):
-            G[s:s + G_u.shape[0], :, u] = G_u.view(G_u.shape[0], cout, kw, -1)
+            G[s : s + G_u.shape[0], :, u] = G_u.view(G_u.shape[0], cout, kw, -1)
         return G
 
     def _row_products(self, a, b, K: int = 1):
@@ -252,25 +276,26 @@ class Conv2dLayer(_Layer):
         (sh, sw), (dh, dw) = m.stride, m.dilation
         ph, pw = self.padding
         xp = F.pad(a, (pw, pw, ph, ph)) if ph or pw else a
-        xp = xp.permute(0, 2, 3, 1).contiguous()                    # [B, Hp, Wp, Cin]
+        xp = xp.permute(0, 2, 3, 1).contiguous()  # [B, Hp, Wp, Cin]
         _, hp, wp, cin = xp.shape
-        bf = b.flatten(2)                                           # [B, Cout, Ho·Wo]
+        bf = b.flatten(2)  # [B, Cout, Ho·Wo]
         per_example = hp * wo * kw * cin * xp.element_size()
         step = max(1, CHUNK_BYTES // max(1, per_example) // K) * K
         for s in range(0, n, step):
-            x = xp[s:s + step]
-            X = x.as_strided((x.shape[0], hp, wo, kw, cin),
-                             (hp * wp * cin, wp * cin, sw * cin, dw * cin, 1)).contiguous()
+            x = xp[s : s + step]
+            X = x.as_strided(
+                (x.shape[0], hp, wo, kw, cin), (hp * wp * cin, wp * cin, sw * cin, dw * cin, 1)
+            ).contiguous()
             for u in range(kh):
-                rows = X[:, u * dh: u * dh + sh * (ho - 1) + 1: sh]  # [n, Ho, Wo, kw, Cin]
-                yield s, u, torch.bmm(bf[s:s + step], rows.reshape(x.shape[0], ho * wo, kw * cin))
+                rows = X[:, u * dh : u * dh + sh * (ho - 1) + 1 : sh]  # [n, Ho, Wo, kw, Cin]
+                yield s, u, torch.bmm(bf[s : s + step], rows.reshape(x.shape[0], ho * wo, kw * cin))
 
     def _sq_norms_rows(self, a, b, K: int = 1):
         """Σ_u ‖G[:, :, u]‖², one kernel row (and chunk of examples) at a time: nothing kept."""
         sq = torch.zeros(a.shape[0] // K, dtype=b.dtype, device=b.device)
         for s, _, G_u in self._row_products(a, b, K):
             G_u = group_rows(G_u, K)
-            sq[s // K:s // K + G_u.shape[0]] += _sq(G_u.flatten(1))
+            sq[s // K : s // K + G_u.shape[0]] += _sq(G_u.flatten(1))
         return sq
 
     def kept_bytes(self, a, b):
@@ -288,12 +313,14 @@ class Conv2dLayer(_Layer):
             elif self.by_rows:
                 out["weight"] = self._sq_norms_rows(a, b, K)
             else:
-                step = max(1, CHUNK_BYTES // (self.module.weight.numel() * a.element_size()) // K) * K
+                step = (
+                    max(1, CHUNK_BYTES // (self.module.weight.numel() * a.element_size()) // K) * K
+                )
                 sq = torch.empty(a.shape[0] // K, dtype=a.dtype, device=a.device)
                 for s in range(0, a.shape[0], step):
-                    G, _ = self._per_example(a[s:s + step], b[s:s + step])
+                    G, _ = self._per_example(a[s : s + step], b[s : s + step])
                     G = group_rows(G, K)
-                    sq[s // K:s // K + G.shape[0]] = _sq(G.flatten(1))
+                    sq[s // K : s // K + G.shape[0]] = _sq(G.flatten(1))
                 out["weight"] = sq
         if "bias" in self.names:
             out["bias"] = _sq(group_rows(b.sum((2, 3)), K))
@@ -305,11 +332,11 @@ class Conv2dLayer(_Layer):
         if "bias" in self.names:
             grads["bias"] = _mv(group_rows(b.sum((2, 3)), K).t(), factors["bias"], out.get("bias"))
         if "weight" in self.names:
-            if state is not None:                                   # reuse: Σ_i c_i G_i
+            if state is not None:  # reuse: Σ_i c_i G_i
                 G, perm = state
                 g = torch.tensordot(factors["weight"], G, dims=1)
                 g = g if perm is None else g.permute([d - 1 for d in perm[1:]])
-            else:                                                   # book-keeping: ∇W for c ⊙ b
+            else:  # book-keeping: ∇W for c ⊙ b
                 f = repeat_factors(factors["weight"], K)[:, None, None, None]
                 g = self._weight_grad(a, b.mul_(f) if own_b else b * f)
             grads["weight"] = _acc(g, out.get("weight"))
@@ -347,11 +374,13 @@ class GroupNormLayer(_Layer):
 
     def check_input(self, a):
         if a.dim() < 2:
-            raise Unsupported(f"GroupNorm {self.names} got input of shape {list(a.shape)}; needs [B, C, *]")
+            raise Unsupported(
+                f"GroupNorm {self.names} got input of shape {list(a.shape)}; needs [B, C, *]"
+            )
 
     def prepare(self, a):
         m = self.module
-        return F.group_norm(a, m.num_groups, None, None, m.eps)     # x̂
+        return F.group_norm(a, m.num_groups, None, None, m.eps)  # x̂
 
     def _per_example(self, a, b, K):
         G = {}
@@ -373,7 +402,7 @@ class GroupNormLayer(_Layer):
 class GenericLayer(_Layer):
     """Any other leaf module with parameters: per-example grads by vmap over vjp of the module."""
 
-    needs_input = True                   # the module's vjp at a, whatever it trains
+    needs_input = True  # the module's vjp at a, whatever it trains
 
     def kept_bytes(self, a, b):
         return 0
@@ -392,5 +421,7 @@ class GenericLayer(_Layer):
 
     def clipped_sum(self, a, b, state, factors, own_b=False, out=None, K=1):
         out = out or {}
-        return {attr: _acc(torch.tensordot(factors[attr], g, dims=1), out.get(attr))
-                for attr, g in state.items()}
+        return {
+            attr: _acc(torch.tensordot(factors[attr], g, dims=1), out.get(attr))
+            for attr, g in state.items()
+        }

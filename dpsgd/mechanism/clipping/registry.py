@@ -14,11 +14,12 @@ class's ``forward``: a subclass that overrides it may use its parameters in any 
 rule. The ghost engine (``ghost.build_layers``) runs a module without a rule through the generic
 per-module vmap rule when it is a leaf, and declines the model otherwise.
 """
+
 from __future__ import annotations
 
 from torch import nn
 
-LAYER_RULES: dict[type, type] = {}    # module type -> layer rule class
+LAYER_RULES: dict[type, type] = {}  # module type -> layer rule class
 
 
 def register_layer(*module_types: type):
@@ -34,6 +35,7 @@ def register_layer(*module_types: type):
         for t in module_types:
             LAYER_RULES[t] = rule
         return rule
+
     return decorate
 
 

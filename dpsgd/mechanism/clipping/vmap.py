@@ -4,6 +4,7 @@ The reference path (Algorithm 1 read literally): materialise g(x_i) for every ex
 norm, scale by min(1, C/‖g_i‖) and sum. Exact for any model whose examples do not interact; costs
 memory B × (#parameters), so the batch is processed in chunks under a memory budget.
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,8 +45,9 @@ def _per_example_fn(model: nn.Module, multiplicity: int = 1):
     return params, vmap(grad(loss_i, has_aux=True), in_dims=(None, 0, 0), randomness="different")
 
 
-def per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                     chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+def per_sample_grads(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+):
     """Per-example gradients of the cross-entropy loss: (dict name -> [B, *p.shape], losses [B]).
 
     Only trainable parameters (requires_grad) appear. Dropout draws independent masks per example
@@ -56,7 +58,7 @@ def per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     n_params = sum(p.numel() for p in params.values())
     bytes_per_example = max(1, n_params * x.element_size())
     chunk = max(1, min(B, chunk_bytes // bytes_per_example)) if B else 1
-    outs = [per_example(params, x[s:s + chunk], y[s:s + chunk]) for s in range(0, B, chunk)]
+    outs = [per_example(params, x[s : s + chunk], y[s : s + chunk]) for s in range(0, B, chunk)]
     if not outs:
         return {n: p.new_zeros((0,) + p.shape) for n, p in params.items()}, x.new_zeros(0)
     grads = {n: torch.cat([g[n] for g, _ in outs]) for n in params}
@@ -64,10 +66,17 @@ def per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     return grads, losses
 
 
-def vmap_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, groups: list[list[str]],
-                     clip_norm: float | None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                     out: dict[str, torch.Tensor] | None = None, multiplicity: int = 1,
-                     weights: torch.Tensor | None = None):
+def vmap_clipped_sum(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    groups: list[list[str]],
+    clip_norm: float | None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    out: dict[str, torch.Tensor] | None = None,
+    multiplicity: int = 1,
+    weights: torch.Tensor | None = None,
+):
     """Σ_i clip(g_i) per parameter, Σ_i loss_i, per-example group norms [B, k].
 
     Chunks are clipped and summed one at a time, so at most one chunk of per-example gradients
@@ -89,12 +98,12 @@ def vmap_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, groups:
     chunk = max(1, min(B, chunk_bytes // max(1, n_params * x.element_size())))
     norms_all = []
     for s in range(0, B, chunk):
-        g, losses = per_example(params, x[s:s + chunk], y[s:s + chunk])
+        g, losses = per_example(params, x[s : s + chunk], y[s : s + chunk])
         sq = torch.stack([sum(g[n].flatten(1).pow(2).sum(1) for n in names) for names in groups], 1)
         norms = sq.sqrt()
         factors = clip_factors(norms, clip_norm)
         if weights is not None:
-            w = weights[s:s + chunk].to(device=factors.device, dtype=factors.dtype)
+            w = weights[s : s + chunk].to(device=factors.device, dtype=factors.dtype)
             factors, losses = factors * w[:, None], losses * w.to(losses.dtype)
         for n, gn in g.items():
             sums[n] += torch.tensordot(factors[:, group_of[n]].to(gn.dtype), gn, dims=1)

@@ -6,6 +6,7 @@ float64 throughout; two kernels computing the same norms, losses or gradients ag
 f64_rtol(model) = (parameter count)·eps64 (tests/tolerances.py), the clipped gradients of the
 ghost engine to 1e-5 (its book-keeping reorders the reductions over the batch).
 """
+
 import warnings
 
 import pytest
@@ -23,9 +24,17 @@ DT = torch.float64
 def small_cnn(bias=True):
     """conv + pool + linear, shaped like the paper's CIFAR net but small."""
     return nn.Sequential(
-        nn.Conv2d(3, 8, 5, padding=2, bias=bias), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(8, 16, 3, padding=1, bias=bias), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(16 * 2 * 2, 12, bias=bias), nn.ReLU(), nn.Linear(12, 10, bias=bias))
+        nn.Conv2d(3, 8, 5, padding=2, bias=bias),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1, bias=bias),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * 2 * 2, 12, bias=bias),
+        nn.ReLU(),
+        nn.Linear(12, 10, bias=bias),
+    )
 
 
 def make(name, bias, seed=0):
@@ -64,7 +73,7 @@ def assert_close_dict(a, b, rtol=1e-5, atol=0.0):
 @pytest.mark.parametrize("bias", [False, True])
 def test_ghost_equals_vmap(name, clipping, bias):
     model, x, y = make(name, bias)
-    C = 0.05                                     # small: every example is clipped
+    C = 0.05  # small: every example is clipped
     g = PerExampleClipper(model, C, clipping, mode="ghost")
     v = PerExampleClipper(model, C, clipping, mode="vmap")
     rg, rv = g.clipped_sum(x, y), v.clipped_sum(x, y)
@@ -90,12 +99,13 @@ def test_per_sample_grads_equal_batch_of_one_loop():
     model, x, y = make("small_cnn", True)
     grads, losses = per_sample_grads(model, x, y)
     for i in range(x.shape[0]):
-        ref = plain_sum_grad(model, x[i:i + 1], y[i:i + 1])
+        ref = plain_sum_grad(model, x[i : i + 1], y[i : i + 1])
         for n, g in ref.items():
             # float64 vmap against autograd: ~1e-16 apart; 1e-6 only catches a wrong example
             torch.testing.assert_close(grads[n][i], g, rtol=0, atol=1e-6)
         assert losses[i].item() == pytest.approx(
-            F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).item(), rel=f64_rtol(model))
+            F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).item(), rel=f64_rtol(model)
+        )
 
 
 @pytest.mark.parametrize("mode", ["ghost", "vmap"])
@@ -106,7 +116,7 @@ def test_single_example_clipped_to_C(mode, name):
     res = PerExampleClipper(model, C, "global", mode=mode).clipped_sum(x, y)
     total = torch.sqrt(sum(g.pow(2).sum() for g in res.grads.values()))
     assert res.norms[0, 0] > C
-    assert total.item() == pytest.approx(C, rel=f64_rtol(model))          # a norm over the parameters
+    assert total.item() == pytest.approx(C, rel=f64_rtol(model))  # a norm over the parameters
     clipper = PerExampleClipper(model, C, "per_layer", mode=mode)
     res = clipper.clipped_sum(x, y)
     for k, names in enumerate(clipper.groups):
@@ -122,8 +132,9 @@ def test_no_clipping_is_plain_summed_gradient(mode, clipping, name):
     model, x, y = make(name, True)
     res = PerExampleClipper(model, None, clipping, mode=mode).clipped_sum(x, y)
     assert_close_dict(res.grads, plain_sum_grad(model, x, y), rtol=f64_rtol(model))
-    assert float(res.loss_sum) == pytest.approx(F.cross_entropy(model(x), y, reduction="sum").item(),
-                                                rel=f64_rtol(model))
+    assert float(res.loss_sum) == pytest.approx(
+        F.cross_entropy(model(x), y, reduction="sum").item(), rel=f64_rtol(model)
+    )
 
 
 @pytest.mark.parametrize("mode", ["ghost", "vmap"])
@@ -133,9 +144,10 @@ def test_large_C_is_plain_gradient_and_norms_are_per_example(mode):
     res = clipper.clipped_sum(x, y)
     assert_close_dict(res.grads, plain_sum_grad(model, x, y), rtol=f64_rtol(model))
     for i in range(3):
-        g = plain_sum_grad(model, x[i:i + 1], y[i:i + 1])
+        g = plain_sum_grad(model, x[i : i + 1], y[i : i + 1])
         assert res.norms[i, 0].item() == pytest.approx(
-            torch.sqrt(sum(t.pow(2).sum() for t in g.values())).item(), rel=f64_rtol(model))
+            torch.sqrt(sum(t.pow(2).sum() for t in g.values())).item(), rel=f64_rtol(model)
+        )
 
 
 @pytest.mark.parametrize("mode", ["auto", "ghost", "vmap"])
@@ -162,26 +174,35 @@ def test_a_non_finite_example_is_one_clear_error(mode, bad):
     x = x.clone()
     x[4, 1, 2, 3] = bad
     out = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
-    with pytest.raises(ValueError, match=r"^clipped_sum: example 4 of x holds a non-finite value \(NaN or inf\); "
-                                         "every example must be finite"):
+    with pytest.raises(
+        ValueError,
+        match=r"^clipped_sum: example 4 of x holds a non-finite value \(NaN or inf\); "
+        "every example must be finite",
+    ):
         clipper.clipped_sum(x, y, out=out)
     assert all(torch.count_nonzero(g) == 0 for g in out.values())
-    copies = x.repeat_interleave(2, 0)              # multiplicity 2: rows 8 and 9 are example 4's copies
+    copies = x.repeat_interleave(2, 0)  # multiplicity 2: rows 8 and 9 are example 4's copies
     copies[8] = 0.0
-    with pytest.raises(ValueError, match=r"^clipped_sum: row 9 of x \(example 4\) holds a non-finite value"):
+    with pytest.raises(
+        ValueError, match=r"^clipped_sum: row 9 of x \(example 4\) holds a non-finite value"
+    ):
         clipper.clipped_sum(copies, y, multiplicity=2)
     w = torch.ones(len(y), dtype=x.dtype)
     w[2] = bad
-    with pytest.raises(ValueError, match=r"^clipped_sum: example 2's weight holds a non-finite value"):
+    with pytest.raises(
+        ValueError, match=r"^clipped_sum: example 2's weight holds a non-finite value"
+    ):
         clipper.clipped_sum(x.nan_to_num(0.0, 0.0, 0.0), y, weights=w)
     x[4] = 0.0
-    assert torch.isfinite(clipper.clipped_sum(x, y).norms).all()            # finite examples: as before
+    assert torch.isfinite(clipper.clipped_sum(x, y).norms).all()  # finite examples: as before
     unchecked = PerExampleClipper(model, 1.0, "per_layer", mode="vmap", check_finite=False)
     x[4, 1, 2, 3] = bad
-    assert not torch.isfinite(unchecked.clipped_sum(x, y).norms[4]).all()   # what the check prevents
+    assert not torch.isfinite(unchecked.clipped_sum(x, y).norms[4]).all()  # what the check prevents
     ghost = PerExampleClipper(model, 1.0, "per_layer", mode="ghost", check_finite=False)
-    with pytest.raises(ValueError, match=r"^clipped_sum: the gradient of parameter '.*' is not finite"):
-        ghost.clipped_sum(x, y)             # its verifying first call: one clear line, not atol=nan
+    with pytest.raises(
+        ValueError, match=r"^clipped_sum: the gradient of parameter '.*' is not finite"
+    ):
+        ghost.clipped_sum(x, y)  # its verifying first call: one clear line, not atol=nan
 
 
 def test_groups_structure():
@@ -248,13 +269,13 @@ class SeqModel(nn.Module):
 
 
 @pytest.mark.parametrize("clipping", ["global", "per_layer"])
-@pytest.mark.parametrize("budget", [2**28, 0])   # keep explicit products / ghost Gram + book-keeping
+@pytest.mark.parametrize("budget", [2**28, 0])  # keep explicit products / ghost Gram + book-keeping
 def test_unsupported_layers_fall_back_exactly(clipping, budget):
     torch.manual_seed(0)
     model = SeqModel().to(DT)
     x, y = torch.randint(0, 20, (9, 4)), torch.randint(0, 10, (9,))
     auto = PerExampleClipper(model, 0.05, clipping, mode="auto", memory_budget_bytes=budget)
-    assert auto.mode == "ghost" and not auto.native           # hybrid: ghost + per-module vmap
+    assert auto.mode == "ghost" and not auto.native  # hybrid: ghost + per-module vmap
     ref = PerExampleClipper(model, 0.05, clipping, mode="vmap").clipped_sum(x, y)
     res = auto.clipped_sum(x, y)
     assert_close_dict(res.grads, ref.grads)
@@ -277,7 +298,7 @@ class Tied(nn.Module):
         self.a = nn.Linear(6, 6)
         self.b = nn.Linear(6, 3)
 
-    def forward(self, x):                       # a.weight also used outside a's forward call
+    def forward(self, x):  # a.weight also used outside a's forward call
         h = torch.relu(self.a(x))
         return self.b(h @ self.a.weight)
 
@@ -313,7 +334,7 @@ class SharedOutputGrad(nn.Module):
         self.e = nn.Linear(5 * 16, 1)
 
     def forward(self, x):
-        z = torch.relu(self.c1(x) + self.c2(x))                # [B, 4, 4, 4]
+        z = torch.relu(self.c1(x) + self.c2(x))  # [B, 4, 4, 4]
         s = torch.relu(self.seq(z.flatten(2).transpose(1, 2)))  # [B, 16, 5]
         f = s.flatten(1)
         return self.h1(f) + self.h2(f) + self.e(f).expand(-1, 6)
@@ -333,7 +354,7 @@ def test_aliased_output_gradients_are_exact(clipping, budget):
     # f64_rtol·7·C, far below every real gradient here (norms 0.014–0.13, C = 0.05)
     floor = f64_rtol(model) * 7 * 0.05
     assert max(ref.grads[n].abs().max().item() for n in ("e.weight", "e.bias")) < floor
-    for _ in range(2):                           # first call verifies, second is the fast path
+    for _ in range(2):  # first call verifies, second is the fast path
         assert_close_dict(g.clipped_sum(x, y).grads, ref.grads, atol=floor)
 
 
@@ -358,19 +379,25 @@ def _conv_net(conv):
     return nn.Sequential(conv, nn.ReLU(), nn.Flatten(), nn.LazyLinear(5))
 
 
-@pytest.mark.parametrize("conv, shape", [
-    (lambda: nn.Conv2d(16, 8, 3, stride=2, dilation=2, padding=1), (16, 11, 9)),
-    (lambda: nn.Conv2d(16, 8, (3, 2), stride=(1, 2), padding=2, padding_mode="reflect"), (16, 10, 9)),
-    (lambda: nn.Conv2d(4, 8, 3, groups=2, padding="same"), (4, 8, 8)),
-    (lambda: nn.Conv2d(32, 8, 3, padding="same", bias=False), (32, 8, 8)),
-    (lambda: nn.Conv2d(3, 6, 4, stride=3, padding_mode="circular", padding=1), (3, 10, 10)),
-])
+@pytest.mark.parametrize(
+    "conv, shape",
+    [
+        (lambda: nn.Conv2d(16, 8, 3, stride=2, dilation=2, padding=1), (16, 11, 9)),
+        (
+            lambda: nn.Conv2d(16, 8, (3, 2), stride=(1, 2), padding=2, padding_mode="reflect"),
+            (16, 10, 9),
+        ),
+        (lambda: nn.Conv2d(4, 8, 3, groups=2, padding="same"), (4, 8, 8)),
+        (lambda: nn.Conv2d(32, 8, 3, padding="same", bias=False), (32, 8, 8)),
+        (lambda: nn.Conv2d(3, 6, 4, stride=3, padding_mode="circular", padding=1), (3, 10, 10)),
+    ],
+)
 @pytest.mark.parametrize("budget", [2**28, 0])
 def test_conv_variants(conv, shape, budget):
     torch.manual_seed(0)
     model = _conv_net(conv()).to(DT)
     x, y = torch.randn((7,) + shape, dtype=DT), torch.randint(0, 5, (7,))
-    model(x)                                     # materialise the lazy layer
+    model(x)  # materialise the lazy layer
     for clipping in ("global", "per_layer"):
         g = PerExampleClipper(model, 0.05, clipping, mode="ghost", memory_budget_bytes=budget)
         ref = PerExampleClipper(model, 0.05, clipping, mode="vmap").clipped_sum(x, y)
@@ -386,7 +413,7 @@ def test_conv_row_products_in_chunks_of_one_example(monkeypatch):
     model = _conv_net(nn.Conv2d(16, 8, (3, 2), stride=(2, 1), dilation=(1, 2), padding=1)).to(DT)
     x, y = torch.randn(5, 16, 9, 10, dtype=DT), torch.randint(0, 5, (5,))
     model(x)
-    for budget in (2**28, 0):                    # kept per-example products; norms only
+    for budget in (2**28, 0):  # kept per-example products; norms only
         g = PerExampleClipper(model, 0.05, "global", mode="ghost", memory_budget_bytes=budget)
         ref = PerExampleClipper(model, 0.05, "global", mode="vmap").clipped_sum(x, y)
         res = g.clipped_sum(x, y)
@@ -399,7 +426,9 @@ def test_vmap_chunking_is_exact():
     a = PerExampleClipper(model, 0.05, "per_layer", mode="vmap", memory_budget_bytes=1)
     b = PerExampleClipper(model, 0.05, "per_layer", mode="vmap")
     # chunks change how the per-example sum over the batch is split: reduction over the 9 examples
-    assert_close_dict(a.clipped_sum(x, y).grads, b.clipped_sum(x, y).grads, rtol=reduction_rtol(x.shape[0]))
+    assert_close_dict(
+        a.clipped_sum(x, y).grads, b.clipped_sum(x, y).grads, rtol=reduction_rtol(x.shape[0])
+    )
 
 
 # 10.25 (float32) and 12.25, 49.0 (float64): values where reciprocal(C)·C < 1
@@ -410,14 +439,18 @@ def test_clip_factors_are_exactly_one_below_C_and_C_over_norm_above(C, dtype):
 
     g = torch.Generator().manual_seed(0)
     below = torch.rand(50_000, generator=g, dtype=dtype) * C
-    below[:2] = torch.tensor([0.0, C], dtype=dtype)           # zero gradient; exactly at the bound
+    below[:2] = torch.tensor([0.0, C], dtype=dtype)  # zero gradient; exactly at the bound
     assert torch.equal(clip_factors(below, C), torch.ones_like(below))
     above = C * (1 + torch.rand(1000, generator=g, dtype=dtype) * 10)
-    c = torch.tensor(C, dtype=dtype).item()              # C as the tensor's dtype holds it
+    c = torch.tensor(C, dtype=dtype).item()  # C as the tensor's dtype holds it
     exact = torch.tensor([c / v for v in above.tolist()], dtype=DT).to(dtype)  # correctly rounded
-    torch.testing.assert_close(clip_factors(above, C), exact, rtol=0, atol=0)   # exact: correctly rounded C/norm
+    torch.testing.assert_close(
+        clip_factors(above, C), exact, rtol=0, atol=0
+    )  # exact: correctly rounded C/norm
     assert torch.equal(clip_factors(above, None), torch.ones_like(above))
-    assert torch.equal(clip_factors(torch.tensor([float("inf")], dtype=dtype), C), torch.zeros(1, dtype=dtype))
+    assert torch.equal(
+        clip_factors(torch.tensor([float("inf")], dtype=dtype), C), torch.zeros(1, dtype=dtype)
+    )
 
 
 def _accumulates_exactly(model, x, y, clipping, mode, budget=2**28):
@@ -425,16 +458,21 @@ def _accumulates_exactly(model, x, y, clipping, mode, budget=2**28):
     ref = PerExampleClipper(model, 0.05, clipping, mode="vmap").clipped_sum(x, y)
     clipper = PerExampleClipper(model, 0.05, clipping, mode=mode, memory_budget_bytes=budget)
     gen = torch.Generator().manual_seed(1)
-    for _ in range(2):                           # first call verifies, second is the fast path
-        before = {n: torch.randn(g.shape, generator=gen, dtype=g.dtype) for n, g in ref.grads.items()}
+    for _ in range(2):  # first call verifies, second is the fast path
+        before = {
+            n: torch.randn(g.shape, generator=gen, dtype=g.dtype) for n, g in ref.grads.items()
+        }
         acc = {n: t.clone() for n, t in before.items()}
         ptrs = {n: t.data_ptr() for n, t in acc.items()}
         res = clipper.clipped_sum(x, y, out=acc)
         assert all(res.grads[n] is acc[n] and acc[n].data_ptr() == ptrs[n] for n in acc)
         # acc ~ 1: adding into it and subtracting again costs <= 2 ulps of each entry of acc (norm-wise:
         # 2·eps64·|acc|); the engines' difference is within assert_close_dict's rtol
-        assert_close_dict({n: acc[n] - before[n] for n in acc}, ref.grads,
-                          atol=4 * EPS64 * max(t.norm().item() for t in acc.values()))
+        assert_close_dict(
+            {n: acc[n] - before[n] for n in acc},
+            ref.grads,
+            atol=4 * EPS64 * max(t.norm().item() for t in acc.values()),
+        )
     return clipper
 
 
@@ -443,19 +481,26 @@ def _accumulates_exactly(model, x, y, clipping, mode, budget=2**28):
 @pytest.mark.parametrize("name", ["mnist_mlp", "cifar_cnn"])
 def test_clipped_sum_accumulates_into_out(name, mode, clipping):
     model, x, y = make(name, bias=True)
-    for budget in (2**28, 0):                    # conv: kept products / book-keeping
+    for budget in (2**28, 0):  # conv: kept products / book-keeping
         _accumulates_exactly(model, x, y, clipping, mode, budget)
 
 
 @pytest.mark.parametrize("budget", [2**28, 0])
 def test_clipped_sum_accumulates_into_out_for_every_layer_kind(budget):
     torch.manual_seed(0)
-    seq = SeqModel().to(DT)                      # Embedding/LayerNorm (vmap), sequence Linear
-    _accumulates_exactly(seq, torch.randint(0, 20, (9, 4)), torch.randint(0, 10, (9,)), "global",
-                         "ghost", budget)
-    shared = SharedOutputGrad().to(DT)           # aliased output gradients, convs with bias
-    _accumulates_exactly(shared, torch.randn(7, 3, 4, 4, dtype=DT), torch.randint(0, 6, (7,)),
-                         "per_layer", "ghost", budget)
+    seq = SeqModel().to(DT)  # Embedding/LayerNorm (vmap), sequence Linear
+    _accumulates_exactly(
+        seq, torch.randint(0, 20, (9, 4)), torch.randint(0, 10, (9,)), "global", "ghost", budget
+    )
+    shared = SharedOutputGrad().to(DT)  # aliased output gradients, convs with bias
+    _accumulates_exactly(
+        shared,
+        torch.randn(7, 3, 4, 4, dtype=DT),
+        torch.randint(0, 6, (7,)),
+        "per_layer",
+        "ghost",
+        budget,
+    )
 
 
 def test_fallback_to_vmap_with_out_adds_once():
@@ -464,16 +509,18 @@ def test_fallback_to_vmap_with_out_adds_once():
     model = Tied().to(DT)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        clipper = _accumulates_exactly(model, torch.randn(5, 6, dtype=DT), torch.randint(0, 3, (5,)),
-                                       "global", "auto")
+        clipper = _accumulates_exactly(
+            model, torch.randn(5, 6, dtype=DT), torch.randint(0, 3, (5,)), "global", "auto"
+        )
     assert clipper.mode == "vmap"
 
 
-@pytest.mark.parametrize("wide", [1, 10**9])     # every Linear weight sum transposed / none
+@pytest.mark.parametrize("wide", [1, 10**9])  # every Linear weight sum transposed / none
 @pytest.mark.parametrize("name", ["mnist_mlp", "deep_mlp"])
 def test_linear_weight_sum_either_gemm_route(monkeypatch, name, wide):
     """(c ⊙ b)ᵀ a and (aᵀ (c ⊙ b))ᵀ (layers.WIDE_OUTPUT) give the vmap sums, also into out."""
     from dpsgd.mechanism.clipping import layers
+
     monkeypatch.setattr(layers, "WIDE_OUTPUT", wide)
     model, x, y = make(name, bias=True)
     for clipping in ("global", "per_layer"):

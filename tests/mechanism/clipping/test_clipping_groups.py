@@ -6,6 +6,7 @@ a lot as one Gaussian mechanism at σ/√k (``config.clipping_groups``), and the
 of the engine that clips (``len(PerExampleClipper.groups)``). Both come from one function, so they
 agree on every model: frozen tensors in no group, a tensor shared by two modules in one group.
 """
+
 import math
 import warnings
 
@@ -51,13 +52,19 @@ def frozen_cifar():
 DENSE = ["classifier.1", "classifier.3", "classifier.5"]
 
 
-@pytest.mark.parametrize("make, per_layer", [
-    (lambda: MLP(60, (100,), 10, bias=True), [["net.0.weight", "net.0.bias"], ["net.2.weight", "net.2.bias"]]),
-    (lambda: MLP(60, (100,), 10, bias=False), [["net.0.weight"], ["net.2.weight"]]),
-    (lambda: CifarCNN(bias=True), None),
-    (frozen_cifar, None),
-    (lambda: TanhCNN(norm="group"), None),
-])
+@pytest.mark.parametrize(
+    "make, per_layer",
+    [
+        (
+            lambda: MLP(60, (100,), 10, bias=True),
+            [["net.0.weight", "net.0.bias"], ["net.2.weight", "net.2.bias"]],
+        ),
+        (lambda: MLP(60, (100,), 10, bias=False), [["net.0.weight"], ["net.2.weight"]]),
+        (lambda: CifarCNN(bias=True), None),
+        (frozen_cifar, None),
+        (lambda: TanhCNN(norm="group"), None),
+    ],
+)
 def test_groups_of_the_models(make, per_layer):
     """One group per module owning trainable parameters (global: one group of them all), in module
     order; frozen tensors in none; the engine and the config's k read the same groups."""
@@ -67,8 +74,8 @@ def test_groups_of_the_models(make, per_layer):
     groups = clipping_groups(model, "per_layer")
     if per_layer is not None:
         assert groups == per_layer
-    assert [n for g in groups for n in g] == trainable           # a partition, in parameter order
-    assert all(len({n.rsplit(".", 1)[0] for n in g}) == 1 for g in groups)   # one module each
+    assert [n for g in groups for n in g] == trainable  # a partition, in parameter order
+    assert all(len({n.rsplit(".", 1)[0] for n in g}) == 1 for g in groups)  # one module each
     assert clipping_groups(model, "global") == [trainable]
     for clipping in ("global", "per_layer"):
         engine = PerExampleClipper(model, C, clipping)
@@ -80,11 +87,18 @@ def test_per_layer_and_global_k():
     """k: 1 under global clipping; under per_layer, the trained modules (CIFAR net: 2 convs and 3
     dense layers; with the convolutions frozen, the 3 dense layers; the tanh CNN with GroupNorm:
     4 layers and 2 GroupNorms)."""
-    for model, k in ((MLP(60, (1000,), 10), 2), (CifarCNN(), 5), (frozen_cifar(), 3),
-                     (TanhCNN(norm="none"), 4), (TanhCNN(norm="group"), 6)):
+    for model, k in (
+        (MLP(60, (1000,), 10), 2),
+        (CifarCNN(), 5),
+        (frozen_cifar(), 3),
+        (TanhCNN(norm="none"), 4),
+        (TanhCNN(norm="group"), 6),
+    ):
         assert len(clipping_groups(model, "global")) == 1 == config_k(model, "global")
         assert len(clipping_groups(model, "per_layer")) == k == config_k(model, "per_layer")
-    assert clipping_groups(frozen_cifar(), "per_layer") == [[f"{m}.weight", f"{m}.bias"] for m in DENSE]
+    assert clipping_groups(frozen_cifar(), "per_layer") == [
+        [f"{m}.weight", f"{m}.bias"] for m in DENSE
+    ]
 
 
 def test_config_k_applies_model_freeze():
@@ -92,7 +106,11 @@ def test_config_k_applies_model_freeze():
     is applied there too, so the calibrated k is the k the engine clips (and the ledger records)."""
     with torch.device("meta"):
         model = CifarCNN(bias=True)
-    assert config_k(model, "per_layer", "features") == 3 == len(PerExampleClipper(frozen_cifar(), C, "per_layer").groups)
+    assert (
+        config_k(model, "per_layer", "features")
+        == 3
+        == len(PerExampleClipper(frozen_cifar(), C, "per_layer").groups)
+    )
 
 
 def test_no_trainable_parameters_and_bad_clipping_refused():
@@ -125,16 +143,29 @@ def tied_data(n=7):
 
 def test_shared_parameter_is_one_tensor_in_its_first_owners_group():
     model = TiedLayers()
-    assert [n for n, _ in model.named_parameters()] == ["a.weight", "a.bias", "head.weight", "head.bias"]
-    assert clipping_groups(model, "per_layer") == [["a.weight", "a.bias"], ["head.weight", "head.bias"]]
+    assert [n for n, _ in model.named_parameters()] == [
+        "a.weight",
+        "a.bias",
+        "head.weight",
+        "head.bias",
+    ]
+    assert clipping_groups(model, "per_layer") == [
+        ["a.weight", "a.bias"],
+        ["head.weight", "head.bias"],
+    ]
     assert clipping_groups(model, "global") == [["a.weight", "a.bias", "head.weight", "head.bias"]]
     o = owners(model)
     assert [(x.name, x.params, x.aliases) for x in o] == [
         ("a", {"weight": "a.weight", "bias": "a.bias"}, {}),
         ("b", {}, {"weight": "a.weight"}),
-        ("head", {"weight": "head.weight", "bias": "head.bias"}, {})]
-    model = TiedLayers(bias_b=True)                  # b owns its bias: a group of that alone
-    assert clipping_groups(model, "per_layer") == [["a.weight", "a.bias"], ["b.bias"], ["head.weight", "head.bias"]]
+        ("head", {"weight": "head.weight", "bias": "head.bias"}, {}),
+    ]
+    model = TiedLayers(bias_b=True)  # b owns its bias: a group of that alone
+    assert clipping_groups(model, "per_layer") == [
+        ["a.weight", "a.bias"],
+        ["b.bias"],
+        ["head.weight", "head.bias"],
+    ]
 
 
 @pytest.mark.parametrize("clipping", ["global", "per_layer"])
@@ -155,14 +186,16 @@ def test_shared_parameter_engine_config_and_ledger_agree(clipping):
     for clipper in (vmap, auto):
         res = clipper.clipped_sum(x, y)
         assert_close(res.grads, ref)
-        assert_f64_close(res.norms, ref_norms, RTOL)   # norms that are 0 exactly: an absolute floor at RTOL·max
+        assert_f64_close(
+            res.norms, ref_norms, RTOL
+        )  # norms that are 0 exactly: an absolute floor at RTOL·max
     # σ calibrated with the config's k spends the target ε when the ledger charges the engine's k
     q, steps, delta, target = 0.01, 1000, 1e-5, 2.0
     sigma = sigma_for_epsilon(target, delta, q, steps, "rdp", config_k(model, clipping), "joint")
     led = Ledger()
     led.record(Poisson(q, sigma, len(auto.groups)), steps)
     eps = led.epsilon(delta, accountant="rdp", convention="joint")[0]
-    assert (1 - 0.005) * target <= eps <= target      # calibrate.sigma_for_epsilon's rtol = 0.5 %
+    assert (1 - 0.005) * target <= eps <= target  # calibrate.sigma_for_epsilon's rtol = 0.5 %
 
 
 def test_ghost_refuses_a_shared_parameter():
@@ -182,7 +215,9 @@ def test_frozen_shared_parameter_is_in_no_group_and_ghost_handles_the_rest():
     res = ghost.clipped_sum(x, y)
     assert ghost.mode == "ghost"
     assert_close(res.grads, ref)
-    assert_f64_close(res.norms, ref_norms, RTOL)   # norms that are 0 exactly: an absolute floor at RTOL·max
+    assert_f64_close(
+        res.norms, ref_norms, RTOL
+    )  # norms that are 0 exactly: an absolute floor at RTOL·max
 
 
 # -- the registry ------------------------------------------------------------------------------
@@ -213,7 +248,7 @@ class ScaleLayer(_Layer):
 
     def sq_norms(self, a, b, keep, K=1):
         type(self).calls += 1
-        G = group_rows(a * b, K)                     # [B, d] per-example gradients of the weight
+        G = group_rows(a * b, K)  # [B, d] per-example gradients of the weight
         return {"weight": torch.linalg.vector_norm(G, dim=1).square()}, G
 
     def clipped_sum(self, a, b, state, factors, own_b=False, out=None, K=1):
@@ -245,21 +280,27 @@ def test_a_registered_rule_is_used(scale_rule, clipping):
     model = scale_net()
     x, y = torch.randn(8, 6, dtype=DT), torch.randint(0, 3, (8,))
     ghost = PerExampleClipper(model, C, clipping, mode="ghost")
-    assert [type(l) for l in ghost._layers] == [LinearLayer, ScaleLayer, LinearLayer] and ghost.native
+    assert [type(l) for l in ghost._layers] == [
+        LinearLayer,
+        ScaleLayer,
+        LinearLayer,
+    ] and ghost.native
     ref, ref_norms = loop_clipped_sum(model, x, y, ghost.groups, C)
-    for _ in range(2):                               # first call verifies against autograd
+    for _ in range(2):  # first call verifies against autograd
         res = ghost.clipped_sum(x, y)
         assert_close(res.grads, ref)
-        assert_f64_close(res.norms, ref_norms, RTOL)   # norms that are 0 exactly: an absolute floor at RTOL·max
+        assert_f64_close(
+            res.norms, ref_norms, RTOL
+        )  # norms that are 0 exactly: an absolute floor at RTOL·max
     assert ScaleLayer.calls == 2
 
 
 def test_rule_lookup_by_type_then_mro(scale_rule):
     assert registered_rule(Scale(3)) is ScaleLayer
-    assert registered_rule(ScaleChild(3)) is ScaleLayer           # base class's rule, same forward
-    assert registered_rule(ScaleOverride(3)) is None               # its own forward: no rule
+    assert registered_rule(ScaleChild(3)) is ScaleLayer  # base class's rule, same forward
+    assert registered_rule(ScaleOverride(3)) is None  # its own forward: no rule
     ghost = PerExampleClipper(scale_net(ScaleOverride), C, "per_layer", mode="ghost")
-    assert type(ghost._layers[1]) is GenericLayer and not ghost.native   # leaf: per-module vmap
+    assert type(ghost._layers[1]) is GenericLayer and not ghost.native  # leaf: per-module vmap
 
 
 def test_without_a_rule_a_leaf_runs_per_module_vmap():
@@ -281,13 +322,16 @@ class Gate(nn.Module):
 
 def test_an_unknown_module_type_is_refused_clearly():
     model = nn.Sequential(nn.Linear(6, 4), Gate()).to(DT)
-    with pytest.raises(ValueError, match=r"'1' \(Gate\) owns parameters and has submodules.*"
-                                         r"no layer rule is registered for Gate.*register_layer"):
+    with pytest.raises(
+        ValueError,
+        match=r"'1' \(Gate\) owns parameters and has submodules.*"
+        r"no layer rule is registered for Gate.*register_layer",
+    ):
         PerExampleClipper(model, C, "per_layer", mode="ghost")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         auto = PerExampleClipper(model, C, "per_layer", mode="auto")
-    assert auto.mode == "vmap" and len(auto.groups) == 3        # the groups do not depend on the engine
+    assert auto.mode == "vmap" and len(auto.groups) == 3  # the groups do not depend on the engine
 
 
 def test_register_layer_takes_module_types():

@@ -6,6 +6,7 @@ loss (bit-identical), and a lot of padding alone sums to exactly 0. Against the 
 shape, so another reduction order) the sums agree to the engines' round-off: f64_rtol(model) for
 vmap, 1e-5 for ghost (tests/mechanism/clipping/test_clipping.py: its book-keeping reorders the reductions).
 """
+
 import copy
 
 import pytest
@@ -28,7 +29,7 @@ PAD = 4
 
 
 def _rtol(mode, model):
-    return f64_rtol(model) if mode == "vmap" else 1e-5    # ghost: the module docstring's 1e-5
+    return f64_rtol(model) if mode == "vmap" else 1e-5  # ghost: the module docstring's 1e-5
 
 
 def _padded(x, y, K=1, seed=1):
@@ -45,25 +46,29 @@ def _padded(x, y, K=1, seed=1):
 @pytest.mark.parametrize("K", [1, 2])
 def test_zero_weight_rows_add_exactly_zero(mode, name, clipping, K):
     model, x, y = make(name, True)
-    if K > 1:                                   # K augmented copies per example (here: perturbed)
-        x = x.repeat_interleave(K, 0) + 0.1 * torch.randn((len(x) * K,) + tuple(x.shape[1:]), dtype=x.dtype)
+    if K > 1:  # K augmented copies per example (here: perturbed)
+        x = x.repeat_interleave(K, 0) + 0.1 * torch.randn(
+            (len(x) * K,) + tuple(x.shape[1:]), dtype=x.dtype
+        )
     clipper = PerExampleClipper(model, 0.5, clipping, mode=mode)
     ref = clipper.clipped_sum(x, y, multiplicity=K)
     xa, ya, w = _padded(x, y, K, seed=1)
-    xb, yb, _ = _padded(x, y, K, seed=2)        # the same lot, other padding content
+    xb, yb, _ = _padded(x, y, K, seed=2)  # the same lot, other padding content
     a = clipper.clipped_sum(xa, ya, multiplicity=K, weights=w)
     b = clipper.clipped_sum(xb, yb, multiplicity=K, weights=w)
     for n in a.grads:
-        assert torch.equal(a.grads[n], b.grads[n]), n          # exact: the padding adds 0 · finite = 0
-    assert torch.equal(a.loss_sum, b.loss_sum)                 # exact: 0 · loss
+        assert torch.equal(a.grads[n], b.grads[n]), n  # exact: the padding adds 0 · finite = 0
+    assert torch.equal(a.loss_sum, b.loss_sum)  # exact: 0 · loss
     assert_close_dict(a.grads, ref.grads, rtol=_rtol(mode, model))
     assert_f64_close(a.loss_sum, ref.loss_sum, reduction_rtol(len(y) + PAD))
-    assert_f64_close(a.norms[:len(y)], ref.norms, f64_rtol(model))    # norms: unweighted, per example
+    assert_f64_close(
+        a.norms[: len(y)], ref.norms, f64_rtol(model)
+    )  # norms: unweighted, per example
     assert a.norms.shape == (len(y) + PAD, len(clipper.groups))
-    pad_only = clipper.clipped_sum(xa[len(x):], ya[len(y):], multiplicity=K, weights=w[len(y):])
+    pad_only = clipper.clipped_sum(xa[len(x) :], ya[len(y) :], multiplicity=K, weights=w[len(y) :])
     for g in pad_only.grads.values():
-        assert not bool(g.any())                                # exact: a lot of padding alone is 0
-    assert float(pad_only.loss_sum) == 0.0                      # exact: 0 · loss
+        assert not bool(g.any())  # exact: a lot of padding alone is 0
+    assert float(pad_only.loss_sum) == 0.0  # exact: 0 · loss
 
 
 @pytest.mark.parametrize("mode", ["vmap", "ghost"])
@@ -96,10 +101,15 @@ def test_padded_step_is_the_unpadded_step(mode):
     xp, yp, w = _padded(x, y)
     outs = []
     for m, args, kw in [(model, (x, y), {}), (m2, (xp, yp), {"weights": w})]:
-        dp = DPSGD(m, PerExampleClipper(m, 0.5, "per_layer", mode=mode), GaussianNoise(seed=3),
-                   Plan.by_hand(1.0, 0.5, 20), lr=0.1)
+        dp = DPSGD(
+            m,
+            PerExampleClipper(m, 0.5, "per_layer", mode=mode),
+            GaussianNoise(seed=3),
+            Plan.by_hand(1.0, 0.5, 20),
+            lr=0.1,
+        )
         outs.append(dp.step(*args, physical_batch_size=4, **kw))
-    assert outs[0]["lot_size"] == outs[1]["lot_size"] == len(y)             # integer count of rows
+    assert outs[0]["lot_size"] == outs[1]["lot_size"] == len(y)  # integer count of rows
     assert_f64_close(outs[1]["loss_sum"], outs[0]["loss_sum"], reduction_rtol(len(yp)))
     for p, q in zip(m2.parameters(), model.parameters()):
         assert_f64_close(p, q, _rtol(mode, model))
@@ -108,13 +118,20 @@ def test_padded_step_is_the_unpadded_step(mode):
 def test_canaries_skip_padding_rows():
     """The audit's wrapper: ordinary rows weighted by the engine, a zero-weight canary row adds nothing."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 8, bias=False), torch.nn.ReLU(), torch.nn.Linear(8, 3, bias=False))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 8, bias=False), torch.nn.ReLU(), torch.nn.Linear(8, 3, bias=False)
+    )
     inner = PerExampleClipper(model, clip_norm=1.5, clipping="per_layer")
     placed = place(inner, 4, 0, "dirac")
-    wrapped = GradientCanaries(inner, placed["coords"], torch.tensor([True, True, True, True]), a=15.0)
+    wrapped = GradientCanaries(
+        inner, placed["coords"], torch.tensor([True, True, True, True]), a=15.0
+    )
     x, y = torch.randn(5, 6), torch.tensor([0, 1, 2, 0, 1])
-    xs, ys = torch.cat([x, torch.zeros(2, 6)]), torch.cat([y, torch.tensor([-1, -4])])   # canaries 0, 3
-    want = wrapped.clipped_sum(xs[[0, 1, 2, 5]], ys[[0, 1, 2, 5]])                       # rows 3, 4, 6 out
+    xs, ys = (
+        torch.cat([x, torch.zeros(2, 6)]),
+        torch.cat([y, torch.tensor([-1, -4])]),
+    )  # canaries 0, 3
+    want = wrapped.clipped_sum(xs[[0, 1, 2, 5]], ys[[0, 1, 2, 5]])  # rows 3, 4, 6 out
     w = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
     got = wrapped.clipped_sum(xs, ys, weights=w)
     # float32 sums of ≤ 5 clipped terms of size ≤ 1.5 in another order
@@ -130,15 +147,26 @@ def test_truncated_poisson_run_steps_at_fixed_shape(tmp_path, monkeypatch):
     def step(self, x, y, physical_batch_size=None, weights=None):
         seen.append((len(x), len(y), None if weights is None else weights.clone()))
         return inner(self, x, y, physical_batch_size=physical_batch_size, weights=weights)
+
     monkeypatch.setattr(DPSGD, "step", step)
     B = 70
-    c = validate(compose(TINY_RUN + ["privacy.sampling=truncated_poisson", f"privacy.max_lot_size={B}",
-                                     "accountant.name=pld", "training.epochs=2", "privacy.sigma=2"]))
+    c = validate(
+        compose(
+            TINY_RUN
+            + [
+                "privacy.sampling=truncated_poisson",
+                f"privacy.max_lot_size={B}",
+                "accountant.name=pld",
+                "training.epochs=2",
+                "privacy.sigma=2",
+            ]
+        )
+    )
     st = train(c, tmp_path / "run")
     assert st["status"] == "complete"
-    assert len(seen) == 20                                   # 2 epochs × N/L = 10 lots
+    assert len(seen) == 20  # 2 epochs × N/L = 10 lots
     for n_x, n_y, w in seen:
         assert n_x == n_y == B and w is not None and len(w) == B
         real = int(w.sum())
-        assert torch.equal(w, torch.cat([torch.ones(real), torch.zeros(B - real)]))   # exact: 0/1
-    assert len({int(w.sum()) for _, _, w in seen}) > 1       # the real lot sizes vary (Poisson)
+        assert torch.equal(w, torch.cat([torch.ones(real), torch.zeros(B - real)]))  # exact: 0/1
+    assert len({int(w.sum()) for _, _, w in seen}) > 1  # the real lot sizes vary (Poisson)

@@ -41,6 +41,7 @@ best of several guess counts). :func:`audit_bound` evaluates a grid of (k₊, k�
 run (:func:`default_grid`: a function of m only) and tests each point at β/|grid| (Bonferroni): the
 probability that any point falsely rejects is <= β, so the maximum over the grid is a 1 − β bound.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,9 +52,9 @@ from scipy import special
 from dpsgd.accountant import strong_composition
 from dpsgd.core.errors import ConfigError
 
-XTOL = 1e-10                     # bisection stops when hi − lo <= XTOL (absolute, in ε)
-EPS_MAX = 700.0                  # p_ε = expit(ε) is 1 to double precision long before this
-GRID_FRACTIONS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)   # k/m of the default grid
+XTOL = 1e-10  # bisection stops when hi − lo <= XTOL (absolute, in ε)
+EPS_MAX = 700.0  # p_ε = expit(ε) is 1 to double precision long before this
+GRID_FRACTIONS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # k/m of the default grid
 
 
 def _count(name: str, v, lo: int = 0) -> int:
@@ -94,13 +95,13 @@ def _p_value(r: int, v: int, m: int, eps: float, delta: float) -> float:
     if v == 0:
         return 1.0
     p = special.expit(eps)
-    tail = float(special.bdtrc(v - 1, r, p))              # P[Bin(r, p) >= v]
+    tail = float(special.bdtrc(v - 1, r, p))  # P[Bin(r, p) >= v]
     if delta == 0.0:
         return min(1.0, tail)
     i = np.arange(1, v + 1)
-    below = special.bdtr(v - 1, r, p)                      # P[Bin <= v − 1]
+    below = special.bdtr(v - 1, r, p)  # P[Bin <= v − 1]
     lower = np.where(v - i - 1 >= 0, special.bdtr(np.maximum(v - i - 1, 0), r, p), 0.0)
-    alpha = float(np.max((below - lower) / i))            # max_i P[v − i <= Bin < v] / i
+    alpha = float(np.max((below - lower) / i))  # max_i P[v − i <= Bin < v] / i
     return min(1.0, tail + 2.0 * m * delta * max(alpha, 0.0))
 
 
@@ -112,7 +113,7 @@ def steinke_bound(r: int, v: int, m: int, delta: float, beta: float) -> float:
     if _p_value(r, v, m, 0.0, delta) > beta:
         return 0.0
     lo, hi = 0.0, 1.0
-    while _p_value(r, v, m, hi, delta) <= beta:            # App. D: step the upper end by 1
+    while _p_value(r, v, m, hi, delta) <= beta:  # App. D: step the upper end by 1
         lo, hi = hi, hi + 1.0
         if hi > EPS_MAX:
             return lo
@@ -139,24 +140,40 @@ def check_scores(scores, bits) -> tuple[np.ndarray, np.ndarray]:
     s = np.asarray(scores, dtype=float)
     b = np.asarray(bits)
     if s.ndim != 1 or s.size == 0 or not np.all(np.isfinite(s)):
-        raise ConfigError(f"scores: must be a non-empty 1-D array of finite numbers, got shape {s.shape}")
+        raise ConfigError(
+            f"scores: must be a non-empty 1-D array of finite numbers, got shape {s.shape}"
+        )
     if b.shape != s.shape or not np.all((b == 0) | (b == 1)):
-        raise ConfigError(f"bits: must be 0/1 of the same shape as scores {s.shape}, got shape {b.shape}")
+        raise ConfigError(
+            f"bits: must be 0/1 of the same shape as scores {s.shape}, got shape {b.shape}"
+        )
     return s, b
 
 
 def _inputs(scores, bits, delta, beta, guesses):
     s, b = check_scores(scores, bits)
     m = s.size
-    grid = default_grid(m) if guesses is None else \
-        [(_count("guesses k_plus", kp), _count("guesses k_minus", km)) for kp, km in guesses]
+    grid = (
+        default_grid(m)
+        if guesses is None
+        else [(_count("guesses k_plus", kp), _count("guesses k_minus", km)) for kp, km in guesses]
+    )
     if not grid:
         raise ConfigError("guesses: the grid of (k_plus, k_minus) is empty")
     for kp, km in grid:
         if kp < 0 or km < 0 or kp + km < 1 or kp + km > m:
-            raise ConfigError(f"guesses: (k_plus, k_minus) = ({kp}, {km}) needs k_plus, k_minus >= 0 "
-                              f"and 1 <= k_plus + k_minus <= m = {m}")
-    return s, b.astype(int), m, _unit("delta", delta, False, True), _unit("beta", beta, True, True), grid
+            raise ConfigError(
+                f"guesses: (k_plus, k_minus) = ({kp}, {km}) needs k_plus, k_minus >= 0 "
+                f"and 1 <= k_plus + k_minus <= m = {m}"
+            )
+    return (
+        s,
+        b.astype(int),
+        m,
+        _unit("delta", delta, False, True),
+        _unit("beta", beta, True, True),
+        grid,
+    )
 
 
 def guess_counts(scores: np.ndarray, bits: np.ndarray, grid) -> list[dict]:
@@ -165,13 +182,17 @@ def guess_counts(scores: np.ndarray, bits: np.ndarray, grid) -> list[dict]:
     m = len(scores)
     order = np.lexsort((np.arange(m), -np.asarray(scores)))  # decreasing score, then index
     ranked = np.asarray(bits, dtype=int)[order]
-    top = np.concatenate([[0], np.cumsum(ranked)])           # top[k]: "in" bits among the k highest
-    bottom_out = np.concatenate([[0], np.cumsum(1 - ranked[::-1])])   # "out" bits among the k lowest
-    return [{"k_plus": kp, "k_minus": km, "guesses": kp + km, "correct": int(top[kp] + bottom_out[km])}
-            for kp, km in grid]
+    top = np.concatenate([[0], np.cumsum(ranked)])  # top[k]: "in" bits among the k highest
+    bottom_out = np.concatenate([[0], np.cumsum(1 - ranked[::-1])])  # "out" bits among the k lowest
+    return [
+        {"k_plus": kp, "k_minus": km, "guesses": kp + km, "correct": int(top[kp] + bottom_out[km])}
+        for kp, km in grid
+    ]
 
 
-def audit_bound(scores, bits, delta: float, beta: float = 0.05, guesses=None, gdp: bool = False) -> dict:
+def audit_bound(
+    scores, bits, delta: float, beta: float = 0.05, guesses=None, gdp: bool = False
+) -> dict:
     """The one-run ε lower bound at confidence 1 − β over a pre-declared grid of guess counts.
 
     ``scores[i]``: canary i's score (higher = more likely in); ``bits[i]``: 1 if it was included.
@@ -198,22 +219,43 @@ def audit_bound(scores, bits, delta: float, beta: float = 0.05, guesses=None, gd
         row["eps_lower_bound"] = steinke_bound(row["guesses"], row["correct"], m, delta, per)
     best = max(rows, key=lambda row: row["eps_lower_bound"])
     extra = _gdp_fields(rows, m, delta, per) if gdp else {}
-    return {**extra, "eps_lower_bound": best["eps_lower_bound"], "k_plus": best["k_plus"], "k_minus": best["k_minus"],
-            "guesses": best["guesses"], "correct": best["correct"], "m": m, "delta": delta, "beta": beta,
-            "beta_per_point": per, "correction": "bonferroni", "grid": rows}
+    return {
+        **extra,
+        "eps_lower_bound": best["eps_lower_bound"],
+        "k_plus": best["k_plus"],
+        "k_minus": best["k_minus"],
+        "guesses": best["guesses"],
+        "correct": best["correct"],
+        "m": m,
+        "delta": delta,
+        "beta": beta,
+        "beta_per_point": per,
+        "correction": "bonferroni",
+        "grid": rows,
+    }
 
 
 def _gdp_fields(rows, m, delta, per) -> dict:
     for row in rows:
-        row["mu_lower_bound"] = gdp_lower_bound(row["guesses"], row["correct"], m, per)["mu_lower_bound"]
+        row["mu_lower_bound"] = gdp_lower_bound(row["guesses"], row["correct"], m, per)[
+            "mu_lower_bound"
+        ]
     best = max(rows, key=lambda row: row["mu_lower_bound"])
     mu = best["mu_lower_bound"]
-    eps = None if delta == 0 else (strong_composition.gaussian_epsilon(delta, 1.0 / mu) if mu > 0 else 0.0)
-    return {"gdp_mu_lower_bound": mu, "gdp_k_plus": best["k_plus"], "gdp_k_minus": best["k_minus"],
-            "gdp_eps_lower_bound": eps}
+    eps = (
+        None
+        if delta == 0
+        else (strong_composition.gaussian_epsilon(delta, 1.0 / mu) if mu > 0 else 0.0)
+    )
+    return {
+        "gdp_mu_lower_bound": mu,
+        "gdp_k_plus": best["k_plus"],
+        "gdp_k_minus": best["k_minus"],
+        "gdp_eps_lower_bound": eps,
+    }
 
 
-MU_MAX = 50.0                    # μ-GDP with μ >= this: ε in the thousands; the bisection's upper end
+MU_MAX = 50.0  # μ-GDP with μ >= this: ε in the thousands; the bisection's upper end
 
 
 def fdp_rejected(fbar, r: int, v: int, m: int, beta: float) -> bool:
@@ -229,7 +271,7 @@ def fdp_rejected(fbar, r: int, v: int, m: int, beta: float) -> bool:
         h_new = max(h, fbar(rr) if rr < 1.0 else 1.0)
         rr = rr + i / (r - i) * (h_new - h)
         h = h_new
-        if rr + h > r / m:                      # r_i and h_i only grow as i falls: rejected already
+        if rr + h > r / m:  # r_i and h_i only grow as i falls: rejected already
             return True
     return rr + h > r / m
 
@@ -256,5 +298,7 @@ def gdp_lower_bound(r: int, v: int, m: int, beta: float, delta: float | None = N
     if delta is not None:
         delta = _unit("delta", delta, True, True)
         mu = out["mu_lower_bound"]
-        out["eps_lower_bound"] = strong_composition.gaussian_epsilon(delta, 1.0 / mu) if mu > 0 else 0.0
+        out["eps_lower_bound"] = (
+            strong_composition.gaussian_epsilon(delta, 1.0 / mu) if mu > 0 else 0.0
+        )
     return out

@@ -36,6 +36,7 @@ With probability ≥ 1 − β a run whose true mechanism is M(σ₀) is not reje
 ε(σ₀) > ε_lb. This is a test of the claim's family, not a lower bound on ε for every mechanism (the
 family-free bounds of ``bounds`` are that).
 """
+
 from __future__ import annotations
 
 import math
@@ -49,19 +50,24 @@ from dpsgd.core.errors import ConfigError
 
 from .bounds import check_scores, default_grid, fdp_rejected, guess_counts
 
-EPS_STEP = 0.02          # spacing of the ε grid E of the curve's envelope
-EPS_TOP = 80.0           # E stops here, or where δ(ε) falls below DELTA_FLOOR
-DELTA_FLOOR = 1e-14      # δ(ε) below this: the guarantees add nothing above x ≈ 1e-14
-X_MIN = 1e-15            # f̄(x) = 0 below (a lower bound: f̄ >= 0)
-X_STEP = 0.005           # spacing of the f̄ table in log x
-SIGMA_RTOL = 1e-3        # bisection in log σ′ stops when hi/lo − 1 <= this
-SEARCH_FACTOR = 64.0     # σ′ is searched within [σ/64, 64σ] (and the accountant's [SIGMA_MIN·√k, SIGMA_MAX])
-PLD_INTERVAL = 1e-3      # privacy-loss grid of the PLD behind δ(ε) (pessimistic: a coarser grid only raises δ)
+EPS_STEP = 0.02  # spacing of the ε grid E of the curve's envelope
+EPS_TOP = 80.0  # E stops here, or where δ(ε) falls below DELTA_FLOOR
+DELTA_FLOOR = 1e-14  # δ(ε) below this: the guarantees add nothing above x ≈ 1e-14
+X_MIN = 1e-15  # f̄(x) = 0 below (a lower bound: f̄ >= 0)
+X_STEP = 0.005  # spacing of the f̄ table in log x
+SIGMA_RTOL = 1e-3  # bisection in log σ′ stops when hi/lo − 1 <= this
+SEARCH_FACTOR = (
+    64.0  # σ′ is searched within [σ/64, 64σ] (and the accountant's [SIGMA_MIN·√k, SIGMA_MAX])
+)
+PLD_INTERVAL = (
+    1e-3  # privacy-loss grid of the PLD behind δ(ε) (pessimistic: a coarser grid only raises δ)
+)
 
 
 @dataclass(frozen=True)
 class Claim:
     """The claimed mechanism: T = ``steps`` lots at Poisson rate q, noise multiplier σ, k groups (joint)."""
+
     q: float
     sigma: float
     steps: int
@@ -111,12 +117,12 @@ class TradeOff:
         self.x = np.exp(np.arange(self.log_x0, X_STEP / 2, X_STEP))
         self.x[-1] = min(self.x[-1], 1.0)
         best = np.zeros_like(self.x)
-        for i in range(0, len(self.eps), 256):             # max over ε in chunks (memory)
-            ee, dd = self.eps[i:i + 256, None], self.deltas[i:i + 256, None]
+        for i in range(0, len(self.eps), 256):  # max over ε in chunks (memory)
+            ee, dd = self.eps[i : i + 256, None], self.deltas[i : i + 256, None]
             x = self.x[None, :]
             lines = np.maximum(np.exp(-ee) * (x - dd), 1.0 - dd - np.exp(ee) * (1.0 - x))
             best = np.maximum(best, lines.max(axis=0))
-        self.fbar_table = np.minimum(best, self.x)           # f(α) <= 1 − α for every trade-off curve
+        self.fbar_table = np.minimum(best, self.x)  # f(α) <= 1 − α for every trade-off curve
         self._table = self.fbar_table.tolist()
 
     def __call__(self, x: float) -> float:
@@ -153,10 +159,20 @@ def family_test(scores, bits, claim: Claim, beta: float = 0.05, guesses=None) ->
     rows = guess_counts(s, b.astype(int), grid)
     rejected, hi, at_floor = search_sigma(claim, lambda sigma: _rejects(claim, sigma, rows, m, per))
     eps_lb = 0.0 if hi is None else claim.epsilon(hi)
-    return {"method": "family", "claim_rejected": bool(rejected), "verdict": "violation" if rejected else "consistent",
-            "sigma_upper_bound": hi, "at_search_floor": at_floor, "eps_lower_bound": eps_lb,
-            "eps_claimed": claim.epsilon(), "sigma_claimed": claim.sigma, "m": m, "beta": beta,
-            "beta_per_point": per, "grid": rows}
+    return {
+        "method": "family",
+        "claim_rejected": bool(rejected),
+        "verdict": "violation" if rejected else "consistent",
+        "sigma_upper_bound": hi,
+        "at_search_floor": at_floor,
+        "eps_lower_bound": eps_lb,
+        "eps_claimed": claim.epsilon(),
+        "sigma_claimed": claim.sigma,
+        "m": m,
+        "beta": beta,
+        "beta_per_point": per,
+        "grid": rows,
+    }
 
 
 def search_sigma(claim: Claim, rejects) -> tuple[bool, float | None, bool]:
@@ -167,7 +183,7 @@ def search_sigma(claim: Claim, rejects) -> tuple[bool, float | None, bool]:
     rejected = rejects(claim.sigma)
     floor = max(claim.sigma / SEARCH_FACTOR, limits.SIGMA_MIN * math.sqrt(claim.groups))
     at_floor = False
-    if rejected:                                   # search down for a σ′ that is not rejected
+    if rejected:  # search down for a σ′ that is not rejected
         hi, lo = claim.sigma, claim.sigma / 2
         while lo > floor and rejects(lo):
             hi, lo = lo, lo / 2
@@ -176,7 +192,7 @@ def search_sigma(claim: Claim, rejects) -> tuple[bool, float | None, bool]:
             at_floor = rejects(lo)
             if at_floor:
                 hi = lo
-    else:                                          # search up for one that is
+    else:  # search up for one that is
         ceiling = min(claim.sigma * SEARCH_FACTOR, limits.SIGMA_MAX)
         lo, hi = claim.sigma, claim.sigma * 2
         while hi <= ceiling and not rejects(hi):
@@ -184,7 +200,7 @@ def search_sigma(claim: Claim, rejects) -> tuple[bool, float | None, bool]:
         if hi > ceiling:
             hi = None
     if hi is not None and not at_floor:
-        while hi / lo - 1 > SIGMA_RTOL:            # keep lo not rejected, hi rejected
+        while hi / lo - 1 > SIGMA_RTOL:  # keep lo not rejected, hi rejected
             mid = math.sqrt(lo * hi)
             lo, hi = (lo, mid) if rejects(mid) else (mid, hi)
     return bool(rejected), hi, at_floor

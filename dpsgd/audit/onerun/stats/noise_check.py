@@ -13,6 +13,7 @@ probability ≥ 1 − β. This tests the *noise* the claim specifies (σC), not 
 a smaller sensitivity could be as private as claimed and still be flagged here. With Dirac canaries
 the data's gradients add to z (Q grows), so the test is only conservative there, not exact.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,10 @@ import math
 import numpy as np
 from scipy import stats
 
-NOISE_ASSUMES = ("the noise along each canary's direction is Gaussian, i.i.d. over lots and canaries (isotropic "
-                 "noise, Poisson lots); tests the claimed noise σC, not ε")
+NOISE_ASSUMES = (
+    "the noise along each canary's direction is Gaussian, i.i.d. over lots and canaries (isotropic "
+    "noise, Poisson lots); tests the claimed noise σC, not ε"
+)
 
 
 def noise_test(sumsq, bits, lots: int, beta: float, exact: bool) -> dict | None:
@@ -32,7 +35,16 @@ def noise_test(sumsq, bits, lots: int, beta: float, exact: bool) -> dict | None:
         return None
     q = float(sumsq[~bits].sum())
     p = float(stats.chi2.cdf(q, n))
-    return {"assumes": NOISE_ASSUMES, "label": "exact (null-space placement, claimed normalisation)" if exact
-            else "conservative only (the data's gradients reach the canaries)", "exact": exact,
-            "n": n, "noise_ratio": math.sqrt(q / n), "noise_ratio_upper": math.sqrt(q / stats.chi2.ppf(beta, n)),
-            "p_value": p, "beta": beta, "verdict": "violation" if p < beta else "consistent"}
+    return {
+        "assumes": NOISE_ASSUMES,
+        "label": "exact (null-space placement, claimed normalisation)"
+        if exact
+        else "conservative only (the data's gradients reach the canaries)",
+        "exact": exact,
+        "n": n,
+        "noise_ratio": math.sqrt(q / n),
+        "noise_ratio_upper": math.sqrt(q / stats.chi2.ppf(beta, n)),
+        "p_value": p,
+        "beta": beta,
+        "verdict": "violation" if p < beta else "consistent",
+    }

@@ -39,6 +39,7 @@ ranking (by the null's |L|) makes the fewest mistakes among the top r, so that a
 raises T. In a real run the canaries share lots, the noise-scale estimate and the other examples'
 gradients; the bound is then labelled a heuristic (docs/AUDIT_MATH.md §5).
 """
+
 from __future__ import annotations
 
 import math
@@ -50,13 +51,13 @@ from scipy import special, stats
 from .bounds import check_scores
 from .family import Claim, search_sigma
 
-BINS = 1 << 14               # equal-probability bins of the cut's Beta law (p-value at most 1/BINS high)
-Z_SPAN = 12.0                # one lot's z grid: [−Z_SPAN, μ + Z_SPAN]
+BINS = 1 << 14  # equal-probability bins of the cut's Beta law (p-value at most 1/BINS high)
+Z_SPAN = 12.0  # one lot's z grid: [−Z_SPAN, μ + Z_SPAN]
 Z_POINTS = 200_000
-H_DIV = 2000                 # the L grid's spacing: the composed L's smaller sd / H_DIV
-WINDOW_SD = 40.0             # the composed L is kept within its means ∓ this many sd
+H_DIV = 2000  # the L grid's spacing: the composed L's smaller sd / H_DIV
+WINDOW_SD = 40.0  # the composed L is kept within its means ∓ this many sd
 FFT_MAX = 1 << 22
-RELEASE_FRACTIONS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)   # r/m of the pre-declared grid
+RELEASE_FRACTIONS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # r/m of the pre-declared grid
 
 
 class Profile:
@@ -67,13 +68,13 @@ class Profile:
         mass = np.asarray(mass, dtype=float)
         keep = mass > 0
         a, mass = a[keep], mass[keep] / mass[keep].sum()
-        gamma = special.expit(-a)                          # 1/(1 + e^{|L|}), no overflow
-        order = np.argsort(-gamma, kind="stable")          # falling error = rising confidence
+        gamma = special.expit(-a)  # 1/(1 + e^{|L|}), no overflow
+        order = np.argsort(-gamma, kind="stable")  # falling error = rising confidence
         self.gamma, self.mass = gamma[order], mass[order]
         self.w_hi = np.cumsum(self.mass)
         err = self.gamma * self.mass
-        self.G_above = err[::-1].cumsum()[::-1] - err      # error mass strictly above each entry
-        self.e_opt = float(err.sum())                      # the optimal single-bit error, E[γ]
+        self.G_above = err[::-1].cumsum()[::-1] - err  # error mass strictly above each entry
+        self.e_opt = float(err.sum())  # the optimal single-bit error, E[γ]
 
     def gammabar(self, w):
         """γ̄(w): the mean error rate above quantile w (exact inside an entry's band)."""
@@ -89,7 +90,9 @@ def tail_probability(profile: Profile, u: int, r: int, m: int, bins: int = BINS)
         raise ValueError(f"need 0 <= u <= r <= m, got u={u}, r={r}, m={m}")
     if r == m:
         return float(stats.binom.cdf(u, m, profile.e_opt))
-    w = stats.beta.ppf(np.arange(1, bins + 1) / bins, m - r, r + 1)   # each bin's upper end (the last: 1)
+    w = stats.beta.ppf(
+        np.arange(1, bins + 1) / bins, m - r, r + 1
+    )  # each bin's upper end (the last: 1)
     return float(min(1.0, np.mean(stats.binom.cdf(u, r, np.clip(profile.gammabar(w), 0.0, 1.0)))))
 
 
@@ -112,26 +115,32 @@ def channel(q: float, mu: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
     p_step = stats.norm.pdf(z) * dz
     q_step = ((1 - q) * stats.norm.pdf(z) + q * stats.norm.pdf(z - mu)) * dz
     p_step, q_step = p_step / p_step.sum(), q_step / q_step.sum()
-    if steps == 1:                                         # one lot: the z grid itself, no L grid
+    if steps == 1:  # one lot: the z grid itself, no L grid
         return ell, 0.5 * (p_step + q_step)
-    moments = [(float(w @ ell), float(w @ ell ** 2) - float(w @ ell) ** 2) for w in (p_step, q_step)]
+    moments = [(float(w @ ell), float(w @ ell**2) - float(w @ ell) ** 2) for w in (p_step, q_step)]
     sd = min(math.sqrt(max(v, 1e-300) * steps) for _, v in moments)
-    lo = max(steps * moments[0][0] - WINDOW_SD * math.sqrt(steps * moments[0][1]), steps * float(ell.min()))
-    hi = min(steps * moments[1][0] + WINDOW_SD * math.sqrt(steps * moments[1][1]), steps * float(ell.max()))
+    lo = max(
+        steps * moments[0][0] - WINDOW_SD * math.sqrt(steps * moments[0][1]),
+        steps * float(ell.min()),
+    )
+    hi = min(
+        steps * moments[1][0] + WINDOW_SD * math.sqrt(steps * moments[1][1]),
+        steps * float(ell.max()),
+    )
     width = max(hi - lo, float(ell.max() - ell.min())) * 1.05
     h = sd / H_DIV
     n = 1 << max(10, math.ceil(math.log2(width / h + 4)))
     if n > FFT_MAX:
         n, h = FFT_MAX, width / (FFT_MAX - 4)
     base = math.floor(float(ell.min()) / h) * h
-    k0 = math.floor((lo - steps * base) / h)               # composed index k ↔ L = steps·base + k·h
+    k0 = math.floor((lo - steps * base) / h)  # composed index k ↔ L = steps·base + k·h
     j = np.arange(n)
     k = k0 + np.mod(j - k0, n)
     out = []
     for w in (p_step, q_step):
         pmf = _split(ell, w, base, h, n)
-        if len(pmf) > n:                                   # the top of one lot's range, folded (never reached)
-            pmf[:len(pmf) - n] += pmf[n:]
+        if len(pmf) > n:  # the top of one lot's range, folded (never reached)
+            pmf[: len(pmf) - n] += pmf[n:]
             pmf = pmf[:n]
         comp = np.fft.irfft(np.fft.rfft(pmf, n) ** steps, n)
         out.append(np.clip(comp, 0.0, None))
@@ -155,7 +164,10 @@ def rejects(scores, bits, claim: Claim, beta: float, sigma: float | None = None)
     s, b = check_scores(scores, bits)
     rows = mistakes(s, b, release_grid(s.size))
     prof = claim_profile(claim, claim.sigma if sigma is None else sigma)
-    return any(tail_probability(prof, row["mistakes"], row["released"], s.size) <= beta / len(rows) for row in rows)
+    return any(
+        tail_probability(prof, row["mistakes"], row["released"], s.size) <= beta / len(rows)
+        for row in rows
+    )
 
 
 def release_grid(m: int) -> list[int]:
@@ -183,21 +195,42 @@ def order_stats_test(scores, bits, claim: Claim, beta: float = 0.05) -> dict:
 
     def rejected_at(sigma):
         prof = claim_profile(claim, sigma)
-        return any(tail_probability(prof, row["mistakes"], row["released"], m) <= per for row in rows)
+        return any(
+            tail_probability(prof, row["mistakes"], row["released"], m) <= per for row in rows
+        )
 
     rejected, hi, at_floor = search_sigma(claim, rejected_at)
-    return {"method": "order_stats", "claim_rejected": rejected, "verdict": "violation" if rejected else "consistent",
-            "sigma_upper_bound": hi, "at_search_floor": at_floor,
-            "eps_lower_bound": 0.0 if hi is None else claim.epsilon(hi), "eps_claimed": claim.epsilon(),
-            "m": m, "beta": beta, "beta_per_point": per, "grid": rows}
+    return {
+        "method": "order_stats",
+        "claim_rejected": rejected,
+        "verdict": "violation" if rejected else "consistent",
+        "sigma_upper_bound": hi,
+        "at_search_floor": at_floor,
+        "eps_lower_bound": 0.0 if hi is None else claim.epsilon(hi),
+        "eps_claimed": claim.epsilon(),
+        "m": m,
+        "beta": beta,
+        "beta_per_point": per,
+        "grid": rows,
+    }
 
 
-def mu_lower_bound(u: int, r: int, m: int, beta: float, q: float = 1.0, lo: float = 0.01, hi: float = 32.0,
-                   iters: int = 40) -> float:
+def mu_lower_bound(
+    u: int,
+    r: int,
+    m: int,
+    beta: float,
+    q: float = 1.0,
+    lo: float = 0.01,
+    hi: float = 32.0,
+    iters: int = 40,
+) -> float:
     """The largest μ whose single-release channel (q = 1: μ-GDP; q < 1: one Poisson-subsampled Gaussian lot)
     is rejected at level β by u mistakes among r released of m (bisection; 0 when μ = lo is not rejected)."""
+
     def p(mu):
         return tail_probability(Profile(*channel(q, mu, 1)), u, r, m)
+
     if p(lo) > beta:
         return 0.0
     if p(hi) <= beta:

@@ -17,6 +17,7 @@ divided by the noise std measured across the m canaries (1.4826 × MAD), then
 
 the log-likelihood ratio of the claimed Poisson-subsampled Gaussian, summed over lots.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,8 @@ from .family import Claim, tradeoff
 from .bounds import _p_value, default_grid, fdp_rejected, guess_counts
 from .order_stats import rejects as order_stats_rejects
 
-MAD_TO_SD = 1.4826            # σ = 1.4826 × MAD for a Gaussian (as observe.noise_scale)
-CHUNK = 1 << 20               # z values drawn at a time
+MAD_TO_SD = 1.4826  # σ = 1.4826 × MAD for a Gaussian (as observe.noise_scale)
+CHUNK = 1 << 20  # z values drawn at a time
 
 
 def game_scores(rng: np.random.Generator, m: int, claim: Claim, noise_factor: float = 1.0):
@@ -48,12 +49,18 @@ def game_scores(rng: np.random.Generator, m: int, claim: Claim, noise_factor: fl
         scale = MAD_TO_SD * np.median(np.abs(z - med), axis=1, keepdims=True)
         scale = np.where(scale > 0, scale, 1.0)
         zs, ms = z / scale, mu / scale
-        scores += np.logaddexp(log_out, math.log(claim.q) + ms * zs - ms ** 2 / 2).sum(axis=0)
+        scores += np.logaddexp(log_out, math.log(claim.q) + ms * zs - ms**2 / 2).sum(axis=0)
     return scores, bits
 
 
-def play(rng: np.random.Generator, m: int, claim: Claim, beta: float, noise_factor: float = 1.0,
-         order_stats: bool = False) -> dict:
+def play(
+    rng: np.random.Generator,
+    m: int,
+    claim: Claim,
+    beta: float,
+    noise_factor: float = 1.0,
+    order_stats: bool = False,
+) -> dict:
     """One game and the tests of the claim on it: ``family`` (H₀(σ) rejected, ``family.py``),
     ``steinke`` ((ε_claimed, δ)-DP rejected by the Steinke et al. p-value on the same grid at β/|grid|)
     and, with ``order_stats``, ``order_stats`` (H₀(σ) rejected by ``order_stats.py`` on its own grid)."""
@@ -63,8 +70,12 @@ def play(rng: np.random.Generator, m: int, claim: Claim, beta: float, noise_fact
     rows = guess_counts(scores, bits, grid)
     f = tradeoff(claim.q, claim.sigma_eff(claim.sigma), claim.steps)
     eps = claim.epsilon()
-    out = {"family": any(fdp_rejected(f, r["guesses"], r["correct"], m, per) for r in rows),
-           "steinke": any(_p_value(r["guesses"], r["correct"], m, eps, claim.delta) <= per for r in rows)}
+    out = {
+        "family": any(fdp_rejected(f, r["guesses"], r["correct"], m, per) for r in rows),
+        "steinke": any(
+            _p_value(r["guesses"], r["correct"], m, eps, claim.delta) <= per for r in rows
+        ),
+    }
     if order_stats:
         out["order_stats"] = order_stats_rejects(scores, bits, claim, beta)
     return out
@@ -81,13 +92,15 @@ def llr_moments(claim: Claim) -> dict:
     def ell(z):
         return float(np.logaddexp(log_out, math.log(q) + mu * z - mu * mu / 2))
 
-    def expect(g, shift):                       # E[g(z)], z ~ N(shift, 1)
-        f = lambda z: g(z) * math.exp(-(z - shift) ** 2 / 2) / math.sqrt(2 * math.pi)  # noqa: E731
+    def expect(g, shift):  # E[g(z)], z ~ N(shift, 1)
+        f = lambda z: g(z) * math.exp(-((z - shift) ** 2) / 2) / math.sqrt(2 * math.pi)  # noqa: E731
         return integrate.quad(f, shift - 40, shift + 40, epsabs=0, epsrel=1e-10, limit=200)[0]
 
     m0, m1 = expect(ell, 0.0), expect(ell, mu)
     m_in = (1 - q) * m0 + q * m1
-    v0 = expect(lambda z: (ell(z) - m0) ** 2, 0.0)             # central moments: no cancellation
-    v_in = (1 - q) * expect(lambda z: (ell(z) - m_in) ** 2, 0.0) + q * expect(lambda z: (ell(z) - m_in) ** 2, mu)
+    v0 = expect(lambda z: (ell(z) - m0) ** 2, 0.0)  # central moments: no cancellation
+    v_in = (1 - q) * expect(lambda z: (ell(z) - m_in) ** 2, 0.0) + q * expect(
+        lambda z: (ell(z) - m_in) ** 2, mu
+    )
     t = claim.steps
     return {"out": (t * m0, t * v0), "in": (t * m_in, t * v_in)}
