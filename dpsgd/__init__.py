@@ -1,0 +1,29 @@
+"""dpsgd: DP-SGD (Abadi et al. 2016, "Deep Learning with Differential Privacy") with its accounting.
+
+The public API (docs/API.md), imported on first use, so that ``import dpsgd`` stays light:
+
+    PrivateTrainer     DP-SGD on any nn.Module and dataset, every lot charged (dpsgd.workbench)
+    Ledger             every release of a run, composed into ε by any accountant (dpsgd.accountant)
+    epsilon            ε of a Poisson schedule (q, σ, steps, δ)
+    sigma_for_epsilon  the smallest σ that keeps a schedule within a target ε
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_PUBLIC = {
+    "PrivateTrainer": "dpsgd.workbench.trainer",
+    "Ledger": "dpsgd.accountant",
+    "epsilon": "dpsgd.accountant.calibrate",
+    "sigma_for_epsilon": "dpsgd.accountant.calibrate",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'dpsgd' has no attribute {name!r}")

@@ -7,9 +7,9 @@
     for each epoch, for each lot L_t drawn with probability q per example:
         stop before a lot that would pass max_steps or the target ε          (run.stop_reason)
         x_i ← augment(x_i), each example on its own (CIFAR: crop, flip, standardise)  (parts.lot)
-        g̃_t ← (Σ_i clip_C(∇ℓ(θ, x_i)) + N(0, σ²C² I)) / L ;  θ ← θ − η_t g̃_t   (dp.step)
-        record the release (q, σ) in the ledger                             (run.charge)
-        θ̄ ← β θ̄ + (1 − β) θ   when training.ema_decay = β (post-processing)  (ema.update)
+        g̃_t ← (Σ_i clip_C(∇ℓ(θ, x_i)) + N(0, σ²C² I)) / L ;  θ ← θ − η_t g̃_t   (run.lots.run:
+        record the release (q, σ) in the ledger                                dp.step, charge,
+        θ̄ ← β θ̄ + (1 − β) θ   when training.ema_decay = β (post-processing)     ema.update)
     end of epoch: evaluate, ε under every accountant, one metrics.csv row, privacy.json, checkpoint
 
 Everything is written into the run directory, atomically, by one process at a time (rundir.RunLock).
@@ -141,15 +141,11 @@ def run_epoch(run: Run):
         stop_reason = run.stop_reason(i)
         if stop_reason is not None:
             return stop_reason, lots, loss_sum, seen
-        release = parts.plan.release(i)  # what this lot costs (None: its epoch's charge covers it)
         run.reserve(i)  # write-ahead, before the lot runs
         x, y, kw = parts.lot(idx, at.steps, run.dist.share)  # this rank's share, augmented
-        out = parts.dp.step(x, y, physical_batch_size=p.physical_batch_size, **kw)
-        with held_signals():  # the lot that ran is charged and counted, or none is
-            run.charge(release)  # the ledger
-            if parts.ema is not None:
-                parts.ema.update(parts.model)
-            at.steps, lots = at.steps + 1, lots + 1
+        # the DP step, then the ledger's charge and the step count, held whole (workbench/lots.py)
+        out = run.lots.run(i, x, y, p.physical_batch_size, **kw)
+        lots += 1
         loss_sum, seen = loss_sum + out["loss_sum"], seen + out["lot_size"]
     return None, lots, loss_sum, seen
 

@@ -28,6 +28,7 @@ from dpsgd.launch.prepare import prepare_resume
 from dpsgd.run import opening
 from dpsgd.run import state as runstate
 from dpsgd.run.guard import LotGuard
+from dpsgd.workbench.lots import Lots
 
 TINY = TINY_RUN + ["seed=1"]
 LOTS = 10  # lots per epoch of TINY
@@ -46,7 +47,7 @@ class Harness:
         self.other_cpu = False
         self._n = dict.fromkeys(KINDS, 0)
         charge, checkpoint, bind, first = (
-            runstate.Run.charge,
+            Lots.charge,
             runstate.Run.checkpoint,
             LotGuard.bind,
             opening._first_writes,
@@ -54,9 +55,9 @@ class Harness:
 
         def logged_charge(r, release):
             if self.other_cpu:
-                flip_last_bit(next(r.parts.model.parameters()))
-            w = b"".join(p.detach().cpu().numpy().tobytes() for p in r.parts.model.parameters())
-            self.log.append((r.progress.steps + 1, hashlib.sha256(w).hexdigest()))
+                flip_last_bit(next(r.dp.model.parameters()))
+            w = b"".join(p.detach().cpu().numpy().tobytes() for p in r.dp.model.parameters())
+            self.log.append((r.tally.steps + 1, hashlib.sha256(w).hexdigest()))
             self._due("lot")
             charge(r, release)
 
@@ -76,7 +77,7 @@ class Harness:
                 self._due("open")
             first(r)
 
-        monkeypatch.setattr(runstate.Run, "charge", logged_charge)
+        monkeypatch.setattr(Lots, "charge", logged_charge)
         monkeypatch.setattr(runstate.Run, "checkpoint", killable_checkpoint)
         monkeypatch.setattr(LotGuard, "bind", killable_bind)
         monkeypatch.setattr(opening, "_first_writes", killable_open)

@@ -48,15 +48,26 @@ def calibrated_sigma(c, sampler, shape) -> float:
         model = build_model(c.model, shape, DATASETS[c.dataset.name].classes)
     k = clipping_groups(model, p.clipping, c.model.freeze)
     try:
-        if p.sampling != "poisson":
-            return _sigma_for_sampler(
-                sampler, p.target_epsilon, p.delta, steps, c.accountant.name, k, p.convention
-            )
-        return _sigma_for_epsilon(
-            p.target_epsilon, p.delta, sampler.q, steps, c.accountant.name, k, p.convention
+        return sigma_for_lots(
+            sampler, p.target_epsilon, p.delta, steps, c.accountant.name, k, p.convention
         )
     except ValueError as e:
         raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+
+
+def sigma_for_lots(
+    sampler, target_epsilon, delta, steps, accountant, groups=1, convention="joint"
+) -> float:
+    """The smallest σ (ε within 0.5 % below the target) at which ``steps`` lots of ``sampler``, k =
+    ``groups``, spend at most ``target_epsilon`` at δ under ``accountant``: the σ search the command
+    line and ``dpsgd.PrivateTrainer`` share. ValueError, naming the value, where none does."""
+    if sampler.name == "shuffle":
+        raise ValueError("shuffle is charged without amplification; give sigma, not a target ε")
+    if sampler.name == "poisson":
+        return _sigma_for_epsilon(
+            target_epsilon, delta, sampler.q, steps, accountant, groups, convention
+        )
+    return _sigma_for_sampler(sampler, target_epsilon, delta, steps, accountant, groups, convention)
 
 
 @functools.lru_cache(maxsize=32)

@@ -12,7 +12,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")  # conf/config.yaml and its groups
+
+def _conf_dir() -> str:
+    """conf/ of the repository (a checkout, or ``pip install -e .``); for ``pip install .``, the copy
+    pyproject.toml installs under <prefix>/share/dpsgd/conf."""
+    repo = Path(__file__).resolve().parents[2] / "conf"
+    installed = Path(sys.prefix) / "share" / "dpsgd" / "conf"
+    return str(repo if (repo / "config.yaml").is_file() or not installed.is_dir() else installed)
+
+
+CONF_DIR = _conf_dir()  # conf/config.yaml and its groups
 HELP_FLAGS = ("--help", "-h", "--hydra-help", "--version")
 
 

@@ -27,10 +27,11 @@ from dpsgd.mechanism.ema import EMA
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
 from dpsgd.mechanism.plan import Plan
-from dpsgd.mechanism.sampling import Sampler, make_sampler
+from dpsgd.mechanism.sampling import Sampler
 from dpsgd.models.networks import build_model, frozen_names
 from dpsgd.models.pretrained import load as load_pretrained
 from dpsgd.run import distributed
+from dpsgd.workbench.build import assemble
 
 
 class Instrument:
@@ -220,44 +221,33 @@ def build(
     OS entropy or privacy.noise_seed decides) and the ``sampler`` seed."""
     p, t, ds = c.privacy, c.training, c.dataset
     model.to(device)
-    # check_finite=False: no device sync per physical batch; the data are finite, and a non-finite loss
-    # or update stops the run as diverged (dpsgd/train.py)
-    clipper = PerExampleClipper(
-        model,
-        p.clip_norm if p.private else None,
-        clipping=p.clipping,
-        mode=p.grad_sample_mode,
-        check_finite=False,
-    )
     noise = GaussianNoise(seed=seeds["noise"], secure=p.secure_rng, device=device)
     transform = LotTransform(ds.augment, ds.standardize, ds.crop, c.seed)
     in_step = (
         p.augment_multiplicity > 1 and not transform.identity
     )  # the step augments the K copies
-    sampler = make_sampler(
-        p.sampling,
-        len(data.X_train),
-        p.lot_size,
-        torch.Generator().manual_seed(seeds["sampler"]),
-        p.max_lot_size,
-    )
-    # the mechanism, built once: the event each charge records, whose σ the step noises at (charged σ =
-    # noised σ), C and L; nothing after this reads σ, C or L from the configuration
-    plan = Plan(
-        sampler.event(p.sigma, len(clipper.groups)) if p.private else None,
-        p.clip_norm,
-        p.lot_size,
-        sampler,
-    )
-    dp = DPSGD(
+    # the mechanism, built once by the one builder the Python API uses too: the event each charge
+    # records, whose σ the step noises at (charged σ = noised σ), C and L; nothing after this reads σ,
+    # C or L from the configuration. check_finite=False: no device sync per physical batch; the data
+    # are finite, and a non-finite loss or update stops the run as diverged (dpsgd/train.py)
+    clipper, sampler, _, dp = assemble(
         model,
-        clipper,
-        noise,
-        plan,
+        len(data.X_train),
+        lot_size=p.lot_size,
+        clip_norm=p.clip_norm,
+        sigma=p.sigma,
+        noise=noise,
+        sampler_seed=seeds["sampler"],
         lr=t.lr,
+        private=p.private,
+        sampling=p.sampling,
+        max_lot_size=p.max_lot_size,
+        clipping=p.clipping,
+        mode=p.grad_sample_mode,
         momentum=t.momentum,
         augment_multiplicity=p.augment_multiplicity,
         augment=transform if in_step else None,
+        check_finite=False,
     )
     data = Data(*(a.to(device) for a in data))
     if d.active:  # Σ over ranks, noise once; the noise is drawn in the engine's parameter order

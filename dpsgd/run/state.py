@@ -13,6 +13,7 @@ died) is restored instead, to charge them and finish again (``Run.finish_as``).
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -23,7 +24,6 @@ import numpy as np
 import torch
 
 from dpsgd.accountant import Ledger
-from dpsgd.accountant.events import Event
 from dpsgd.config.fingerprint import config_fingerprint
 from dpsgd.config.overrides import override_key
 from dpsgd.config.schema import Config
@@ -35,6 +35,7 @@ from dpsgd.run.checkpoint import MetricsWriter, save_checkpoint
 from dpsgd.run.parts import Parts
 from dpsgd.run.guard import LotGuard, Owed
 from dpsgd.run.report import epsilons, privacy_statement
+from dpsgd.workbench.lots import Lots, Tally
 
 
 def derive_seed(seed: int, stream: str, secure: bool = False) -> int:
@@ -68,16 +69,12 @@ class Rows:
 
 
 @dataclass
-class Progress:
-    """Where a run stands: what moves with every lot. The checkpoint saves it, all but the budget and
-    ε, which are recomputed from the ledger."""
+class Progress(Tally):
+    """Where a run stands: what moves with every lot (the ledger, the lots run, the budget of the
+    target ε: ``Tally``) and what its run directory keeps. The checkpoint saves it, all but the budget
+    and ε, which are recomputed from the ledger."""
 
-    ledger: Ledger  # every release so far (DP-PCA, lots, lots lost on resume)
     epoch: int = 0
-    steps: int = 0  # lots run
-    budget: int | None = (
-        None  # charges (lots; for shuffle, epochs) that still fit within the target ε
-    )
     resumes: list[dict] = field(default_factory=list)
     lost: int = 0  # lots charged on resume as lost (may have run after the checkpoint)
     lost_why: str | None = None  # what shows they may have run
@@ -266,11 +263,16 @@ class Run:
         limits = {"epochs_completed": sampler.lots_per_epoch() - lot if at.epoch < t.epochs else 0}
         if t.max_steps is not None:
             limits["max_steps"] = t.max_steps - at.steps
-        if at.budget is not None:
-            limits["target_epsilon_reached"] = (
-                sampler.lots_within(at.budget, lot) if at.budget >= 0 else 0
-            )
+        left = self.lots.left(lot)
+        if left is not None:
+            limits["target_epsilon_reached"] = left
         return limits
+
+    @functools.cached_property
+    def lots(self) -> Lots:
+        """The lot loop's body (``dpsgd.workbench.lots``): the step and its charge into this run's
+        progress, the one the Python API runs too."""
+        return Lots(self.parts.plan, self.parts.dp, self.progress, self.parts.ema)
 
     def reserve(self, lot: int) -> None:
         """Before lot ``lot`` of the epoch runs (rank 0): the guard's write-ahead reservation, never past
@@ -278,14 +280,6 @@ class Run:
         if self.c.privacy.private and self.writes:
             at = self.progress
             self.guard.before_lot(at.steps, at.steps + self.lots_left(lot))
-
-    def charge(self, release: Event | None) -> None:
-        """Record one lot's release (the privacy event it ran: ``parts.plan.release``) in the ledger: one
-        charge less fits within the target ε."""
-        if release is not None:
-            self.progress.ledger.record(release, 1, "sgd")
-            if self.progress.budget is not None:
-                self.progress.budget -= 1
 
     def compute_budget(self) -> int | None:
         """Charges that still fit within the target ε, recomputed from the ledger (never read from a file).

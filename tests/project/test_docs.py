@@ -1,9 +1,9 @@
 """The docs run and name real things.
 
 * Every ``>>>`` example in docs/*.md and README.md runs as a doctest, in the repository root, each
-  example kept small (accountant calls, samplers, a Ledger, config validation; never a training
-  run; no wall-clock limit is asserted, since a loaded machine would fail it). Examples of one
-  page share their globals, in page order.
+  example kept small (accountant calls, samplers, a Ledger, config validation; no training run
+  but the README's few-lot PrivateTrainer example; no wall-clock limit is asserted, since a loaded
+  machine would fail it). Examples of one page share their globals, in page order.
 * Every code reference in the docs exists: ``path/to/file.py`` and other repository paths,
   ``file.py:function`` / ``file.py:Class.method`` (checked with ``ast``, nothing imported),
   dotted ``dpsgd.module.name`` (imported), ``python -m module`` (a module or package with

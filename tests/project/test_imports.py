@@ -159,6 +159,7 @@ LAYERS = [
     ("dpsgd.models",),
     ("dpsgd.mechanism",),
     ("dpsgd.config",),
+    ("dpsgd.workbench",),
     ("dpsgd.run",),
     ("dpsgd.train",),
     ("dpsgd.launch",),

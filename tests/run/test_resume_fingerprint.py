@@ -25,7 +25,7 @@ from dpsgd.config.fingerprint import (
     config_leaves,
 )
 from dpsgd.config.schema import CHOICES, Config, ConfigError, validate
-from dpsgd.run import state as runstate
+from dpsgd.workbench.lots import Lots
 from dpsgd.run.checkpoint import fingerprint_hash, load_checkpoint
 from dpsgd.launch.prepare import prepare_resume
 from dpsgd.run.guard import RESERVATIONS
@@ -167,15 +167,15 @@ def test_an_interrupted_resume_still_owes_nothing_twice(killed, monkeypatch):
     from dpsgd.core.errors import Interrupted
 
     h, reserved = killed
-    orig = runstate.Run.charge
+    orig = Lots.charge
 
     def interrupt(r, release):
-        if r.progress.steps == 25:
+        if r.tally.steps == 25:
             raise Interrupted(2)
         orig(r, release)
 
     with monkeypatch.context() as m:
-        m.setattr(runstate.Run, "charge", interrupt)
+        m.setattr(Lots, "charge", interrupt)
         with pytest.raises(Interrupted):
             h.resume()
     st = json.loads((h.run / "privacy.json").read_text())

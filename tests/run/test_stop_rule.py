@@ -1,4 +1,4 @@
-"""The stop rule (dpsgd/run/state.py: Run.lots_left, Run.stop_reason, Run.charge) and the epochs → lots rule
+"""The stop rule (dpsgd/run/state.py: Run.lots_left, Run.stop_reason; dpsgd/workbench/lots.py: Lots.charge) and the epochs → lots rule
 (accountant.calibrate.lots_per_epoch, lots_for_epochs): one answer for the loop, the write-ahead
 reservation, the end of an epoch, the budget and the privacy command line."""
 
@@ -18,6 +18,7 @@ from dpsgd.launch.main import compose
 from dpsgd.privacy import main as privacy_main
 from dpsgd.run.guard import LotGuard
 from dpsgd.run.state import Progress, Rows, Run
+from dpsgd.mechanism.plan import Plan
 from dpsgd.mechanism.sampling import make_sampler
 from dpsgd.train import train
 
@@ -36,9 +37,9 @@ def _run(tmp_path, sampling, epochs, max_steps, epoch, steps, budget, N=100, L=1
         training=SimpleNamespace(epochs=epochs, max_steps=max_steps),
         privacy=SimpleNamespace(private=True, secure_rng=True, sigma=1.0),
     )
-    parts = SimpleNamespace(
-        sampler=make_sampler(sampling, N, L, torch.Generator().manual_seed(0)), k=1
-    )
+    sampler = make_sampler(sampling, N, L, torch.Generator().manual_seed(0))
+    plan = Plan(sampler.event(1.0), 1.0, L, sampler)
+    parts = SimpleNamespace(sampler=sampler, k=1, plan=plan, dp=None, ema=None)
     return Run(
         c=c,
         run_dir=Path(tmp_path),
@@ -101,8 +102,8 @@ def test_epochs_completed_comes_first_at_an_epoch_boundary(tmp_path):
 
 def test_a_charge_is_recorded_and_taken_off_the_budget(tmp_path):
     run = _run(tmp_path, "poisson", epochs=3, max_steps=None, epoch=0, steps=0, budget=2)
-    run.charge(Poisson(0.1, 4.0))
-    run.charge(None)  # a lot covered by an earlier charge (shuffle)
+    run.lots.charge(Poisson(0.1, 4.0))
+    run.lots.charge(None)  # a lot covered by an earlier charge (shuffle)
     assert run.progress.budget == 1 and run.progress.ledger.to_dict()["entries"][0]["count"] == 1
     assert run.lots_left(1) == 1
 

@@ -21,3 +21,17 @@ def clip_factors(norms: torch.Tensor, clip_norm: float | None) -> torch.Tensor:
     if clip_norm is None:
         return torch.ones_like(norms)
     return torch.div(clip_norm, norms.clamp_min(clip_norm))
+
+
+def loss_rows(loss, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """A user's per-example loss on one batch: ``loss(output, target)`` must give one value per
+    example (shape [B], like ``F.cross_entropy(..., reduction="none")``); a mean or a sum over the
+    batch would mix examples, and clipping each example's gradient would then bound nothing."""
+    rows = loss(output, target)
+    if not isinstance(rows, torch.Tensor) or rows.shape != (output.shape[0],):
+        shape = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
+        raise ValueError(
+            f"loss must return one value per example (shape [{output.shape[0]}], e.g. "
+            f"reduction='none'), got {shape}"
+        )
+    return rows

@@ -64,6 +64,8 @@ class PerExampleClipper:
         mode: ``ghost``, ``vmap`` or ``auto`` (ghost when every layer has a rule, else vmap).
         memory_budget_bytes: how much one chunk of per-example work may hold.
         check_finite: refuse an example holding NaN or inf, naming it (one device sync per call).
+        loss: ``loss(output, target) -> [B]``, one loss per example (``reduction="none"``); None:
+            cross-entropy on logits and integer labels.
 
     Attributes:
         groups: the k groups of parameter names (the k the accountant charges).
@@ -77,7 +79,10 @@ class PerExampleClipper:
         mode: str = "auto",
         memory_budget_bytes: int = DEFAULT_BUDGET_BYTES,
         check_finite: bool = True,
+        loss=None,
     ):
+        if loss is not None and not callable(loss):
+            raise ValueError(f"loss={loss!r} must be callable: loss(output, target) -> [B]")
         if clip_norm is not None and not (float(clip_norm) > 0):
             raise ValueError(f"clip_norm={clip_norm!r} must be > 0 (or None to disable clipping)")
         if clipping not in CLIPPINGS:
@@ -88,6 +93,7 @@ class PerExampleClipper:
         self.model = model
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.clipping = clipping
+        self.loss = loss
         self.budget = int(memory_budget_bytes)
         self.check_finite = bool(
             check_finite
@@ -153,6 +159,7 @@ class PerExampleClipper:
                         out=out,
                         multiplicity=K,
                         weights=weights,
+                        loss=self.loss,
                     )
                 self._verified = True
                 return ClipResult(grads, loss_sum, norms)
@@ -173,6 +180,7 @@ class PerExampleClipper:
             out=out,
             multiplicity=K,
             weights=weights,
+            loss=self.loss,
         )
         return ClipResult(grads, loss_sum, norms)
 

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from .clip import clip_factors
+from .clip import clip_factors, loss_rows
 from .groups import owners
 from .layers import GenericLayer, Unsupported, _Layer
 from .registry import registered_rule
@@ -173,6 +173,7 @@ def ghost_clipped_sum(
     out: dict | None = None,
     multiplicity: int = 1,
     weights: torch.Tensor | None = None,
+    loss=None,
 ):
     """Σ_i clip(g_i) by ghost norms + book-keeping. Returns (grads by name, loss_sum, norms [B, k]).
 
@@ -184,7 +185,7 @@ def ghost_clipped_sum(
     Unsupported is raised before the first write into ``out``, so a caller may fall back to vmap."""
     K = multiplicity
     B = x.shape[0] // K
-    recs, total, loss_dtype, loss_sum = _forward(model, layers, x, y, K, weights)
+    recs, total, loss_dtype, loss_sum = _forward(model, layers, x, y, K, weights, loss)
     order, bs = _output_grads(layers, recs, x.shape[0], total, retain=verify)
     ref = _autograd_grads(layers, total) if verify else {}
     group_of = {n: g for g, names in enumerate(groups) for n in names}
@@ -199,12 +200,20 @@ def ghost_clipped_sum(
     return _clipped_sums(layers, work, factors, group_of, x, out), loss_sum, norms
 
 
-def _forward(model, layers, x, y, K: int, weights=None):
+def _forward(model, layers, x, y, K: int, weights=None, loss=None):
     """One forward pass under the layers' hooks: (records, Σ_i loss_i (the autograd root), the
-    logits' dtype, the reported loss: Σ_i loss_i detached, or Σ_i w_i loss_i with ``weights``)."""
+    logits' dtype, the reported loss: Σ_i loss_i detached, or Σ_i w_i loss_i with ``weights``).
+    ``loss``: a per-example loss (``loss_rows``); None: cross-entropy."""
     capture = Capture(layers)
     with torch.enable_grad(), capture:
         logits = model(x)
+        if loss is not None:  # a user's per-example loss, mean over the K copies
+            rows = loss_rows(loss, logits, y if K == 1 else y.repeat_interleave(K, dim=0))
+            total = rows.sum() if K == 1 else rows.sum() / K
+            per_example = rows.detach() if K == 1 else rows.detach().view(-1, K).sum(1) / K
+            if weights is not None:
+                per_example = per_example * weights.to(per_example)
+            return capture.records, total, logits.dtype, per_example.sum()
         if weights is not None:  # per-example losses, mean over the K copies
             rows = F.cross_entropy(
                 logits, y if K == 1 else y.repeat_interleave(K), reduction="none"

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from .clip import clip_factors
+from .clip import clip_factors, loss_rows
 
 # Bytes of per-example gradients materialised at once (the batch is split into chunks to fit).
 DEFAULT_CHUNK_BYTES = 256 * 2**20
@@ -25,7 +25,7 @@ def _split_params(model: nn.Module):
     return trainable, frozen
 
 
-def _per_example_fn(model: nn.Module, multiplicity: int = 1):
+def _per_example_fn(model: nn.Module, multiplicity: int = 1, loss=None):
     """(detached trainable params, f(params, x, y) -> (per-example grads, per-example losses)).
 
     With ``multiplicity`` K > 1, x is [B, K, ...] (K augmented copies of each example) and example
@@ -33,7 +33,16 @@ def _per_example_fn(model: nn.Module, multiplicity: int = 1):
     trainable, frozen = _split_params(model)
     params = {n: p.detach() for n, p in trainable.items()}
 
+    user_loss = loss
+
     def loss_i(p, x_i, y_i):
+        if (
+            user_loss is not None
+        ):  # a user's per-example loss (``loss_rows``), mean over the K copies
+            x_b = x_i.unsqueeze(0) if multiplicity == 1 else x_i
+            y_b = y_i.unsqueeze(0) if multiplicity == 1 else y_i.expand(multiplicity, *y_i.shape)
+            out = loss_rows(user_loss, functional_call(model, (p, frozen), (x_b,)), y_b).mean()
+            return out, out.detach()
         if multiplicity == 1:
             logits = functional_call(model, (p, frozen), (x_i.unsqueeze(0),))
             loss = F.cross_entropy(logits, y_i.unsqueeze(0))
@@ -76,6 +85,7 @@ def vmap_clipped_sum(
     out: dict[str, torch.Tensor] | None = None,
     multiplicity: int = 1,
     weights: torch.Tensor | None = None,
+    loss=None,
 ):
     """Σ_i clip(g_i) per parameter, Σ_i loss_i, per-example group norms [B, k].
 
@@ -85,7 +95,7 @@ def vmap_clipped_sum(
     g_i is the gradient of the mean loss over them. ``weights`` [B] (None: all ones) multiply each
     example's clip factor and loss: Σ_i w_i c_i g_i, Σ_i w_i loss_i; the norms are unweighted.
     """
-    params, per_example = _per_example_fn(model, multiplicity)
+    params, per_example = _per_example_fn(model, multiplicity, loss)
     if multiplicity > 1:
         x = x.view((x.shape[0] // multiplicity, multiplicity) + tuple(x.shape[1:]))
     group_of = {n: g for g, names in enumerate(groups) for n in names}

@@ -1,0 +1,98 @@
+"""The mechanism around a model, built once: clipping engine, sampler, plan, DP step.
+
+``assemble`` is the one builder: the command line (``dpsgd/run/parts.py:build``) and the Python API
+(``dpsgd.PrivateTrainer``) call it with the same arguments a configuration holds, so a user's model
+gets the very objects, checks and charge that a preset gets. The plan is built from the sampler's own
+event at σ and the k groups the engine clips (``Sampler.event(σ, k)``), so what the step noises and
+what the ledger charges cannot differ.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from dpsgd.mechanism.clipping import PerExampleClipper
+from dpsgd.mechanism.noise import GaussianNoise
+from dpsgd.mechanism.optim import DPSGD
+from dpsgd.mechanism.plan import Plan
+from dpsgd.mechanism.sampling import Sampler, make_sampler
+
+
+class Mechanism(NamedTuple):
+    clipper: PerExampleClipper  # Σ_i clip_C(g_i), per group
+    sampler: Sampler  # the lots, and q for the accountant
+    plan: Plan  # the charged event (σ, k), C, L
+    dp: DPSGD  # clip, noise, divide by L, descend
+
+
+def assemble(
+    model: torch.nn.Module,
+    n_examples: int,
+    *,
+    lot_size: int,
+    clip_norm: float,
+    sigma: float,
+    noise: GaussianNoise,
+    sampler_seed: int,
+    lr: float,
+    private: bool = True,
+    sampling: str = "poisson",
+    max_lot_size: int | None = None,
+    clipping: str = "global",
+    mode: str = "auto",
+    momentum: float = 0.0,
+    augment_multiplicity: int = 1,
+    augment=None,
+    check_finite: bool = True,
+    loss=None,
+) -> Mechanism:
+    """The mechanism of one run around ``model`` (its weights final, on its device).
+
+    Args:
+        model: the network (refused, naming the layer, if it mixes examples: BatchNorm).
+        n_examples: N, the training examples the sampler draws from.
+        lot_size: L, the expected lot size (q = L/N for Poisson).
+        clip_norm: C.
+        sigma: the noise multiplier σ (noise std σC); 0 with ``private``: clipped, not noised, not
+            charged.
+        noise: the Gaussian source.
+        sampler_seed: the seed of the sampler's generator.
+        lr, momentum: the update.
+        private: False: neither clipped nor noised nor charged (the non-private baseline).
+        sampling: ``poisson``, ``fixed_size``, ``truncated_poisson``, ``balls_in_bins``, ``shuffle``.
+        max_lot_size: the cap of ``truncated_poisson``.
+        clipping: ``global`` (k = 1) or ``per_layer`` (k = layers): the groups are derived from the
+            model, never given.
+        mode: the engine: ``auto``, ``ghost`` or ``vmap``.
+        augment_multiplicity, augment: K augmented copies per example, made by the step.
+        check_finite: refuse a non-finite example (one device sync per physical batch).
+        loss: a per-example loss ``loss(output, target) -> [B]``; None: cross-entropy.
+    """
+    clipper = PerExampleClipper(
+        model,
+        clip_norm if private else None,
+        clipping=clipping,
+        mode=mode,
+        check_finite=check_finite,
+        loss=loss,
+    )
+    sampler = make_sampler(
+        sampling, n_examples, lot_size, torch.Generator().manual_seed(sampler_seed), max_lot_size
+    )
+    charged = private and sigma > 0
+    plan = Plan(
+        sampler.event(sigma, len(clipper.groups)) if charged else None, clip_norm, lot_size, sampler
+    )
+    dp = DPSGD(
+        model,
+        clipper,
+        noise,
+        plan,
+        lr=lr,
+        momentum=momentum,
+        augment_multiplicity=augment_multiplicity,
+        augment=augment,
+    )
+    return Mechanism(clipper, sampler, plan, dp)
