@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 
 from dpsgd.core.errors import ConfigError
-from dpsgd.data.datasets import DATASETS
+from dpsgd.data.datasets import dataset_info
 from dpsgd.models.networks import build_model, frozen_names
 
 
@@ -45,7 +45,7 @@ def calibrated_sigma(c, sampler, shape) -> float:
     if steps < 1:
         raise ConfigError(f"{key}: training.epochs={t.epochs} plans no lot to calibrate σ for")
     with torch.device("meta"):
-        model = build_model(c.model, shape, DATASETS[c.dataset.name].classes)
+        model = build_model(c.model, shape, dataset_info(c.dataset).classes)
     k = clipping_groups(model, p.clipping, c.model.freeze)
     try:
         return sigma_for_lots(

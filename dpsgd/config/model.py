@@ -15,7 +15,7 @@ import math
 from dpsgd.accountant import limits
 from dpsgd.core.checks import boolean, choice, fmt, num
 from dpsgd.core.errors import ConfigError
-from dpsgd.data.datasets import DATASETS, input_shape
+from dpsgd.data.datasets import dataset_info, input_shape
 from dpsgd.data.features import FEATURE_NORMS, FEATURES, feature_shape
 from dpsgd.mechanism.pca import PROJECTIONS
 from dpsgd.models.networks import (
@@ -36,6 +36,12 @@ PARAMS_MAX = 10**9
 def validate_model(m, d) -> tuple[int, ...]:
     """The ``model.*`` group (a ``ModelConfig``), checked and coerced in place against the validated
     ``dataset.*`` group ``d``; returns the shape of one example after ``model.features``."""
+    if m._target_ is not None:
+        return _validate_user_model(m, d)
+    if m.args:
+        raise ConfigError(
+            f"model.args={fmt(m.args)}: the arguments of model._target_, which is unset"
+        )
     choice("model.name", m.name, MODELS)
     _check_widths(m)
     m.bias = boolean("model.bias", m.bias)
@@ -76,9 +82,43 @@ def _check_widths(m) -> None:
             )
 
 
+def _validate_user_model(m, d) -> tuple[int, ...]:
+    """``model._target_``: your own class, built on the meta device with ``model.args`` and checked
+    as the presets' networks are (no layer that mixes examples, at most PARAMS_MAX parameters). It
+    takes the dataset's examples as they are: no projection, no fixed features, no pretrained file."""
+    key = f"model._target_={m._target_}"
+    if not isinstance(m._target_, str) or not m._target_:
+        raise ConfigError(f"model._target_={fmt(m._target_)}: must name a class, pkg.module.Class")
+    if not isinstance(m.args, dict):
+        raise ConfigError(f"model.args={fmt(m.args)}: must be a mapping of keyword arguments")
+    for name, off in (("projection", "none"), ("features", "none"), ("freeze", "none")):
+        if getattr(m, name) != off and not (name == "projection" and m.pca_dims == 0):
+            raise ConfigError(
+                f"{key}: your model takes the dataset's examples as they are; set "
+                f"model.{name}={off} (or start from model=custom)"
+            )
+    if m.pretrained is not None:
+        raise ConfigError(f"{key}: model.pretrained loads the presets' networks; load yours in it")
+    m.projection, m.pca_dims = "none", 0
+    shape = input_shape(d, d.crop)
+    try:
+        import torch
+
+        with torch.device("meta"):
+            model = build_model(m, shape, dataset_info(d).classes)
+        check_dp_compatible(model)
+    except ValueError as e:
+        msg = str(e).splitlines()[0]
+        raise ConfigError(msg if msg.startswith(key) else f"{key}: {msg}") from None
+    n_params = sum(p.numel() for p in model.parameters())
+    if n_params > PARAMS_MAX or not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"{key}: {n_params} parameters; need 1 to PARAMS_MAX={PARAMS_MAX:.0e}")
+    return shape
+
+
 def _features(m, d) -> tuple[int, ...]:
     """The shape of one example after ``model.features`` (the fixed transform replaces any projection)."""
-    shape = input_shape(d.name, d.crop)
+    shape = input_shape(d, d.crop)
     if m.features == "none":
         return shape
     try:
@@ -116,7 +156,7 @@ def _check_built(m, d, shape) -> None:
     import torch
 
     with torch.device("meta"):
-        model = build_model(m, shape, DATASETS[d.name].classes)
+        model = build_model(m, shape, dataset_info(d).classes)
     n_params = sum(p.numel() for p in model.parameters())
     if n_params > PARAMS_MAX:
         raise ConfigError(

@@ -36,7 +36,8 @@ from dpsgd.config.privacy import sigma_served, validate_accountant, validate_pri
 from dpsgd.core.checks import boolean, fmt, num
 from dpsgd.core.errors import ConfigError
 from dpsgd.data.augment import AUGMENTATIONS
-from dpsgd.data.datasets import DATASETS, validate_dataset
+from dpsgd.data.datasets import DATASETS, dataset_info, validate_dataset
+from dpsgd.data.files import FILE_FORMATS
 from dpsgd.data.features import FEATURE_NORMS, FEATURES
 from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES
 from dpsgd.mechanism.pca import PROJECTIONS
@@ -58,6 +59,11 @@ class DatasetConfig:
     download: bool = True  # allow torchvision to download when no local copy exists
     augment: str = "none"  # none | crop_flip (random crop to `crop` + horizontal flip, per lot)
     standardize: bool = False  # per-image standardisation (TF per_image_standardization)
+    train: str | None = None  # dataset=tensors|csv: the training file (.pt/.npz, .csv)
+    test: str | None = None  # dataset=tensors|csv: the test file
+    label: str = "label"  # dataset=csv: the label column
+    train_sha256: str | None = None  # filled when first read; a changed file is refused
+    test_sha256: str | None = None
 
 
 @dataclass
@@ -79,6 +85,8 @@ class ModelConfig:
     features: str = "none"  # none | scatter (fixed ScatterNet features, dpsgd/data/features.py)
     feature_norm: str = "group"  # none | group (per-example GroupNorm of the features; free)
     feature_groups: int = 27  # G of the GroupNorm (Tramèr & Boneh 2021: 27 for 81 channels)
+    _target_: str | None = None  # your own nn.Module class (pkg.module.Class), built with args
+    args: dict = field(default_factory=dict)  # keyword arguments of _target_
 
 
 @dataclass
@@ -145,7 +153,7 @@ class Config:
 
     @property
     def N(self) -> int:
-        n = DATASETS[self.dataset.name].n_train
+        n = dataset_info(self.dataset).n_train
         n = min(n, self.dataset.subset) if self.dataset.subset else n
         return n - (self.dataset.validation or 0)
 
@@ -154,7 +162,7 @@ class Config:
 
 
 CHOICES = {  # each list is defined once, where the choice is implemented
-    "dataset.name": sorted(DATASETS),
+    "dataset.name": sorted((*DATASETS, *FILE_FORMATS)),
     "model.name": sorted(MODELS),
     "model.projection": sorted(PROJECTIONS),
     "model.init": sorted(INITS),
@@ -253,10 +261,11 @@ def validate_training(c: Config, sampler) -> None:
         )
     t.momentum = num("training.momentum", t.momentum, lo=0, hi=1, hi_open=True)
     t.eval_every = num("training.eval_every", t.eval_every, integer=True, lo=1)
-    # evaluation runs over the training set (N) and the test set; a larger batch is never formed
-    n_eval = max(N, DATASETS[c.dataset.name].n_test)
-    t.eval_batch_size = num(
-        "training.eval_batch_size", t.eval_batch_size, integer=True, lo=1, hi=n_eval
+    # evaluation runs over the training set (N) and the test set; a batch larger than both is both
+    # sets whole, the same batches: cut to that size (a small dataset keeps the default)
+    n_eval = max(N, dataset_info(c.dataset).n_test)
+    t.eval_batch_size = min(
+        num("training.eval_batch_size", t.eval_batch_size, integer=True, lo=1), n_eval
     )
     t.checkpoint_every = num("training.checkpoint_every", t.checkpoint_every, integer=True, lo=0)
     t.ema_decay = num(

@@ -74,17 +74,38 @@ class DataUnavailable(ValueError):
     """The dataset is not usable: missing everywhere, failing its md5 check, unreadable, or the root is unusable."""
 
 
-def input_shape(name: str, crop: int | None = CROP) -> tuple[int, ...]:
-    shape = DATASETS[name].shape
+def input_shape(name, crop: int | None = CROP) -> tuple[int, ...]:
+    """One example's shape after the centre crop; ``name``: a registered name or a ``dataset.*``
+    group (files: their shape)."""
+    shape = DATASETS[name].shape if isinstance(name, str) else dataset_info(name).shape
     if len(shape) == 3 and crop:
         return (shape[0], int(crop), int(crop))
     return shape
 
 
+def dataset_info(d) -> Dataset:
+    """The ``Dataset`` record of the ``dataset.*`` group: the registry's, or read from the files of
+    ``dataset=tensors|csv`` (``dpsgd/data/files.py``)."""
+    from dpsgd.data.files import FILE_FORMATS, describe
+
+    return Dataset(*describe(d)) if d.name in FILE_FORMATS else DATASETS[d.name]
+
+
 def validate_dataset(d) -> None:
     """The ``dataset.*`` group (``DatasetConfig``), checked and coerced in place; ConfigError naming the key."""
-    choice("dataset.name", d.name, DATASETS)
-    full_n = DATASETS[d.name].n_train
+    from dpsgd.data.files import FILE_FORMATS, check_files
+
+    choice("dataset.name", d.name, (*DATASETS, *FILE_FORMATS))
+    if d.name in FILE_FORMATS:
+        check_files(d)
+    else:
+        for key in ("train", "test", "train_sha256", "test_sha256"):
+            if getattr(d, key) is not None:
+                raise ConfigError(
+                    f"dataset.{key}={fmt(getattr(d, key))}: only dataset=tensors|csv read files"
+                )
+    info = dataset_info(d)
+    full_n = info.n_train
     d.subset = num("dataset.subset", d.subset, integer=True, optional=True, lo=1, hi=full_n)
     d.validation = num("dataset.validation", d.validation, integer=True, optional=True, lo=1,
                        hi=(d.subset or full_n) - 1)
@@ -94,7 +115,7 @@ def validate_dataset(d) -> None:
     d.download = boolean("dataset.download", d.download)
     choice("dataset.augment", d.augment, AUGMENTATION_NAMES)
     d.standardize = boolean("dataset.standardize", d.standardize)
-    shape = DATASETS[d.name].shape
+    shape = info.shape
     if d.augment != "none" and (len(shape) != 3 or not d.crop or d.crop >= shape[-1]):
         raise ConfigError(f"dataset.augment={d.augment}: random crops need images and dataset.crop smaller than "
                           f"them ({d.name}, crop={fmt(d.crop)})")

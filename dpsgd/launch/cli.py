@@ -19,6 +19,7 @@ from pathlib import Path
 from dpsgd.core.errors import ConfigError, Diverged, Interrupted, one_line
 from dpsgd.data.archives import ensure_dataset
 from dpsgd.data.datasets import DataUnavailable
+from dpsgd.data.files import FILE_FORMATS
 from dpsgd.launch.info import CONF_DIR  # noqa: F401 (conf/, re-exported for its callers)
 
 MULTIRUN_FLAGS = ("--multirun", "-m")
@@ -29,15 +30,20 @@ SHORT_BYTES = (
 
 
 def short_name(text) -> str:
-    """``text`` when it takes at most SHORT_BYTES bytes (UTF-8), else its head and 12 hex digits of
-    the SHA-256 of all of it: short, stable (the same text always gives the same name) and unique
-    (different texts differ in the digest). The resolver ``${dpsgd.short:...}`` of conf/config.yaml,
+    """``text`` when it takes at most SHORT_BYTES bytes (UTF-8) and holds no "/", else its head ("/"
+    as "_") and 12 hex digits of the SHA-256 of all of it: short, stable (the same text always gives
+    the same name), unique (different texts differ in the digest) and one folder deep. The resolver ``${dpsgd.short:...}`` of conf/config.yaml,
     which keeps a sweep job's folder name (its overrides) within the file system's limit."""
     s = str(text)
     b = s.encode("utf-8", "surrogateescape")
-    if len(b) <= SHORT_BYTES:
+    if len(b) <= SHORT_BYTES and "/" not in s:
         return s
-    return f"{b[: SHORT_BYTES - 13].decode('utf-8', 'ignore')}_{hashlib.sha256(b).hexdigest()[:12]}"
+    # a path in an override (dataset.train=/data/x.pt) would nest folders: flattened, and the
+    # digest of the text as given keeps names that differ only there apart
+    flat = s.replace("/", "_").encode("utf-8", "surrogateescape")
+    return (
+        f"{flat[: SHORT_BYTES - 13].decode('utf-8', 'ignore')}_{hashlib.sha256(b).hexdigest()[:12]}"
+    )
 
 
 def register_resolvers() -> None:
@@ -139,7 +145,10 @@ def search_path(dirs: list[str]) -> list[str]:
 
 
 def data_ready(c) -> None:
-    """The run's dataset is in its data root (seeded or downloaded now, md5-verified), else ConfigError."""
+    """The run's dataset is in its data root (seeded or downloaded now, md5-verified), else ConfigError;
+    your own files (dataset=tensors|csv) were read and hashed by validation."""
+    if c.dataset.name in FILE_FORMATS:
+        return
     dataset_ready(c.dataset.name, c.dataset.root, c.dataset.download)
 
 

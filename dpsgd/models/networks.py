@@ -297,7 +297,10 @@ def check_input(m, dataset: str, shape: tuple[int, ...]) -> None:
 
 
 def build_model(m, shape, classes: int):
-    """The network of ``model.*`` (a ``ModelConfig``) for inputs of ``shape`` (after any projection)."""
+    """The network of ``model.*`` (a ``ModelConfig``) for inputs of ``shape`` (after any projection);
+    with ``model._target_``, the user's class built by Hydra's instantiate with ``model.args``."""
+    if getattr(m, "_target_", None):
+        return user_model(m._target_, m.args)
     in_features = (
         m.pca_dims if m.projection != "none" and m.features == "none" else math.prod(shape)
     )
@@ -318,3 +321,21 @@ def frozen_names(model, freeze: str) -> list[str]:
         if FREEZE[freeze]
         else []
     )
+
+
+def user_model(target: str, args: dict):
+    """``target(**args)`` through ``hydra.utils.instantiate``; ValueError naming ``model._target_``
+    when it cannot be imported, built, or is not an ``nn.Module``."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        model = instantiate({"_target_": target, **dict(args)})
+    except InstantiationException as e:
+        first = str(e).strip().splitlines()[0].split(", set env var HYDRA_FULL_ERROR")[0]
+        raise ValueError(f"model._target_={target}: {first}") from None
+    if not isinstance(model, nn.Module):
+        raise ValueError(
+            f"model._target_={target}: built a {type(model).__name__}, not an nn.Module"
+        )
+    return model

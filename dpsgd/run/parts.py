@@ -19,7 +19,8 @@ import torch
 from dpsgd.accountant import Ledger
 from dpsgd.config.schema import Config
 from dpsgd.data.augment import LotTransform, lot_generator
-from dpsgd.data.datasets import DATASETS, input_shape
+from dpsgd.data.datasets import dataset_info, input_shape
+from dpsgd.data.files import FILE_FORMATS, load_files
 from dpsgd.data.readers import load_dataset
 from dpsgd.mechanism import pca
 from dpsgd.mechanism.clipping import PerExampleClipper
@@ -138,9 +139,17 @@ def load_data(c: Config) -> Data:
     """The dataset (kept at 32×32 when lots are randomly cropped), its fixed features when the model
     has them, and the validation split when tuning; on the CPU, not yet projected."""
     ds = c.dataset
-    Xtr, ytr, Xte, yte = load_dataset(
-        ds.name, ds.root, ds.subset, None if ds.augment != "none" else ds.crop, download=ds.download
-    )
+    if ds.name in FILE_FORMATS:  # your own files (dataset=tensors|csv), their SHA-256 checked
+        Xtr, ytr, Xte, yte = load_files(ds)
+        Xtr, ytr = Xtr[: ds.subset], ytr[: ds.subset]
+    else:
+        Xtr, ytr, Xte, yte = load_dataset(
+            ds.name,
+            ds.root,
+            ds.subset,
+            None if ds.augment != "none" else ds.crop,
+            download=ds.download,
+        )
     if (
         c.model.features != "none"
     ):  # fixed per-example features (ScatterNet): no privacy cost, cached
@@ -192,10 +201,8 @@ def init_model(c: Config, data: Data, seed: int) -> torch.nn.Module:
     ds = c.dataset
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        shape = (
-            input_shape(ds.name, ds.crop) if ds.augment != "none" else tuple(data.X_train.shape[1:])
-        )
-        model = build_model(c.model, shape, DATASETS[ds.name].classes)
+        shape = input_shape(ds, ds.crop) if ds.augment != "none" else tuple(data.X_train.shape[1:])
+        model = build_model(c.model, shape, dataset_info(ds).classes)
         if c.model.pretrained is not None:  # frozen before the clipper is built
             load_pretrained(
                 model,

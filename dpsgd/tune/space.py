@@ -93,7 +93,7 @@ def run_overrides(validation: int, sigma: float, seed: int) -> list[str]:
 def charge(c: Config) -> tuple[float, int, int]:
     """(q, planned lots, k) of a validated candidate config (Poisson sampling, no DP-PCA)."""
     import torch
-    from dpsgd.data.datasets import DATASETS
+    from dpsgd.data.datasets import dataset_info
     from dpsgd.models.networks import build_model
 
     p, t = c.privacy, c.training
@@ -116,7 +116,7 @@ def charge(c: Config) -> tuple[float, int, int]:
         raise ConfigError(f"training.epochs={t.epochs}: plans no lot")
     shape = validate_model(c.model, c.dataset)
     with torch.device("meta"):
-        model = build_model(c.model, shape, DATASETS[c.dataset.name].classes)
+        model = build_model(c.model, shape, dataset_info(c.dataset).classes)
     return p.lot_size / c.N, int(lots), clipping_groups(model, p.clipping, c.model.freeze)
 
 

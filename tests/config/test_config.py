@@ -194,5 +194,9 @@ def test_batch_bounds_are_the_largest_batch_ever_formed():
         validate(compose(sub + ["training.eval_batch_size=10000"])).training.eval_batch_size
         == 10000
     )
-    with pytest.raises(ConfigError, match=r"^training\.eval_batch_size=10001: must be <= 10000$"):
-        validate(compose(sub + ["training.eval_batch_size=10001"]))
+    # larger than every evaluated set: that set whole, the same batches
+    assert validate(compose(sub + ["training.eval_batch_size=10001"])).training.eval_batch_size == (
+        10000
+    )
+    with pytest.raises(ConfigError, match=r"^training\.eval_batch_size=0: must be >= 1$"):
+        validate(compose(sub + ["training.eval_batch_size=0"]))

@@ -51,7 +51,7 @@ def options_from_env(env=None) -> AuditOptions:
 
 def audit_train(c, run_dir, overrides) -> dict:
     """``dpsgd.train.train`` with the audit's instrument; then audit.json (rank 0)."""
-    from dpsgd.data.datasets import DATASETS
+    from dpsgd.data.datasets import dataset_info
     from dpsgd.train import train
 
     options = options_from_env()
@@ -59,7 +59,7 @@ def audit_train(c, run_dir, overrides) -> dict:
         raise ConfigError(
             "privacy.private=false: a non-private run claims nothing; there is nothing to audit"
         )
-    inst = AuditInstrument(options, DATASETS[c.dataset.name].classes)
+    inst = AuditInstrument(options, dataset_info(c.dataset).classes)
     start = time.time()
     final = train(c, run_dir, overrides, instrument=inst)
     if distributed.current().writes and inst.parts is not None:

@@ -1,0 +1,132 @@
+"""Your own data from files: ``dataset=tensors`` (``.pt`` or ``.npz``) and ``dataset=csv``.
+
+``dataset.train`` and ``dataset.test`` name the files. A ``.pt`` file holds ``(X, y)`` or
+``{"X": ..., "y": ...}`` (``torch.save``); an ``.npz`` file arrays ``X`` and ``y``; a CSV a header,
+the label column ``dataset.label`` (integer classes) and numeric feature columns. The classes are
+0 … max label; the shape of one example is X's shape after its first dimension.
+
+Privacy depends on which examples a run trained on, so the files are identified by their SHA-256,
+recorded in the resolved configuration (``dataset.train_sha256``, ``dataset.test_sha256``) when
+they are first read: a resume or a replay whose file changed is refused, as any changed key is.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from dpsgd.core.checks import fmt
+from dpsgd.core.errors import ConfigError
+
+FILE_FORMATS = ("tensors", "csv")  # dataset.name values read from dataset.train / dataset.test
+SUFFIXES = {"tensors": (".pt", ".pth", ".npz"), "csv": (".csv",)}
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read(path: str, fmt_name: str, label: str = "label"):
+    """(X float32, y int64) numpy arrays of one file; ConfigError naming the file otherwise."""
+    p = Path(path)
+    st = p.stat()
+    return _read(str(p.resolve()), fmt_name, label, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: str, fmt_name: str, label: str, size: int, mtime: int):
+    """``read``, remembered per file version (validation and training read the same file)."""
+    if path.endswith(".csv"):
+        X, y = _read_csv(path, label)
+    elif path.endswith(".npz"):
+        with np.load(path) as z:
+            if not {"X", "y"} <= set(z.files):
+                raise ConfigError(f"dataset: {path} must hold arrays 'X' and 'y' (has {z.files})")
+            X, y = z["X"], z["y"]
+    else:
+        X, y = _read_pt(path)
+    X, y = np.asarray(X, dtype=np.float32), np.asarray(y)
+    if y.ndim != 1 or X.shape[0] != y.shape[0] or X.shape[0] < 1:
+        raise ConfigError(
+            f"dataset: {path}: X has {X.shape[0]} rows and y shape {y.shape} (need one label each)"
+        )
+    if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
+        raise ConfigError(f"dataset: {path}: labels must be integers >= 0 (classes 0..K-1)")
+    return X, y.astype(np.int64)
+
+
+def _read_pt(path: str):
+    import torch
+
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(obj, dict) and {"X", "y"} <= set(obj):
+        obj = (obj["X"], obj["y"])
+    if not (isinstance(obj, (tuple, list)) and len(obj) == 2):
+        raise ConfigError(f"dataset: {path} must hold (X, y) or {{'X': ..., 'y': ...}}")
+    return tuple(t.numpy() if hasattr(t, "numpy") else np.asarray(t) for t in obj)
+
+
+def _read_csv(path: str, label: str):
+    import pandas as pd
+
+    table = pd.read_csv(path)
+    if label not in table.columns:
+        raise ConfigError(
+            f"dataset.label={label}: no such column in {path} (columns: {list(table.columns)})"
+        )
+    y = table.pop(label).to_numpy()
+    bad = [c for c in table.columns if not np.issubdtype(table[c].dtype, np.number)]
+    if bad:
+        raise ConfigError(f"dataset: {path}: non-numeric feature columns {bad}; encode them first")
+    return table.to_numpy(dtype=np.float32), y
+
+
+def check_files(d) -> None:
+    """``dataset.train`` / ``dataset.test`` of a file dataset: readable files of its format, their
+    SHA-256 recorded (or, when given, checked)."""
+    for split in ("train", "test"):
+        path = getattr(d, split)
+        key = f"dataset.{split}"
+        if path is None:
+            raise ConfigError(f"{key}: dataset={d.name} needs the path of its {split} file")
+        if not isinstance(path, str) or not os.path.isfile(path):
+            raise ConfigError(f"{key}={fmt(path)}: no such file")
+        if not path.endswith(SUFFIXES[d.name]):
+            raise ConfigError(f"{key}={path}: dataset={d.name} reads {', '.join(SUFFIXES[d.name])}")
+        digest, want = sha256(path), getattr(d, f"{split}_sha256")
+        if want is not None and want != digest:
+            raise ConfigError(
+                f"{key}_sha256={want}: {path} now has SHA-256 {digest}; the file changed"
+            )
+        setattr(d, f"{split}_sha256", digest)
+
+
+def describe(d) -> tuple[str, int, int, int, tuple[int, ...]]:
+    """(folder, training examples, test examples, classes, one example's shape) of a file dataset,
+    from its files: the fields of ``datasets.Dataset``."""
+    Xtr, ytr = read(d.train, d.name, d.label)
+    Xte, yte = read(d.test, d.name, d.label)
+    if Xtr.shape[1:] != Xte.shape[1:]:
+        raise ConfigError(
+            f"dataset.test={d.test}: examples of shape {Xte.shape[1:]}, the training examples "
+            f"{Xtr.shape[1:]}"
+        )
+    classes = int(max(ytr.max(), yte.max())) + 1
+    return str(Path(d.train).parent), len(Xtr), len(Xte), classes, tuple(Xtr.shape[1:])
+
+
+def load_files(d):
+    """(X_train, y_train, X_test, y_test) CPU tensors of a file dataset."""
+    import torch
+
+    Xtr, ytr = read(d.train, d.name, d.label)
+    Xte, yte = read(d.test, d.name, d.label)
+    return tuple(torch.from_numpy(a.copy()) for a in (Xtr, ytr, Xte, yte))

@@ -1,0 +1,137 @@
+"""Your own model and data from the command line: ``model=custom model._target_=...`` and
+``dataset=tensors|csv``, through the same validation, training, stop and privacy.json as a preset."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from dpsgd.config.schema import ConfigError, validate
+from dpsgd.launch.cli import short_name
+from dpsgd.launch.main import compose
+from dpsgd.train import train
+
+NETS = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    class SmallCNN(nn.Module):
+        def __init__(self, width=8, classes=10):
+            super().__init__()
+            self.conv, self.norm = nn.Conv2d(3, width, 3, padding=1), nn.GroupNorm(2, width)
+            self.fc = nn.Linear(width * 4 * 4, classes)
+
+        def forward(self, x):
+            x = nn.functional.max_pool2d(torch.relu(self.norm(self.conv(x))), 2)
+            return self.fc(x.flatten(1))
+
+    class Tabular(nn.Module):
+        def __init__(self, features, classes=2):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(features, 16), nn.ReLU(), nn.Linear(16, classes))
+
+        def forward(self, x):
+            return self.net(x)
+
+    class WithBatchNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return self.bn(self.c(x)).flatten(1)[:, :10]
+    """
+)
+RUN = ["privacy.lot_size=50", "privacy.clipping=global", "privacy.clip_norm=1", "device=cpu"]
+
+
+@pytest.fixture
+def user(tmp_path, monkeypatch):
+    """A user's package (user_nets.py) on the path, and tensors in .pt, .npz and .csv files."""
+    (tmp_path / "user_nets.py").write_text(NETS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(600, 3, 8, 8, generator=g), torch.randint(0, 10, (600,), generator=g)
+    torch.save((X[:500], y[:500]), tmp_path / "train.pt")
+    np.savez(tmp_path / "test.npz", X=X[500:].numpy(), y=y[500:].numpy())
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 400), ("test", 100)):
+        feats = rng.normal(size=(n, 4))
+        rows = ["a,b,c,d,target"] + [
+            ",".join(f"{v:.6f}" for v in f) + f",{int(f.sum() > 0)}" for f in feats
+        ]
+        (tmp_path / f"{name}.csv").write_text("\n".join(rows) + "\n")
+    yield tmp_path
+    sys.modules.pop("user_nets", None)
+
+
+def _cnn(user):
+    return [
+        "model=custom",
+        "model._target_=user_nets.SmallCNN",
+        "+model.args.width=4",
+        "dataset=tensors",
+        f"dataset.train={user / 'train.pt'}",
+        f"dataset.test={user / 'test.npz'}",
+        *RUN,
+    ]
+
+
+def test_a_user_cnn_on_tensors_stops_at_its_epsilon(user):
+    args = [*_cnn(user), "privacy.sigma=1.5", "privacy.target_epsilon=1.5", "training.epochs=30"]
+    out = train(validate(compose(args)), user / "run", args)
+    st = json.loads((user / "run" / "privacy.json").read_text())
+    assert out["stop_reason"] == st["stop_reason"] == "target_epsilon_reached"
+    assert st["status"] == "complete" and 0 < st["steps"] and st["epsilon_valid"] <= 1.5
+    cfg = (user / "run" / "config.resolved.yaml").read_text()
+    assert "train_sha256:" in cfg and "user_nets.SmallCNN" in cfg
+
+
+def test_a_user_model_on_a_csv_table(user):
+    args = [
+        "model=custom",
+        "model._target_=user_nets.Tabular",
+        "+model.args.features=4",
+        "dataset=csv",
+        f"dataset.train={user / 'train.csv'}",
+        f"dataset.test={user / 'test.csv'}",
+        "dataset.label=target",
+        "privacy.sigma=1.0",
+        "training.epochs=2",
+        *RUN,
+    ]
+    c = validate(compose(args))
+    assert c.dataset.label == "target" and c.privacy.lot_size == 50
+    out = train(c, user / "run", args)
+    assert out["status"] == "complete" and out["steps"] > 0
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (["model._target_=user_nets.WithBatchNorm"], r"WithBatchNorm: module 'bn' \(BatchNorm2d\)"),
+        (["model._target_=user_nets.Missing"], r"model._target_=user_nets.Missing: Error locating"),
+        (["model=mlp"], r"set model.projection=none"),
+        (["dataset.label=nope"], r"dataset.label=nope: only|dataset.label=nope"),
+        (["dataset.train_sha256=00"], r"dataset.train_sha256=00: .* the file changed"),
+    ],
+)
+def test_a_bad_user_model_or_file_is_refused_in_one_line(user, change, message):
+    args = [a for a in _cnn(user) if not a.startswith("+model.args")] + change
+    if "dataset.label=nope" in change:  # a csv without that column
+        args = [a.replace("train.pt", "train.csv").replace("test.npz", "test.csv") for a in args]
+        args = [a.replace("dataset=tensors", "dataset=csv") for a in args]
+    with pytest.raises(ConfigError, match=message) as e:
+        validate(compose(args))
+    assert "\n" not in str(e.value)
+
+
+def test_sweep_folder_names_hold_no_path_separator():
+    a, b = short_name("dataset.train=/x/a.pt"), short_name("dataset.train=_x_a.pt")
+    assert "/" not in a and a != b and short_name("seed=1") == "seed=1"
