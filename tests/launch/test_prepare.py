@@ -219,7 +219,6 @@ VALIDATION = [
     Bad(["training.max_steps=10000000000"], "training.max_steps", "must be <= 1000000000"),
     Bad(["training.eval_every=0"], "training.eval_every"),
     Bad(["training.eval_batch_size=0"], "training.eval_batch_size"),
-    Bad(["training.eval_batch_size=60001"], "training.eval_batch_size", "must be <= 60000"),
     Bad(["training.checkpoint_every=-1"], "training.checkpoint_every"),
     Bad(["training.ema_decay=1"], "training.ema_decay", "must be < 1"),
     Bad(["training.ema_decay=0"], "training.ema_decay", "must be > 0"),
