@@ -4,28 +4,17 @@ A release is (q, σ, count, groups, label): ``count`` lots of the Poisson-sample
 with sampling rate q and noise multiplier σ, where each lot clips ``groups = k`` tensors separately
 to C and adds N(0, σ²C²) to each (the DP-PCA release is q = 1, count = 1). Consecutive identical
 records are merged. Queries charge the records under an explicit ``convention`` (joint, correct; or
-the paper's per_tensor) and compose them under an accountant (``compose.py``): ``"moments"`` (Abadi
-et al. 2016, λ = 1..32, tail bound; order = λ*), ``"rdp"`` (Mironov, Talwar & Zhang 2019, improved
-conversion by default; order = α*), ``"pld"`` (connect-the-dots PLD, FFT; order = None).
+the paper's per_tensor) and compose them under an accountant (``compose.py``): ``"moments"``,
+``"rdp"`` or ``"pld"``.
 
-A release is recorded as a typed privacy event (``events.py``: ``record(event, count, label)``), which
-the run's sampler returns (``mechanism/sampling.py``) and which is stored as one flat ``Entry`` (the
-format of ``privacy.json`` and the checkpoint, unchanged by the events: old ledgers load as they are).
-Every entry names its **event** and its **neighbouring relation** (``adjacency``):
+A release is recorded as a typed privacy event (``events.py``: ``record(event, count, label)``) and
+stored as one flat ``Entry`` (the format of ``privacy.json`` and the checkpoint). Every entry names
+its **event** (``poisson``, ``wor``, ``truncated``, ``allocation``) and its **neighbouring
+relation** (``adjacency``). Composing entries of different relations is refused (ValueError) unless
+they were converted first (:meth:`Ledger.converted`, which names the conversion in the label).
 
-* ``event="poisson"`` — the Poisson-subsampled Gaussian (q, σ) above (q = 1: the Gaussian itself);
-  add/remove, or replace-one with q = 1 only (a Gaussian whose σ already carries the sensitivity 2C);
-* ``event="wor"`` — a fixed-size lot sampled without replacement, γ = q = L/N, replace-one; the RDP
-  accountant (Wang, Balle & Kasiviswanathan 2019, Thm 9: ``wor.py``) and the PLD accountant (the
-  symmetric dominating pair of Dong, Roth & Su 2022, Thm 9 / Zhu, Dong & Wang 2022: ``wor_pld.py``);
-* ``event="truncated"`` — a Poisson lot truncated to B of N examples, add/remove (Ganesh et al. 2025:
-  ``truncated.py``); the PLD accountant only;
-* ``event="allocation"`` — one epoch of random allocation (balls-in-bins) over t lots, add/remove;
-  ``count`` is the number of epochs (Feldman & Shenfeld 2025; Chua et al. 2025: ``allocation.py``);
-  the RDP accountant only.
-
-A statement is in one relation: composing entries of different relations is refused (ValueError)
-unless they were converted first (:meth:`Ledger.converted`, which names the conversion in the label).
+Details (each event, the accountants that serve it, their papers): docs/ACCOUNTING.md,
+"dpsgd/accountant/ledger.py".
 """
 
 from __future__ import annotations

@@ -1,32 +1,19 @@
-"""PLD of the truncated Poisson-subsampled Gaussian: Poisson lots capped at B examples (fixed shapes).
+"""PLD of the truncated Poisson-subsampled Gaussian: Poisson lots capped at B examples.
 
 Sampler (``mechanism/sampling.py:TruncatedPoissonSampler``): each of the N examples joins the lot
-independently with probability q = L/N; if more than B joined, a uniformly random B of them are kept;
-the lot is padded to exactly B rows of weight 0 and the noisy sum is divided by the expected L.
-Adjacency: add/remove one example (as the Poisson sampler).
+independently with probability q = L/N; if more than B joined, a uniformly random B of them are
+kept; the lot is padded to exactly B rows of weight 0 and the noisy sum is divided by the expected
+L. Adjacency: add/remove one example (as the Poisson sampler).
 
 Dominating pair (Ganesh, Kamath, Manurangsi et al. 2025, arXiv 2508.15089, as implemented by
-dp_accounting 0.6.0 ``privacy_loss_distribution.from_truncated_subsampled_gaussian_mechanism``):
-condition on whether truncation happens given that the differing example x was drawn,
+dp_accounting 0.6.0): the lot's PLD is the mixture (1 − p_t)·ω_Poisson + p_t·ω_replace of the
+Poisson-subsampled Gaussian (no truncation) and the replace-one subsampled Gaussian at rate q_t and
+noise σ/2 (truncation), each discretised by connect-the-dots. Lots compose by FFT with the run's
+other releases, as in ``pld.py``; this module serves δ >= pld.TILT_BELOW (1e-12) only. With
+B >= N the lot is the Poisson one exactly.
 
-    p_t = P[Binomial(N − 1, q) >= B]                       (x drawn, and B others drawn with it)
-    q_t = P[Binomial(N, q) > B] · B / (N · p_t)             (x kept, given truncation)
-
-* no truncation (weight 1 − p_t): the Poisson-subsampled Gaussian (q, σ), add/remove — the pair of
-  ``pld.py`` (remove and add directions);
-* truncation (weight p_t): x replaces some other example of the capped lot, a change of at most 2C
-  to the sum: the replace-one pair of the subsampled Gaussian with rate q_t, noise σ/2 per unit,
-  P = q_t·N(−1, s²) + (1 − q_t)·N(0, s²), Q = q_t·N(1, s²) + (1 − q_t)·N(0, s²), s = σ/2
-  (dp_accounting: "REPLACE_ONE provides a (slightly loose) upper bound in all cases"); its loss is
-  symmetric, the same in both directions.
-
-The lot's PLD is the mixture (1 − p_t)·ω_Poisson + p_t·ω_replace of the two discrete PLDs (the pair
-that also reveals which case happened, hence dominating). Each part is discretised by connect-the-dots
-(Doroshenko et al. 2022: pessimistic), the Poisson part by ``pld_lot._step_pmf`` itself. T lots (and any
-other Poisson-subsampled releases of the run, e.g. DP-PCA) compose by one FFT power on a cyclic window
-placed by Chernoff bounds (mass above the window, <= WINDOW_TAIL, is added to δ; mass below aliases
-upwards, pessimistic), as in ``pld.py``; this module serves δ >= pld.TILT_BELOW (1e-12) only.
-With B >= N, p_t = 0 and the lot is the Poisson one exactly.
+Details (p_t, q_t and the two parts): docs/ACCOUNTING.md,
+"dpsgd/accountant/privacy_loss/truncated.py".
 """
 
 from __future__ import annotations

@@ -1,33 +1,20 @@
-"""``python -m dpsgd.audit bound``: the one-run bounds of a score file against a claim — a pure function of
-the file and the claim, so scores from any code base (or a simulated game) can be audited.
+"""``python -m dpsgd.audit bound``: the one-run bounds of a score file against a claim.
+
+A pure function of the file and the claim, so scores from any code base (or a simulated game) can
+be audited:
 
     python -m dpsgd.audit bound --scores F.csv --q Q --sigma S --steps T [--groups k]
-                                [--sampler poisson --N N --L L] --delta D [--beta B] [--game G] [--json]
+        [--sampler poisson --N N --L L] --delta D [--beta B] [--game G] [--json]
 
-F.csv has a header with the columns ``included`` (0/1) and ``score`` (higher = more likely in), one row
-per randomised canary; a ``game`` column, as in ``audit run``'s audit_scores.csv, selects the rows of
-``--game`` (default ``white-box``). The score ``audit run`` writes for gradient canaries
-(``audit.score=llr``, ``observe.py``) is, per canary, Σ_t log(1 − q + q·exp(μ z_t − μ²/2)): the
-log-likelihood ratio of the claimed Poisson-subsampled Gaussian (μ = √k/σ) at the canary's
-normalised coordinate z_t, summed over the lots. Every method below is valid for *any* score; the
-score only decides how much it can see.
+F.csv has the columns ``included`` (0/1) and ``score`` (higher = more likely in), one row per
+randomised canary; a ``game`` column selects the rows of ``--game`` (default ``white-box``).
+Methods, each at confidence 1 − β on its own: ``family`` (the verdict: the claim's family as H₀,
+``family.py``), ``steinke`` ((ε, δ), ``bounds.audit_bound``), ``gdp`` (μ-GDP, Mahloujifar, Melis
+& Chaudhuri 2024) and ``order_stats`` (Xiang et al. 2025, assumes independent canaries: a labelled
+heuristic for a real run, not used for the verdict). A bad value ends the command before any work
+with one line naming the option and exit status 2.
 
-Methods, each at confidence 1 − β on its own:
-
-* ``family`` (the verdict): H₀ "the run is at most as leaky as the claimed mechanism with noise σ′"
-  (``family.py``); σ_ub, the σ′ above which H₀ is rejected, and ε_lb = ε(σ_ub) at δ. Verdict
-  ``violation`` when H₀ is rejected at the claimed σ. A test of the claim's family, not a bound for
-  every mechanism.
-* ``steinke``: the (ε, δ) one-run bound (Steinke, Nasr & Jagielski 2023; ``bounds.audit_bound``),
-  assumes only (ε, δ)-DP per canary.
-* ``gdp``: the Gaussian-DP one-run bound (Mahloujifar, Melis & Chaudhuri 2024), assumes the run is μ-GDP
-  per canary (DP-SGD with subsampling is not exactly GDP).
-* ``order_stats``: the order-statistics bound of Xiang et al. 2025 over all released guesses
-  (``order_stats.py``) within the claim's family; assumes, beyond the family test, independent
-  canaries (each its own copy of the per-canary channel, as in the idealised game) — for scores of a
-  real run, where canaries share a run, a labelled heuristic; not used for the verdict.
-
-A bad value ends the command before any work with one line naming the option and exit status 2.
+Details (the score, each method's assumptions): docs/AUDIT.md, "dpsgd/audit/onerun/bound_file.py".
 """
 
 from __future__ import annotations

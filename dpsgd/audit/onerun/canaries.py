@@ -2,23 +2,20 @@
 Training Run"): m examples put into the training data, each *included* independently with
 probability 1/2 (the secret bits S_i the auditor then guesses).
 
-* **Gradient canaries** (white-box; the "Dirac canaries" of Nasr et al. 2023, "Tight Auditing of
-  Differentially Private Machine Learning"). Canary i has no input the model reads: its per-example
-  gradient is the fixed vector a · Σ_g e_{c(g,i)}, one coordinate c(g,i) in every clipping group g
-  that has at least m coordinates (each canary its own coordinate there), with a = canary_norm · C ≥ C.
-  It enters the clipping engine like any example's gradient: clipped per group by the engine's own
-  rule and bound (``clip_factors`` with the engine's C) and added into the lot's clipped sum before
-  the noise and the all-reduce. ``audit.placement=null_space`` puts it on the class-sum directions of
-  the softmax output layer instead, which no real example's gradient touches (``placement.py``).
-* **Input canaries** (black-box): m training examples taken out of the data, each relabelled to a
-  uniformly random wrong class; an included one is an ordinary example with its wrong label.
+* **Gradient canaries** (white-box; the "Dirac canaries" of Nasr et al. 2023): no input the model
+  reads, a fixed per-example gradient a · Σ_g e_{c(g,i)} (a = canary_norm · C ≥ C), clipped by the
+  engine's own rule and added into the lot's clipped sum before the noise and the all-reduce.
+  ``audit.placement=null_space`` puts them on the softmax output layer's class-sum directions
+  instead (``placement.py``).
+* **Input canaries** (black-box): m training examples, each relabelled to a uniformly random
+  wrong class.
 
 **N never depends on the bits.** Every canary has a row in the training set, drawn by the run's own
-sampler like any other row (label −(j + 1) for the special rows). A canary that is *out* is a row
-whose gradient is exactly zero: under Poisson sampling at a fixed q = L/N, a zero-gradient example
-changes nothing that is released, so the run is distributed exactly as on the dataset without it.
-Hence N, q and the run's privacy claim are the same for every draw of the bits, and the claim is for
-the dataset with the canaries in it (add/remove adjacency: with or without canary i).
+sampler like any other row; a canary that is *out* is a row whose gradient is exactly zero. So N, q
+and the run's privacy claim are the same for every draw of the bits, and the claim is for the
+dataset with the canaries in it.
+
+Details: docs/AUDIT.md, "dpsgd/audit/onerun/canaries.py".
 """
 
 from __future__ import annotations

@@ -1,33 +1,20 @@
-"""audit.json and audit_scores.csv of a one-run audit: the claim, the heuristic, the games, the verdict.
+"""audit.json and audit_scores.csv of a one-run audit: claim, heuristic, games, verdict.
 
-The claim is the audited run's own valid ε (privacy.json ``epsilon_valid``: the smallest of the
-accountants' upper bounds under the joint convention), for the dataset with the canaries in it.
-For a run whose lots are not Poisson (``shuffle``), the ε a Poisson analysis would (wrongly) claim
-for the same schedule is reported beside it with its own verdict: what the audit says about that
-claim (Annamalai et al. 2024, Chua et al. 2024 audit exactly this mismatch).
+The claim is the audited run's own valid ε (privacy.json ``epsilon_valid``), for the dataset with
+the canaries in it; for lots that are not Poisson (``shuffle``), the ε a Poisson analysis would
+(wrongly) claim is reported beside it with its own verdict. Each game's lower bound is computed at
+β/g (g games, Bonferroni); ``eps_lower_bound`` is the largest, and ``verdict`` compares it with the
+claim (family-free, Steinke et al.). Each game also reports the Gaussian-DP one-run bound
+(``gdp_mu_lower_bound``, ``gdp_eps_lower_bound``): shown, not used for the verdict.
 
-Each game's lower bound is computed at β/g (g games in the run), so that the larger of the bounds
-holds with probability ≥ 1 − β (Bonferroni); ``eps_lower_bound`` is that larger one, and the verdict
-compares it with the claim. Each game also reports the Gaussian-DP one-run bound (Mahloujifar, Melis &
-Chaudhuri 2024; ``gdp_mu_lower_bound`` and its ε, ``gdp_eps_lower_bound``): a lower bound on μ *if* the
-run is μ-GDP — DP-SGD with subsampling is not exactly GDP, so it is shown, not used for the verdict.
+The white-box game is also tested against the claim's family (``family.py``: the ``family`` block,
+``eps_claimed_lots``, ``verdict_family``), and beside it the order-statistics bound
+(``order_stats``, ``order_stats.py``), a labelled heuristic unless
+``audit.placement=null_space`` and ``audit.normalise=claimed`` on Poisson lots make the canaries
+independent (docs/AUDIT_MATH.md §6; ``independence``). ``interference``: the excluded canaries'
+score variance against the claimed channel's prediction.
 
-The white-box game is also tested against the claim itself (``family.py``): H₀ "with respect to each
-gradient canary the run is at most as leaky as its lots' mechanism (Poisson-subsampled Gaussian at
-q = L/N, the run's lots, k groups, joint) at some noise multiplier σ′". audit.json's ``family`` block
-gives σ_ub (the σ′ above which H₀ is rejected), ε_lb = ε(σ_ub) at δ, the claim it tests
-(``eps_claimed_lots``: the lots alone, DP-PCA excluded — gradient canaries see only the lots) and
-``verdict_family`` (``violation`` when H₀ is rejected at the run's σ), at the same β/g as each game.
-It is a test of the claim's family, not a bound for every mechanism; ``verdict`` stays the
-family-free (Steinke et al.) one.
-
-Beside it, ``order_stats``: the order-statistics bound of Xiang et al. 2025 over all released guesses
-(``order_stats.py``) in the same family, at the same β/g. It assumes, beyond the family, independent
-canaries (each its own copy of the per-canary channel). With the Dirac placement or the measured
-normalisation the canaries of one run are not, so it is a labelled heuristic and never decides a
-verdict; with ``audit.placement=null_space`` and ``audit.normalise=claimed`` on Poisson lots they are
-(docs/AUDIT_MATH.md §6), and the label says so (``independence``). ``interference``: the excluded
-canaries' score variance against the claimed channel's prediction for the groups the canaries use.
+Details (each block of audit.json): docs/AUDIT.md, "dpsgd/audit/onerun/report.py".
 """
 
 from __future__ import annotations

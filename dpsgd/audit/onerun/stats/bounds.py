@@ -1,45 +1,19 @@
 """One-run privacy audit: the ε lower bound of Steinke, Nasr & Jagielski (NeurIPS 2023, "Privacy
 Auditing with One (1) Training Run", arXiv 2305.08846).
 
-The game (their Algorithm 1). m canaries; canary i is included in the training set independently
-with probability 1/2 (bit S_i ∈ {0, 1}); one training run; a score s_i per canary (higher = "more
-likely in"). The auditor guesses "in" for the k₊ highest scores, "out" for the k₋ lowest, and
-abstains on the rest: r = k₊ + k₋ guesses, v of them correct. The guesses must depend on the
-scores only (never on the bits): ties are broken by canary index, which is fixed before the bits.
-
-The test (their Theorem 3.1 with δ > 0: Cor. 5.4 and the p-value algorithm of App. D). If the
-training run is (ε, δ)-DP with respect to each canary (add/remove), then for every v
-
-    P[V ≥ v] ≤ p(ε, δ) = P[Bin(r, p_ε) ≥ v] + 2·m·δ·α,   p_ε = e^ε / (1 + e^ε),
-    α = max_{1 ≤ i ≤ v} (1/i)·P[v − i ≤ Bin(r, p_ε) < v],
-
-capped at 1 (p_ε is the accuracy of ε-DP randomized response; δ = 0 leaves the binomial tail).
-So p(ε, δ) is a p-value for "the run is (ε, δ)-DP", and
-
-    ε_lb = inf{ε >= 0 : p(ε, δ) > β}
-
-is a 1 − β lower bound: if the run is (ε*, δ)-DP with ε* < ε_lb, the test at ε* rejected, which
-happens with probability <= β. p(ε, δ) rises with ε (checked on a grid in tests/audit/test_onerun.py),
-so ε_lb is found by bisection keeping p(lo) <= β < p(hi), stepping the upper end by 1 first as App. D
-does; ``lo`` (the side that is rejected) is returned, to within XTOL below the crossing.
+The game (their Algorithm 1): m canaries, each included with probability 1/2; one training run; a
+score per canary. The auditor guesses "in" for the k₊ highest scores, "out" for the k₋ lowest and
+abstains on the rest (ties broken by canary index, fixed before the bits). The test (their
+Theorem 3.1 with δ > 0: Cor. 5.4 and App. D) gives a p-value p(ε, δ) for "the run is (ε, δ)-DP",
+and ε_lb = inf{ε >= 0 : p(ε, δ) > β} is a 1 − β lower bound, found by bisection.
 
 Gaussian DP (Mahloujifar, Melis & Chaudhuri 2024, "Auditing f-Differential Privacy in One Run",
-arXiv 2410.22235). :func:`gdp_lower_bound` tests "the run is μ-GDP" (trade-off f(x) = Φ(Φ⁻¹(1 − x) − μ))
-with their recursion for an f-DP mechanism, k = 2 (membership), as in the authors' released code
-(Meta PrivacyGuard ``FDPAnalysisNode``): with τ = β·r/m, h_v = τ(r − v)/r, r_v = τ·v/r and, for
-i = v − 1, ..., 0,
+arXiv 2410.22235): :func:`gdp_lower_bound` tests "the run is μ-GDP" with their f-DP recursion
+(``fdp_rejected``), as in the authors' released code; μ_lb by bisection, its ε at δ by
+``strong_composition.gaussian_epsilon``. :func:`audit_bound` evaluates the grid of (k₊, k₋) of
+:func:`default_grid` (a function of m only), each at β/|grid| (Bonferroni).
 
-    h_i = max(h_{i+1}, f̄(r_{i+1})),   r_i = r_{i+1} + i/(r − i)·(h_i − h_{i+1}),   f̄(x) = Φ(Φ⁻¹(x) − μ),
-
-μ-GDP is rejected when r_0 + h_0 > r/m. μ_lb = inf{μ : not rejected} (bisection; rejection is
-monotone in μ, checked in the tests) and its ε at δ is ``strong_composition.gaussian_epsilon``
-(Balle & Wang 2018, Thm 8) at noise multiplier 1/μ_lb. The paper's f-DP analysis uses the whole
-trade-off curve, so for Gaussian-like mechanisms it is tighter than the (ε, δ) bound above.
-
-Choosing (k₊, k₋) after seeing the scores is a multiple-comparison problem (the paper's §7 reports the
-best of several guess counts). :func:`audit_bound` evaluates a grid of (k₊, k₋) fixed before the
-run (:func:`default_grid`: a function of m only) and tests each point at β/|grid| (Bonferroni): the
-probability that any point falsely rejects is <= β, so the maximum over the grid is a 1 − β bound.
+Details: docs/AUDIT_MATH.md, "dpsgd/audit/onerun/stats/bounds.py".
 """
 
 from __future__ import annotations

@@ -1,43 +1,19 @@
-"""The order-statistics one-run bound of Xiang, Wang, Xiao, Tian & Wang ("Tight Privacy Audit in One Run",
-arXiv 2509.08704): the number of mistakes among the r most confident released guesses, against its
-exact law under a null channel — written here from the paper's formula (docs/AUDIT_MATH.md §5).
+"""The order-statistics one-run bound of Xiang, Wang, Xiao, Tian & Wang ("Tight Privacy Audit in
+One Run", arXiv 2509.08704): the number of mistakes among the r most confident released guesses,
+against its exact law under a null channel (docs/AUDIT_MATH.md §5).
 
-**The null channel.** One bit (canary in or out, probability 1/2 each) passes through a pair (P, Q) (out,
-in) with log-likelihood ratio L = log dQ/dP. It is represented by L on a grid and its mass under the
-mixture M = (P + Q)/2. The optimal guess is "in" when L > 0, and its error probability at an outcome is
-γ = 1/(1 + e^{|L|}); outcomes are ranked by |L| (confidence). G(w) is the error mass above the mixture
-quantile w of that ranking and γ̄(w) = G(w)/(1 − w) the mean error rate there (``Profile``).
+A null channel (``Profile``) is a pair (P, Q) held as its log-likelihood ratio L on a grid; the law
+of the mistakes (their Theorem 2) is P[T <= u] = E_W[BinCDF(u; r, γ̄(W))], W ~ Beta(m − r, r + 1),
+bounded from above by ``tail_probability``. ``channel`` is the claimed mechanism's: the T-fold
+composition of the Poisson-subsampled Gaussian, the law of the summed per-lot LLR. The test of the
+claim (``order_stats_test``) releases the r largest |score| for each r of ``RELEASE_FRACTIONS``,
+each at β/|grid|; σ_ub and ε_lb come from the family test's σ′ search (``family.search_sigma``).
 
-**The law of the mistakes** (their Theorem 2). m canaries, each through its own copy of the channel,
-independently; the r with the largest |L| are released as guesses, the rest abstained on; T mistakes
-among the released. The quantile W of the highest abstained canary is the (m − r)-th of m uniform order
-statistics, W ~ Beta(m − r, r + 1), and given W the released errors are Bernoulli(γ̄(W)), so
+It assumes, beyond the family test, that canaries are independent (each its own copy of the
+per-canary channel, as in ``simulate.py``). In a real run the canaries share lots, the noise-scale
+estimate and the other examples' gradients; the bound is then labelled a heuristic.
 
-    P[T <= u] = E_W[ BinCDF(u; r, γ̄(W)) ].
-
-γ̄ falls with w, so the integrand rises with w; ``tail_probability`` evaluates it on BINS bins of equal
-Beta probability at each bin's upper end: an upper bound on P[T <= u] (a p-value that only errs
-upward), at most 1/BINS above it. r = m (no abstention): BinCDF(u; m, E[γ]).
-
-**The claimed mechanism's channel** (``channel``): the T-fold composition of the Poisson-subsampled
-Gaussian at q and μ = 1/σ_eff (P: N(0, 1) per lot; Q: (1 − q)·N(0, 1) + q·N(μ, 1) per lot), i.e. the law of
-the summed per-lot LLR — the score ``audit run`` writes. One lot's L is tabulated on a fine z grid, its P- and
-Q-masses split between the two neighbouring points of a uniform L grid so that E_P[L] and E_Q[L] are kept
-exactly (variance + at most h²/4 per lot), and each is composed T times by FFT (T = 1: the z grid
-itself, as the authors tabulate it). q = 1, T = 1 is the Gaussian channel (μ-GDP).
-
-**The test of the claim** (``order_stats_test``): the auditor guesses "in" when the score is > 0 and
-releases the r largest |score| (ties: lower index), for each r of a grid fixed by m alone
-(``RELEASE_FRACTIONS``), each at β/|grid| (Bonferroni). H₀(σ′) — the claimed mechanism at noise σ′ — is
-rejected when some r has P_{σ′}[T <= u_r] <= β/|grid|; σ_ub and ε_lb = ε(σ_ub) come from the same σ′ search
-as the family test (``family.search_sigma``).
-
-**What it assumes** (beyond the family test's): canaries are independent — each one's observation is
-its own copy of the per-canary channel, as in the idealised game (``simulate.py``), not a composition
-across canaries as Steinke et al. and Mahloujifar et al. allow; and the paper's claim that the optimal
-ranking (by the null's |L|) makes the fewest mistakes among the top r, so that any other score only
-raises T. In a real run the canaries share lots, the noise-scale estimate and the other examples'
-gradients; the bound is then labelled a heuristic (docs/AUDIT_MATH.md §5).
+Details: docs/AUDIT_MATH.md, "dpsgd/audit/onerun/stats/order_stats.py".
 """
 
 from __future__ import annotations
