@@ -28,7 +28,8 @@ class Event:
     """One release: its noise multiplier ``sigma`` (as added), ``groups`` = k, its ``adjacency``."""
 
     def entry(self) -> dict:
-        """The fields the ledger stores for one release of this event (``Entry`` minus count, groups, label)."""
+        """The fields the ledger stores for one release of this event
+        (``Entry`` minus count, groups, label)."""
         raise NotImplementedError
 
 
@@ -52,9 +53,9 @@ class Poisson(Event):
 
 @dataclass(frozen=True)
 class Gaussian(Event):
-    """The Gaussian mechanism with noise multiplier σ (per unit of sensitivity), subsampled at rate q
-    (1: not subsampled). DP-PCA: σ = σ_p, q = privacy.pca_fraction. Under replace_one only with q = 1
-    (a Gaussian whose σ already carries the sensitivity 2C: ``Ledger.converted``)."""
+    """The Gaussian mechanism with noise multiplier σ (per unit of sensitivity), subsampled at rate
+    q (1: not subsampled). DP-PCA: σ = σ_p, q = privacy.pca_fraction. Under replace_one only with
+    q = 1 (a Gaussian whose σ already carries the sensitivity 2C: ``Ledger.converted``)."""
 
     sigma: float
     q: float = 1.0
@@ -133,9 +134,9 @@ class Allocation(Event):
 
 @dataclass(frozen=True)
 class Shuffle(Event):
-    """One epoch of a shuffled dataset cut into t lots, each noised at σ: every example in exactly one
-    lot, so under replace-one the epoch is one Gaussian with sensitivity 2C and noise σC (parallel
-    composition), no amplification by sampling: charged as q = 1, σ/2."""
+    """One epoch of a shuffled dataset cut into t lots, each noised at σ: every example in exactly
+    one lot, so under replace-one the epoch is one Gaussian with sensitivity 2C and noise σC
+    (parallel composition), no amplification by sampling: charged as q = 1, σ/2."""
 
     sigma: float
     t: int = 1

@@ -113,8 +113,9 @@ def last_iterate_epsilon(
     s = math.sqrt(s2)
     j, logw, dropped = _support(q, steps, TAIL_FRACTION * delta)
     xtol = T_XTOL * s
-    # brackets: below lo_t P has no mass (H(P‖Q) = 0) and L < 0 (every exponent 2jt − j² <= 0, j >= 0);
-    # above hi_t Q has no mass (H(Q‖P) = 0); hi_t is moved up until L > 0 there (L increases to +∞)
+    # brackets: below lo_t P has no mass (H(P‖Q) = 0) and L < 0 (every exponent 2jt − j² <= 0,
+    # j >= 0); above hi_t Q has no mass (H(Q‖P) = 0); hi_t is moved up until L > 0 there
+    # (L increases to +∞)
     lo_t = -Z_FAR * s - 1.0
     hi_t = float(j[-1]) + Z_FAR * s + 1.0
     while _loss(hi_t, j, logw, s2) <= 0.0:

@@ -42,8 +42,9 @@ from .compose import ACCOUNTANTS
 from .renyi.rdp import CONVERSIONS, rdp_curve, rdp_to_epsilon_unchecked
 
 ADJACENCIES = ("add_remove", "replace_one")
-# the one table: an entry's event kind → the accountants that serve it, first the one that is tightest for
-# it; a sampler's and a plan's accountants and neighbouring relation are read from their event
+# the one table: an entry's event kind → the accountants that serve it, first the one that is
+# tightest for it; a sampler's and a plan's accountants and neighbouring relation are read from
+# their event
 EVENTS = {
     "poisson": ("moments", "rdp", "pld"),
     "wor": ("pld", "rdp"),
@@ -90,8 +91,8 @@ class Ledger:
             label: what they were (``pca``, ``sgd``, ``lost``, ...), kept in privacy.json.
 
         Raises:
-            ValueError: naming the value, for a non-event or an event outside what the accountants serve
-                (q, σ, count, k, the adjacency its kind allows).
+            ValueError: naming the value, for a non-event or an event outside what the accountants
+                serve (q, σ, count, k, the adjacency its kind allows).
         """
         _check_event(event, "Ledger.record")
         return self._record_event(event, count, label)
@@ -157,7 +158,8 @@ class Ledger:
 
     @property
     def adjacency(self) -> str | None:
-        """The one neighbouring relation of every entry (None if empty); ValueError if they differ."""
+        """The one neighbouring relation of every entry (None if empty);
+        ValueError if they differ."""
         rel = sorted({e.adjacency for e in self._entries})
         if len(rel) > 1:
             raise ValueError(
@@ -168,10 +170,10 @@ class Ledger:
 
     def converted(self, adjacency: str) -> "Ledger":
         """This ledger with every entry under ``adjacency``. add/remove → replace-one, for a
-        (subsampled) Gaussian release: replacing one example is removing it and adding another, so the
-        sum moves by at most 2× the add/remove sensitivity; charged as the Gaussian with q = 1 (no
-        amplification by sampling claimed) and σ/2 (Dwork & Roth 2014, group privacy for k = 2 is
-        the general rule; for the Gaussian, doubling the sensitivity is exact). replace-one →
+        (subsampled) Gaussian release: replacing one example is removing it and adding another, so
+        the sum moves by at most 2× the add/remove sensitivity; charged as the Gaussian with q = 1
+        (no amplification by sampling claimed) and σ/2 (Dwork & Roth 2014, group privacy for k = 2
+        is the general rule; for the Gaussian, doubling the sensitivity is exact). replace-one →
         add/remove is not offered (fixed-size lots have no add/remove analysis here)."""
         check_choice(adjacency, "adjacency", ADJACENCIES)
         out = Ledger()
@@ -225,7 +227,8 @@ class Ledger:
 
         Args:
             delta: δ in (0, 1).
-            accountant: ``moments``, ``rdp`` or ``pld`` (an entry's kind may be served by some only).
+            accountant: ``moments``, ``rdp`` or ``pld``
+                (an entry's kind may be served by some only).
             convention: ``joint`` (k groups = one Gaussian at σ/√k: correct) or ``per_tensor`` (the
                 paper code's k mechanisms at σ: under-states ε).
             conversion: ``improved`` or ``paper``: the RDP → (ε, δ) conversion (RDP only).
@@ -264,7 +267,8 @@ class Ledger:
         convention: str = "joint",
         conversion: str = "improved",
     ):
-        """(δ, order) at ε under the chosen accountant; (0.0, None) if empty (Poisson entries only)."""
+        """(δ, order) at ε under the chosen accountant; (0.0, None) if empty
+        (Poisson entries only)."""
         epsilon = check_epsilon(epsilon)
         if not self._plain(accountant, conversion):
             raise ValueError("delta(epsilon) is served for Poisson-subsampled entries only")
@@ -282,9 +286,10 @@ class Ledger:
         conversion: str = "improved",
     ) -> int:
         """Largest n >= 0 such that ε after n more releases of ``event`` (an
-        :mod:`~dpsgd.accountant.events` event) is <= target (:func:`dpsgd.accountant.calibrate.steps_within`
-        for Poisson lots; otherwise a doubling and bisection search on n, ε being non-decreasing in n).
-        ValueError for anything that is not an event; the event is checked as if recorded."""
+        :mod:`~dpsgd.accountant.events` event) is <= target
+        (:func:`dpsgd.accountant.calibrate.steps_within` for Poisson lots; otherwise a doubling and
+        bisection search on n, ε being non-decreasing in n). ValueError for anything that is not an
+        event; the event is checked as if recorded."""
         _check_event(event, "Ledger.steps_within")
         Ledger()._record_event(event, 1)  # q, σ, k, adjacency: checked as recorded
         f = {"N": 0, "B": 0, "t": 0} | event.entry()

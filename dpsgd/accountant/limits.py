@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 import numbers
 
-# δ = 1e-5, the paper's (Abadi et al. 2016, §5: δ = 1e-5 < 1/N for MNIST's N = 60 000): the one default of
-# every command and configuration (privacy.delta, --delta)
+# δ = 1e-5, the paper's (Abadi et al. 2016, §5: δ = 1e-5 < 1/N for MNIST's N = 60 000): the one
+# default of every command and configuration (privacy.delta, --delta)
 DELTA_DEFAULT = 1e-5
 SIGMA_MIN = 0.01
 SIGMA_MAX = 1e6
@@ -81,7 +81,8 @@ def check_epsilon(epsilon, name: str = "epsilon") -> float:
 
 
 def check_steps(steps, name: str = "steps") -> int:
-    """A number of lots / releases: an integer in [0, STEPS_MAX] (integral floats such as 1e4 too)."""
+    """A number of lots / releases: an integer in [0, STEPS_MAX]
+    (integral floats such as 1e4 too)."""
     if type(steps) is int and 0 <= steps <= STEPS_MAX:  # fast path
         return steps
     if isinstance(steps, bool):

@@ -164,8 +164,9 @@ def solve_base(
 
 
 def score_rdp(score_sigma: float | None, orders=rdp.DEFAULT_ORDERS) -> np.ndarray:
-    """RDP of the candidate's score: the count of correct validation predictions (sensitivity 1) plus
-    N(0, score_sigma²), the Gaussian mechanism's α/(2σ²) (Mironov 2017, Prop. 7); 0 without noise."""
+    """RDP of the candidate's score: the count of correct validation predictions (sensitivity 1)
+    plus N(0, score_sigma²), the Gaussian mechanism's α/(2σ²) (Mironov 2017, Prop. 7);
+    0 without noise."""
     a = np.asarray(orders, dtype=float)
     return np.zeros_like(a) if score_sigma is None else a / (2.0 * float(score_sigma) ** 2)
 
@@ -180,9 +181,9 @@ def plan_sigmas(
     convention: str = "joint",
 ):
     """σ_i for each candidate (q_i, lots_i, groups_i) so that the tuned release spends at most
-    ``target_epsilon``: every candidate is calibrated (RDP accountant) to one base ε_b, and ε_b is the
-    largest (:func:`solve_base`) whose base curve (max over the candidates, plus the score's RDP)
-    passes through the theorem within the target. Returns (ε_b, [σ_i], base curve, (ε, λ*))."""
+    ``target_epsilon``: every candidate is calibrated (RDP accountant) to one base ε_b, and ε_b is
+    the largest (:func:`solve_base`) whose base curve (max over the candidates, plus the score's
+    RDP) passes through the theorem within the target. Returns (ε_b, [σ_i], base curve, (ε, λ*))."""
     cands = [(check_q(q), check_steps(n, "lots"), check_groups(k)) for q, n, k in candidates]
     if not cands:
         raise ValueError("candidates: at least one candidate is needed")

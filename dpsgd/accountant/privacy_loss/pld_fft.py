@@ -98,7 +98,8 @@ def _tilted_window(lam, k, h, log_eta, sup):
 
 
 def _plan(releases, direction, interval, z_tail=_z_tail(STEP_TAIL), delta=None, eps=None):
-    """(h, a, m, lam, k_theta): grid spacing, window start, FFT size, Λ totals, tilt index (−1: none)."""
+    """(h, a, m, lam, k_theta): grid spacing, window start, FFT size, Λ totals, tilt index
+    (−1: none)."""
     h = _lot_interval(releases, direction, interval, z_tail)
     ordinary = delta is None and eps is None and h == interval
     while True:

@@ -39,7 +39,8 @@ def _z_tail(step_tail: float) -> float:
 
 def _step_tail(delta: float, lots: int) -> float:
     """Per-lot tail mass of the tilted path: a power of ten <= TAIL_FRACTION·δ / lots and
-    below STEP_TAIL (so that the tail also marks the tiny-δ pmfs and compositions: :func:`_tiny`)."""
+    below STEP_TAIL (so that the tail also marks the tiny-δ pmfs and compositions:
+    :func:`_tiny`)."""
     v = TAIL_FRACTION * delta / max(1, lots)
     return max(1e-300, min(STEP_TAIL / 10.0, 10.0 ** math.floor(math.log10(v))))
 

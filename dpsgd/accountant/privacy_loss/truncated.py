@@ -90,8 +90,8 @@ def _replace_pmf(qt: float, sigma: float, h: float):
 
 
 def _lot_pmf(release, h: float, direction: str):
-    """(i_lo, probs, p_inf) of one lot: ("poisson", q, σ), ("truncated", N, q, B, σ) or ("wor", γ, σ)
-    (a fixed-size lot under replace-one: ``wor_pld.py``, the same pair in both directions)."""
+    """(i_lo, probs, p_inf) of one lot: ("poisson", q, σ), ("truncated", N, q, B, σ) or ("wor", γ,
+    σ) (a fixed-size lot under replace-one: ``wor_pld.py``, the same pair in both directions)."""
     if release[0] == "poisson":
         i_lo, probs, p_inf, _ = _step_pmf(release[1], release[2], h, direction)
         return i_lo, probs, p_inf
@@ -185,8 +185,9 @@ def _epsilon(loss, c, extra, delta):
 
 
 def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_INTERVAL) -> float:
-    """ε(δ) of ``releases`` [(("poisson", q, σ) | ("truncated", N, q, B, σ) | ("wor", γ, σ), count), ...]: max over
-    the remove and add directions; an upper bound (pessimistic discretisation, tails into δ)."""
+    """ε(δ) of ``releases`` [(("poisson", q, σ) | ("truncated", N, q, B, σ) | ("wor", γ, σ), count),
+    ...]: max over the remove and add directions; an upper bound (pessimistic discretisation,
+    tails into δ)."""
     delta = check_delta(delta)
     if delta < pld.TILT_BELOW:
         raise ValueError(
@@ -207,7 +208,8 @@ def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_I
     if not rel:
         return 0.0
     out = 0.0
-    # fixed-size lots (one symmetric pair) and Gaussians (q = 1) lose the same both ways: one direction
+    # fixed-size lots (one symmetric pair) and Gaussians (q = 1) lose the same both ways:
+    # one direction
     symmetric = all(r[0] == "wor" or (r[0] == "poisson" and r[1] == 1.0) for r, _ in rel)
     for direction in pld.DIRECTIONS[:1] if symmetric else pld.DIRECTIONS:
         h = float(interval)
@@ -230,16 +232,18 @@ def epsilon(
     delta: float,
     interval: float = pld.DEFAULT_INTERVAL,
 ) -> float:
-    """ε(δ) after ``steps`` lots of the truncated Poisson-subsampled Gaussian (N, q = L/N, cap B, σ)."""
+    """ε(δ) after ``steps`` lots of the truncated Poisson-subsampled Gaussian
+    (N, q = L/N, cap B, σ)."""
     return epsilon_for_releases([(("truncated", N, q, B, sigma), steps)], delta, interval)
 
 
 def replace_one_poisson_epsilon(
     q: float, sigma: float, steps: int, delta: float, interval: float = pld.DEFAULT_INTERVAL
 ) -> float:
-    """ε(δ) of ``steps`` Poisson lots (q, σ) under replace-one as dp_accounting 0.6.0's PLD accounts them
-    (``from_gaussian_mechanism(..., neighboring_relation=REPLACE_ONE)``: the pair q·N(∓1, σ²) +
-    (1 − q)·N(0, σ²), self-composed) — a reference for the replace-one samplers, not a charge here."""
+    """ε(δ) of ``steps`` Poisson lots (q, σ) under replace-one as dp_accounting 0.6.0's PLD accounts
+    them (``from_gaussian_mechanism(..., neighboring_relation=REPLACE_ONE)``: the pair q·N(∓1, σ²) +
+    (1 − q)·N(0, σ²), self-composed) — a reference for the replace-one samplers,
+    not a charge here."""
     q, sigma, steps, delta = (
         check_q(q),
         check_sigma(2.0 * sigma),

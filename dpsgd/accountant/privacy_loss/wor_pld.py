@@ -61,7 +61,8 @@ def lot_pmf(gamma: float, sigma: float, h: float):
         qtails.append(qtail)
     use_rm = deltas[0] >= deltas[1]
     dstar = np.where(use_rm, deltas[0], deltas[1])
-    # crossing of lines i and i+1: that direction's Q-tail where both are the same direction, else solved
+    # crossing of lines i and i+1: that direction's Q-tail where both are the same direction,
+    # else solved
     same = use_rm[:-1] == use_rm[1:]
     tail_next = np.where(use_rm[1:], qtails[0][1:], qtails[1][1:])
     solved = (dstar[:-1] - dstar[1:]) / (np.exp(loss[1:]) - np.exp(loss[:-1]))

@@ -79,7 +79,8 @@ def rdp_add_amgm(alpha: float, sigma: float, t: int) -> float:
     return alpha / (2.0 * t * sigma * sigma) + (1.0 - 1.0 / t) / (2.0 * sigma * sigma)
 
 
-#: Below this σ the add direction keeps the AM–GM bound (the quadrature's grids are sized for σ >= it).
+#: Below this σ the add direction keeps the AM–GM bound (the quadrature's grids are sized for
+#: σ >= it).
 SIGMA_EXACT = 0.3
 _Z_HALF = 12.0  # inner integral: z* ± 12 (curvature >= 1: the rest is below e^{−72})
 _V_LO, _V_SPAN, _DV = -40.0, 40.0, 0.02  # outer integral: v = log s on [−40, log t + 40], step 0.02
@@ -111,8 +112,9 @@ def _outer(sigma: float, t: int):
 
 
 def log_neg_moment(k: float, sigma: float, t: int):
-    """(log E[M^{−k}], margin) with M = (1/t) Σ_i e^{Z_i/σ} (module doc), or None where the quadrature
-    does not resolve it (σ < SIGMA_EXACT, or the integrand not decayed at the grid's end)."""
+    """(log E[M^{−k}], margin) with M = (1/t) Σ_i e^{Z_i/σ} (module doc), or None where the
+    quadrature does not resolve it (σ < SIGMA_EXACT, or the integrand not decayed at the grid's
+    end)."""
     sigma, t = check_sigma(sigma), check_steps(t)
     if sigma < SIGMA_EXACT or not k > 0:
         return None
@@ -149,7 +151,8 @@ def rdp_curve(sigma: float, t: int, orders: tuple = ORDERS) -> np.ndarray:
 
 
 def epochs_for(lots: int, t: int) -> int:
-    """Epochs charged for ``lots`` lots of t per epoch: a partial last epoch counts as a full one."""
+    """Epochs charged for ``lots`` lots of t per epoch:
+    a partial last epoch counts as a full one."""
     return -(-check_steps(lots) // check_steps(t))
 
 

@@ -144,7 +144,8 @@ def log_a_unchecked(q: float, sigma: float, alpha: float) -> float:
 
 @lru_cache(maxsize=256)
 def rdp_curve(q: float, sigma: float, orders: tuple = DEFAULT_ORDERS) -> np.ndarray:
-    """Per-lot RDP ε_α at each order for arguments already valid (a ledger's charged mechanisms), cached."""
+    """Per-lot RDP ε_α at each order for arguments already valid (a ledger's charged mechanisms),
+    cached."""
     if q == 1.0:
         out = np.array(orders, dtype=float) / (2.0 * sigma * sigma)
     else:
@@ -176,7 +177,8 @@ def rdp_to_epsilon(orders, rdp, delta: float, conversion: str = "improved"):
 
 
 def check_curve(orders, rdp_curve) -> tuple[np.ndarray, np.ndarray]:
-    """(orders, RDP values) as float arrays: orders >= 1, one value per order, each >= 0 and not NaN."""
+    """(orders, RDP values) as float arrays: orders >= 1, one value per order,
+    each >= 0 and not NaN."""
     a = np.asarray(check_orders(orders, minimum=1.0), dtype=float)
     r = np.asarray(rdp_curve, dtype=float)
     if r.shape != a.shape:
@@ -187,7 +189,8 @@ def check_curve(orders, rdp_curve) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rdp_to_epsilon_unchecked(a: np.ndarray, r: np.ndarray, delta: float, conversion: str):
-    """The conversion itself, arguments already validated (also the ledger's per-epoch fast path)."""
+    """The conversion itself, arguments already validated
+    (also the ledger's per-epoch fast path)."""
     log_d = math.log(delta)
     if conversion == "paper":
         eps = r - log_d / (a - 1.0)

@@ -94,7 +94,8 @@ def rdp_curve(gamma: float, sigma: float, orders: tuple = ORDERS) -> np.ndarray:
 
 
 def epsilon(gamma: float, sigma: float, steps: int, delta: float, conversion: str = "improved"):
-    """(ε, α*) after ``steps`` fixed-size lots (γ = L/N, noise multiplier σ), replace-one adjacency."""
+    """(ε, α*) after ``steps`` fixed-size lots (γ = L/N, noise multiplier σ),
+    replace-one adjacency."""
     gamma, sigma, steps, delta = (
         check_q(gamma, "gamma"),
         check_sigma(sigma),

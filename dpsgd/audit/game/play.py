@@ -109,8 +109,8 @@ def _run_mnist(cfg: AuditConfig, noise, gen: torch.Generator):
     """The paper's MNIST network shape, one real DP-SGD step per trial from the same θ₀.
 
     ``mnist``: D = ∅ against D' = {canary}, scored by the projection of the release on the canary's
-    direction. ``mnist_other``: D = {x_o} against D' = {x_o, canary}, scored by −‖(θ₀ − θ₁) − g_o‖², with
-    g_o = x_o's clipped gradient at θ₀ (known to a white-box adversary)."""
+    direction. ``mnist_other``: D = {x_o} against D' = {x_o, canary}, scored by −‖(θ₀ − θ₁) − g_o‖²,
+    with g_o = x_o's clipped gradient at θ₀ (known to a white-box adversary)."""
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
         model = MLP(60, (1000,), 10, bias=False)

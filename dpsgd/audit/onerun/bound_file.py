@@ -170,7 +170,8 @@ def few_warning(m: int) -> str | None:
 
 
 def bound(scores, bits, claim: Claim, beta: float = 0.05) -> dict:
-    """Every method's ε_lb on one score file against ``claim`` (module doc); the verdict is the family test's."""
+    """Every method's ε_lb on one score file against ``claim`` (module doc);
+    the verdict is the family test's."""
     fam = family_test(scores, bits, claim, beta)
     free = audit_bound(scores, bits, claim.delta, beta, gdp=True)
     eps = fam["eps_claimed"]
@@ -230,11 +231,12 @@ def bound(scores, bits, claim: Claim, beta: float = 0.05) -> dict:
 
 
 def score_check(scores, bits, claim: Claim) -> dict:
-    """The interference diagnostic: the excluded (and included) canaries' score mean and variance against
-    what the claimed mechanism predicts for the LLR score of ``audit run`` (``simulate.llr_moments``, no
-    other examples on the canaries' coordinates). ``var_ratio_out`` > 1: the scores spread more than
-    the claimed noise alone makes them (the other examples' gradients, drift); it costs power, never
-    validity — the tests above hold for any score. Meaningless for scores of another definition."""
+    """The interference diagnostic: the excluded (and included) canaries' score mean and variance
+    against what the claimed mechanism predicts for the LLR score of ``audit run``
+    (``simulate.llr_moments``, no other examples on the canaries' coordinates). ``var_ratio_out`` >
+    1: the scores spread more than the claimed noise alone makes them (the other examples'
+    gradients, drift); it costs power, never validity — the tests above hold for any score.
+    Meaningless for scores of another definition."""
     s, b = np.asarray(scores, dtype=float), np.asarray(bits).astype(bool)
     h0 = llr_moments(claim)
     out = {

@@ -48,10 +48,10 @@ class CanaryDraw:
 def add_canaries(X: torch.Tensor, y: torch.Tensor, draw: CanaryDraw, classes: int, seed: int):
     """The training data with the canaries: (X, y, input canary images, their wrong labels).
 
-    The last m_i rows become the input canaries (out of the real data; their labels moved to a uniformly
-    random other class); the included ones go back as ordinary rows. Then one special row per gradient
-    canary and per excluded input canary (label −(j + 1), image zeros): j < m_g are the gradient
-    canaries, j ≥ m_g the excluded input canaries (zero gradient)."""
+    The last m_i rows become the input canaries (out of the real data; their labels moved to a
+    uniformly random other class); the included ones go back as ordinary rows. Then one special row
+    per gradient canary and per excluded input canary (label −(j + 1), image zeros): j < m_g are the
+    gradient canaries, j ≥ m_g the excluded input canaries (zero gradient)."""
     m_g, m_i = len(draw.gradient_in), len(draw.input_in)
     if m_i + 1 > len(X):
         raise ConfigError(
@@ -74,9 +74,10 @@ class GradientCanaries:
 
     Wraps a ``PerExampleClipper`` (everything else is delegated): ``clipped_sum`` sends the ordinary
     rows of a physical batch to the engine, and adds, for each canary row present, its gradient
-    clipped per group by ``clip_factors`` at the engine's bound (times ``loose`` for the first group that
-    carries canaries: a broken variant of the audit, never of training). ``coords``: ``placement.place``'s; a canary's r entries in
-    a parameter ([m, r] index) each get its group's clipped value / √r (its direction is a unit vector)."""
+    clipped per group by ``clip_factors`` at the engine's bound (times ``loose`` for the first group
+    that carries canaries: a broken variant of the audit, never of training). ``coords``:
+    ``placement.place``'s; a canary's r entries in a parameter ([m, r] index) each get its group's
+    clipped value / √r (its direction is a unit vector)."""
 
     def __init__(self, clipper, coords: dict, included: torch.Tensor, a: float, loose: float = 1.0):
         self.inner = clipper
@@ -89,8 +90,9 @@ class GradientCanaries:
         self.loose = float(loose)
         names = {n: gi for gi, g in enumerate(clipper.groups) for n in g}
         self.group_of = names
-        # the first group with a canary entry: group 0 under the Dirac placement, the softmax layer's under
-        # the null-space one (a looser bound where no canary lives would be invisible by construction)
+        # the first group with a canary entry: group 0 under the Dirac placement, the softmax
+        # layer's under the null-space one (a looser bound where no canary lives would be invisible
+        # by construction)
         carrying = [
             names[n] for n, idx in self.coords.items() if n in names and bool((idx >= 0).any())
         ]
@@ -118,16 +120,17 @@ class GradientCanaries:
         multiplicity: int = 1,
         weights: torch.Tensor | None = None,
     ) -> ClipResult:
-        """``weights`` (per example, 0 for the padding rows of a fixed-shape lot): the ordinary rows'
-        weights go to the engine; a canary row adds its gradient times its weight (0: nothing)."""
+        """``weights`` (per example, 0 for the padding rows of a fixed-shape lot): the ordinary
+        rows' weights go to the engine; a canary row adds its gradient times its weight
+        (0: nothing)."""
         kw = {} if weights is None else {"weights": weights}
         special = y < 0
         if not bool(special.any()):
             return self.inner.clipped_sum(x, y, out=out, multiplicity=multiplicity, **kw)
         real = ~special
         if multiplicity == 1:
-            # the special rows stay in the batch at weight 0 (label 0, a zero image): no copy of the batch,
-            # and exactly nothing of theirs in the sum (their clip factor times 0)
+            # the special rows stay in the batch at weight 0 (label 0, a zero image): no copy of the
+            # batch, and exactly nothing of theirs in the sum (their clip factor times 0)
             w_real = real.to(
                 device=x.device, dtype=x.dtype if x.is_floating_point() else torch.float32
             )

@@ -26,9 +26,9 @@ from .placement import as_rows
 
 
 def noise_scale(z: torch.Tensor) -> float:
-    """The noise std of one step's z across the canaries, as the auditor measures it: 1.4826 × the median
-    absolute deviation (a consistent, robust estimate for a Gaussian; the few canaries in the lot do not
-    move it). 1 under the claimed mechanism; what a mechanism really adds otherwise."""
+    """The noise std of one step's z across the canaries, as the auditor measures it: 1.4826 × the
+    median absolute deviation (a consistent, robust estimate for a Gaussian; the few canaries in the
+    lot do not move it). 1 under the claimed mechanism; what a mechanism really adds otherwise."""
     if len(z) < 2:
         return 1.0
     mad = float((z - z.median()).abs().median()) * 1.4826
@@ -36,7 +36,8 @@ def noise_scale(z: torch.Tensor) -> float:
 
 
 class WhiteBoxObserver:
-    """Wraps ``DPSGD.step`` (``observe(dp)``) and accumulates both scores for every gradient canary."""
+    """Wraps ``DPSGD.step`` (``observe(dp)``) and accumulates both scores for every gradient
+    canary."""
 
     def __init__(
         self,
@@ -80,7 +81,8 @@ class WhiteBoxObserver:
         }
 
     def observe(self, dp) -> None:
-        """Route every ``dp.step`` through this observer (the parameters as a white-box auditor sees them)."""
+        """Route every ``dp.step`` through this observer
+        (the parameters as a white-box auditor sees them)."""
         inner = dp.step
 
         def step(x, y, physical_batch_size=None, **kw):
@@ -112,7 +114,8 @@ class WhiteBoxObserver:
         scale = noise_scale(z) if self.normalise == "measured" else 1.0
         z, mu = z / scale, self.mu / scale
         self.sum += z
-        # log(1 − q + q·e^x) as logaddexp(log(1 − q), log q + x): no overflow for the large shifts of a broken variant
+        # log(1 − q + q·e^x) as logaddexp(log(1 − q), log q + x): no overflow for the large shifts
+        # of a broken variant
         log_out = torch.tensor(
             math.log1p(-self.q) if self.q < 1 else -math.inf, dtype=torch.float64
         )

@@ -28,8 +28,8 @@ PLACEMENTS = ("dirac", "null_space", "null_space_dirac")
 
 def output_layer(model: nn.Module, classes: int, probe: torch.Tensor) -> tuple[str, nn.Linear]:
     """(module name, module) of the softmax output layer: the ``nn.Linear`` with ``classes`` outputs
-    whose output *is* the model's output on ``probe`` (checked by a forward hook, so nothing after it
-    mixes the logits). ConfigError naming ``audit.placement`` when there is none."""
+    whose output *is* the model's output on ``probe`` (checked by a forward hook, so nothing after
+    it mixes the logits). ConfigError naming ``audit.placement`` when there is none."""
     cands = [
         (n, m)
         for n, m in model.named_modules()
@@ -56,8 +56,8 @@ def output_layer(model: nn.Module, classes: int, probe: torch.Tensor) -> tuple[s
 
 
 def class_sum_directions(layer_name: str, layer: nn.Linear) -> dict:
-    """{parameter name: [n_dirs, K] flat indices}: one class-sum direction per column of W (and one for
-    the bias, if trainable), each as the K flat indices of its entries."""
+    """{parameter name: [n_dirs, K] flat indices}: one class-sum direction per column of W (and one
+    for the bias, if trainable), each as the K flat indices of its entries."""
     K, H = layer.weight.shape
     prefix = f"{layer_name}." if layer_name else ""
     out = {

@@ -86,8 +86,8 @@ INDEPENDENCE_HEURISTIC = (
 
 
 def independence_proved(options, sampling: str) -> bool:
-    """The conditions of docs/AUDIT_MATH.md §6: every canary on its own class-sum direction of the softmax
-    output layer (no Dirac coordinate), z in units of the claimed σC, Poisson lots."""
+    """The conditions of docs/AUDIT_MATH.md §6: every canary on its own class-sum direction of the
+    softmax output layer (no Dirac coordinate), z in units of the claimed σC, Poisson lots."""
     return (
         getattr(options, "placement", "dirac") == "null_space"
         and getattr(options, "normalise", "measured") == "claimed"
@@ -163,14 +163,15 @@ def family_block(
 
 
 def channel_block(scores, bits, own: Claim, beta: float, proved: bool) -> dict:
-    """The canaries' own channel tested at the run's σ, when they use k_used < k of the claim's groups.
+    """The canaries' own channel tested at the run's σ,
+    when they use k_used < k of the claim's groups.
 
-    Under the mechanism the ledger charges (each group clipped at C, noise σC, Poisson q), a canary with
-    entries in k_used groups sees exactly the claim with k_used groups at σ (docs/AUDIT_MATH.md §6), which
-    is less leaky than the k-group claim; H₀: "the canaries' channel is at most as leaky as that". A
-    rejection means the run is not the mechanism it charges for (e.g. a group clipped looser than C),
-    though the canaries alone may not exceed the whole claim's ε. Same scores, same β as the family
-    block; the order-statistics test counts only where independence is proved."""
+    Under the mechanism the ledger charges (each group clipped at C, noise σC, Poisson q), a canary
+    with entries in k_used groups sees exactly the claim with k_used groups at σ (docs/AUDIT_MATH.md
+    §6), which is less leaky than the k-group claim; H₀: "the canaries' channel is at most as leaky
+    as that". A rejection means the run is not the mechanism it charges for (e.g. a group clipped
+    looser than C), though the canaries alone may not exceed the whole claim's ε. Same scores, same
+    β as the family block; the order-statistics test counts only where independence is proved."""
     s, b = check_scores(scores, bits)
     rows = guess_counts(s, b.astype(int), default_grid(s.size))
     per = beta / len(rows)
@@ -189,8 +190,8 @@ def channel_block(scores, bits, own: Claim, beta: float, proved: bool) -> dict:
 
 
 def poisson_claim(config: dict, final: dict) -> float:
-    """The ε a Poisson analysis would claim for this run's schedule (q = L/N, σ, the run's lots, k) with
-    its DP-PCA release, all under add/remove adjacency; PLD, joint convention."""
+    """The ε a Poisson analysis would claim for this run's schedule (q = L/N, σ, the run's lots, k)
+    with its DP-PCA release, all under add/remove adjacency; PLD, joint convention."""
     s, p, m = final["sampling"], config["privacy"], config["model"]
     led = Ledger()
     if m.get("projection") == "pca":
@@ -237,8 +238,9 @@ def audit_report(
     placed: dict | None = None,
     sumsq=None,
 ) -> dict:
-    """The audit.json of an audited run: ``scored`` {game: (scores, bits)}, ``final`` its privacy.json,
-    ``config`` its resolved configuration (a dict), ``options`` its ``AuditOptions``."""
+    """The audit.json of an audited run: ``scored`` {game: (scores, bits)}, ``final`` its
+    privacy.json, ``config`` its resolved configuration (a dict),
+    ``options`` its ``AuditOptions``."""
     from dpsgd.accountant.last_iterate import last_iterate_epsilon
 
     o, delta = options, final["delta"]
@@ -336,7 +338,8 @@ def read_scores(run_dir: Path) -> dict:
 
 
 def read_sumsq(run_dir: Path):
-    """The white-box canaries' Σ_t z² from audit_scores.csv (column ``sumsq``), or None (older audits)."""
+    """The white-box canaries' Σ_t z² from audit_scores.csv (column ``sumsq``), or None
+    (older audits)."""
     with open(run_dir / SCORES, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["game"] == "white-box"]
     if not rows or not rows[0].get("sumsq"):
@@ -345,8 +348,9 @@ def read_sumsq(run_dir: Path):
 
 
 def rescore(run_dir: Path, beta: float | None = None) -> dict:
-    """audit.json recomputed from the files of a finished audit (audit_scores.csv, privacy.json and the
-    old audit.json's options): a re-analysis without rerunning; ``beta`` replaces the confidence."""
+    """audit.json recomputed from the files of a finished audit (audit_scores.csv, privacy.json and
+    the old audit.json's options): a re-analysis without rerunning;
+    ``beta`` replaces the confidence."""
     from .instrument import AuditOptions
 
     old = json.loads((run_dir / AUDIT).read_text())
@@ -369,15 +373,15 @@ def rescore(run_dir: Path, beta: float | None = None) -> dict:
 
 
 def write_report(run_dir: Path, scored: dict, report: dict, sumsq=None) -> None:
-    """audit.json, audit_scores.csv (every canary's bit and score; ``sumsq``: the white-box canaries'
-    Σ_t z²) and one console line."""
+    """audit.json, audit_scores.csv (every canary's bit and score; ``sumsq``: the white-box
+    canaries' Σ_t z²) and one console line."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["game", "canary", "included", "score"] + (["sumsq"] if sumsq is not None else []))
     for kind, (scores, bits) in scored.items():
         for i, (b, sc) in enumerate(zip(bits.tolist(), scores.tolist())):
-            # Σ_t z² belongs to the white-box (gradient) canaries only: their count may differ from the
-            # input canaries' (audit.gradient_canaries, audit.input_canaries)
+            # Σ_t z² belongs to the white-box (gradient) canaries only: their count may differ from
+            # the input canaries' (audit.gradient_canaries, audit.input_canaries)
             extra = (
                 [] if sumsq is None else [repr(float(sumsq[i]))] if kind == "white-box" else [""]
             )

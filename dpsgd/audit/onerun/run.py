@@ -1,12 +1,13 @@
-"""One-run audit of a training configuration: ``python -m dpsgd.audit run [overrides] [audit.key=value]``.
+"""One-run audit of a training configuration: ``python -m dpsgd.audit run ...``.
 
+    python -m dpsgd.audit run [overrides] [audit.key=value]
     python -m dpsgd.audit run experiment=mnist_medium audit.gradient_canaries=1000 audit.variant=correct
 
 The configuration is the one ``python -m dpsgd.train`` takes (any preset, any override, torchrun
 included); ``audit.*`` options (``instrument.AuditOptions``) are taken off the command line before
 Hydra sees it, checked (one line naming the option, exit 2, before any work) and handed to every
-process (and sweep job) through the environment variable ``DPSGD_AUDIT``. The run is trained with the
-canaries in its data (``canaries.py``), then, in the run directory:
+process (and sweep job) through the environment variable ``DPSGD_AUDIT``. The run is trained with
+the canaries in its data (``canaries.py``), then, in the run directory:
 
 * ``audit.json`` — the claim (the run's own valid ε, for the dataset with the canaries), the
   last-iterate heuristic ε, and for the white-box (gradient canaries, every iterate) and black-box
@@ -81,8 +82,8 @@ def audit_train(c, run_dir, overrides) -> dict:
 
 
 def usage() -> str:
-    """``audit run --help``: the command, its audit.* options with their defaults, and where the training
-    overrides are described."""
+    """``audit run --help``: the command, its audit.* options with their defaults, and where the
+    training overrides are described."""
     opts = "\n".join(
         f"  audit.{f.name}={f.default!r}" if not callable(f.default) else f"  audit.{f.name}"
         for f in fields(AuditOptions)
@@ -97,7 +98,8 @@ def usage() -> str:
 
 
 def split_args(args: list[str]) -> tuple[AuditOptions, list[str]]:
-    """(the audit's options, the rest for Hydra); ConfigError naming an unknown or bad ``audit.*`` key."""
+    """(the audit's options, the rest for Hydra); ConfigError naming an unknown or bad ``audit.*``
+    key."""
     known = {f.name for f in fields(AuditOptions)}
     values, rest = {}, []
     for a in args:
@@ -115,8 +117,8 @@ def split_args(args: list[str]) -> tuple[AuditOptions, list[str]]:
 
 
 def rescore_main(argv: list[str]) -> int:
-    """``python -m dpsgd.audit rescore RUN_DIR [audit.beta=B]``: audit.json recomputed from the run's files;
-    the previous audit.json is kept as audit.superseded.json."""
+    """``python -m dpsgd.audit rescore RUN_DIR [audit.beta=B]``: audit.json recomputed from the
+    run's files; the previous audit.json is kept as audit.superseded.json."""
     from dpsgd.core.fileio import write_json
     from .report import AUDIT, rescore
 
@@ -147,8 +149,8 @@ def rescore_main(argv: list[str]) -> int:
 
 def check_canaries_fit(options: AuditOptions, args: list[str]) -> None:
     """A single run's data holds more rows than ``audit.input_canaries`` (they are taken from it):
-    ConfigError naming the option before any folder is made. A sweep's jobs are checked as each starts
-    (``canaries.add_canaries``)."""
+    ConfigError naming the option before any folder is made. A sweep's jobs are checked as each
+    starts (``canaries.add_canaries``)."""
     from dpsgd.config.overrides import override_key
     from dpsgd.config.schema import validate
     from dpsgd.launch.cli import compose, search_path, split_cli

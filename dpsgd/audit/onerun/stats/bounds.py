@@ -102,7 +102,8 @@ def steinke_bound(r: int, v: int, m: int, delta: float, beta: float) -> float:
 
 def default_grid(m: int) -> list[tuple[int, int]]:
     """The pre-declared guess counts (k₊, k₋) for m canaries, a function of m only: for each
-    k = max(1, round(f·m)), f in GRID_FRACTIONS, one-sided (k, 0) and two-sided (k, k) where 2k <= m."""
+    k = max(1, round(f·m)), f in GRID_FRACTIONS, one-sided (k, 0) and two-sided
+    (k, k) where 2k <= m."""
     m = _count("m", m, lo=1)
     ks = sorted({max(1, round(f * m)) for f in GRID_FRACTIONS if max(1, round(f * m)) <= m})
     return [(k, 0) for k in ks] + [(k, k) for k in ks if 2 * k <= m]
@@ -151,8 +152,9 @@ def _inputs(scores, bits, delta, beta, guesses):
 
 
 def guess_counts(scores: np.ndarray, bits: np.ndarray, grid) -> list[dict]:
-    """For each (k₊, k₋) of ``grid``: guess "in" for the k₊ highest scores and "out" for the k₋ lowest
-    (ties: lower index first in the order of decreasing score); {k_plus, k_minus, guesses, correct}."""
+    """For each (k₊, k₋) of ``grid``: guess "in" for the k₊ highest scores and "out" for the k₋
+    lowest (ties: lower index first in the order of decreasing score);
+    {k_plus, k_minus, guesses, correct}."""
     m = len(scores)
     order = np.lexsort((np.arange(m), -np.asarray(scores)))  # decreasing score, then index
     ranked = np.asarray(bits, dtype=int)[order]
@@ -234,9 +236,9 @@ MU_MAX = 50.0  # μ-GDP with μ >= this: ε in the thousands; the bisection's up
 
 def fdp_rejected(fbar, r: int, v: int, m: int, beta: float) -> bool:
     """Mahloujifar et al. 2024 recursion (module doc) for any symmetric trade-off curve f: True when
-    "the run is f-DP with respect to each canary" is rejected at level β by v correct out of r guesses
-    among m canaries. ``fbar(x)`` = f(1 − x), increasing in x (for μ-GDP: Φ(Φ⁻¹(x) − μ)); a lower
-    bound on it gives a test that rejects less often, so stays valid."""
+    "the run is f-DP with respect to each canary" is rejected at level β by v correct out of r
+    guesses among m canaries. ``fbar(x)`` = f(1 − x), increasing in x (for μ-GDP: Φ(Φ⁻¹(x) − μ)); a
+    lower bound on it gives a test that rejects less often, so stays valid."""
     if r == 0:
         return False
     tau = beta * r / m
@@ -256,9 +258,9 @@ def _gdp_rejected(mu: float, r: int, v: int, m: int, beta: float) -> bool:
 
 
 def gdp_lower_bound(r: int, v: int, m: int, beta: float, delta: float | None = None) -> dict:
-    """One-run lower bound on the GDP parameter μ at confidence 1 − β (Mahloujifar, Melis & Chaudhuri
-    2024; module doc) for r guesses, v correct, m canaries: {"mu_lower_bound", and with ``delta``
-    "eps_lower_bound" = the ε of μ_lb-GDP at δ}. μ_lb = 0 when μ → 0 is not rejected."""
+    """One-run lower bound on the GDP parameter μ at confidence 1 − β (Mahloujifar, Melis &
+    Chaudhuri 2024; module doc) for r guesses, v correct, m canaries: {"mu_lower_bound", and with
+    ``delta`` "eps_lower_bound" = the ε of μ_lb-GDP at δ}. μ_lb = 0 when μ → 0 is not rejected."""
     r, v, m, _, beta = _check(r, v, m, 0.0, beta)
     out: dict = {"mu_lower_bound": 0.0}
     if r > 0 and _gdp_rejected(1e-12, r, v, m, beta):

@@ -47,7 +47,8 @@ PLD_INTERVAL = (
 
 @dataclass(frozen=True)
 class Claim:
-    """The claimed mechanism: T = ``steps`` lots at Poisson rate q, noise multiplier σ, k groups (joint)."""
+    """The claimed mechanism: T = ``steps`` lots at Poisson rate q, noise multiplier σ, k groups
+    (joint)."""
 
     q: float
     sigma: float
@@ -74,7 +75,8 @@ class Claim:
         return compose.charge(self.q, sigma, self.groups, "joint")[1]
 
     def epsilon(self, sigma: float | None = None) -> float:
-        """ε of M(σ) at δ: PLD accountant, joint convention (the run's own valid ε for these lots)."""
+        """ε of M(σ) at δ: PLD accountant, joint convention
+        (the run's own valid ε for these lots)."""
         s = self.sigma if sigma is None else sigma
         return float(pld.epsilon(self.q, self.sigma_eff(s), self.steps, self.delta))
 
@@ -130,7 +132,8 @@ def family_test(scores, bits, claim: Claim, beta: float = 0.05, guesses=None) ->
 
     ``scores[i]``, ``bits[i]`` as in ``bounds.audit_bound`` (all m randomised canaries; any score).
     ``sigma_upper_bound`` is None and ε_lb = 0 when no σ′ <= SEARCH_FACTOR·σ is rejected; when even
-    σ/SEARCH_FACTOR is rejected it is that σ′ and ``at_search_floor`` is True (ε_lb then understates)."""
+    σ/SEARCH_FACTOR is rejected it is that σ′ and ``at_search_floor`` is True
+    (ε_lb then understates)."""
     s, b = check_scores(scores, bits)
     if not (isinstance(beta, (int, float)) and 0 < beta < 1):
         raise ConfigError(f"beta={beta!r}: must be a number in (0, 1)")
@@ -157,10 +160,11 @@ def family_test(scores, bits, claim: Claim, beta: float = 0.05, guesses=None) ->
 
 
 def search_sigma(claim: Claim, rejects) -> tuple[bool, float | None, bool]:
-    """(H₀(σ) rejected, σ_ub, at_search_floor) for a test ``rejects(σ′)`` that is monotone in σ′ (rejects
-    every σ′ above one it rejects: a larger σ′ claims more privacy): σ_ub is a σ′ it rejects with the σ′ SIGMA_RTOL below it not rejected
-    (doubling from σ, then bisection in log σ′); None when nothing up to SEARCH_FACTOR·σ is rejected; the
-    floor σ/SEARCH_FACTOR (and at_search_floor True) when even that is rejected."""
+    """(H₀(σ) rejected, σ_ub, at_search_floor) for a test ``rejects(σ′)`` that is monotone in σ′
+    (rejects every σ′ above one it rejects: a larger σ′ claims more privacy): σ_ub is a σ′ it
+    rejects with the σ′ SIGMA_RTOL below it not rejected (doubling from σ, then bisection in log
+    σ′); None when nothing up to SEARCH_FACTOR·σ is rejected; the floor σ/SEARCH_FACTOR (and
+    at_search_floor True) when even that is rejected."""
     rejected = rejects(claim.sigma)
     floor = max(claim.sigma / SEARCH_FACTOR, limits.SIGMA_MIN * math.sqrt(claim.groups))
     at_floor = False

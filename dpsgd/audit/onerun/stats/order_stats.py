@@ -37,7 +37,8 @@ RELEASE_FRACTIONS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # r/m of the 
 
 
 class Profile:
-    """The (confidence, error) law of one bit through a channel (module doc): from L and its mixture mass."""
+    """The (confidence, error) law of one bit through a channel (module doc):
+    from L and its mixture mass."""
 
     def __init__(self, log_lr, mass):
         a = np.abs(np.asarray(log_lr, dtype=float))
@@ -73,7 +74,8 @@ def tail_probability(profile: Profile, u: int, r: int, m: int, bins: int = BINS)
 
 
 def _split(values, masses, base, h, n):
-    """Masses at ``values`` split between the two neighbouring points base + k·h (mean kept exactly)."""
+    """Masses at ``values`` split between the two neighbouring points base + k·h
+    (mean kept exactly)."""
     x = (values - base) / h
     k = np.floor(x).astype(np.int64)
     frac = x - k
@@ -83,7 +85,8 @@ def _split(values, masses, base, h, n):
 
 
 def channel(q: float, mu: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """(L, mixture mass) of ``steps`` lots of the Poisson-subsampled Gaussian at q and μ (module doc)."""
+    """(L, mixture mass) of ``steps`` lots of the Poisson-subsampled Gaussian at q and μ
+    (module doc)."""
     edges = np.linspace(-Z_SPAN, mu + Z_SPAN, Z_POINTS + 1)
     z, dz = 0.5 * (edges[:-1] + edges[1:]), edges[1] - edges[0]
     log_out = math.log1p(-q) if q < 1 else -math.inf
@@ -131,12 +134,14 @@ def _profile(q: float, mu: float, steps: int) -> Profile:
 
 
 def claim_profile(claim: Claim, sigma: float) -> Profile:
-    """The profile of the claimed mechanism at noise σ (cached: a σ′ search and repeated games reuse it)."""
+    """The profile of the claimed mechanism at noise σ (cached: a σ′ search and repeated games reuse
+    it)."""
     return _profile(claim.q, 1.0 / claim.sigma_eff(sigma), claim.steps)
 
 
 def rejects(scores, bits, claim: Claim, beta: float, sigma: float | None = None) -> bool:
-    """H₀(σ′) (default: the claimed σ) rejected at level β by the order-statistics test on these scores."""
+    """H₀(σ′) (default: the claimed σ) rejected at level β by the order-statistics test on these
+    scores."""
     s, b = check_scores(scores, bits)
     rows = mistakes(s, b, release_grid(s.size))
     prof = claim_profile(claim, claim.sigma if sigma is None else sigma)
@@ -147,13 +152,14 @@ def rejects(scores, bits, claim: Claim, beta: float, sigma: float | None = None)
 
 
 def release_grid(m: int) -> list[int]:
-    """The pre-declared release counts r for m canaries: round(f·m) for f in RELEASE_FRACTIONS (>= 1, distinct)."""
+    """The pre-declared release counts r for m canaries: round(f·m) for f in RELEASE_FRACTIONS
+    (>= 1, distinct)."""
     return sorted({min(m, max(1, round(f * m))) for f in RELEASE_FRACTIONS})
 
 
 def mistakes(scores, bits, grid) -> list[dict]:
-    """For each r of ``grid``: the guesses "in" iff score > 0 on the r largest |score| (ties: lower index),
-    {"released": r, "mistakes": u}."""
+    """For each r of ``grid``: the guesses "in" iff score > 0 on the r largest |score| (ties: lower
+    index), {"released": r, "mistakes": u}."""
     order = np.lexsort((np.arange(len(scores)), -np.abs(scores)))
     wrong = ((scores > 0).astype(int) != np.asarray(bits, dtype=int))[order]
     cum = np.concatenate([[0], np.cumsum(wrong)])
@@ -161,9 +167,9 @@ def mistakes(scores, bits, grid) -> list[dict]:
 
 
 def order_stats_test(scores, bits, claim: Claim, beta: float = 0.05) -> dict:
-    """The order-statistics test of the claim and its ε_lb (module doc): {"claim_rejected", "verdict",
-    "sigma_upper_bound", "at_search_floor", "eps_lower_bound", "eps_claimed", "m", "beta", "beta_per_point",
-    "grid"}."""
+    """The order-statistics test of the claim and its ε_lb (module doc): {"claim_rejected",
+    "verdict", "sigma_upper_bound", "at_search_floor", "eps_lower_bound", "eps_claimed", "m",
+    "beta", "beta_per_point", "grid"}."""
     s, b = check_scores(scores, bits)
     m = s.size
     rows = mistakes(s, b, release_grid(m))
@@ -201,8 +207,9 @@ def mu_lower_bound(
     hi: float = 32.0,
     iters: int = 40,
 ) -> float:
-    """The largest μ whose single-release channel (q = 1: μ-GDP; q < 1: one Poisson-subsampled Gaussian lot)
-    is rejected at level β by u mistakes among r released of m (bisection; 0 when μ = lo is not rejected)."""
+    """The largest μ whose single-release channel (q = 1: μ-GDP; q < 1: one Poisson-subsampled
+    Gaussian lot) is rejected at level β by u mistakes among r released of m (bisection;
+    0 when μ = lo is not rejected)."""
 
     def p(mu):
         return tail_probability(Profile(*channel(q, mu, 1)), u, r, m)
