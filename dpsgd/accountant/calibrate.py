@@ -94,8 +94,9 @@ def sigma_for_epsilon(
         floor = math.log(1.0 / delta) / lam_max  # Abadi et al. 2016, Thm 2.2 with α(λ) >= 0
         if target < floor:
             raise ValueError(
-                f"moments: target_epsilon={target_epsilon!r} is below the moments accountant's floor "
-                f"log(1/delta)/{lam_max} = {floor:.4g} (lambda <= {lam_max}); no sigma reaches it"
+                f"moments: target_epsilon={target_epsilon!r} is below the moments accountant's "
+                f"floor log(1/delta)/{lam_max} = {floor:.4g} (lambda <= {lam_max}); no sigma "
+                "reaches it"
             )
     return smallest_sigma(
         lambda s: epsilon(q, s, steps, delta, accountant, groups, convention),

@@ -130,11 +130,13 @@ class Ledger:
         check_choice(adjacency, "adjacency", ADJACENCIES)
         if event == "poisson" and adjacency == "replace_one" and q != 1.0:
             raise ValueError(
-                f"a Poisson-subsampled entry under replace_one needs q = 1 (a Gaussian), got q={q!r}"
+                "a Poisson-subsampled entry under replace_one needs q = 1 (a Gaussian), got "
+                f"q={q!r}"
             )
         if (event == "wor") != (adjacency == "replace_one") and event != "poisson":
             raise ValueError(
-                f"event={event!r} is accounted under {'replace_one' if event == 'wor' else 'add_remove'}"
+                f"event={event!r} is accounted under "
+                f"{'replace_one' if event == 'wor' else 'add_remove'}"
             )
         if event == "truncated" and not (int(N) >= 1 and int(B) >= 1):
             raise ValueError(f"a truncated entry needs N >= 1 and B >= 1, got N={N!r}, B={B!r}")
@@ -211,8 +213,8 @@ class Ledger:
         for e in self._entries:
             if accountant not in EVENTS[e.event]:
                 raise ValueError(
-                    f"accountant={accountant!r} does not serve {e.event} lots ({e.label or 'entry'}); "
-                    f"use one of {list(EVENTS[e.event])}"
+                    f"accountant={accountant!r} does not serve {e.event} lots "
+                    f"({e.label or 'entry'}); use one of {list(EVENTS[e.event])}"
                 )
         return all(e.event == "poisson" for e in self._entries)
 
@@ -297,7 +299,8 @@ class Ledger:
             if self._entries and {e.adjacency for e in self._entries} != {f["adjacency"]}:
                 raise ValueError(
                     f"steps_within: lots under {f['adjacency']} after entries under "
-                    f"{sorted({e.adjacency for e in self._entries})}; convert first (Ledger.converted)"
+                    f"{sorted({e.adjacency for e in self._entries})}; convert first "
+                    "(Ledger.converted)"
                 )
             return calibrate.steps_within(
                 self._entries,

@@ -117,7 +117,8 @@ def check_groups(groups, name: str = "groups") -> int:
     )
     if isinstance(groups, bool) or not integral or not 1 <= int(groups) <= GROUPS_MAX:
         raise ValueError(
-            f"{name} must be an integer in [1, {GROUPS_MAX:.0e}] (GROUPS_MAX), got {name}={groups!r}"
+            f"{name} must be an integer in [1, {GROUPS_MAX:.0e}] (GROUPS_MAX), got "
+            f"{name}={groups!r}"
         )
     return int(groups)
 

@@ -37,14 +37,16 @@ from .stats.simulate import llr_moments
 
 SAMPLERS = ("poisson",)
 ASSUMES = {
-    "family": "the run is at most as leaky as the claimed mechanism (Poisson-subsampled Gaussian at q, T lots, "
-    "k groups) at some noise multiplier σ′ — a test of the claim, not a bound for every mechanism",
+    "family": "the run is at most as leaky as the claimed mechanism (Poisson-subsampled Gaussian "
+    "at q, T lots, k groups) at some noise multiplier σ′ — a test of the claim, not a bound for "
+    "every mechanism",
     "steinke": "(ε, δ)-DP with respect to each canary (Steinke, Nasr & Jagielski 2023)",
-    "gdp": "μ-GDP with respect to each canary (Mahloujifar, Melis & Chaudhuri 2024); DP-SGD with subsampling "
-    "is not exactly GDP, so this is shown, not used for the verdict",
-    "order_stats": "the claim's family (as family) AND independent canaries, each observed through its own copy of "
-    "the per-canary channel (Xiang et al. 2025, Thm 2): exact for the idealised game; for a real run, "
-    "whose canaries share lots and noise-scale estimate, a heuristic — shown, not used for the verdict",
+    "gdp": "μ-GDP with respect to each canary (Mahloujifar, Melis & Chaudhuri 2024); DP-SGD with "
+    "subsampling is not exactly GDP, so this is shown, not used for the verdict",
+    "order_stats": "the claim's family (as family) AND independent canaries, each observed through "
+    "its own copy of the per-canary channel (Xiang et al. 2025, Thm 2): exact for the idealised "
+    "game; for a real run, whose canaries share lots and noise-scale estimate, a heuristic — "
+    "shown, not used for the verdict",
 }
 
 
@@ -56,8 +58,8 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m dpsgd.audit bound",
-        description="One-run lower bounds on ε from a score file (columns included, score) against a "
-        "claimed DP-SGD mechanism; the verdict is the family test of the claim.",
+        description="One-run lower bounds on ε from a score file (columns included, score) against "
+        "a claimed DP-SGD mechanism; the verdict is the family test of the claim.",
     )
     p.add_argument("--scores", required=True, help="CSV with columns included (0/1) and score")
     p.add_argument(
@@ -165,7 +167,8 @@ def few_warning(m: int) -> str | None:
         return None
     return (
         f"warning: only m={m} canaries: a one-run audit this small can hardly reject any claim "
-        f"(its lower bounds stay near 0), so CONSISTENT says little; audits use ≥ {FEW}, typically 1000"
+        f"(its lower bounds stay near 0), so CONSISTENT says little; audits use ≥ {FEW}, typically "
+        "1000"
     )
 
 
@@ -261,21 +264,22 @@ def score_check(scores, bits, claim: Claim) -> dict:
 def format_bound(r: dict) -> str:
     c = r["claim"]
     lines = [
-        f"claim: Poisson q={c['q']:.6g}, σ={c['sigma']:g}, T={c['steps']} lots, k={c['groups']} (joint), "
-        f"δ={c['delta']:g} → ε_claimed={r['eps_claimed']:.4f}; m={r['m']} canaries ({r['included']} in), "
-        f"confidence {r['confidence']:.0%}"
+        f"claim: Poisson q={c['q']:.6g}, σ={c['sigma']:g}, T={c['steps']} lots, k={c['groups']} "
+        f"(joint), δ={c['delta']:g} → ε_claimed={r['eps_claimed']:.4f}; m={r['m']} canaries "
+        f"({r['included']} in), confidence {r['confidence']:.0%}"
     ]
     f = r["family"]
     sub = (
         "none rejected" if f["sigma_upper_bound"] is None else f"σ′ ≤ {f['sigma_upper_bound']:.4g}"
     )
     lines.append(
-        f"family   ε_lb={f['eps_lb']:.4f} ({sub}; claim {'REJECTED' if f['claim_rejected'] else 'not rejected'})"
-        f"  assumes: {f['assumes']}"
+        f"family   ε_lb={f['eps_lb']:.4f} ({sub}; claim "
+        f"{'REJECTED' if f['claim_rejected'] else 'not rejected'})  assumes: {f['assumes']}"
     )
     s = r["steinke"]
     lines.append(
-        f"steinke  ε_lb={s['eps_lb']:.4f} ({s['correct']}/{s['guesses']} correct)  assumes: {s['assumes']}"
+        f"steinke  ε_lb={s['eps_lb']:.4f} ({s['correct']}/{s['guesses']} correct)  assumes: "
+        f"{s['assumes']}"
     )
     g = r["gdp"]
     lines.append(
@@ -286,14 +290,15 @@ def format_bound(r: dict) -> str:
         "none rejected" if o["sigma_upper_bound"] is None else f"σ′ ≤ {o['sigma_upper_bound']:.4g}"
     )
     lines.append(
-        f"order_stats ε_lb={o['eps_lb']:.4f} ({sub}; claim {'rejected' if o['claim_rejected'] else 'not rejected'})"
-        f"  assumes: {o['assumes']}"
+        f"order_stats ε_lb={o['eps_lb']:.4f} ({sub}; claim "
+        f"{'rejected' if o['claim_rejected'] else 'not rejected'})  assumes: {o['assumes']}"
     )
     sc = r["scores"]
     if sc["var_ratio_out"] is not None:
         lines.append(
-            f"excluded canaries' score variance {sc['out']['var']:.4g} against {sc['out']['var_h0']:.4g} "
-            f"predicted by the claim for the LLR score (ratio {sc['var_ratio_out']:.3f}; > 1: interference)"
+            f"excluded canaries' score variance {sc['out']['var']:.4g} against "
+            f"{sc['out']['var_h0']:.4g} predicted by the claim for the LLR score (ratio "
+            f"{sc['var_ratio_out']:.3f}; > 1: interference)"
         )
     lines.append(f"verdict (family test of the claim): {r['verdict'].upper()}")
     return "\n".join(lines)

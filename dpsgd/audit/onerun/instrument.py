@@ -71,14 +71,15 @@ class AuditOptions:
         self.seed = num("audit.seed", self.seed, integer=True, lo=0, hi=2**62)
         if self.variant == "loose_group" and self.gradient_canaries == 0:
             raise ConfigError(
-                "audit.variant=loose_group: acts on the gradient canaries; audit.gradient_canaries=0"
+                "audit.variant=loose_group: acts on the gradient canaries; "
+                "audit.gradient_canaries=0"
             )
         return self
 
     def summary(self) -> str:
         return (
-            f"one-run audit, {self.gradient_canaries} gradient + {self.input_canaries} input canaries, "
-            f"variant {self.variant}"
+            f"one-run audit, {self.gradient_canaries} gradient + {self.input_canaries} input "
+            f"canaries, variant {self.variant}"
         )
 
 
@@ -130,8 +131,8 @@ class AuditInstrument(Instrument):
             }
             if self.groups_used == 0:
                 raise ConfigError(
-                    f"audit.gradient_canaries={o.gradient_canaries}: no clipping group of this model "
-                    "has that many coordinates (one per canary); use fewer"
+                    f"audit.gradient_canaries={o.gradient_canaries}: no clipping group of this "
+                    "model has that many coordinates (one per canary); use fewer"
                 )
             p.dp.clipper = GradientCanaries(
                 p.clipper,

@@ -90,8 +90,9 @@ def place(
             dirs = sum(len(null[n]) for n in mine)
             if dirs < m:
                 raise ConfigError(
-                    f"audit.gradient_canaries={m}: audit.placement={placement} has {dirs} class-sum "
-                    "directions in the output layer's clipping group (one per canary); use at most that"
+                    f"audit.gradient_canaries={m}: audit.placement={placement} has {dirs} "
+                    "class-sum directions in the output layer's clipping group (one per canary); "
+                    "use at most that"
                 )
             pick = torch.randperm(dirs, generator=gen)[:m]
             start = 0

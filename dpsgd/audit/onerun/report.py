@@ -69,9 +69,9 @@ def _game(name: str, scores, bits, delta: float, beta: float, how: str) -> dict:
 
 
 FAMILY_ASSUMES = (
-    "the run is at most as leaky as its lots' claimed mechanism (Poisson-subsampled Gaussian at q = L/N, "
-    "the run's lots, k groups, joint convention) at some noise multiplier σ′: a test of the claim, "
-    "not a bound for every mechanism"
+    "the run is at most as leaky as its lots' claimed mechanism (Poisson-subsampled Gaussian at "
+    "q = L/N, the run's lots, k groups, joint convention) at some noise multiplier σ′: a test of "
+    "the claim, not a bound for every mechanism"
 )
 
 
@@ -179,7 +179,8 @@ def channel_block(scores, bits, own: Claim, beta: float, proved: bool) -> dict:
     fam = any(fdp_rejected(f, r["guesses"], r["correct"], s.size, per) for r in rows)
     osr = bool(order_stats_rejects(s, b, own, beta))
     return {
-        "assumes": "the mechanism as charged, per group: the claim with the canaries' k_used groups at the run's σ",
+        "assumes": "the mechanism as charged, per group: the claim with the canaries' k_used "
+        "groups at the run's σ",
         "groups": own.groups,
         "eps_channel": own.epsilon(),
         "family_rejected": bool(fam),
@@ -267,8 +268,8 @@ def audit_report(
         "eps_last_iterate_heuristic": last_iterate_epsilon(
             s["L"] / s["N"], sigma, final["steps"], delta, groups=final["k"]
         ),
-        "heuristic_note": "Steinke et al. 2025 (The Last Iterate Advantage): ε of an adversary who sees only the "
-        "final model of a linear-loss run, at q = L/N; a heuristic, not a guarantee",
+        "heuristic_note": "Steinke et al. 2025 (The Last Iterate Advantage): ε of an adversary who "
+        "sees only the final model of a linear-loss run, at q = L/N; a heuristic, not a guarantee",
         "run": _run_block(final, sigma, o, groups_used, placed),
         "seconds": round(seconds, 1),
         "config": config,
@@ -391,7 +392,8 @@ def write_report(run_dir: Path, scored: dict, report: dict, sumsq=None) -> None:
     )  # the scores first: the evidence, whatever follows
     write_json(run_dir / AUDIT, report)
     games = ", ".join(
-        f"{g['game'].split(':')[0]} ε_lb={g['eps_lower_bound']:.3f} ({g['correct']}/{g['guesses']} correct)"
+        f"{g['game'].split(':')[0]} ε_lb={g['eps_lower_bound']:.3f} ({g['correct']}/{g['guesses']} "
+        "correct)"
         for g in report["games"]
     )
     claimed = report["eps_claimed"]
@@ -400,27 +402,31 @@ def write_report(run_dir: Path, scored: dict, report: dict, sumsq=None) -> None:
         ""
         if fam is None
         else (
-            f"; family test of the lots' claim (assumes the claimed mechanism's family): ε_lb={fam['eps_lower_bound']:.3f} "
-            f"against {fam['eps_claimed_lots']:.3f} → {fam['verdict_family'].upper()}; order statistics "
-            f"({fam['order_stats']['independence']}): ε_lb={fam['order_stats']['eps_lower_bound']:.3f}; excluded canaries' "
-            f"score variance / claim's: {fam['interference']['out_var_ratio'] or float('nan'):.3f}"
+            "; family test of the lots' claim (assumes the claimed mechanism's family): "
+            f"ε_lb={fam['eps_lower_bound']:.3f} against {fam['eps_claimed_lots']:.3f} → "
+            f"{fam['verdict_family'].upper()}; order statistics "
+            f"({fam['order_stats']['independence']}): "
+            f"ε_lb={fam['order_stats']['eps_lower_bound']:.3f}; excluded canaries' score variance "
+            f"/ claim's: {fam['interference']['out_var_ratio'] or float('nan'):.3f}"
         )
     )
     if fam is not None and "channel" in fam:
         ch = fam["channel"]
         family += (
-            f"; the canaries' own channel ({ch['groups']} of {fam['claim']['groups']} groups, ε={ch['eps_channel']:.3f}) "
-            f"→ {ch['verdict_channel'].upper()}"
+            f"; the canaries' own channel ({ch['groups']} of {fam['claim']['groups']} groups, "
+            f"ε={ch['eps_channel']:.3f}) → {ch['verdict_channel'].upper()}"
         )
     nt = report.get("noise_test")
     if nt is not None:
         family += (
-            f"; noise along the canaries / claimed σC: {nt['noise_ratio']:.3f} (≤ {nt['noise_ratio_upper']:.3f}, "
-            f"{'exact' if nt['exact'] else 'conservative'} test) → {nt['verdict'].upper()}"
+            f"; noise along the canaries / claimed σC: {nt['noise_ratio']:.3f} (≤ "
+            f"{nt['noise_ratio_upper']:.3f}, {'exact' if nt['exact'] else 'conservative'} test) → "
+            f"{nt['verdict'].upper()}"
         )
     print(
         f"audit [{report['variant']}]: {games} (family-free: Steinke et al.); claimed ε="
         f"{'none' if claimed is None else f'{claimed:.3f}'}, last-iterate heuristic ε="
-        f"{report['eps_last_iterate_heuristic']:.3f} → {report['verdict'].upper()}{family}  ({run_dir / AUDIT})",
+        f"{report['eps_last_iterate_heuristic']:.3f} → {report['verdict'].upper()}{family}  "
+        f"({run_dir / AUDIT})",
         flush=True,
     )

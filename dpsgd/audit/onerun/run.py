@@ -90,7 +90,8 @@ def usage() -> str:
     )
     return (
         "usage: python -m dpsgd.audit run [training overrides] [audit.key=value ...]\n\n"
-        "A one-run audit: trains the configuration (any preset or override that python -m dpsgd.train takes;\n"
+        "A one-run audit: trains the configuration (any preset or override that python -m "
+        "dpsgd.train takes;\n"
         "see python -m dpsgd.train --help) with canaries in its data, then writes audit.json and\n"
         "audit_scores.csv into the run folder (docs/AUDIT.md).\n\naudit options (defaults):\n"
         + opts
@@ -110,7 +111,8 @@ def split_args(args: list[str]) -> tuple[AuditOptions, list[str]]:
         name = key[len("audit.") :]
         if name not in known or not eq:
             raise ConfigError(
-                f"{a}: unknown audit option; one of {', '.join('audit.' + k for k in sorted(known))}"
+                f"{a}: unknown audit option; one of "
+                f"{', '.join('audit.' + k for k in sorted(known))}"
             )
         values[name] = typed_number(value)
     return AuditOptions(**values).validate(), rest
@@ -124,7 +126,8 @@ def rescore_main(argv: list[str]) -> int:
 
     if not argv or not (Path(argv[0]) / AUDIT).is_file():
         print(
-            f"error: rescore: {argv[0] if argv else 'RUN_DIR'}: not an audit run directory (no {AUDIT})",
+            f"error: rescore: {argv[0] if argv else 'RUN_DIR'}: not an audit run directory (no "
+            f"{AUDIT})",
             file=sys.stderr,
         )
         return 2
@@ -141,8 +144,8 @@ def rescore_main(argv: list[str]) -> int:
     (run_dir / AUDIT).replace(run_dir / "audit.superseded.json")
     write_json(run_dir / AUDIT, report)
     print(
-        f"{run_dir / AUDIT}: ε_lb={report['eps_lower_bound']:.4g}, claimed ε={report['eps_claimed']:.4g} → "
-        f"{report['verdict']}"
+        f"{run_dir / AUDIT}: ε_lb={report['eps_lower_bound']:.4g}, claimed "
+        f"ε={report['eps_claimed']:.4g} → {report['verdict']}"
     )
     return 0
 
