@@ -94,8 +94,9 @@ def sigma_for_epsilon(
         floor = math.log(1.0 / delta) / lam_max  # Abadi et al. 2016, Thm 2.2 with α(λ) >= 0
         if target < floor:
             raise ValueError(
-                f"moments: target_epsilon={target_epsilon!r} is below the moments accountant's floor "
-                f"log(1/delta)/{lam_max} = {floor:.4g} (lambda <= {lam_max}); no sigma reaches it"
+                f"moments: target_epsilon={target_epsilon!r} is below the moments accountant's "
+                f"floor log(1/delta)/{lam_max} = {floor:.4g} (lambda <= {lam_max}); no sigma "
+                "reaches it"
             )
     return smallest_sigma(
         lambda s: epsilon(q, s, steps, delta, accountant, groups, convention),
@@ -106,13 +107,13 @@ def sigma_for_epsilon(
 
 
 def smallest_sigma(eps, target: float, rtol: float = 0.005, name: str = "epsilon") -> float:
-    """The one σ search: the smallest σ (to within ``rtol`` in ε) with ``eps(σ)`` <= target, for any ε(σ)
-    that does not increase with σ (a ledger's ε after a run's charges at noise σ).
+    """The one σ search: the smallest σ (to within ``rtol`` in ε) with ``eps(σ)`` <= target, for any
+    ε(σ) that does not increase with σ (a ledger's ε after a run's charges at noise σ).
 
-    Brackets by doubling and halving from [0.5, 1] inside [SIGMA_MIN, SIGMA_MAX], then bisects on log σ
-    keeping ε(σ_hi) <= target; stops when ε(σ_hi) >= (1 − rtol)·target (the calibrated ε is within rtol
-    of the target from below) or the bracket is below 1e-12 relative. ValueError, naming ``name``, when
-    no σ in range reaches the target or every σ does."""
+    Brackets by doubling and halving from [0.5, 1] inside [SIGMA_MIN, SIGMA_MAX], then bisects on
+    log σ keeping ε(σ_hi) <= target; stops when ε(σ_hi) >= (1 − rtol)·target (the calibrated ε is
+    within rtol of the target from below) or the bracket is below 1e-12 relative. ValueError, naming
+    ``name``, when no σ in range reaches the target or every σ does."""
     lo, hi = 0.5, 1.0
     while eps(hi) > target:
         if hi >= SIGMA_MAX:
@@ -256,7 +257,8 @@ def max_steps(
     convention: str = "joint",
     ledger=None,
 ) -> int:
-    """Largest number of further lots (q, σ, groups) keeping ε <= target (after ``ledger``, if any)."""
+    """Largest number of further lots (q, σ, groups) keeping ε <= target
+    (after ``ledger``, if any)."""
     return steps_within(
         ledger.entries if ledger is not None else (),
         target_epsilon,
@@ -293,8 +295,8 @@ def lots_per_epoch(N: float, L: float = 1.0) -> int:
 
 
 def lots_for_epochs(epochs: float, N: float, L: float = 1.0) -> int:
-    """Lots T in ``epochs`` epochs: epochs × ``lots_per_epoch(N, L)``, a fraction of an epoch rounded
-    up to whole lots."""
+    """Lots T in ``epochs`` epochs: epochs × ``lots_per_epoch(N, L)``, a fraction of an epoch
+    rounded up to whole lots."""
     per = lots_per_epoch(N, L)
     if float(epochs).is_integer():
         return int(epochs) * per

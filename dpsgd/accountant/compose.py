@@ -1,20 +1,21 @@
-"""Composition of a training run's releases under one accountant, and the convention that says what a
-lot with k separately clipped tensors is charged as.
+"""Composition of a training run's releases under one accountant, and the convention that says what
+a lot with k separately clipped tensors is charged as.
 
-A release is ``count`` lots of the Poisson-subsampled Gaussian mechanism with sampling rate q and noise
-multiplier σ, each lot clipping ``groups = k`` tensors separately to C and adding N(0, σ²C²) to each:
+A release is ``count`` lots of the Poisson-subsampled Gaussian mechanism with sampling rate q and
+noise multiplier σ, each lot clipping ``groups = k`` tensors separately to C and adding N(0, σ²C²)
+to each:
 
 * ``"joint"`` (correct, default): the k noisy tensors of one lot are one Gaussian mechanism whose
   sensitivity is √k·C (each block has norm <= C), i.e. noise multiplier σ/√k, charged once per lot.
 * ``"per_tensor"`` (the paper's original code): k mechanisms at σ per lot. This under-states ε (σ 2,
   q 0.01, 40 000 lots, k = 2, δ 1e-5: moments accountant ε 8.41 instead of 9.11, RDP 7.66 instead of
-  8.33; ``python -m dpsgd.privacy --q 0.01 --sigma 2 --steps 40000 --groups 2 --convention per_tensor``
-  against ``--convention joint``) and is offered only to reproduce the paper's numbers.
+  8.33; ``python -m dpsgd.privacy --q 0.01 --sigma 2 --steps 40000 --groups 2 --convention
+  per_tensor`` against ``--convention joint``) and is offered only to reproduce the paper's numbers.
 
-The charged mechanisms [(q, σ_eff, n)] then compose: log moments add (Abadi et al. 2016, Thm 2.1) and
-the tail bound gives ε (Thm 2.2); RDP curves add (Mironov 2017, Prop. 1) and convert to (ε, δ)
-(Balle et al. 2020); PLDs convolve (FFT). Per-(q, σ) curves are cached in the accountant modules, so a
-query costs a weighted sum plus a minimum (moments, RDP) or one FFT power per direction (PLD).
+The charged mechanisms [(q, σ_eff, n)] then compose: log moments add (Abadi et al. 2016, Thm 2.1)
+and the tail bound gives ε (Thm 2.2); RDP curves add (Mironov 2017, Prop. 1) and convert to (ε, δ)
+(Balle et al. 2020); PLDs convolve (FFT). Per-(q, σ) curves are cached in the accountant modules, so
+a query costs a weighted sum plus a minimum (moments, RDP) or one FFT power per direction (PLD).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def charge(q: float, sigma: float, groups: int, convention: str) -> tuple[float,
 
 
 def mechanisms(entries, convention: str = "joint") -> list[tuple[float, float, int]]:
-    """[(q, σ_eff, n)] charged for ``entries`` (objects with q, sigma, count, groups), merged by (q, σ_eff)."""
+    """[(q, σ_eff, n)] charged for ``entries`` (objects with q, sigma, count, groups), merged by
+    (q, σ_eff)."""
     check_choice(convention, "convention", CONVENTIONS)
     out: dict = {}
     for e in entries:

@@ -1,28 +1,20 @@
-"""Privacy events: what one release of a run is, typed (in the manner of dp_accounting's ``DpEvent``).
+"""Privacy events: one release of a run, typed (in the manner of dp_accounting's ``DpEvent``).
 
 A sampler says what each of its charges is by returning one of these (``mechanism/sampling.py``:
 ``Sampler.event``, ``Sampler.release``); the ledger records an event ``count`` times
-(``Ledger.record(event, count, label)``) and stores it as an :class:`~dpsgd.accountant.ledger.Entry`,
-the flat record of ``privacy.json`` and the checkpoint (``entry``). Every event carries the noise
-multiplier ``sigma`` that the mechanism *adds* (noise std σ·C, for clipping bound C, or σ_p for
-DP-PCA), and ``groups`` = k, the tensors clipped separately to C, each noised at σC.
+(``Ledger.record(event, count, label)``) and stores it as an
+:class:`~dpsgd.accountant.ledger.Entry`, the flat record of ``privacy.json`` and the checkpoint
+(``entry``). Every event carries the noise multiplier ``sigma`` that the mechanism *adds* (noise
+std σ·C, or σ_p for DP-PCA) and ``groups`` = k, the tensors clipped separately to C.
 
-=====================  =======================  ==============  ==================================================
-event                  fields                   adjacency       stored as (q, sigma, event, adjacency, N, B, t)
-=====================  =======================  ==============  ==================================================
-``Poisson``            q, σ, k                  add_remove      (q, σ, "poisson", "add_remove")
-``Gaussian``           σ, q (= 1), k            either          (q, σ, "poisson", adjacency); DP-PCA: q = fraction
-``FixedSize``          γ = L/N, σ, k            replace_one     (γ, σ, "wor", "replace_one")
-``TruncatedPoisson``   q, σ, N, B, k            add_remove      (q, σ, "truncated", "add_remove", N, B)
-``Allocation``         σ, t, k                  add_remove      (1, σ, "allocation", "add_remove", t = t)
-``Shuffle``            σ, t, k                  replace_one     (1, σ/2, "poisson", "replace_one"): one Gaussian
-                                                                per epoch, sensitivity 2C and noise σC
-=====================  =======================  ==============  ==================================================
+The events: ``Poisson`` (add/remove), ``Gaussian`` (either adjacency; DP-PCA), ``FixedSize``
+(replace-one), ``TruncatedPoisson`` (add/remove), ``Allocation`` (add/remove) and ``Shuffle``
+(replace-one, charged as one Gaussian per epoch). An event is plain data, checked when it is
+recorded (``Ledger.record``); ``from_entry`` reads a stored entry back as the event with the same
+accounting.
 
-An event is plain data, checked when it is recorded (``Ledger.record``: q, σ, k within what the
-accountants serve, the adjacency its kind allows), so a config check can build one before it refuses a
-value. ``from_entry`` reads a stored entry back as the event with the same accounting (a Shuffle epoch
-comes back as the Gaussian it is charged as: the same ε).
+Details (each event's fields, adjacency and stored form): docs/ACCOUNTING.md,
+"dpsgd/accountant/events.py".
 """
 
 from __future__ import annotations
@@ -36,7 +28,8 @@ class Event:
     """One release: its noise multiplier ``sigma`` (as added), ``groups`` = k, its ``adjacency``."""
 
     def entry(self) -> dict:
-        """The fields the ledger stores for one release of this event (``Entry`` minus count, groups, label)."""
+        """The fields the ledger stores for one release of this event
+        (``Entry`` minus count, groups, label)."""
         raise NotImplementedError
 
 
@@ -60,9 +53,9 @@ class Poisson(Event):
 
 @dataclass(frozen=True)
 class Gaussian(Event):
-    """The Gaussian mechanism with noise multiplier σ (per unit of sensitivity), subsampled at rate q
-    (1: not subsampled). DP-PCA: σ = σ_p, q = privacy.pca_fraction. Under replace_one only with q = 1
-    (a Gaussian whose σ already carries the sensitivity 2C: ``Ledger.converted``)."""
+    """The Gaussian mechanism with noise multiplier σ (per unit of sensitivity), subsampled at rate
+    q (1: not subsampled). DP-PCA: σ = σ_p, q = privacy.pca_fraction. Under replace_one only with
+    q = 1 (a Gaussian whose σ already carries the sensitivity 2C: ``Ledger.converted``)."""
 
     sigma: float
     q: float = 1.0
@@ -141,9 +134,9 @@ class Allocation(Event):
 
 @dataclass(frozen=True)
 class Shuffle(Event):
-    """One epoch of a shuffled dataset cut into t lots, each noised at σ: every example in exactly one
-    lot, so under replace-one the epoch is one Gaussian with sensitivity 2C and noise σC (parallel
-    composition), no amplification by sampling: charged as q = 1, σ/2."""
+    """One epoch of a shuffled dataset cut into t lots, each noised at σ: every example in exactly
+    one lot, so under replace-one the epoch is one Gaussian with sensitivity 2C and noise σC
+    (parallel composition), no amplification by sampling: charged as q = 1, σ/2."""
 
     sigma: float
     t: int = 1

@@ -8,32 +8,13 @@ released). The paper proposes it as a prediction of what attacks on the final mo
 for real (non-linear) training; it is not an upper bound on ε for real training (the paper gives
 counterexamples), and the accountants (moments, RDP, PLD) remain the privacy claim.
 
-The pair. T lots, Poisson rate q, noise multiplier σ (clipping norm 1). With linear losses the
-last iterate, projected on the canary's direction, is the sum of the T noisy steps:
+The pair: P = N(0, T·σ²) (canary absent) against Q = Σ_j w_j·N(j, T·σ²), w_j = Binom(T, q)(j)
+(present); ε(δ) is the smallest ε with both hockey-stick divergences <= δ. It is computed exactly
+(one root-find per direction on half-lines, no grid), with the binomial truncated so that the ε
+returned is an upper bound on the heuristic ε.
 
-    P = N(0, T·σ²)                         (canary absent)
-    Q = Σ_{t<=T} Bernoulli(q) + N(0, T·σ²) = Σ_j w_j·N(j, T·σ²),  w_j = Binom(T, q)(j)   (present)
-
-The heuristic ε(δ) is the smallest ε with H_ε(Q‖P) <= δ and H_ε(P‖Q) <= δ (add and remove
-adjacency; H_ε(A‖B) = sup_S A(S) − e^ε B(S), the hockey-stick divergence). For T = 1 this is the
-Poisson-subsampled Gaussian of one lot. k separately clipped groups: σ_eff = σ/√k as
-``compose.charge`` does under the "joint" convention.
-
-Computation: exact, not discretised. There is one release (no composition), and the privacy loss
-L(z) = log Σ_j w_j exp((2jz − j²)/(2Tσ²)) is increasing in z, so the optimal sets are half-lines:
-
-    H_ε(Q‖P) = Q(z > t) − e^ε P(z > t)  at L(t) = ε;   H_ε(P‖Q) = P(z < t) − e^ε Q(z < t)  at L(t) = −ε,
-
-with Gaussian tails from ``scipy.special`` (log_ndtr). The map t ↦ (ε, H) is monotone, so each
-direction is one root-find in t (brentq, xtol T_XTOL·√T·σ). This needs no grid, so ``pld.py``'s
-connect-the-dots discretisation (built for composing many lots of the subsampled Gaussian) is not
-used; the tests compare with dp_accounting's PLD of the same mixture (``MixtureGaussianPrivacyLoss``)
-and with ``pld.epsilon`` at T = 1.
-
-Truncation: the binomial is kept on [j_lo, j_hi] with dropped mass τ <= TAIL_FRACTION·δ (exact,
-from bdtr/bdtrc). Dropping τ from Q changes H(P‖Q) only upward (Q(S) smaller) and H(Q‖P) by at most
-τ; τ is added to the latter, so the ε returned is an upper bound on the heuristic ε (within the
-root-finder's tolerance), larger by at most the effect of a τ change in δ.
+Details (the pair, the computation, the truncation): docs/ACCOUNTING.md,
+"dpsgd/accountant/last_iterate.py".
 """
 
 from __future__ import annotations
@@ -132,8 +113,9 @@ def last_iterate_epsilon(
     s = math.sqrt(s2)
     j, logw, dropped = _support(q, steps, TAIL_FRACTION * delta)
     xtol = T_XTOL * s
-    # brackets: below lo_t P has no mass (H(P‖Q) = 0) and L < 0 (every exponent 2jt − j² <= 0, j >= 0);
-    # above hi_t Q has no mass (H(Q‖P) = 0); hi_t is moved up until L > 0 there (L increases to +∞)
+    # brackets: below lo_t P has no mass (H(P‖Q) = 0) and L < 0 (every exponent 2jt − j² <= 0,
+    # j >= 0); above hi_t Q has no mass (H(Q‖P) = 0); hi_t is moved up until L > 0 there
+    # (L increases to +∞)
     lo_t = -Z_FAR * s - 1.0
     hi_t = float(j[-1]) + Z_FAR * s + 1.0
     while _loss(hi_t, j, logw, s2) <= 0.0:

@@ -4,28 +4,17 @@ A release is (q, σ, count, groups, label): ``count`` lots of the Poisson-sample
 with sampling rate q and noise multiplier σ, where each lot clips ``groups = k`` tensors separately
 to C and adds N(0, σ²C²) to each (the DP-PCA release is q = 1, count = 1). Consecutive identical
 records are merged. Queries charge the records under an explicit ``convention`` (joint, correct; or
-the paper's per_tensor) and compose them under an accountant (``compose.py``): ``"moments"`` (Abadi
-et al. 2016, λ = 1..32, tail bound; order = λ*), ``"rdp"`` (Mironov, Talwar & Zhang 2019, improved
-conversion by default; order = α*), ``"pld"`` (connect-the-dots PLD, FFT; order = None).
+the paper's per_tensor) and compose them under an accountant (``compose.py``): ``"moments"``,
+``"rdp"`` or ``"pld"``.
 
-A release is recorded as a typed privacy event (``events.py``: ``record(event, count, label)``), which
-the run's sampler returns (``mechanism/sampling.py``) and which is stored as one flat ``Entry`` (the
-format of ``privacy.json`` and the checkpoint, unchanged by the events: old ledgers load as they are).
-Every entry names its **event** and its **neighbouring relation** (``adjacency``):
+A release is recorded as a typed privacy event (``events.py``: ``record(event, count, label)``) and
+stored as one flat ``Entry`` (the format of ``privacy.json`` and the checkpoint). Every entry names
+its **event** (``poisson``, ``wor``, ``truncated``, ``allocation``) and its **neighbouring
+relation** (``adjacency``). Composing entries of different relations is refused (ValueError) unless
+they were converted first (:meth:`Ledger.converted`, which names the conversion in the label).
 
-* ``event="poisson"`` — the Poisson-subsampled Gaussian (q, σ) above (q = 1: the Gaussian itself);
-  add/remove, or replace-one with q = 1 only (a Gaussian whose σ already carries the sensitivity 2C);
-* ``event="wor"`` — a fixed-size lot sampled without replacement, γ = q = L/N, replace-one; the RDP
-  accountant (Wang, Balle & Kasiviswanathan 2019, Thm 9: ``wor.py``) and the PLD accountant (the
-  symmetric dominating pair of Dong, Roth & Su 2022, Thm 9 / Zhu, Dong & Wang 2022: ``wor_pld.py``);
-* ``event="truncated"`` — a Poisson lot truncated to B of N examples, add/remove (Ganesh et al. 2025:
-  ``truncated.py``); the PLD accountant only;
-* ``event="allocation"`` — one epoch of random allocation (balls-in-bins) over t lots, add/remove;
-  ``count`` is the number of epochs (Feldman & Shenfeld 2025; Chua et al. 2025: ``allocation.py``);
-  the RDP accountant only.
-
-A statement is in one relation: composing entries of different relations is refused (ValueError)
-unless they were converted first (:meth:`Ledger.converted`, which names the conversion in the label).
+Details (each event, the accountants that serve it, their papers): docs/ACCOUNTING.md,
+"dpsgd/accountant/ledger.py".
 """
 
 from __future__ import annotations
@@ -53,8 +42,9 @@ from .compose import ACCOUNTANTS
 from .renyi.rdp import CONVERSIONS, rdp_curve, rdp_to_epsilon_unchecked
 
 ADJACENCIES = ("add_remove", "replace_one")
-# the one table: an entry's event kind → the accountants that serve it, first the one that is tightest for
-# it; a sampler's and a plan's accountants and neighbouring relation are read from their event
+# the one table: an entry's event kind → the accountants that serve it, first the one that is
+# tightest for it; a sampler's and a plan's accountants and neighbouring relation are read from
+# their event
 EVENTS = {
     "poisson": ("moments", "rdp", "pld"),
     "wor": ("pld", "rdp"),
@@ -101,8 +91,8 @@ class Ledger:
             label: what they were (``pca``, ``sgd``, ``lost``, ...), kept in privacy.json.
 
         Raises:
-            ValueError: naming the value, for a non-event or an event outside what the accountants serve
-                (q, σ, count, k, the adjacency its kind allows).
+            ValueError: naming the value, for a non-event or an event outside what the accountants
+                serve (q, σ, count, k, the adjacency its kind allows).
         """
         _check_event(event, "Ledger.record")
         return self._record_event(event, count, label)
@@ -140,11 +130,13 @@ class Ledger:
         check_choice(adjacency, "adjacency", ADJACENCIES)
         if event == "poisson" and adjacency == "replace_one" and q != 1.0:
             raise ValueError(
-                f"a Poisson-subsampled entry under replace_one needs q = 1 (a Gaussian), got q={q!r}"
+                "a Poisson-subsampled entry under replace_one needs q = 1 (a Gaussian), got "
+                f"q={q!r}"
             )
         if (event == "wor") != (adjacency == "replace_one") and event != "poisson":
             raise ValueError(
-                f"event={event!r} is accounted under {'replace_one' if event == 'wor' else 'add_remove'}"
+                f"event={event!r} is accounted under "
+                f"{'replace_one' if event == 'wor' else 'add_remove'}"
             )
         if event == "truncated" and not (int(N) >= 1 and int(B) >= 1):
             raise ValueError(f"a truncated entry needs N >= 1 and B >= 1, got N={N!r}, B={B!r}")
@@ -168,7 +160,8 @@ class Ledger:
 
     @property
     def adjacency(self) -> str | None:
-        """The one neighbouring relation of every entry (None if empty); ValueError if they differ."""
+        """The one neighbouring relation of every entry (None if empty);
+        ValueError if they differ."""
         rel = sorted({e.adjacency for e in self._entries})
         if len(rel) > 1:
             raise ValueError(
@@ -179,10 +172,10 @@ class Ledger:
 
     def converted(self, adjacency: str) -> "Ledger":
         """This ledger with every entry under ``adjacency``. add/remove → replace-one, for a
-        (subsampled) Gaussian release: replacing one example is removing it and adding another, so the
-        sum moves by at most 2× the add/remove sensitivity; charged as the Gaussian with q = 1 (no
-        amplification by sampling claimed) and σ/2 (Dwork & Roth 2014, group privacy for k = 2 is
-        the general rule; for the Gaussian, doubling the sensitivity is exact). replace-one →
+        (subsampled) Gaussian release: replacing one example is removing it and adding another, so
+        the sum moves by at most 2× the add/remove sensitivity; charged as the Gaussian with q = 1
+        (no amplification by sampling claimed) and σ/2 (Dwork & Roth 2014, group privacy for k = 2
+        is the general rule; for the Gaussian, doubling the sensitivity is exact). replace-one →
         add/remove is not offered (fixed-size lots have no add/remove analysis here)."""
         check_choice(adjacency, "adjacency", ADJACENCIES)
         out = Ledger()
@@ -220,8 +213,8 @@ class Ledger:
         for e in self._entries:
             if accountant not in EVENTS[e.event]:
                 raise ValueError(
-                    f"accountant={accountant!r} does not serve {e.event} lots ({e.label or 'entry'}); "
-                    f"use one of {list(EVENTS[e.event])}"
+                    f"accountant={accountant!r} does not serve {e.event} lots "
+                    f"({e.label or 'entry'}); use one of {list(EVENTS[e.event])}"
                 )
         return all(e.event == "poisson" for e in self._entries)
 
@@ -236,7 +229,8 @@ class Ledger:
 
         Args:
             delta: δ in (0, 1).
-            accountant: ``moments``, ``rdp`` or ``pld`` (an entry's kind may be served by some only).
+            accountant: ``moments``, ``rdp`` or ``pld``
+                (an entry's kind may be served by some only).
             convention: ``joint`` (k groups = one Gaussian at σ/√k: correct) or ``per_tensor`` (the
                 paper code's k mechanisms at σ: under-states ε).
             conversion: ``improved`` or ``paper``: the RDP → (ε, δ) conversion (RDP only).
@@ -275,7 +269,8 @@ class Ledger:
         convention: str = "joint",
         conversion: str = "improved",
     ):
-        """(δ, order) at ε under the chosen accountant; (0.0, None) if empty (Poisson entries only)."""
+        """(δ, order) at ε under the chosen accountant; (0.0, None) if empty
+        (Poisson entries only)."""
         epsilon = check_epsilon(epsilon)
         if not self._plain(accountant, conversion):
             raise ValueError("delta(epsilon) is served for Poisson-subsampled entries only")
@@ -293,9 +288,10 @@ class Ledger:
         conversion: str = "improved",
     ) -> int:
         """Largest n >= 0 such that ε after n more releases of ``event`` (an
-        :mod:`~dpsgd.accountant.events` event) is <= target (:func:`dpsgd.accountant.calibrate.steps_within`
-        for Poisson lots; otherwise a doubling and bisection search on n, ε being non-decreasing in n).
-        ValueError for anything that is not an event; the event is checked as if recorded."""
+        :mod:`~dpsgd.accountant.events` event) is <= target
+        (:func:`dpsgd.accountant.calibrate.steps_within` for Poisson lots; otherwise a doubling and
+        bisection search on n, ε being non-decreasing in n). ValueError for anything that is not an
+        event; the event is checked as if recorded."""
         _check_event(event, "Ledger.steps_within")
         Ledger()._record_event(event, 1)  # q, σ, k, adjacency: checked as recorded
         f = {"N": 0, "B": 0, "t": 0} | event.entry()
@@ -303,7 +299,8 @@ class Ledger:
             if self._entries and {e.adjacency for e in self._entries} != {f["adjacency"]}:
                 raise ValueError(
                     f"steps_within: lots under {f['adjacency']} after entries under "
-                    f"{sorted({e.adjacency for e in self._entries})}; convert first (Ledger.converted)"
+                    f"{sorted({e.adjacency for e in self._entries})}; convert first "
+                    "(Ledger.converted)"
                 )
             return calibrate.steps_within(
                 self._entries,

@@ -4,25 +4,13 @@ Each check raises ``ValueError`` naming the parameter *and* the offending value,
 starts. Booleans are rejected where numbers are expected.
 
 Serviceable ranges (what the accountants can compute, in double precision, in bounded time and
-memory; the training config validator imports the same constants):
+memory; the training config validator imports the same constants): ``SIGMA_MIN = 0.01`` and
+``SIGMA_MAX = 1e6`` (noise multiplier σ; with per-layer clipping σ/√k must also be >= SIGMA_MIN for
+the PLD and strong-composition accountants), ``Q_MIN = 1e-12`` (q ∈ [Q_MIN, 1]),
+``STEPS_MAX = 10**9`` (lots in one query), ``GROUPS_MAX = 10**5`` (separately clipped tensors per
+lot), ``DELTA_MIN = 1e-100`` (δ ∈ [DELTA_MIN, 1)) and ``EPSILON_MAX = 1e4`` (ε ∈ (0, EPSILON_MAX]).
 
-* ``SIGMA_MIN = 0.01``, ``SIGMA_MAX = 1e6`` — noise multiplier σ. At σ = 0.01 one lot at q = 1 has
-  privacy loss ~1/(2σ²) = 5000 (ε ≈ 5400 at δ = 1e-5), which the PLD grid still resolves; below, ε
-  is in the tens of thousands and means nothing. At σ = 1e6 even STEPS_MAX lots at q = 1 give
-  ε ≈ 0.1 (δ = 1e-5, RDP); larger σ only adds losses ~1/σ² far below the PLD grid spacing.
-  (With per-layer clipping the mechanism is charged at σ/√k, which must also be >= SIGMA_MIN
-  for the PLD and strong-composition accountants.)
-* ``Q_MIN = 1e-12`` — sampling rate q = L/N (N up to 10^12 examples); q ∈ [Q_MIN, 1].
-* ``STEPS_MAX = 10**9`` — lots / releases in one query (also the cap of ``Ledger.steps_within``).
-  Near it the PLD's per-lot discretisation error (~h² per lot at h = 1e-4) adds up to O(1), so
-  PLD can come out above RDP there (still an upper bound), and at small σ its composed loss is too
-  wide for the grid (PLD refuses); beyond it nothing is meaningful.
-* ``GROUPS_MAX = 10**5`` — separately clipped tensors per lot.
-* ``DELTA_MIN = 1e-100`` — δ ∈ [DELTA_MIN, 1). PLD scales its tail budgets to δ (tested to 1e-100;
-  never below the exact ε at q = 1 and for one lot, checked to 1e-30); the moments accountant's
-  tail bound then has the floor log(1/δ)/32 ≈ 7.2.
-* ``EPSILON_MAX = 1e4`` — a target ε, or the ε of a δ(ε) query; ε ∈ (0, EPSILON_MAX]. Every ε
-  reachable with σ >= SIGMA_MIN in a handful of lots is below it.
+Details (why each range ends where it does): docs/ACCOUNTING.md, "dpsgd/accountant/limits.py".
 """
 
 from __future__ import annotations
@@ -30,8 +18,8 @@ from __future__ import annotations
 import math
 import numbers
 
-# δ = 1e-5, the paper's (Abadi et al. 2016, §5: δ = 1e-5 < 1/N for MNIST's N = 60 000): the one default of
-# every command and configuration (privacy.delta, --delta)
+# δ = 1e-5, the paper's (Abadi et al. 2016, §5: δ = 1e-5 < 1/N for MNIST's N = 60 000): the one
+# default of every command and configuration (privacy.delta, --delta)
 DELTA_DEFAULT = 1e-5
 SIGMA_MIN = 0.01
 SIGMA_MAX = 1e6
@@ -93,7 +81,8 @@ def check_epsilon(epsilon, name: str = "epsilon") -> float:
 
 
 def check_steps(steps, name: str = "steps") -> int:
-    """A number of lots / releases: an integer in [0, STEPS_MAX] (integral floats such as 1e4 too)."""
+    """A number of lots / releases: an integer in [0, STEPS_MAX]
+    (integral floats such as 1e4 too)."""
     if type(steps) is int and 0 <= steps <= STEPS_MAX:  # fast path
         return steps
     if isinstance(steps, bool):
@@ -128,7 +117,8 @@ def check_groups(groups, name: str = "groups") -> int:
     )
     if isinstance(groups, bool) or not integral or not 1 <= int(groups) <= GROUPS_MAX:
         raise ValueError(
-            f"{name} must be an integer in [1, {GROUPS_MAX:.0e}] (GROUPS_MAX), got {name}={groups!r}"
+            f"{name} must be an integer in [1, {GROUPS_MAX:.0e}] (GROUPS_MAX), got "
+            f"{name}={groups!r}"
         )
     return int(groups)
 

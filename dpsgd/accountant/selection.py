@@ -1,26 +1,19 @@
-"""Private hyperparameter selection: the RDP of "run a random number K of candidates, release the best".
+"""Private hyperparameter selection: RDP of "run a random number K of candidates, release the best".
 
 Papernot & Steinke 2022, "Hyperparameter Tuning with Rényi Differential Privacy" (ICLR 2022,
-arXiv 2110.03620; improving Liu & Talwar, STOC 2019). Each candidate run Q (DP-SGD with its own
-hyperparameters, its score included in its output) satisfies (λ, ε(λ))-RDP at every order λ; A draws
-K ~ D, runs Q K times independently and releases only the best (run, score). With the curve ε(λ)
-bounding every candidate (the per-order maximum of their curves):
+arXiv 2110.03620; improving Liu & Talwar, STOC 2019). Each candidate run Q satisfies
+(λ, ε(λ))-RDP at every order λ; A draws K ~ D, runs Q K times independently and releases only the
+best (run, score). The distributions of K:
 
-* ``fixed`` K = k: the k runs compose (Mironov 2017, Prop. 1) and the best is post-processing:
-  ε'(λ) = k·ε(λ). k = 1 is the base run itself, exactly.
-* ``poisson`` K ~ Poisson(μ) (Papernot & Steinke, Thm 6): if Q is also (ε̂, δ̂)-DP with
-  e^ε̂ <= 1 + 1/(λ − 1), then ε'(λ) = ε(λ) + μ·δ̂ + log(μ)/(λ − 1). As in their proof we take
-  ε̂ = log(1 + 1/(λ − 1)) and δ̂ = δ(ε̂) of the base curve (RDP → DP, ``rdp.rdp_to_delta``).
-  K = 0 releases nothing. μ >= 1 is required here (as dp_accounting does).
-* ``truncated_negative_binomial`` K ~ D_{η,γ} (their Definition 1: P[K = k] ∝ (1 − γ)^k·C(k+η−1, k),
-  k >= 1; η = 1 geometric, η = 0 logarithmic) (Papernot & Steinke, Thm 2): for any λ̂ >= 1,
-  ε'(λ) = ε(λ) + (1 + η)(1 − 1/λ̂)·ε(λ̂) + (1 + η)·log(1/γ)/λ̂ + log(E[K])/(λ − 1),
-  E[K] = η(1 − γ)/(γ(1 − γ^η)) (η > 0), (1/γ − 1)/log(1/γ) (η = 0); minimised over λ̂ in the orders.
+* ``fixed`` K = k: ε'(λ) = k·ε(λ) (composition; the best is post-processing);
+* ``poisson`` K ~ Poisson(μ), μ >= 1 (their Thm 6);
+* ``truncated_negative_binomial`` K ~ D_{η,γ} (their Thm 2), minimised over λ̂ in the orders.
 
-RDP is non-decreasing in λ (Mironov 2017, Prop. 9), so each ε'(λ) is also bounded by ε'(λ') for
-λ' > λ (suffix minimum). (ε, δ) then follows from the repository's RDP → DP conversion
-(``rdp.rdp_to_epsilon``). :func:`solve_base` is the inverse direction: the largest base budget whose
+Each ε'(λ) is then bounded by ε'(λ') for λ' > λ too (suffix minimum), and (ε, δ) follows from
+``rdp.rdp_to_epsilon``. :func:`solve_base` is the inverse direction: the largest base budget whose
 tuned release still meets a total target.
+
+Details (each bound as implemented): docs/ACCOUNTING.md, "dpsgd/accountant/selection.py".
 """
 
 from __future__ import annotations
@@ -171,8 +164,9 @@ def solve_base(
 
 
 def score_rdp(score_sigma: float | None, orders=rdp.DEFAULT_ORDERS) -> np.ndarray:
-    """RDP of the candidate's score: the count of correct validation predictions (sensitivity 1) plus
-    N(0, score_sigma²), the Gaussian mechanism's α/(2σ²) (Mironov 2017, Prop. 7); 0 without noise."""
+    """RDP of the candidate's score: the count of correct validation predictions (sensitivity 1)
+    plus N(0, score_sigma²), the Gaussian mechanism's α/(2σ²) (Mironov 2017, Prop. 7);
+    0 without noise."""
     a = np.asarray(orders, dtype=float)
     return np.zeros_like(a) if score_sigma is None else a / (2.0 * float(score_sigma) ** 2)
 
@@ -187,9 +181,9 @@ def plan_sigmas(
     convention: str = "joint",
 ):
     """σ_i for each candidate (q_i, lots_i, groups_i) so that the tuned release spends at most
-    ``target_epsilon``: every candidate is calibrated (RDP accountant) to one base ε_b, and ε_b is the
-    largest (:func:`solve_base`) whose base curve (max over the candidates, plus the score's RDP)
-    passes through the theorem within the target. Returns (ε_b, [σ_i], base curve, (ε, λ*))."""
+    ``target_epsilon``: every candidate is calibrated (RDP accountant) to one base ε_b, and ε_b is
+    the largest (:func:`solve_base`) whose base curve (max over the candidates, plus the score's
+    RDP) passes through the theorem within the target. Returns (ε_b, [σ_i], base curve, (ε, λ*))."""
     cands = [(check_q(q), check_steps(n, "lots"), check_groups(k)) for q, n, k in candidates]
     if not cands:
         raise ValueError("candidates: at least one candidate is needed")

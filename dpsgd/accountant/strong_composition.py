@@ -2,31 +2,18 @@
 
 Each lot is a Gaussian mechanism (noise multiplier σ) run on a Poisson sample of rate q; T lots are
 composed with the advanced composition theorem of Dwork, Rothblum & Vadhan 2010 (Dwork & Roth 2014,
-Thm 3.20): T mechanisms that are each (ε', δ')-DP are (ε, Tδ' + δ'')-DP with
+Thm 3.20), ε = ε'·sqrt(2T ln(1/δ'')) + T·ε'(e^{ε'} − 1), the split of δ optimised numerically.
+``form="expm1"`` (default) is the theorem as stated; ``form="square"`` (T·ε'², smaller, not a
+bound) is what matches the figure's printed number.
 
-    ε = ε'·sqrt(2T ln(1/δ'')) + T·ε'(e^{ε'} − 1).
+Two labelled variants: ``variant="paper"`` (the classical Gaussian mechanism and *linear*
+amplification by sampling: reproduces Figure 2, NOT a valid privacy bound) and
+``variant="valid"`` (the correct amplification by Poisson sampling and, by default, the exact
+"analytic" Gaussian mechanism of Balle & Wang 2018; ``gaussian="classical"`` isolates the effect
+of the amplification alone). Where the bound overflows a double (σ ≲ 0.03), ε is ``math.inf``.
 
-The split of δ between T·δ' and δ'' is optimised numerically. ``form="expm1"`` (default) is the
-theorem as stated; ``form="square"`` replaces T·ε'(e^{ε'} − 1) by its first-order T·ε'², which
-is *smaller* (e^x − 1 >= x), so it is not a bound either — it is offered because it is what matches
-the figure's printed number: at the Figure-2 point (q = 0.01, σ = 4, δ = 1e-5, T = 10 000, E = 100
-epochs) the paper variant gives 9.3532 with ``"expm1"`` and 9.3376 with ``"square"``; the figure
-reads 9.34. The CLI and experiments keep ``"expm1"`` (9.353), the theorem's own form.
-
-Two labelled variants:
-
-* ``variant="paper"`` (Figure 2, to 0.02 with the default form; to 0.003 with "square"): ε0 from
-  the classical Gaussian mechanism σ = sqrt(2 ln(1.25/δ0))/ε0 (Dwork & Roth 2014, Thm A.1,
-  stated for ε0 < 1) and *linear* amplification by sampling ε' = q·ε0, δ' = q·δ0. At the paper's point ε0 ≈ 1.46, where neither
-  step holds, so this variant is NOT a valid privacy bound: it only reproduces the figure.
-* ``variant="valid"``: the correct amplification by Poisson sampling
-  ε' = log(1 + q(e^{ε0} − 1)), δ' = q·δ0 (Balle, Barthe & Gaboardi 2018, Thm 8; Li, Qardaji & Su
-  2012), and by default ε0 from the exact ("analytic") Gaussian mechanism of Balle & Wang 2018
-  (Thm 8), which holds for every ε0. ``gaussian="classical"`` keeps the paper's σ ↔ ε0 relation
-  (valid only where ε0 < 1) to isolate the effect of the amplification alone.
-
-Where the per-lot ε' is so large that the bound overflows a double (σ ≲ 0.03), ε is ``math.inf``
-(a true, if empty, statement: the calibration and the CLI treat it as "no finite bound").
+Details (the figure's numbers, each variant's theorems): docs/ACCOUNTING.md,
+"dpsgd/accountant/strong_composition.py".
 """
 
 from __future__ import annotations

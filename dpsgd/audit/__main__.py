@@ -1,8 +1,9 @@
-"""``python -m dpsgd.audit run ...``: a one-run audit of a training configuration (``dpsgd.audit.onerun.run``);
-``python -m dpsgd.audit rescore RUN_DIR``: its audit.json recomputed from the run's files;
-``python -m dpsgd.audit bound --scores F.csv ...``: every one-run bound of a score file against a claim
-(``dpsgd.audit.onerun.bound_file``);
-``python -m dpsgd.audit [step] ...``: the one-step distinguishing game (``dpsgd.audit.game.cli``)."""
+"""``python -m dpsgd.audit run ...``: a one-run audit of a training configuration
+(``dpsgd.audit.onerun.run``); ``python -m dpsgd.audit rescore RUN_DIR``: its audit.json recomputed
+from the run's files; ``python -m dpsgd.audit bound --scores F.csv ...``: every one-run bound of a
+score file against a claim (``dpsgd.audit.onerun.bound_file``);
+``python -m dpsgd.audit [step] ...``: the one-step distinguishing game
+(``dpsgd.audit.game.cli``)."""
 
 import sys
 

@@ -8,25 +8,25 @@ clipper and DPSGD step), while the claim is computed as if nothing were broken:
 * ``no_clip``        — the engine's clipping is off (``clip_norm = None``); the noise is still σC;
 * ``noise_div10``    — the step adds noise σC/10;
 * ``noise_per_rank`` — noise sized for a local batch on each of R ranks: every rank adds
-  N(0, (σC/R)²) (σC scaled by its share L/R of the lot over L), and the R draws are summed: std σC/√R
-  (with one process the R draws are made in it; the claim stays σ);
-* ``realised_lot``   — the noisy sum divided by the lot's realised size |L_t| instead of the expected L
-  (the lot as this process holds it);
-* ``loose_group``    — the first clipping group that carries gradient canaries clipped at 2C while C is
-  claimed (applied to the gradient canaries' contributions, which is what the audit observes).
+  N(0, (σC/R)²) (σC scaled by its share L/R of the lot over L), and the R draws are summed: std
+  σC/√R (with one process the R draws are made in it; the claim stays σ);
+* ``realised_lot``   — the noisy sum divided by the lot's realised size |L_t| instead of the
+  expected L (the lot as this process holds it);
+* ``loose_group``    — the first clipping group that carries gradient canaries clipped at 2C while C
+  is claimed (applied to the gradient canaries' contributions, which is what the audit observes).
 """
 
 from __future__ import annotations
 
 VARIANTS = ("correct", "no_clip", "noise_div10", "noise_per_rank", "realised_lot", "loose_group")
-# the ones the one-step game plays (loose_group acts on the one-run audit's gradient canaries; the game's
-# realised_lot needs its mnist_other setting, dpsgd/audit/game/settings.py)
+# the ones the one-step game plays (loose_group acts on the one-run audit's gradient canaries; the
+# game's realised_lot needs its mnist_other setting, dpsgd/audit/game/settings.py)
 GAME_VARIANTS = ("correct", "no_clip", "noise_div10", "realised_lot")
 
 
 class ScaledNoise:
-    """The noise source with every draw's std multiplied by ``factor`` (the plan, and so the claim, unchanged);
-    every other attribute is the wrapped source's."""
+    """The noise source with every draw's std multiplied by ``factor`` (the plan, and so the claim,
+    unchanged); every other attribute is the wrapped source's."""
 
     def __init__(self, inner, factor: float):
         self.inner, self.factor = inner, float(factor)
@@ -39,7 +39,8 @@ class ScaledNoise:
 
 
 class PerRankNoise(ScaledNoise):
-    """R independent draws of N(0, (std/R)²) per call: the sum over R ranks of noise sized for a local batch."""
+    """R independent draws of N(0, (std/R)²) per call: the sum over R ranks of noise sized for a
+    local batch."""
 
     def __init__(self, inner, ranks: int):
         super().__init__(inner, 1.0 / int(ranks))
@@ -52,8 +53,9 @@ class PerRankNoise(ScaledNoise):
 
 
 def break_mechanism(parts, variant: str, ranks: int = 4) -> None:
-    """Apply ``variant`` to built parts (``parts.dp``: the DPSGD step, ``parts.clipper``: its clipping
-    engine), in place; ``correct`` and ``loose_group`` (applied by the canaries) change nothing here."""
+    """Apply ``variant`` to built parts (``parts.dp``: the DPSGD step, ``parts.clipper``: its
+    clipping engine), in place; ``correct`` and ``loose_group``
+    (applied by the canaries) change nothing here."""
     dp = parts.dp
     if variant == "no_clip":
         parts.clipper.clip_norm = None

@@ -1,49 +1,18 @@
 """Tight accounting: the privacy loss distribution (PLD) of the Poisson-subsampled Gaussian.
 
 Privacy loss of one lot (q, σ), add-or-remove adjacency (Koskela, Jälkö & Honkela 2020; Zhu, Dong &
-Wang 2022), with μ0 = N(0, σ²), μ = (1 − q)·μ0 + q·N(1, σ²):
+Wang 2022), with μ0 = N(0, σ²), μ = (1 − q)·μ0 + q·N(1, σ²): remove P = μ, Q = μ0; add P = μ0,
+Q = μ; L(z) = ±log(1 − q + q·exp((2z − 1)/(2σ²))) and δ(ε) = E_P[(1 − e^{ε − L})_+]. The composed
+guarantee is the maximum over the two directions, each composed over all lots.
 
-* remove: P = μ, Q = μ0,  L(z) = log(1 − q + q·exp((2z − 1)/(2σ²))) (increasing in z)
-* add:    P = μ0, Q = μ,  L(z) = −log(1 − q + q·exp((2z − 1)/(2σ²))) (decreasing in z)
+The discrete PLD of one lot (connect the dots) is ``pld_lot.py``; the composition of many lots by
+FFT is ``pld_fft.py``. This module composes releases [(q, σ, count), ...] both ways and answers
+ε(δ) and δ(ε), choosing between the untilted composition and, for tiny δ (below TILT_BELOW = 1e-12,
+or where the FFT round-off would set ε), the exponentially tilted one with δ-scaled tails. Both
+return upper bounds; the ε returned satisfies δ(ε) <= δ in floating point too.
 
-and δ(ε) = E_P[(1 − e^{ε − L})_+] (hockey-stick divergence); the composed guarantee is the
-maximum over the two directions, each composed over all lots.
-
-The discrete PLD of one lot (connect the dots: a pessimistic discretisation on the grid ε_i = i·h) is
-``pld_lot.py``; the composition of many lots by FFT, with its Chernoff windows and exponential tilting,
-is ``pld_fft.py``. This module composes releases [(q, σ, count), ...] both ways and answers ε(δ) and
-δ(ε), choosing between the untilted and the tilted composition:
-
-Tiny δ. Three things in those modules are budgets in absolute probability — the per-lot tail STEP_TAIL, the
-window tail WINDOW_TAIL, and the FFT round-off ``noise`` (~1e-13..1e-10 for 10^3..10^5 lots) — so
-for small δ they, not the mechanism, would set ε (150 000 lots at q = 0.002, σ = 2: ε(1e-12) = 5.98
-untilted, 2.835 tilted). The untilted composition therefore answers only where δ >= TILT_BELOW =
-1e-12 *and* noise <= TAIL_FRACTION·δ (for ε queries; for δ queries, its own answer); otherwise:
-
-* the per-lot tail is TAIL_FRACTION·δ / (total lots) (a power of ten), so the ∞ atom stays a
-  1e-3 share of δ;
-* the composition is computed under exponential tilting (Esscher transform): with θ the Chernoff
-  optimum for this δ, each lot's pmf ω_i is replaced by ω_i·e^{θε_i − Λ(θ)} (a probability), the
-  tilted pmfs are composed by FFT, and the composed pmf is untilted, c_k = c̃_k·e^{ΣnΛ(θ) − θℓ_k}.
-  Tilting commutes with convolution, so this is the same composed PLD, but the FFT now resolves
-  the region ℓ ≈ ε (the tilted mean) to ~1e-16 *relative* accuracy. The window is placed on the
-  tilted pmf; its mass above the window (wrapped down by M·h, hence weighted e^{θMh} too much, and
-  mass below it (weighted e^{−θMh}) only ever add to δ, and the window is made wide enough that
-  both additions are below TAIL_FRACTION·δ; the untilted mass above the window is added to δ as
-  before. If the answer falls below the window, the untilted result is returned instead;
-* nothing is kept above the support's top (Σ n·largest per-lot loss with mass): there the
-  composed pmf is exactly 0, so round-off and aliasing are dropped and the tail is 0 if the
-  window reaches it;
-* the interval excess P(I) − e^{ε_i} Q(I) is formed as q(G1 − G0) − (e^{ε_i} − 1)G0 (remove; the
-  add direction likewise), not as the difference of two probabilities that agree to ~q/σ: for
-  tiny q/σ that difference, ~1e-19, is itself below δ's scale and must not round to 0.
-
-Both paths return upper bounds, so the switch between them moves ε by no more than their
-discretisation (ε is continuous and monotone across δ = 1e-12). Where ε is below
-~log(1/δ)/316 (the largest tilt on the t grid; 0.15 at δ = 1e-20) the tilt cannot reach the answer:
-the untilted composition with δ-scaled tails answers, its round-off estimate added to δ, and ε can
-be loose (an upper bound still; e.g. 0.027 for q = 1e-6, σ = 1, 100 lots, δ = 1e-20). The inversion
-ε(δ) on one discrete PLD is rounded up: the ε returned satisfies δ(ε) <= δ in floating point too.
+Details (the tiny-δ rules, where the tilt cannot reach): docs/ACCOUNTING.md,
+"dpsgd/accountant/privacy_loss/pld.py".
 """
 
 from __future__ import annotations

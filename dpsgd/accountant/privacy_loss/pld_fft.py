@@ -1,24 +1,16 @@
-"""Composition of per-lot discrete PLDs by FFT: Chernoff windows, exponential tilting, δ(ε) and ε(δ).
+"""Composition of per-lot discrete PLDs by FFT: Chernoff windows, exponential tilting, δ(ε), ε(δ).
 
-Composition by FFT: the per-lot pmf is placed on a cyclic grid of M points (index k at k mod M);
-its FFT is cached and T lots are F^T followed by one inverse FFT. The window [a, a + M) is chosen
-from Chernoff bounds on the composed loss (with the discrete pmf's own moment generating
-function Λ(t), on a grid of t): the mass above the window, τ ≤ 1e-15 by construction, is added to
-δ; mass below the window aliases into the window, where it can only be counted with a larger
-weight, so aliasing never makes δ smaller. FFT round-off is clipped at zero; it grows with the
-number of lots T (F^T multiplies each coefficient's relative error by T), and its estimate
-``noise`` = T·eps·√M·‖c‖₂ (Parseval, M bins summed; 10^4..10^5 times the largest negative bin
-seen) decides where this untilted composition answers (``pld.py``: ``_serves``). h starts at 1e-4 and
-doubles only when the window would need more than 2^18 points (nested grids: a coarser h can
-only increase ε), so ε is monotone in T (the exact discrete PLD's δ(ε) cannot fall when a lot is
-added, since E[e^{−L}] <= 1 for each lot).
+The per-lot pmf is placed on a cyclic grid of M points; T lots are its FFT to the power T and one
+inverse FFT. The window is chosen from Chernoff bounds on the composed loss: the mass above it is
+added to δ, mass below it aliases upwards (pessimistic), FFT round-off is clipped at zero and its
+estimate ``noise`` decides where this untilted composition answers (``pld.py``: ``_serves``). h
+starts at 1e-4 and doubles only when the window would need more than 2^18 points, so ε is
+monotone in T. For tiny δ the composition is tilted (Esscher transform) at the Chernoff θ
+(``_tilted_window``). A grid coarser than MAX_INTERVAL = 1 is refused (ValueError naming pld).
+The ε returned satisfies δ(ε) <= δ in floating point too.
 
-For tiny δ (``pld.py`` decides when) the composition is tilted (Esscher transform) at the Chernoff θ
-for δ, on a window placed on the tilted pmf (``_tilted_window``), and untilted after the inverse FFT;
-nothing is kept above the support's top. Off the ordinary path (tilted, or h already coarsened for
-tiny σ) h jumps straight to about the needed coarseness instead of doubling one step at a time; a grid
-coarser than MAX_INTERVAL = 1 is refused (ValueError naming pld). The inversion ε(δ) on one discrete
-PLD is rounded up: the ε returned satisfies δ(ε) <= δ in floating point too.
+Details (the window, the round-off estimate, the coarsening): docs/ACCOUNTING.md,
+"dpsgd/accountant/privacy_loss/pld_fft.py".
 """
 
 from __future__ import annotations
@@ -106,7 +98,8 @@ def _tilted_window(lam, k, h, log_eta, sup):
 
 
 def _plan(releases, direction, interval, z_tail=_z_tail(STEP_TAIL), delta=None, eps=None):
-    """(h, a, m, lam, k_theta): grid spacing, window start, FFT size, Λ totals, tilt index (−1: none)."""
+    """(h, a, m, lam, k_theta): grid spacing, window start, FFT size, Λ totals, tilt index
+    (−1: none)."""
     h = _lot_interval(releases, direction, interval, z_tail)
     ordinary = delta is None and eps is None and h == interval
     while True:

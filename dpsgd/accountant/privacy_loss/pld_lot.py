@@ -1,30 +1,19 @@
-"""One lot's privacy loss distribution (PLD): the Poisson-subsampled Gaussian, discretised pessimistically.
+"""One lot's PLD: the Poisson-subsampled Gaussian, discretised pessimistically.
 
-The loss L(z) of one lot (q, σ) in each direction (remove, add) is defined in the module doc of
-``dpsgd/accountant/privacy_loss/pld.py`` (Koskela, Jälkö & Honkela 2020; Zhu, Dong & Wang 2022); this module
-discretises it, one lot at a time (``_step_pmf``); ``pld_fft.py`` composes the lots.
+The loss L(z) of one lot (q, σ) in each direction (remove, add) is defined in
+``dpsgd/accountant/privacy_loss/pld.py``; this module discretises it, one lot at a time
+(``_step_pmf``); ``pld_fft.py`` composes the lots.
 
 Discretisation ("connect the dots", Doroshenko, Ghazi, Kamath, Kumar & Manurangsi 2022, PETS):
-on the grid ε_i = i·h the per-lot PLD is replaced by the discrete PLD whose privacy profile, as a
-function of x = e^ε, linearly interpolates the exact profile at the grid points. The exact profile
-is convex in x, so the interpolation dominates it: the discrete PLD is a *pessimistic* (dominating)
-pair and every ε reported is an upper bound, with O(h²) error per lot instead of the O(h) of
-rounding losses up. The probabilities are computed from exact Gaussian interval masses
-(interval (ε_i, ε_{i+1}]: its Q-mass is split between the two end points so that the P-mass is
-preserved), all terms non-negative; mass beyond the largest grid loss goes to an "infinite loss"
-atom (added to δ) and mass below the smallest is moved up to it (pessimistic). Where the grid
-reaches losses above 700 (σ ≲ 0.04), the products e^{ε_i}·Q(I_i) are formed in log space
-(log-Gaussian interval masses), so no overflow can empty the pmf; so are those of intervals whose
-Q-mass is below _Q_NORMAL = 1e-280 (near the subnormal range, where Q(I) loses its digits or
-underflows to 0 while e^{ε_i}·Q(I) ≈ P(I) can still be ~δ: at σ = 0.035, q = 1 the P-mass of the
-losses 660..690 was lost that way, and ε(1e-20) came out 668.12 against the exact 671.94). A
-per-lot grid wider than STEP_POINTS points (tiny σ: the loss of one lot spans ~2·z/σ) doubles h
-first. One lot alone is its own composition: no FFT, hence no round-off (``pld_fft.py``).
+on the grid ε_i = i·h the per-lot PLD is replaced by the discrete PLD whose privacy profile
+linearly interpolates the exact one in x = e^ε, a *pessimistic* (dominating) pair with O(h²)
+error per lot, from exact Gaussian interval masses (in log space where they would overflow or
+underflow). Mass beyond the largest grid loss goes to an "infinite loss" atom (added to δ). The
+per-lot pmf also carries its log moment generating function Λ(t) on the grid _T_GRID, for the
+Chernoff windows of the composition.
 
-The per-lot pmf also carries its log moment generating function Λ(t) on the grid _T_GRID of t, for
-the Chernoff windows of the composition (``pld_fft.py``). For tiny δ (the rules are in ``pld.py``'s
-module doc) the per-lot tail is δ-scaled (``_step_tail``) and the interval excess P(I) − e^{ε_i} Q(I)
-is formed without cancellation.
+Details (the interval masses, log space, tiny σ and tiny δ): docs/ACCOUNTING.md,
+"dpsgd/accountant/privacy_loss/pld_lot.py".
 """
 
 from __future__ import annotations
@@ -50,7 +39,8 @@ def _z_tail(step_tail: float) -> float:
 
 def _step_tail(delta: float, lots: int) -> float:
     """Per-lot tail mass of the tilted path: a power of ten <= TAIL_FRACTION·δ / lots and
-    below STEP_TAIL (so that the tail also marks the tiny-δ pmfs and compositions: :func:`_tiny`)."""
+    below STEP_TAIL (so that the tail also marks the tiny-δ pmfs and compositions:
+    :func:`_tiny`)."""
     v = TAIL_FRACTION * delta / max(1, lots)
     return max(1e-300, min(STEP_TAIL / 10.0, 10.0 ** math.floor(math.log10(v))))
 

@@ -2,26 +2,17 @@
 
 Chua, Ghazi, Kamath, Kumar, Manurangsi, Sinha & Zhang 2024, "How Private are DP-SGD
 Implementations?" (ICML 2024, arXiv 2403.17673), §4 (lower bound for the shuffle batch sampler,
-ABLQ_S): on a pair of replace-one neighbouring datasets (per-example contributions of norm <= 1,
-noise σ per unit) one epoch of T shuffled lots releases, up to a known shift,
-
-    P = (1/T) Σ_t N(2·e_t, σ² I_T)    versus    Q = (1/T) Σ_t N(1·e_t, σ² I_T)
-
-(the differing example sits in a uniformly random lot of the epoch). Any post-processing of the
-release gives a lower bound on its hockey-stick divergence; following their construction (the
-"cube" sets {y : max_t y_t <= C}, code: google-research ``dpsgd_batch_sampler_accounting``,
-``ShuffleAccountant``) we post-process each epoch to the slice of max_t y_t it falls in:
-
-    P[max_t y_t <= C] = Φ((C − 2)/σ) · Φ(C/σ)^{T−1},   Q[max_t y_t <= C] = Φ((C − 1)/σ) · Φ(C/σ)^{T−1}
-
-with slices of width h·σ², so that the privacy loss log(P_i/Q_i) of a slice is a number we round
-*down* to the grid h (optimistic, as a lower bound needs). E epochs, reshuffled independently,
-compose: their (rounded-down) losses add, composed by FFT (``truncated.compose_pmfs``); mass the
-window wrapped upwards (Chernoff bound) is subtracted from δ. The result ε_lower satisfies
-δ_true(ε) >= δ_lower(ε) > δ for every ε < ε_lower, so the true ε of the shuffled run is >= ε_lower.
+ABLQ_S): one epoch of T shuffled lots on a pair of replace-one neighbours is post-processed to the
+slice of max_t y_t it falls in (their "cube" sets), each slice's privacy loss rounded *down* to
+the grid h; E epochs compose by FFT (``truncated.compose_pmfs``). The result ε_lower satisfies
+δ_true(ε) >= δ_lower(ε) > δ for every ε < ε_lower, so the true ε of the shuffled run is
+>= ε_lower.
 
 The upper bound of the same run is one Gaussian mechanism per epoch at σ/2 (sensitivity 2C under
 replace-one, no amplification); ``sampling.ShuffleSampler`` charges it.
+
+Details (the pair and the slices): docs/ACCOUNTING.md,
+"dpsgd/accountant/privacy_loss/shuffle_lower.py".
 """
 
 from __future__ import annotations

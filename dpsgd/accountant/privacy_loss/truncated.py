@@ -1,32 +1,19 @@
-"""PLD of the truncated Poisson-subsampled Gaussian: Poisson lots capped at B examples (fixed shapes).
+"""PLD of the truncated Poisson-subsampled Gaussian: Poisson lots capped at B examples.
 
 Sampler (``mechanism/sampling.py:TruncatedPoissonSampler``): each of the N examples joins the lot
-independently with probability q = L/N; if more than B joined, a uniformly random B of them are kept;
-the lot is padded to exactly B rows of weight 0 and the noisy sum is divided by the expected L.
-Adjacency: add/remove one example (as the Poisson sampler).
+independently with probability q = L/N; if more than B joined, a uniformly random B of them are
+kept; the lot is padded to exactly B rows of weight 0 and the noisy sum is divided by the expected
+L. Adjacency: add/remove one example (as the Poisson sampler).
 
 Dominating pair (Ganesh, Kamath, Manurangsi et al. 2025, arXiv 2508.15089, as implemented by
-dp_accounting 0.6.0 ``privacy_loss_distribution.from_truncated_subsampled_gaussian_mechanism``):
-condition on whether truncation happens given that the differing example x was drawn,
+dp_accounting 0.6.0): the lot's PLD is the mixture (1 − p_t)·ω_Poisson + p_t·ω_replace of the
+Poisson-subsampled Gaussian (no truncation) and the replace-one subsampled Gaussian at rate q_t and
+noise σ/2 (truncation), each discretised by connect-the-dots. Lots compose by FFT with the run's
+other releases, as in ``pld.py``; this module serves δ >= pld.TILT_BELOW (1e-12) only. With
+B >= N the lot is the Poisson one exactly.
 
-    p_t = P[Binomial(N − 1, q) >= B]                       (x drawn, and B others drawn with it)
-    q_t = P[Binomial(N, q) > B] · B / (N · p_t)             (x kept, given truncation)
-
-* no truncation (weight 1 − p_t): the Poisson-subsampled Gaussian (q, σ), add/remove — the pair of
-  ``pld.py`` (remove and add directions);
-* truncation (weight p_t): x replaces some other example of the capped lot, a change of at most 2C
-  to the sum: the replace-one pair of the subsampled Gaussian with rate q_t, noise σ/2 per unit,
-  P = q_t·N(−1, s²) + (1 − q_t)·N(0, s²), Q = q_t·N(1, s²) + (1 − q_t)·N(0, s²), s = σ/2
-  (dp_accounting: "REPLACE_ONE provides a (slightly loose) upper bound in all cases"); its loss is
-  symmetric, the same in both directions.
-
-The lot's PLD is the mixture (1 − p_t)·ω_Poisson + p_t·ω_replace of the two discrete PLDs (the pair
-that also reveals which case happened, hence dominating). Each part is discretised by connect-the-dots
-(Doroshenko et al. 2022: pessimistic), the Poisson part by ``pld_lot._step_pmf`` itself. T lots (and any
-other Poisson-subsampled releases of the run, e.g. DP-PCA) compose by one FFT power on a cyclic window
-placed by Chernoff bounds (mass above the window, <= WINDOW_TAIL, is added to δ; mass below aliases
-upwards, pessimistic), as in ``pld.py``; this module serves δ >= pld.TILT_BELOW (1e-12) only.
-With B >= N, p_t = 0 and the lot is the Poisson one exactly.
+Details (p_t, q_t and the two parts): docs/ACCOUNTING.md,
+"dpsgd/accountant/privacy_loss/truncated.py".
 """
 
 from __future__ import annotations
@@ -103,8 +90,8 @@ def _replace_pmf(qt: float, sigma: float, h: float):
 
 
 def _lot_pmf(release, h: float, direction: str):
-    """(i_lo, probs, p_inf) of one lot: ("poisson", q, σ), ("truncated", N, q, B, σ) or ("wor", γ, σ)
-    (a fixed-size lot under replace-one: ``wor_pld.py``, the same pair in both directions)."""
+    """(i_lo, probs, p_inf) of one lot: ("poisson", q, σ), ("truncated", N, q, B, σ) or ("wor", γ,
+    σ) (a fixed-size lot under replace-one: ``wor_pld.py``, the same pair in both directions)."""
     if release[0] == "poisson":
         i_lo, probs, p_inf, _ = _step_pmf(release[1], release[2], h, direction)
         return i_lo, probs, p_inf
@@ -198,8 +185,9 @@ def _epsilon(loss, c, extra, delta):
 
 
 def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_INTERVAL) -> float:
-    """ε(δ) of ``releases`` [(("poisson", q, σ) | ("truncated", N, q, B, σ) | ("wor", γ, σ), count), ...]: max over
-    the remove and add directions; an upper bound (pessimistic discretisation, tails into δ)."""
+    """ε(δ) of ``releases`` [(("poisson", q, σ) | ("truncated", N, q, B, σ) | ("wor", γ, σ), count),
+    ...]: max over the remove and add directions; an upper bound (pessimistic discretisation,
+    tails into δ)."""
     delta = check_delta(delta)
     if delta < pld.TILT_BELOW:
         raise ValueError(
@@ -220,7 +208,8 @@ def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_I
     if not rel:
         return 0.0
     out = 0.0
-    # fixed-size lots (one symmetric pair) and Gaussians (q = 1) lose the same both ways: one direction
+    # fixed-size lots (one symmetric pair) and Gaussians (q = 1) lose the same both ways:
+    # one direction
     symmetric = all(r[0] == "wor" or (r[0] == "poisson" and r[1] == 1.0) for r, _ in rel)
     for direction in pld.DIRECTIONS[:1] if symmetric else pld.DIRECTIONS:
         h = float(interval)
@@ -243,16 +232,18 @@ def epsilon(
     delta: float,
     interval: float = pld.DEFAULT_INTERVAL,
 ) -> float:
-    """ε(δ) after ``steps`` lots of the truncated Poisson-subsampled Gaussian (N, q = L/N, cap B, σ)."""
+    """ε(δ) after ``steps`` lots of the truncated Poisson-subsampled Gaussian
+    (N, q = L/N, cap B, σ)."""
     return epsilon_for_releases([(("truncated", N, q, B, sigma), steps)], delta, interval)
 
 
 def replace_one_poisson_epsilon(
     q: float, sigma: float, steps: int, delta: float, interval: float = pld.DEFAULT_INTERVAL
 ) -> float:
-    """ε(δ) of ``steps`` Poisson lots (q, σ) under replace-one as dp_accounting 0.6.0's PLD accounts them
-    (``from_gaussian_mechanism(..., neighboring_relation=REPLACE_ONE)``: the pair q·N(∓1, σ²) +
-    (1 − q)·N(0, σ²), self-composed) — a reference for the replace-one samplers, not a charge here."""
+    """ε(δ) of ``steps`` Poisson lots (q, σ) under replace-one as dp_accounting 0.6.0's PLD accounts
+    them (``from_gaussian_mechanism(..., neighboring_relation=REPLACE_ONE)``: the pair q·N(∓1, σ²) +
+    (1 − q)·N(0, σ²), self-composed) — a reference for the replace-one samplers,
+    not a charge here."""
     q, sigma, steps, delta = (
         check_q(q),
         check_sigma(2.0 * sigma),

@@ -1,40 +1,19 @@
-"""PLD of the Gaussian mechanism on fixed-size lots (sampling without replacement), replace-one adjacency.
+"""PLD of the Gaussian mechanism on fixed-size lots (sampling without replacement), replace-one.
 
 A lot is a uniformly random subset of exactly L of the N examples (γ = L/N); neighbouring datasets
-differ by replacing one example. On a given lot the noisy sum Σ clip(g_i) + N(0, σ²C²) moves by at
-most 2C when one example is replaced, so the lot's mechanism is f-DP with f = G_{2/σ} = T(N(0, s²),
-N(1, s²)), s = σ/2 (Dong, Roth & Su 2022, "Gaussian differential privacy", Sec. 2; sensitivity 2C,
-noise σC).
+differ by replacing one example (sensitivity 2C, noise σC: s = σ/2 per unit). Each lot is
+C_γ(f)-DP (Dong, Roth & Su 2022, **Theorem 9**; Zhu, Dong & Wang 2022, Sec. 5), whose privacy
+profile is max(δ_remove(ε), δ_add(ε)) of the Poisson-subsampled Gaussian at (γ, s). This one
+symmetric pair, not the two directions composed separately, is what survives composition (Lebeda,
+Regehr, Kamath & Steinke 2024).
 
-Subsampling without replacement under replace-one (Dong, Roth & Su 2022, **Theorem 9**, the operator
-C_γ; Zhu, Dong & Wang 2022, "Optimal accounting of differential privacy via characteristic function",
-Sec. 5, the dominating pair for sampling without replacement): each lot is C_γ(f)-DP,
+The two directions are discretised pessimistically (``pld_lot._step_pmf`` at (γ, s)) and replaced
+by the envelope of their lines, a dominating symmetric pair. Lots compose by FFT with the other
+lots of the run (``truncated.epsilon_for_releases``, release ("wor", γ, σ)), δ >= 1e-12;
+``truncated.fixed_size_epsilon`` for lots alone.
 
-    C_γ(f) = min{f_γ, f_γ^{-1}}^{**},   f_γ = γ f + (1 − γ) Id = T(N(0, s²), (1 − γ) N(0, s²) + γ N(1, s²)),
-
-so f_γ is the *add* pair of the Poisson-subsampled Gaussian at rate γ and noise s, f_γ^{-1} its
-*remove* pair (``pld.py``'s two directions). A convex conjugate turns the minimum of trade-off
-functions into the maximum of privacy profiles, and the double conjugate does not change it:
-
-    δ_lot(ε) = max(δ_remove(ε), δ_add(ε))   for every ε in R (negative ε too).
-
-This one symmetric pair, not the two directions composed separately, is what survives composition
-(Lebeda, Regehr, Kamath & Steinke 2024, "Avoiding pitfalls for privacy accounting of subsampled
-mechanisms under composition": under substitution a run can look like "remove" at one lot and like
-"add" at the next, so max(δ_remove^{⊗T}, δ_add^{⊗T}) is not an upper bound; f-DP composition of C_γ(f)
-is, Dong, Roth & Su 2022, Thm 4).
-
-Discrete pair (connect the dots, Doroshenko et al. 2022): the two directions are first discretised
-pessimistically on the grid ε_i = i·h (``pld_lot._step_pmf`` at (γ, s)); the hull's Neyman–Pearson
-curve is replaced by the envelope of the lines y = δ*_i + e^{ε_i} x, δ*_i = max(δ_remove(ε_i),
-δ_add(ε_i)) of the two discrete pmfs, each line above the hull's curve, so the envelope is a
-dominating pair. Its PLD: mass e^{ε_i}·(x_{i−1,i} − x_{i,i+1}) at ε_i, where x_{i,i+1} is where lines i
-and i+1 cross (inside a run of grid points where the same direction is the larger, x_{i,i+1} is that
-direction's Q-mass at losses >= ε_{i+1}, so the mass is that direction's own, without cancellation);
-an ∞ atom of mass δ* at the top grid point. Crossings are made monotone by raising them (a higher
-curve, pessimistic). The pair is symmetric, the same in both directions. Lots compose by FFT with
-the other lots of the run (``truncated.epsilon_for_releases``, release ("wor", γ, σ); Chernoff window,
-mass above it into δ, aliasing upwards), δ >= 1e-12; ``truncated.fixed_size_epsilon`` for lots alone.
+Details (the operator C_γ, the discrete pair): docs/ACCOUNTING.md,
+"dpsgd/accountant/privacy_loss/wor_pld.py".
 """
 
 from __future__ import annotations
@@ -82,7 +61,8 @@ def lot_pmf(gamma: float, sigma: float, h: float):
         qtails.append(qtail)
     use_rm = deltas[0] >= deltas[1]
     dstar = np.where(use_rm, deltas[0], deltas[1])
-    # crossing of lines i and i+1: that direction's Q-tail where both are the same direction, else solved
+    # crossing of lines i and i+1: that direction's Q-tail where both are the same direction,
+    # else solved
     same = use_rm[:-1] == use_rm[1:]
     tail_next = np.where(use_rm[1:], qtails[0][1:], qtails[1][1:])
     solved = (dstar[:-1] - dstar[1:]) / (np.exp(loss[1:]) - np.exp(loss[:-1]))

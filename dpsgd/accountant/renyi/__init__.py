@@ -1,4 +1,5 @@
-"""Accountants by Rényi DP: a curve ε(α) per lot, composed by adding curves, converted to (ε, δ) once.
+"""Accountants by Rényi DP: a curve ε(α) per lot, composed by adding curves, converted to
+(ε, δ) once.
 
 rdp.py         the Poisson-subsampled Gaussian (Mironov, Talwar & Zhang 2019); RDP → (ε, δ)
 moments.py     the paper's moments accountant (Abadi et al. 2016), on rdp's log moments

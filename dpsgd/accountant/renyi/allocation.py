@@ -1,54 +1,22 @@
-"""Random allocation (balls-in-bins) of the Gaussian mechanism: its RDP per epoch, both directions exact.
+"""Random allocation (balls-in-bins) of the Gaussian mechanism: its RDP per epoch, both directions.
 
 One epoch = t lots; each example is placed in exactly one lot, chosen uniformly at random
-(Feldman & Shenfeld 2025, "Privacy amplification by random allocation", arXiv 2502.08202; the same
-scheme is Chua et al. 2025's balls-and-bins sampling). Each lot releases a sum of clipped gradients
-(sensitivity 1) plus N(0, σ²I). For one example the epoch is the pair (Feldman & Shenfeld 2025,
-the reduction to this pair used by their direct RDP analysis, Sec. 6)
+(Feldman & Shenfeld 2025, "Privacy amplification by random allocation", arXiv 2502.08202; Chua et
+al. 2025's balls-and-bins sampling). For one example the epoch is the pair
+P = (1/t) Σ_i N(e_i, σ² I_t) (with the example) against Q = N(0, σ² I_t) (without it).
 
-    P = (1/t) Σ_{i=1..t} N(e_i, σ² I_t)   (with the example),   Q = N(0, σ² I_t)   (without it).
+* Remove direction: exact at integer α (their Sec. 6, "direct" RDP), by repeated squaring of a
+  truncated power series in log space (every coefficient positive: no cancellation).
+* Add direction: exact up to a stated quadrature margin, by one-dimensional integrals (a
+  Gamma-function identity); every order charges min(exact + margin, AM–GM), both upper bounds
+  (the AM–GM bound is :func:`rdp_add_amgm`).
 
-Remove direction, exact at integer α (Feldman & Shenfeld 2025, Sec. 6, "direct" RDP: the
-multinomial expansion of E_Q[(P/Q)^α]; their code cites Corollary 6.2):
+Add/remove adjacency: R(α) = max(R_remove(α), R_add(α)) per epoch; E epochs compose by adding RDP;
+a partial last epoch is charged as a full one. (ε, δ) by
+:func:`dpsgd.accountant.rdp.rdp_to_epsilon`.
 
-    E_Q[(P/Q)^α] = t^{-α} e^{-α/(2σ²)} Σ_{j ∈ N^t, |j| = α} (α choose j) Π_i e^{j_i²/(2σ²)}
-                 = α! t^{-α} e^{-α/(2σ²)} [z^α] f(z)^t,     f(z) = Σ_{j≥0} e^{j²/(2σ²)} z^j / j!,
-
-    R_remove(α) = log E_Q[(P/Q)^α] / (α − 1).
-
-We evaluate [z^α] f^t by repeated squaring of the degree-α truncation of f in log space: every
-coefficient is positive, so there is no cancellation (relative error ~ α · log2(t) · 2^-52).
-
-Add direction, exact up to a stated quadrature margin (the identity below is exact; Feldman & Shenfeld
-2025, Sec. 6, bound this direction by AM–GM instead). With x ~ Q, x_i = σ Z_i (Z_i iid N(0, 1)),
-P/Q(x) = e^{−1/(2σ²)} M, M = (1/t) Σ_i e^{Z_i/σ}, so for k = α − 1 > 0
-
-    R_add(α) = (1/(α−1)) log E_Q[(Q/P)^{α−1}] = 1/(2σ²) + log E[M^{−k}] / k,
-
-and the negative moment reduces to one-dimensional integrals (Gamma-function identity
-M^{−k} = Γ(k)^{−1} ∫_0^∞ s^{k−1} e^{−sM} ds, Fubini, and independence of the Z_i):
-
-    E[M^{−k}] = Γ(k)^{−1} ∫_0^∞ s^{k−1} φ(s/t)^t ds,       φ(u) = E[exp(−u e^{Z/σ})]   (Z ~ N(0, 1)).
-
-This holds for every t: no Monte Carlo, no t-dimensional integral. log φ(u) is a log-concave Gaussian
-integral (exponent −u e^{z/σ} − z²/2, curvature >= 1, maximum at z* = −σ W(u/σ²), W = Lambert W),
-integrated by the trapezoidal rule on z* ± 12 in log space; the outer integral is taken in v = log s
-(trapezoidal rule on [−40, log t + 40], step 0.02; the part below −40 is bounded by e^{−40k}/k since
-φ <= 1). Both integrands are analytic and decay at both ends, where the trapezoidal rule converges
-geometrically. Charged: log E[M^{−k}] + margin, with margin = 10·|I_h − I_{2h}| (the same sum at twice
-the step) + (t + 1)·1e-12 (log-space round-off); an order whose integrand has not decayed by e^{−60} at
-the grid's end, or σ < SIGMA_EXACT, is not computed and keeps the AM–GM bound. Every order charges
-min(exact + margin, AM–GM), both upper bounds. The AM–GM bound (their add direction): by
-log((1/t) Σ e^{x_i/σ²}) >= (1/t) Σ x_i/σ², Q/P <= exp(1/(2σ²) − S/(tσ²)), S = Σ x_i ~ N(0, tσ²), so
-
-    R_add(α) <= α/(2tσ²) + (1 − 1/t)/(2σ²)          (:func:`rdp_add_amgm`),
-
-looser per order than the exact value, more so as t grows; the exact add term at the optimal order
-is close to the remove term for large t.
-
-Add/remove adjacency: R(α) = max(R_remove(α), R_add(α)) per epoch; E epochs compose by adding RDP
-(Mironov 2017, Prop. 1); a partial last epoch is a prefix of a full one (post-processing), so it
-is charged as a full epoch. (ε, δ) by :func:`dpsgd.accountant.rdp.rdp_to_epsilon`.
+Details (the formulas, the quadrature and its margin): docs/ACCOUNTING.md,
+"dpsgd/accountant/renyi/allocation.py".
 """
 
 from __future__ import annotations
@@ -111,7 +79,8 @@ def rdp_add_amgm(alpha: float, sigma: float, t: int) -> float:
     return alpha / (2.0 * t * sigma * sigma) + (1.0 - 1.0 / t) / (2.0 * sigma * sigma)
 
 
-#: Below this σ the add direction keeps the AM–GM bound (the quadrature's grids are sized for σ >= it).
+#: Below this σ the add direction keeps the AM–GM bound (the quadrature's grids are sized for
+#: σ >= it).
 SIGMA_EXACT = 0.3
 _Z_HALF = 12.0  # inner integral: z* ± 12 (curvature >= 1: the rest is below e^{−72})
 _V_LO, _V_SPAN, _DV = -40.0, 40.0, 0.02  # outer integral: v = log s on [−40, log t + 40], step 0.02
@@ -143,8 +112,9 @@ def _outer(sigma: float, t: int):
 
 
 def log_neg_moment(k: float, sigma: float, t: int):
-    """(log E[M^{−k}], margin) with M = (1/t) Σ_i e^{Z_i/σ} (module doc), or None where the quadrature
-    does not resolve it (σ < SIGMA_EXACT, or the integrand not decayed at the grid's end)."""
+    """(log E[M^{−k}], margin) with M = (1/t) Σ_i e^{Z_i/σ} (module doc), or None where the
+    quadrature does not resolve it (σ < SIGMA_EXACT, or the integrand not decayed at the grid's
+    end)."""
     sigma, t = check_sigma(sigma), check_steps(t)
     if sigma < SIGMA_EXACT or not k > 0:
         return None
@@ -181,7 +151,8 @@ def rdp_curve(sigma: float, t: int, orders: tuple = ORDERS) -> np.ndarray:
 
 
 def epochs_for(lots: int, t: int) -> int:
-    """Epochs charged for ``lots`` lots of t per epoch: a partial last epoch counts as a full one."""
+    """Epochs charged for ``lots`` lots of t per epoch:
+    a partial last epoch counts as a full one."""
     return -(-check_steps(lots) // check_steps(t))
 
 

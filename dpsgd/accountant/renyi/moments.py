@@ -66,7 +66,8 @@ def epsilon_from_log_moments(total_log_moments, delta: float, lambdas=PAPER_LAMB
 
 
 def _epsilon_from_log_moments(a: np.ndarray, lam: np.ndarray, delta: float):
-    """The tail bound itself, arguments already validated (also the ledger's per-epoch fast path)."""
+    """The tail bound itself, arguments already validated
+    (also the ledger's per-epoch fast path)."""
     eps = (a + math.log(1.0 / delta)) / lam
     i = int(np.argmin(eps))
     return float(eps[i]), int(lam[i])
@@ -142,8 +143,8 @@ def theorem1_scale(q: float, sigma: float, steps: int, delta: float) -> float:
 
         ε = c2 · q √(T log(1/δ)) / σ,
 
-    this returns q √(T log(1/δ)) / σ, the ε of T lots up to the constant c2. The exact accountant's ε
-    divided by it stays within a narrow band (1.4–1.8 on the tested grid) wherever ε is above the
+    this returns q √(T log(1/δ)) / σ, the ε of T lots up to the constant c2. The exact accountant's
+    ε divided by it stays within a narrow band (1.4–1.8 on the tested grid) wherever ε is above the
     λ <= 32 floor log(1/δ)/32: ε scales like q√T/σ.
     """
     q, sigma, steps, delta = check_q(q), check_sigma(sigma), check_steps(steps), check_delta(delta)

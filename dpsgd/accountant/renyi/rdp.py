@@ -2,27 +2,17 @@
 
 One lot of DP-SGD with sampling rate q and noise multiplier σ is the sampled Gaussian mechanism
 (SGM). Mironov, Talwar & Zhang 2019, "Rényi Differential Privacy of the Sampled Gaussian
-Mechanism" (arXiv 1908.10530), show its RDP of order α > 1 is
-
-    R(α) = log(A_α) / (α − 1),   A_α = E_{z~μ0}[(μ(z)/μ0(z))^α],
-    μ0 = N(0, σ²),  μ = (1 − q)·N(0, σ²) + q·N(1, σ²)
-
-(the other direction B_α = E_{μ}[(μ0/μ)^α] is never larger: MTZ 2019, §3.3). RDP composes
-additively over lots (Mironov 2017, Prop. 1), so T identical lots have RDP T·R(α).
-
-* integer α: the binomial expansion (MTZ 2019, §3.3, "integer α"),
-  A_α = Σ_k C(α,k) (1−q)^{α−k} q^k exp((k² − k)/(2σ²)); we sum A_α − 1 (terms k ≥ 2, all ≥ 0,
-  with expm1) so that log A_α = log1p(A_α − 1) keeps full relative precision when A_α ≈ 1.
-* fractional α: the two-sided series of MTZ 2019, §3.3, with the binomial coefficients' true signs
-  (the tail i > α alternates, so the truncation error is bounded by the first omitted term).
-* q = 1: the Gaussian mechanism, R(α) = α / (2σ²) exactly (Mironov 2017, Prop. 7).
+Mechanism" (arXiv 1908.10530), give its RDP R(α) = log(A_α) / (α − 1); it composes additively
+over lots (Mironov 2017, Prop. 1). Integer α: the binomial expansion, summed as A_α − 1 for full
+precision; fractional α: the two-sided series; q = 1: α / (2σ²) exactly.
 
 Conversions to (ε, δ)-DP, chosen explicitly:
-* ``"paper"``: ε = R(α) + log(1/δ)/(α − 1) (Mironov 2017, Prop. 3). With α = λ + 1 this is exactly
-  the moments accountant's tail bound (Abadi et al. 2016, Theorem 2).
+* ``"paper"``: ε = R(α) + log(1/δ)/(α − 1) (Mironov 2017, Prop. 3; the moments accountant's tail
+  bound, Abadi et al. 2016, Theorem 2, with α = λ + 1).
 * ``"improved"``: ε = R(α) + log((α−1)/α) − (log δ + log α)/(α − 1)
-  (Balle et al. 2020, "Hypothesis testing interpretations and Rényi DP", Thm 21;
-  Canonne, Kamath & Steinke 2020, Prop. 12).
+  (Balle et al. 2020, Thm 21; Canonne, Kamath & Steinke 2020, Prop. 12).
+
+Details (A_α and its series): docs/ACCOUNTING.md, "dpsgd/accountant/renyi/rdp.py".
 """
 
 from __future__ import annotations
@@ -154,7 +144,8 @@ def log_a_unchecked(q: float, sigma: float, alpha: float) -> float:
 
 @lru_cache(maxsize=256)
 def rdp_curve(q: float, sigma: float, orders: tuple = DEFAULT_ORDERS) -> np.ndarray:
-    """Per-lot RDP ε_α at each order for arguments already valid (a ledger's charged mechanisms), cached."""
+    """Per-lot RDP ε_α at each order for arguments already valid (a ledger's charged mechanisms),
+    cached."""
     if q == 1.0:
         out = np.array(orders, dtype=float) / (2.0 * sigma * sigma)
     else:
@@ -186,7 +177,8 @@ def rdp_to_epsilon(orders, rdp, delta: float, conversion: str = "improved"):
 
 
 def check_curve(orders, rdp_curve) -> tuple[np.ndarray, np.ndarray]:
-    """(orders, RDP values) as float arrays: orders >= 1, one value per order, each >= 0 and not NaN."""
+    """(orders, RDP values) as float arrays: orders >= 1, one value per order,
+    each >= 0 and not NaN."""
     a = np.asarray(check_orders(orders, minimum=1.0), dtype=float)
     r = np.asarray(rdp_curve, dtype=float)
     if r.shape != a.shape:
@@ -197,7 +189,8 @@ def check_curve(orders, rdp_curve) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rdp_to_epsilon_unchecked(a: np.ndarray, r: np.ndarray, delta: float, conversion: str):
-    """The conversion itself, arguments already validated (also the ledger's per-epoch fast path)."""
+    """The conversion itself, arguments already validated
+    (also the ledger's per-epoch fast path)."""
     log_d = math.log(delta)
     if conversion == "paper":
         eps = r - log_d / (a - 1.0)

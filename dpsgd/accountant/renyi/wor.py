@@ -1,33 +1,19 @@
 """Rényi DP of the Gaussian mechanism on lots sampled *without replacement* (fixed-size lots).
 
 A lot is a uniformly random subset of exactly L of the N examples (γ = L/N); neighbouring datasets
-differ by **replacing one example** (substitution: N is public and fixed, so add/remove does not
-apply). On the lot, the noisy sum Σ clip(g_i) + N(0, σ²C²) changes by at most 2C when one example
-is replaced, so the base mechanism's RDP is that of a Gaussian with sensitivity 2 and noise σ:
-
-    ε(α) = α·2²/(2σ²) = 2α/σ²                                   (Mironov 2017, Prop. 7)
+differ by **replacing one example** (N is public and fixed, so add/remove does not apply). The
+base mechanism is a Gaussian with sensitivity 2 and noise σ: ε(α) = 2α/σ² (Mironov 2017, Prop. 7).
 
 Wang, Balle & Kasiviswanathan 2019, "Subsampled Rényi Differential Privacy and Analytical Moments
-Accountant" (AISTATS), **Theorem 9** (subsampling without replacement, replace-one adjacency), for
-integer α >= 2 and a base mechanism with RDP ε(·) and ε(∞) = ∞ (the Gaussian: min{2, (e^{ε(∞)} − 1)^j} = 2):
+Accountant" (AISTATS), **Theorem 9** (subsampling without replacement, replace-one adjacency,
+integer α >= 2), with the tighter arm of their **Theorem 27** for the Gaussian (forward
+differences computed without cancellation by quadrature), and never above the base ε(α); at
+γ = 1 this is the Gaussian's ε(α) exactly. Orders are integers, composed additively and converted
+with ``rdp.rdp_to_epsilon``. dp_accounting's RdpAccountant implements the same theorem; its ε is
+never above ours.
 
-    ε'(α) <= 1/(α−1) · log(1 + γ² C(α,2) min{4(e^{ε(2)} − 1), 2e^{ε(2)}}
-                              + Σ_{j=3..α} 2 γ^j C(α,j) e^{(j−1) ε(j)})
-
-and, for the Gaussian, the tighter arm of their **Theorem 27** (arXiv 1808.00087v5, appendix: the
-j-th term bounded by 4·sqrt(Δ^{2⌊j/2⌋}·Δ^{2⌈j/2⌉}) with Δ^k the k-th forward difference at 0 of
-e^{(x−1)ε(x)} = e^{c·x(x+1)}, c = 2/σ², taken as the minimum with Theorem 9's term). The even forward
-differences are computed without cancellation as Gaussian expectations of non-negative integrands:
-e^{c x²} = E_Z[e^{√(2c) Z x}] gives Δ^k = E_Z[(e^{c + √(2c) Z} − 1)^k] (trapezoidal quadrature in log
-space on a grid of step 0.01 over the integrand's support: relative error far below 1e-9);
-and, since a subsample of replace-one neighbours is a coupling of equal or replace-one neighbouring
-lots, ε'(α) <= ε(α) as well (quasi-convexity of the Rényi divergence); we take the smaller. At γ = 1
-(one lot is the whole dataset) this is the Gaussian's ε(α) exactly. Orders are integers (the
-theorem's), composed additively (Mironov 2017, Prop. 1) and converted with ``rdp.rdp_to_epsilon``.
-
-dp_accounting's RdpAccountant (REPLACE_ONE, SampledWithoutReplacementDpEvent) implements the same
-theorem with the Gaussian's noise multiplier relative to the replacement's sensitivity (σ/2 here) and a
-forward-difference refinement of the first arm (their Theorem 27), so its ε is never above ours.
+Details (the bound, the forward differences): docs/ACCOUNTING.md,
+"dpsgd/accountant/renyi/wor.py".
 """
 
 from __future__ import annotations
@@ -108,7 +94,8 @@ def rdp_curve(gamma: float, sigma: float, orders: tuple = ORDERS) -> np.ndarray:
 
 
 def epsilon(gamma: float, sigma: float, steps: int, delta: float, conversion: str = "improved"):
-    """(ε, α*) after ``steps`` fixed-size lots (γ = L/N, noise multiplier σ), replace-one adjacency."""
+    """(ε, α*) after ``steps`` fixed-size lots (γ = L/N, noise multiplier σ),
+    replace-one adjacency."""
     gamma, sigma, steps, delta = (
         check_q(gamma, "gamma"),
         check_sigma(sigma),

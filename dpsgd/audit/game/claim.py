@@ -1,4 +1,5 @@
-"""The ε the analysis claims for the one audited DP-SGD step — the number the lower bound is held to.
+"""The ε the analysis claims for the one audited DP-SGD step — the number the lower bound is held
+to.
 
 One step of DP-SGD on a Poisson lot with inclusion probability q, noise σC per clipping group and k
 clipping groups of bound C each. Under the ``joint`` convention the k groups form one Gaussian
@@ -12,8 +13,8 @@ mechanism of ℓ2-sensitivity C√k and noise σC per coordinate, i.e. noise mul
   ``dpsgd.accountant.strong_composition.gaussian_epsilon`` at noise multiplier 1/μ = σ/√k, as
   ``dpsgd.accountant.compose.charge`` charges a lot under the joint convention.
 
-Each of these is an upper bound on the true ε of a correct implementation (PLD and the exact form are
-tight), so an audit lower bound above any of them proves the code is not the analysed mechanism.
+Each of these is an upper bound on the true ε of a correct implementation (PLD and the exact form
+are tight), so an audit lower bound above any of them proves the code is not the analysed mechanism.
 """
 
 from __future__ import annotations

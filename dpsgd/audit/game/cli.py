@@ -1,13 +1,13 @@
 """Command line of the audit: ``python -m dpsgd.audit --help``.
 
-Every bad value is refused as one line ``error: --<option>=<value>: <why>`` with exit status 2 before
-any trial runs, checked as training checks its config (``AuditConfig.validate``: finite numbers in
-range, integers, names from their lists); argparse's own refusals (an unknown option or choice, a
-missing value) are one ``error: argument --<option>: ...`` line, status 2, too. ``--json`` names a new
-file in an existing, writable folder (checked before any work) and never overwrites an earlier result;
-it is strict JSON, an infinite ε written as ``null`` and named under ``infinite``. One line per
-mechanism: ε_lb (and the point estimate), the claimed ε of each accountant, the held-out error
-counts, the time, and the verdict.
+Every bad value is refused as one line ``error: --<option>=<value>: <why>`` with exit status 2
+before any trial runs, checked as training checks its config (``AuditConfig.validate``: finite
+numbers in range, integers, names from their lists); argparse's own refusals (an unknown option or
+choice, a missing value) are one ``error: argument --<option>: ...`` line, status 2, too. ``--json``
+names a new file in an existing, writable folder (checked before any work) and never overwrites an
+earlier result; it is strict JSON, an infinite ε written as ``null`` and named under ``infinite``.
+One line per mechanism: ε_lb (and the point estimate), the claimed ε of each accountant, the
+held-out error counts, the time, and the verdict.
 """
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ def _configs(args) -> list[AuditConfig]:
 
 
 def check_json_path(path: str) -> Path:
-    """``--json PATH``: a new file in an existing, writable folder, checked before the audit runs so a
-    finished audit's result is never lost; ValueError naming ``--json`` otherwise."""
+    """``--json PATH``: a new file in an existing, writable folder, checked before the audit runs so
+    a finished audit's result is never lost; ValueError naming ``--json`` otherwise."""
     out = Path(path)
     folder = out.parent
     if os.path.lexists(out):
@@ -167,8 +167,8 @@ def check_json_path(path: str) -> Path:
 
 
 def result_json(r: AuditResult) -> dict:
-    """One audited mechanism as strict JSON: an infinite ε (no false positives held out) is written as
-    null and its field named under ``infinite``."""
+    """One audited mechanism as strict JSON: an infinite ε (no false positives held out) is written
+    as null and its field named under ``infinite``."""
     row = dict(asdict(r), violation=r.violation)
     infinite = [k for k in ("eps_lb", "eps_point") if not math.isfinite(row[k])]
     infinite += [f"eps_claimed.{k}" for k, v in row["eps_claimed"].items() if not math.isfinite(v)]

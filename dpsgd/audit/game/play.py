@@ -1,23 +1,18 @@
 """The distinguishing game, played against the real DP-SGD step (Abadi et al. 2016, Algorithm 1).
 
-* **Neighbours** (add/remove adjacency, the one the Poisson-sampling analysis covers):
-  D = ∅ and D' = {canary}. The other examples of a real lot are known to a white-box adversary and
-  can be subtracted; leaving them out is the worst case (Nasr et al. 2021, "Adversary instantiation:
-  lower bounds for differentially private machine learning"; Nasr et al. 2023, "Tight auditing of
-  differentially private machine learning").
-* **Mechanism**: ``dpsgd.mechanism.optim.DPSGD`` with ``dpsgd.mechanism.clipping.PerExampleClipper`` and
-  ``dpsgd.mechanism.noise.GaussianNoise`` as training builds them, with L = η = 1 (post-processing of the
-  noisy sum, so the released step is the noisy sum itself).
-* **Gradient canary**: one crafted input whose per-example gradient at the initial parameters θ₀
-  has norm ≥ ``canary_norm`` × C in every clipping group, so that clipping gives it exactly the
-  sensitivity C (per group) the analysis allows and no more. It is injected through the data:
-  the lot passed to ``DPSGD.step`` is [canary] or empty (the canary with Poisson inclusion q).
-* **Score**: the projection of the released noisy sum (θ₀ − θ₁)·L/η onto the direction u of the
-  canary's (clipped) gradient — the likelihood-ratio statistic for a Gaussian mechanism
-  (Neyman–Pearson lemma: for N(0, s²I) vs N(g, s²I) the optimal test thresholds ⟨x, g⟩).
+Neighbours D = ∅ and D' = {canary} (add/remove; the worst case for a white-box adversary, Nasr et
+al. 2021, 2023); the mechanism is ``dpsgd.mechanism.optim.DPSGD`` with the clipper and noise that
+training builds, at L = η = 1 (the released step is the noisy sum itself). The gradient canary is
+one crafted input whose per-example gradient at θ₀ has norm ≥ ``canary_norm`` × C in every
+clipping group, injected through the data with Poisson inclusion q. The score is the projection
+of the released noisy sum onto the direction of the canary's clipped gradient (the
+likelihood-ratio statistic for a Gaussian mechanism, by Neyman–Pearson).
 
 ``run_audit`` plays ``cfg.trials`` trials, half with the canary, bounds ε from below with
 ``dpsgd.audit.game.stats`` and sets it beside the claimed ε of ``dpsgd.audit.game.claim``.
+
+Details (the neighbours, the mechanism, the canary, the score): docs/AUDIT.md,
+"dpsgd/audit/game/play.py".
 """
 
 from __future__ import annotations
@@ -114,8 +109,8 @@ def _run_mnist(cfg: AuditConfig, noise, gen: torch.Generator):
     """The paper's MNIST network shape, one real DP-SGD step per trial from the same θ₀.
 
     ``mnist``: D = ∅ against D' = {canary}, scored by the projection of the release on the canary's
-    direction. ``mnist_other``: D = {x_o} against D' = {x_o, canary}, scored by −‖(θ₀ − θ₁) − g_o‖², with
-    g_o = x_o's clipped gradient at θ₀ (known to a white-box adversary)."""
+    direction. ``mnist_other``: D = {x_o} against D' = {x_o, canary}, scored by −‖(θ₀ − θ₁) − g_o‖²,
+    with g_o = x_o's clipped gradient at θ₀ (known to a white-box adversary)."""
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
         model = MLP(60, (1000,), 10, bias=False)

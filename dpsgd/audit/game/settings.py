@@ -8,11 +8,12 @@ no biases; Abadi et al. 2016, §5.2), per-layer clipping C = 4, σ = 4, one step
 D' = {x_o, canary}, scored by the size of the release once x_o's clipped gradient is subtracted
 (‖θ₀ − θ₁ − g_o‖², which a white-box adversary who knows x_o can compute).
 
-Mechanisms (``dpsgd.audit.variants.GAME_VARIANTS``, implemented there for both audits): ``correct``; ``no_clip`` (the clipper has clip_norm=None while DPSGD still adds σC
-noise for the claimed C); ``noise_div10`` (DPSGD adds σC/10 while σ is claimed); ``realised_lot``
-(``mnist_other`` only: the noisy sum divided by the realised lot size |L_t| instead of the expected L,
-so the noise shrinks by half when the canary is in — invisible to a one-run audit, whose canaries all
-share the one number |L_t|, docs/AUDIT.md). The broken ones show the audit has teeth.
+Mechanisms (``dpsgd.audit.variants.GAME_VARIANTS``, implemented there for both audits): ``correct``;
+``no_clip`` (the clipper has clip_norm=None while DPSGD still adds σC noise for the claimed C);
+``noise_div10`` (DPSGD adds σC/10 while σ is claimed); ``realised_lot`` (``mnist_other`` only: the
+noisy sum divided by the realised lot size |L_t| instead of the expected L, so the noise shrinks by
+half when the canary is in — invisible to a one-run audit, whose canaries all share the one number
+|L_t|, docs/AUDIT.md). The broken ones show the audit has teeth.
 
 Option lists come from where they are defined: clipping modes from ``dpsgd.config.schema.CHOICES``,
 accountant names from ``dpsgd.accountant.ACCOUNTANTS``.
@@ -38,7 +39,8 @@ CLIP_NORM_MAX = 1e6  # C and the canary's gradient norm (canary_norm · C) stay 
 CANARY_NORM_MAX = 1e6
 SEED_MAX = 2**63 - 2  # the noise generator is seeded with seed + 1
 THREADS_MAX = 1024
-# the claimed ε charges σ/√k for k <= 2 clipping groups (mnist, per_layer): kept where the accountants serve
+# the claimed ε charges σ/√k for k <= 2 clipping groups (mnist, per_layer): kept where the
+# accountants serve
 SIGMA_MIN = 0.015  # >= limits.SIGMA_MIN · √2
 SETTINGS = {
     # name: defaults (σ, C, clipping, trials)
@@ -68,9 +70,10 @@ class AuditConfig:
     accountants: tuple = ("pld", "rdp", "moments")
 
     def validate(self, label=str) -> None:
-        """Check and coerce every field in place, as training checks its config: numbers finite and in
-        range, integers integral, names from their lists; a ``ValueError`` (``ConfigError``) in one
-        line naming the first bad field as ``label(field)`` (the CLI passes its option names)."""
+        """Check and coerce every field in place, as training checks its config: numbers finite and
+        in range, integers integral, names from their lists; a ``ValueError`` (``ConfigError``) in
+        one line naming the first bad field as ``label(field)``
+        (the CLI passes its option names)."""
 
         def number(key, **bounds):
             setattr(self, key, num(label(key), getattr(self, key), **bounds))

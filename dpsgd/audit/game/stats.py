@@ -9,8 +9,8 @@ FNR = P[M(D') ∉ S]; substituting them gives the hypothesis-testing form of DP
     ε ≥ log((1 − δ − FNR) / FPR)      and, with D and D' swapped,   ε ≥ log((1 − δ − FPR) / FNR).
 
 Only counts are observed, so FPR and FNR are replaced by one-sided Clopper–Pearson upper bounds
-(Clopper & Pearson 1934): the p at which the binomial tail P[Bin(n, p) ≤ k] equals 1 − conf, i.e. the
-conf-quantile of Beta(k + 1, n − k). Each rate is bounded at confidence 1 − α/2, so both hold
+(Clopper & Pearson 1934): the p at which the binomial tail P[Bin(n, p) ≤ k] equals 1 − conf, i.e.
+the conf-quantile of Beta(k + 1, n − k). Each rate is bounded at confidence 1 − α/2, so both hold
 jointly with probability ≥ 1 − α (Bonferroni), and the ε above is then a 1 − α lower bound.
 
 The threshold t and the direction of the test are chosen on a random ``select_fraction`` of the
@@ -27,8 +27,8 @@ DIRECTIONS = (("in>t", 1.0), ("in<t", -1.0))  # decide "canary present" when sco
 
 
 def cp_upper(k, n, conf: float):
-    """One-sided Clopper–Pearson upper bound on a binomial rate (k successes in n) at confidence conf:
-    the conf-quantile of Beta(k + 1, n − k) (Clopper & Pearson 1934); 1 when k = n."""
+    """One-sided Clopper–Pearson upper bound on a binomial rate (k successes in n) at confidence
+    conf: the conf-quantile of Beta(k + 1, n − k) (Clopper & Pearson 1934); 1 when k = n."""
     k, n = np.asarray(k, dtype=float), np.asarray(n, dtype=float)
     with np.errstate(all="ignore"):
         ub = beta.ppf(conf, k + 1, np.maximum(n - k, 1e-300))
@@ -64,7 +64,8 @@ def _best_threshold(out, inn, delta, conf):
 def clopper_pearson_bound(
     scores, present, delta: float, alpha: float = 0.05, select_fraction: float = 0.5, seed: int = 0
 ) -> dict:
-    """Clopper–Pearson lower bound on ε from scores of trials with (present=True) / without the canary.
+    """Clopper–Pearson lower bound on ε from scores of trials with
+    (present=True) / without the canary.
 
     A random ``select_fraction`` of the trials chooses the threshold and the test's direction; the
     rest evaluate it. Both error rates are bounded at confidence 1 − α/2 (jointly 1 − α).

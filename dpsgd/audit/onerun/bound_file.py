@@ -1,33 +1,20 @@
-"""``python -m dpsgd.audit bound``: the one-run bounds of a score file against a claim — a pure function of
-the file and the claim, so scores from any code base (or a simulated game) can be audited.
+"""``python -m dpsgd.audit bound``: the one-run bounds of a score file against a claim.
+
+A pure function of the file and the claim, so scores from any code base (or a simulated game) can
+be audited:
 
     python -m dpsgd.audit bound --scores F.csv --q Q --sigma S --steps T [--groups k]
-                                [--sampler poisson --N N --L L] --delta D [--beta B] [--game G] [--json]
+        [--sampler poisson --N N --L L] --delta D [--beta B] [--game G] [--json]
 
-F.csv has a header with the columns ``included`` (0/1) and ``score`` (higher = more likely in), one row
-per randomised canary; a ``game`` column, as in ``audit run``'s audit_scores.csv, selects the rows of
-``--game`` (default ``white-box``). The score ``audit run`` writes for gradient canaries
-(``audit.score=llr``, ``observe.py``) is, per canary, Σ_t log(1 − q + q·exp(μ z_t − μ²/2)): the
-log-likelihood ratio of the claimed Poisson-subsampled Gaussian (μ = √k/σ) at the canary's
-normalised coordinate z_t, summed over the lots. Every method below is valid for *any* score; the
-score only decides how much it can see.
+F.csv has the columns ``included`` (0/1) and ``score`` (higher = more likely in), one row per
+randomised canary; a ``game`` column selects the rows of ``--game`` (default ``white-box``).
+Methods, each at confidence 1 − β on its own: ``family`` (the verdict: the claim's family as H₀,
+``family.py``), ``steinke`` ((ε, δ), ``bounds.audit_bound``), ``gdp`` (μ-GDP, Mahloujifar, Melis
+& Chaudhuri 2024) and ``order_stats`` (Xiang et al. 2025, assumes independent canaries: a labelled
+heuristic for a real run, not used for the verdict). A bad value ends the command before any work
+with one line naming the option and exit status 2.
 
-Methods, each at confidence 1 − β on its own:
-
-* ``family`` (the verdict): H₀ "the run is at most as leaky as the claimed mechanism with noise σ′"
-  (``family.py``); σ_ub, the σ′ above which H₀ is rejected, and ε_lb = ε(σ_ub) at δ. Verdict
-  ``violation`` when H₀ is rejected at the claimed σ. A test of the claim's family, not a bound for
-  every mechanism.
-* ``steinke``: the (ε, δ) one-run bound (Steinke, Nasr & Jagielski 2023; ``bounds.audit_bound``),
-  assumes only (ε, δ)-DP per canary.
-* ``gdp``: the Gaussian-DP one-run bound (Mahloujifar, Melis & Chaudhuri 2024), assumes the run is μ-GDP
-  per canary (DP-SGD with subsampling is not exactly GDP).
-* ``order_stats``: the order-statistics bound of Xiang et al. 2025 over all released guesses
-  (``order_stats.py``) within the claim's family; assumes, beyond the family test, independent
-  canaries (each its own copy of the per-canary channel, as in the idealised game) — for scores of a
-  real run, where canaries share a run, a labelled heuristic; not used for the verdict.
-
-A bad value ends the command before any work with one line naming the option and exit status 2.
+Details (the score, each method's assumptions): docs/AUDIT.md, "dpsgd/audit/onerun/bound_file.py".
 """
 
 from __future__ import annotations
@@ -50,14 +37,16 @@ from .stats.simulate import llr_moments
 
 SAMPLERS = ("poisson",)
 ASSUMES = {
-    "family": "the run is at most as leaky as the claimed mechanism (Poisson-subsampled Gaussian at q, T lots, "
-    "k groups) at some noise multiplier σ′ — a test of the claim, not a bound for every mechanism",
+    "family": "the run is at most as leaky as the claimed mechanism (Poisson-subsampled Gaussian "
+    "at q, T lots, k groups) at some noise multiplier σ′ — a test of the claim, not a bound for "
+    "every mechanism",
     "steinke": "(ε, δ)-DP with respect to each canary (Steinke, Nasr & Jagielski 2023)",
-    "gdp": "μ-GDP with respect to each canary (Mahloujifar, Melis & Chaudhuri 2024); DP-SGD with subsampling "
-    "is not exactly GDP, so this is shown, not used for the verdict",
-    "order_stats": "the claim's family (as family) AND independent canaries, each observed through its own copy of "
-    "the per-canary channel (Xiang et al. 2025, Thm 2): exact for the idealised game; for a real run, "
-    "whose canaries share lots and noise-scale estimate, a heuristic — shown, not used for the verdict",
+    "gdp": "μ-GDP with respect to each canary (Mahloujifar, Melis & Chaudhuri 2024); DP-SGD with "
+    "subsampling is not exactly GDP, so this is shown, not used for the verdict",
+    "order_stats": "the claim's family (as family) AND independent canaries, each observed through "
+    "its own copy of the per-canary channel (Xiang et al. 2025, Thm 2): exact for the idealised "
+    "game; for a real run, whose canaries share lots and noise-scale estimate, a heuristic — "
+    "shown, not used for the verdict",
 }
 
 
@@ -69,8 +58,8 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m dpsgd.audit bound",
-        description="One-run lower bounds on ε from a score file (columns included, score) against a "
-        "claimed DP-SGD mechanism; the verdict is the family test of the claim.",
+        description="One-run lower bounds on ε from a score file (columns included, score) against "
+        "a claimed DP-SGD mechanism; the verdict is the family test of the claim.",
     )
     p.add_argument("--scores", required=True, help="CSV with columns included (0/1) and score")
     p.add_argument(
@@ -178,12 +167,14 @@ def few_warning(m: int) -> str | None:
         return None
     return (
         f"warning: only m={m} canaries: a one-run audit this small can hardly reject any claim "
-        f"(its lower bounds stay near 0), so CONSISTENT says little; audits use ≥ {FEW}, typically 1000"
+        f"(its lower bounds stay near 0), so CONSISTENT says little; audits use ≥ {FEW}, typically "
+        "1000"
     )
 
 
 def bound(scores, bits, claim: Claim, beta: float = 0.05) -> dict:
-    """Every method's ε_lb on one score file against ``claim`` (module doc); the verdict is the family test's."""
+    """Every method's ε_lb on one score file against ``claim`` (module doc);
+    the verdict is the family test's."""
     fam = family_test(scores, bits, claim, beta)
     free = audit_bound(scores, bits, claim.delta, beta, gdp=True)
     eps = fam["eps_claimed"]
@@ -243,11 +234,12 @@ def bound(scores, bits, claim: Claim, beta: float = 0.05) -> dict:
 
 
 def score_check(scores, bits, claim: Claim) -> dict:
-    """The interference diagnostic: the excluded (and included) canaries' score mean and variance against
-    what the claimed mechanism predicts for the LLR score of ``audit run`` (``simulate.llr_moments``, no
-    other examples on the canaries' coordinates). ``var_ratio_out`` > 1: the scores spread more than
-    the claimed noise alone makes them (the other examples' gradients, drift); it costs power, never
-    validity — the tests above hold for any score. Meaningless for scores of another definition."""
+    """The interference diagnostic: the excluded (and included) canaries' score mean and variance
+    against what the claimed mechanism predicts for the LLR score of ``audit run``
+    (``simulate.llr_moments``, no other examples on the canaries' coordinates). ``var_ratio_out`` >
+    1: the scores spread more than the claimed noise alone makes them (the other examples'
+    gradients, drift); it costs power, never validity — the tests above hold for any score.
+    Meaningless for scores of another definition."""
     s, b = np.asarray(scores, dtype=float), np.asarray(bits).astype(bool)
     h0 = llr_moments(claim)
     out = {
@@ -272,21 +264,22 @@ def score_check(scores, bits, claim: Claim) -> dict:
 def format_bound(r: dict) -> str:
     c = r["claim"]
     lines = [
-        f"claim: Poisson q={c['q']:.6g}, σ={c['sigma']:g}, T={c['steps']} lots, k={c['groups']} (joint), "
-        f"δ={c['delta']:g} → ε_claimed={r['eps_claimed']:.4f}; m={r['m']} canaries ({r['included']} in), "
-        f"confidence {r['confidence']:.0%}"
+        f"claim: Poisson q={c['q']:.6g}, σ={c['sigma']:g}, T={c['steps']} lots, k={c['groups']} "
+        f"(joint), δ={c['delta']:g} → ε_claimed={r['eps_claimed']:.4f}; m={r['m']} canaries "
+        f"({r['included']} in), confidence {r['confidence']:.0%}"
     ]
     f = r["family"]
     sub = (
         "none rejected" if f["sigma_upper_bound"] is None else f"σ′ ≤ {f['sigma_upper_bound']:.4g}"
     )
     lines.append(
-        f"family   ε_lb={f['eps_lb']:.4f} ({sub}; claim {'REJECTED' if f['claim_rejected'] else 'not rejected'})"
-        f"  assumes: {f['assumes']}"
+        f"family   ε_lb={f['eps_lb']:.4f} ({sub}; claim "
+        f"{'REJECTED' if f['claim_rejected'] else 'not rejected'})  assumes: {f['assumes']}"
     )
     s = r["steinke"]
     lines.append(
-        f"steinke  ε_lb={s['eps_lb']:.4f} ({s['correct']}/{s['guesses']} correct)  assumes: {s['assumes']}"
+        f"steinke  ε_lb={s['eps_lb']:.4f} ({s['correct']}/{s['guesses']} correct)  assumes: "
+        f"{s['assumes']}"
     )
     g = r["gdp"]
     lines.append(
@@ -297,14 +290,15 @@ def format_bound(r: dict) -> str:
         "none rejected" if o["sigma_upper_bound"] is None else f"σ′ ≤ {o['sigma_upper_bound']:.4g}"
     )
     lines.append(
-        f"order_stats ε_lb={o['eps_lb']:.4f} ({sub}; claim {'rejected' if o['claim_rejected'] else 'not rejected'})"
-        f"  assumes: {o['assumes']}"
+        f"order_stats ε_lb={o['eps_lb']:.4f} ({sub}; claim "
+        f"{'rejected' if o['claim_rejected'] else 'not rejected'})  assumes: {o['assumes']}"
     )
     sc = r["scores"]
     if sc["var_ratio_out"] is not None:
         lines.append(
-            f"excluded canaries' score variance {sc['out']['var']:.4g} against {sc['out']['var_h0']:.4g} "
-            f"predicted by the claim for the LLR score (ratio {sc['var_ratio_out']:.3f}; > 1: interference)"
+            f"excluded canaries' score variance {sc['out']['var']:.4g} against "
+            f"{sc['out']['var_h0']:.4g} predicted by the claim for the LLR score (ratio "
+            f"{sc['var_ratio_out']:.3f}; > 1: interference)"
         )
     lines.append(f"verdict (family test of the claim): {r['verdict'].upper()}")
     return "\n".join(lines)

@@ -2,23 +2,20 @@
 Training Run"): m examples put into the training data, each *included* independently with
 probability 1/2 (the secret bits S_i the auditor then guesses).
 
-* **Gradient canaries** (white-box; the "Dirac canaries" of Nasr et al. 2023, "Tight Auditing of
-  Differentially Private Machine Learning"). Canary i has no input the model reads: its per-example
-  gradient is the fixed vector a · Σ_g e_{c(g,i)}, one coordinate c(g,i) in every clipping group g
-  that has at least m coordinates (each canary its own coordinate there), with a = canary_norm · C ≥ C.
-  It enters the clipping engine like any example's gradient: clipped per group by the engine's own
-  rule and bound (``clip_factors`` with the engine's C) and added into the lot's clipped sum before
-  the noise and the all-reduce. ``audit.placement=null_space`` puts it on the class-sum directions of
-  the softmax output layer instead, which no real example's gradient touches (``placement.py``).
-* **Input canaries** (black-box): m training examples taken out of the data, each relabelled to a
-  uniformly random wrong class; an included one is an ordinary example with its wrong label.
+* **Gradient canaries** (white-box; the "Dirac canaries" of Nasr et al. 2023): no input the model
+  reads, a fixed per-example gradient a · Σ_g e_{c(g,i)} (a = canary_norm · C ≥ C), clipped by the
+  engine's own rule and added into the lot's clipped sum before the noise and the all-reduce.
+  ``audit.placement=null_space`` puts them on the softmax output layer's class-sum directions
+  instead (``placement.py``).
+* **Input canaries** (black-box): m training examples, each relabelled to a uniformly random
+  wrong class.
 
 **N never depends on the bits.** Every canary has a row in the training set, drawn by the run's own
-sampler like any other row (label −(j + 1) for the special rows). A canary that is *out* is a row
-whose gradient is exactly zero: under Poisson sampling at a fixed q = L/N, a zero-gradient example
-changes nothing that is released, so the run is distributed exactly as on the dataset without it.
-Hence N, q and the run's privacy claim are the same for every draw of the bits, and the claim is for
-the dataset with the canaries in it (add/remove adjacency: with or without canary i).
+sampler like any other row; a canary that is *out* is a row whose gradient is exactly zero. So N, q
+and the run's privacy claim are the same for every draw of the bits, and the claim is for the
+dataset with the canaries in it.
+
+Details: docs/AUDIT.md, "dpsgd/audit/onerun/canaries.py".
 """
 
 from __future__ import annotations
@@ -51,10 +48,10 @@ class CanaryDraw:
 def add_canaries(X: torch.Tensor, y: torch.Tensor, draw: CanaryDraw, classes: int, seed: int):
     """The training data with the canaries: (X, y, input canary images, their wrong labels).
 
-    The last m_i rows become the input canaries (out of the real data; their labels moved to a uniformly
-    random other class); the included ones go back as ordinary rows. Then one special row per gradient
-    canary and per excluded input canary (label −(j + 1), image zeros): j < m_g are the gradient
-    canaries, j ≥ m_g the excluded input canaries (zero gradient)."""
+    The last m_i rows become the input canaries (out of the real data; their labels moved to a
+    uniformly random other class); the included ones go back as ordinary rows. Then one special row
+    per gradient canary and per excluded input canary (label −(j + 1), image zeros): j < m_g are the
+    gradient canaries, j ≥ m_g the excluded input canaries (zero gradient)."""
     m_g, m_i = len(draw.gradient_in), len(draw.input_in)
     if m_i + 1 > len(X):
         raise ConfigError(
@@ -77,9 +74,10 @@ class GradientCanaries:
 
     Wraps a ``PerExampleClipper`` (everything else is delegated): ``clipped_sum`` sends the ordinary
     rows of a physical batch to the engine, and adds, for each canary row present, its gradient
-    clipped per group by ``clip_factors`` at the engine's bound (times ``loose`` for the first group that
-    carries canaries: a broken variant of the audit, never of training). ``coords``: ``placement.place``'s; a canary's r entries in
-    a parameter ([m, r] index) each get its group's clipped value / √r (its direction is a unit vector)."""
+    clipped per group by ``clip_factors`` at the engine's bound (times ``loose`` for the first group
+    that carries canaries: a broken variant of the audit, never of training). ``coords``:
+    ``placement.place``'s; a canary's r entries in a parameter ([m, r] index) each get its group's
+    clipped value / √r (its direction is a unit vector)."""
 
     def __init__(self, clipper, coords: dict, included: torch.Tensor, a: float, loose: float = 1.0):
         self.inner = clipper
@@ -92,8 +90,9 @@ class GradientCanaries:
         self.loose = float(loose)
         names = {n: gi for gi, g in enumerate(clipper.groups) for n in g}
         self.group_of = names
-        # the first group with a canary entry: group 0 under the Dirac placement, the softmax layer's under
-        # the null-space one (a looser bound where no canary lives would be invisible by construction)
+        # the first group with a canary entry: group 0 under the Dirac placement, the softmax
+        # layer's under the null-space one (a looser bound where no canary lives would be invisible
+        # by construction)
         carrying = [
             names[n] for n, idx in self.coords.items() if n in names and bool((idx >= 0).any())
         ]
@@ -121,16 +120,17 @@ class GradientCanaries:
         multiplicity: int = 1,
         weights: torch.Tensor | None = None,
     ) -> ClipResult:
-        """``weights`` (per example, 0 for the padding rows of a fixed-shape lot): the ordinary rows'
-        weights go to the engine; a canary row adds its gradient times its weight (0: nothing)."""
+        """``weights`` (per example, 0 for the padding rows of a fixed-shape lot): the ordinary
+        rows' weights go to the engine; a canary row adds its gradient times its weight
+        (0: nothing)."""
         kw = {} if weights is None else {"weights": weights}
         special = y < 0
         if not bool(special.any()):
             return self.inner.clipped_sum(x, y, out=out, multiplicity=multiplicity, **kw)
         real = ~special
         if multiplicity == 1:
-            # the special rows stay in the batch at weight 0 (label 0, a zero image): no copy of the batch,
-            # and exactly nothing of theirs in the sum (their clip factor times 0)
+            # the special rows stay in the batch at weight 0 (label 0, a zero image): no copy of the
+            # batch, and exactly nothing of theirs in the sum (their clip factor times 0)
             w_real = real.to(
                 device=x.device, dtype=x.dtype if x.is_floating_point() else torch.float32
             )

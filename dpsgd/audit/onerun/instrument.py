@@ -1,5 +1,5 @@
-"""The audit's instrument: the canaries put into a run's data, its observers wired into the run's parts,
-and, after the run, the scores of every canary (``dpsgd.run.parts.Instrument``).
+"""The audit's instrument: the canaries put into a run's data, its observers wired into the run's
+parts, and, after the run, the scores of every canary (``dpsgd.run.parts.Instrument``).
 
 The run itself is the user's training configuration, unchanged: its sampler draws the canaries'
 rows like any other, its engine clips them, its noise, aggregator (torchrun), augmentation
@@ -41,8 +41,10 @@ class AuditOptions:
     canary_norm: float = 10.0  # a gradient canary's norm in each group, as a multiple of C (≥ 1)
     score: str = "llr"  # how gradient canaries are scored (observe.py), declared in advance
     detrend: int = 0  # τ > 0: subtract the running mean of a canary's past z (observe.py); 0: off
-    placement: str = "dirac"  # where gradient canaries live: dirac | null_space | null_space_dirac (placement.py)
-    normalise: str = "measured"  # z divided by the noise std measured across canaries, or the claimed σC (observe.py)
+    # where gradient canaries live: dirac | null_space | null_space_dirac (placement.py)
+    placement: str = "dirac"
+    # z divided by the noise std measured across canaries, or the claimed σC (observe.py)
+    normalise: str = "measured"
     beta: float = 0.05  # the bound holds with probability ≥ 1 − β
     seed: int = 0  # the canaries' bits, coordinates and wrong labels
 
@@ -69,19 +71,21 @@ class AuditOptions:
         self.seed = num("audit.seed", self.seed, integer=True, lo=0, hi=2**62)
         if self.variant == "loose_group" and self.gradient_canaries == 0:
             raise ConfigError(
-                "audit.variant=loose_group: acts on the gradient canaries; audit.gradient_canaries=0"
+                "audit.variant=loose_group: acts on the gradient canaries; "
+                "audit.gradient_canaries=0"
             )
         return self
 
     def summary(self) -> str:
         return (
-            f"one-run audit, {self.gradient_canaries} gradient + {self.input_canaries} input canaries, "
-            f"variant {self.variant}"
+            f"one-run audit, {self.gradient_canaries} gradient + {self.input_canaries} input "
+            f"canaries, variant {self.variant}"
         )
 
 
 class AuditInstrument(Instrument):
-    """Canaries in the data, the gradient canaries in the engine, the white-box observer on the step."""
+    """Canaries in the data, the gradient canaries in the engine,
+    the white-box observer on the step."""
 
     def __init__(self, options: AuditOptions, classes: int):
         self.options = options
@@ -127,8 +131,8 @@ class AuditInstrument(Instrument):
             }
             if self.groups_used == 0:
                 raise ConfigError(
-                    f"audit.gradient_canaries={o.gradient_canaries}: no clipping group of this model "
-                    "has that many coordinates (one per canary); use fewer"
+                    f"audit.gradient_canaries={o.gradient_canaries}: no clipping group of this "
+                    "model has that many coordinates (one per canary); use fewer"
                 )
             p.dp.clipper = GradientCanaries(
                 p.clipper,

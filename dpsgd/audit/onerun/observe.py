@@ -1,43 +1,19 @@
 """What the white-box auditor sees and how it scores each gradient canary: every iterate θ_t.
 
 Around each DP-SGD step the observer reads the parameters at the canaries' coordinates before and
-after, and recovers the released noisy sum of that step on them from the update, as the claimed
-mechanism defines it (Abadi et al. 2016, Algorithm 1; optim.py):
+after and recovers the released noisy sum s_t of that step from the update, as the claimed
+mechanism defines it (Abadi et al. 2016, Algorithm 1; optim.py; L the *expected* lot size). On
+canary i's direction the claimed mechanism gives z_{t,i} ~ N(0, 1), shifted by μ = √k/σ in each lot
+that holds canary i. The scores: ``sum`` (Σ_t z_{t,i}; Steinke et al. 2023, §6) and ``llr``
+(Σ_t log(1 − q + q · exp(μ z_{t,i} − μ²/2)), the log-likelihood ratio of the claimed mechanism).
 
-    plain SGD:  θ_{t+1} = θ_t − (η_t / L) s_t          ⇒  s_t = −L (θ_{t+1} − θ_t) / η_t
-    momentum μ: v_t = μ v_{t−1} + s_t / L, θ_{t+1} = θ_t − η_t v_t   ⇒  s_t = L (v_t − μ v_{t−1})
+``normalise="measured"`` divides each step's z by the noise std measured across the m canaries
+(``noise_scale``), which couples them; ``normalise="claimed"`` divides by the claimed σC only.
+Either is a function of the released iterates only, so the one-run bound holds for it.
+``detrend`` = τ > 0 (off by default) subtracts a running mean of the canary's own past z.
 
-with L the *expected* lot size (a mechanism that divides by anything else is what a broken variant
-tests). On canary i's direction u_i = Σ_g e_{c(g,i)} / √k (k: the groups holding its coordinates),
-the claimed mechanism gives z_{t,i} = ⟨s_t, u_i⟩ / (σC) ~ N(0, 1), shifted by μ = √k/σ in each lot that
-holds canary i (its clipped gradient has norm C in each of the k groups). The scores:
-
-* ``sum``:  Σ_t z_{t,i} — the projection of all released updates on u_i (Steinke et al. 2023, §6);
-* ``llr``:  Σ_t log(1 − q + q · exp(μ z_{t,i} − μ²/2)) — the log-likelihood ratio of "in" against "out"
-  for a Poisson-subsampled Gaussian with the claimed q and μ (Neyman–Pearson: the most powerful test
-  for the claimed mechanism; Nasr et al. 2023 use per-step likelihood scores the same way).
-
-With ``normalise="measured"`` each step's z is first divided by the noise std the auditor *measures*
-across the m canaries (``noise_scale``: 1 under the claimed mechanism), and μ with it: a mechanism that
-adds less noise than it claims is then scored with its real per-step signal-to-noise ratio. That
-estimate is shared by all canaries, so it couples them. ``normalise="claimed"`` divides by the claimed
-σC only: each canary's score is then a function of its own coordinates alone (with the null-space
-placement, ``placement.py``, an independent copy of the idealised per-canary channel).
-
-A canary's direction in a parameter may be r > 1 entries (the class-sum directions of the null-space
-placement: r = K); its coordinate there is the sum of the r entries / √r.
-
-Either is a function of the released iterates only, so the one-run bound holds for it; the audit
-declares which one it guesses with before it runs.
-
-**Detrending** (``detrend`` = τ > 0; off by default). The other examples' clipped gradients also land on
-a canary's coordinates, a sum that drifts with θ_t. With τ > 0 the score uses z_{t,i} − m_{t−1,i}, m the
-running mean of the canary's own past z (weight max(1/t, 1/τ) on the newest). Measured on the paper's
-MNIST network it does more harm than good: the running mean's weights sum to one, so it subtracts, over
-the following steps, the linear part of each inclusion's shift as well (the white-box ε_lb of the σ = 2
-preset fell from d' = 0.41 to 0.17 over 4000 lots), while the drift it removes is second-order there
-(σ = 2: the per-coordinate means spread 1.19/√T instead of 1/√T); the noise-scale step below is what
-makes an under-noised mechanism visible. It stays an option for models whose drift dominates.
+Details (the update inversion, the scores, why detrending is off): docs/AUDIT.md,
+"dpsgd/audit/onerun/observe.py".
 """
 
 from __future__ import annotations
@@ -50,9 +26,9 @@ from .placement import as_rows
 
 
 def noise_scale(z: torch.Tensor) -> float:
-    """The noise std of one step's z across the canaries, as the auditor measures it: 1.4826 × the median
-    absolute deviation (a consistent, robust estimate for a Gaussian; the few canaries in the lot do not
-    move it). 1 under the claimed mechanism; what a mechanism really adds otherwise."""
+    """The noise std of one step's z across the canaries, as the auditor measures it: 1.4826 × the
+    median absolute deviation (a consistent, robust estimate for a Gaussian; the few canaries in the
+    lot do not move it). 1 under the claimed mechanism; what a mechanism really adds otherwise."""
     if len(z) < 2:
         return 1.0
     mad = float((z - z.median()).abs().median()) * 1.4826
@@ -60,7 +36,8 @@ def noise_scale(z: torch.Tensor) -> float:
 
 
 class WhiteBoxObserver:
-    """Wraps ``DPSGD.step`` (``observe(dp)``) and accumulates both scores for every gradient canary."""
+    """Wraps ``DPSGD.step`` (``observe(dp)``) and accumulates both scores for every gradient
+    canary."""
 
     def __init__(
         self,
@@ -104,7 +81,8 @@ class WhiteBoxObserver:
         }
 
     def observe(self, dp) -> None:
-        """Route every ``dp.step`` through this observer (the parameters as a white-box auditor sees them)."""
+        """Route every ``dp.step`` through this observer
+        (the parameters as a white-box auditor sees them)."""
         inner = dp.step
 
         def step(x, y, physical_batch_size=None, **kw):
@@ -136,7 +114,8 @@ class WhiteBoxObserver:
         scale = noise_scale(z) if self.normalise == "measured" else 1.0
         z, mu = z / scale, self.mu / scale
         self.sum += z
-        # log(1 − q + q·e^x) as logaddexp(log(1 − q), log q + x): no overflow for the large shifts of a broken variant
+        # log(1 − q + q·e^x) as logaddexp(log(1 − q), log q + x): no overflow for the large shifts
+        # of a broken variant
         log_out = torch.tensor(
             math.log1p(-self.q) if self.q < 1 else -math.inf, dtype=torch.float64
         )

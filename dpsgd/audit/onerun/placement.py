@@ -1,23 +1,19 @@
 """Where a gradient canary lives: ``audit.placement`` (docs/AUDIT_MATH.md §6).
 
 * ``dirac`` (Nasr et al. 2023): one random coordinate per canary in every clipping group with at
-  least m coordinates. The real examples' clipped gradients land on those coordinates too
-  (interference), so the canaries' scores are not independent.
-* ``null_space``: only the *class-sum directions* of the softmax output layer. For logits
-  z = W h + b (W ∈ R^{K×H}) and a loss that depends on z only through softmax(z) (cross-entropy), every
-  example's logit gradient p − y sums to zero over the K classes, so its gradient has zero component
-  along u_j = (1/√K) 1_K ⊗ e_j (column j of W, all K rows equal; j = H: the bias, u = 1_K/√K). Moving θ
-  along u_j adds h_j (or 1) to every logit, which softmax ignores: the model's function and every real
-  example's gradient are unchanged. A canary whose gradient is a·u_{j(i)} (its own column) therefore
-  sees, in each lot, exactly B_t·C + N(0, σ²C²) along u_{j(i)}, independent of the other canaries and of
-  the data (up to float round-off). Groups holding no such direction get no canary: k_used may be
-  below the claim's k (the canary then realises a less leaky channel than the claim: valid, lower power).
+  least m coordinates; the real examples' gradients land there too (interference).
+* ``null_space``: only the *class-sum directions* of the softmax output layer, along which no real
+  example's gradient has a component (softmax ignores a shift of all logits), so each canary sees
+  exactly its own B_t·C + N(0, σ²C²), independent of the other canaries and of the data. Groups
+  holding no such direction get no canary (k_used may be below the claim's k: valid, lower power).
 * ``null_space_dirac``: the class-sum directions in the output layer's group(s), plus a Dirac
   coordinate in every other group with at least m coordinates (k_used = k; interference there).
 
 ``place`` returns ``{"coords": {param name: [m] or [m, r] flat indices (−1: none)}, "groups_used",
 "null_groups", "dirac_groups"}``; a canary's direction in a parameter is the sum of its r entries'
 unit vectors divided by √r (r = 1 for Dirac, r = K for a class-sum direction).
+
+Details (why the class-sum directions are null): docs/AUDIT.md, "dpsgd/audit/onerun/placement.py".
 """
 
 from __future__ import annotations
@@ -32,8 +28,8 @@ PLACEMENTS = ("dirac", "null_space", "null_space_dirac")
 
 def output_layer(model: nn.Module, classes: int, probe: torch.Tensor) -> tuple[str, nn.Linear]:
     """(module name, module) of the softmax output layer: the ``nn.Linear`` with ``classes`` outputs
-    whose output *is* the model's output on ``probe`` (checked by a forward hook, so nothing after it
-    mixes the logits). ConfigError naming ``audit.placement`` when there is none."""
+    whose output *is* the model's output on ``probe`` (checked by a forward hook, so nothing after
+    it mixes the logits). ConfigError naming ``audit.placement`` when there is none."""
     cands = [
         (n, m)
         for n, m in model.named_modules()
@@ -60,8 +56,8 @@ def output_layer(model: nn.Module, classes: int, probe: torch.Tensor) -> tuple[s
 
 
 def class_sum_directions(layer_name: str, layer: nn.Linear) -> dict:
-    """{parameter name: [n_dirs, K] flat indices}: one class-sum direction per column of W (and one for
-    the bias, if trainable), each as the K flat indices of its entries."""
+    """{parameter name: [n_dirs, K] flat indices}: one class-sum direction per column of W (and one
+    for the bias, if trainable), each as the K flat indices of its entries."""
     K, H = layer.weight.shape
     prefix = f"{layer_name}." if layer_name else ""
     out = {
@@ -94,8 +90,9 @@ def place(
             dirs = sum(len(null[n]) for n in mine)
             if dirs < m:
                 raise ConfigError(
-                    f"audit.gradient_canaries={m}: audit.placement={placement} has {dirs} class-sum "
-                    "directions in the output layer's clipping group (one per canary); use at most that"
+                    f"audit.gradient_canaries={m}: audit.placement={placement} has {dirs} "
+                    "class-sum directions in the output layer's clipping group (one per canary); "
+                    "use at most that"
                 )
             pick = torch.randperm(dirs, generator=gen)[:m]
             start = 0

@@ -1,33 +1,20 @@
-"""audit.json and audit_scores.csv of a one-run audit: the claim, the heuristic, the games, the verdict.
+"""audit.json and audit_scores.csv of a one-run audit: claim, heuristic, games, verdict.
 
-The claim is the audited run's own valid ε (privacy.json ``epsilon_valid``: the smallest of the
-accountants' upper bounds under the joint convention), for the dataset with the canaries in it.
-For a run whose lots are not Poisson (``shuffle``), the ε a Poisson analysis would (wrongly) claim
-for the same schedule is reported beside it with its own verdict: what the audit says about that
-claim (Annamalai et al. 2024, Chua et al. 2024 audit exactly this mismatch).
+The claim is the audited run's own valid ε (privacy.json ``epsilon_valid``), for the dataset with
+the canaries in it; for lots that are not Poisson (``shuffle``), the ε a Poisson analysis would
+(wrongly) claim is reported beside it with its own verdict. Each game's lower bound is computed at
+β/g (g games, Bonferroni); ``eps_lower_bound`` is the largest, and ``verdict`` compares it with the
+claim (family-free, Steinke et al.). Each game also reports the Gaussian-DP one-run bound
+(``gdp_mu_lower_bound``, ``gdp_eps_lower_bound``): shown, not used for the verdict.
 
-Each game's lower bound is computed at β/g (g games in the run), so that the larger of the bounds
-holds with probability ≥ 1 − β (Bonferroni); ``eps_lower_bound`` is that larger one, and the verdict
-compares it with the claim. Each game also reports the Gaussian-DP one-run bound (Mahloujifar, Melis &
-Chaudhuri 2024; ``gdp_mu_lower_bound`` and its ε, ``gdp_eps_lower_bound``): a lower bound on μ *if* the
-run is μ-GDP — DP-SGD with subsampling is not exactly GDP, so it is shown, not used for the verdict.
+The white-box game is also tested against the claim's family (``family.py``: the ``family`` block,
+``eps_claimed_lots``, ``verdict_family``), and beside it the order-statistics bound
+(``order_stats``, ``order_stats.py``), a labelled heuristic unless
+``audit.placement=null_space`` and ``audit.normalise=claimed`` on Poisson lots make the canaries
+independent (docs/AUDIT_MATH.md §6; ``independence``). ``interference``: the excluded canaries'
+score variance against the claimed channel's prediction.
 
-The white-box game is also tested against the claim itself (``family.py``): H₀ "with respect to each
-gradient canary the run is at most as leaky as its lots' mechanism (Poisson-subsampled Gaussian at
-q = L/N, the run's lots, k groups, joint) at some noise multiplier σ′". audit.json's ``family`` block
-gives σ_ub (the σ′ above which H₀ is rejected), ε_lb = ε(σ_ub) at δ, the claim it tests
-(``eps_claimed_lots``: the lots alone, DP-PCA excluded — gradient canaries see only the lots) and
-``verdict_family`` (``violation`` when H₀ is rejected at the run's σ), at the same β/g as each game.
-It is a test of the claim's family, not a bound for every mechanism; ``verdict`` stays the
-family-free (Steinke et al.) one.
-
-Beside it, ``order_stats``: the order-statistics bound of Xiang et al. 2025 over all released guesses
-(``order_stats.py``) in the same family, at the same β/g. It assumes, beyond the family, independent
-canaries (each its own copy of the per-canary channel). With the Dirac placement or the measured
-normalisation the canaries of one run are not, so it is a labelled heuristic and never decides a
-verdict; with ``audit.placement=null_space`` and ``audit.normalise=claimed`` on Poisson lots they are
-(docs/AUDIT_MATH.md §6), and the label says so (``independence``). ``interference``: the excluded
-canaries' score variance against the claimed channel's prediction for the groups the canaries use.
+Details (each block of audit.json): docs/AUDIT.md, "dpsgd/audit/onerun/report.py".
 """
 
 from __future__ import annotations
@@ -82,9 +69,9 @@ def _game(name: str, scores, bits, delta: float, beta: float, how: str) -> dict:
 
 
 FAMILY_ASSUMES = (
-    "the run is at most as leaky as its lots' claimed mechanism (Poisson-subsampled Gaussian at q = L/N, "
-    "the run's lots, k groups, joint convention) at some noise multiplier σ′: a test of the claim, "
-    "not a bound for every mechanism"
+    "the run is at most as leaky as its lots' claimed mechanism (Poisson-subsampled Gaussian at "
+    "q = L/N, the run's lots, k groups, joint convention) at some noise multiplier σ′: a test of "
+    "the claim, not a bound for every mechanism"
 )
 
 
@@ -99,8 +86,8 @@ INDEPENDENCE_HEURISTIC = (
 
 
 def independence_proved(options, sampling: str) -> bool:
-    """The conditions of docs/AUDIT_MATH.md §6: every canary on its own class-sum direction of the softmax
-    output layer (no Dirac coordinate), z in units of the claimed σC, Poisson lots."""
+    """The conditions of docs/AUDIT_MATH.md §6: every canary on its own class-sum direction of the
+    softmax output layer (no Dirac coordinate), z in units of the claimed σC, Poisson lots."""
     return (
         getattr(options, "placement", "dirac") == "null_space"
         and getattr(options, "normalise", "measured") == "claimed"
@@ -176,14 +163,15 @@ def family_block(
 
 
 def channel_block(scores, bits, own: Claim, beta: float, proved: bool) -> dict:
-    """The canaries' own channel tested at the run's σ, when they use k_used < k of the claim's groups.
+    """The canaries' own channel tested at the run's σ,
+    when they use k_used < k of the claim's groups.
 
-    Under the mechanism the ledger charges (each group clipped at C, noise σC, Poisson q), a canary with
-    entries in k_used groups sees exactly the claim with k_used groups at σ (docs/AUDIT_MATH.md §6), which
-    is less leaky than the k-group claim; H₀: "the canaries' channel is at most as leaky as that". A
-    rejection means the run is not the mechanism it charges for (e.g. a group clipped looser than C),
-    though the canaries alone may not exceed the whole claim's ε. Same scores, same β as the family
-    block; the order-statistics test counts only where independence is proved."""
+    Under the mechanism the ledger charges (each group clipped at C, noise σC, Poisson q), a canary
+    with entries in k_used groups sees exactly the claim with k_used groups at σ (docs/AUDIT_MATH.md
+    §6), which is less leaky than the k-group claim; H₀: "the canaries' channel is at most as leaky
+    as that". A rejection means the run is not the mechanism it charges for (e.g. a group clipped
+    looser than C), though the canaries alone may not exceed the whole claim's ε. Same scores, same
+    β as the family block; the order-statistics test counts only where independence is proved."""
     s, b = check_scores(scores, bits)
     rows = guess_counts(s, b.astype(int), default_grid(s.size))
     per = beta / len(rows)
@@ -191,7 +179,8 @@ def channel_block(scores, bits, own: Claim, beta: float, proved: bool) -> dict:
     fam = any(fdp_rejected(f, r["guesses"], r["correct"], s.size, per) for r in rows)
     osr = bool(order_stats_rejects(s, b, own, beta))
     return {
-        "assumes": "the mechanism as charged, per group: the claim with the canaries' k_used groups at the run's σ",
+        "assumes": "the mechanism as charged, per group: the claim with the canaries' k_used "
+        "groups at the run's σ",
         "groups": own.groups,
         "eps_channel": own.epsilon(),
         "family_rejected": bool(fam),
@@ -202,8 +191,8 @@ def channel_block(scores, bits, own: Claim, beta: float, proved: bool) -> dict:
 
 
 def poisson_claim(config: dict, final: dict) -> float:
-    """The ε a Poisson analysis would claim for this run's schedule (q = L/N, σ, the run's lots, k) with
-    its DP-PCA release, all under add/remove adjacency; PLD, joint convention."""
+    """The ε a Poisson analysis would claim for this run's schedule (q = L/N, σ, the run's lots, k)
+    with its DP-PCA release, all under add/remove adjacency; PLD, joint convention."""
     s, p, m = final["sampling"], config["privacy"], config["model"]
     led = Ledger()
     if m.get("projection") == "pca":
@@ -250,8 +239,9 @@ def audit_report(
     placed: dict | None = None,
     sumsq=None,
 ) -> dict:
-    """The audit.json of an audited run: ``scored`` {game: (scores, bits)}, ``final`` its privacy.json,
-    ``config`` its resolved configuration (a dict), ``options`` its ``AuditOptions``."""
+    """The audit.json of an audited run: ``scored`` {game: (scores, bits)}, ``final`` its
+    privacy.json, ``config`` its resolved configuration (a dict),
+    ``options`` its ``AuditOptions``."""
     from dpsgd.accountant.last_iterate import last_iterate_epsilon
 
     o, delta = options, final["delta"]
@@ -278,8 +268,8 @@ def audit_report(
         "eps_last_iterate_heuristic": last_iterate_epsilon(
             s["L"] / s["N"], sigma, final["steps"], delta, groups=final["k"]
         ),
-        "heuristic_note": "Steinke et al. 2025 (The Last Iterate Advantage): ε of an adversary who sees only the "
-        "final model of a linear-loss run, at q = L/N; a heuristic, not a guarantee",
+        "heuristic_note": "Steinke et al. 2025 (The Last Iterate Advantage): ε of an adversary who "
+        "sees only the final model of a linear-loss run, at q = L/N; a heuristic, not a guarantee",
         "run": _run_block(final, sigma, o, groups_used, placed),
         "seconds": round(seconds, 1),
         "config": config,
@@ -349,7 +339,8 @@ def read_scores(run_dir: Path) -> dict:
 
 
 def read_sumsq(run_dir: Path):
-    """The white-box canaries' Σ_t z² from audit_scores.csv (column ``sumsq``), or None (older audits)."""
+    """The white-box canaries' Σ_t z² from audit_scores.csv (column ``sumsq``), or None
+    (older audits)."""
     with open(run_dir / SCORES, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["game"] == "white-box"]
     if not rows or not rows[0].get("sumsq"):
@@ -358,8 +349,9 @@ def read_sumsq(run_dir: Path):
 
 
 def rescore(run_dir: Path, beta: float | None = None) -> dict:
-    """audit.json recomputed from the files of a finished audit (audit_scores.csv, privacy.json and the
-    old audit.json's options): a re-analysis without rerunning; ``beta`` replaces the confidence."""
+    """audit.json recomputed from the files of a finished audit (audit_scores.csv, privacy.json and
+    the old audit.json's options): a re-analysis without rerunning;
+    ``beta`` replaces the confidence."""
     from .instrument import AuditOptions
 
     old = json.loads((run_dir / AUDIT).read_text())
@@ -382,15 +374,15 @@ def rescore(run_dir: Path, beta: float | None = None) -> dict:
 
 
 def write_report(run_dir: Path, scored: dict, report: dict, sumsq=None) -> None:
-    """audit.json, audit_scores.csv (every canary's bit and score; ``sumsq``: the white-box canaries'
-    Σ_t z²) and one console line."""
+    """audit.json, audit_scores.csv (every canary's bit and score; ``sumsq``: the white-box
+    canaries' Σ_t z²) and one console line."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["game", "canary", "included", "score"] + (["sumsq"] if sumsq is not None else []))
     for kind, (scores, bits) in scored.items():
         for i, (b, sc) in enumerate(zip(bits.tolist(), scores.tolist())):
-            # Σ_t z² belongs to the white-box (gradient) canaries only: their count may differ from the
-            # input canaries' (audit.gradient_canaries, audit.input_canaries)
+            # Σ_t z² belongs to the white-box (gradient) canaries only: their count may differ from
+            # the input canaries' (audit.gradient_canaries, audit.input_canaries)
             extra = (
                 [] if sumsq is None else [repr(float(sumsq[i]))] if kind == "white-box" else [""]
             )
@@ -400,7 +392,8 @@ def write_report(run_dir: Path, scored: dict, report: dict, sumsq=None) -> None:
     )  # the scores first: the evidence, whatever follows
     write_json(run_dir / AUDIT, report)
     games = ", ".join(
-        f"{g['game'].split(':')[0]} ε_lb={g['eps_lower_bound']:.3f} ({g['correct']}/{g['guesses']} correct)"
+        f"{g['game'].split(':')[0]} ε_lb={g['eps_lower_bound']:.3f} ({g['correct']}/{g['guesses']} "
+        "correct)"
         for g in report["games"]
     )
     claimed = report["eps_claimed"]
@@ -409,27 +402,31 @@ def write_report(run_dir: Path, scored: dict, report: dict, sumsq=None) -> None:
         ""
         if fam is None
         else (
-            f"; family test of the lots' claim (assumes the claimed mechanism's family): ε_lb={fam['eps_lower_bound']:.3f} "
-            f"against {fam['eps_claimed_lots']:.3f} → {fam['verdict_family'].upper()}; order statistics "
-            f"({fam['order_stats']['independence']}): ε_lb={fam['order_stats']['eps_lower_bound']:.3f}; excluded canaries' "
-            f"score variance / claim's: {fam['interference']['out_var_ratio'] or float('nan'):.3f}"
+            "; family test of the lots' claim (assumes the claimed mechanism's family): "
+            f"ε_lb={fam['eps_lower_bound']:.3f} against {fam['eps_claimed_lots']:.3f} → "
+            f"{fam['verdict_family'].upper()}; order statistics "
+            f"({fam['order_stats']['independence']}): "
+            f"ε_lb={fam['order_stats']['eps_lower_bound']:.3f}; excluded canaries' score variance "
+            f"/ claim's: {fam['interference']['out_var_ratio'] or float('nan'):.3f}"
         )
     )
     if fam is not None and "channel" in fam:
         ch = fam["channel"]
         family += (
-            f"; the canaries' own channel ({ch['groups']} of {fam['claim']['groups']} groups, ε={ch['eps_channel']:.3f}) "
-            f"→ {ch['verdict_channel'].upper()}"
+            f"; the canaries' own channel ({ch['groups']} of {fam['claim']['groups']} groups, "
+            f"ε={ch['eps_channel']:.3f}) → {ch['verdict_channel'].upper()}"
         )
     nt = report.get("noise_test")
     if nt is not None:
         family += (
-            f"; noise along the canaries / claimed σC: {nt['noise_ratio']:.3f} (≤ {nt['noise_ratio_upper']:.3f}, "
-            f"{'exact' if nt['exact'] else 'conservative'} test) → {nt['verdict'].upper()}"
+            f"; noise along the canaries / claimed σC: {nt['noise_ratio']:.3f} (≤ "
+            f"{nt['noise_ratio_upper']:.3f}, {'exact' if nt['exact'] else 'conservative'} test) → "
+            f"{nt['verdict'].upper()}"
         )
     print(
         f"audit [{report['variant']}]: {games} (family-free: Steinke et al.); claimed ε="
         f"{'none' if claimed is None else f'{claimed:.3f}'}, last-iterate heuristic ε="
-        f"{report['eps_last_iterate_heuristic']:.3f} → {report['verdict'].upper()}{family}  ({run_dir / AUDIT})",
+        f"{report['eps_last_iterate_heuristic']:.3f} → {report['verdict'].upper()}{family}  "
+        f"({run_dir / AUDIT})",
         flush=True,
     )

@@ -1,12 +1,12 @@
-"""One-run audit of a training configuration: ``python -m dpsgd.audit run [overrides] [audit.key=value]``.
+"""One-run audit of a configuration: ``python -m dpsgd.audit run [overrides] [audit.key=value]``.
 
     python -m dpsgd.audit run experiment=mnist_medium audit.gradient_canaries=1000 audit.variant=correct
 
 The configuration is the one ``python -m dpsgd.train`` takes (any preset, any override, torchrun
 included); ``audit.*`` options (``instrument.AuditOptions``) are taken off the command line before
 Hydra sees it, checked (one line naming the option, exit 2, before any work) and handed to every
-process (and sweep job) through the environment variable ``DPSGD_AUDIT``. The run is trained with the
-canaries in its data (``canaries.py``), then, in the run directory:
+process (and sweep job) through the environment variable ``DPSGD_AUDIT``. The run is trained with
+the canaries in its data (``canaries.py``), then, in the run directory:
 
 * ``audit.json`` — the claim (the run's own valid ε, for the dataset with the canaries), the
   last-iterate heuristic ε, and for the white-box (gradient canaries, every iterate) and black-box
@@ -81,15 +81,16 @@ def audit_train(c, run_dir, overrides) -> dict:
 
 
 def usage() -> str:
-    """``audit run --help``: the command, its audit.* options with their defaults, and where the training
-    overrides are described."""
+    """``audit run --help``: the command, its audit.* options with their defaults, and where the
+    training overrides are described."""
     opts = "\n".join(
         f"  audit.{f.name}={f.default!r}" if not callable(f.default) else f"  audit.{f.name}"
         for f in fields(AuditOptions)
     )
     return (
         "usage: python -m dpsgd.audit run [training overrides] [audit.key=value ...]\n\n"
-        "A one-run audit: trains the configuration (any preset or override that python -m dpsgd.train takes;\n"
+        "A one-run audit: trains the configuration (any preset or override that python -m "
+        "dpsgd.train takes;\n"
         "see python -m dpsgd.train --help) with canaries in its data, then writes audit.json and\n"
         "audit_scores.csv into the run folder (docs/AUDIT.md).\n\naudit options (defaults):\n"
         + opts
@@ -97,7 +98,8 @@ def usage() -> str:
 
 
 def split_args(args: list[str]) -> tuple[AuditOptions, list[str]]:
-    """(the audit's options, the rest for Hydra); ConfigError naming an unknown or bad ``audit.*`` key."""
+    """(the audit's options, the rest for Hydra); ConfigError naming an unknown or bad ``audit.*``
+    key."""
     known = {f.name for f in fields(AuditOptions)}
     values, rest = {}, []
     for a in args:
@@ -108,21 +110,23 @@ def split_args(args: list[str]) -> tuple[AuditOptions, list[str]]:
         name = key[len("audit.") :]
         if name not in known or not eq:
             raise ConfigError(
-                f"{a}: unknown audit option; one of {', '.join('audit.' + k for k in sorted(known))}"
+                f"{a}: unknown audit option; one of "
+                f"{', '.join('audit.' + k for k in sorted(known))}"
             )
         values[name] = typed_number(value)
     return AuditOptions(**values).validate(), rest
 
 
 def rescore_main(argv: list[str]) -> int:
-    """``python -m dpsgd.audit rescore RUN_DIR [audit.beta=B]``: audit.json recomputed from the run's files;
-    the previous audit.json is kept as audit.superseded.json."""
+    """``python -m dpsgd.audit rescore RUN_DIR [audit.beta=B]``: audit.json recomputed from the
+    run's files; the previous audit.json is kept as audit.superseded.json."""
     from dpsgd.core.fileio import write_json
     from .report import AUDIT, rescore
 
     if not argv or not (Path(argv[0]) / AUDIT).is_file():
         print(
-            f"error: rescore: {argv[0] if argv else 'RUN_DIR'}: not an audit run directory (no {AUDIT})",
+            f"error: rescore: {argv[0] if argv else 'RUN_DIR'}: not an audit run directory (no "
+            f"{AUDIT})",
             file=sys.stderr,
         )
         return 2
@@ -139,16 +143,16 @@ def rescore_main(argv: list[str]) -> int:
     (run_dir / AUDIT).replace(run_dir / "audit.superseded.json")
     write_json(run_dir / AUDIT, report)
     print(
-        f"{run_dir / AUDIT}: ε_lb={report['eps_lower_bound']:.4g}, claimed ε={report['eps_claimed']:.4g} → "
-        f"{report['verdict']}"
+        f"{run_dir / AUDIT}: ε_lb={report['eps_lower_bound']:.4g}, claimed "
+        f"ε={report['eps_claimed']:.4g} → {report['verdict']}"
     )
     return 0
 
 
 def check_canaries_fit(options: AuditOptions, args: list[str]) -> None:
     """A single run's data holds more rows than ``audit.input_canaries`` (they are taken from it):
-    ConfigError naming the option before any folder is made. A sweep's jobs are checked as each starts
-    (``canaries.add_canaries``)."""
+    ConfigError naming the option before any folder is made. A sweep's jobs are checked as each
+    starts (``canaries.add_canaries``)."""
     from dpsgd.config.overrides import override_key
     from dpsgd.config.schema import validate
     from dpsgd.launch.cli import compose, search_path, split_cli

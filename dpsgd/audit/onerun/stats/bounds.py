@@ -1,45 +1,19 @@
 """One-run privacy audit: the ε lower bound of Steinke, Nasr & Jagielski (NeurIPS 2023, "Privacy
 Auditing with One (1) Training Run", arXiv 2305.08846).
 
-The game (their Algorithm 1). m canaries; canary i is included in the training set independently
-with probability 1/2 (bit S_i ∈ {0, 1}); one training run; a score s_i per canary (higher = "more
-likely in"). The auditor guesses "in" for the k₊ highest scores, "out" for the k₋ lowest, and
-abstains on the rest: r = k₊ + k₋ guesses, v of them correct. The guesses must depend on the
-scores only (never on the bits): ties are broken by canary index, which is fixed before the bits.
-
-The test (their Theorem 3.1 with δ > 0: Cor. 5.4 and the p-value algorithm of App. D). If the
-training run is (ε, δ)-DP with respect to each canary (add/remove), then for every v
-
-    P[V ≥ v] ≤ p(ε, δ) = P[Bin(r, p_ε) ≥ v] + 2·m·δ·α,   p_ε = e^ε / (1 + e^ε),
-    α = max_{1 ≤ i ≤ v} (1/i)·P[v − i ≤ Bin(r, p_ε) < v],
-
-capped at 1 (p_ε is the accuracy of ε-DP randomized response; δ = 0 leaves the binomial tail).
-So p(ε, δ) is a p-value for "the run is (ε, δ)-DP", and
-
-    ε_lb = inf{ε >= 0 : p(ε, δ) > β}
-
-is a 1 − β lower bound: if the run is (ε*, δ)-DP with ε* < ε_lb, the test at ε* rejected, which
-happens with probability <= β. p(ε, δ) rises with ε (checked on a grid in tests/audit/test_onerun.py),
-so ε_lb is found by bisection keeping p(lo) <= β < p(hi), stepping the upper end by 1 first as App. D
-does; ``lo`` (the side that is rejected) is returned, to within XTOL below the crossing.
+The game (their Algorithm 1): m canaries, each included with probability 1/2; one training run; a
+score per canary. The auditor guesses "in" for the k₊ highest scores, "out" for the k₋ lowest and
+abstains on the rest (ties broken by canary index, fixed before the bits). The test (their
+Theorem 3.1 with δ > 0: Cor. 5.4 and App. D) gives a p-value p(ε, δ) for "the run is (ε, δ)-DP",
+and ε_lb = inf{ε >= 0 : p(ε, δ) > β} is a 1 − β lower bound, found by bisection.
 
 Gaussian DP (Mahloujifar, Melis & Chaudhuri 2024, "Auditing f-Differential Privacy in One Run",
-arXiv 2410.22235). :func:`gdp_lower_bound` tests "the run is μ-GDP" (trade-off f(x) = Φ(Φ⁻¹(1 − x) − μ))
-with their recursion for an f-DP mechanism, k = 2 (membership), as in the authors' released code
-(Meta PrivacyGuard ``FDPAnalysisNode``): with τ = β·r/m, h_v = τ(r − v)/r, r_v = τ·v/r and, for
-i = v − 1, ..., 0,
+arXiv 2410.22235): :func:`gdp_lower_bound` tests "the run is μ-GDP" with their f-DP recursion
+(``fdp_rejected``), as in the authors' released code; μ_lb by bisection, its ε at δ by
+``strong_composition.gaussian_epsilon``. :func:`audit_bound` evaluates the grid of (k₊, k₋) of
+:func:`default_grid` (a function of m only), each at β/|grid| (Bonferroni).
 
-    h_i = max(h_{i+1}, f̄(r_{i+1})),   r_i = r_{i+1} + i/(r − i)·(h_i − h_{i+1}),   f̄(x) = Φ(Φ⁻¹(x) − μ),
-
-μ-GDP is rejected when r_0 + h_0 > r/m. μ_lb = inf{μ : not rejected} (bisection; rejection is
-monotone in μ, checked in the tests) and its ε at δ is ``strong_composition.gaussian_epsilon``
-(Balle & Wang 2018, Thm 8) at noise multiplier 1/μ_lb. The paper's f-DP analysis uses the whole
-trade-off curve, so for Gaussian-like mechanisms it is tighter than the (ε, δ) bound above.
-
-Choosing (k₊, k₋) after seeing the scores is a multiple-comparison problem (the paper's §7 reports the
-best of several guess counts). :func:`audit_bound` evaluates a grid of (k₊, k₋) fixed before the
-run (:func:`default_grid`: a function of m only) and tests each point at β/|grid| (Bonferroni): the
-probability that any point falsely rejects is <= β, so the maximum over the grid is a 1 − β bound.
+Details: docs/AUDIT_MATH.md, "dpsgd/audit/onerun/stats/bounds.py".
 """
 
 from __future__ import annotations
@@ -128,7 +102,8 @@ def steinke_bound(r: int, v: int, m: int, delta: float, beta: float) -> float:
 
 def default_grid(m: int) -> list[tuple[int, int]]:
     """The pre-declared guess counts (k₊, k₋) for m canaries, a function of m only: for each
-    k = max(1, round(f·m)), f in GRID_FRACTIONS, one-sided (k, 0) and two-sided (k, k) where 2k <= m."""
+    k = max(1, round(f·m)), f in GRID_FRACTIONS, one-sided (k, 0) and two-sided
+    (k, k) where 2k <= m."""
     m = _count("m", m, lo=1)
     ks = sorted({max(1, round(f * m)) for f in GRID_FRACTIONS if max(1, round(f * m)) <= m})
     return [(k, 0) for k in ks] + [(k, k) for k in ks if 2 * k <= m]
@@ -177,8 +152,9 @@ def _inputs(scores, bits, delta, beta, guesses):
 
 
 def guess_counts(scores: np.ndarray, bits: np.ndarray, grid) -> list[dict]:
-    """For each (k₊, k₋) of ``grid``: guess "in" for the k₊ highest scores and "out" for the k₋ lowest
-    (ties: lower index first in the order of decreasing score); {k_plus, k_minus, guesses, correct}."""
+    """For each (k₊, k₋) of ``grid``: guess "in" for the k₊ highest scores and "out" for the k₋
+    lowest (ties: lower index first in the order of decreasing score);
+    {k_plus, k_minus, guesses, correct}."""
     m = len(scores)
     order = np.lexsort((np.arange(m), -np.asarray(scores)))  # decreasing score, then index
     ranked = np.asarray(bits, dtype=int)[order]
@@ -260,9 +236,9 @@ MU_MAX = 50.0  # μ-GDP with μ >= this: ε in the thousands; the bisection's up
 
 def fdp_rejected(fbar, r: int, v: int, m: int, beta: float) -> bool:
     """Mahloujifar et al. 2024 recursion (module doc) for any symmetric trade-off curve f: True when
-    "the run is f-DP with respect to each canary" is rejected at level β by v correct out of r guesses
-    among m canaries. ``fbar(x)`` = f(1 − x), increasing in x (for μ-GDP: Φ(Φ⁻¹(x) − μ)); a lower
-    bound on it gives a test that rejects less often, so stays valid."""
+    "the run is f-DP with respect to each canary" is rejected at level β by v correct out of r
+    guesses among m canaries. ``fbar(x)`` = f(1 − x), increasing in x (for μ-GDP: Φ(Φ⁻¹(x) − μ)); a
+    lower bound on it gives a test that rejects less often, so stays valid."""
     if r == 0:
         return False
     tau = beta * r / m
@@ -282,9 +258,9 @@ def _gdp_rejected(mu: float, r: int, v: int, m: int, beta: float) -> bool:
 
 
 def gdp_lower_bound(r: int, v: int, m: int, beta: float, delta: float | None = None) -> dict:
-    """One-run lower bound on the GDP parameter μ at confidence 1 − β (Mahloujifar, Melis & Chaudhuri
-    2024; module doc) for r guesses, v correct, m canaries: {"mu_lower_bound", and with ``delta``
-    "eps_lower_bound" = the ε of μ_lb-GDP at δ}. μ_lb = 0 when μ → 0 is not rejected."""
+    """One-run lower bound on the GDP parameter μ at confidence 1 − β (Mahloujifar, Melis &
+    Chaudhuri 2024; module doc) for r guesses, v correct, m canaries: {"mu_lower_bound", and with
+    ``delta`` "eps_lower_bound" = the ε of μ_lb-GDP at δ}. μ_lb = 0 when μ → 0 is not rejected."""
     r, v, m, _, beta = _check(r, v, m, 0.0, beta)
     out: dict = {"mu_lower_bound": 0.0}
     if r > 0 and _gdp_rejected(1e-12, r, v, m, beta):

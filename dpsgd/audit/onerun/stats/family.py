@@ -1,40 +1,21 @@
-"""The claim as the null hypothesis: a one-run test of "this run is at most as leaky as the mechanism its
-accountant charges for", and the ε lower bound it implies within that mechanism's family.
+"""The claim as the null hypothesis: a one-run test of "this run is at most as leaky as the
+mechanism its accountant charges for", and the ε lower bound it implies within that mechanism's
+family.
 
-**Family.** M(σ′) = T lots of the Poisson-subsampled Gaussian mechanism at sampling rate q, k clipping
-groups under the joint convention (one Gaussian mechanism of noise multiplier σ′/√k per lot;
-``dpsgd.accountant.compose.charge``), add/remove adjacency — the mechanism ``dpsgd.accountant`` charges
-a run for, with σ′ in place of the run's σ. H₀(σ′): "with respect to each canary, the run is
-f_{σ′}-DP", f_{σ′} the trade-off curve of M(σ′) (Dong, Roth & Su 2022, §2: every test of
-"canary out" against "canary in" has type-II error ≥ f_{σ′}(type-I error)).
+Family: M(σ′) = T lots of the Poisson-subsampled Gaussian at rate q, k groups under the joint
+convention, add/remove (``dpsgd.accountant.compose.charge``), with σ′ in place of the run's σ.
+H₀(σ′): "with respect to each canary, the run is f_{σ′}-DP" (Dong, Roth & Su 2022, §2). The curve
+is bounded from below from the PLD accountant's δ(ε) on a grid of ε, tabulated at log-spaced x.
+The test is the f-DP recursion of Mahloujifar, Melis & Chaudhuri 2024 on the guesses of
+``bounds.default_grid``, each at β/|grid|: valid for any score and finite m, and monotone in σ′.
 
-**The curve, from the accountant.** For every ε ≥ 0 the PLD accountant gives δ(ε), an upper bound on
-the hockey-stick divergence of M(σ′) in both directions (``dpsgd.accountant.pld.compose``, pessimistic
-discretisation on a privacy-loss grid PLD_INTERVAL apart). Each (ε, δ(ε)) is a DP guarantee of M(σ′),
-i.e. the trade-off curve f_{ε,δ}(α) = max(0, 1 − δ − e^ε α, e^{−ε}(1 − δ − α)) (Kairouz et al. 2015;
-Dong, Roth & Su 2022, §2), and a mechanism that is f₁-DP and f₂-DP is max(f₁, f₂)-DP. So
+Outputs: ``claim_rejected`` (H₀ at the claimed σ rejected → verdict ``violation``),
+``sigma_upper_bound`` σ_ub (doubling and bisection in log σ′, to SIGMA_RTOL) and ε_lb = ε of
+M(σ_ub) at δ (``pld.epsilon``). This is a test of the claim's family, not a lower bound on ε for
+every mechanism (the family-free bounds of ``bounds`` are that).
 
-    f_{σ′}(α) >= f̂_{σ′}(α) = max_{ε ∈ E} f_{ε, δ(ε)}(α)        (E: a grid of ε >= 0, EPS_STEP apart)
-
-and f̂ is symmetric (each f_{ε,δ} is), so one curve serves guesses of both "in" and "out". It is
-tabulated as f̄(x) = f̂(1 − x) at log-spaced x (X_STEP apart in log x, down to X_MIN) and read at the
-grid point just below x: f̄ increases with x, so the table lies below f̂ everywhere.
-
-**The test** (Mahloujifar, Melis & Chaudhuri 2024, "Auditing f-Differential Privacy in One Run",
-arXiv 2410.22235): the guesses of the pre-declared grid (``bounds.default_grid``; k₊ highest scores
-"in", k₋ lowest "out"), each tested at β/|grid| with their recursion under f̄
-(``bounds.fdp_rejected``). Their theorem holds for any f-DP mechanism at finite m and for any score,
-so the test is valid for the real run whatever its scores look like, as long as the run is f-DP
-within the claim; a lower curve only makes it reject less. Rejection is monotone in σ′: more noise is
-post-processing (add independent Gaussian noise), so f_{σ′} rises with σ′, and the recursion
-rejects more under a higher curve.
-
-**Outputs.** ``claim_rejected``: H₀(σ) at the claimed σ rejected → verdict ``violation``.
-``sigma_upper_bound`` σ_ub: a σ′ the test rejects, found by doubling from σ and bisection in log σ′ (down
-to a relative SIGMA_RTOL, the σ′ just below it not rejected); ε_lb = ε of M(σ_ub) at δ (``pld.epsilon``).
-With probability ≥ 1 − β a run whose true mechanism is M(σ₀) is not rejected at σ₀, so σ₀ < σ_ub and
-ε(σ₀) > ε_lb. This is a test of the claim's family, not a lower bound on ε for every mechanism (the
-family-free bounds of ``bounds`` are that).
+Details (the curve, the test, the outputs): docs/AUDIT_MATH.md,
+"dpsgd/audit/onerun/stats/family.py".
 """
 
 from __future__ import annotations
@@ -66,7 +47,8 @@ PLD_INTERVAL = (
 
 @dataclass(frozen=True)
 class Claim:
-    """The claimed mechanism: T = ``steps`` lots at Poisson rate q, noise multiplier σ, k groups (joint)."""
+    """The claimed mechanism: T = ``steps`` lots at Poisson rate q, noise multiplier σ, k groups
+    (joint)."""
 
     q: float
     sigma: float
@@ -93,7 +75,8 @@ class Claim:
         return compose.charge(self.q, sigma, self.groups, "joint")[1]
 
     def epsilon(self, sigma: float | None = None) -> float:
-        """ε of M(σ) at δ: PLD accountant, joint convention (the run's own valid ε for these lots)."""
+        """ε of M(σ) at δ: PLD accountant, joint convention
+        (the run's own valid ε for these lots)."""
         s = self.sigma if sigma is None else sigma
         return float(pld.epsilon(self.q, self.sigma_eff(s), self.steps, self.delta))
 
@@ -149,7 +132,8 @@ def family_test(scores, bits, claim: Claim, beta: float = 0.05, guesses=None) ->
 
     ``scores[i]``, ``bits[i]`` as in ``bounds.audit_bound`` (all m randomised canaries; any score).
     ``sigma_upper_bound`` is None and ε_lb = 0 when no σ′ <= SEARCH_FACTOR·σ is rejected; when even
-    σ/SEARCH_FACTOR is rejected it is that σ′ and ``at_search_floor`` is True (ε_lb then understates)."""
+    σ/SEARCH_FACTOR is rejected it is that σ′ and ``at_search_floor`` is True
+    (ε_lb then understates)."""
     s, b = check_scores(scores, bits)
     if not (isinstance(beta, (int, float)) and 0 < beta < 1):
         raise ConfigError(f"beta={beta!r}: must be a number in (0, 1)")
@@ -176,10 +160,11 @@ def family_test(scores, bits, claim: Claim, beta: float = 0.05, guesses=None) ->
 
 
 def search_sigma(claim: Claim, rejects) -> tuple[bool, float | None, bool]:
-    """(H₀(σ) rejected, σ_ub, at_search_floor) for a test ``rejects(σ′)`` that is monotone in σ′ (rejects
-    every σ′ above one it rejects: a larger σ′ claims more privacy): σ_ub is a σ′ it rejects with the σ′ SIGMA_RTOL below it not rejected
-    (doubling from σ, then bisection in log σ′); None when nothing up to SEARCH_FACTOR·σ is rejected; the
-    floor σ/SEARCH_FACTOR (and at_search_floor True) when even that is rejected."""
+    """(H₀(σ) rejected, σ_ub, at_search_floor) for a test ``rejects(σ′)`` that is monotone in σ′
+    (rejects every σ′ above one it rejects: a larger σ′ claims more privacy): σ_ub is a σ′ it
+    rejects with the σ′ SIGMA_RTOL below it not rejected (doubling from σ, then bisection in log
+    σ′); None when nothing up to SEARCH_FACTOR·σ is rejected; the floor σ/SEARCH_FACTOR (and
+    at_search_floor True) when even that is rejected."""
     rejected = rejects(claim.sigma)
     floor = max(claim.sigma / SEARCH_FACTOR, limits.SIGMA_MIN * math.sqrt(claim.groups))
     at_floor = False

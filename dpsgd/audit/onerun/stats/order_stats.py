@@ -1,43 +1,19 @@
-"""The order-statistics one-run bound of Xiang, Wang, Xiao, Tian & Wang ("Tight Privacy Audit in One Run",
-arXiv 2509.08704): the number of mistakes among the r most confident released guesses, against its
-exact law under a null channel — written here from the paper's formula (docs/AUDIT_MATH.md §5).
+"""The order-statistics one-run bound of Xiang, Wang, Xiao, Tian & Wang ("Tight Privacy Audit in
+One Run", arXiv 2509.08704): the number of mistakes among the r most confident released guesses,
+against its exact law under a null channel (docs/AUDIT_MATH.md §5).
 
-**The null channel.** One bit (canary in or out, probability 1/2 each) passes through a pair (P, Q) (out,
-in) with log-likelihood ratio L = log dQ/dP. It is represented by L on a grid and its mass under the
-mixture M = (P + Q)/2. The optimal guess is "in" when L > 0, and its error probability at an outcome is
-γ = 1/(1 + e^{|L|}); outcomes are ranked by |L| (confidence). G(w) is the error mass above the mixture
-quantile w of that ranking and γ̄(w) = G(w)/(1 − w) the mean error rate there (``Profile``).
+A null channel (``Profile``) is a pair (P, Q) held as its log-likelihood ratio L on a grid; the law
+of the mistakes (their Theorem 2) is P[T <= u] = E_W[BinCDF(u; r, γ̄(W))], W ~ Beta(m − r, r + 1),
+bounded from above by ``tail_probability``. ``channel`` is the claimed mechanism's: the T-fold
+composition of the Poisson-subsampled Gaussian, the law of the summed per-lot LLR. The test of the
+claim (``order_stats_test``) releases the r largest |score| for each r of ``RELEASE_FRACTIONS``,
+each at β/|grid|; σ_ub and ε_lb come from the family test's σ′ search (``family.search_sigma``).
 
-**The law of the mistakes** (their Theorem 2). m canaries, each through its own copy of the channel,
-independently; the r with the largest |L| are released as guesses, the rest abstained on; T mistakes
-among the released. The quantile W of the highest abstained canary is the (m − r)-th of m uniform order
-statistics, W ~ Beta(m − r, r + 1), and given W the released errors are Bernoulli(γ̄(W)), so
+It assumes, beyond the family test, that canaries are independent (each its own copy of the
+per-canary channel, as in ``simulate.py``). In a real run the canaries share lots, the noise-scale
+estimate and the other examples' gradients; the bound is then labelled a heuristic.
 
-    P[T <= u] = E_W[ BinCDF(u; r, γ̄(W)) ].
-
-γ̄ falls with w, so the integrand rises with w; ``tail_probability`` evaluates it on BINS bins of equal
-Beta probability at each bin's upper end: an upper bound on P[T <= u] (a p-value that only errs
-upward), at most 1/BINS above it. r = m (no abstention): BinCDF(u; m, E[γ]).
-
-**The claimed mechanism's channel** (``channel``): the T-fold composition of the Poisson-subsampled
-Gaussian at q and μ = 1/σ_eff (P: N(0, 1) per lot; Q: (1 − q)·N(0, 1) + q·N(μ, 1) per lot), i.e. the law of
-the summed per-lot LLR — the score ``audit run`` writes. One lot's L is tabulated on a fine z grid, its P- and
-Q-masses split between the two neighbouring points of a uniform L grid so that E_P[L] and E_Q[L] are kept
-exactly (variance + at most h²/4 per lot), and each is composed T times by FFT (T = 1: the z grid
-itself, as the authors tabulate it). q = 1, T = 1 is the Gaussian channel (μ-GDP).
-
-**The test of the claim** (``order_stats_test``): the auditor guesses "in" when the score is > 0 and
-releases the r largest |score| (ties: lower index), for each r of a grid fixed by m alone
-(``RELEASE_FRACTIONS``), each at β/|grid| (Bonferroni). H₀(σ′) — the claimed mechanism at noise σ′ — is
-rejected when some r has P_{σ′}[T <= u_r] <= β/|grid|; σ_ub and ε_lb = ε(σ_ub) come from the same σ′ search
-as the family test (``family.search_sigma``).
-
-**What it assumes** (beyond the family test's): canaries are independent — each one's observation is
-its own copy of the per-canary channel, as in the idealised game (``simulate.py``), not a composition
-across canaries as Steinke et al. and Mahloujifar et al. allow; and the paper's claim that the optimal
-ranking (by the null's |L|) makes the fewest mistakes among the top r, so that any other score only
-raises T. In a real run the canaries share lots, the noise-scale estimate and the other examples'
-gradients; the bound is then labelled a heuristic (docs/AUDIT_MATH.md §5).
+Details: docs/AUDIT_MATH.md, "dpsgd/audit/onerun/stats/order_stats.py".
 """
 
 from __future__ import annotations
@@ -61,7 +37,8 @@ RELEASE_FRACTIONS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # r/m of the 
 
 
 class Profile:
-    """The (confidence, error) law of one bit through a channel (module doc): from L and its mixture mass."""
+    """The (confidence, error) law of one bit through a channel (module doc):
+    from L and its mixture mass."""
 
     def __init__(self, log_lr, mass):
         a = np.abs(np.asarray(log_lr, dtype=float))
@@ -97,7 +74,8 @@ def tail_probability(profile: Profile, u: int, r: int, m: int, bins: int = BINS)
 
 
 def _split(values, masses, base, h, n):
-    """Masses at ``values`` split between the two neighbouring points base + k·h (mean kept exactly)."""
+    """Masses at ``values`` split between the two neighbouring points base + k·h
+    (mean kept exactly)."""
     x = (values - base) / h
     k = np.floor(x).astype(np.int64)
     frac = x - k
@@ -107,7 +85,8 @@ def _split(values, masses, base, h, n):
 
 
 def channel(q: float, mu: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """(L, mixture mass) of ``steps`` lots of the Poisson-subsampled Gaussian at q and μ (module doc)."""
+    """(L, mixture mass) of ``steps`` lots of the Poisson-subsampled Gaussian at q and μ
+    (module doc)."""
     edges = np.linspace(-Z_SPAN, mu + Z_SPAN, Z_POINTS + 1)
     z, dz = 0.5 * (edges[:-1] + edges[1:]), edges[1] - edges[0]
     log_out = math.log1p(-q) if q < 1 else -math.inf
@@ -155,12 +134,14 @@ def _profile(q: float, mu: float, steps: int) -> Profile:
 
 
 def claim_profile(claim: Claim, sigma: float) -> Profile:
-    """The profile of the claimed mechanism at noise σ (cached: a σ′ search and repeated games reuse it)."""
+    """The profile of the claimed mechanism at noise σ (cached: a σ′ search and repeated games reuse
+    it)."""
     return _profile(claim.q, 1.0 / claim.sigma_eff(sigma), claim.steps)
 
 
 def rejects(scores, bits, claim: Claim, beta: float, sigma: float | None = None) -> bool:
-    """H₀(σ′) (default: the claimed σ) rejected at level β by the order-statistics test on these scores."""
+    """H₀(σ′) (default: the claimed σ) rejected at level β by the order-statistics test on these
+    scores."""
     s, b = check_scores(scores, bits)
     rows = mistakes(s, b, release_grid(s.size))
     prof = claim_profile(claim, claim.sigma if sigma is None else sigma)
@@ -171,13 +152,14 @@ def rejects(scores, bits, claim: Claim, beta: float, sigma: float | None = None)
 
 
 def release_grid(m: int) -> list[int]:
-    """The pre-declared release counts r for m canaries: round(f·m) for f in RELEASE_FRACTIONS (>= 1, distinct)."""
+    """The pre-declared release counts r for m canaries: round(f·m) for f in RELEASE_FRACTIONS
+    (>= 1, distinct)."""
     return sorted({min(m, max(1, round(f * m))) for f in RELEASE_FRACTIONS})
 
 
 def mistakes(scores, bits, grid) -> list[dict]:
-    """For each r of ``grid``: the guesses "in" iff score > 0 on the r largest |score| (ties: lower index),
-    {"released": r, "mistakes": u}."""
+    """For each r of ``grid``: the guesses "in" iff score > 0 on the r largest |score| (ties: lower
+    index), {"released": r, "mistakes": u}."""
     order = np.lexsort((np.arange(len(scores)), -np.abs(scores)))
     wrong = ((scores > 0).astype(int) != np.asarray(bits, dtype=int))[order]
     cum = np.concatenate([[0], np.cumsum(wrong)])
@@ -185,9 +167,9 @@ def mistakes(scores, bits, grid) -> list[dict]:
 
 
 def order_stats_test(scores, bits, claim: Claim, beta: float = 0.05) -> dict:
-    """The order-statistics test of the claim and its ε_lb (module doc): {"claim_rejected", "verdict",
-    "sigma_upper_bound", "at_search_floor", "eps_lower_bound", "eps_claimed", "m", "beta", "beta_per_point",
-    "grid"}."""
+    """The order-statistics test of the claim and its ε_lb (module doc): {"claim_rejected",
+    "verdict", "sigma_upper_bound", "at_search_floor", "eps_lower_bound", "eps_claimed", "m",
+    "beta", "beta_per_point", "grid"}."""
     s, b = check_scores(scores, bits)
     m = s.size
     rows = mistakes(s, b, release_grid(m))
@@ -225,8 +207,9 @@ def mu_lower_bound(
     hi: float = 32.0,
     iters: int = 40,
 ) -> float:
-    """The largest μ whose single-release channel (q = 1: μ-GDP; q < 1: one Poisson-subsampled Gaussian lot)
-    is rejected at level β by u mistakes among r released of m (bisection; 0 when μ = lo is not rejected)."""
+    """The largest μ whose single-release channel (q = 1: μ-GDP; q < 1: one Poisson-subsampled
+    Gaussian lot) is rejected at level β by u mistakes among r released of m (bisection;
+    0 when μ = lo is not rejected)."""
 
     def p(mu):
         return tail_probability(Profile(*channel(q, mu, 1)), u, r, m)

@@ -10,8 +10,8 @@ in units of the claimed noise std σ_eff·C (σ_eff = σ/√k, joint convention)
 (``observe.py``: a canary clipped to C in each of its k groups, read along u_i = Σ_g e_{c(g,i)}/√k,
 shifts ⟨s_t, u_i⟩/(σC) by √k/σ = 1/σ_eff). ``noise_factor`` ν < 1 is the broken mechanism
 "noise ν·σC" (ν = 1/2: noise σC/2).
-The score is the one ``audit run`` writes (``observe.py``, ``audit.score=llr``): each lot's z and μ are
-divided by the noise std measured across the m canaries (1.4826 × MAD), then
+The score is the one ``audit run`` writes (``observe.py``, ``audit.score=llr``): each lot's z and μ
+are divided by the noise std measured across the m canaries (1.4826 × MAD), then
 
     s_i = Σ_t log(1 − q + q·exp(μ′ z′_{t,i} − μ′²/2))       (z′ = z/ŝ_t, μ′ = μ/ŝ_t)
 
@@ -34,8 +34,8 @@ CHUNK = 1 << 20  # z values drawn at a time
 
 
 def game_scores(rng: np.random.Generator, m: int, claim: Claim, noise_factor: float = 1.0):
-    """(scores, bits) of one idealised game of the claimed mechanism (``noise_factor`` = 1) or of the
-    mechanism with noise ``noise_factor``·σC (module doc)."""
+    """(scores, bits) of one idealised game of the claimed mechanism (``noise_factor`` = 1) or of
+    the mechanism with noise ``noise_factor``·σC (module doc)."""
     bits = rng.integers(0, 2, m)
     mu = 1.0 / claim.sigma_eff(claim.sigma)
     log_out = math.log1p(-claim.q) if claim.q < 1 else -math.inf
@@ -62,8 +62,9 @@ def play(
     order_stats: bool = False,
 ) -> dict:
     """One game and the tests of the claim on it: ``family`` (H₀(σ) rejected, ``family.py``),
-    ``steinke`` ((ε_claimed, δ)-DP rejected by the Steinke et al. p-value on the same grid at β/|grid|)
-    and, with ``order_stats``, ``order_stats`` (H₀(σ) rejected by ``order_stats.py`` on its own grid)."""
+    ``steinke`` ((ε_claimed, δ)-DP rejected by the Steinke et al. p-value on the same grid at
+    β/|grid|) and, with ``order_stats``, ``order_stats``
+    (H₀(σ) rejected by ``order_stats.py`` on its own grid)."""
     scores, bits = game_scores(rng, m, claim, noise_factor)
     grid = default_grid(m)
     per = beta / len(grid)
@@ -82,10 +83,10 @@ def play(
 
 
 def llr_moments(claim: Claim) -> dict:
-    """Mean and variance of the score under the claimed mechanism, per canary, with ŝ_t = 1: the sum of
-    T i.i.d. terms ℓ(z) = log(1 − q + q·exp(μz − μ²/2)), z ~ N(0, 1) for an excluded canary and
-    z ~ (1 − q)·N(0, 1) + q·N(μ, 1) for an included one (one-dimensional quadrature, scipy.integrate.quad).
-    {"out": (mean, var), "in": (mean, var)} of the sum over the T lots."""
+    """Mean and variance of the score under the claimed mechanism, per canary, with ŝ_t = 1: the sum
+    of T i.i.d. terms ℓ(z) = log(1 − q + q·exp(μz − μ²/2)), z ~ N(0, 1) for an excluded canary and
+    z ~ (1 − q)·N(0, 1) + q·N(μ, 1) for an included one (one-dimensional quadrature,
+    scipy.integrate.quad). {"out": (mean, var), "in": (mean, var)} of the sum over the T lots."""
     q, mu = claim.q, 1.0 / claim.sigma_eff(claim.sigma)
     log_out = math.log1p(-q) if q < 1 else -math.inf
 
