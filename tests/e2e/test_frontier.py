@@ -414,8 +414,8 @@ def test_frontier_collect_makes_one_row_per_run(tmp_path):
         ("fmnist_scatter_linear", 3.0, 0),
     ]
     r = rows[0]
-    # values copied from the fixture CSV (exact, decimal round trip); ε via pytest's default rel
-    # 1e-6
+    # values copied from the fixture CSV (exact, decimal round trip); ε via pytest's default
+    # rel 1e-6
     assert (
         r["test_accuracy"] == 0.985
         and r["epsilon_pld_joint"] == pytest.approx(1.996)

@@ -498,8 +498,8 @@ def test_refused_before_training(outcomes, case):
     assert res.returncode == 2, f"exit {res.returncode}; stderr: {err[-1500:]}"
     lines = err.splitlines()
     assert len(lines) == 1, f"expected one line on stderr, got:\n{err[-1500:]}"
-    # train: "error: <message>"; privacy (argparse style): "python -m dpsgd.privacy: error:
-    # <message>"
+    # train: "error: <message>"; privacy (argparse style):
+    # "python -m dpsgd.privacy: error: <message>"
     assert lines[0].startswith("error: ") if case.cli == "train" else "error: " in lines[0], lines[
         0
     ]
