@@ -11,7 +11,8 @@ load with ``encoding="bytes"``.
 Classes are learnable by a small network after random 24×24 crops, flips and per-image
 standardisation: class c has its own colour (the ratio of the RGB planes) and horizontal stripes of
 its own period, plus pixel noise. Generated files cannot match the publisher's md5: ``trust``
-registers theirs in ``dpsgd.data.datasets.EXPECTED_MD5`` (monkeypatch, the documented test-only escape hatch).
+registers theirs in ``dpsgd.data.datasets.EXPECTED_MD5`` (monkeypatch, the documented test-only
+escape hatch).
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ Results do not depend on it; set DPSGD_TEST_THREADS to change it.
 Helpers used by several test files (``from conftest import ...``): :func:`metrics_rows` and
 :func:`metrics_row_count` read a run folder's metrics.csv; :data:`TINY_RUN` is a run of ~0.1 s per
 epoch; :func:`snapshot` fingerprints a folder, to show that a refused command left it untouched;
-:func:`run_train` and :func:`start_train` run ``python -m dpsgd.train`` in a child process. Tolerances
-live in tests/tolerances.py, the batch-of-1 reference loop in tests/dp_reference.py. pytest.ini puts
-tests/ on the path, so a test in any folder imports these by name.
+:func:`run_train` and :func:`start_train` run ``python -m dpsgd.train`` in a child process.
+Tolerances live in tests/tolerances.py, the batch-of-1 reference loop in tests/dp_reference.py.
+pytest.ini puts tests/ on the path, so a test in any folder imports these by name.
 """
 
 import csv
@@ -31,12 +31,13 @@ torch.set_num_threads(THREADS)
 class _CurrentStderr:
     """Whatever ``sys.stderr`` is at the moment of writing; closing it closes nothing.
 
-    absl (imported by dp_accounting, a test reference) creates its logging handler on the stream that
-    is ``sys.stderr`` at import, which under pytest is the capture's file, and its ``close`` closes that
-    stream. A later ``logging.config.dictConfig`` in this process (submitit's import does one; so does
-    Hydra's job logging) closes every existing handler, so pytest's own capture was closed under it and
-    the session died at its end ("I/O operation on closed file") in whichever test imported submitit
-    after dp_accounting. Pointed at this, absl still writes into the capture of the test running."""
+    absl (imported by dp_accounting, a test reference) creates its logging handler on the stream
+    that is ``sys.stderr`` at import, which under pytest is the capture's file, and its ``close``
+    closes that stream. A later ``logging.config.dictConfig`` in this process (submitit's import
+    does one; so does Hydra's job logging) closes every existing handler, so pytest's own capture
+    was closed under it and the session died at its end ("I/O operation on closed file") in
+    whichever test imported submitit after dp_accounting. Pointed at this, absl still writes into
+    the capture of the test running."""
 
     def write(self, s: str) -> int:
         return sys.stderr.write(s)
@@ -96,7 +97,8 @@ def train_env() -> dict:
 
 
 def run_train(args, cwd) -> subprocess.CompletedProcess:
-    """``python -m dpsgd.train ARGS`` in a child process in ``cwd``, run to its end (output captured)."""
+    """``python -m dpsgd.train ARGS`` in a child process in ``cwd``, run to its end (output
+    captured)."""
     return subprocess.run(
         [sys.executable, "-m", "dpsgd.train", *args],
         cwd=cwd,

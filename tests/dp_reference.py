@@ -35,10 +35,10 @@ def loop_clipped_sum(model, rows, y, groups, C, K=1):
 
 
 def assert_close(a, b, rtol=None):
-    """Per-parameter relative error <= rtol (float64), with an absolute floor of rtol times the largest
-    parameter's gradient norm (an entry 0 in exact arithmetic is round-off at that scale). rtol
-    defaults to reduction_rtol(P), P the number of gradient entries: every entry and norm is a chain
-    of reductions over at most P terms (tests/tolerances.py)."""
+    """Per-parameter relative error <= rtol (float64), with an absolute floor of rtol times the
+    largest parameter's gradient norm (an entry 0 in exact arithmetic is round-off at that scale).
+    rtol defaults to reduction_rtol(P), P the number of gradient entries: every entry and norm is a
+    chain of reductions over at most P terms (tests/tolerances.py)."""
     assert a.keys() == b.keys()
     if rtol is None:
         rtol = reduction_rtol(sum(t.numel() for t in b.values()))

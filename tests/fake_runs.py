@@ -1,6 +1,6 @@
-"""A run folder as ``python -m dpsgd.train experiment=<preset>`` leaves it (metrics.csv, privacy.json,
-.hydra), built from a committed run's files: what the result collectors (experiments.seeds, figure 6)
-read, without training."""
+"""A run folder as ``python -m dpsgd.train experiment=<preset>`` leaves it (metrics.csv,
+privacy.json, .hydra), built from a committed run's files: what the result collectors
+(experiments.seeds, figure 6) read, without training."""
 
 import shutil
 from pathlib import Path

@@ -1,16 +1,17 @@
-"""Runs and resumes in-process, killed where told, with every lot that runs counted outside the ledger.
+"""Runs and resumes in-process, killed where told, with every lot that runs counted outside the
+ledger.
 
 A kill is ``Killed`` (a BaseException: like SIGKILL it runs no handler of the trainer and writes
 nothing more), raised at one of these points, counted within one attempt:
 
 * ``("lot", n)``: the n-th lot has run (its noisy step), before the run charges or counts it;
-* ``("checkpoint", n)``: just before the n-th checkpoint is written (at the end of an epoch, after its
-  metrics row; or at a resume's opening, when it charges lost lots);
+* ``("checkpoint", n)``: just before the n-th checkpoint is written (at the end of an epoch, after
+  its metrics row; or at a resume's opening, when it charges lost lots);
 * ``("bind", n)``: the n-th checkpoint is written, ``lots.reserved`` not yet bound to it;
 * ``("open", 1)``: a resume has read and built everything and is about to make its first write.
 
-Every lot that runs is logged (its absolute position and a SHA-256 of the weights it produced), so the
-lots that ran, counting repeats, are known independently of the ledger (``executed``).
+Every lot that runs is logged (its absolute position and a SHA-256 of the weights it produced), so
+the lots that ran, counting repeats, are known independently of the ledger (``executed``).
 """
 
 from __future__ import annotations
@@ -112,8 +113,8 @@ class Harness:
         return len(self.log)
 
     def releases(self) -> int:
-        """Distinct releases that ran (a lot's position and the weights it produced): the least that a
-        proof of identical replays could have charged."""
+        """Distinct releases that ran (a lot's position and the weights it produced): the least that
+        a proof of identical replays could have charged."""
         return len(set(self.log))
 
 
@@ -129,7 +130,8 @@ def lots(st: dict, labels=("sgd", "lost")) -> int:
 
 
 def killed_once(tmp_path_factory, name: str, *args: str, kill) -> tuple[Path, list]:
-    """A fresh run of ``args`` killed at ``kill``, made once for a module: (its folder, its lot log)."""
+    """A fresh run of ``args`` killed at ``kill``, made once for a module: (its folder, its lot
+    log)."""
     import pytest
 
     run = tmp_path_factory.mktemp(name) / "run"

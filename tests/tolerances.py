@@ -5,19 +5,14 @@ bit for bit on the same machine) and says so in a comment. None of them depends 
 bits: each is an error bound of the algorithm or of float arithmetic, never the scatter seen on
 one machine.
 
-* :func:`pld_grid_step`, :func:`pld_epsilon_tol`: the PLD accountant's ε is defined to within its
-  privacy-loss grid; ``PLD_GRID_STEPS`` steps h of the grid the accountant actually used.
-* :func:`root_tol`: a root found by ``scipy.optimize.brentq(xtol, rtol)`` is within
-  ``xtol + rtol·|x|`` of the true root; :func:`propagated_tol` carries such an error through a
-  function (``|f'(x)|·dx``).
-* :func:`sum_tol`: round-off of a sum (or a dot product, or a reduction inside a BLAS/conv kernel)
-  of n terms in a float format with machine epsilon ``eps``: ``n·eps·Σ|x_i|``.
-* :func:`chain_rel_tol`: relative round-off of a chain of n float operations without cancellation
-  (products, quotients, exp, log of a value away from 1): ``n·eps``.
-* :func:`reduction_rtol`, :func:`f64_rtol`: relative round-off of values reduced over n terms,
-  ``n·eps``; for a float64 model (two kernels computing the same outputs, gradients or norms)
-  n = its parameter count. :func:`assert_f64_close` applies it with an absolute floor at the scale
-  of the values.
+* :func:`pld_grid_step`, :func:`pld_epsilon_tol`: ``PLD_GRID_STEPS`` steps h of the PLD grid.
+* :func:`root_tol`, :func:`propagated_tol`: brentq's ``xtol + rtol·|x|``, carried through f.
+* :func:`sum_tol`: round-off of a sum of n terms: ``n·eps·Σ|x_i|``.
+* :func:`chain_rel_tol`: n float operations without cancellation: ``n·eps`` relative.
+* :func:`reduction_rtol`, :func:`f64_rtol`, :func:`assert_f64_close`: values reduced over n terms,
+  ``n·eps`` relative (a float64 model: n = its parameter count), with an absolute floor.
+
+Details: docs/DEVELOPMENT.md, "Tolerances".
 """
 
 from __future__ import annotations
@@ -40,8 +35,8 @@ EPS32 = float(np.finfo(np.float32).eps)  # 1.2e-7: the same for float32
 # 0.9469993067888189 (here 0.9469993042704778: 2.5e-5 steps of h = 1e-4). Two steps bound both.
 PLD_GRID_STEPS = 2
 
-# The xtol/rtol of the root-finders in dpsgd (tests/project/test_tolerance_policy.py checks them against
-# the source, so a change there shows up here).
+# The xtol/rtol of the root-finders in dpsgd (tests/project/test_tolerance_policy.py checks them
+# against the source, so a change there shows up here).
 GAUSSIAN_EPSILON_XTOL = 1e-14  # strong_composition.gaussian_epsilon: brentq, xtol and rtol 1e-14
 GAUSSIAN_EPSILON_RTOL = 1e-14
 
@@ -56,8 +51,8 @@ def _pld_grid_step(releases: tuple, interval: float) -> float:
 def pld_grid_step(releases, interval: float | None = None, delta: float | None = None) -> float:
     """The spacing h of the privacy-loss grid the PLD accountant uses for ``releases``
     [(q, σ, lots), ...] (the coarser of its two directions; h starts at ``interval`` and doubles
-    where the composed loss needs more than pld_fft.MAX_POINTS grid points). With ``delta``: the grid
-    behind ε(δ) (``pld.grid_step``; at tiny δ the tilted composition's, which may differ)."""
+    where the composed loss needs more than pld_fft.MAX_POINTS grid points). With ``delta``: the
+    grid behind ε(δ) (``pld.grid_step``; at tiny δ the tilted composition's, which may differ)."""
     from dpsgd.accountant import pld
 
     interval = pld.DEFAULT_INTERVAL if interval is None else float(interval)
@@ -87,8 +82,8 @@ def rdp_series_rtol() -> float:
 
 
 def root_tol(x: float, xtol: float, rtol: float = 0.0) -> float:
-    """Absolute error of a root x returned by brentq(xtol, rtol): ``xtol + rtol·|x|`` (scipy's stop rule;
-    ``4·EPS64·|x|`` added, brentq's own floor on rtol)."""
+    """Absolute error of a root x returned by brentq(xtol, rtol): ``xtol + rtol·|x|`` (scipy's stop
+    rule; ``4·EPS64·|x|`` added, brentq's own floor on rtol)."""
     return xtol + (rtol + 4 * EPS64) * abs(x)
 
 
@@ -100,15 +95,16 @@ def propagated_tol(f, x: float, dx: float) -> float:
 
 
 def sum_tol(terms, eps: float = EPS64) -> float:
-    """Round-off bound of a sum of n terms in a format with machine epsilon ``eps``: ``n·eps·Σ|x_i|``
-    (recursive summation: (n − 1)·(eps/2)·Σ|x_i|, Higham 2002, §4.2; pairwise/BLAS orders are tighter).
-    Also a dot product or a conv/matmul entry: pass the products a_i·b_i."""
+    """Round-off bound of a sum of n terms in a format with machine epsilon ``eps``:
+    ``n·eps·Σ|x_i|`` (recursive summation: (n − 1)·(eps/2)·Σ|x_i|, Higham 2002, §4.2; pairwise/BLAS
+    orders are tighter). Also a dot product or a conv/matmul entry: pass the products a_i·b_i."""
     a = np.abs(np.asarray(terms, dtype=np.float64)).ravel()
     return float(a.size * eps * a.sum())
 
 
 def chain_rel_tol(n_ops: int, eps: float = EPS64) -> float:
-    """Relative round-off of n float operations without cancellation (each off by <= eps/2): ``n·eps``."""
+    """Relative round-off of n float operations without cancellation (each off by <= eps/2):
+    ``n·eps``."""
     return n_ops * eps
 
 
@@ -130,8 +126,9 @@ def f64_rtol(model) -> float:
 
 
 def assert_f64_close(a, b, rtol: float) -> None:
-    """torch.testing.assert_close with relative tolerance ``rtol`` and an absolute floor at the scale of
-    b (``rtol·max|b|``): entries that are 0 in exact arithmetic are round-off of that size."""
+    """torch.testing.assert_close with relative tolerance ``rtol`` and an absolute floor at the
+    scale of b (``rtol·max|b|``): entries that are 0 in exact arithmetic are round-off of that
+    size."""
     import torch
 
     torch.testing.assert_close(a, b, rtol=rtol, atol=rtol * float(b.detach().abs().max()))

@@ -1,12 +1,14 @@
-"""Random allocation (balls-in-bins) RDP bound (dpsgd/accountant/renyi/allocation.py) against the authors' code.
+"""Random allocation (balls-in-bins) RDP bound (dpsgd/accountant/renyi/allocation.py) against the
+authors' code.
 
-Reference: github.com/moshenfeld/random_allocation at commit 5a1958a (v1.0.4) (Feldman & Shenfeld 2025,
-"Privacy amplification by random allocation", arXiv 2502.08202), file
+Reference: github.com/moshenfeld/random_allocation at commit 5a1958a (v1.0.4) (Feldman &
+Shenfeld 2025, "Privacy amplification by random allocation", arXiv 2502.08202), file
 ``random_allocation/random_allocation_scheme/direct.py``: ``allocation_RDP_remove(alpha, sigma,
-num_steps)`` (exact remove-direction RDP by integer partitions) and ``allocation_epsilon_direct_add``
-(one epoch, num_selected = 1). The numbers below were produced by running that code in /tmp, outside
-this repo (numba's @jit replaced by the identity; numpy/scipy of this venv; AMD EPYC, 2 cores).
-Their code is not part of this repository; only its outputs are pinned here.
+num_steps)`` (exact remove-direction RDP by integer partitions) and
+``allocation_epsilon_direct_add`` (one epoch, num_selected = 1). The numbers below were produced by
+running that code in /tmp, outside this repo (numba's @jit replaced by the identity; numpy/scipy of
+this venv; AMD EPYC, 2 cores). Their code is not part of this repository; only its outputs are
+pinned here.
 """
 
 import math
@@ -42,8 +44,8 @@ THEIR_EPS_TOL = 1e-3
 
 
 def _remove_tol(alpha, sigma, t):
-    """Round-off of log E_Q[(P/Q)^α] (a sum of 4 terms, one from ~2α·log2(t) positive log-space ops),
-    doubled for the two implementations, divided by α − 1."""
+    """Round-off of log E_Q[(P/Q)^α] (a sum of 4 terms, one from ~2α·log2(t) positive log-space
+    ops), doubled for the two implementations, divided by α − 1."""
     coef = alpha * alpha / (2 * sigma * sigma) + alpha * math.log(t)  # size of log [z^α] f^t
     terms = [special.gammaln(alpha + 1.0), coef, alpha * math.log(t), alpha / (2 * sigma * sigma)]
     n_ops = 2 * alpha * (math.ceil(math.log2(t)) + 1)
@@ -59,7 +61,8 @@ def test_remove_rdp_matches_the_authors_code(alpha, sigma, t, theirs):
 
 @pytest.mark.parametrize("sigma,t,delta,theirs", THEIR_ADD)
 def test_add_bound_is_not_below_the_authors_add_epsilon(sigma, t, delta, theirs):
-    # ours: the same Gaussian + (1 − 1/t)/(2σ²) bound, but through RDP (never below the exact profile)
+    # ours: the same Gaussian + (1 − 1/t)/(2σ²) bound, but through RDP (never below the exact
+    # profile)
     a = np.array(allocation.ORDERS)
     ours = rdp.rdp_to_epsilon(a, [allocation.rdp_add_amgm(x, sigma, t) for x in a], delta)[0]
     assert ours >= theirs - THEIR_EPS_TOL
@@ -77,10 +80,10 @@ def test_one_lot_per_epoch_is_the_plain_gaussian(sigma):
         assert allocation.rdp_add_amgm(a, sigma, 1) == pytest.approx(g, rel=chain_rel_tol(8))
 
 
-# -- the add direction: exact (Laplace-transform quadrature), against a t-dimensional quadrature ------
+# -- the add direction: exact (Laplace-transform quadrature), against a t-dimensional quadrature ---
 def _direct_neg_moment(k, sigma, t, d):
-    """log E[M^{−k}], M = (1/t) Σ e^{Z_i/σ}, by the t-dimensional trapezoidal rule on [−12, 12]^t (step d)
-    in log space: an independent reference (no Gamma identity, no Fubini)."""
+    """log E[M^{−k}], M = (1/t) Σ e^{Z_i/σ}, by the t-dimensional trapezoidal rule on [−12, 12]^t
+    (step d) in log space: an independent reference (no Gamma identity, no Fubini)."""
     z = np.arange(-12.0, 12.0 + d / 2, d)
     grids = np.meshgrid(*([z] * t), indexing="ij", sparse=True)
     log_m = special.logsumexp(np.broadcast_arrays(*[g / sigma for g in grids]), axis=0) - math.log(
@@ -98,8 +101,8 @@ def test_add_direction_matches_a_t_dimensional_quadrature(alpha, sigma, t):
     d = 0.05 if t == 2 else 0.2
     ref, ref_coarse = _direct_neg_moment(k, sigma, t, d), _direct_neg_moment(k, sigma, t, 2 * d)
     value, margin = allocation.log_neg_moment(k, sigma, t)
-    # both trapezoidal rules converge geometrically; the reference's own error is bounded by its change
-    # when the step is doubled (times 10), ours by its stated margin
+    # both trapezoidal rules converge geometrically; the reference's own error is bounded by its
+    # change when the step is doubled (times 10), ours by its stated margin
     ref_err = 10 * abs(ref - ref_coarse) + sum_tol([ref, k * 12 / sigma, t * 12 * 12])
     assert value == pytest.approx(ref, rel=0, abs=margin + ref_err)
     exact = 1 / (2 * sigma * sigma) + ref / k
@@ -109,14 +112,16 @@ def test_add_direction_matches_a_t_dimensional_quadrature(alpha, sigma, t):
 
 
 def test_add_direction_is_tighter_than_am_gm_and_falls_back_where_unresolved():
-    # exact < AM–GM for t >= 2 (AM–GM is strict unless all x_i are equal); σ below SIGMA_EXACT: AM–GM
+    # exact < AM–GM for t >= 2 (AM–GM is strict unless all x_i are equal); σ below SIGMA_EXACT:
+    # AM–GM
     for t in (2, 10, 100):
         assert allocation.rdp_add(5, 4.0, t) < allocation.rdp_add_amgm(5, 4.0, t)
     assert allocation.log_neg_moment(4.0, 0.2, 10) is None
     assert allocation.rdp_add(5, 0.2, 10) == allocation.rdp_add_amgm(
         5, 0.2, 10
     )  # exact: the same function
-    # an order whose integrand the grid does not resolve keeps AM–GM (t = 1, σ = 2, α = 256: peak at s ~ e^{64})
+    # an order whose integrand the grid does not resolve keeps AM–GM (t = 1, σ = 2, α = 256: peak at
+    # s ~ e^{64})
     assert allocation.log_neg_moment(255.0, 2.0, 1) is None
 
 
@@ -142,8 +147,8 @@ def test_between_the_lower_bound_and_the_unamplified_charge(N, L, sigma, lots, l
 
 
 def test_paper_schedule_number():
-    # N = 60000, L = 600 (t = 100), σ = 4, 10751 lots -> 108 epochs charged; the unamplified charge was 13.87,
-    # the AM–GM add bound 4.397; Poisson (PLD) is 0.985
+    # N = 60000, L = 600 (t = 100), σ = 4, 10751 lots -> 108 epochs charged; the unamplified charge
+    # was 13.87, the AM–GM add bound 4.397; Poisson (PLD) is 0.985
     eps, order = allocation.epsilon(4.0, 100, allocation.epochs_for(10751, 100), DELTA)
     assert 0.2789311567559651 <= eps < 4.39685738574069 and order == 17.0
 
@@ -151,8 +156,9 @@ def test_paper_schedule_number():
 @pytest.mark.parametrize("t", [100, 1000, 10000])
 def test_many_bins_remove_direction_approaches_poisson(t):
     # 10000 lots at σ = 1; Poisson at q = 1/t (RDP, same orders). Observed: the remove direction is
-    # below Poisson and the gap shrinks with t: 2.3% at t = 100, 0.41% at t = 1000, 0.015% at 10000 (the
-    # AM–GM add bound did not approach Poisson: it keeps (1 − 1/t)/(2σ²) per epoch; the exact one does).
+    # below Poisson and the gap shrinks with t: 2.3% at t = 100, 0.41% at t = 1000, 0.015% at 10000
+    # (the AM–GM add bound did not approach Poisson: it keeps (1 − 1/t)/(2σ²) per epoch; the exact
+    # one does).
     lots, a = 10000, np.array(allocation.ORDERS)
     rm = rdp.rdp_to_epsilon(
         a, (lots // t) * np.array([allocation.rdp_remove(x, 1.0, t) for x in a]), DELTA
@@ -163,7 +169,7 @@ def test_many_bins_remove_direction_approaches_poisson(t):
     assert full >= rm
 
 
-# -- wired in: the balls_in_bins sampler charges one "allocation" event per epoch (RDP only) ----------
+# -- wired in: the balls_in_bins sampler charges one "allocation" event per epoch (RDP only) -------
 def test_sampler_charges_one_allocation_epoch_at_its_first_lot():
     s = make_sampler("balls_in_bins", 6000, 60, torch.Generator().manual_seed(0))
     t = s.lots_per_epoch()
@@ -191,8 +197,9 @@ def test_ledger_round_trip_and_refusals():
             led.epsilon(DELTA, acc)
     with pytest.raises(ValueError, match="needs t >= 1"):
         Ledger().record(Allocation(1.5, 0), 1, "sgd")
-    # an allocation epoch under replace_one is unrepresentable: Allocation's adjacency is fixed (add_remove),
-    # and Ledger.record takes typed events only (the flat form that could name another relation is gone)
+    # an allocation epoch under replace_one is unrepresentable: Allocation's adjacency is fixed
+    # (add_remove), and Ledger.record takes typed events only (the flat form that could name another
+    # relation is gone)
     with pytest.raises(ValueError, match="a privacy event"):
         Ledger().record(1.0, 1.5)
     with pytest.raises(ValueError, match="no conversion"):

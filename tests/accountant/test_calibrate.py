@@ -1,4 +1,5 @@
-"""Calibration: σ for a target ε never overshoots and lands within 1 %; steps / epochs in a budget."""
+"""Calibration: σ for a target ε never overshoots and lands within 1 %; steps / epochs in a
+budget."""
 
 import pytest
 

@@ -1,6 +1,6 @@
-"""The typed privacy events (dpsgd/accountant/events.py) and how the ledger records them: each event is
-stored as the entry the flat form recorded (so ε and privacy.json are unchanged), ledgers written before
-the events load and give the same ε, and steps_within takes an event."""
+"""The typed privacy events (dpsgd/accountant/events.py) and how the ledger records them: each event
+is stored as the entry the flat form recorded (so ε and privacy.json are unchanged), ledgers written
+before the events load and give the same ε, and steps_within takes an event."""
 
 import json
 
@@ -22,7 +22,8 @@ DELTA = 1e-5
 # the fields of a stored entry (Entry, privacy.json) that a case below leaves at their defaults
 FLAT_DEFAULTS = dict(groups=1, event="poisson", adjacency="add_remove", N=0, B=0, t=0)
 
-# each event and the flat entry the ledger stores for it (the record the flat form made before the events)
+# each event and the flat entry the ledger stores for it (the record the flat form made before the
+# events)
 CASES = [
     (Poisson(0.01, 4.0, 2), dict(q=0.01, sigma=4.0, groups=2)),
     (Gaussian(8.0, 0.5), dict(q=0.5, sigma=8.0)),
@@ -54,8 +55,8 @@ def test_an_event_is_stored_as_its_flat_entry(event, flat):
 
 @pytest.mark.parametrize("event,flat", CASES)
 def test_an_entry_reads_back_as_an_event_with_the_same_entry(event, flat):
-    # a Gaussian under add/remove reads back as Poisson, a Shuffle epoch as its replace-one Gaussian:
-    # other names, the same record and so the same ε
+    # a Gaussian under add/remove reads back as Poisson, a Shuffle epoch as its replace-one
+    # Gaussian: other names, the same record and so the same ε
     a, b = Ledger(), Ledger()
     a.record(event, 3)
     b.record(from_entry(a.entries[0]), 3)

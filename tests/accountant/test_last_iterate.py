@@ -1,6 +1,6 @@
-"""The last-iterate heuristic ε (dpsgd/accountant/last_iterate.py; Steinke et al., ICLR 2025) against
-dp_accounting 0.6.0's PLD of the same mixture of Gaussians, the one-lot subsampled Gaussian (T = 1),
-and the DP-SGD accountant (the heuristic is a weaker adversary: never above the PLD ε)."""
+"""The last-iterate heuristic ε (dpsgd/accountant/last_iterate.py; Steinke et al., ICLR 2025)
+against dp_accounting 0.6.0's PLD of the same mixture of Gaussians, the one-lot subsampled Gaussian
+(T = 1), and the DP-SGD accountant (the heuristic is a weaker adversary: never above the PLD ε)."""
 
 import math
 
@@ -40,7 +40,8 @@ def _dp_accounting(q, sigma, steps, delta, h, cut=1e-10):
 
 def _root_eps_tol(q, sigma, steps):
     """Error of the heuristic ε from its root-find in t: brentq's root_tol(t, T_XTOL·s, 4·eps) times
-    dε/dt = L'(t) <= T/s² (the largest mean j over the variance s² = Tσ²), |t| <= T + (Z_FAR·s + 1)."""
+    dε/dt = L'(t) <= T/s² (the largest mean j over the variance s² = Tσ²),
+    |t| <= T + (Z_FAR·s + 1)."""
     s = math.sqrt(steps) * sigma
     t_max = steps + li.Z_FAR * s + 1.0
     return root_tol(t_max, li.T_XTOL * s, 4 * EPS64) * steps / (s * s)
@@ -49,8 +50,8 @@ def _root_eps_tol(q, sigma, steps):
 def _agree(q, sigma, steps, delta, h):
     got = li.last_iterate_epsilon(q, sigma, steps, delta)
     ref = _dp_accounting(q, sigma, steps, delta, h)
-    # dp_accounting's pessimistic PLD is an upper bound within its grid: 2 steps of h (as pld_epsilon_tol);
-    # the brief's 0.5 % holds a fortiori
+    # dp_accounting's pessimistic PLD is an upper bound within its grid: 2 steps of h (as
+    # pld_epsilon_tol); the brief's 0.5 % holds a fortiori
     assert got - 2 * h <= ref <= got + 2 * h
     assert abs(ref - got) <= 0.005 * got
     return got, ref
@@ -132,8 +133,8 @@ def test_bad_input_names_the_parameter(args, name):
     "sigma,steps,delta", [(2.0, 4, 1e-5), (10.0, 10**6, 1e-5), (1.0, 1, 1e-10)]
 )
 def test_full_batch_is_one_gaussian_mechanism(sigma, steps, delta):
-    # q = 1: N(T, Tσ²) vs N(0, Tσ²) is the Gaussian mechanism with noise multiplier σ/√T (Balle & Wang
-    # 2018, Thm 8: strong_composition.gaussian_epsilon, brentq xtol = rtol = 1e-14)
+    # q = 1: N(T, Tσ²) vs N(0, Tσ²) is the Gaussian mechanism with noise multiplier σ/√T (Balle &
+    # Wang 2018, Thm 8: strong_composition.gaussian_epsilon, brentq xtol = rtol = 1e-14)
     from dpsgd.accountant import strong_composition as sc
 
     got = li.last_iterate_epsilon(1.0, sigma, steps, delta)

@@ -122,7 +122,8 @@ def test_delta_query():
     for acc in ("moments", "rdp", "pld"):
         eps, _ = led.epsilon(DELTA, acc)
         d, _ = led.delta(eps, acc)
-        # ε → δ → ε round trip: within each accountant's own inversion (PLD: interpolation on its grid)
+        # ε → δ → ε round trip: within each accountant's own inversion (PLD: interpolation on its
+        # grid)
         assert d == pytest.approx(DELTA, rel=1e-5)
 
 

@@ -146,12 +146,14 @@ def test_exact_log_moments_stay_below_lemma3_inside_its_conditions():
 
 
 def test_lemma3_conditions_matter():
-    # outside them the leading term is far too small: q = 0.1, σ = 1 (q > 1/16) is off by 38x at λ = 32
+    # outside them the leading term is far too small: q = 0.1, σ = 1 (q > 1/16) is off by 38x at
+    # λ = 32
     assert not moments.lemma3_applies(0.1, 1.0, 32)
     assert float(moments.log_moments(0.1, 1.0, (32,))[0]) > 10 * 0.1**2 * 32 * 33 / (0.9 * 1.0)
     with pytest.raises(ValueError, match="Lemma 3"):
         moments.lemma3_bound(0.1, 1.0, 32)
-    # the paper's large-noise MNIST setting (σ = 8, q = 0.01) is outside the lemma: 1/(16σ) = 0.0078 < q
+    # the paper's large-noise MNIST setting (σ = 8, q = 0.01) is outside the lemma:
+    # 1/(16σ) = 0.0078 < q
     assert not moments.lemma3_applies(0.01, 8.0, 1)
     assert moments.lemma3_applies(0.01, 4.0, 10) and not moments.lemma3_applies(0.01, 4.0, 0)
 

@@ -104,7 +104,8 @@ def test_one_lot_subsampled_exact(q, sigma, delta):
 
 def _log_mgf(s, q, sigma, direction):
     """log M(s) = log E_P[e^{sL}] of one lot at complex s (an array), trapezoid rule in z:
-    remove E_Q[e^{(s+1)g}], add E_Q'[e^{−sg}] with Q' = N(0, σ²), g(z) = log(1 − q + q e^{(2z−1)/(2σ²)})."""
+    remove E_Q[e^{(s+1)g}], add E_Q'[e^{−sg}] with Q' = N(0, σ²),
+    g(z) = log(1 − q + q e^{(2z−1)/(2σ²)})."""
     dz = sigma / 16
     z = np.arange(-40 * sigma, 40 * sigma + dz / 2, dz)
     w = np.exp(-0.5 * (z / sigma) ** 2) * dz / (sigma * math.sqrt(2 * math.pi))
@@ -184,7 +185,8 @@ def test_switch_over_against_dp_accounting():
 
 
 def test_documented_ranges_match_checks():
-    """docs/ACCOUNTING.md's table of serviceable ranges names each constant of limits.py and its value."""
+    """docs/ACCOUNTING.md's table of serviceable ranges names each constant of limits.py and its
+    value."""
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "ACCOUNTING.md").read_text()

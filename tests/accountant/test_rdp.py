@@ -1,4 +1,5 @@
-"""RDP of the Poisson-subsampled Gaussian (MTZ 2019): dp_accounting 0.6, mpmath, limits, conversions."""
+"""RDP of the Poisson-subsampled Gaussian (MTZ 2019): dp_accounting 0.6, mpmath, limits,
+conversions."""
 
 import math
 
@@ -113,7 +114,8 @@ def test_conversions():
 
 
 def test_per_tensor_vs_joint_numbers_from_brief():
-    # σ = 2, q = 0.01, 40 000 lots, k = 2 tensors, δ = 1e-5 (RDP, improved conversion, integer orders)
+    # σ = 2, q = 0.01, 40 000 lots, k = 2 tensors, δ = 1e-5 (RDP, improved conversion, integer
+    # orders)
     per_tensor, _ = rdp.epsilon(0.01, 2.0, 2 * 40_000, DELTA, orders=INT_ORDERS)
     joint, _ = rdp.epsilon(0.01, 2.0 / math.sqrt(2), 40_000, DELTA, orders=INT_ORDERS)
     # values as printed to 2 decimals (half a unit of the last digit)
@@ -143,8 +145,8 @@ def test_default_orders_reach_below_1_1_and_keep_the_old_ones():
     [(0.1, 0.5, 10_000, 956.1972884736996), (0.05, 0.7, 100_000, 831.6218490844357)],
 )
 def test_large_epsilon_uses_small_orders(q, sigma, steps, from_1_1):
-    # ε > 100: the optimum is below 1.25, and ε is well below ``from_1_1``, the ε with opacus' orders
-    # (from 1.1 up; up to 32 % larger)
+    # ε > 100: the optimum is below 1.25, and ε is well below ``from_1_1``, the ε with opacus'
+    # orders (from 1.1 up; up to 32 % larger)
     ours, alpha = rdp.epsilon(q, sigma, steps, DELTA)
     assert alpha < 1.25 and ours < 0.95 * from_1_1
     # the new orders against 50-digit integration (dp_accounting 0.6 does not converge there and

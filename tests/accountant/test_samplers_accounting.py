@@ -27,8 +27,8 @@ H = pld.DEFAULT_INTERVAL
     "N,L,sigma,T", [(60000, 600, 4.0, 10751), (60000, 6000, 2.0, 500), (1000, 50, 1.0, 300)]
 )
 def test_fixed_size_rdp_is_never_below_dp_accounting(N, L, sigma, T):
-    # dp_accounting: the same theorems (9 and 27), its forward differences in float; ours never below; the
-    # Gaussian's multiplier there is relative to the replacement's sensitivity 2C: σ/2
+    # dp_accounting: the same theorems (9 and 27), its forward differences in float; ours never
+    # below; the Gaussian's multiplier there is relative to the replacement's sensitivity 2C: σ/2
     acc = drdp.RdpAccountant(
         orders=list(wor.ORDERS), neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE
     )
@@ -70,8 +70,8 @@ def test_truncation_at_or_above_N_is_poisson():
 
 
 def _cube_epsilon(sigma, T, delta):
-    """Chua et al. 2024's single-epoch cube-set lower bound, computed directly (their Thm: the max over
-    caps C of P(max y > C) − e^ε Q(max y > C)), inverted by bisection."""
+    """Chua et al. 2024's single-epoch cube-set lower bound, computed directly (their Thm: the max
+    over caps C of P(max y > C) − e^ε Q(max y > C)), inverted by bisection."""
     caps = np.arange(0, 60, 0.001)
     lu = stats.norm.logcdf((caps - 2) / sigma) + (T - 1) * stats.norm.logcdf(caps / sigma)
     ll = stats.norm.logcdf((caps - 1) / sigma) + (T - 1) * stats.norm.logcdf(caps / sigma)
@@ -86,9 +86,9 @@ def _cube_epsilon(sigma, T, delta):
 @pytest.mark.parametrize("sigma,T", [(1.0, 100), (4.0, 100)])
 def test_shuffle_lower_bound_one_epoch_agrees_with_the_cube_test(sigma, T):
     ours = shuffle_lower.epsilon_lower(sigma, T, 1, 1e-5)
-    # our slices refine the cube sets (a finer post-processing of the same statistic): never below the
-    # cube bound, but each slice's loss is rounded down by < h (one epoch: one step h), and the cube
-    # grid above is 1e-3 in C (loss slope ≤ 1/σ² per unit C)
+    # our slices refine the cube sets (a finer post-processing of the same statistic): never below
+    # the cube bound, but each slice's loss is rounded down by < h (one epoch: one step h), and the
+    # cube grid above is 1e-3 in C (loss slope ≤ 1/σ² per unit C)
     cube = _cube_epsilon(sigma, T, 1e-5)
     assert ours >= cube - shuffle_lower.INTERVAL - 1e-3 / sigma**2
     assert (
@@ -134,7 +134,7 @@ def test_ledger_events_round_trip_and_budget():
     assert Ledger().steps_within(e, 1e-5, TruncatedPoisson(0.01, 4.0, 60000, 660), "pld") < 200
 
 
-# -- the data path ------------------------------------------------------------------------------------
+# -- the data path ---------------------------------------------------------------------------------
 # Inclusion frequencies: with n lots and inclusion probability p, an example's count is
 # Binomial(n, p); a two-sided test at z = 5 per example, over N examples, has false-alarm rate
 # ≤ N·5.7e-7 (≤ 3e-4 here, N = 500).

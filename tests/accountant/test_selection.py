@@ -45,7 +45,8 @@ def _suffix_min(a, v):
 
 
 def _mp_theorem(law: S.KDistribution, orders, curve) -> list:
-    """Papernot & Steinke Thm 2 / Thm 6 in mpmath (50 digits), E[K] from Definition 1's pmf summed."""
+    """Papernot & Steinke Thm 2 / Thm 6 in mpmath (50 digits), E[K] from Definition 1's pmf
+    summed."""
     mp.mp.dps = 50
     a = [mp.mpf(float(x)) for x in orders]
     r = [mp.mpf(float(x)) for x in curve]
@@ -78,9 +79,9 @@ def test_theorems_match_an_independent_mpmath_implementation(law):
 
 @pytest.mark.parametrize("law", LAWS, ids=lambda d: f"{d.name}-{d.mu or d.eta}")
 def test_theorems_match_dp_accounting(law):
-    """dp_accounting's repeat-and-select (it skips the monotonicity step for Poisson: applied here). Its
-    γ is found from E[K] by bisection to 1e-9 relative, on the conservative side, which moves the
-    (1+η)·log(1/γ)/λ̂ term by at most (1+η)·1e-9/min λ̂ (η = 1: γ = 1/mean, no bisection)."""
+    """dp_accounting's repeat-and-select (it skips the monotonicity step for Poisson: applied here).
+    Its γ is found from E[K] by bisection to 1e-9 relative, on the conservative side, which moves
+    the (1+η)·log(1/γ)/λ̂ term by at most (1+η)·1e-9/min λ̂ (η = 1: γ = 1/mean, no bisection)."""
     shape = math.inf if law.name == "poisson" else law.eta
     theirs = _suffix_min(
         ORDERS, dpa._compute_rdp_repeat_and_select(list(ORDERS), list(CURVE), law.mean, shape)
@@ -97,7 +98,8 @@ def test_theorems_match_dp_accounting(law):
 def test_pure_dp_corollary_and_liu_talwar(eta):
     """Papernot & Steinke, Corollary 3: a pure ε-DP base with K ~ D_{η,γ} gives a ((2 + η)ε)-DP
     selection; η = 1 (geometric) is Liu & Talwar 2019's 3ε. Worked value: ε = 1, η = 1 -> 3 (their
-    number); ours at λ = λ̂ = 1e10 is 3 up to the O(1/λ) terms (1+η)(ε + log(1/γ))/λ + log E[K]/(λ−1)."""
+    number); ours at λ = λ̂ = 1e10 is 3 up to the O(1/λ) terms
+    (1+η)(ε + log(1/γ))/λ + log E[K]/(λ−1)."""
     eps, lam, g = 1.0, 1e10, 0.1
     law = S.KDistribution("truncated_negative_binomial", eta=eta, gamma=g)
     ours = S.selection_rdp([lam], [eps], law)[0]
@@ -135,7 +137,8 @@ def test_gaussian_corollary(rho, gamma, eta):
     ids=lambda d: d.name,
 )
 def test_k_draws_follow_the_law(law):
-    """Mean of 40 000 draws within 5 standard errors of E[K] (false alarm 6e-7; the variance from the pmf)."""
+    """Mean of 40 000 draws within 5 standard errors of E[K] (false alarm 6e-7; the variance from
+    the pmf)."""
     k = np.arange(1, 400)
     if law.name == "poisson":
         var = law.mu

@@ -22,7 +22,8 @@ def test_figure2_paper_variant():
 
 
 def test_paper_epsilon0_at_figure_point():
-    # the paper's point: the optimum splits δ so that ε0 ≈ 1.46 (where linear amplification is invalid)
+    # the paper's point: the optimum splits δ so that ε0 ≈ 1.46 (where linear amplification is
+    # invalid)
     eps, frac = sc.epsilon_and_split(Q, SIGMA, 10_000, DELTA, "paper")
     delta0 = (1 - frac) * DELTA / (10_000 * Q)
     # the paper's 1.46, read off its text
@@ -61,8 +62,8 @@ def test_monotone_in_steps():
 
 
 def test_figure2_forms_labelled():
-    # the theorem's form (default, pinned by the CLI) and the T·ε'² form that matches the figure's 9.34
-    # values printed to 5 significant digits
+    # the theorem's form (default, pinned by the CLI) and the T·ε'² form that matches the
+    # figure's 9.34 values printed to 5 significant digits
     assert sc.epsilon(Q, SIGMA, 10_000, DELTA, "paper") == pytest.approx(9.3532, abs=1e-4)
     assert sc.epsilon(Q, SIGMA, 10_000, DELTA, "paper", form="square") == pytest.approx(
         9.3376, abs=1e-4

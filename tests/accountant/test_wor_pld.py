@@ -1,11 +1,12 @@
-"""Fixed-size lots (sampling without replacement, replace-one) by their PLD (dpsgd/accountant/privacy_loss/wor_pld.py).
+"""Fixed-size lots (sampling without replacement, replace-one) by their PLD
+(dpsgd/accountant/privacy_loss/wor_pld.py).
 
-References: a brute-force PLD of the exact mechanism on tiny datasets (every subset of the lot enumerated,
-the output binned, losses rounded down: a lower bound on the true ε, since binning is post-processing and
-δ(ε) = E_P[(1 − e^{ε − ΣL})_+] grows with every loss); dp_accounting 0.6.0's RDP accountant for
-``SampledWithoutReplacementDpEvent`` (replace-one) as a ceiling; and the one-lot identity of the module
-doc (one lot: ε(δ) of the symmetric pair is the larger of the remove and add directions of the Poisson
-pair at rate γ and noise σ/2).
+References: a brute-force PLD of the exact mechanism on tiny datasets (every subset of the lot
+enumerated, the output binned, losses rounded down: a lower bound on the true ε, since binning is
+post-processing and δ(ε) = E_P[(1 − e^{ε − ΣL})_+] grows with every loss); dp_accounting 0.6.0's RDP
+accountant for ``SampledWithoutReplacementDpEvent`` (replace-one) as a ceiling; and the one-lot
+identity of the module doc (one lot: ε(δ) of the symmetric pair is the larger of the remove and add
+directions of the Poisson pair at rate γ and noise σ/2).
 """
 
 import itertools
@@ -28,8 +29,8 @@ H = pld.DEFAULT_INTERVAL
 
 
 def _exact_pair(D, Dp, L, sigma, dy):
-    """(P-masses, losses) of the exact mechanism Σ_{j∈S} x_j + N(0, σ²), S a uniform L-subset, on bins of
-    width dy (bins where either law underflows are dropped: a lower bound)."""
+    """(P-masses, losses) of the exact mechanism Σ_{j∈S} x_j + N(0, σ²), S a uniform L-subset, on
+    bins of width dy (bins where either law underflows are dropped: a lower bound)."""
     subsets = list(itertools.combinations(range(len(D)), L))
     edges = np.arange(-L - 14 * sigma, L + 14 * sigma + dy, dy)
 
@@ -45,8 +46,8 @@ def _exact_pair(D, Dp, L, sigma, dy):
 
 
 def _lower_epsilon(steps, delta, g):
-    """ε(δ) of the composition of ``steps`` [(P-masses, losses)], losses rounded down to multiples of g:
-    never above the exact composition's ε."""
+    """ε(δ) of the composition of ``steps`` [(P-masses, losses)], losses rounded down to multiples
+    of g: never above the exact composition's ε."""
     pmf, off = np.array([1.0]), 0
     for p, loss in steps:
         idx = np.floor(loss / g).astype(int)
@@ -68,7 +69,8 @@ def _lower_epsilon(steps, delta, g):
 
 
 # N = 4, L = 2 (γ = 1/2), σ = 2: "remove-like" (the differing example against three equal others),
-# its reverse, the ±1 pair, an arbitrary dataset, and a run that is remove-like first and add-like later
+# its reverse, the ±1 pair, an arbitrary dataset, and a run that is remove-like first and add-like
+# later
 R_PAIR = ([1, -1, -1, -1], [-1, -1, -1, -1])
 PAIRS = {
     "remove": R_PAIR,

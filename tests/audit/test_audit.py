@@ -1,5 +1,6 @@
-"""Empirical privacy audit, the one-step game (dpsgd/audit/game): the lower bound must respect a correct mechanism's ε and
-expose deliberately broken ones. Fixed seeds make every number here deterministic.
+"""Empirical privacy audit, the one-step game (dpsgd/audit/game): the lower bound must respect a
+correct mechanism's ε and expose deliberately broken ones. Fixed seeds make every number here
+deterministic.
 
 Tiny setting: σ = 2, C = 1, q = 1, δ = 1e-5, one step; exact ε of this Gaussian mechanism = 1.993
 (Balle & Wang 2018). Broken mechanisms shift the canary's score by 5 noise std (canary norm 10 C
@@ -127,8 +128,8 @@ def test_perfect_separation_bound():
 
 
 def test_an_evaluation_part_without_one_kind_of_trial_is_named():
-    """Trials split so that no evaluated trial lacks the canary: one ValueError naming select_fraction,
-    not a division by zero."""
+    """Trials split so that no evaluated trial lacks the canary: one ValueError naming
+    select_fraction, not a division by zero."""
     present = np.array([False] * 3 + [True] * 17)
     scores = np.arange(20.0)
     with pytest.raises(
@@ -231,7 +232,8 @@ def test_cli_help_and_run(tmp_path):
     ],
 )
 def test_cli_refuses_bad_input(args, key, capsys):
-    """Every option is checked as training checks its config: one line naming it, status 2, no work."""
+    """Every option is checked as training checks its config: one line naming it, status 2, no
+    work."""
     with (
         pytest.raises(SystemExit)
         if key in ("--setting", "--mechanism") or args == ["--sigma"]
@@ -266,8 +268,9 @@ def test_cli_json_write_failure_keeps_the_result(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("mechanism, caught", [("correct", False), ("realised_lot", True)])
 def test_realised_lot_division_is_caught_by_the_one_step_game(mechanism, caught):
-    """Dividing by |L_t| halves the noise when the canary joins a known other example: the multi-trial
-    game sees it (a one-run audit cannot: docs/AUDIT.md); the correct mechanism stays consistent."""
+    """Dividing by |L_t| halves the noise when the canary joins a known other example: the
+    multi-trial game sees it (a one-run audit cannot: docs/AUDIT.md); the correct mechanism stays
+    consistent."""
     r = run_audit(
         AuditConfig(
             setting="mnist_other",

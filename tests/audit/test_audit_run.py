@@ -1,5 +1,6 @@
-"""The one-run audit of a training configuration (dpsgd/audit/onerun/run.py): canaries through the real run,
-broken variants caught, the correct mechanism consistent, labels, reproducibility, refusals."""
+"""The one-run audit of a training configuration (dpsgd/audit/onerun/run.py): canaries through the
+real run, broken variants caught, the correct mechanism consistent, labels, reproducibility,
+refusals."""
 
 import csv
 import json
@@ -22,9 +23,10 @@ from dpsgd.run.checkpoint import load_checkpoint
 from dpsgd.launch.main import compose
 
 REPO = Path(__file__).resolve().parents[2]
-# 300 real MNIST images and 2000 gradient canaries (N = 2300), L = 300 (q ≈ 0.13), 6 epochs = 48 lots,
-# 200 hidden units on 10 PCA dims: each of the k = 2 clipping groups has 2000 coordinates, one per canary.
-# σ = 3 claims ε ≈ 2.0: small enough for the one-run bound (m = 2000) to exceed it when the noise is cut 4×.
+# 300 real MNIST images and 2000 gradient canaries (N = 2300), L = 300 (q ≈ 0.13), 6 epochs = 48
+# lots, 200 hidden units on 10 PCA dims: each of the k = 2 clipping groups has 2000 coordinates, one
+# per canary. σ = 3 claims ε ≈ 2.0: small enough for the one-run bound (m = 2000) to exceed it when
+# the noise is cut 4×.
 TINY = [
     "dataset.subset=300",
     "privacy.lot_size=300",
@@ -52,7 +54,8 @@ def _audit(tmp_path, monkeypatch, name, overrides=(), **options):
 def test_broken_variants_are_flagged(tmp_path, monkeypatch, variant):
     a, _ = _audit(tmp_path, monkeypatch, variant, variant=variant)
     assert a["verdict"] == "violation" and a["eps_lower_bound"] > a["eps_claimed"]
-    # the family test of the lots' claim (family.py) flags them too, with its ε_lb above the lots' claim
+    # the family test of the lots' claim (family.py) flags them too, with its ε_lb above the lots'
+    # claim
     assert a["verdict_family"] == "violation" and a["family"]["claim_rejected"]
     assert a["family"]["eps_lower_bound"] > a["family"]["eps_claimed_lots"]
 
@@ -115,7 +118,8 @@ def test_audit_run_is_labelled_reproducible_and_not_resumed(tmp_path, monkeypatc
 
 
 def test_the_claim_does_not_depend_on_the_bits(tmp_path, monkeypatch):
-    """Every canary has a row whatever its bit (an excluded one has a zero gradient): N, q and ε are the same."""
+    """Every canary has a row whatever its bit (an excluded one has a zero gradient): N, q and ε are
+    the same."""
     a, _ = _audit(tmp_path, monkeypatch, "s0", seed=0)
     b, _ = _audit(tmp_path, monkeypatch, "s1", seed=1)
     assert a["games"][0]["included"] != b["games"][0]["included"]
@@ -178,8 +182,8 @@ def test_bad_audit_options_are_refused_in_one_line(arg, key):
 def test_input_canaries_beyond_the_data_are_refused_before_the_run_folder(
     given_dir, tmp_path, monkeypatch, capsys
 ):
-    """audit.input_canaries >= the run's N (they are taken from its rows): one line naming the option,
-    exit 2, and no run folder (the default outputs/audit/... or hydra.run.dir) is made."""
+    """audit.input_canaries >= the run's N (they are taken from its rows): one line naming the
+    option, exit 2, and no run folder (the default outputs/audit/... or hydra.run.dir) is made."""
     from dpsgd.audit.onerun.run import check_canaries_fit, main
 
     monkeypatch.chdir(tmp_path)
@@ -232,8 +236,8 @@ def test_cli_refuses_before_any_work(tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_audit_equals_one_process(tmp_path, monkeypatch):
-    """Two ranks: the canaries land in either rank's share, the aggregator sums them and adds the noise
-    once; the audit sees the same releases as in one process."""
+    """Two ranks: the canaries land in either rank's share, the aggregator sums them and adds the
+    noise once; the audit sees the same releases as in one process."""
     import os
     import shutil
 
@@ -274,6 +278,6 @@ def test_torchrun_audit_equals_one_process(tmp_path, monkeypatch):
     rows = [list(csv.DictReader(open(tmp_path / r / "audit_scores.csv"))) for r in ("one", "two")]
     assert [r["included"] for r in rows[0]] == [r["included"] for r in rows[1]]
     white = [[float(r["score"]) for r in rs if r["game"] == "white-box"] for rs in rows]
-    # float32 parameters: the two ranks sum each lot in another order, ~n·eps32 of the update per step,
-    # a few 1e-6 of a z unit per step over 16 steps; scores are sums of 16 per-step terms
+    # float32 parameters: the two ranks sum each lot in another order, ~n·eps32 of the update per
+    # step, a few 1e-6 of a z unit per step over 16 steps; scores are sums of 16 per-step terms
     assert max(abs(x - y) for x, y in zip(*white)) < 1e-3

@@ -1,7 +1,8 @@
-"""The family test of the claim (dpsgd/audit/family.py), `python -m dpsgd.audit bound` (bound.py) and the
-idealised game (simulate.py), against independent references: the Gaussian trade-off curve in closed
-form (Dong, Roth & Su 2022), the one-step subsampled Gaussian's trade-off curve in closed form, the
-μ-GDP one-run bound (onerun.gdp_lower_bound, closed-form f̄), and binomial limits on simulated games."""
+"""The family test of the claim (dpsgd/audit/family.py), `python -m dpsgd.audit bound` (bound.py)
+and the idealised game (simulate.py), against independent references: the Gaussian trade-off curve
+in closed form (Dong, Roth & Su 2022), the one-step subsampled Gaussian's trade-off curve in closed
+form, the μ-GDP one-run bound (onerun.gdp_lower_bound, closed-form f̄), and binomial limits on
+simulated games."""
 
 import json
 import math
@@ -27,12 +28,12 @@ def _gauss_fbar(x, mu):
 
 # Envelope of (ε, δ(ε)) lines EPS_STEP apart: the curve is missed by at most the second-order term
 # of a tangent moved by EPS_STEP/2, sup|∂²_ε line|·(EPS_STEP/2)²/2 with |∂²_ε line| <= 4 on [0, 1]
-# (line = e^{−ε}(x − δ(ε)); δ, δ′, δ″ <= 1 in absolute value times e^{ε}); plus the PLD's δ error on its
-# grid h = PLD_INTERVAL, at most h·|δ′| <= h. An error bound, not a fit.
+# (line = e^{−ε}(x − δ(ε)); δ, δ′, δ″ <= 1 in absolute value times e^{ε}); plus the PLD's δ error on
+# its grid h = PLD_INTERVAL, at most h·|δ′| <= h. An error bound, not a fit.
 ENVELOPE_GAP = 4 * (family.EPS_STEP / 2) ** 2 / 2 + family.PLD_INTERVAL
 # The same, relative to f̄ where f̄ >= 1e-6: the tangent's second-order term relative to the line,
-# (EPS_STEP/2)²/2 · |∂²_ε log line|, with |∂²_ε log line| <= 20 for μ <= 2; and the PLD grid's error in
-# δ, h·|δ′|, where at the line's best ε (∂_ε line = 0 ⇒ |δ′| = x − δ) is h relative to the line.
+# (EPS_STEP/2)²/2 · |∂²_ε log line|, with |∂²_ε log line| <= 20 for μ <= 2; and the PLD grid's error
+# in δ, h·|δ′|, where at the line's best ε (∂_ε line = 0 ⇒ |δ′| = x − δ) is h relative to the line.
 REL_GAP = (family.EPS_STEP / 2) ** 2 / 2 * 20 + family.PLD_INTERVAL
 # The table's x step: a floor step X_STEP in log x moves Φ⁻¹(x) by X_STEP·x/φ(Φ⁻¹(x)) <= 1.25·X_STEP
 # (x <= 1/2, Mills ratio); a relative error ρ in f̄ = Φ(a − μ) moves μ by ρ·Φ/φ <= 1.25·ρ there.
@@ -43,7 +44,8 @@ MILLS = 1.25
 def test_curve_lies_below_the_gaussian_trade_off_and_near_it(sigma):
     tr = family.TradeOff(1.0, sigma, 1)  # q = 1, one lot: the Gaussian mechanism, μ = 1/σ
     exact = _gauss_fbar(tr.x, 1.0 / sigma)
-    # below: each (ε, δ(ε)) line is a valid guarantee (δ an upper bound); slack = round-off of δ's sums
+    # below: each (ε, δ(ε)) line is a valid guarantee (δ an upper bound); slack = round-off of δ's
+    # sums
     assert np.all(tr.fbar_table <= exact + 1e3 * EPS64)
     assert np.max(exact - tr.fbar_table) <= ENVELOPE_GAP
     seen = exact >= 1e-6
@@ -51,9 +53,9 @@ def test_curve_lies_below_the_gaussian_trade_off_and_near_it(sigma):
 
 
 def test_curve_lies_below_the_subsampled_gaussian_trade_off():
-    """One lot at q: f_q(α) = (1 − q)(1 − α) + q·G_μ(α) (remove) and its inverse (add); the symmetric
-    curve C_q(f) = min(f_q, f_q⁻¹)** is below min(f_q, f_q⁻¹) (Dong, Roth & Su 2022, §4), and so must
-    be the table."""
+    """One lot at q: f_q(α) = (1 − q)(1 − α) + q·G_μ(α) (remove) and its inverse (add); the
+    symmetric curve C_q(f) = min(f_q, f_q⁻¹)** is below min(f_q, f_q⁻¹) (Dong, Roth & Su 2022, §4),
+    and so must be the table."""
     q, sigma = 0.2, 0.8
     mu = 1.0 / sigma
     tr = family.TradeOff(q, sigma, 1)
@@ -81,8 +83,9 @@ def test_family_bound_is_the_gdp_bound_at_q1():
     assert (
         r["verdict"] == "consistent" and not r["claim_rejected"]
     )  # the scores are exactly 2-GDP = σ 0.5
-    # one-sided: the table is below the curve, so it rejects less (σ_ub >= 1/μ_lb up to the bisection);
-    # above by at most the table's errors in μ (MILLS·(X_STEP + REL_GAP), relative to μ ~ 1) and the bisection
+    # one-sided: the table is below the curve, so it rejects less (σ_ub >= 1/μ_lb up to the
+    # bisection); above by at most the table's errors in μ (MILLS·(X_STEP + REL_GAP), relative to
+    # μ ~ 1) and the bisection
     want = 1.0 / mu_lb
     slack = MILLS * (family.X_STEP + REL_GAP)
     assert (
@@ -117,7 +120,8 @@ def test_cli_bound_on_the_fixture(capsys):
     free = onerun.audit_bound(*bound.read_scores(str(FIXTURE), None), 1e-5, 0.05, gdp=True)
     assert out["steinke"]["eps_lb"] == free["eps_lower_bound"]  # exact: the same computation
     assert out["gdp"]["eps_lb"] == free["gdp_eps_lower_bound"]  # exact: the same computation
-    # docs/AUDIT_MATH.md §2 prints these for the same draw: 4.281 and 2.927 (half a unit of the last digit)
+    # docs/AUDIT_MATH.md §2 prints these for the same draw: 4.281 and 2.927 (half a unit of the last
+    # digit)
     assert out["gdp"]["eps_lb"] == pytest.approx(4.281, abs=5e-4)
     assert out["steinke"]["eps_lb"] == pytest.approx(2.927, abs=5e-4)
     # the family's ε_lb is the Gaussian ε at σ_ub, below the GDP bound's (its curve is lower)
@@ -201,7 +205,8 @@ def test_bad_score_files(tmp_path, capsys):
         assert len(err.splitlines()) == 1 and "--scores" in err and what in err
 
 
-# The idealised game (simulate.py) at q = 1, σ = 2, one lot, m = 2000 canaries: claimed ε(1e-5) = 1.99.
+# The idealised game (simulate.py) at q = 1, σ = 2, one lot, m = 2000 canaries: claimed
+# ε(1e-5) = 1.99.
 SMALL = family.Claim(1.0, 2.0, 1, 1, 1e-5)
 BETA = 0.05
 
@@ -218,7 +223,8 @@ def test_false_violations_of_the_claimed_mechanism_are_rare():
 
 def test_noise_halved_is_caught_in_most_games():
     """Noise σC/2 (μ doubled): a test with no power rejects in a fraction <= β of the games, and
-    P[Bin(50, β) >= 20] < 1e-10, so >= 20 of 50 shows the power. (Measured: results/audit_idealised.csv.)"""
+    P[Bin(50, β) >= 20] < 1e-10, so >= 20 of 50 shows the power. (Measured:
+    results/audit_idealised.csv.)"""
     claim = SMALL.validate()
     rng = np.random.default_rng(8)
     rejected = sum(
@@ -240,7 +246,8 @@ def test_simulated_scores_are_the_claimed_llr():
 
 
 def test_audit_scores_csv_rows_of_one_game(tmp_path):
-    """audit run's audit_scores.csv (columns game, canary, included, score): --game picks the rows."""
+    """audit run's audit_scores.csv (columns game, canary, included, score): --game picks the
+    rows."""
     f = tmp_path / "audit_scores.csv"
     f.write_text(
         "game,canary,included,score\nwhite-box,0,1,2.5\nwhite-box,1,0,-1.0\nblack-box,0,0,7.0\n"
@@ -261,17 +268,21 @@ def test_audit_scores_csv_rows_of_one_game(tmp_path):
 def test_score_moments_under_the_claim():
     """q = 1: ℓ(z) = μz − μ²/2 exactly, so the sum over T lots has mean ∓Tμ²/2 and variance Tμ²."""
     m = simulate.llr_moments(family.Claim(1.0, 2.0, 3, 1, 1e-5).validate())  # μ = 1/2, T = 3
-    # quadrature to epsrel 1e-10 over ±40 sd (tails below 1e-300), central moments: 100 times its rtol
+    # quadrature to epsrel 1e-10 over ±40 sd (tails below 1e-300), central moments: 100 times its
+    # rtol
     assert m["out"] == pytest.approx((-0.375, 0.75), rel=1e-8)
     assert m["in"] == pytest.approx((0.375, 0.75), rel=1e-8)
-    # subsampled: the in-canary mean exceeds the out-canary mean by T·KL-like terms, both variances > 0
+    # subsampled: the in-canary mean exceeds the out-canary mean by T·KL-like terms, both
+    # variances > 0
     m = simulate.llr_moments(family.Claim(0.05, 2.0, 200, 2, 1e-5).validate())
     assert m["in"][0] > 0 > m["out"][0] and m["out"][1] > 0 and m["in"][1] > 0
-    # E_out[e^ℓ] = 1 per lot (a likelihood ratio), so by Jensen E_out[ℓ] < 0 and E_in[ℓ] = KL(in‖out) > 0
+    # E_out[e^ℓ] = 1 per lot (a likelihood ratio), so by Jensen E_out[ℓ] < 0 and
+    # E_in[ℓ] = KL(in‖out) > 0
 
 
 def test_a_small_score_file_is_bounded_with_a_warning(tmp_path, capsys):
-    """Ten canaries, both kinds: the bounds are computed, and stderr says that CONSISTENT means little."""
+    """Ten canaries, both kinds: the bounds are computed, and stderr says that CONSISTENT means
+    little."""
     f = tmp_path / "ten.csv"
     f.write_text("included,score\n" + "".join(f"{i % 2},{0.1 * i}\n" for i in range(10)))
     assert (

@@ -1,7 +1,8 @@
-"""The null-space placement of gradient canaries (dpsgd/audit/onerun/placement.py, docs/AUDIT_MATH.md §6):
-the class-sum directions of the softmax output layer get exactly zero gradient from every real example,
-moving along them leaves the model's outputs unchanged, a canary lands only on its own direction, and
-a tiny audit's excluded canaries spread as the claimed channel predicts."""
+"""The null-space placement of gradient canaries (dpsgd/audit/onerun/placement.py,
+docs/AUDIT_MATH.md §6): the class-sum directions of the softmax output layer get exactly zero
+gradient from every real example, moving along them leaves the model's outputs unchanged, a canary
+lands only on its own direction, and a tiny audit's excluded canaries spread as the claimed channel
+predicts."""
 
 import json
 import math
@@ -31,7 +32,8 @@ def _model(bias=True):
 
 
 def _unit_directions(model):
-    """[n_dirs, P] every class-sum direction of the output layer as a unit vector over all parameters."""
+    """[n_dirs, P] every class-sum direction of the output layer as a unit vector over all
+    parameters."""
     names = [n for n, _ in model.named_parameters()]
     sizes = [p.numel() for _, p in model.named_parameters()]
     offset = dict(zip(names, [sum(sizes[:i]) for i in range(len(sizes))]))
@@ -56,7 +58,8 @@ def test_real_gradients_are_zero_along_the_class_sum_directions(clipping):
     g = clipper.clipped_sum(x, y).grads
     flat = torch.cat([g[n].reshape(-1) for n, _ in model.named_parameters()])
     assert flat.norm() > 0.1  # the examples do move the model elsewhere
-    # Σ_k (p_k − y_k) = 0 exactly; in float64 each of B examples leaves at most a few ulps (|h_j| ≤ 1e2)
+    # Σ_k (p_k − y_k) = 0 exactly; in float64 each of B examples leaves at most a few ulps
+    # (|h_j| ≤ 1e2)
     assert (U @ flat).abs().max() < B * 1e2 * 1e-14
     # moving θ along every u changes no softmax output
     with torch.no_grad():
@@ -64,7 +67,8 @@ def test_real_gradients_are_zero_along_the_class_sum_directions(clipping):
         theta = torch.nn.utils.parameters_to_vector(model.parameters())
         torch.nn.utils.vector_to_parameters(theta + 3.0 * U.sum(0), model.parameters())
         after = torch.softmax(model(x), 1)
-    # exact in exact arithmetic (softmax ignores a constant added to every logit); float64 round-off only
+    # (softmax ignores a constant added to every logit)
+    # exact in exact arithmetic; float64 round-off only
     assert torch.allclose(before, after, rtol=0, atol=1e-12)
 
 
@@ -97,8 +101,9 @@ def test_a_canary_lands_only_on_its_own_direction():
 
 
 def test_loose_group_loosens_the_first_group_that_carries_canaries():
-    """``loose_group`` clips at 2C the first group holding canaries: the output layer's under the null-space
-    placement (group 1 here), group 0 under the Dirac one; a looser group without canaries is unseeable."""
+    """``loose_group`` clips at 2C the first group holding canaries: the output layer's under the
+    null-space placement (group 1 here), group 0 under the Dirac one; a looser group without
+    canaries is unseeable."""
     model = _model(bias=False)
     clipper = PerExampleClipper(model, 1.5, "per_layer")
     for placement, group in (("null_space", 1), ("dirac", 0)):
@@ -114,7 +119,8 @@ def test_loose_group_loosens_the_first_group_that_carries_canaries():
             clipper, placed["coords"], torch.ones(4, dtype=torch.bool), a=15.0, loose=2.0
         )
         assert loose.loose_group == group
-        # a = 15 clipped to 2C = 3 in that group, to C = 1.5 elsewhere (exact: min(a, bound) in float64)
+        # a = 15 clipped to 2C = 3 in that group, to C = 1.5 elsewhere (exact: min(a, bound) in
+        # float64)
         want = [1.5] * len(clipper.groups)
         want[group] = 3.0
         assert loose._values("cpu", torch.float64).tolist() == want
@@ -189,8 +195,8 @@ def test_tiny_audit_has_no_interference_and_proves_independence(tmp_path, monkey
 
 
 def test_noise_test_is_the_chi_square_law():
-    """Q = Σ z² over n i.i.d. N(0, s²) is s²·χ²_n: at s = 1 the p-value is uniform (rejections ≈ β over many
-    draws), at s = 1/2 (noise σC/2) it rejects every time."""
+    """Q = Σ z² over n i.i.d. N(0, s²) is s²·χ²_n: at s = 1 the p-value is uniform (rejections ≈ β
+    over many draws), at s = 1/2 (noise σC/2) it rejects every time."""
     from scipy import stats
     from dpsgd.audit.onerun.stats.noise_check import noise_test
 

@@ -1,5 +1,5 @@
-"""The one-run audit bound (dpsgd/audit/onerun/stats/bounds.py; Steinke, Nasr & Jagielski 2023) against
-independent references: the δ = 0 binomial tail summed in mpmath, the paper's worked values,
+"""The one-run audit bound (dpsgd/audit/onerun/stats/bounds.py; Steinke, Nasr & Jagielski 2023)
+against independent references: the δ = 0 binomial tail summed in mpmath, the paper's worked values,
 monotonicity, and a Monte Carlo of an exactly ε-DP randomized-response canary game."""
 
 import math
@@ -16,7 +16,8 @@ from tolerances import EPS64, root_tol, sum_tol
 
 
 def _mp_eps_lb(r, v, beta):
-    """δ = 0: the ε where P[Bin(r, e^ε/(1+e^ε)) >= v] = β, by direct summation in mpmath (50 digits)."""
+    """δ = 0: the ε where P[Bin(r, e^ε/(1+e^ε)) >= v] = β, by direct summation in mpmath (50
+    digits)."""
     mpmath.mp.dps = 50
 
     def tail(eps):
@@ -49,7 +50,8 @@ def test_delta_zero_is_the_binomial_tail(r, v):
 
 
 def test_delta_term_matches_a_direct_sum():
-    # Cor. 5.4 / App. D: p = P[B >= v] + 2mδ·max_i P[v−i <= B < v]/i, B ~ Bin(r, expit(ε)); here summed in mpmath
+    # Cor. 5.4 / App. D: p = P[B >= v] + 2mδ·max_i P[v−i <= B < v]/i, B ~ Bin(r, expit(ε)); here
+    # summed in mpmath
     r, v, m, eps, delta = 100, 75, 1000, 0.6, 1e-4
     mpmath.mp.dps = 40
     p = 1 / (1 + mpmath.exp(-eps))
@@ -62,7 +64,8 @@ def test_delta_term_matches_a_direct_sum():
 @pytest.mark.parametrize(
     "args,published",
     [
-        # Steinke et al. 2023 (arXiv 2305.08846v1), App. D worked example: m=1000, r=100, v=75, δ=1e-4, β=0.05 -> 0.673
+        # Steinke et al. 2023 (arXiv 2305.08846v1), App. D worked example: m=1000, r=100, v=75,
+        # δ=1e-4, β=0.05 -> 0.673
         ((100, 75, 1000, 1e-4, 0.05), 0.673),
         # §7 (Fig. 11 setting): m=1e5, r=1510, v=1439, δ=1e-5, β=0.05 -> 2.675 (printed truncated)
         ((1510, 1439, 100000, 1e-5, 0.05), 2.675),
@@ -97,9 +100,9 @@ def _rr_game(rng, m, eps):
 def test_monte_carlo_coverage_randomized_response():
     # ε-DP randomized response is the worst case of the δ = 0 bound: each fixed (r) test rejects the
     # true ε with probability <= β/|grid|, the grid max with <= β. 300 games at β = 0.2:
-    # exceedances ~ Bin(300, <= 0.2); a correct bound exceeds the cap c below with probability <= 1e-6
-    # (the test's false-alarm rate), while a bound that ignored the grid (β per point, 14 points) would
-    # exceed ε far more often (checked below on the same games).
+    # exceedances ~ Bin(300, <= 0.2); a correct bound exceeds the cap c below with
+    # probability <= 1e-6 (the test's false-alarm rate), while a bound that ignored the grid (β per
+    # point, 14 points) would exceed ε far more often (checked below on the same games).
     rng = np.random.default_rng(0)
     eps, m, beta, n = 1.0, 400, 0.2, 300
     cap = int(stats.binom.isf(1e-6, n, beta))
@@ -119,8 +122,8 @@ def test_monte_carlo_coverage_randomized_response():
 
 
 def test_single_point_rejection_rate_is_at_most_beta_and_tight():
-    # ε-DP randomized response on all m canaries, every one guessed: V ~ Bin(m, expit(ε)) exactly. The
-    # probability that the bound exceeds ε is P[V >= v*], v* the least v whose bound exceeds ε:
+    # ε-DP randomized response on all m canaries, every one guessed: V ~ Bin(m, expit(ε)) exactly.
+    # The probability that the bound exceeds ε is P[V >= v*], v* the least v whose bound exceeds ε:
     # <= β by the theorem, and close to β (the δ = 0 bound is tight for randomized response)
     eps, m, beta = 1.0, 400, 0.2
     v_star = next(v for v in range(m + 1) if onerun.steinke_bound(m, v, m, 0.0, beta) > eps)
@@ -176,7 +179,7 @@ def test_bad_input_one_line(call, name):
     assert name in str(e.value) and "\n" not in str(e.value)
 
 
-# --- Gaussian DP (Mahloujifar, Melis & Chaudhuri 2024) --------------------------------------------------
+# --- Gaussian DP (Mahloujifar, Melis & Chaudhuri 2024) --------------------------------------------
 
 
 def _port_rejected(mu, r, v, m, beta):
@@ -231,8 +234,9 @@ def test_gdp_is_tighter_than_the_eps_delta_bound_on_gaussian_scores():
 
 
 def test_the_score_file_holds_every_canary_when_the_games_differ_in_size(tmp_path, capsys):
-    """200 gradient canaries beside 1000 input canaries (any gradient count below the input count): every
-    canary's row is written, Σz² only on the gradient canaries', and the scores before audit.json."""
+    """200 gradient canaries beside 1000 input canaries (any gradient count below the input count):
+    every canary's row is written, Σz² only on the gradient canaries', and the scores before
+    audit.json."""
     import csv
     import json
     import torch

@@ -1,5 +1,5 @@
-"""The order-statistics one-run bound (dpsgd/audit/onerun/stats/order_stats.py; Xiang et al. 2025, arXiv
-2509.08704) against closed forms, a direct quadrature, the authors' published outcomes
+"""The order-statistics one-run bound (dpsgd/audit/onerun/stats/order_stats.py; Xiang et al. 2025,
+arXiv 2509.08704) against closed forms, a direct quadrature, the authors' published outcomes
 (compare/RESULTS.txt of GitHub zihangxiang/tight-privacy-audit-in-one-run) and binomial limits on
 simulated games."""
 
@@ -23,8 +23,9 @@ BETA = 0.05
     "q,mu,steps", [(1.0, 0.5, 1), (1.0, 2.0, 1), (1.0, 0.1, 100), (0.5, 1.0, 1), (0.2, 2.0, 1)]
 )
 def test_single_bit_error_is_the_closed_form(q, mu, steps):
-    """E[γ] = (1 − TV(P, Q))/2. Gaussian (q = 1), T lots: TV = 2Φ(μ√T/2) − 1. One subsampled lot: Q − P =
-    q·(N(μ, 1) − N(0, 1)), so TV = q·(2Φ(μ/2) − 1). The L grid keeps means, not the exact law: 1e-6."""
+    """E[γ] = (1 − TV(P, Q))/2. Gaussian (q = 1), T lots: TV = 2Φ(μ√T/2) − 1. One subsampled lot:
+    Q − P = q·(N(μ, 1) − N(0, 1)), so TV = q·(2Φ(μ/2) − 1). The L grid keeps means, not the exact
+    law: 1e-6."""
     tv = (
         2 * stats.norm.cdf(mu * math.sqrt(steps) / 2) - 1
         if q == 1
@@ -34,8 +35,8 @@ def test_single_bit_error_is_the_closed_form(q, mu, steps):
 
 
 def test_tail_is_an_upper_bound_within_one_bin():
-    """P[T <= u] = ∫ Beta(m − r, r + 1)(w) BinCDF(u; r, γ̄(w)) dw by quadrature: the binned value lies above it,
-    by at most 1/BINS (the integrand rises with w and lies in [0, 1])."""
+    """P[T <= u] = ∫ Beta(m − r, r + 1)(w) BinCDF(u; r, γ̄(w)) dw by quadrature: the binned value
+    lies above it, by at most 1/BINS (the integrand rises with w and lies in [0, 1])."""
     prof = o.Profile(*o.channel(1.0, 1.0, 1))
     m, r, u = 1000, 100, 12
     f = lambda w: stats.beta.pdf(w, m - r, r + 1) * stats.binom.cdf(u, r, float(prof.gammabar(w)))  # noqa: E731
@@ -49,8 +50,9 @@ def test_tail_is_an_upper_bound_within_one_bin():
 
 
 def test_p_value_falls_as_the_claimed_noise_rises():
-    """A larger σ′ claims more privacy (more noise is post-processing): its null makes more mistakes, so
-    P[T <= u] falls and every σ′ above a rejected one is rejected (what family.search_sigma relies on)."""
+    """A larger σ′ claims more privacy (more noise is post-processing): its null makes more
+    mistakes, so P[T <= u] falls and every σ′ above a rejected one is rejected (what
+    family.search_sigma relies on)."""
     claim = family.Claim(0.1, 1.0, 50, 1, 1e-5).validate()
     ps = [
         o.tail_probability(o.claim_profile(claim, s), 150, 500, 2000)
@@ -59,8 +61,8 @@ def test_p_value_falls_as_the_claimed_noise_rises():
     assert all(a >= b for a, b in zip(ps, ps[1:])) and ps[0] > ps[-1]
 
 
-# compare/RESULTS.txt (their 60-row table, δ = 1e-5, 95 %): family, μ, q, n, r, mistakes u, Steinke, ours
-# (the rows marked slow run in `make test-all`)
+# compare/RESULTS.txt (their 60-row table, δ = 1e-5, 95 %): family, μ, q, n, r, mistakes u, Steinke,
+# ours (the rows marked slow run in `make test-all`)
 SLOW = pytest.mark.slow
 PUBLISHED = [
     ("gauss", 0.5, 1.0, 1000, 100, 26, 0.6519, 1.1926),
@@ -75,11 +77,11 @@ PUBLISHED = [
 
 @pytest.mark.parametrize("fam,mu,q,n,r,u,steinke,ours", PUBLISHED)
 def test_published_outcomes(fam, mu, q, n, r, u, steinke, ours):
-    """The same outcome (n, r, u) as the authors' table gives their ε_lb within 1e-3 relative (measured:
-    2e-4, ours lower: the binned p-value errs upward) and never above it by more than 1e-4 relative, ε from μ_lb
-    by the exact Gaussian ε (q = 1) or the PLD of one subsampled lot; and the Steinke et al. bound of our
-    onerun.stats.bounds on the same outcome equals their port's within 1e-3 relative (measured: 8e-4 at r = 100,
-    u = 1; 2e-4 elsewhere)."""
+    """The same outcome (n, r, u) as the authors' table gives their ε_lb within 1e-3 relative
+    (measured: 2e-4, ours lower: the binned p-value errs upward) and never above it by more than
+    1e-4 relative, ε from μ_lb by the exact Gaussian ε (q = 1) or the PLD of one subsampled lot; and
+    the Steinke et al. bound of our onerun.stats.bounds on the same outcome equals their port's
+    within 1e-3 relative (measured: 8e-4 at r = 100, u = 1; 2e-4 elsewhere)."""
     # 20 halvings of [0.01, 32]: μ to 3e-5, ε to ~1e-5 relative, well inside the tolerance
     mu_lb = o.mu_lower_bound(u, r, n, BETA, q=q, iters=20)
     eps = (
@@ -96,8 +98,9 @@ SMALL = family.Claim(1.0, 2.0, 1, 1, 1e-5)
 
 
 def test_false_violations_of_the_claimed_mechanism_are_rare():
-    """The idealised game is the theorem's setting: the rate of rejecting the true σ is <= β; 60 games may
-    exceed 3 by chance, but P[Bin(60, β) > cap] < 1e-6 (1000 games per setting: results/audit_idealised_order_stats.csv)."""
+    """The idealised game is the theorem's setting: the rate of rejecting the true σ is <= β; 60
+    games may exceed 3 by chance, but P[Bin(60, β) > cap] < 1e-6 (1000 games per setting:
+    results/audit_idealised_order_stats.csv)."""
     claim = SMALL.validate()
     rng = np.random.default_rng(17)
     rejected = sum(
@@ -107,8 +110,8 @@ def test_false_violations_of_the_claimed_mechanism_are_rare():
 
 
 def test_noise_halved_is_caught_more_often_than_by_the_family_test():
-    """Noise σC/2: P[Bin(30, β) >= 20] < 1e-10, so >= 20 of 30 shows power; on the same games it rejects at
-    least as often as the family test (measured: 30/30 against 14 - 22 of 30)."""
+    """Noise σC/2: P[Bin(30, β) >= 20] < 1e-10, so >= 20 of 30 shows power; on the same games it
+    rejects at least as often as the family test (measured: 30/30 against 14 - 22 of 30)."""
     claim = SMALL.validate()
     rng = np.random.default_rng(18)
     res = [

@@ -56,7 +56,8 @@ def test_batchnorm_models_are_refused(monkeypatch):
 
 
 def _sweep_runs(name: str) -> list[list[str]]:
-    """The overrides of every job of ``-m +sweep=<name>``, expanded by Hydra's own override parser."""
+    """The overrides of every job of ``-m +sweep=<name>``, expanded by Hydra's own override
+    parser."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     params = yaml.safe_load((REPO / "conf" / "sweep" / f"{name}.yaml").read_text())["hydra"][
@@ -157,7 +158,8 @@ def test_lots_bound_counts_the_sampler_lots():
 
 
 def test_q_below_the_accountants_range_is_refused(monkeypatch):
-    # No dataset is large enough for q = 1/N < Q_MIN = 1e-9; a raised Q_MIN shows the check is wired.
+    # No dataset is large enough for q = 1/N < Q_MIN = 1e-9; a raised Q_MIN shows the check is
+    # wired.
     args = ["dataset.subset=600", "privacy.lot_size=60"]  # q = 0.1
     assert validate(compose(args)).privacy.lot_size == 60
     monkeypatch.setattr(acc_limits, "Q_MIN", 0.2)

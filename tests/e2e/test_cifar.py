@@ -1,6 +1,7 @@
-"""The CIFAR-10 path of the paper (Abadi et al. 2016, §5.3) end to end, on generated data in the exact
-torchvision formats (tests/cifar_fixture.py): CIFAR-100 pretraining → frozen convolutions → DP-SGD on
-CIFAR-10; the artifact's hash checks; the per-example augmentation; no data → one line, exit 2.
+"""The CIFAR-10 path of the paper (Abadi et al. 2016, §5.3) end to end, on generated data in the
+exact torchvision formats (tests/cifar_fixture.py): CIFAR-100 pretraining → frozen
+convolutions → DP-SGD on CIFAR-10; the artifact's hash checks; the per-example augmentation; no
+data → one line, exit 2.
 
 The real CIFAR archives are not used (they are not available offline); the accuracy asserted here is
 on the generated classes, never a result.
@@ -46,8 +47,9 @@ DENSE = [f"classifier.{i}.{w}" for i in (1, 3, 5) for w in ("weight", "bias")]
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    """Pretrain on the generated CIFAR-100, then DP-train the paper's preset (on a small subset, σ = 1,
-    two epochs of four lots, no target ε) on the generated CIFAR-10 with the convolutions frozen."""
+    """Pretrain on the generated CIFAR-100, then DP-train the paper's preset (on a small subset,
+    σ = 1, two epochs of four lots, no target ε) on the generated CIFAR-10 with the convolutions
+    frozen."""
     mp = pytest.MonkeyPatch()
     tmp = tmp_path_factory.mktemp("cifar")
     root = tmp / "data"
@@ -269,8 +271,8 @@ def test_lot_generator_is_seed_and_step_only():
 
 
 def test_per_image_standardization_matches_tf_formula():
-    """(x − mean) / max(std, 1/√n) per image, population std (TF per_image_standardization), in float64
-    against numpy; a constant image has std 0 < 1/√n and maps to exactly 0."""
+    """(x − mean) / max(std, 1/√n) per image, population std (TF per_image_standardization), in
+    float64 against numpy; a constant image has std 0 < 1/√n and maps to exactly 0."""
     rng = np.random.default_rng(0)
     x = rng.uniform(0, 1, size=(4, 3, 24, 24))
     x[3] = 0.25
@@ -313,10 +315,11 @@ def _env(tmp_path):
 
 
 def test_make_cifar10_without_data_fails_fast_in_one_line(tmp_path):
-    """`make cifar10` with neither CIFAR in the root nor in the source and downloads off (DOWNLOAD=0):
-    one line naming cifar10 and both ways to provide it, exit 2, nothing written, and it stops at the
-    data check (no pretraining, no training: fast by construction; the time is printed, not asserted).
-    (A throwaway VENV whose python runs this interpreter; its stamp is never remade.)"""
+    """`make cifar10` with neither CIFAR in the root nor in the source and downloads off
+    (DOWNLOAD=0): one line naming cifar10 and both ways to provide it, exit 2, nothing written, and
+    it stops at the data check (no pretraining, no training: fast by construction; the time is
+    printed, not asserted). (A throwaway VENV whose python runs this interpreter; its stamp is never
+    remade.)"""
     if not shutil.which("make"):
         pytest.skip("needs GNU make")
     venv = tmp_path / "venv"
@@ -354,7 +357,8 @@ def test_make_cifar10_without_data_fails_fast_in_one_line(tmp_path):
 
 
 def test_missing_artifact_stops_before_any_run_folder(tmp_path, monkeypatch, capsys):
-    """The command line refuses before Hydra starts (so in-process here: hydra.main is never reached)."""
+    """The command line refuses before Hydra starts (so in-process here: hydra.main is never
+    reached)."""
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as e:

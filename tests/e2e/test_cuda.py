@@ -1,5 +1,5 @@
-"""The same code on CUDA: clipping engines (every layer rule against the batch-of-1 loop), the DP step,
-noise, fixed-shape padded lots, a short training run and a bit-identical seeded resume.
+"""The same code on CUDA: clipping engines (every layer rule against the batch-of-1 loop), the DP
+step, noise, fixed-shape padded lots, a short training run and a bit-identical seeded resume.
 
 Skipped where no GPU is present (CI has none); run on a GPU machine with
 ``python -m pytest tests/e2e/test_cuda.py``. Each test compares the CUDA result with the CPU result
@@ -118,7 +118,8 @@ def test_dp_step_without_clip_or_noise_is_plain_sgd_on_cuda():
     out = dp.step(x, y, physical_batch_size=16)
     assert out["loss_sum"].device.type == "cuda"
     for p, q in zip(model.parameters(), ref.parameters()):
-        # float32 on the GPU, two reduction orders (DP step vs autograd): ~n·eps32 of the summed loss
+        # float32 on the GPU, two reduction orders (DP step vs autograd): ~n·eps32 of the summed
+        # loss
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
@@ -208,9 +209,9 @@ def test_float32_cnn_ghost_on_cuda_whatever_the_tf32_setting(tf32):
         set_tf32(before)
 
 
-# ----------------------------------------------------------------------------- what make gpu-check's step (a)
-# also asks of the device: every layer rule against Algorithm 1 read literally (one example at a time),
-# fixed-shape padded lots, and a seeded resume. DEV is the device under test.
+# ------------------------------------------------------------------- what make gpu-check's step (a)
+# also asks of the device: every layer rule against Algorithm 1 read literally (one example at a
+# time), fixed-shape padded lots, and a seeded resume. DEV is the device under test.
 DEV = "cuda"
 
 
@@ -258,8 +259,9 @@ def test_every_layer_rule_on_cuda_equals_the_batch_of_1_loop(clipping, budget):
 
 @pytest.mark.parametrize("mode", ["ghost", "vmap"])
 def test_padded_lot_on_cuda_adds_exactly_zero(mode):
-    """Fixed-shape lots: weight-0 rows add an exact 0 on the device, whatever they hold, and the padded
-    lot's sum is the unpadded lot's to the engines' round-off (tests/mechanism/clipping/test_example_weights.py)."""
+    """Fixed-shape lots: weight-0 rows add an exact 0 on the device, whatever they hold, and the
+    padded lot's sum is the unpadded lot's to the engines' round-off
+    (tests/mechanism/clipping/test_example_weights.py)."""
     torch.manual_seed(0)
     model = MLP(20, (30, 40), 10, bias=True).to(DT).to(DEV)
     g = torch.Generator().manual_seed(0)
@@ -277,7 +279,8 @@ def test_padded_lot_on_cuda_adds_exactly_zero(mode):
     for n in ref.grads:
         assert torch.equal(got[0].grads[n], got[1].grads[n]), n  # exact: 0 · finite = 0, same shape
         err = (got[0].grads[n] - ref.grads[n]).norm().item()
-        # vmap: float64 kernels, f64_rtol; ghost: its book-keeping reorders the sums, 1e-5 (test_clipping.py)
+        # vmap: float64 kernels, f64_rtol; ghost: its book-keeping reorders the sums, 1e-5
+        # (test_clipping.py)
         assert err <= (f64_rtol(model) if mode == "vmap" else 1e-5) * ref.grads[n].norm().item(), (
             n,
             err,
@@ -286,8 +289,8 @@ def test_padded_lot_on_cuda_adds_exactly_zero(mode):
 
 
 def test_seeded_resume_on_cuda_is_bit_identical(tmp_path):
-    """A run stopped after 2 epochs and resumed to 4 equals the 4-epoch run on the device, bit for bit:
-    the same lots, noise draws, parameters, ledger and metrics."""
+    """A run stopped after 2 epochs and resumed to 4 equals the 4-epoch run on the device, bit for
+    bit: the same lots, noise draws, parameters, ledger and metrics."""
     from dpsgd.config.schema import validate
     from dpsgd.run.checkpoint import load_checkpoint
     from dpsgd.launch.main import compose

@@ -1,5 +1,6 @@
 """Experiments: Figure-5 sweep files compose and run, output folders never collide, figures and
-results/README.md regenerate from the committed CSVs, and the numbers there are the CSVs' numbers."""
+results/README.md regenerate from the committed CSVs, and the numbers there are the CSVs'
+numbers."""
 
 import math
 import os
@@ -64,7 +65,8 @@ def test_every_figure5_panel_has_a_sweep_file():
 
 @pytest.mark.parametrize("name", SWEEPS)
 def test_sweep_file_composes_and_validates_every_value(name):
-    """Each value of each sweep composes on top of the medium preset and passes config validation."""
+    """Each value of each sweep composes on top of the medium preset and passes config
+    validation."""
     key, values = _sweep_values(name)
     assert len(values) >= 3
     for v in values:
@@ -143,7 +145,8 @@ def test_hydra_folders_include_seed_and_job_number():
 
 # ------------------------------------------------------------------------------- collect
 def test_figure4_recomputes_the_runs_own_epsilon(tmp_path):
-    """ε rebuilt from privacy.json's ledger truncated to an epoch's lots equals the ε the run logged."""
+    """ε rebuilt from privacy.json's ledger truncated to an epoch's lots equals the ε the run
+    logged."""
     run = tmp_path / "run"
     res = subprocess.run(
         [
@@ -183,8 +186,8 @@ def test_figure4_recomputes_the_runs_own_epsilon(tmp_path):
         )  # the PLD grid
         assert got[("pld", "joint")] == pytest.approx(e.epsilon_pld_joint, abs=pld_tol)
     assert set(rows["delta"]) == set(claims.FIGURE4_DELTAS)
-    # a larger δ never costs more ε: exact, each term (α + log(1/δ))/λ falls with δ (the FIGURE4_DELTAS
-    # are decades apart) and rounding is monotone
+    # a larger δ never costs more ε: exact, each term (α + log(1/δ))/λ falls with δ (the
+    # FIGURE4_DELTAS are decades apart) and rounding is monotone
     g = rows[(rows.accountant == "moments") & (rows.convention == "per_tensor")].sort_values(
         ["epoch", "delta"]
     )
@@ -214,7 +217,8 @@ def test_committed_figure2_is_the_accountants_output_and_pins_the_paper():
     f2 = pd.read_csv(RESULTS / "figure2.csv")
     assert f2["epoch"].max() == 400 and set(f2["curve"]) == set(figure2.CURVES)
     at = f2.set_index(["curve", "epoch"])["epsilon"]
-    # the paper's stated values (§3.1): E = 100 → 1.26 (moments), 9.34 (strong composition, paper variant)
+    # the paper's stated values (§3.1): E = 100 → 1.26 (moments), 9.34 (strong composition, paper
+    # variant)
     assert at[("moments", 100)] == pytest.approx(1.26, abs=0.01)
     assert at[("strong_composition_paper", 100)] == pytest.approx(9.34, abs=0.05)
     assert at[("moments", 400)] == pytest.approx(2.55, abs=0.05)
@@ -222,8 +226,8 @@ def test_committed_figure2_is_the_accountants_output_and_pins_the_paper():
     # were computed on another machine, so each curve gets its algorithm's round-off:
     # moments: log-space binomial sums of <= 33 terms and the tail bound (~64 roundings);
     # rdp_improved: the fractional-order series (rdp_series_rtol);
-    # strong_composition_valid: ε0 is a brentq root, ε0 >= 1e-3 here (below it ε <= 1e-3·√(2T·log(1/δ''))
-    # + 2Tε0² < 1.1), and ε's elasticity in ε0 is <= 3 for ε0 < 1
+    # strong_composition_valid: ε0 is a brentq root, ε0 >= 1e-3 here (below it
+    # ε <= 1e-3·√(2T·log(1/δ'')) + 2Tε0² < 1.1), and ε's elasticity in ε0 is <= 3 for ε0 < 1
     rtol = {
         "moments": reduction_rtol(64),
         "rdp_improved": rdp_series_rtol(),
@@ -233,11 +237,11 @@ def test_committed_figure2_is_the_accountants_output_and_pins_the_paper():
     }
     for curve, e in [("moments", 100), ("rdp_improved", 250), ("strong_composition_valid", 100)]:
         assert at[(curve, e)] == pytest.approx(figure2.epsilon(curve, e * 100)[0], rel=rtol[curve])
-    # PLD ε is an FFT composition over 40 000 lots: its last bits depend on the numpy/scipy build and
-    # the CPU (the committed 2.0333569584 vs 2.0333569156 recomputed under other numpy/scipy builds),
-    # and near a grid boundary they move it by up to a grid step: the tolerance is 2 steps h = 2e-4.
-    # That still catches any real change: one more epoch (40 100 lots) moves ε by 2.8e-3, σ = 4.004
-    # instead of 4 by 2.3e-3.
+    # PLD ε is an FFT composition over 40 000 lots: its last bits depend on the numpy/scipy build
+    # and the CPU (the committed 2.0333569584 vs 2.0333569156 recomputed under other numpy/scipy
+    # builds), and near a grid boundary they move it by up to a grid step: the tolerance is 2 steps
+    # h = 2e-4. That still catches any real change: one more epoch (40 100 lots) moves ε by 2.8e-3,
+    # σ = 4.004 instead of 4 by 2.3e-3.
     tol = pld_epsilon_tol([(figure2.Q, figure2.SIGMA, 40_000)])
     assert at[("pld", 400)] == pytest.approx(figure2.epsilon("pld", 400 * 100)[0], abs=tol)
 
@@ -259,8 +263,8 @@ def _png_text_chunks(data: bytes) -> list[bytes]:
 
 
 def test_a_figure_redrawn_is_byte_identical(tmp_path, monkeypatch):
-    """The same CSV drawn twice gives the same PNG and PDF bytes, whatever the clock or SOURCE_DATE_EPOCH:
-    no creation date in the PDF, no text chunks (Software, dates) in the PNG."""
+    """The same CSV drawn twice gives the same PNG and PDF bytes, whatever the clock or
+    SOURCE_DATE_EPOCH: no creation date in the PDF, no text chunks (Software, dates) in the PNG."""
     df = pd.read_csv(RESULTS / "summary.csv", dtype={"value": str})
     paths = {}
     for run, epoch in (("a", "1"), ("b", "1700000000")):
@@ -275,7 +279,8 @@ def test_a_figure_redrawn_is_byte_identical(tmp_path, monkeypatch):
 
 def test_figures_redraw_from_committed_csvs(tmp_path):
     """`make figures` on a copy of results/: every CSV present gives its PNG and PDF, and the
-    regenerated README.md is byte-identical to the committed one (it is generated, never hand-edited)."""
+    regenerated README.md is byte-identical to the committed one (it is generated, never
+    hand-edited)."""
     res = tmp_path / "results"
     shutil.copytree(RESULTS, res, ignore=shutil.ignore_patterns("figures"))
     rc = figures.main(["--results", str(res)])

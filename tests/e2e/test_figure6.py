@@ -1,5 +1,6 @@
-"""Figure 6 (CIFAR-10, §5.3): collected from real run folders, drawn and tabulated from results/figure6.csv
-only; without that CSV no figure is drawn and the READMEs say the numbers were not measured.
+"""Figure 6 (CIFAR-10, §5.3): collected from real run folders, drawn and tabulated from
+results/figure6.csv only; without that CSV no figure is drawn and the READMEs say the numbers were
+not measured.
 
 The figure and the README rows are rendered from tests/fixtures/figure6_fixture.csv, a synthetic
 FIXTURE (never a result; tests/fixtures/README.md)."""
@@ -36,9 +37,9 @@ def _png_width(path: Path) -> int:
 
 # ------------------------------------------------------------------------------- from the fixture
 def test_figure6_and_the_readme_section_render_from_the_fixture(tmp_path):
-    """`make figures` on a results folder holding the fixture as figure6.csv: the figure, and the README's
-    CIFAR section, file list and image. (Byte-determinism is `_save`'s, shared with every figure and
-    checked in tests/e2e/test_experiments.py.)"""
+    """`make figures` on a results folder holding the fixture as figure6.csv: the figure, and the
+    README's CIFAR section, file list and image. (Byte-determinism is `_save`'s, shared with every
+    figure and checked in tests/e2e/test_experiments.py.)"""
     df = _fixture()
     assert set(df.columns) == set(figure6.COLUMNS)
     assert set(df["hardware"]) == {
@@ -170,7 +171,8 @@ def test_collect_turns_cifar_run_folders_into_figure6_csv(real_run, tmp_path):
 
 
 def test_claims_match_the_cifar_presets_when_present():
-    """The paper's settings the figure, README and benchmark use are the presets' (once they exist)."""
+    """The paper's settings the figure, README and benchmark use are the presets' (once they
+    exist)."""
     for preset, p in claims.CIFAR10_PRESETS.items():
         if not (REPO / "conf" / "experiment" / f"{preset}.yaml").exists():
             continue

@@ -1,10 +1,11 @@
 """Momentum, ScatterNet features and models, σ calibration, the frontier recipes and runner.
 
 Momentum 0 is the plain DP-SGD step bit for bit, momentum follows a hand-written heavy-ball
-reference, and a resumed run with momentum ends where the uninterrupted one does. The scattering features have the
-published shape, their cache is keyed and hash-checked (a corrupt or mismatched file is recomputed).
-The ScatterNet models' ghost norms equal the vmap reference in float64. Each recipe runs end to end on
-a small subset; the runner's plan/collect and the figure/table rendering run on fake runs and a fixture.
+reference, and a resumed run with momentum ends where the uninterrupted one does. The scattering
+features have the published shape, their cache is keyed and hash-checked (a corrupt or mismatched
+file is recomputed). The ScatterNet models' ghost norms equal the vmap reference in float64. Each
+recipe runs end to end on a small subset; the runner's plan/collect and the figure/table rendering
+run on fake runs and a fixture.
 """
 
 import csv
@@ -206,8 +207,9 @@ def test_feature_cache_is_keyed_and_hash_checked(tmp_path, monkeypatch, capsys):
 def test_a_feature_cache_write_failing_part_way_leaves_nothing_behind(
     fails, tmp_path, monkeypatch, capsys
 ):
-    """The disk fills (or the rename fails) while the cache is written: the features are still returned,
-    a note says the cache was not written, and no temporary file (nor a partial cache) is left."""
+    """The disk fills (or the rename fails) while the cache is written: the features are still
+    returned, a note says the cache was not written, and no temporary file (nor a partial cache) is
+    left."""
     import errno
     import io as _io
     import os
@@ -236,7 +238,7 @@ def test_a_feature_cache_write_failing_part_way_leaves_nothing_behind(
     assert [p.name for p in (tmp_path / "features").iterdir()] == []
 
 
-# --- models: ghost = vmap ---------------------------------------------------------------------------
+# --- models: ghost = vmap -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -259,7 +261,7 @@ def test_scatter_models_ghost_equals_vmap(model_fn, clipping):
     assert_f64_close(rg.norms, rv.norms, rtol)
 
 
-# --- config: features, momentum, σ calibration ------------------------------------------------------
+# --- config: features, momentum, σ calibration ----------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -304,7 +306,7 @@ def test_calibrated_sigma_spends_the_target_over_the_planned_epochs(eps):
     )
 
 
-# --- recipes end to end on a small subset -------------------------------------------------------------
+# --- recipes end to end on a small subset ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -348,7 +350,7 @@ def test_each_recipe_runs_end_to_end_on_a_subset(tmp_path, recipe, extra):
         assert st["stop_reason"] == "target_epsilon_reached" and c.accountant.name == "pld"
 
 
-# --- the runner, the figure, the table ------------------------------------------------------------------
+# --- the runner, the figure, the table ------------------------------------------------------------
 
 
 @pytest.mark.slow  # ~12 s: calibrates σ for every recipe and ε of the plan
@@ -412,7 +414,8 @@ def test_frontier_collect_makes_one_row_per_run(tmp_path):
         ("fmnist_scatter_linear", 3.0, 0),
     ]
     r = rows[0]
-    # values copied from the fixture CSV (exact, decimal round trip); ε via pytest's default rel 1e-6
+    # values copied from the fixture CSV (exact, decimal round trip); ε via pytest's default
+    # rel 1e-6
     assert (
         r["test_accuracy"] == 0.985
         and r["epsilon_pld_joint"] == pytest.approx(1.996)
@@ -438,8 +441,8 @@ def test_frontier_table_and_figure_from_the_fixture(tmp_path):
     row = next(l for l in lines if l.startswith("| `mnist_scatter_linear` | MNIST | 2 |"))
     assert "98.60 ± 0.14 % (2)" in row and "98.5 % (Tramèr & Boneh 2021)" in row
     assert (
-        "`python -m dpsgd.train experiment=mnist_scatter_linear privacy.target_epsilon=2 seed=S`, S = 0, 1 |"
-        in row
+        "`python -m dpsgd.train experiment=mnist_scatter_linear privacy.target_epsilon=2 "
+        "seed=S`, S = 0, 1 |" in row
     )
     one = next(l for l in lines if l.startswith("| `mnist_paper_tight` | MNIST | 2 |"))
     assert "95.10 ± 0.00 % (1)" in one and "95.0 % (Abadi et al. 2016, §5.2)" in one

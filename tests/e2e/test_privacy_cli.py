@@ -97,7 +97,8 @@ def test_tiny_sigma_prints_the_real_pld_epsilon(capsys):
 
 
 def test_each_accountant_answers_or_refuses_alone(capsys):
-    # the moments floor log(1/δ)/32 = 0.576 > 0.491 refuses that accountant only, not the whole table
+    # the moments floor log(1/δ)/32 = 0.576 > 0.491 refuses that accountant only, not the whole
+    # table
     argv = ["--q", "0.00187", "--steps", "23915", "--delta", "1e-8", "--target-epsilon", "0.491"]
     rc, out = _run(capsys, *argv, "--json")
     d = _strict(out.out)

@@ -1,4 +1,5 @@
-"""Checkpoint/resume: a run killed with SIGKILL resumes to the identical final model and ε history."""
+"""Checkpoint/resume: a run killed with SIGKILL resumes to the identical final model and ε
+history."""
 
 import json
 import re
@@ -57,8 +58,8 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     st = json.loads((run / "privacy.json").read_text())
     assert st["status"] == "complete" and st["stop_reason"] == "epochs_completed"
     assert len(st["resumes"]) == 1
-    # every replayed lot proved by its digest is charged once; the lots the killed process had reserved
-    # but not digested (the lot in flight, the rest of its reservation) are charged as lost
+    # every replayed lot proved by its digest is charged once; the lots the killed process had
+    # reserved but not digested (the lot in flight, the rest of its reservation) are charged as lost
     led, want = (
         st["ledger"]["entries"],
         json.loads((ref / "privacy.json").read_text())["ledger"]["entries"],

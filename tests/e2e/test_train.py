@@ -1,4 +1,5 @@
-"""Training end to end (Algorithm 1 on real MNIST), outputs, budget stop, shuffle accounting, Hydra."""
+"""Training end to end (Algorithm 1 on real MNIST), outputs, budget stop, shuffle accounting,
+Hydra."""
 
 import json
 import math

@@ -1,6 +1,6 @@
-"""The train command's failures outside the sweep machinery end in one line naming the parameter or the
-file, with the exit code of its kind (2 bad input, 1 a disk error), and nothing already written is
-lost: an augmentation multiplicity too large for memory (dpsgd/config/privacy.py), a pretrained
+"""The train command's failures outside the sweep machinery end in one line naming the parameter or
+the file, with the exit code of its kind (2 bad input, 1 a disk error), and nothing already written
+is lost: an augmentation multiplicity too large for memory (dpsgd/config/privacy.py), a pretrained
 artifact with non-finite weights (dpsgd/models/pretrained.py), a full disk during a write
 (dpsgd/core/fileio.py) or during a resumed run. In-process.
 """
@@ -48,7 +48,10 @@ def _main(capsys, argv: list[str]) -> tuple[int, str]:
         ),
         (
             [f"privacy.augment_multiplicity={AUGMENT_MULTIPLICITY_MAX}", "privacy.lot_size=6000"],
-            f"more than ROWS_PER_PASS_MAX={ROWS_PER_PASS_MAX}; set a smaller privacy.physical_batch_size",
+            (
+                f"more than ROWS_PER_PASS_MAX={ROWS_PER_PASS_MAX}; "
+                "set a smaller privacy.physical_batch_size"
+            ),
         ),
     ],
 )
@@ -79,13 +82,14 @@ def test_a_large_multiplicity_in_small_physical_batches_is_accepted():
     assert c.privacy.augment_multiplicity == AUGMENT_MULTIPLICITY_MAX
 
 
-# ----------------------------------------------------------------- pretrained weights that are not finite
+# ----------------------------------------------------------- pretrained weights that are not finite
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_pretrained_artifact_with_non_finite_weights_is_refused(
     bad, tmp_path, monkeypatch, capsys
 ):
-    """Its hash matches its sidecar, but a tensor holds NaN or inf: refused at validation (before any
-    folder) and again at load (the file is re-read), in one line naming model.pretrained and the file."""
+    """Its hash matches its sidecar, but a tensor holds NaN or inf: refused at validation (before
+    any folder) and again at load (the file is re-read), in one line naming model.pretrained and the
+    file."""
     monkeypatch.chdir(tmp_path)
     state = {n: t for n, t in CifarCNN().state_dict().items() if n.startswith("features.")}
     state["features.3.weight"] = state["features.3.weight"].clone()
@@ -136,9 +140,10 @@ def _write_artifact(path, state) -> None:
     pretrained.sidecar(path).write_text(json.dumps(side))
 
 
-# ---------------------------------------------------------------------------- a full disk names the file
+# ----------------------------------------------------------------------- a full disk names the file
 def _enospc_on(monkeypatch, name: str) -> None:
-    """fsync of a file whose name contains ``name`` fails as a full disk does (ENOSPC, no file name)."""
+    """fsync of a file whose name contains ``name`` fails as a full disk does (ENOSPC, no file
+    name)."""
     real = os.fsync
 
     def fsync(fd):
@@ -169,8 +174,9 @@ def test_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch)
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names an fd's file through /proc")
 @pytest.mark.parametrize("name", ["checkpoint.pt", "metrics.csv", "lots.reserved"])
 def test_a_full_disk_during_a_run_is_one_line_naming_the_file(name, tmp_path, monkeypatch, capsys):
-    """A resumed run whose next write finds the disk full: one line ``error: <file>: No space left on
-    device``, exit 1, and the checkpoint it could resume from again is the one it started from."""
+    """A resumed run whose next write finds the disk full: one line ``error: <file>: No space left
+    on device``, exit 1, and the checkpoint it could resume from again is the one it started
+    from."""
     run = tmp_path / "run"
     args = [*TINY, "training.epochs=1"]
     training.train(validate(T.compose(args)), run, args)

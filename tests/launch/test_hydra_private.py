@@ -1,12 +1,16 @@
-"""The three places dpsgd reads Hydra's private code, each pinned to the Hydra it was written against.
+"""The three places dpsgd reads Hydra's private code, each pinned to the Hydra it was written
+against.
 
-A Hydra upgrade (``make lock``, then ``make test-all``) that moves or changes one of them fails here, with
-a message naming the dpsgd function to update, instead of as a wrong folder check or a lost error line
-in a sweep. Why each is private and not a public API: docs/ARCHITECTURE.md#the-hydra-harness-what-is-kept-and-why.
+A Hydra upgrade (``make lock``, then ``make test-all``) that moves or changes one of them fails
+here, with a message naming the dpsgd function to update, instead of as a wrong folder check or a
+lost error line in a sweep. Why each is private and not a public API:
+docs/ARCHITECTURE.md#the-hydra-harness-what-is-kept-and-why.
 
-* dpsgd/launch/sweeps.py:basic_sweeper_jobs: ``BasicSweeper.split_arguments``, a sweep's jobs before it runs;
+* dpsgd/launch/sweeps.py:basic_sweeper_jobs: ``BasicSweeper.split_arguments``, a sweep's jobs before
+  it runs;
 * dpsgd/launch/launchers.py:launcher_kind: the ``_target_`` of Hydra's own launcher;
-* dpsgd/launch/jobfailures.py:job_failed: ``JobReturn._return_value``, a failed job's exception, read quietly.
+* dpsgd/launch/jobfailures.py:job_failed: ``JobReturn._return_value``, a failed job's exception,
+  read quietly.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from dpsgd.launch.jobfailures import JobFailed, job_failed
 from dpsgd.launch.launchers import launcher_kind
 from dpsgd.launch.sweeps import BASIC_SWEEPER, basic_sweeper_jobs
 
-UPGRADE = "a Hydra upgrade changed {what}; update {where} (docs/ARCHITECTURE.md#the-hydra-harness-what-is-kept-and-why)"
+UPGRADE = (
+    "a Hydra upgrade changed {what}; update {where} "
+    "(docs/ARCHITECTURE.md#the-hydra-harness-what-is-kept-and-why)"
+)
 
 
 def _class(path: str, where: str):
@@ -38,7 +45,7 @@ def _parsed(overrides: list[str]):
     return OverridesParser.create().parse_overrides(overrides)
 
 
-# --------------------------------------------------------------------------------- the basic sweeper
+# -------------------------------------------------------------------------------- the basic sweeper
 def test_the_default_sweeper_is_the_basic_sweeper_dpsgd_names():
     where = "dpsgd/launch/sweeps.py:BASIC_SWEEPER"
     cls = _class(BASIC_SWEEPER, where)
@@ -65,7 +72,8 @@ def test_split_arguments_takes_the_overrides_and_a_batch_size():
 
 def test_basic_sweeper_jobs_expands_a_known_sweep_in_hydras_order():
     """The product of every key's values, keys in first-seen order, the last values of a key winning
-    (a command-line override replaces the sweep file's params); range() expanded, plain values kept."""
+    (a command-line override replaces the sweep file's params); range() expanded, plain values
+    kept."""
     jobs = basic_sweeper_jobs(_parsed(["a=1,2", "b=x", "c=range(0,2)", "a=5,6", "+d=y"]))
     assert jobs == [
         ["a=5", "b=x", "c=0", "+d=y"],
@@ -84,7 +92,7 @@ def test_basic_sweeper_jobs_refuses_a_sweep_the_basic_sweeper_cannot_run():
         basic_sweeper_jobs(_parsed(["a=interval(0,1)"]))
 
 
-# -------------------------------------------------------------------------------- the basic launcher
+# ------------------------------------------------------------------------------- the basic launcher
 def test_the_default_launcher_is_the_basic_launcher_dpsgd_names():
     where = "dpsgd/launch/launchers.py:launcher_kind"
     target = compose([], hydra_config=True).hydra.launcher._target_
@@ -102,7 +110,7 @@ def test_the_default_launcher_is_the_basic_launcher_dpsgd_names():
     assert launcher_kind("my.Launcher") == "other"
 
 
-# ------------------------------------------------------------------------------- a failed job's return
+# ---------------------------------------------------------------------------- a failed job's return
 def test_job_failed_reads_the_exception_hydra_stores_for_a_failed_job():
     from hydra.core.utils import JobReturn, JobStatus
 
@@ -124,8 +132,8 @@ def test_job_failed_reads_the_exception_hydra_stores_for_a_failed_job():
 
 
 def test_the_public_return_value_of_a_failed_job_still_writes_to_stderr(capfd):
-    """Why job_failed reads the private field: the public getter prints Hydra's own line first. If this
-    fails, ``JobReturn.return_value`` has become quiet and job_failed can use it instead."""
+    """Why job_failed reads the private field: the public getter prints Hydra's own line first. If
+    this fails, ``JobReturn.return_value`` has become quiet and job_failed can use it instead."""
     from hydra.core.utils import JobReturn, JobStatus
 
     run = JobReturn(status=JobStatus.FAILED)

@@ -1,10 +1,10 @@
-"""A sweep job that fails, is killed or is lost (dpsgd/launch/jobfailures.py) ends the command in one line
-naming the job, the launcher and how to resume it, with the exit code of its kind (1 a lost job,
-128 + n a signal), after its siblings have run to their end; other launchers are left alone.
+"""A sweep job that fails, is killed or is lost (dpsgd/launch/jobfailures.py) ends the command in
+one line naming the job, the launcher and how to resume it, with the exit code of its kind (1 a lost
+job, 128 + n a signal), after its siblings have run to their end; other launchers are left alone.
 
 In-process where the behaviour is about values: the handler is driven with the exceptions joblib and
-submitit raise. Two real sweeps (a joblib worker, a submitit_local job, each killed with SIGKILL) are
-marked slow.
+submitit raise. Two real sweeps (a joblib worker, a submitit_local job, each killed with SIGKILL)
+are marked slow.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ _snapshot = snapshot
 
 # ------------------------------------------------------------------- a joblib worker process killed
 def _sweep_folders(root: Path) -> list[str]:
-    """Three jobs' folders: job 0 complete, job 1 stopped after a checkpoint, job 2 never started."""
+    """Three jobs' folders: job 0 complete, job 1 stopped after a checkpoint, job 2 never
+    started."""
     folders = [str(root / f"{n}_job") for n in range(3)]
     for n, status in ((0, "complete"), (1, "running")):
         Path(folders[n]).mkdir(parents=True)
@@ -42,9 +43,10 @@ def _sweep_folders(root: Path) -> list[str]:
 def test_a_killed_joblib_worker_is_one_line_naming_the_job_and_the_launcher(
     tmp_path, monkeypatch, capsys
 ):
-    """joblib's pool breaks when a worker dies (TerminatedWorkerError, exit codes {SIGKILL(-9)}): the
-    command prints one line naming the job (its number and the overrides that tell it apart) and the
-    launcher, what became of every job, and exits 128 + 9; every job folder is left as it was."""
+    """joblib's pool breaks when a worker dies (TerminatedWorkerError, exit codes {SIGKILL(-9)}):
+    the command prints one line naming the job (its number and the overrides that tell it apart) and
+    the launcher, what became of every job, and exits 128 + 9; every job folder is left as it
+    was."""
     from hydra_plugins.hydra_joblib_launcher import _core
     from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
     from joblib.externals.loky.process_executor import TerminatedWorkerError
@@ -86,8 +88,8 @@ def test_a_killed_joblib_worker_is_one_line_naming_the_job_and_the_launcher(
 
 
 def _fake_submitit_jobs(outcomes):
-    """submitit jobs (real ``Job`` subclasses, so the launcher's ``results`` is the one patched) whose
-    outcome is given: a JobReturn, or the submitit state of a process that left no result."""
+    """submitit jobs (real ``Job`` subclasses, so the launcher's ``results`` is the one patched)
+    whose outcome is given: a JobReturn, or the submitit state of a process that left no result."""
     from hydra.core.utils import JobReturn, JobStatus
     from submitit.core import core, utils
 
@@ -122,7 +124,8 @@ def test_a_lost_submitit_job_is_one_line_after_its_siblings_end(
     """A submitit job that leaves no result (killed locally, or OOM / node failure on SLURM) raised
     submitit's UncompletedJobError out of Hydra's wait on it, a traceback, while later jobs were not
     waited for. Now the launcher still waits for every job (each runs on in its own process or
-    cluster job), then the command prints one line naming the lost job and what every folder shows."""
+    cluster job), then the command prints one line naming the lost job and what every folder
+    shows."""
     from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 
     fakes = _fake_submitit_jobs([object(), state, object()])
@@ -144,7 +147,8 @@ def test_a_lost_submitit_job_is_one_line_after_its_siblings_end(
     err = capsys.readouterr().err
     assert e.value.code == 1 and err.count("\n") == 1, err
     assert err.startswith(
-        "error: sweep job 1 (privacy.clip_norm=2): its hydra/launcher=submitit_local job ended without a result "
+        "error: sweep job 1 (privacy.clip_norm=2): its hydra/launcher=submitit_local job "
+        "ended without a result "
         f"(the process died: killed, out of memory or crashed; submitit state {state}); the "
         "other jobs ran to their end (jobs complete: 0; stopped: 1 (resume with: python -m "
         f"dpsgd.train resume={folders[1]}); not run: 2)"
@@ -159,8 +163,8 @@ def test_a_lost_submitit_job_is_one_line_after_its_siblings_end(
 
 
 def test_a_failed_job_in_a_worker_is_its_one_line(monkeypatch, capsys):
-    """A job refused in its worker comes back as JobFailed: once the batch is done the command prints
-    that job's line alone (no Hydra hint after it) and exits with its code."""
+    """A job refused in its worker comes back as JobFailed: once the batch is done the command
+    prints that job's line alone (no Hydra hint after it) and exits with its code."""
     from hydra.core.utils import JobReturn, JobStatus
     from hydra_plugins.hydra_joblib_launcher import _core
     from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
@@ -204,8 +208,8 @@ def _lock_holder(folder: Path) -> int | None:
 
 
 def _kill_a_job_in_a_real_sweep(tmp_path, launcher: list[str], epochs: str, victim: int):
-    """A real 2-job sweep (``training.epochs=<epochs>``) through ``launcher``; once job ``victim`` has
-    written a checkpoint, the process holding its folder's lock is killed with SIGKILL. Returns
+    """A real 2-job sweep (``training.epochs=<epochs>``) through ``launcher``; once job ``victim``
+    has written a checkpoint, the process holding its folder's lock is killed with SIGKILL. Returns
     (exit code, stderr, the sweep folder, the victim's folder)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -263,10 +267,12 @@ def test_a_joblib_worker_killed_in_a_real_sweep(tmp_path):
     ), err
 
 
-@pytest.mark.slow  # a real submitit_local sweep whose job is killed (~25 s: submitit waits 15 s for a result)
+# a real submitit_local sweep whose job is killed (~25 s: submitit waits 15 s for a result)
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="finds the job through /proc/locks")
 def test_a_submitit_job_killed_in_a_real_sweep(tmp_path):
-    """Job 0 is killed; job 1 (after it in submitit's wait) is still waited for, and the line says so."""
+    """Job 0 is killed; job 1 (after it in submitit's wait) is still waited for, and the line says
+    so."""
     code, err = _kill_a_job_in_a_real_sweep(
         tmp_path, ["hydra/launcher=submitit_local"], "100000,1", victim=0
     )

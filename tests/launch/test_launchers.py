@@ -1,7 +1,7 @@
-"""Sweeps through Hydra launchers (dpsgd/launch/launchers.py, experiments/jobs.py): real tiny multiruns through
-joblib and submitit_local (distinct folders, every job complete, collected), a failed job that does
-not stop its siblings, the launcher checks, how many jobs share the cores, and the experiment scripts'
-launcher commands."""
+"""Sweeps through Hydra launchers (dpsgd/launch/launchers.py, experiments/jobs.py): real tiny
+multiruns through joblib and submitit_local (distinct folders, every job complete, collected), a
+failed job that does not stop its siblings, the launcher checks, how many jobs share the cores, and
+the experiment scripts' launcher commands."""
 
 import json
 import os
@@ -35,7 +35,8 @@ TINY = [
 
 
 def _sweep(tmp_path, launcher, *args):
-    """A real multirun through ``launcher``; the jobs choose their own threads (no thread variables set)."""
+    """A real multirun through ``launcher``; the jobs choose their own threads (no thread variables
+    set)."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -65,7 +66,8 @@ def _runs(sweep_dir: Path) -> list[Path]:
 )
 def test_two_job_sweep_through_a_launcher_completes_in_distinct_folders(tmp_path, launcher):
     """2 jobs at once (worker processes or submitit jobs): each in its own folder under the sweep
-    folder, both complete, their threads a share of the cores, and experiments.collect takes both."""
+    folder, both complete, their threads a share of the cores, and experiments.collect takes
+    both."""
     r = _sweep(tmp_path, launcher, "+sweep=clip_norm", "privacy.clip_norm=1,2")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     runs = _runs(tmp_path / "mr")
@@ -94,8 +96,8 @@ def test_two_job_sweep_through_a_launcher_completes_in_distinct_folders(tmp_path
 
 @pytest.mark.slow  # a third real multirun (~15 s on a loaded 2-core machine): make test-all
 def test_a_refused_job_in_a_worker_does_not_stop_its_siblings(tmp_path):
-    """joblib: job 0 is refused (σ < 0) in its worker; job 1 still completes; the command exits with the
-    refused job's code (2) and names it; the refused job's fresh folder is removed."""
+    """joblib: job 0 is refused (σ < 0) in its worker; job 1 still completes; the command exits with
+    the refused job's code (2) and names it; the refused job's fresh folder is removed."""
     r = _sweep(tmp_path, "joblib", "privacy.sigma=-1,4")
     assert r.returncode == 2, r.stderr[-3000:]
     assert "error: privacy.sigma=-1.0: must be >= 0" in r.stderr  # the worker's own line
@@ -205,7 +207,8 @@ def test_jobs_share_the_cores_unless_the_user_chose_the_threads():
 
 
 # --------------------------------------------------------------------------- experiment scripts
-@pytest.mark.slow  # ~12 s: every group's multirun through a launcher (the sweep above covers one, fast)
+# ~12 s: every group's multirun through a launcher (the sweep above covers one, fast)
+@pytest.mark.slow
 def test_paper_with_a_launcher_runs_one_multirun_per_group(capsys):
     assert paper.main(["--dry-run", "--sec-per-epoch", "2", "--launcher", "joblib"]) == 0
     out = capsys.readouterr().out

@@ -2,22 +2,18 @@
 
 Three tables:
 
-* ``VALIDATION``: the train CLI's overrides, checked in-process by ``dpsgd.train.prepare(args)`` (what
-  ``python -m dpsgd.train`` runs before Hydra creates anything): ``ConfigError``, one line, naming
-  the key, nothing written in the working directory.
+* ``VALIDATION``: the train CLI's overrides, checked in-process by ``dpsgd.train.prepare(args)``
+  (what ``python -m dpsgd.train`` runs before Hydra creates anything): ``ConfigError``, one line,
+  naming the key, nothing written in the working directory.
 * ``PRIVACY_CLI``: ``dpsgd.privacy.main(argv)`` in-process: ``SystemExit(2)`` and one stderr line
   naming the parameter.
 * ``PROCESS``: real subprocesses, only where the behaviour is about processes, files or exit codes:
   missing data with no network, an existing run dir, resuming a real run with a changed σ, and three
-  end-to-end representatives of the tables above. Each runs in its own working directory
-  that already holds earlier outputs and must exit 2, print exactly one stderr line
-  (``error: <message>``; the privacy CLI prefixes its program name, argparse style) naming the key,
-  and leave every pre-existing file byte-identical and create nothing. They run in a thread pool.
+  end-to-end representatives of the tables above (``test_refused_before_training`` says what each
+  case must do).
 
 Resuming that real run with another L or dataset is refused in-process too (``RESUME``).
-
-``test_every_checked_key_has_a_refusal_case`` computes the table's coverage: every key with a fixed
-set of choices and every numeric or boolean field of the config dataclasses.
+``test_every_checked_key_has_a_refusal_case`` computes the table's coverage.
 """
 
 from __future__ import annotations
@@ -332,6 +328,8 @@ def _uncovered(table: list[Bad]) -> set[str]:
 
 
 def test_every_checked_key_has_a_refusal_case():
+    """The table's coverage: every key with a fixed set of choices and every numeric or boolean
+    field of the config dataclasses has a case in ``VALIDATION``."""
     assert {
         "privacy.sigma",
         "privacy.allow_large_delta",
@@ -490,12 +488,17 @@ def outcomes(tmp_path_factory):
 
 @pytest.mark.parametrize("case", PROCESS, ids=[c.id for c in PROCESS])
 def test_refused_before_training(outcomes, case):
+    """Each case runs in its own working directory that already holds earlier outputs and must
+    exit 2, print exactly one stderr line (``error: <message>``; the privacy CLI prefixes its
+    program name, argparse style) naming the key, and leave every pre-existing file byte-identical
+    and create nothing. The cases run in a thread pool (``outcomes``)."""
     res, before, after = outcomes[case.id]
     err = res.stderr.strip()
     assert res.returncode == 2, f"exit {res.returncode}; stderr: {err[-1500:]}"
     lines = err.splitlines()
     assert len(lines) == 1, f"expected one line on stderr, got:\n{err[-1500:]}"
-    # train: "error: <message>"; privacy (argparse style): "python -m dpsgd.privacy: error: <message>"
+    # train: "error: <message>"; privacy (argparse style):
+    # "python -m dpsgd.privacy: error: <message>"
     assert lines[0].startswith("error: ") if case.cli == "train" else "error: " in lines[0], lines[
         0
     ]

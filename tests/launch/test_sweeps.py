@@ -1,11 +1,12 @@
-"""Sweep folders are resolved, then checked, then claimed atomically; resume paths are taken literally.
+"""Sweep folders are resolved, then checked, then claimed atomically; resume paths are taken
+literally.
 
-Every job's folder is resolved the way Hydra will resolve it (dpsgd/launch/sweeps.py:resolve_sweep) and
-must lie inside the sweep folder, differ from every other job's and vary with the job number
-(``check_job_folders``); the sweep folder is claimed with an exclusive create (``SweepClaim``), so two
-sweeps started together into one folder never both run. A long override list gives a short, stable,
-unique folder name (dpsgd/launch/cli.py:short_name). In-process where the behaviour is about values; real
-processes only for two sweeps started together.
+Every job's folder is resolved the way Hydra will resolve it (dpsgd/launch/sweeps.py:resolve_sweep)
+and must lie inside the sweep folder, differ from every other job's and vary with the job number
+(``check_job_folders``); the sweep folder is claimed with an exclusive create (``SweepClaim``), so
+two sweeps started together into one folder never both run. A long override list gives a short,
+stable, unique folder name (dpsgd/launch/cli.py:short_name). In-process where the behaviour is about
+values; real processes only for two sweeps started together.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def _refused(capsys, *argv) -> str:
 
 @pytest.fixture
 def other_run(tmp_path):
-    """A folder that looks like a finished run (Hydra's files and privacy.json), beside the sweep's."""
+    """A folder that looks like a finished run (Hydra's files and privacy.json), beside the
+    sweep's."""
     run = tmp_path / "other"
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "config.yaml").write_text("privacy:\n  sigma: 4.0\n")
@@ -52,7 +54,7 @@ def other_run(tmp_path):
     return run
 
 
-# ----------------------------------------------------------------- job folders, resolved and checked
+# ---------------------------------------------------------------- job folders, resolved and checked
 @pytest.mark.parametrize(
     "subdir,env",
     [
@@ -124,8 +126,8 @@ def test_job_folders_must_be_new_distinct_and_vary_with_the_job(
 
 
 def test_job_folders_are_resolved_as_hydra_resolves_them(tmp_path):
-    """Each job's subdir with its own overrides and number; ${now:...} in the sweep folder resolved once
-    and handed to Hydra literally."""
+    """Each job's subdir with its own overrides and number; ${now:...} in the sweep folder resolved
+    once and handed to Hydra literally."""
     sweep = resolve_sweep(["+sweep=noise", "seed=0,1", f"hydra.sweep.dir={tmp_path}/s_${{now:%f}}"])
     assert sweep.subdirs == [
         f"{n}_seed{s}_privacy.sigma={sigma}"
@@ -251,7 +253,8 @@ def test_the_claim_of_a_killed_launcher_is_stale_and_a_live_one_is_not(tmp_path,
 
 
 def test_two_sweeps_started_together_into_one_folder(tmp_path):
-    """Real processes: exactly one sweep runs, the other exits 2 with one line and writes nothing."""
+    """Real processes: exactly one sweep runs, the other exits 2 with one line and writes
+    nothing."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["DPSGD_THREADS"] = "1"
@@ -285,9 +288,9 @@ def test_two_sweeps_started_together_into_one_folder(tmp_path):
 
 @pytest.mark.parametrize("kind", ["folder", "symlink", "dangling symlink"])
 def test_a_claim_that_is_not_a_file_is_refused_without_being_read(kind, tmp_path, capsys):
-    """A .sweep.claim that is a folder or a symlink was made by no launcher: the sweep is refused in one
-    line naming hydra.sweep.dir and what the claim is; a symlink is never followed (its target's text is
-    not printed), and nothing is removed or written."""
+    """A .sweep.claim that is a folder or a symlink was made by no launcher: the sweep is refused in
+    one line naming hydra.sweep.dir and what the claim is; a symlink is never followed (its target's
+    text is not printed), and nothing is removed or written."""
     folder = tmp_path / "sweep"
     folder.mkdir()
     secret = tmp_path / "secret.txt"

@@ -1,7 +1,8 @@
-"""Charged σ = noised σ by construction: the step noises at the σ of the very event the run's plan holds
-and the ledger records (dpsgd/mechanism/plan.py, dpsgd/run/parts.py:build, dpsgd/mechanism/optim.py:DPSGD,
-dpsgd/train.py:run_epoch), lots charged as lost on resume included (``Plan.charge_lots``). A whole tiny
-run records every noise draw and its ledger; the two must agree, for each of the five samplers."""
+"""Charged σ = noised σ by construction: the step noises at the σ of the very event the run's plan
+holds and the ledger records (dpsgd/mechanism/plan.py, dpsgd/run/parts.py:build,
+dpsgd/mechanism/optim.py:DPSGD, dpsgd/train.py:run_epoch), lots charged as lost on resume included
+(``Plan.charge_lots``). A whole tiny run records every noise draw and its ledger; the two must
+agree, for each of the five samplers."""
 
 import pytest
 
@@ -50,8 +51,8 @@ def test_the_noise_is_drawn_at_the_charged_sigma(tmp_path, monkeypatch, sampling
     parts = built[0]
     ledger = Ledger.from_dict(final["ledger"])
     assert stds and ledger.entries
-    # the step's event is the plan's, the one the sampler defines for this run's σ and k, and the one the
-    # ledger holds
+    # the step's event is the plan's, the one the sampler defines for this run's σ and k, and the
+    # one the ledger holds
     assert parts.dp.event is parts.plan.event == parts.sampler.event(3.0, parts.k)
     assert {_fields(e) for e in ledger.entries} == {_fields(_one(parts.dp.event))}
     # every draw: std = σ·C with the σ of the charged event (shuffle stores σ/2: sensitivity 2C)
@@ -77,8 +78,8 @@ def _one(event):
 
 @pytest.mark.parametrize("sampling", sorted(SAMPLERS))
 def test_lots_charged_as_lost_on_resume_carry_the_noised_sigma(tmp_path, monkeypatch, sampling):
-    """A run killed in its second epoch and resumed: the lost lots are charged from the plan's event,
-    the very σ and k the step noised at (never re-derived from the configuration)."""
+    """A run killed in its second epoch and resumed: the lost lots are charged from the plan's
+    event, the very σ and k the step noised at (never re-derived from the configuration)."""
     from resume_harness import Harness
 
     h = Harness(monkeypatch, tmp_path / "run")

@@ -1,5 +1,6 @@
-"""EMA of the weights (dpsgd/mechanism/ema.py): the decay math against the closed form, the state round trip,
-config validation, and a resumed run equal to an uninterrupted one (EMA restored from the checkpoint)."""
+"""EMA of the weights (dpsgd/mechanism/ema.py): the decay math against the closed form, the state
+round trip, config validation, and a resumed run equal to an uninterrupted one (EMA restored from
+the checkpoint)."""
 
 import pytest
 import torch
@@ -113,7 +114,8 @@ def test_resumed_run_equals_uninterrupted_with_ema(tmp_path):
 
 
 def test_ema_and_augmult_enter_the_fingerprint():
-    """Every configuration key is compared on resume unless allowed (default deny): EMA and K too."""
+    """Every configuration key is compared on resume unless allowed (default deny): EMA and K
+    too."""
     from dpsgd.config.fingerprint import config_fingerprint
 
     fp = config_fingerprint(validate({}))
@@ -130,7 +132,8 @@ def test_ema_and_augmult_enter_the_fingerprint():
 
 @pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted_run_with_ema_and_augmult(tmp_path):
-    """As tests/e2e/test_resume.py, with EMA and K = 2: a SIGKILL'd and resumed run ends bit-identical."""
+    """As tests/e2e/test_resume.py, with EMA and K = 2: a SIGKILL'd and resumed run ends
+    bit-identical."""
     import signal
     import time
     from conftest import run_train as _run, start_train as _start_and_wait

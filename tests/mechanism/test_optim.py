@@ -48,7 +48,8 @@ def test_no_clip_no_noise_equals_plain_sgd(mode):
     )
     dp.step(x, y, physical_batch_size=len(x))
     for p, q in zip(model.parameters(), ref.parameters()):
-        # float32: the DP step and autograd reduce the lot in other orders (~n·eps32 at parameter scale)
+        # float32: the DP step and autograd reduce the lot in other orders (~n·eps32 at parameter
+        # scale)
         assert torch.allclose(p, q, atol=1e-6)
 
 
@@ -66,7 +67,8 @@ def test_divides_by_expected_not_realised_lot_size():
     out = dp.step(x, y, physical_batch_size=7)  # physical batches smaller than the lot
     assert out["lot_size"] == 32
     for p, q in zip(model.parameters(), ref.parameters()):
-        # float32: the DP step and autograd reduce the lot in other orders (~n·eps32 at parameter scale)
+        # float32: the DP step and autograd reduce the lot in other orders (~n·eps32 at parameter
+        # scale)
         assert torch.allclose(p, q, atol=1e-6)
 
 
@@ -82,7 +84,8 @@ def test_physical_batches_do_not_change_the_step():
             lr=0.1,
         ).step(x, y, pbs)
     for p, q in zip(model.parameters(), m2.parameters()):
-        # float32: the DP step and autograd reduce the lot in other orders (~n·eps32 at parameter scale)
+        # float32: the DP step and autograd reduce the lot in other orders (~n·eps32 at parameter
+        # scale)
         assert torch.allclose(p, q, atol=1e-6)
 
 

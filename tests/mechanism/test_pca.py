@@ -1,4 +1,5 @@
-"""DP-PCA (paper §4): with zero noise it spans the exact PCA subspace; noise is symmetric and charged."""
+"""DP-PCA (paper §4): with zero noise it spans the exact PCA subspace; noise is symmetric and
+charged."""
 
 import pytest
 import torch
@@ -29,7 +30,8 @@ def test_zero_noise_spans_exact_pca_subspace_of_normalised_data():
     Xn = X / X.norm(dim=1, keepdim=True)
     # independent reference: right singular vectors of the normalised data matrix (SVD, not eigh)
     ref = torch.linalg.svd(Xn, full_matrices=False).Vh[:k].T
-    # eigh vs SVD subspaces: projector error ~eps64/gap, the spectral gap here is ~10 (scales 3 vs 0.3)
+    # eigh vs SVD subspaces: projector error ~eps64/gap, the spectral gap here is ~10 (scales 3
+    # vs 0.3)
     assert torch.allclose(_projector(V), _projector(ref), atol=1e-8)
     # float64 eigenvectors of a 30×30 matrix, then dot products of 30 terms of norm-1 vectors
     assert torch.allclose(V.T @ V, torch.eye(k, dtype=V.dtype), atol=reduction_rtol(2 * 30))

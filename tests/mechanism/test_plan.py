@@ -1,5 +1,5 @@
-"""The mechanism as one object (dpsgd/mechanism/plan.py): built once from the configuration, it is the
-only source of σ, C and L for the step, the ledger, the lost-lot charge and the statement."""
+"""The mechanism as one object (dpsgd/mechanism/plan.py): built once from the configuration, it is
+the only source of σ, C and L for the step, the ledger, the lost-lot charge and the statement."""
 
 import dataclasses
 import json
@@ -22,7 +22,8 @@ def test_nothing_reads_sigma_c_or_l_from_the_configuration_after_the_plan_is_bui
     tmp_path, monkeypatch
 ):
     """The same run twice; in the second, privacy.sigma, clip_norm and lot_size are overwritten with
-    wrong values right after the plan is built. Every number the run releases or states is the same."""
+    wrong values right after the plan is built. Every number the run releases or states is the
+    same."""
     args = [*TINY_RUN, "training.epochs=2", "privacy.sigma=3.0", "privacy.clip_norm=2.0"]
     ref = train(validate(compose(args)), tmp_path / "ref", args)
     build = parts_mod.build
@@ -74,7 +75,8 @@ def test_a_plan_charges_lots_as_the_loop_does():
 
     s = make_sampler("shuffle", 600, 60)
     plan, led = Plan(s.event(2.0, 2), 1.0, 60, s), Ledger()
-    # positions 3..27 of shuffled epochs of 10 lots: charges at 10 and 20 (position 3 is covered by its
-    # epoch's charge at 0; dpsgd/run/state.py:Run._charge_lots goes back to it when it charges lost lots)
+    # positions 3..27 of shuffled epochs of 10 lots: charges at 10 and 20 (position 3 is covered by
+    # its epoch's charge at 0; dpsgd/run/state.py:Run._charge_lots goes back to it when it charges
+    # lost lots)
     assert plan.charge_lots(led, 25, first=3) == 2
     assert json.dumps(led.to_dict()) and {e.label for e in led.entries} == {"lost"}

@@ -1,4 +1,5 @@
-"""Samplers: the Poisson lot size has mean L (q = L/N); shuffle lots partition each epoch; states resume."""
+"""Samplers: the Poisson lot size has mean L (q = L/N); shuffle lots partition each epoch; states
+resume."""
 
 import math
 
@@ -16,7 +17,8 @@ def test_poisson_mean_lot_size_is_L():
     assert s.lots_per_epoch() == round(N / L)
     sizes = torch.tensor([len(idx) for _ in range(8) for idx in s.epoch()], dtype=torch.float64)
     n = len(sizes)
-    # |lot| ~ Binomial(N, q): mean L, sd sqrt(N q (1-q)); the mean of n lots within 5 standard errors.
+    # |lot| ~ Binomial(N, q): mean L, sd sqrt(N q (1-q)); the mean of n lots within 5 standard
+    # errors.
     se = math.sqrt(N * s.q * (1 - s.q) / n)
     assert abs(sizes.mean().item() - L) < 5 * se
     # statistical: a variance from few lots (its SE is ~√(2/lots) relative)

@@ -1,6 +1,6 @@
-"""The end-to-end tanh CNN (Papernot et al. 2021; Tramèr & Boneh 2021): shape, parameters, ghost = vmap,
-config validation, the presets, and a tiny run through dpsgd.train with GroupNorm, augmentation
-multiplicity and EMA."""
+"""The end-to-end tanh CNN (Papernot et al. 2021; Tramèr & Boneh 2021): shape, parameters,
+ghost = vmap, config validation, the presets, and a tiny run through dpsgd.train with GroupNorm,
+augmentation multiplicity and EMA."""
 
 import json
 

@@ -1,4 +1,5 @@
-"""The committed one-run audit table (results/audit.csv, docs/AUDIT.md) reproduces from the committed runs."""
+"""The committed one-run audit table (results/audit.csv, docs/AUDIT.md) reproduces from the
+committed runs."""
 
 from pathlib import Path
 
@@ -19,8 +20,8 @@ RECOMPUTED = (
 
 def _claim_tol(privacy: dict, value: float) -> float:
     """How far a claim recomputed from a committed ledger may be from the committed value on another
-    CPU: two PLD grid steps of the lots' composition, and the RDP series' round-off (the claim is the
-    smallest over the run's accountants)."""
+    CPU: two PLD grid steps of the lots' composition, and the RDP series' round-off (the claim is
+    the smallest over the run's accountants)."""
     from dpsgd.accountant import Ledger
 
     ledger = Ledger.from_dict(privacy["ledger"])
@@ -28,8 +29,9 @@ def _claim_tol(privacy: dict, value: float) -> float:
 
 
 def test_committed_audit_table_reproduces_from_its_runs():
-    """Every column copied from the runs is reproduced exactly; the claim for the lots alone, charged
-    anew from each run's ledger, within the accountants' tolerance (the rest of the row, exactly)."""
+    """Every column copied from the runs is reproduced exactly; the claim for the lots alone,
+    charged anew from each run's ledger, within the accountants' tolerance (the rest of the row,
+    exactly)."""
     import json
 
     table = audit_table.table_from_runs()
@@ -65,10 +67,10 @@ def test_quick_rows_are_a_subset_of_the_table(tmp_path):
 
 
 def test_claim_for_the_lots_alone_comes_from_the_committed_ledger():
-    """eps_claimed_sgd: the run's ledger without its DP-PCA entry, charged as epsilon_valid is. The same
-    charge of the whole ledger gives back epsilon_valid; the lots alone claim less, and the same where
-    there is no DP-PCA release (mnist_scatter_linear); PLD of the lots alone agrees with the family
-    test's claim (dpsgd/audit/onerun/stats/family.py:Claim.epsilon)."""
+    """eps_claimed_sgd: the run's ledger without its DP-PCA entry, charged as epsilon_valid is. The
+    same charge of the whole ledger gives back epsilon_valid; the lots alone claim less, and the
+    same where there is no DP-PCA release (mnist_scatter_linear); PLD of the lots alone agrees with
+    the family test's claim (dpsgd/audit/onerun/stats/family.py:Claim.epsilon)."""
     import json
 
     from dpsgd.accountant import Ledger

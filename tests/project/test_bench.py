@@ -68,8 +68,8 @@ def test_bench_step_bad_options_are_one_line_before_any_child(
 
 
 def test_bench_step_a_failed_child_ends_with_its_exit_code(tmp_path, monkeypatch, capsys):
-    """A child that fails (it printed its own one line) ends the parent with the child's exit code and
-    nothing more: no traceback of the parent after the child's line."""
+    """A child that fails (it printed its own one line) ends the parent with the child's exit code
+    and nothing more: no traceback of the parent after the child's line."""
     import subprocess
 
     monkeypatch.setattr(
@@ -139,8 +139,8 @@ def test_bench_distributed_protocol(tmp_path):
 
 
 def test_bench_cifar_epoch_protocol_and_preset_budgets(tmp_path):
-    """One epoch per method on 100 images (lots scaled by 100/50 000), the eval pass, and each preset's
-    lots within its target ε from the accountant (timings are never asserted)."""
+    """One epoch per method on 100 images (lots scaled by 100/50 000), the eval pass, and each
+    preset's lots within its target ε from the accountant (timings are never asserted)."""
     from bench import bench_cifar_epoch as b
     from dpsgd.accountant import Ledger
     from dpsgd.accountant.events import Poisson
@@ -181,7 +181,8 @@ def test_bench_cifar_epoch_protocol_and_preset_budgets(tmp_path):
         else:
             assert float(r["epochs"]) == p["epochs"]
         per_epoch = float(r["epoch_s"]) + float(r["eval_s"]) / int(r["eval_every"])
-        # the CSV keeps hours, epochs and timings to 2 decimals (half a unit each, through the product)
+        # the CSV keeps hours, epochs and timings to 2 decimals (half a unit each, through the
+        # product)
         assert float(r["projected_h"]) == pytest.approx(
             float(r["epochs"]) * per_epoch / 3600, abs=0.006
         )
@@ -189,7 +190,8 @@ def test_bench_cifar_epoch_protocol_and_preset_budgets(tmp_path):
 
 @pytest.mark.slow
 def test_bench_run_times_every_phase_of_a_whole_run(tmp_path):
-    """python -m bench.bench_run: a DP and a non-private child, every phase timed, the parts within the total."""
+    """python -m bench.bench_run: a DP and a non-private child, every phase timed, the parts within
+    the total."""
     from bench import bench_run
 
     out = tmp_path / "run.csv"

@@ -30,7 +30,8 @@ import torch  # noqa: F401  (imported once here, so no example pays for importin
 REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
 OPTIONS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-# Pages that must keep executable examples (an accidental reformat would otherwise drop them silently).
+# Pages that must keep executable examples (an accidental reformat would otherwise drop them
+# silently).
 EXECUTABLE = ("ACCOUNTING.md", "ARCHITECTURE.md", "CONFIGURATION.md")
 
 # ------------------------------------------------------------------------------------------------
@@ -38,7 +39,8 @@ EXECUTABLE = ("ACCOUNTING.md", "ARCHITECTURE.md", "CONFIGURATION.md")
 
 
 def run_page(path: Path) -> tuple[int, list[str]]:
-    """(examples run, failure reports) for one markdown page; examples share globals in page order."""
+    """(examples run, failure reports) for one markdown page; examples share globals in page
+    order."""
     # a closing ``` fence would read as expected output: blank the fence lines (line numbers kept)
     text = "\n".join(
         "" if ln.lstrip().startswith("```") else ln
@@ -105,8 +107,8 @@ def _members(node) -> dict[str, ast.AST]:
 
 
 def check_py_name(file: Path, dotted: str) -> str | None:
-    """None when ``dotted`` (``func``, ``Class``, ``Class.method``) is defined in ``file``; a method may
-    come from a base class defined in the same file."""
+    """None when ``dotted`` (``func``, ``Class``, ``Class.method``) is defined in ``file``; a method
+    may come from a base class defined in the same file."""
     module = ast.parse(file.read_text(encoding="utf-8"))
     top = _members(module)
     rel = file.relative_to(REPO) if file.is_relative_to(REPO) else file
@@ -237,13 +239,17 @@ def test_names_checker_catches_wrong_names():
     """The checker fails on names that do not exist (so a passing page means something)."""
     assert name_problems("make it fast, python -m dpsgd.nope in prose", "prose") == []
     bad = (
-        "`dpsgd/mechanism/sampling.py:PoissonSampler.iter` `dpsgd/nope.py` `dpsgd/mechanism/optim.py:SGD` "
-        "`dpsgd.accountant.Ledger.no_such` `python -m dpsgd.nope` `make no-such-target` [x](NOPE.md)"
+        "`dpsgd/mechanism/sampling.py:PoissonSampler.iter` `dpsgd/nope.py` "
+        "`dpsgd/mechanism/optim.py:SGD` "
+        "`dpsgd.accountant.Ledger.no_such` `python -m dpsgd.nope` `make no-such-target` "
+        "[x](NOPE.md)"
     )
     problems = name_problems(bad, "synthetic")
     assert len(problems) == 7, problems
     good = (
-        "`dpsgd/mechanism/sampling.py:PoissonSampler.epoch` `dpsgd/mechanism/sampling.py:PoissonSampler.state_dict` `dpsgd/mechanism/optim.py` `dpsgd/config/schema.py:PrivacyConfig.sigma` "
+        "`dpsgd/mechanism/sampling.py:PoissonSampler.epoch` "
+        "`dpsgd/mechanism/sampling.py:PoissonSampler.state_dict` `dpsgd/mechanism/optim.py` "
+        "`dpsgd/config/schema.py:PrivacyConfig.sigma` "
         "`dpsgd.accountant.Ledger.steps_within` `python -m dpsgd.privacy` `make test` [r](RUNS.md)"
     )
     assert name_problems(good, "synthetic") == []

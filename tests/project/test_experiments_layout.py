@@ -24,7 +24,8 @@ MODULES = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
 
 # ------------------------------------------------------------------------------- the layering
 def _imports(module: str) -> list[tuple[str, list[str]]]:
-    """(experiments module, names) of every import of ``module``, at the top or inside a function."""
+    """(experiments module, names) of every import of ``module``, at the top or inside a
+    function."""
     out = []
     for node in ast.walk(ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and (
@@ -106,8 +107,9 @@ def _leaves(d: dict, prefix: str = "") -> dict:
 
 
 DATACLASS_DEFAULTS = _leaves(asdict(Config()))
-# dpsgd/config/schema.py DatasetConfig.crop defaults to 24 (the CIFAR crop) where conf/dataset/mnist.yaml,
-# the default dataset, says null: one of the two has to change (it does not matter for MNIST).
+# dpsgd/config/schema.py DatasetConfig.crop defaults to 24 (the CIFAR crop) where
+# conf/dataset/mnist.yaml, the default dataset, says null: one of the two has to change (it does not
+# matter for MNIST).
 DISAGREE: set[str] = set()
 
 
@@ -131,7 +133,8 @@ def conf_defaults():
     ],
 )
 def test_dataclass_defaults_agree_with_conf(key, conf_defaults):
-    """Every key the dataclasses of dpsgd/config/schema.py and the composed conf/ both define has one default."""
+    """Every key the dataclasses of dpsgd/config/schema.py and the composed conf/ both define has
+    one default."""
     if key not in conf_defaults:
         pytest.skip(f"{key}: not in conf/ (the dataclass default applies)")
     assert conf_defaults[key] == DATACLASS_DEFAULTS[key]
@@ -161,7 +164,8 @@ def test_sweep_points_are_hydras_expansion_of_the_sweep_file():
 
 
 def test_plan_jobs_reads_every_setting_from_the_composed_config():
-    """A sweep point's epochs follow its own lot size; a non-private preset runs its configured epochs."""
+    """A sweep point's epochs follow its own lot size; a non-private preset runs its configured
+    epochs."""
     jobs = {
         j["name"]: j for j in paper.plan_jobs(["mnist_nonprivate", "mnist_medium"], ["lot_size"])
     }
@@ -174,7 +178,8 @@ def test_plan_jobs_reads_every_setting_from_the_composed_config():
         planning.epochs_needed(planning.composed("+sweep=lot_size", f"privacy.lot_size={L}"))
         for L in (2400, 1200, 245)
     ]
-    # the preset's own accountant and convention: the tanh CNN's PLD, joint, global clipping at ε = 3
+    # the preset's own accountant and convention: the tanh CNN's PLD, joint, global clipping at
+    # ε = 3
     c = frontier.run_config("mnist_tanh_cnn", 3.0)
     assert (c.accountant.name, c.privacy.convention, c.model.projection) == ("pld", "joint", "none")
 

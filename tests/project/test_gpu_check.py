@@ -2,8 +2,8 @@
 
 Fast: the budget logic with a fake clock (a step over what is left is skipped with a line, a failed
 step is named, a step that raises fails alone), the pins of the wheelhouse, the guards every child
-process runs under (no network, carried packages from the target folder only), the child environment,
-and the make targets (gpu-check builds no venv). Slow: the whole CPU rehearsal
+process runs under (no network, carried packages from the target folder only), the child
+environment, and the make targets (gpu-check builds no venv). Slow: the whole CPU rehearsal
 (``python -m bench.gpu_check --device cpu``) from ``.whl/`` into a fresh target folder; it never
 downloads: without ``make wheelhouse`` it is skipped. Timings are never asserted.
 """
@@ -212,7 +212,10 @@ def _wheelhouse_for_this_python() -> str | None:
         )
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
     if not list(WHEELS.glob(f"dm_tree-*-{tag}-*.whl")):
-        return f"{WHEELS} has no {tag} wheels: make wheelhouse builds them for CPython {wheelhouse.PYTHONS}"
+        return (
+            f"{WHEELS} has no {tag} wheels: "
+            f"make wheelhouse builds them for CPython {wheelhouse.PYTHONS}"
+        )
     return None
 
 
@@ -288,7 +291,10 @@ def test_nccl_refusing_two_ranks_on_one_gpu_is_a_reason_not_a_failure(
         if "torch.distributed.run" in cmd:
             return 1, [
                 "[rank1]: torch.distributed.DistBackendError: NCCL error ... invalid usage",
-                "misc/init.cc:NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000",
+                (
+                    "misc/init.cc:NCCL WARN Duplicate GPU detected : "
+                    "rank 1 and rank 0 both on CUDA device 1a000"
+                ),
                 "torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
             ]
         return 0, ["done"]

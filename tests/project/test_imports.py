@@ -1,11 +1,12 @@
-"""The import graph of ``dpsgd``: no circles, no private names used across packages, no import from a
-higher layer, and no folder of more than ten modules.
+"""The import graph of ``dpsgd``: no circles, no private names used across packages, no import from
+a higher layer, and no folder of more than ten modules.
 
 Read with ``ast`` (nothing imported), function-level imports included: a circle hidden inside a
-function is still a circle. Only the body of an ``if __name__ == "__main__":`` guard is left out: it is
-the command line of ``python -m`` (the program on top of every layer), never run on import. The modules of one package may share private names
-(``accountant/privacy_loss/``: ``pld_lot._step_pmf``); across packages only public names are used
-(shared helpers become public names of one module, e.g. ``dpsgd/core/errors.py``).
+function is still a circle. Only the body of an ``if __name__ == "__main__":`` guard is left out: it
+is the command line of ``python -m`` (the program on top of every layer), never run on import. The
+modules of one package may share private names (``accountant/privacy_loss/``:
+``pld_lot._step_pmf``); across packages only public names are used (shared helpers become public
+names of one module, e.g. ``dpsgd/core/errors.py``).
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def _package(mods: dict[str, Path], m: str) -> str:
 
 
 def test_modules_use_only_public_names_of_other_packages():
-    """A package may share private names inside itself; across packages only public names are used."""
+    """A package may share private names inside itself; across packages only public names are
+    used."""
     mods = _modules()
     bad = []
     for a, b, names in _imports(mods):
@@ -150,9 +152,9 @@ def test_modules_use_only_public_names_of_other_packages():
     assert bad == []
 
 
-# The layers of dpsgd, bottom to top (docs/ARCHITECTURE.md walks them): a module imports only from its
-# own layer or the ones below. Algorithm 1 (train) sits under the command line (launch), which runs it;
-# the other commands (privacy, audit, tune, pretrain) sit on top.
+# The layers of dpsgd, bottom to top (docs/ARCHITECTURE.md walks them): a module imports only from
+# its own layer or the ones below. Algorithm 1 (train) sits under the command line (launch), which
+# runs it; the other commands (privacy, audit, tune, pretrain) sit on top.
 LAYERS = [
     ("dpsgd.core", "dpsgd.accountant"),
     ("dpsgd.data",),

@@ -1,8 +1,10 @@
-"""`make install` under concurrency and interruption, with a fake interpreter (no real venv, no pip).
+"""`make install` under concurrency and interruption, with a fake interpreter (no real venv, no
+pip).
 
 The fake stands in for both the base Python (`-m venv DIR` copies itself to DIR/bin/python) and the
-venv's Python (`-m pip ...` is logged with the interpreter that ran it); both sleep, so that two makes
-started together overlap. VENV, PYTHON are overridden on the make command line; each test ~1-3 s.
+venv's Python (`-m pip ...` is logged with the interpreter that ran it); both sleep, so that two
+makes started together overlap. VENV, PYTHON are overridden on the make command line; each
+test ~1-3 s.
 """
 
 import os
@@ -81,7 +83,8 @@ def test_two_concurrent_installs_build_the_venv_once(env):
     procs = [_make(env), _make(env)]
     outs = [p.communicate(timeout=60)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    # one venv created; every pip ran inside it (never the base interpreter); nothing installed twice
+    # one venv created; every pip ran inside it (never the base interpreter); nothing installed
+    # twice
     assert _log(env) == _full_build(env), outs
     assert sum("is up to date" in o for o in outs) == 1, outs
     assert (env["venv"] / ".installed").exists() and (env["venv"] / ".created").exists()

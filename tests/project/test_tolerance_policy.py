@@ -1,10 +1,11 @@
-"""The tolerance policy of the tests (docs/DEVELOPMENT.md, "Tolerances"), enforced on every .py file under tests/.
+"""The tolerance policy of the tests (docs/DEVELOPMENT.md, "Tolerances"), enforced on every .py file
+under tests/.
 
 * A tolerance of 1e-9 or tighter (``rel=``, ``rtol=``, ``abs=``, ``atol=`` with a literal in
-  (0, 1e-9], or ``rtol`` and ``atol`` both 0) is allowed only with a comment saying why the comparison is
-  exact: ``exact``, ``bit-identical`` or ``integer`` in a comment on that statement or the line above it.
-  Anything computed through exp/log/FFT/BLAS/root-finding takes its tolerance from
-  tests/tolerances.py instead.
+  (0, 1e-9], or ``rtol`` and ``atol`` both 0) is allowed only with a comment saying why the
+  comparison is exact: ``exact``, ``bit-identical`` or ``integer`` in a comment on that statement or
+  the line above it. Anything computed through exp/log/FFT/BLAS/root-finding takes its tolerance
+  from tests/tolerances.py instead.
 * No wall-clock time decides a test: no ``assert`` (and no ``if`` that records a failure) on a value
   measured with time.time / perf_counter / monotonic.
 * The root-finder tolerances copied into tests/tolerances.py are the ones in dpsgd.
@@ -112,7 +113,8 @@ def _is_clock_call(node: ast.AST) -> bool:
 
 
 def _timed_names(target: ast.AST, value: ast.AST, timed: set[str]) -> set[str]:
-    """Names in ``target`` that receive a clock reading (``a, b = x, time.time()`` pairs elementwise)."""
+    """Names in ``target`` that receive a clock reading (``a, b = x, time.time()`` pairs
+    elementwise)."""
     if (
         isinstance(target, ast.Tuple)
         and isinstance(value, ast.Tuple)
@@ -186,7 +188,7 @@ def test_no_timing_in_asserts(path):
     assert not problems, "\n".join(problems)
 
 
-# --- the linter itself, on small sources --------------------------------------------------------------
+# --- the linter itself, on small sources ----------------------------------------------------------
 
 
 def _src(s: str) -> str:
@@ -215,13 +217,19 @@ def test_linter_flags_tight_tolerances(src):
     "src",
     [
         "assert x == pytest.approx(y, rel~1e-12)  # exact: the same integers on both sides\n",
-        "# bit-identical: a replay of the same run on the same machine\ntorch.testing.assert_close(a, b, rtol~0, atol~0)\n",
+        (
+            "# bit-identical: a replay of the same run on the same machine\n"
+            "torch.testing.assert_close(a, b, rtol~0, atol~0)\n"
+        ),
         "assert x == pytest.approx(y, rel~1e-6)\n",
         "assert x == pytest.approx(y, abs~0.005)\n",
         "assert x == pytest.approx(y, rel~tol.f64_rtol(model))\n",
         "torch.testing.assert_close(a, b, rtol~0, atol~1e-6)\n",
         "q = 1e-12  # not a tolerance\n",
-        "torch.testing.assert_close(\n    a, b, rtol~0, atol~0\n)  # exact: integers, a formatter split it\n",
+        (
+            "torch.testing.assert_close(\n    a, b, rtol~0, atol~0\n)"
+            "  # exact: integers, a formatter split it\n"
+        ),
     ],
 )
 def test_linter_passes_loose_or_explained_tolerances(src):
@@ -231,7 +239,8 @@ def test_linter_passes_loose_or_explained_tolerances(src):
 def test_linter_flags_timing_asserts():
     src = (
         "import time\n"
-        "def test_a():\n    t0 = time.perf_counter()\n    f()\n    took = time.perf_counter() - t0\n"
+        "def test_a():\n    t0 = time.perf_counter()\n    f()\n"
+        "    took = time.perf_counter() - t0\n"
         "    assert took < 2.0\n"
         "def test_b():\n    t0 = time.time()\n    f()\n    assert time.time() - t0 < 2\n"
         "def test_c(failures):\n    t0 = time.monotonic()\n    elapsed = time.monotonic() - t0\n"
@@ -253,7 +262,8 @@ def test_linter_allows_deadlines_and_reports():
 
 
 def test_root_finder_tolerances_match_dpsgd():
-    """tests/tolerances.py copies the brentq tolerances of gaussian_epsilon; they must be the code's."""
+    """tests/tolerances.py copies the brentq tolerances of gaussian_epsilon; they must be the
+    code's."""
     from dpsgd.accountant import strong_composition as sc
 
     src = inspect.getsource(sc.gaussian_epsilon)

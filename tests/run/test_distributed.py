@@ -1,4 +1,5 @@
-"""torchrun / torch.distributed (dpsgd/run/distributed.py): P processes run the mechanism of one process.
+"""torchrun / torch.distributed (dpsgd/run/distributed.py): P processes run the mechanism of one
+process.
 
 * a lot's shares are disjoint and their union is the lot;
 * with 2 and 4 gloo processes (torch.multiprocessing spawn, file:// rendezvous) every step's global
@@ -150,7 +151,8 @@ def _worker(rank, init_file, out):
 
 def test_lots_and_noise_once_with_2_and_4_processes(tmp_path):
     out = tmp_path / "res.json"
-    # fork: the children inherit the imported modules (a spawn re-imports torch in each of 4 processes)
+    # fork: the children inherit the imported modules (a spawn re-imports torch in each of 4
+    # processes)
     mp.start_processes(
         _worker, args=(str(tmp_path / "pg"), str(out)), nprocs=4, join=True, start_method="fork"
     )
@@ -279,8 +281,9 @@ def test_sigkill_one_rank_then_resume(tmp_path, victim):
     done, want = load_checkpoint(run), load_checkpoint(tmp_path / "ref")
     assert done["complete"] and done["steps"] == want["steps"]
 
-    # a seeded replay on the same setup: every lot proved by its digest on both ranks is charged once;
-    # what the dead attempt reserved but never digested (the lot in flight, the rest of its chunk) is lost
+    # a seeded replay on the same setup: every lot proved by its digest on both ranks is charged
+    # once; what the dead attempt reserved but never digested (the lot in flight, the rest of its
+    # chunk) is lost
     def by_kind(ledger, labels):
         out = {}
         for e in ledger["entries"]:

@@ -1,5 +1,6 @@
-"""dpsgd/run/evaluate.py:evaluate — a row-wise model's logits in chunks of EVAL_ROWS rows are the bits of one
-forward pass over the whole evaluation batch, so chunking moves no metric (docs/PERFORMANCE.md)."""
+"""dpsgd/run/evaluate.py:evaluate — a row-wise model's logits in chunks of EVAL_ROWS rows are the
+bits of one forward pass over the whole evaluation batch, so chunking moves no metric
+(docs/PERFORMANCE.md)."""
 
 import torch
 import torch.nn.functional as F

@@ -1,7 +1,7 @@
 """Every crash leaves a run that resumes, and every lot that ran is charged (dpsgd/run/guard.py).
 
-The rule: a resume charges, as ``lost``, every lot past its checkpoint that an earlier attempt reserved
-or that an output shows ran. Each case below counts the lots that ran outside the ledger
+The rule: a resume charges, as ``lost``, every lot past its checkpoint that an earlier attempt
+reserved or that an output shows ran. Each case below counts the lots that ran outside the ledger
 (tests/resume_harness.py logs every lot, repeats included) and checks the ledger against that count;
 the property test at the end searches random kill sequences for a violation.
 """
@@ -47,8 +47,8 @@ def _statement(run: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def escaped_template(tmp_path_factory):
-    """checkpoint_every=2, killed as it writes its final checkpoint: lots 21..40 ran after the epoch-2
-    checkpoint, and the rows and statements of epochs 3 and 4 escaped."""
+    """checkpoint_every=2, killed as it writes its final checkpoint: lots 21..40 ran after the
+    epoch-2 checkpoint, and the rows and statements of epochs 3 and 4 escaped."""
     run, log = killed_once(tmp_path_factory, "escaped", *ESCAPED, kill=("checkpoint", 2))
     assert load_checkpoint(run)["steps"] == 20 and [r["steps"] for r in metrics_rows(run)] == [
         "10",
@@ -182,7 +182,7 @@ def test_a_signal_while_the_data_load_is_one_line_and_writes_nothing(escaped, mo
     assert snapshot(escaped.run) == before
 
 
-# ----------------------------------------------------------------- edits the files can and cannot show
+# -------------------------------------------------------------- edits the files can and cannot show
 def test_cutting_lots_reserved_back_lowers_nothing_while_an_output_shows_the_lots(escaped):
     path = escaped.run / RESERVATIONS
     path.write_text(path.read_text().splitlines()[0] + "\n")
@@ -282,9 +282,9 @@ def test_a_torn_tail_is_read_as_a_crash_but_not_before_a_reservation(tmp_path):
 
 
 def test_a_torn_tail_is_never_appended_to(tmp_path, monkeypatch):
-    """A power loss can leave a reservation cut short; the next attempt binds a fresh file as it opens, so
-    its own reservations never run into the torn line and the folder still opens after it dies (found by
-    the property search: seed 1002, a torn tail and then an extension)."""
+    """A power loss can leave a reservation cut short; the next attempt binds a fresh file as it
+    opens, so its own reservations never run into the torn line and the folder still opens after it
+    dies (found by the property search: seed 1002, a torn tail and then an extension)."""
     h = Harness(monkeypatch, tmp_path / "run")
     h.fresh("training.epochs=2")
     with open(h.run / RESERVATIONS, "a") as f:
@@ -299,8 +299,8 @@ def test_a_torn_tail_is_never_appended_to(tmp_path, monkeypatch):
 
 
 def test_a_stale_binding_holds_only_what_the_checkpoint_covers(tmp_path):
-    """A crash between a checkpoint and the binding: the file is bound to the checkpoint before it, and
-    its reservations must be covered by this checkpoint's ledger (``covers``)."""
+    """A crash between a checkpoint and the binding: the file is bound to the checkpoint before it,
+    and its reservations must be covered by this checkpoint's ledger (``covers``)."""
     g = LotGuard(tmp_path)
     g.bind("old", 10)
     g.before_lot(10, 27)
@@ -330,7 +330,7 @@ def test_old_checkpoints_debts_are_charged_whole(tmp_path):
     assert g.owed(four, 0, 10).windows == ((20, 13), (20, 10))
 
 
-# ----------------------------------------------------------------- the property: searched, not listed
+# --------------------------------------------------------------- the property: searched, not listed
 ALLOWED = [
     [],
     [],
@@ -429,7 +429,8 @@ def play(h: Harness, seed: int) -> dict:
 
 
 def check(h: Harness, st: dict) -> None:
-    """Lots charged ≥ lots that ran (every attempt, repeats counted); privacy.json is the final statement."""
+    """Lots charged ≥ lots that ran (every attempt, repeats counted); privacy.json is the final
+    statement."""
     if not st:
         return
     assert lots(st) >= h.executed(), (lots(st), h.executed())
@@ -513,8 +514,8 @@ def test_a_real_kill_then_a_resume_with_another_lr_charges_what_ran(tmp_path):
 
 
 def test_a_format_4_checkpoint_charges_what_it_owed_and_says_so(tmp_path, monkeypatch, capsys):
-    """A format-4 checkpoint's owed lots carry no evidence of a replay: they are charged, and the console
-    says so (never "replayed and proved")."""
+    """A format-4 checkpoint's owed lots carry no evidence of a replay: they are charged, and the
+    console says so (never "replayed and proved")."""
     from dpsgd.run import checkpoint as ck
 
     h = Harness(monkeypatch, tmp_path / "run")

@@ -1,4 +1,5 @@
-"""Every torchrun rank agrees on the whole run before the first lot (dpsgd/run/distributed.py:agree_on).
+"""Every torchrun rank agrees on the whole run before the first lot
+(dpsgd/run/distributed.py:agree_on).
 
 * the comparison: the first item (in rank 0's order) on which a rank differs is named, with both
   values; a rank's refusal wins; tensors agree only when bit-identical;
@@ -99,7 +100,8 @@ def test_every_config_key_is_compared_but_the_per_rank_ones():
 
 def test_command_lines_that_mean_the_same_run_agree_and_others_are_named():
     """The ranks compare the validated Config, not the text of their command lines: another spelling
-    of a number, another order or a default given explicitly is the same run; another value is not."""
+    of a number, another order or a default given explicitly is the same run; another value is
+    not."""
 
     def items(*overrides):
         return canonical(config_items(validate(launch.compose(list(overrides)))))
@@ -145,7 +147,8 @@ def test_tensors_agree_only_when_bit_identical():
 
 def test_other_ranks_read_their_overrides_as_rank_0s_hydra_job_does():
     """Rank 0's overrides come from its Hydra job (interpolations resolved, Hydra's settings left
-    out); another rank reads its command line the same way, so one command line agrees with itself."""
+    out); another rank reads its command line the same way, so one command line agrees with
+    itself."""
     seen = []
     launch._follow(
         lambda c, run_dir, overrides: seen.append((c, overrides)),
@@ -223,7 +226,8 @@ def _free_port() -> int:
 
 
 def test_two_nodes_with_different_command_lines_stop_before_writing(tmp_path):
-    """Each rank its own command line, as two nodes would be started: nothing trains, nothing is written."""
+    """Each rank its own command line, as two nodes would be started: nothing trains, nothing is
+    written."""
     port, run = _free_port(), tmp_path / "run"
     procs = []
     for rank, extra in ((0, []), (1, ["privacy.clip_norm=1000"])):

@@ -1,6 +1,6 @@
-"""The privacy statement leads with the valid guarantee (min over valid accountants, joint convention);
-the configured value is labelled beside it; refusing accountants are skipped; diverged runs claim
-nothing for a model. In-process, a small ledger, no training."""
+"""The privacy statement leads with the valid guarantee (min over valid accountants, joint
+convention); the configured value is labelled beside it; refusing accountants are skipped; diverged
+runs claim nothing for a model. In-process, a small ledger, no training."""
 
 import math
 import random
@@ -53,8 +53,8 @@ def paper():
 
 
 def _run(c, led, eps, steps=300):
-    """The run state the report reads (dpsgd/run/state.py: Run's progress and parts have these attributes;
-    the plan as dpsgd/run/parts.py:build makes it from ``c``)."""
+    """The run state the report reads (dpsgd/run/state.py: Run's progress and parts have these
+    attributes; the plan as dpsgd/run/parts.py:build makes it from ``c``)."""
     p = c.privacy
     progress = SimpleNamespace(ledger=led, eps=eps, steps=steps, epoch=3, resumes=[])
     sampler = make_sampler("poisson", 60_000, 600, torch.Generator().manual_seed(0))

@@ -99,7 +99,8 @@ def test_a_calibrated_sigma_names_its_calibration():
 # ----------------------------------------------------------------- lost lots
 @pytest.fixture(scope="module")
 def killed_template(tmp_path_factory):
-    """checkpoint_every=2: epoch 3's row is written, the run dies 5 lots into epoch 4 (made once)."""
+    """checkpoint_every=2: epoch 3's row is written, the run dies 5 lots into epoch 4 (made
+    once)."""
     run, log = killed_once(
         tmp_path_factory,
         "killed",
@@ -115,7 +116,8 @@ def killed_template(tmp_path_factory):
 
 @pytest.fixture
 def killed(killed_template, tmp_path, monkeypatch):
-    """A copy of the killed run; returns (harness, the lots reserved after the epoch-2 checkpoint)."""
+    """A copy of the killed run; returns (harness, the lots reserved after the epoch-2
+    checkpoint)."""
     h = copy_of(killed_template, tmp_path, monkeypatch)
     reserved = max(
         json.loads(x).get("upto", 0) for x in (h.run / RESERVATIONS).read_text().splitlines()
@@ -148,8 +150,8 @@ def test_a_changed_key_that_no_list_names_is_refused(killed):
     ],
 )
 def test_every_resume_charges_the_reserved_lots_whatever_it_changes(killed, change):
-    """One rule (dpsgd/run/guard.py): the lots reserved past the checkpoint at 20 are charged as lost
-    on resume, whether the resume changes nothing, the weights, the sums or the length."""
+    """One rule (dpsgd/run/guard.py): the lots reserved past the checkpoint at 20 are charged as
+    lost on resume, whether the resume changes nothing, the weights, the sums or the length."""
     h, reserved = killed
     st = h.resume(*change)
     assert _lots(st, ("lost",)) == reserved - 20 == st["resumes"][-1]["lost_lots_charged"]
@@ -186,7 +188,7 @@ def test_an_interrupted_resume_still_owes_nothing_twice(killed, monkeypatch):
     assert _lots(again, ("lost",)) > reserved - 20 and _lots(again) >= h.executed()
 
 
-# ----------------------------------------------------------------- lots.reserved bound to the checkpoint
+# ------------------------------------------------------------ lots.reserved bound to the checkpoint
 @pytest.mark.parametrize(
     "damage,why",
     [

@@ -1,5 +1,5 @@
-"""Every sampler resumes bit-identically: a run stopped after 2 epochs and resumed to 4 ends with the
-weights, the ledger and the ε of an uninterrupted 4-epoch run (the sampler's generator, and for
+"""Every sampler resumes bit-identically: a run stopped after 2 epochs and resumed to 4 ends with
+the weights, the ledger and the ε of an uninterrupted 4-epoch run (the sampler's generator, and for
 truncated_poisson the fixed-shape padding, replayed exactly)."""
 
 import json

@@ -102,8 +102,8 @@ def test_refused_command_leaves_the_run_byte_identical(finished, tmp_path, capsy
 
 
 def test_resume_reads_its_checkpoint_not_hydra_files(finished, tmp_path, capsys):
-    """A rewritten or missing .hydra/overrides.yaml cannot drop the target: the target comes from the
-    hash-checked checkpoint, and the budget is recomputed from the ledger."""
+    """A rewritten or missing .hydra/overrides.yaml cannot drop the target: the target comes from
+    the hash-checked checkpoint, and the budget is recomputed from the ledger."""
     import shutil
 
     run = tmp_path / "copy"
@@ -291,7 +291,8 @@ def _wait_rows(run: Path, rows: int, proc, timeout=120):
 
 def test_secure_mode_charges_every_lot_that_ran_after_a_kill(tmp_path):
     """privacy.secure_rng: the noise after the last checkpoint cannot be replayed, so the lots that
-    ran after it (their rows reached metrics.superseded.csv) are charged on resume; the target holds."""
+    ran after it (their rows reached metrics.superseded.csv) are charged on resume; the target
+    holds."""
     run = tmp_path / "run"
     args = [
         *TINY,

@@ -1,6 +1,7 @@
-"""The stop rule (dpsgd/run/state.py: Run.lots_left, Run.stop_reason; dpsgd/workbench/lots.py: Lots.charge) and the epochs → lots rule
-(accountant.calibrate.lots_per_epoch, lots_for_epochs): one answer for the loop, the write-ahead
-reservation, the end of an epoch, the budget and the privacy command line."""
+"""The stop rule (dpsgd/run/state.py: Run.lots_left, Run.stop_reason; dpsgd/workbench/lots.py:
+Lots.charge) and the epochs → lots rule (accountant.calibrate.lots_per_epoch, lots_for_epochs): one
+answer for the loop, the write-ahead reservation, the end of an epoch, the budget and the privacy
+command line."""
 
 import itertools
 from pathlib import Path
@@ -32,7 +33,8 @@ TINY = [
 
 
 def _run(tmp_path, sampling, epochs, max_steps, epoch, steps, budget, N=100, L=10):
-    """A Run holding only what the stop rule reads: the training limits, the progress, the sampler."""
+    """A Run holding only what the stop rule reads: the training limits, the progress, the
+    sampler."""
     c = SimpleNamespace(
         training=SimpleNamespace(epochs=epochs, max_steps=max_steps),
         privacy=SimpleNamespace(private=True, secure_rng=True, sigma=1.0),

@@ -1,10 +1,10 @@
-"""Every JSON file the project writes is strict JSON (RFC 8259: no NaN, no Infinity), and the privacy
-statement says what it does not cover.
+"""Every JSON file the project writes is strict JSON (RFC 8259: no NaN, no Infinity), and the
+privacy statement says what it does not cover.
 
-A non-private run's ε is unbounded: privacy.json writes ``"epsilon": null`` beside ``"private": false``
-and the words of its statement (docs/PRIVACY_STATEMENT.md). The training-set columns of metrics.csv
-are computed on the private data without noise: ``not_covered`` names them, and
-``training.train_metrics=false`` leaves them empty.
+A non-private run's ε is unbounded: privacy.json writes ``"epsilon": null`` beside
+``"private": false`` and the words of its statement (docs/PRIVACY_STATEMENT.md). The training-set
+columns of metrics.csv are computed on the private data without noise: ``not_covered`` names them,
+and ``training.train_metrics=false`` leaves them empty.
 """
 
 import json
@@ -127,7 +127,8 @@ def test_writer_refuses_non_finite_and_names_it(tmp_path):
 
 
 def test_an_unbounded_accountant_is_a_refusal(monkeypatch):
-    """An accountant answering ε = inf gives no bound: recorded as refused (null in privacy.json)."""
+    """An accountant answering ε = inf gives no bound: recorded as refused (null in
+    privacy.json)."""
     from dpsgd.accountant import Ledger
     from dpsgd.accountant.events import Poisson
 

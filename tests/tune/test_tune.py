@@ -1,6 +1,6 @@
-"""``python -m dpsgd.tune`` (dpsgd/tune/): bad input refused before any work, the plan reproducible from
-its seed, the statement never below what ran (ledgers, aborted attempts, failures), and (slow) a
-whole sweep: same winner from the same seed, and a killed sweep resumed without charging less."""
+"""``python -m dpsgd.tune`` (dpsgd/tune/): bad input refused before any work, the plan reproducible
+from its seed, the statement never below what ran (ledgers, aborted attempts, failures), and (slow)
+a whole sweep: same winner from the same seed, and a killed sweep resumed without charging less."""
 
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ def test_sweep_reproducible_and_resumed_without_charging_less(tmp_path, capsys):
     assert np.isfinite(b["privacy"]["epsilon"])
 
 
-# ----------------------------------------------------------------- the tuning folder, claimed like a sweep
+# ---------------------------------------------------------- the tuning folder, claimed like a sweep
 def _one_line(capsys, code: int, e) -> str:
     err = capsys.readouterr().err
     assert e.value.code == code and err.count("\n") == 1 and "Traceback" not in err, err
@@ -231,8 +231,8 @@ def test_a_tune_into_a_folder_another_tune_holds_is_refused(tmp_path, capsys):
 
 
 def _written_plan(d: Path, overrides: list[str] | None = None) -> dict:
-    """A plan (``_plan``) written into ``d`` as a tune writes it; with ``overrides``, candidate 0 is a
-    run of these (its σ and seed added as the driver adds them)."""
+    """A plan (``_plan``) written into ``d`` as a tune writes it; with ``overrides``, candidate 0 is
+    a run of these (its σ and seed added as the driver adds them)."""
     from dpsgd.tune.space import run_overrides
 
     t = _plan(3)
@@ -264,9 +264,9 @@ def _train(run: Path, overrides: list[str]) -> None:
 
 
 def test_a_candidate_folder_holding_another_run_is_never_adopted(tmp_path, capsys):
-    """c00 holds a checkpoint of another run (another plan's candidate: other σ, other seed): --resume
-    stops with one line naming the folder and the first differing key, exit 2, before any candidate
-    runs; the candidate's own checkpoint is accepted."""
+    """c00 holds a checkpoint of another run (another plan's candidate: other σ, other seed):
+    --resume stops with one line naming the folder and the first differing key, exit 2, before any
+    candidate runs; the candidate's own checkpoint is accepted."""
     d = tmp_path / "sweep"
     t = _written_plan(d, TINY + ["training.epochs=1"])
     c = t["candidates"][0]
@@ -312,8 +312,8 @@ def test_a_sweep_dir_hydra_would_interpolate_is_refused(tmp_path, capsys):
 
 
 def test_no_candidate_finished_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
-    """Every candidate failed: no winner, nothing released; the command says so in one line (exit 1),
-    and tuning.json still states what was spent."""
+    """Every candidate failed: no winner, nothing released; the command says so in one line
+    (exit 1), and tuning.json still states what was spent."""
     monkeypatch.setattr(sweep.subprocess, "call", lambda *a, **k: 1)
     d = tmp_path / "sweep"
     K = _written_plan(d)["K"]
@@ -390,8 +390,9 @@ def test_a_sweep_dir_name_longer_than_the_file_system_takes(tmp_path, capsys):
 
 
 def test_a_read_only_sweep_dir_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
-    """The folder cannot be written (a read-only mount; as root a chmod would not stop the writes, so
-    the file system's refusal is simulated): one line naming --sweep-dir, exit 2, nothing written."""
+    """The folder cannot be written (a read-only mount; as root a chmod would not stop the writes,
+    so the file system's refusal is simulated): one line naming --sweep-dir, exit 2, nothing
+    written."""
     d, old = tmp_path / "sweep", tmp_path / "old"
     d.mkdir()
     old.mkdir()
@@ -422,8 +423,8 @@ def test_a_read_only_sweep_dir_is_one_line_exit_2(tmp_path, monkeypatch, capsys)
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names an fd's file through /proc")
 def test_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
-    """tuning.json cannot be written (ENOSPC): one line naming it, exit 1 (a disk error), and the folder
-    the claim made is removed again; nothing half-written is left."""
+    """tuning.json cannot be written (ENOSPC): one line naming it, exit 1 (a disk error), and the
+    folder the claim made is removed again; nothing half-written is left."""
     real = os.fsync
 
     def fsync(fd):
@@ -439,10 +440,12 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow  # two real tunes, one of them training a candidate (~20 s, more on a loaded machine)
+# two real tunes, one of them training a candidate (~20 s, more on a loaded machine)
+@pytest.mark.slow
 def test_two_tunes_started_together_into_a_folder_whose_name_hydra_would_split(tmp_path):
     """Real processes into ``it's a=b,c``: exactly one tune runs (its candidate trains in that very
-    folder, and it names a winner); the other exits 2 with one line and its plan is never written."""
+    folder, and it names a winner); the other exits 2 with one line and its plan is never
+    written."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     d = tmp_path / "it's a=b,c"

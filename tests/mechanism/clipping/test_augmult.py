@@ -95,7 +95,8 @@ def make(name, B, K, seed=0):
 
 
 def reference(model, rows, y, K, groups, C):
-    """For each example: the mean of its K copies' gradients (plain autograd), clip per group, sum."""
+    """For each example: the mean of its K copies' gradients (plain autograd), clip per group,
+    sum."""
     return loop_clipped_sum(model, rows, y, groups, C, K)
 
 
@@ -121,7 +122,8 @@ def test_multiplicity_equals_the_reference_loop(name, clipping, mode, budget):
 
 
 def test_conv_rows_in_chunks_hold_whole_examples(monkeypatch):
-    """Chunks of the kernel-row products are a multiple of K rows, even when one row alone fills one."""
+    """Chunks of the kernel-row products are a multiple of K rows, even when one row alone fills
+    one."""
     import dpsgd.mechanism.clipping.layers as L
 
     monkeypatch.setattr(L, "CHUNK_BYTES", 1)
@@ -163,14 +165,15 @@ def test_k1_is_the_plain_step_bit_identical(name):
 
 @pytest.mark.parametrize("mode", ["ghost", "vmap"])
 def test_identical_copies_equal_k1(mode):
-    """Without augmentation the K copies are equal: their mean gradient is the example's gradient."""
+    """Without augmentation the K copies are equal: their mean gradient is the example's
+    gradient."""
     model, x, y = make("conv_gn", 6, 1)
     one = PerExampleClipper(model, 0.05, "per_layer", mode).clipped_sum(x, y)
     four = PerExampleClipper(model, 0.05, "per_layer", mode).clipped_sum(
         x.repeat_interleave(4, 0), y, multiplicity=4
     )
-    # the mean of 4 equal gradients is formed by sums and a division (not exact), and the engine sums
-    # over 4x the rows: float64 round-off of a model's values (tests/tolerances.py)
+    # the mean of 4 equal gradients is formed by sums and a division (not exact), and the engine
+    # sums over 4x the rows: float64 round-off of a model's values (tests/tolerances.py)
     assert_close(four.grads, one.grads, rtol=f64_rtol(model))
     assert_f64_close(four.norms, one.norms, f64_rtol(model))
 
@@ -186,9 +189,9 @@ def test_a_clipped_example_has_norm_C(mode):
 
 
 def test_dpsgd_augments_each_row_from_its_generator():
-    """DPSGD.step forms K copies per example, augments them with augment_generator (one draw per row)
-    and descends along the clipped sum of the mean-over-copies gradients (σ = 0 here, so the update
-    can be replayed exactly from the rows it saw)."""
+    """DPSGD.step forms K copies per example, augments them with augment_generator (one draw per
+    row) and descends along the clipped sum of the mean-over-copies gradients (σ = 0 here, so the
+    update can be replayed exactly from the rows it saw)."""
     K, C, lr, L = 3, 0.1, 0.5, 8
     model, x, y = make("mlp", 8, 1)
     before = _copy(model)

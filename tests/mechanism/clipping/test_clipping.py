@@ -165,9 +165,10 @@ def test_empty_batch(mode):
 @pytest.mark.parametrize("mode", ["ghost", "vmap"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_a_non_finite_example_is_one_clear_error(mode, bad):
-    """Public API: an example holding NaN or ±inf (or a non-finite weight) is refused with one ValueError
-    naming it, on both engines, before any gradient (the ghost engine's first call would fail its own
-    check against autograd on NaN, the vmap engine return an all-NaN sum); nothing is added to ``out``."""
+    """Public API: an example holding NaN or ±inf (or a non-finite weight) is refused with one
+    ValueError naming it, on both engines, before any gradient (the ghost engine's first call would
+    fail its own check against autograd on NaN, the vmap engine return an all-NaN sum); nothing is
+    added to ``out``."""
     model, x, y = make("small_cnn", True)
     clipper = PerExampleClipper(model, 1.0, "per_layer", mode=mode)
     assert clipper.mode == mode
@@ -348,10 +349,11 @@ def test_aliased_output_gradients_are_exact(clipping, budget):
     x, y = torch.randn(7, 3, 4, 4, dtype=DT), torch.randint(0, 6, (7,))
     ref = PerExampleClipper(model, 0.05, clipping, mode="vmap").clipped_sum(x, y)
     g = PerExampleClipper(model, 0.05, clipping, mode="ghost", memory_budget_bytes=budget)
-    # e's output is broadcast to all 6 logits, so its output gradient is Σ_k (softmax − onehot)_k = 0
-    # in exact arithmetic: e.weight and e.bias are rounding noise (~1e-17..1e-15) in both engines,
-    # hence an absolute floor: the round-off of a clipped sum of 7 examples of norm <= C,
-    # f64_rtol·7·C, far below every real gradient here (norms 0.014–0.13, C = 0.05)
+    # e's output is broadcast to all 6 logits, so its output gradient is
+    # Σ_k (softmax − onehot)_k = 0 in exact arithmetic: e.weight and e.bias are rounding noise
+    # (~1e-17..1e-15) in both engines, hence an absolute floor: the round-off of a clipped sum of 7
+    # examples of norm <= C, f64_rtol·7·C, far below every real gradient here (norms 0.014–0.13,
+    # C = 0.05)
     floor = f64_rtol(model) * 7 * 0.05
     assert max(ref.grads[n].abs().max().item() for n in ("e.weight", "e.bias")) < floor
     for _ in range(2):  # first call verifies, second is the fast path
@@ -466,8 +468,8 @@ def _accumulates_exactly(model, x, y, clipping, mode, budget=2**28):
         ptrs = {n: t.data_ptr() for n, t in acc.items()}
         res = clipper.clipped_sum(x, y, out=acc)
         assert all(res.grads[n] is acc[n] and acc[n].data_ptr() == ptrs[n] for n in acc)
-        # acc ~ 1: adding into it and subtracting again costs <= 2 ulps of each entry of acc (norm-wise:
-        # 2·eps64·|acc|); the engines' difference is within assert_close_dict's rtol
+        # acc ~ 1: adding into it and subtracting again costs <= 2 ulps of each entry of acc
+        # (norm-wise: 2·eps64·|acc|); the engines' difference is within assert_close_dict's rtol
         assert_close_dict(
             {n: acc[n] - before[n] for n in acc},
             ref.grads,

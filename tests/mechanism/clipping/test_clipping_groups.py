@@ -29,8 +29,8 @@ from tolerances import assert_f64_close
 
 DT = torch.float64
 C = 0.05
-# float64 sums of at most a few hundred terms: rounding is ~1e-14 relative; a use of a tensor left out
-# of its gradient changes it by O(1), so 1e-7 separates the two with room on any CPU.
+# float64 sums of at most a few hundred terms: rounding is ~1e-14 relative; a use of a tensor left
+# out of its gradient changes it by O(1), so 1e-7 separates the two with room on any CPU.
 RTOL = 1e-7
 
 
@@ -102,8 +102,9 @@ def test_per_layer_and_global_k():
 
 
 def test_config_k_applies_model_freeze():
-    """σ calibration builds the model on the meta device without its public weights: ``model.freeze``
-    is applied there too, so the calibrated k is the k the engine clips (and the ledger records)."""
+    """σ calibration builds the model on the meta device without its public weights:
+    ``model.freeze`` is applied there too, so the calibrated k is the k the engine clips (and the
+    ledger records)."""
     with torch.device("meta"):
         model = CifarCNN(bias=True)
     assert (
@@ -122,8 +123,8 @@ def test_no_trainable_parameters_and_bad_clipping_refused():
 
 
 class TiedLayers(nn.Module):
-    """``b`` reuses ``a``'s weight (the same nn.Parameter registered in both modules) and has no bias
-    of its own: the tensor is trained through two uses, and ``b`` owns nothing new."""
+    """``b`` reuses ``a``'s weight (the same nn.Parameter registered in both modules) and has no
+    bias of its own: the tensor is trained through two uses, and ``b`` owns nothing new."""
 
     def __init__(self, bias_b=False):
         super().__init__()

@@ -1,10 +1,12 @@
-"""Per-example weights and fixed-shape lots: the truncated Poisson sampler's lots padded to B rows with weight 0.
+"""Per-example weights and fixed-shape lots: the truncated Poisson sampler's lots padded to B rows
+with weight 0.
 
 A weight-0 row multiplies its clip factor (and its loss) by 0, so it adds an exact 0 to every sum:
 at the same shape, the padding's content cannot change a single bit of Σ_i w_i clip(g_i) or of the
-loss (bit-identical), and a lot of padding alone sums to exactly 0. Against the unpadded lot (another
-shape, so another reduction order) the sums agree to the engines' round-off: f64_rtol(model) for
-vmap, 1e-5 for ghost (tests/mechanism/clipping/test_clipping.py: its book-keeping reorders the reductions).
+loss (bit-identical), and a lot of padding alone sums to exactly 0. Against the unpadded lot
+(another shape, so another reduction order) the sums agree to the engines' round-off:
+f64_rtol(model) for vmap, 1e-5 for ghost (tests/mechanism/clipping/test_clipping.py: its
+book-keeping reorders the reductions).
 """
 
 import copy
@@ -73,7 +75,8 @@ def test_zero_weight_rows_add_exactly_zero(mode, name, clipping, K):
 
 @pytest.mark.parametrize("mode", ["vmap", "ghost"])
 def test_weight_two_is_the_example_twice(mode):
-    """A weight w_i ≥ 0 multiplies example i's clipped gradient and loss: weight 2 = the row twice."""
+    """A weight w_i ≥ 0 multiplies example i's clipped gradient and loss: weight 2 = the row
+    twice."""
     model, x, y = make("deep_mlp", True)
     clipper = PerExampleClipper(model, 0.5, "per_layer", mode=mode)
     w = torch.ones(len(y))
@@ -116,7 +119,8 @@ def test_padded_step_is_the_unpadded_step(mode):
 
 
 def test_canaries_skip_padding_rows():
-    """The audit's wrapper: ordinary rows weighted by the engine, a zero-weight canary row adds nothing."""
+    """The audit's wrapper: ordinary rows weighted by the engine, a zero-weight canary row adds
+    nothing."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(6, 8, bias=False), torch.nn.ReLU(), torch.nn.Linear(8, 3, bias=False)
@@ -140,7 +144,8 @@ def test_canaries_skip_padding_rows():
 
 
 def test_truncated_poisson_run_steps_at_fixed_shape(tmp_path, monkeypatch):
-    """A short truncated_poisson run: every lot reaches dp.step as exactly B rows, the padding weighted 0."""
+    """A short truncated_poisson run: every lot reaches dp.step as exactly B rows, the padding
+    weighted 0."""
     seen = []
     inner = DPSGD.step
 

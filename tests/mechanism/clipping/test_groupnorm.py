@@ -1,6 +1,7 @@
-"""GroupNorm in the clipping engines: the ghost rule (dpsgd/mechanism/clipping/layers.py:GroupNormLayer) equals the
-vmap reference and a batch-of-1 autograd loop, in float64, for every clipping and memory budget;
-frozen GroupNorm parameters; BatchNorm stays refused."""
+"""GroupNorm in the clipping engines: the ghost rule
+(dpsgd/mechanism/clipping/layers.py:GroupNormLayer) equals the vmap reference and a batch-of-1
+autograd loop, in float64, for every clipping and memory budget; frozen GroupNorm parameters;
+BatchNorm stays refused."""
 
 import pytest
 import torch
