@@ -62,6 +62,7 @@ class DatasetConfig:
     train: str | None = None  # dataset=tensors|csv: the training file (.pt/.npz, .csv)
     test: str | None = None  # dataset=tensors|csv: the test file
     label: str = "label"  # dataset=csv: the label column
+    image_size: int = 32  # dataset=imagefolder: images resized to image_size × image_size
     train_sha256: str | None = None  # filled when first read; a changed file is refused
     test_sha256: str | None = None
 

@@ -97,6 +97,7 @@ def validate_dataset(d) -> None:
 
     choice("dataset.name", d.name, (*DATASETS, *FILE_FORMATS))
     if d.name in FILE_FORMATS:
+        d.image_size = num("dataset.image_size", d.image_size, integer=True, lo=1, hi=1024)
         check_files(d)
     else:
         for key in ("train", "test", "train_sha256", "test_sha256"):

@@ -1,8 +1,11 @@
-"""Your own data from files: ``dataset=tensors`` (``.pt`` or ``.npz``) and ``dataset=csv``.
+"""Your own data from files: ``dataset=tensors`` (``.pt`` or ``.npz``), ``dataset=csv`` and
+``dataset=imagefolder``.
 
 ``dataset.train`` and ``dataset.test`` name the files. A ``.pt`` file holds ``(X, y)`` or
 ``{"X": ..., "y": ...}`` (``torch.save``); an ``.npz`` file arrays ``X`` and ``y``; a CSV a header,
-the label column ``dataset.label`` (integer classes) and numeric feature columns. The classes are
+the label column ``dataset.label`` (integer classes) and numeric feature columns; an image folder
+one subfolder per class (torchvision's ``ImageFolder`` layout, classes in sorted order), each image
+read as RGB, resized to ``dataset.image_size`` squared and scaled to [0, 1]. The classes are
 0 … max label; the shape of one example is X's shape after its first dimension.
 
 Privacy depends on which examples a run trained on, so the files are identified by their SHA-256,
@@ -22,29 +25,37 @@ import numpy as np
 from dpsgd.core.checks import fmt
 from dpsgd.core.errors import ConfigError
 
-FILE_FORMATS = ("tensors", "csv")  # dataset.name values read from dataset.train / dataset.test
-SUFFIXES = {"tensors": (".pt", ".pth", ".npz"), "csv": (".csv",)}
+FILE_FORMATS = ("tensors", "csv", "imagefolder")  # dataset.name values read from dataset.train/test
+SUFFIXES = {"tensors": (".pt", ".pth", ".npz"), "csv": (".csv",), "imagefolder": None}
 
 
 def sha256(path: str) -> str:
+    """SHA-256 of a file, or of a folder: every file's relative path and bytes, in sorted order."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    p = Path(path)
+    for f in sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]:
+        if p.is_dir():
+            h.update(str(f.relative_to(p)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
     return h.hexdigest()
 
 
-def read(path: str, fmt_name: str, label: str = "label"):
-    """(X float32, y int64) numpy arrays of one file; ConfigError naming the file otherwise."""
+def read(path: str, fmt_name: str, label: str = "label", image_size: int = 32):
+    """(X float32, y int64) numpy arrays of one file (or image folder); ConfigError naming it."""
     p = Path(path)
     st = p.stat()
-    return _read(str(p.resolve()), fmt_name, label, st.st_size, st.st_mtime_ns)
+    stamp = sha256(path) if p.is_dir() else st.st_mtime_ns  # a folder's files may change inside
+    return _read(str(p.resolve()), fmt_name, label, image_size, st.st_size, stamp)
 
 
 @functools.lru_cache(maxsize=8)
-def _read(path: str, fmt_name: str, label: str, size: int, mtime: int):
+def _read(path: str, fmt_name: str, label: str, image_size: int, size: int, stamp):
     """``read``, remembered per file version (validation and training read the same file)."""
-    if path.endswith(".csv"):
+    if fmt_name == "imagefolder":
+        X, y = _read_images(path, image_size)
+    elif path.endswith(".csv"):
         X, y = _read_csv(path, label)
     elif path.endswith(".npz"):
         with np.load(path) as z:
@@ -74,6 +85,28 @@ def _read_pt(path: str):
     return tuple(t.numpy() if hasattr(t, "numpy") else np.asarray(t) for t in obj)
 
 
+def _read_images(path: str, size: int):
+    """An ImageFolder tree: one subfolder per class (sorted), each image RGB, size × size, [0, 1]."""
+    from PIL import Image
+
+    classes = sorted(d.name for d in Path(path).iterdir() if d.is_dir())
+    if not classes:
+        raise ConfigError(f"dataset: {path} holds no class subfolders (ImageFolder layout)")
+    xs, ys = [], []
+    for k, name in enumerate(classes):
+        for f in sorted(q for q in (Path(path) / name).rglob("*") if q.is_file()):
+            try:
+                with Image.open(f) as im:
+                    rgb = im.convert("RGB").resize((size, size), Image.BILINEAR)
+            except OSError:
+                raise ConfigError(f"dataset: {f} is not an image") from None
+            xs.append(np.asarray(rgb, dtype=np.float32).transpose(2, 0, 1) / 255.0)
+            ys.append(k)
+    if not xs:
+        raise ConfigError(f"dataset: {path} holds no images")
+    return np.stack(xs), np.asarray(ys, dtype=np.int64)
+
+
 def _read_csv(path: str, label: str):
     import pandas as pd
 
@@ -97,9 +130,10 @@ def check_files(d) -> None:
         key = f"dataset.{split}"
         if path is None:
             raise ConfigError(f"{key}: dataset={d.name} needs the path of its {split} file")
-        if not isinstance(path, str) or not os.path.isfile(path):
-            raise ConfigError(f"{key}={fmt(path)}: no such file")
-        if not path.endswith(SUFFIXES[d.name]):
+        folder = d.name == "imagefolder"
+        if not isinstance(path, str) or not (os.path.isdir if folder else os.path.isfile)(path):
+            raise ConfigError(f"{key}={fmt(path)}: no such {'folder' if folder else 'file'}")
+        if not folder and not path.endswith(SUFFIXES[d.name]):
             raise ConfigError(f"{key}={path}: dataset={d.name} reads {', '.join(SUFFIXES[d.name])}")
         digest, want = sha256(path), getattr(d, f"{split}_sha256")
         if want is not None and want != digest:
@@ -112,8 +146,8 @@ def check_files(d) -> None:
 def describe(d) -> tuple[str, int, int, int, tuple[int, ...]]:
     """(folder, training examples, test examples, classes, one example's shape) of a file dataset,
     from its files: the fields of ``datasets.Dataset``."""
-    Xtr, ytr = read(d.train, d.name, d.label)
-    Xte, yte = read(d.test, d.name, d.label)
+    Xtr, ytr = read(d.train, d.name, d.label, d.image_size)
+    Xte, yte = read(d.test, d.name, d.label, d.image_size)
     if Xtr.shape[1:] != Xte.shape[1:]:
         raise ConfigError(
             f"dataset.test={d.test}: examples of shape {Xte.shape[1:]}, the training examples "
@@ -127,6 +161,6 @@ def load_files(d):
     """(X_train, y_train, X_test, y_test) CPU tensors of a file dataset."""
     import torch
 
-    Xtr, ytr = read(d.train, d.name, d.label)
-    Xte, yte = read(d.test, d.name, d.label)
+    Xtr, ytr = read(d.train, d.name, d.label, d.image_size)
+    Xte, yte = read(d.test, d.name, d.label, d.image_size)
     return tuple(torch.from_numpy(a.copy()) for a in (Xtr, ytr, Xte, yte))

@@ -7,6 +7,7 @@ continues bit for bit, and a non-private run goes through the same loop and clai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -169,3 +170,31 @@ def test_the_thread_policy_applies_to_library_users(monkeypatch):
         assert t.threads == 1 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
+
+
+class Scale(nn.Module):
+    """A user's layer with parameters and no ghost rule."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, n))
+
+    def forward(self, x):
+        return x * self.w
+
+
+def test_a_layer_without_a_ghost_rule_is_named_and_takes_the_exact_path():
+    X, y = torch.randn(60, 6, generator=torch.Generator().manual_seed(2)), torch.arange(60) % 3
+    sums = []
+    for mode in ("auto", "vmap"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), Scale(8), nn.Tanh(), nn.Linear(8, 3))
+        with pytest.warns(UserWarning, match=r"no layer rule for 1 \(Scale\)") if mode == "auto" \
+                else contextlib.nullcontext():  # fmt: skip
+            t = dpsgd.PrivateTrainer(
+                model, (X, y), lot_size=20, sigma=1.0, mode=mode, threads=False
+            )
+        assert t.clipper.mode == ("ghost" if mode == "auto" else "vmap")
+        sums.append(t.clipper.clipped_sum(X, y).grads)
+    for n in sums[0]:
+        torch.testing.assert_close(sums[0][n], sums[1][n], rtol=1e-5, atol=1e-6)

@@ -135,3 +135,32 @@ def test_a_bad_user_model_or_file_is_refused_in_one_line(user, change, message):
 def test_sweep_folder_names_hold_no_path_separator():
     a, b = short_name("dataset.train=/x/a.pt"), short_name("dataset.train=_x_a.pt")
     assert "/" not in a and a != b and short_name("seed=1") == "seed=1"
+
+
+def test_a_user_cnn_on_an_image_folder(user):
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    for split, n in (("train", 60), ("test", 10)):
+        for k in range(3):
+            folder = user / "images" / split / f"class_{k}"
+            folder.mkdir(parents=True)
+            for i in range(n // 3):
+                pixels = rng.integers(0, 256, size=(12, 10, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    args = [
+        "model=custom",
+        "model._target_=user_nets.SmallCNN",
+        "+model.args.classes=3",
+        "dataset=imagefolder",
+        f"dataset.train={user / 'images' / 'train'}",
+        f"dataset.test={user / 'images' / 'test'}",
+        "dataset.image_size=8",
+        "privacy.sigma=1.0",
+        "training.epochs=1",
+        *[a.replace("lot_size=50", "lot_size=20") for a in RUN],
+    ]
+    c = validate(compose(args))
+    assert c.dataset.train_sha256 and len(c.dataset.test_sha256) == 64
+    out = train(c, user / "run", args)
+    assert out["status"] == "complete" and out["sampling"]["N"] == 60

@@ -27,6 +27,7 @@ from dpsgd.core.runtime import ieee_float32
 from dpsgd.models.networks import check_dp_compatible
 from .clip import CLIPPINGS, MODES
 from .ghost import DEFAULT_BUDGET_BYTES, Unsupported, build_layers, ghost_clipped_sum
+from .layers import GenericLayer
 from .groups import clipping_groups
 from .vmap import vmap_clipped_sum
 
@@ -113,6 +114,18 @@ class PerExampleClipper:
             )
         self.requested_mode = mode
         self.mode = "ghost" if mode in ("ghost", "auto") and ghost_ok else "vmap"
+        if self.mode == "ghost" and not self.native:  # said once: which layers lack a ghost rule
+            generic = [
+                f"{n} ({type(m).__name__})"
+                for n, m in model.named_modules()
+                if any(isinstance(r, GenericLayer) and r.module is m for r in self._layers)
+            ]
+            warnings.warn(
+                f"ghost clipping: no layer rule for {', '.join(generic)}; their per-example "
+                "gradients come from the exact per-example path (vmap), the other layers' from "
+                "ghost norms (dpsgd/mechanism/clipping/registry.py:register_layer adds a rule)",
+                stacklevel=2,
+            )
         self._verified = self.mode == "vmap"
 
     def clipped_sum(
