@@ -13,7 +13,7 @@ one source the training config and the privacy command line use too. ``moments``
 """
 
 from . import limits
-from . import calibrate, compose, events, strong_composition
+from . import calibrate, compose, events, risk, strong_composition
 from .privacy_loss import pld
 from .renyi import moments, rdp
 from .compose import ACCOUNTANTS, CONVENTIONS
@@ -30,6 +30,7 @@ __all__ = [
     "pld",
     "strong_composition",
     "calibrate",
+    "risk",
     "compose",
     "events",
 ]

@@ -158,7 +158,10 @@ def fingerprint_hash(fp: dict) -> str:
 def check_resumable(saved: dict, current: dict) -> None:
     """Refuse a resume whose fingerprint (every configuration key but those a resume may change,
     ``dpsgd/config/fingerprint.py:RESUME_ALLOWED``) differs from the original run's, naming the first key."""
+    added = _defaults()  # a key newer than the run: its default is what the run ran with
     for key in [*saved, *(k for k in current if k not in saved)]:
+        if key not in saved and key in added and current.get(key) == added[key]:
+            continue
         if saved.get(key) != current.get(key):
             why = ""
             if key == "privacy.sigma" and current.get("privacy.calibrate_sigma"):
@@ -170,6 +173,16 @@ def check_resumable(saved: dict, current: dict) -> None:
                 f"resume: {key}={current.get(key)} differs from the run's {key}={saved.get(key)}"
                 f"{why}; privacy-relevant values cannot change on resume"
             )
+
+
+def _defaults() -> dict:
+    """The fingerprint keys at their schema defaults: an option added after a run was written is
+    absent from its fingerprint and, at its default, does what the run did (new options default to
+    the old behaviour); set to anything else, it is refused like any changed key."""
+    from dpsgd.config.fingerprint import config_leaves
+    from dpsgd.config.schema import Config
+
+    return config_leaves(Config())
 
 
 def escaped_steps(run_dir: str | Path, ckpt: dict) -> int:

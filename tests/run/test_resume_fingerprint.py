@@ -96,6 +96,19 @@ def test_a_calibrated_sigma_names_its_calibration():
         check_resumable(saved, {**saved, "privacy.sigma": 1.3})
 
 
+def test_an_option_newer_than_the_run_resumes_at_its_default_only():
+    """A run written before dataset.label existed: at the default it does what the run did; set to
+    anything else it is a changed key."""
+    from dpsgd.run.checkpoint import check_resumable
+
+    saved = {"privacy.sigma": 1.2}
+    check_resumable(saved, {**saved, "dataset.label": "label", "model.args": {}})
+    with pytest.raises(ConfigError, match=r"resume: dataset\.label=y differs"):
+        check_resumable(saved, {**saved, "dataset.label": "y"})
+    with pytest.raises(ConfigError, match=r"resume: not_an_option=1 differs"):
+        check_resumable(saved, {**saved, "not_an_option": 1})
+
+
 # ----------------------------------------------------------------- lost lots
 @pytest.fixture(scope="module")
 def killed_template(tmp_path_factory):
