@@ -165,7 +165,7 @@ LAYERS = [
     ("dpsgd.run",),
     ("dpsgd.train",),
     ("dpsgd.launch",),
-    ("dpsgd.privacy", "dpsgd.audit", "dpsgd.tune"),
+    ("dpsgd.privacy", "dpsgd.audit", "dpsgd.tune", "dpsgd.report"),
     ("dpsgd.pretrain",),
 ]
 

@@ -1,0 +1,160 @@
+"""Table any runs: ``python -m dpsgd.report RUN_OR_SWEEP... [--format terminal|markdown|csv]
+[--out FILE] [--plot FILE.png]``.
+
+A run is any folder holding a ``privacy.json`` (a training run, an audit's run, a sweep's job);
+a folder given is searched for them. One row per run, from its own files only: the folder, the
+overrides it was started with (``.hydra/overrides.yaml``), status and stop reason, lots, epochs,
+the last measured test accuracy (``metrics.csv``), the valid ε (the smallest sound one, rounded up
+as its statement says) and the configured accountant's ε, at its δ. ``--plot`` draws test accuracy
+against valid ε and against epoch for the runs listed, and its title says what they did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+COLUMNS = ["run", "overrides", "status", "stop_reason", "lots", "epochs", "test_accuracy",
+           "epsilon_valid", "epsilon", "delta"]  # fmt: skip
+
+
+def find_runs(paths) -> list[Path]:
+    """Every folder at or under ``paths`` holding a privacy.json, sorted, each once."""
+    found = set()
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(f"report: {p}: no such folder")
+        found |= {q.parent for q in ([p / "privacy.json"] if (p / "privacy.json").is_file() else
+                                     p.rglob("privacy.json"))}  # fmt: skip
+    return sorted(found)
+
+
+def _overrides(run: Path) -> str:
+    f = run / ".hydra" / "overrides.yaml"
+    if not f.is_file():
+        return ""
+    items = [ln[2:].strip() for ln in f.read_text().splitlines() if ln.startswith("- ")]
+    return " ".join(items)
+
+
+def _last_accuracy(run: Path) -> tuple[float, list[tuple[int, float]]]:
+    """(last measured test accuracy, [(epoch, accuracy), ...]) of metrics.csv (NaN when none)."""
+    f = run / "metrics.csv"
+    if not f.is_file():
+        return math.nan, []
+    with open(f, newline="") as fh:
+        rows = [(int(r["epoch"]), float(r["test_accuracy"])) for r in csv.DictReader(fh)
+                if r.get("test_accuracy") not in (None, "", "nan")]  # fmt: skip
+    rows = [(e, a) for e, a in rows if not math.isnan(a)]
+    return (rows[-1][1] if rows else math.nan), rows
+
+
+def row(run: Path, base: Path | None = None) -> dict:
+    """One table row of ``run`` (its folder relative to ``base`` when under it)."""
+    st = json.loads((run / "privacy.json").read_text())
+    acc, _ = _last_accuracy(run)
+    name = run.relative_to(base) if base is not None and run.is_relative_to(base) else run
+    return {
+        "run": str(name),
+        "overrides": _overrides(run),
+        "status": st.get("status"),
+        "stop_reason": st.get("stop_reason"),
+        "lots": st.get("steps"),
+        "epochs": st.get("epochs"),
+        "test_accuracy": acc,
+        "epsilon_valid": st.get("epsilon_valid"),
+        "epsilon": st.get("epsilon"),
+        "delta": st.get("delta"),
+    }
+
+
+def _cell(v, column: str = "") -> str:
+    if column == "delta" and isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4f}"
+    return "" if v is None else str(v)
+
+
+def render(rows: list[dict], fmt: str) -> str:
+    """The table as ``terminal`` (aligned columns), ``markdown`` or ``csv`` text."""
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, COLUMNS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+        return buf.getvalue()
+    cells = [COLUMNS] + [[_cell(r[c], c) for c in COLUMNS] for r in rows]
+    if fmt == "markdown":
+        lines = ["| " + " | ".join(c) + " |" for c in cells]
+        return "\n".join([lines[0], "|" + "---|" * len(COLUMNS), *lines[1:]]) + "\n"
+    width = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c[i].ljust(width[i]) for i in range(len(COLUMNS))).rstrip()
+                     for c in cells) + "\n"  # fmt: skip
+
+
+def plot(runs: list[Path], rows: list[dict], out: Path) -> Path:
+    """Test accuracy against valid ε (one point per run) and against epoch (one line per run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for run, r in zip(runs, rows):
+        _, curve = _last_accuracy(run)
+        if curve:
+            a2.plot([e for e, _ in curve], [100 * a for _, a in curve], label=r["run"], lw=1)
+        if r["epsilon_valid"] is not None and not math.isnan(r["test_accuracy"]):
+            a1.plot(r["epsilon_valid"], 100 * r["test_accuracy"], "o")
+            a1.annotate(r["run"][-24:], (r["epsilon_valid"], 100 * r["test_accuracy"]), fontsize=6)
+    a1.set(xlabel="ε (valid) at each run's δ", ylabel="test accuracy (%)")
+    a2.set(xlabel="epoch", ylabel="test accuracy (%)")
+    if len(runs) <= 12:
+        a2.legend(fontsize=6)
+    stops = sorted({str(r["stop_reason"]) for r in rows})
+    deltas = sorted({r["delta"] for r in rows if r["delta"] is not None})
+    fig.suptitle(f"{len(rows)} run(s); stopped by: {', '.join(stops)}; δ = "
+                 f"{', '.join(f'{d:g}' for d in deltas)}", fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dpsgd.report", description=__doc__.splitlines()[0])
+    ap.add_argument("paths", nargs="+", help="run folders, or folders holding runs (sweeps)")
+    ap.add_argument("--format", choices=("terminal", "markdown", "csv"), default="terminal")
+    ap.add_argument("--out", type=Path, help="write the table here instead of printing it")
+    ap.add_argument("--plot", type=Path, help="draw accuracy against ε and epoch into this file")
+    a = ap.parse_args(argv)
+    try:
+        runs = find_runs(a.paths)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not runs:
+        print(f"error: report: no run (privacy.json) under {' '.join(a.paths)}", file=sys.stderr)
+        return 2
+    base = Path(a.paths[0]) if len(a.paths) == 1 and Path(a.paths[0]).is_dir() else None
+    rows = [row(r, base) for r in runs]
+    text = render(rows, a.format)
+    if a.out:
+        a.out.write_text(text)
+        print(f"report: {len(rows)} run(s) -> {a.out}")
+    else:
+        print(text, end="")
+    if a.plot:
+        print(f"report: plot -> {plot(runs, rows, a.plot)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
