@@ -124,7 +124,8 @@ def _rows(times: dict, counts: dict, lot: int) -> list[dict]:
         ratios = [t / b for t, b in zip(ts[1:], base)]
         rows.append({
             "method": name, "model": "user_cnn_gn_3x32x32", "lot": lot,
-            "threads": torch.get_num_threads(), "step_ms": round(1e3 * statistics.median(ts[1:]), 2),
+            "threads": torch.get_num_threads(),
+            "step_ms": round(1e3 * statistics.median(ts[1:]), 2),
             "ratio_to_nonprivate": round(statistics.median(ratios), 3),
             "ratio_min": round(min(ratios), 3), "ratio_max": round(max(ratios), 3),
             "reps": len(ratios), "steps_per_rep": counts[name], "torch": torch.__version__,

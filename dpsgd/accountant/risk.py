@@ -45,8 +45,8 @@ def gdp_mu(alpha: float, tpr: float) -> float:
 
 
 def risk(ledger, accountant: str = "pld", convention: str = "joint") -> dict:
-    """The membership-inference risk of what ``ledger`` released: TPR at each FPR of ``FPRS`` and the
-    matching μ-GDP at 1 %. An empty ledger: TPR = FPR (no attacker beats a coin)."""
+    """The membership-inference risk of what ``ledger`` released: TPR at each FPR of ``FPRS`` and
+    the matching μ-GDP at 1 %. An empty ledger: TPR = FPR (no attacker beats a coin)."""
     if not ledger.entries:
         return {"tpr_at_fpr": {str(a): a for a in FPRS}, "gdp_mu_at_1pct": 0.0,
                 "accountant": accountant}  # fmt: skip

@@ -13,10 +13,10 @@ from dpsgd.accountant.events import Gaussian, Poisson
 
 dpa = pytest.importorskip("dp_accounting")
 
-# The envelope uses finitely many supporting lines, one per δ of the grid (240 log-spaced points over
-# 11.7 decades: neighbouring δ differ by a factor 1.12), so it lies above the true curve by the gap
-# between neighbouring tangents: at most 4.6e-4 over these cases and α; plus the PLD grid (h = 1e-4
-# in the loss, ε up by ~h: TPR by a factor e^h, < 1e-4 here). 1e-3 bounds both.
+# The envelope uses finitely many supporting lines, one per δ of the grid (240 log-spaced points
+# over 11.7 decades: neighbouring δ differ by a factor 1.12), so it lies above the true curve by
+# the gap between neighbouring tangents: at most 4.6e-4 over these cases and α; plus the PLD grid
+# (h = 1e-4 in the loss, ε up by ~h: TPR by a factor e^h, < 1e-4 here). 1e-3 bounds both.
 GRID_GAP = 1e-3
 
 
@@ -46,7 +46,7 @@ def test_poisson_lots_agree_with_dp_accountings_pld():
     ours, _ = risk.curve(ledger)
     for a in risk.FPRS:
         want = risk.tpr_bound(theirs, deltas, a)
-        # two PLD discretisations of the same loss agree to 0.5 % in ε (tests/accountant/test_pld.py);
+        # two PLD discretisations of the same loss agree to 0.5 % in ε (tests/accountant/test_pld);
         # through e^ε α that is 0.5 % of ε·TPR, far below 1e-3 at these ε
         assert risk.tpr_bound(ours, deltas, a) == pytest.approx(want, abs=GRID_GAP)
 

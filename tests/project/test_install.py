@@ -3,8 +3,8 @@
 is the privacy command line's for the same schedule, and its ledger holds one charge per lot run.
 
 The venv reuses this environment's packages (a .pth file naming its site-packages) and installs
-dpsgd itself with ``--no-deps``: what is tested is the packaging, not pip's resolver (CI installs the
-pinned dependencies once, with ``make install``)."""
+dpsgd itself with ``--no-deps``: what is tested is the packaging, not pip's resolver (CI installs
+the pinned dependencies once, with ``make install``)."""
 
 from __future__ import annotations
 
@@ -50,8 +50,10 @@ def test_pip_install_e_then_a_script_outside_the_repository(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
-    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    where = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    purelib = subprocess.run(
+        [str(py), "-c", where], capture_output=True, text=True, check=True
+    ).stdout.strip()
     (Path(purelib) / "outer.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "-e",
                     str(REPO)], check=True, cwd=tmp_path)  # fmt: skip
@@ -61,9 +63,10 @@ def test_pip_install_e_then_a_script_outside_the_repository(tmp_path):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["file"].startswith(str(REPO)) and got["stop"] == "epochs_completed"
     assert got["charges"] == got["steps"] == 30  # one charge per lot run
-    cli = subprocess.run([str(py), "-m", "dpsgd.privacy", "--q", "0.1", "--sigma", repr(got["sigma"]),
-                          "--steps", "30", "--json"], capture_output=True, text=True, cwd=tmp_path,
-                         check=True)  # fmt: skip
+    schedule = ["--q", "0.1", "--sigma", repr(got["sigma"]), "--steps", "30", "--json"]
+    cli = subprocess.run(
+        [str(py), "-m", "dpsgd.privacy", *schedule], capture_output=True, text=True, check=True
+    )
     # the same log moments composed by two call paths: equal far below the accountant's resolution
     assert got["epsilon"] == pytest.approx(json.loads(cli.stdout)["moments"]["epsilon"], rel=1e-6)
     assert got["epsilon"] <= 2.0
