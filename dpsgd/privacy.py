@@ -4,7 +4,9 @@
     python -m dpsgd.privacy --q 0.01 --sigma 4 --steps 10000 --delta 1e-5 --json
     python -m dpsgd.privacy --q 0.01 --target-epsilon 2 --epochs 100 --delta 1e-5
 
-Prints a small table (accountant, ε, optimal order, what it is); ``--json`` prints one strict JSON
+The first line answers the question (ε at δ, or the σ for the target ε, by the tightest valid
+accountant); then a table (accountant, ε, optimal order, what it is): ``--all`` adds the strong
+composition rows, ``--risk`` the membership-inference risk. ``--json`` prints one strict JSON
 object keyed by accountant name (moments, rdp, pld, strong_composition), each with at least
 ``epsilon`` (and ``sigma`` with ``--target-epsilon``). An accountant that cannot answer (outside
 what it serves, no finite bound, a target below its floor) gets its own one-line refusal — in the
@@ -40,8 +42,7 @@ For ``fixed_size``, ``epsilon_lower`` is the ε of one dataset pair whose gradie
 lot's remove pair, and its reverse, at rate L/N and noise σ/2, self-composed by PLD: the mechanism
 itself loses that much on that pair, up to the PLD grid's error), and ``epsilon_poisson_replace_one``
 the Poisson lots' ε under replace-one as dp_accounting accounts it
-(``truncated.replace_one_poisson_epsilon``); ``closing_note`` compares balls_in_bins with Poisson and
-fixed_size with Poisson under replace-one.
+(``truncated.replace_one_poisson_epsilon``).
 """
 
 from __future__ import annotations
@@ -133,6 +134,16 @@ def _parser() -> argparse.ArgumentParser:
         help="also print the last-iterate heuristic epsilon (Steinke et al. 2025): a heuristic "
         "for the final model, NOT a privacy guarantee (needs --sigma)",
     )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="also the strong-composition rows (Figure 2's comparator; one is not a valid bound)",
+    )
+    p.add_argument(
+        "--risk",
+        action="store_true",
+        help="also the membership-inference risk: TPR at FPR 0.1/1/10 %% (PLD, f-DP envelope)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -205,10 +216,13 @@ def _sigmas(target, q, steps, delta, groups, convention) -> dict:
 
         def run(acc=acc):
             s = calibrate.sigma_for_epsilon(target, delta, q, steps, acc, groups, convention)
-            return {
-                "sigma": s,
-                "epsilon": calibrate.epsilon(q, s, steps, delta, acc, groups, convention),
-            }
+            eps = calibrate.epsilon(q, s, steps, delta, acc, groups, convention)
+            if eps < (1 - CALIBRATION_RTOL) * target:  # no σ brings ε within rtol of the target
+                raise ValueError(
+                    f"{acc}: the σ search stopped at its limit σ = {s:.4g} (ε = {eps:.3g} there, "
+                    f"not within {CALIBRATION_RTOL:.1%} below the target {target:g})"
+                )
+            return {"sigma": s, "epsilon": eps}
 
         out[acc] = _attempt(acc, run)
     valid = out.pop("strong_composition_valid")
@@ -228,6 +242,46 @@ def _last_iterate(q, sigma, steps, delta, groups) -> dict:
     return dict(r, valid_bound=False, note=LAST_ITERATE_NOTE)
 
 
+CALIBRATION_RTOL = 0.005  # calibrate.sigma_for_epsilon's default rtol
+VALID = ("pld", "rdp", "moments")  # the accountants whose ε is a valid bound, tightest first
+
+
+def answer(res: dict, q, steps, delta, groups, args) -> str:
+    """The first line: the question asked, answered by the tightest valid accountant."""
+    what = f"Poisson q = {q:g}, {steps} lots, add/remove" + (
+        f", k = {groups}" if groups > 1 else ""
+    )
+    served = {a: res[a] for a in VALID if res.get(a, {}).get("epsilon") is not None}
+    if not served:
+        return f"refused at δ = {delta:g} ({what}): " + "; ".join(
+            res[a]["refused"] for a in VALID if a in res
+        )
+    if args.target_epsilon is not None:
+        best = min(served, key=lambda a: served[a]["sigma"])
+        r = served[best]
+        return (
+            f"σ = {r['sigma']:.4g} gives ε = {r['epsilon']:.3f} ≤ {args.target_epsilon:g} at "
+            f"δ = {delta:g} ({best.upper()}, {what})"
+        )
+    best = min(served, key=lambda a: served[a]["epsilon"])
+    return f"ε = {served[best]['epsilon']:.3f} at δ = {delta:g} ({best.upper()}, {what})"
+
+
+def risk_line(q, sigma, steps, groups, convention) -> str:
+    """The membership-inference risk of the schedule (dpsgd/accountant/risk.py), one line."""
+    from dpsgd.accountant import risk
+
+    led = Ledger()
+    led.record(Poisson(q, sigma, groups), steps)
+    r = risk.risk(led, "pld", convention)
+    t = r["tpr_at_fpr"]
+    return (
+        f"risk (PLD, f-DP): a membership attacker's TPR ≤ {100 * t['0.001']:.2f} % at FPR 0.1 %, "
+        f"≤ {100 * t['0.01']:.2f} % at 1 %, ≤ {100 * t['0.1']:.1f} % at 10 %; "
+        f"μ-GDP at 1 %: {r['gdp_mu_at_1pct']:.3f}"
+    )
+
+
 def _num(x: float) -> str:
     return f"{x:.4f}" if abs(x) < 1e5 else f"{x:.3e}"
 
@@ -235,6 +289,18 @@ def _num(x: float) -> str:
 def _answered(res) -> int:
     flat = list(res.values()) + [res["strong_composition"]["valid_variant"]]
     return sum(r.get("epsilon") is not None for r in flat)
+
+
+def _poisson_from_sizes(parser, args) -> bool:
+    """--N and --L of Poisson lots with --target-epsilon (or --sampler poisson with --sigma and no
+    other sampler asked for): answered as --q L/N, every accountant."""
+    if args.N is None or args.L is None or args.sampler not in (None, "poisson"):
+        return False
+    if args.q is not None:
+        parser.error(f"give --q or --N and --L, not both: q={args.q!r}, N={args.N}, L={args.L}")
+    if not 1 <= args.L <= args.N:
+        parser.error(f"L={args.L}: must be in [1, N={args.N}]")
+    return args.target_epsilon is not None
 
 
 def _sampler_mode(parser, args) -> int:
@@ -258,7 +324,10 @@ def _sampler_mode(parser, args) -> int:
         if args.sampler == "truncated_poisson" and args.B is None:
             raise ValueError("sampler=truncated_poisson needs --B (the cap on the lot size)")
         if args.sigma is None or args.target_epsilon is not None:
-            raise ValueError("sampler mode computes epsilon: give --sigma (not --target-epsilon)")
+            raise ValueError(
+                "the samplers other than Poisson are compared at one σ: give --sigma (a target ε "
+                "is answered for Poisson lots: --N, --L, --target-epsilon without --sampler)"
+            )
         sigma, delta = limits.check_sigma(args.sigma), limits.check_delta(args.delta)
         steps = _steps(args, args.L / args.N)
     except ValueError as e:
@@ -290,9 +359,6 @@ def _sampler_mode(parser, args) -> int:
             print(
                 f"{r['sampler']:<19}{eps:>10}{str(r['accountant']):>12}{r['adjacency']:>13}  {note}"
             )
-        if not args.sampler:
-            for line in closing_note(res):
-                print(line)
     return 0 if all(r["epsilon"] is not None for r in rows) else 1
 
 
@@ -350,27 +416,6 @@ def sampler_epsilon(
     return out
 
 
-def closing_note(res: dict) -> list[str]:
-    """Lines comparing the tight samplers with Poisson: balls_in_bins / poisson (add/remove) and
-    fixed_size / Poisson under replace-one (each against a 1.10 target), with fixed_size's lower bound."""
-    lines = []
-    if "balls_in_bins" in res and "poisson" in res:
-        r = res["balls_in_bins"]["epsilon"] / res["poisson"]["epsilon"]
-        lines.append(
-            f"balls_in_bins / poisson = {r:.3f} (target <= 1.10: {'met' if r <= 1.10 else 'NOT met'})"
-        )
-    if "fixed_size" in res:
-        f = res["fixed_size"]
-        r = f["epsilon"] / f["epsilon_poisson_replace_one"]
-        lines.append(
-            f"fixed_size / Poisson under replace-one ({f['epsilon_poisson_replace_one']:.4f}) = {r:.3f} "
-            f"(target <= 1.10: {'met' if r <= 1.10 else 'NOT met'}); fixed_size on one dataset pair with "
-            f"constant gradients already loses {f['epsilon_lower']:.4f} "
-            f"({f['epsilon_lower'] / f['epsilon_poisson_replace_one']:.3f} x that Poisson number)"
-        )
-    return lines
-
-
 def all_samplers(N, L, sigma, steps, delta, B=None) -> dict:
     """Every sampler's :func:`sampler_epsilon` (truncated_poisson needs B; skipped without it)."""
     from dpsgd.mechanism.sampling import SAMPLERS
@@ -385,6 +430,8 @@ def all_samplers(N, L, sigma, steps, delta, B=None) -> dict:
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if _poisson_from_sizes(parser, args):  # --N/--L of Poisson lots: the --q question, q = L/N
+        args.q, args.N, args.L = args.L / args.N, None, None
     if args.N is not None or args.L is not None or args.sampler is not None:
         return _sampler_mode(parser, args)
     try:
@@ -431,6 +478,7 @@ def main(argv=None) -> int:
             )
         print(json.dumps(res, allow_nan=False))
         return rc
+    print(answer(res, q, steps, delta, groups, args))
     head = f"q={q:g}  lots={steps} (epochs={steps / calibrate.lots_per_epoch(1, q):g})  delta={delta:g}  groups={groups} ({args.convention})"
     if args.target_epsilon is not None:
         print(f"sigma for target epsilon={args.target_epsilon:g}:  {head}")
@@ -445,6 +493,8 @@ def main(argv=None) -> int:
     flat = dict(res)
     flat["strong_composition_valid"] = res["strong_composition"]["valid_variant"]
     for key, label, oname, note in ROWS:
+        if key.startswith("strong_composition") and not args.all:
+            continue
         r = flat[key]
         if r.get("epsilon") is None:
             sig = f"{'-':>10}" if target_mode else ""
@@ -453,6 +503,8 @@ def main(argv=None) -> int:
         order = f"{oname}={r['order']:g}" if oname and r.get("order") is not None else "-"
         sig = f"{_num(r['sigma']):>10}" if target_mode else ""
         print(f"{label:<28}{sig}{_num(r['epsilon']):>10}{order:>12}  {note}")
+    if args.risk and args.target_epsilon is None:
+        print(risk_line(q, sigma, steps, groups, args.convention))
     if li is not None:
         val = "refused" if li["epsilon"] is None else _num(li["epsilon"])
         print(

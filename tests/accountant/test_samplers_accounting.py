@@ -223,7 +223,9 @@ def test_privacy_cli_sampler_mode(capsys):
     assert fs["epsilon_lower"] <= fs["epsilon"] + PLD_GRID_STEPS * H
     assert main(["--N", "6000", "--L", "60", "--sigma", "4", "--steps", "300"]) == 0
     out = capsys.readouterr().out
-    assert "balls_in_bins / poisson = " in out and "fixed_size / Poisson under replace-one" in out
+    assert (
+        "balls_in_bins" in out and "fixed_size" in out and "target <=" not in out
+    )  # no dev checks
     with pytest.raises(SystemExit) as e:
         main(
             [

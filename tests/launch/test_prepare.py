@@ -55,6 +55,10 @@ VALIDATION = [
     Bad(["dataset.validation=60000"], "dataset.validation", "must be <= 59999"),
     Bad(["dataset.crop=0"], "dataset.crop"),
     Bad(["dataset.crop=33"], "dataset.crop"),
+    Bad(
+        ["dataset=imagefolder", "dataset.train=/", "dataset.test=/", "dataset.image_size=0"],
+        "dataset.image_size",
+    ),  # fmt: skip
     Bad(["dataset.download=maybe"], "dataset.download", "must be true or false"),
     Bad(["dataset.root=5"], "dataset.root", "must be a path"),
     Bad(["dataset.augment=rotate"], "dataset.augment"),
