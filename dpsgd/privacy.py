@@ -251,6 +251,8 @@ def answer(res: dict, q, steps, delta, groups, args) -> str:
     what = f"Poisson q = {q:g}, {steps} lots, add/remove" + (
         f", k = {groups}" if groups > 1 else ""
     )
+    if groups > 1 and args.convention == "per_tensor":
+        what += "; the paper's per-tensor charge: under-states ε, --convention joint is valid"
     served = {a: res[a] for a in VALID if res.get(a, {}).get("epsilon") is not None}
     if not served:
         return f"refused at δ = {delta:g} ({what}): " + "; ".join(
