@@ -7,7 +7,20 @@ score file against a claim (``dpsgd.audit.onerun.bound_file``);
 
 import sys
 
+USAGE = """usage: python -m dpsgd.audit COMMAND ...
+
+  run KEY=VALUE ...     a one-run audit of a training configuration (the training keys, plus
+                        audit.*): trains it with canaries, writes audit.json (docs/AUDIT.md)
+  rescore RUN_DIR       recompute a finished audit's audit.json from its run's files
+  bound --scores F.csv  every one-run lower bound of a score file against a claim
+  step ...              the one-step distinguishing game (the default command)
+
+python -m dpsgd.audit COMMAND --help: the options of one command."""
+
 command = sys.argv[1] if len(sys.argv) > 1 else None
+if command in ("-h", "--help"):
+    print(USAGE)
+    sys.exit(0)
 if command == "run":
     from .onerun.run import main as run_main
 

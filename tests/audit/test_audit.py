@@ -174,6 +174,10 @@ def test_cli_help_and_run(tmp_path):
     h = subprocess.run(
         [sys.executable, "-m", "dpsgd.audit", "--help"], capture_output=True, text=True
     )
+    assert h.returncode == 0 and all(f"\n  {c} " in h.stdout for c in ("run", "bound", "step"))
+    h = subprocess.run(
+        [sys.executable, "-m", "dpsgd.audit", "step", "--help"], capture_output=True, text=True
+    )
     assert h.returncode == 0 and "Clopper" in h.stdout and "--mechanism" in h.stdout
     out = tmp_path / "audit.json"
     assert cli.main(["--mechanism", "noise_div10", "--trials", "4000", "--json", str(out)]) == 0

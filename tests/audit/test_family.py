@@ -293,3 +293,19 @@ def test_a_small_score_file_is_bounded_with_a_warning(tmp_path, capsys):
     )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("warning: only m=10 canaries")
+
+
+def test_the_console_leads_with_the_verdict_then_one_line_per_test():
+    from dpsgd.audit.onerun.report import console_lines
+
+    game = {"game": "white-box: x", "eps_lower_bound": 0.1, "correct": 3, "guesses": 4}
+    report = {"variant": "correct", "eps_claimed": 1.0, "delta": 1e-5, "games": [game],
+              "verdict": "consistent", "eps_last_iterate_heuristic": 0.8,
+              "noise_test": {"noise_ratio": 0.5, "noise_ratio_upper": 0.9, "exact": True,
+                             "verdict": "violation"}}  # fmt: skip
+    lines = console_lines(report, "a/audit.json")
+    assert lines[0] == (
+        "audit [correct]: VIOLATION of the claim ε = 1.000 at δ = 1e-05 (1 of 2 tests reject it)"
+    )
+    assert lines[1].startswith("  CONSISTENT: family-free lower bound")
+    assert lines[2].startswith("  VIOLATION: noise along the canaries") and len(lines) == 5

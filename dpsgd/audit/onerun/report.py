@@ -391,42 +391,61 @@ def write_report(run_dir: Path, scored: dict, report: dict, sumsq=None) -> None:
         run_dir / SCORES, buf.getvalue()
     )  # the scores first: the evidence, whatever follows
     write_json(run_dir / AUDIT, report)
+    print("\n".join(console_lines(report, run_dir / AUDIT)), flush=True)
+
+
+def console_lines(report: dict, path) -> list[str]:
+    """What an audit prints: the verdict first, then one line per test saying what it tests."""
+    claimed, tests = report["eps_claimed"], []
     games = ", ".join(
-        f"{g['game'].split(':')[0]} ε_lb={g['eps_lower_bound']:.3f} ({g['correct']}/{g['guesses']} "
-        "correct)"
+        f"{g['game'].split(':')[0]} ε_lb = {g['eps_lower_bound']:.3f} ({g['correct']}/"
+        f"{g['guesses']} correct)"
         for g in report["games"]
     )
-    claimed = report["eps_claimed"]
+    tests.append(("family-free lower bound (Steinke, Nasr & Jagielski 2023; valid whatever the "
+                  f"mechanism): {games}", report["verdict"]))  # fmt: skip
     fam = report.get("family")
-    family = (
-        ""
-        if fam is None
-        else (
-            "; family test of the lots' claim (assumes the claimed mechanism's family): "
-            f"ε_lb={fam['eps_lower_bound']:.3f} against {fam['eps_claimed_lots']:.3f} → "
-            f"{fam['verdict_family'].upper()}; order statistics "
-            f"({fam['order_stats']['independence']}): "
-            f"ε_lb={fam['order_stats']['eps_lower_bound']:.3f}; excluded canaries' score variance "
-            f"/ claim's: {fam['interference']['out_var_ratio'] or float('nan'):.3f}"
-        )
-    )
-    if fam is not None and "channel" in fam:
-        ch = fam["channel"]
-        family += (
-            f"; the canaries' own channel ({ch['groups']} of {fam['claim']['groups']} groups, "
-            f"ε={ch['eps_channel']:.3f}) → {ch['verdict_channel'].upper()}"
-        )
+    if fam is not None:
+        tests.append((
+            "family test (valid if the mechanism is the claimed subsampled Gaussian): ε_lb = "
+            f"{fam['eps_lower_bound']:.3f} against the lots' {fam['eps_claimed_lots']:.3f}",
+            fam["verdict_family"],
+        ))  # fmt: skip
+        ratio = fam["interference"]["out_var_ratio"]
+        tests.append((
+            f"order statistics ({fam['order_stats']['independence']}): ε_lb = "
+            f"{fam['order_stats']['eps_lower_bound']:.3f}; excluded canaries' score variance / "
+            f"claim's: {float('nan') if ratio is None else ratio:.3f}",
+            None,
+        ))  # fmt: skip
+        if "channel" in fam:
+            ch = fam["channel"]
+            tests.append((
+                f"the canaries' own channel ({ch['groups']} of {fam['claim']['groups']} groups): "
+                f"ε = {ch['eps_channel']:.3f}",
+                ch["verdict_channel"],
+            ))  # fmt: skip
     nt = report.get("noise_test")
     if nt is not None:
-        family += (
-            f"; noise along the canaries / claimed σC: {nt['noise_ratio']:.3f} (≤ "
-            f"{nt['noise_ratio_upper']:.3f}, {'exact' if nt['exact'] else 'conservative'} test) → "
-            f"{nt['verdict'].upper()}"
-        )
-    print(
-        f"audit [{report['variant']}]: {games} (family-free: Steinke et al.); claimed ε="
-        f"{'none' if claimed is None else f'{claimed:.3f}'}, last-iterate heuristic ε="
-        f"{report['eps_last_iterate_heuristic']:.3f} → {report['verdict'].upper()}{family}  "
-        f"({run_dir / AUDIT})",
-        flush=True,
-    )
+        tests.append((
+            f"noise along the canaries / claimed σC: {nt['noise_ratio']:.3f} (at most "
+            f"{nt['noise_ratio_upper']:.3f} allowed, {'exact' if nt['exact'] else 'conservative'} "
+            "test)",
+            nt["verdict"],
+        ))  # fmt: skip
+    failed = [t for t, v in tests if v == "violation"]
+    verdict = "VIOLATION" if failed else "CONSISTENT"
+    claim = "no claim" if claimed is None else f"the claim ε = {claimed:.3f}"
+    delta = report.get("delta")
+    head = (
+        f"audit [{report['variant']}]: {verdict} {'of' if failed else 'with'} {claim}"
+        + ("" if delta is None else f" at δ = {delta:g}")
+        + (f" ({len(failed)} of {sum(v is not None for _, v in tests)} tests reject it)"
+           if failed else f" (all {sum(v is not None for _, v in tests)} tests pass)")
+    )  # fmt: skip
+    lines = [head]
+    lines += [f"  {'' if v is None else v.upper() + ': '}{t}" for t, v in tests]
+    lines.append(f"  heuristic, not a test: last-iterate ε = "
+                 f"{report['eps_last_iterate_heuristic']:.3f} (Steinke et al. 2025)")  # fmt: skip
+    lines.append(f"  {path}")
+    return lines
