@@ -1,27 +1,21 @@
 """Typed configuration: dataclass schemas for the Hydra config groups, validated before any work.
 
 ``validate(cfg)`` turns the composed ``DictConfig`` (or a plain dict) into a ``Config`` and raises
-``ConfigError`` with a one-line message naming the offending key (``privacy.sigma=-1: must be >= 0``)
-for every bad value: unknown keys and names, σ < 0, C <= 0, L outside [1, N], δ outside (0, 1),
-non-integer epochs, NaN learning rates, PCA wider than the input, models that mix examples, ...
+``ConfigError`` with a one-line message naming the offending key
+(``privacy.sigma=-1: must be >= 0``) for every bad value: unknown keys and names, σ < 0, C <= 0, L
+outside [1, N], δ outside (0, 1), non-integer epochs, NaN learning rates, PCA wider than the input,
+models that mix examples, ...
 
 Each group is checked next to what it configures, in this order (the first bad key is reported):
+``dataset.*``, ``model.*`` (dpsgd/config/model.py), ``privacy.*`` and ``accountant.*``
+(dpsgd/config/privacy.py), ``training.*`` (``validate_training``, here), σ from the target ε
+(dpsgd/config/calibration.py), then the top-level keys (``validate_top``, here). What a resume may
+change (``RESUME_ALLOWED``, the fingerprint) is dpsgd/config/fingerprint.py.
 
-* ``dataset.*``: ``dpsgd/data/datasets.py:validate_dataset``;
-* ``model.*``: ``dpsgd/config/model.py:validate_model`` (the inputs each network takes:
-  ``dpsgd/models/networks.py:check_input``);
-* ``privacy.*`` and ``accountant.*``: ``dpsgd/config/privacy.py:validate_privacy`` and
-  ``validate_accountant`` (the ranges the accountants serve, δ < 1/N, noise);
-* ``training.*`` (``validate_training``: at most STEPS_MAX lots, evaluation batches no larger than the
-  largest evaluated set), here;
-* σ from the target ε with ``privacy.calibrate_sigma``: ``dpsgd/config/calibration.py:calibrated_sigma``;
-* the top-level keys (``validate_top``), here; ``resume=`` must name a run directory
-  (``dpsgd/config/overrides.py:check_run_dir``).
+Learning rates are only required to be finite and > 0: no principled upper bound exists
+(divergence depends on the loss surface and C), so a run that diverges is the trainer's to stop.
 
-What a resume may change (``RESUME_ALLOWED``, the fingerprint) is dpsgd/config/fingerprint.py.
-
-Learning rates are only required to be finite and > 0: no principled upper bound exists (divergence
-depends on the loss surface and C), so a run that diverges is the trainer's to stop.
+Details: docs/CONFIGURATION.md, "dpsgd/config/schema.py".
 """
 
 from __future__ import annotations

@@ -11,14 +11,12 @@
 
 The plugins type their settings; the launching process also checks their ranges here before Hydra
 writes anything (``check``: one line naming ``hydra.launcher.<key>``, exit 2), counts the sweep's
-jobs and decides how many share this machine (``parallel_jobs``). Jobs at once × threads per job
-must not exceed the cores, so when more than one job shares the machine the launching process
-exports ``DPSGD_PARALLEL_JOBS`` (unless the user chose the threads with ``DPSGD_THREADS`` /
-``OMP_NUM_THREADS``) and every job takes its share of the cores (``dpsgd/core/runtime.py:thread_policy``).
-A SLURM job gets the cores of its own allocation (its CPU affinity), so nothing is shared there.
+jobs and decides how many share this machine (``parallel_jobs``), so that jobs at once × threads
+per job never exceed the cores (``share_cores``: ``DPSGD_PARALLEL_JOBS``).
 
-The sweep's folders are resolved, checked and claimed in ``dpsgd/launch/sweeps.py``; a job that fails or
-dies in a worker process or cluster job is reported in ``dpsgd/launch/jobfailures.py``.
+The sweep's folders are resolved, checked and claimed in ``dpsgd/launch/sweeps.py``; a job that
+fails or dies in a worker process or cluster job is reported in ``dpsgd/launch/jobfailures.py``.
+Details: docs/SCALING.md, "dpsgd/launch/launchers.py".
 """
 
 from __future__ import annotations

@@ -1,26 +1,21 @@
-"""The command line: ``python -m dpsgd.train [key=value ...] | -m [key=value ...] | resume=<run dir>``.
+"""Command line: ``python -m dpsgd.train [key=value ...] | -m [key=value ...] | resume=<run dir>``.
 
-Everything is decided before anything is written (the checks themselves: dpsgd/launch/prepare.py); this
-module runs what they allowed:
+Everything is decided before anything is written (the checks themselves: dpsgd/launch/prepare.py);
+this module runs what they allowed:
 
-* a single run: the config is composed and validated, and the output folder is resolved the way Hydra
-  will resolve it (any spelling of ``hydra.run.dir``) and must be new or empty; then Hydra runs
-  ``train`` in it;
-* a sweep (``-m``): every job's folder is resolved the way Hydra will resolve it and must lie inside
-  the sweep folder, one new folder per job; the sweep folder must be new or empty and is claimed
-  (an exclusive create, held for the sweep: dpsgd/launch/sweeps.py); each job's config is validated
-  when it starts, and a refused job's fresh folder is removed. The launcher
-  (``hydra/launcher=basic|joblib|submitit_local|submitit_slurm``, dpsgd/launch/launchers.py) is checked
-  beforehand too; jobs in worker processes or cluster jobs run only ``task`` (never these checks, which
-  their siblings' folders would fail) and report a failure back instead of exiting;
-* a resume: the config comes from the run's checkpoint (not from Hydra's files), the new overrides are
-  applied after it, and Hydra is not involved (nothing of Hydra's is written into the run);
-* under torchrun (``torchrun --nproc_per_node=P -m dpsgd.train ...``, ``torchrun_main``): rank 0
-  makes the checks of a single run and every rank agrees on its folder before anything runs; the
-  communication itself is dpsgd/run/distributed.py.
+* a single run: the config is validated and the output folder, resolved the way Hydra will
+  resolve it, must be new or empty; then Hydra runs ``train`` in it;
+* a sweep (``-m``): every job's folder must lie inside the sweep folder, which must be new or empty
+  and is claimed (dpsgd/launch/sweeps.py); the launcher is checked (dpsgd/launch/launchers.py);
+  jobs in worker processes or cluster jobs run only ``task`` and report a failure back;
+* a resume: the config comes from the run's checkpoint, the new overrides are applied after it,
+  and Hydra is not involved;
+* under torchrun (``torchrun_main``): rank 0 makes the checks of a single run and every rank
+  agrees on its folder before anything runs (the communication: dpsgd/run/distributed.py).
 
 Every expected failure is one line on stderr and an exit code (2: bad input; 1: diverged, disk
-error; 128 + n: signal n), never a traceback (dpsgd/launch/cli.py, shared with ``python -m dpsgd.pretrain``).
+error; 128 + n: signal n), never a traceback (dpsgd/launch/cli.py, shared with
+``python -m dpsgd.pretrain``). Details: docs/CONFIGURATION.md, "dpsgd/launch/main.py".
 """
 
 from __future__ import annotations

@@ -1,35 +1,21 @@
 """Data-parallel DP-SGD over torch.distributed: ``torchrun --nproc_per_node=P -m dpsgd.train ...``.
 
 The mechanism is the one of one process (Abadi et al. 2016, Algorithm 1), computed by P processes:
-
-* **lots**: every rank runs the same seeded Poisson sampler over the *whole* training set, so the
-  global lot is exactly one Poisson(q = L/N) lot, the very lot a 1-process run with the same seed
-  draws; rank r takes the deterministic share ``lot[r::P]`` (disjoint, union = the lot, sizes within
-  one). The sampler is the single source of q, as in one process; nothing is re-derived per shard.
-* **sum**: each rank computes Σ_i clip_C(g_i) over its share with the normal clipping engine; ONE
-  all-reduce (sum) of one flat buffer per lot carries the k clipped sums, Σ loss and the lot size.
-* **noise exactly once**: N(0, σ²C²) is added once to the global sum. Seeded noise: every rank holds
-  the identical generator and adds the identical draw *after* the all-reduce (so the noise is the
-  1-process run's draw). ``privacy.secure_rng``: only rank 0 draws (OS entropy cannot be shared);
-  it adds its draw to its own partial sum *before* the all-reduce, which delivers sum + noise to
-  every rank — rank 0 + broadcast folded into the one collective. Never one draw per rank (P× the
-  variance) nor a draw scaled to a local share (too little noise: praxis, optax #148, jax_privacy
-  PR #395); tests/run/test_distributed.py measures the std σC/L of the update with 2 and 4 processes.
-* then divided by the expected global L (DPSGD), so parameters stay identical on every rank.
+every rank runs the same seeded Poisson sampler over the *whole* training set and takes the share
+``lot[r::P]`` of the one global lot; ONE all-reduce (sum) per lot carries the k clipped sums, Σ loss
+and the lot size; N(0, σ²C²) is added **exactly once** to the global sum (seeded: the identical draw
+on every rank after the all-reduce; ``privacy.secure_rng``: rank 0's draw, added before it), then
+divided by the expected global L, so parameters stay identical on every rank.
 
 Only rank 0 writes (metrics.csv, privacy.json, checkpoints, lot reservations) and holds the run lock.
-Other ranks cannot run ahead of a reservation: rank 0 reserves lot t before its step, and no rank
-can finish lot t before the all-reduce, which needs rank 0's contribution. Every rank keeps the
-ledger (identical: same sampler, same stop rule); only rank 0's is written.
-
-Before the first lot every rank agrees on the whole run (``agree_on``): first on the resolved
-configuration (``config_items``, every key but the few in ``PER_RANK``), then on
-what it read and built (``state_items``: the data, the initial or restored parameters and generator
-states, the projection, the ledger). Each rank gathers every rank's items, so all name the same first
-differing key and stop with the same line (``RanksDisagree``, exit 2) before anything is written.
+Before the first lot every rank agrees on the whole run (``agree_on``: ``config_items``, every key
+but those in ``PER_RANK``, then ``state_items``); a difference stops every rank with the same line
+(``RanksDisagree``, exit 2) before anything is written.
 
 The command line under torchrun (one run directory agreed by every rank) is
 ``dpsgd/launch/main.py:torchrun_main``; this module is the communication only.
+
+Details: docs/SCALING.md, "dpsgd/run/distributed.py".
 """
 
 from __future__ import annotations

@@ -7,30 +7,14 @@ reserved or that an output shows ran**, whatever the resume computes next. Nothi
 "the same release again"; the price is that a replayed lot is charged twice (measured:
 results/resume_cost.csv).
 
-``LotGuard`` is everything that serves that rule, over one file, ``lots.reserved``:
+``LotGuard`` is everything that serves that rule, over one file, ``lots.reserved``: ``before_lot``
+reserves lots write-ahead (fsync'd chunks from ``CHUNK`` lots), ``bind`` ties the file to the token
+of a checkpoint, and ``owed`` says, on resume, which lots past the checkpoint are still to be
+charged (``Owed``). The file is read strictly: a line no run could have written is refused in one
+line naming the file, never read as "no lots"; what the file cannot show is said, not assumed
+(``Owed.warning``).
 
-* **before a lot** (``before_lot``): write-ahead. Before lot S runs, one fsync'd line ``{"upto": U}``
-  (U ≥ S) says that at most U lots in total will have run before the next reservation. Chunks start
-  at ``CHUNK`` lots and double while a chunk lasts less than ``SECONDS`` (an fsync costs ~4 ms: about
-  one per second of training), never past the end of the epoch, training.max_steps or the budget;
-* **after a checkpoint** (``bind``): the file is replaced by one line ``{"checkpoint": token,
-  "steps": S}`` carrying the token that checkpoint records, whose ledger covers every lot reserved
-  so far; every process also binds it as it opens, once what the file owed is charged, so no process
-  appends to another's lines (a torn tail included);
-* **on resume** (``owed``): the lots past the checkpoint that are still to be charged: from the lot
-  the checkpoint's ledger covers (``covers``: its ``steps``, or more when it was written at a resume's
-  opening with lost lots in its ledger) to the largest of every reservation and of every escaped
-  output (``dpsgd/run/checkpoint.py:escaped_steps``).
-
-The file is read strictly: a missing file, a binding to another checkpoint, or a line no run could
-have written (not a reservation; a reservation more than one epoch past the largest before it, or
-past STEPS_MAX) is refused in one line naming the file, never read as "no lots". A file still bound
-to the checkpoint before this one (a crash between writing the checkpoint and binding the file)
-holds only reservations that checkpoint's ledger covers. A line that is not JSON is the torn tail of
-a crash (it was never fsync'd) only when no reservation follows it. What the file cannot show is
-said, not assumed: when the last attempt ended without a statement and the file shows no lot past
-the checkpoint (what a crash before its first lot leaves, and also what cutting the file back
-leaves), the resume warns (``Owed.warning``).
+Details: docs/RUNS.md, "dpsgd/run/guard.py".
 """
 
 from __future__ import annotations
