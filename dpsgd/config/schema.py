@@ -234,8 +234,8 @@ def _typed(cfg) -> Config:
 
 
 def validate_training(c: Config, sampler) -> None:
-    """The ``training.*`` group, checked and coerced in place: at most STEPS_MAX planned lots (those of
-    ``sampler``), evaluation batches no larger than the largest evaluated set."""
+    """The ``training.*`` group, checked and coerced in place: at most STEPS_MAX planned lots (those
+    of ``sampler``), evaluation batches no larger than the largest evaluated set."""
     t, N = c.training, c.N
     t.epochs = num("training.epochs", t.epochs, integer=True, lo=0)
     t.lr = num("training.lr", t.lr, lo=0, lo_open=True)
@@ -270,7 +270,8 @@ def validate_training(c: Config, sampler) -> None:
 
 
 def validate_top(c: Config, check_resume_dir: bool = True) -> None:
-    """The top-level keys: seed, name (a folder name), device (CUDA present if asked for), tf32, resume."""
+    """The top-level keys: seed, name (a folder name), device (CUDA present if asked for), tf32,
+    resume."""
     c.seed = num("seed", c.seed, integer=True, lo=0)
     if not isinstance(c.name, str) or not c.name or "/" in c.name or c.name.startswith("."):
         raise ConfigError(f"name={fmt(c.name)}: must be a non-empty folder name without '/'")

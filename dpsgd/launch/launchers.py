@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 from dpsgd.core.errors import ConfigError
 
-# the kind of launcher, from the Launcher class its _target_ names (any hydra/launcher option; Hydra's
-# own, basic, in launcher_kind)
+# the kind of launcher, from the Launcher class its _target_ names (any hydra/launcher option;
+# Hydra's own, basic, in launcher_kind)
 LAUNCHERS = {
     "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher": "joblib",
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher": "submitit_local",
@@ -124,10 +124,10 @@ def check(hc) -> str:
 
 
 def launcher_kind(target: str) -> str:
-    """The kind of launcher whose Launcher class ``target`` (``hydra.launcher._target_``) names: basic,
-    joblib, submitit_local, submitit_slurm, else other. Hydra's own launcher (``hydra/launcher=basic``,
-    the default) lives in Hydra's private modules: its path is spelt here alone, and
-    tests/launch/test_hydra_private.py fails if a Hydra upgrade moves it."""
+    """The kind of launcher whose Launcher class ``target`` (``hydra.launcher._target_``) names:
+    basic, joblib, submitit_local, submitit_slurm, else other. Hydra's own launcher
+    (``hydra/launcher=basic``, the default) lives in Hydra's private modules: its path is spelt here
+    alone, and tests/launch/test_hydra_private.py fails if a Hydra upgrade moves it."""
     if target == "hydra._internal.core_plugins.basic_launcher.BasicLauncher":
         return "basic"
     return LAUNCHERS.get(target, "other")

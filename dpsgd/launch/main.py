@@ -112,8 +112,8 @@ def task(train, cfg) -> None:
     """One Hydra job: ``train`` (Algorithm 1) in the job's new folder, held locked from the start.
 
     In the launching process (basic launcher) a failure exits at once, as a single run does. In a
-    worker process (joblib) or a cluster job (submitit) it is printed into the job's log and returned
-    to the launching process as ``JobFailed``, so that the siblings still finish."""
+    worker process (joblib) or a cluster job (submitit) it is printed into the job's log and
+    returned to the launching process as ``JobFailed``, so that the siblings still finish."""
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()
@@ -176,14 +176,16 @@ def _run_hydra(app, args: list[str]) -> None:
 
 
 def train_main(argv: list[str] | None = None) -> None:
-    """``python -m dpsgd.train ...``: the command line running Algorithm 1 (``dpsgd.train.train``)."""
+    """``python -m dpsgd.train ...``: the command line running Algorithm 1
+    (``dpsgd.train.train``)."""
     from dpsgd.train import train
 
     main(train, argv)
 
 
 def main(train, argv: list[str] | None = None) -> None:
-    """The command line around ``train(config, run_dir, overrides)`` (Algorithm 1, dpsgd/train.py)."""
+    """The command line around ``train(config, run_dir, overrides)`` (Algorithm 1,
+    dpsgd/train.py)."""
     global _LAUNCHER_PID
     _LAUNCHER_PID = os.getpid()
     tune_allocator()  # speed only: glibc keeps per-step buffers instead of re-faulting them
@@ -228,10 +230,10 @@ def main(train, argv: list[str] | None = None) -> None:
 def torchrun_main(train, args: list[str], d: distributed.Dist) -> None:
     """The command line under torchrun: every rank agrees on one run directory before anything runs.
 
-    Rank 0 resolves the run folder once (Hydra's ``${now:...}`` differs per process), checks it like a
-    1-process run (``prepare``) and runs Hydra in it; the other ranks receive that folder and run
-    ``train`` without Hydra (they write nothing). ``resume=<dir>``: every rank reads the same run.
-    A refusal is one line from rank 0 and exit 2 on every rank; ranks started on different runs
+    Rank 0 resolves the run folder once (Hydra's ``${now:...}`` differs per process), checks it like
+    a 1-process run (``prepare``) and runs Hydra in it; the other ranks receive that folder and run
+    ``train`` without Hydra (they write nothing). ``resume=<dir>``: every rank reads the same run. A
+    refusal is one line from rank 0 and exit 2 on every rank; ranks started on different runs
     (``distributed.agree_on``, in setup) all print the same line naming the first difference."""
     try:
         d = distributed.init(d)
@@ -303,8 +305,8 @@ def _torchrun(train, args: list[str], d: distributed.Dist) -> None:
 
 def _follow(train, composed: list[str], run_dir: str) -> None:
     """A rank other than 0: the run rank 0 checked, without Hydra (it writes nothing). Its overrides
-    are read as rank 0's Hydra job reads them (interpolations resolved, Hydra's own left out), and its
-    validated Config is compared with every other rank's (``distributed.config_items``)."""
+    are read as rank 0's Hydra job reads them (interpolations resolved, Hydra's own left out), and
+    its validated Config is compared with every other rank's (``distributed.config_items``)."""
     from omegaconf import open_dict
 
     cfg = compose(composed, hydra_config=True)

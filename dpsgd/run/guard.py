@@ -36,8 +36,9 @@ SECONDS = 1.0  # chunks double while a chunk of lots takes less than this
 
 @dataclass(frozen=True)
 class Owed:
-    """Lots a resume charges as lost: ``windows`` of (first, count), absolute (lot S makes ``steps`` = S,
-    so a window (f, n) is lots f+1 .. f+n); why; and what the files cannot show (a warning)."""
+    """Lots a resume charges as lost: ``windows`` of (first, count), absolute (lot S makes
+    ``steps`` = S, so a window (f, n) is lots f+1 .. f+n); why; and what the files cannot show (a
+    warning)."""
 
     windows: tuple[tuple[int, int], ...] = ()
     why: str | None = None
@@ -50,8 +51,8 @@ class Owed:
 
 
 class LotGuard:
-    """The write-ahead record of the lots a run may have run since its last checkpoint, and the rule for
-    what a resume owes for them."""
+    """The write-ahead record of the lots a run may have run since its last checkpoint, and the rule
+    for what a resume owes for them."""
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / RESERVATIONS
@@ -62,7 +63,8 @@ class LotGuard:
 
     # -- before a lot ---------------------------------------------------------------------------
     def before_lot(self, steps: int, limit: int) -> None:
-        """Make sure lot number ``steps`` (0-based, absolute) is reserved; reserve up to ``limit``."""
+        """Make sure lot number ``steps`` (0-based, absolute) is reserved; reserve up to
+        ``limit``."""
         if self.upto is not None and steps < self.upto:
             return
         now = time.monotonic()
@@ -85,11 +87,12 @@ class LotGuard:
 
     # -- on resume --------------------------------------------------------------------------------
     def owed(self, ckpt: dict, escaped: int, lots_per_epoch: int, ended: bool = True) -> Owed:
-        """What a resume of ``ckpt`` owes: the lots past what its ledger covers, up to the largest of
-        every reservation after its binding and of ``escaped`` (the most lots an output shows ran);
-        plus the debts an older checkpoint (format 4 or 5) carries, charged whole. ``ended``: the
-        last attempt left a statement of its end (privacy.json not ``running``). ConfigError (one
-        line, naming the file) when the file is missing, bound to another checkpoint, or altered."""
+        """What a resume of ``ckpt`` owes: the lots past what its ledger covers, up to the largest
+        of every reservation after its binding and of ``escaped`` (the most lots an output shows
+        ran); plus the debts an older checkpoint (format 4 or 5) carries, charged whole. ``ended``:
+        the last attempt left a statement of its end (privacy.json not ``running``). ConfigError
+        (one line, naming the file) when the file is missing, bound to another checkpoint, or
+        altered."""
         steps, binding = int(ckpt["steps"]), ckpt["reservations"]
         reserved, current = self._read(binding, steps, lots_per_epoch)
         covers = steps if current else int(binding.get("covers", steps))
@@ -117,8 +120,8 @@ class LotGuard:
         return Owed(tuple(windows), why, warning, self.token)
 
     def _read(self, binding: dict, steps: int, lots_per_epoch: int) -> tuple[int, bool]:
-        """(the largest reservation, or ``steps``; whether the file is bound to this checkpoint), the
-        file read strictly (the module docstring)."""
+        """(the largest reservation, or ``steps``; whether the file is bound to this checkpoint),
+        the file read strictly (the module docstring)."""
 
         def bad(why: str) -> ConfigError:
             return ConfigError(
@@ -171,9 +174,9 @@ class LotGuard:
 
 
 def _old_debts(binding: dict, steps: int) -> list[tuple[int, int]]:
-    """The lots an older checkpoint still owed, as windows (first, count): format 5's ``debts`` (each an
-    earlier attempt's lots ``first``..``upto``, whose digests no longer prove anything) and format 4's
-    ``owed`` count; charged whole."""
+    """The lots an older checkpoint still owed, as windows (first, count): format 5's ``debts``
+    (each an earlier attempt's lots ``first``..``upto``, whose digests no longer prove anything) and
+    format 4's ``owed`` count; charged whole."""
     if binding.get("debts"):
         return [
             (int(d["first"]) - 1, int(d["upto"]) - int(d["first"]) + 1) for d in binding["debts"]
@@ -201,7 +204,8 @@ def _upto(d) -> int | None:
 
 
 def _is_digest(d) -> bool:
-    """A digest line ``{"ran": S, "digest": H}`` of checkpoint formats 4-5 (S an integer, H 32 hex digits)."""
+    """A digest line ``{"ran": S, "digest": H}`` of checkpoint formats 4-5 (S an integer, H 32 hex
+    digits)."""
     if not (isinstance(d, dict) and set(d) == {"ran", "digest"}):
         return False
     s, h = d["ran"], d["digest"]

@@ -1,11 +1,11 @@
-"""Opening a run: ``setup`` decides which ``Run`` (dpsgd/run/state.py) this process trains, and rank 0
-makes its first writes.
+"""Opening a run: ``setup`` decides which ``Run`` (dpsgd/run/state.py) this process trains, and
+rank 0 makes its first writes.
 
-Every read and every refusal comes first (``_open``): a fresh run refuses a folder that already holds
-one; a resume reads the hash-checked checkpoint, refuses an audit's run, a changed fingerprint
+Every read and every refusal comes first (``_open``): a fresh run refuses a folder that already
+holds one; a resume reads the hash-checked checkpoint, refuses an audit's run, a changed fingerprint
 (dpsgd/config/fingerprint.py) or another number of processes, and either restores the run
-(``Run.from_checkpoint``) or returns the statement of one that has finished. Under torchrun the ranks
-then agree (on refusals too) and compare what they built. Only then does rank 0 write
+(``Run.from_checkpoint``) or returns the statement of one that has finished. Under torchrun the
+ranks then agree (on refusals too) and compare what they built. Only then does rank 0 write
 (``_open_run_dir``): metrics.csv, the charge for lost lots made durable, config.resolved.yaml,
 privacy.json and the opening console line.
 """
@@ -41,7 +41,7 @@ from dpsgd.run.state import Run, derive_seed
 def setup(
     c: Config, run_dir: Path, overrides: list[str], instrument: parts.Instrument | None = None
 ) -> Run:
-    """Build a fresh run, or restore one from its checkpoint (or the statement of one that finished).
+    """Build a fresh run or restore one from its checkpoint (or the statement of one that finished).
 
     Under torchrun every rank first compares its whole configuration with every other's, reads and
     builds (the same run), then all agree (a barrier that also agrees on refusals) and compare what
@@ -92,8 +92,8 @@ def setup(
 
 
 def _restate(run: Run) -> None:
-    """A finished run: "nothing to do", and privacy.json is its final statement again (an extension that
-    died before its first lot left ``running`` there)."""
+    """A finished run: "nothing to do", and privacy.json is its final statement again (an extension
+    that died before its first lot left ``running`` there)."""
     path = run.run_dir / PRIVACY
     try:
         same = json.loads(path.read_text()) == run.finished
@@ -170,10 +170,11 @@ def _owed(run_dir: Path, ckpt: dict, lots_per_epoch: int):
 
 
 def _open_run_dir(run: Run) -> None:
-    """Rank 0's first writes: metrics.csv (the checkpoint's rows), the charge for lost lots made durable
-    (a new checkpoint: lots.reserved then holds this attempt's lines only), config.resolved.yaml,
-    privacy.json, and the opening console line. A signal that arrives meanwhile is raised once they
-    are all written (``held_signals``), so a stop leaves them whole."""
+    """Rank 0's first writes: metrics.csv (the checkpoint's rows), the charge for lost lots made
+    durable (a new checkpoint: lots.reserved then holds this attempt's lines only),
+    config.resolved.yaml, privacy.json, and the opening console line. A signal that arrives
+    meanwhile is raised once they are all written (``held_signals``), so a stop leaves them
+    whole."""
     with held_signals():
         _first_writes(run)
 

@@ -86,10 +86,10 @@ def epsilons(ledger, c: Config) -> dict:
     accountant, and the valid ε (min over VALID_ACCOUNTANTS under the joint convention).
 
     An accountant that refuses a ledger (raises ValueError) or gives no finite ε is recorded as
-    (None, None) with its reason under ``refused[accountant][convention]`` and skipped for the valid ε;
-    it never stops the run. ``epsilon`` (configured accountant and convention) is None when that one
-    refused. A non-private run has ε = inf here (metrics.csv writes ``inf``); privacy.json writes
-    ``null`` beside ``"private": false`` and the words of its statement (strict JSON).
+    (None, None) with its reason under ``refused[accountant][convention]`` and skipped for the valid
+    ε; it never stops the run. ``epsilon`` (configured accountant and convention) is None when that
+    one refused. A non-private run has ε = inf here (metrics.csv writes ``inf``); privacy.json
+    writes ``null`` beside ``"private": false`` and the words of its statement (strict JSON).
     """
     p = c.privacy
     if not p.private:
@@ -129,8 +129,8 @@ def epsilons(ledger, c: Config) -> dict:
 
 
 def eps_up(x) -> str:
-    """ε rounded UP to 4 significant digits (exact decimal of the float), so a printed claim is never
-    below the computed one: 1.58269… → '1.583', 1.99998… → '2.000'; None → 'n/a'."""
+    """ε rounded UP to 4 significant digits (exact decimal of the float), so a printed claim is
+    never below the computed one: 1.58269… → '1.583', 1.99998… → '2.000'; None → 'n/a'."""
     if x is None or x != x:
         return "n/a"
     if math.isinf(x) or x == 0:
@@ -151,8 +151,9 @@ def _none(x):
 def metrics_row(
     c: Config, run, lr: float, lot_loss: float, ev, epoch_time: float, wall: float
 ) -> dict:
-    """One metrics.csv row after an epoch of ``run`` (a ``dpsgd.run.state.Run``: its progress's epoch, steps
-    and eps, its parts' sampler, clipper and k); ``ev`` = (train loss, train accuracy, test accuracy)."""
+    """One metrics.csv row after an epoch of ``run`` (a ``dpsgd.run.state.Run``: its progress's
+    epoch, steps and eps, its parts' sampler, clipper and k); ``ev`` = (train loss, train accuracy,
+    test accuracy)."""
     p, at, b = c.privacy, run.progress, run.parts
     eps, sampler = at.eps, b.sampler
     by = eps["by"]
@@ -284,7 +285,8 @@ CHARGED = {  # what each sampler's release() records (dpsgd/mechanism/sampling.p
 
 
 def _shuffle_lower(ledger, plan, p) -> dict:
-    """The lower end of the shuffle bracket (Chua et al. 2024): no valid ε of this run is below it."""
+    """The lower end of the shuffle bracket (Chua et al. 2024): no valid ε of this run is below
+    it."""
     from dpsgd.accountant.privacy_loss import shuffle_lower
 
     epochs = sum(e.count for e in ledger.entries if e.label in ("sgd", "lost"))
@@ -306,9 +308,9 @@ def _shuffle_lower(ledger, plan, p) -> dict:
 
 
 def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> dict:
-    """privacy.json of ``run`` (a ``dpsgd.run.state.Run``: its progress's ledger, eps, steps, epoch and resumes,
-    its parts' sampler, k, noise and runtime) with the given status and stop reason: the claim, the
-    mechanism and its sampling, ε under every accountant, and where it ran."""
+    """privacy.json of ``run`` (a ``dpsgd.run.state.Run``: its progress's ledger, eps, steps, epoch
+    and resumes, its parts' sampler, k, noise and runtime) with the given status and stop reason:
+    the claim, the mechanism and its sampling, ε under every accountant, and where it ran."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {list(STATUSES)}, got status={status!r}")
     if stop_reason is not None and stop_reason not in STOP_REASONS:
@@ -344,8 +346,8 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
 
 
 def _mechanism(c: Config, plan, k: int) -> str:
-    """The mechanism in words (σ, C and L from the run's plan): clipping, noise, division by L, DP-PCA and
-    augmentation multiplicity."""
+    """The mechanism in words (σ, C and L from the run's plan): clipping, noise, division by L,
+    DP-PCA and augmentation multiplicity."""
     p = c.privacy
     return (
         f"DP-SGD (Abadi et al. 2016, Algorithm 1): each example's gradient clipped to C={plan.clip_norm} "
@@ -368,7 +370,8 @@ def _mechanism(c: Config, plan, k: int) -> str:
 
 
 def _sampling(plan, p, ledger) -> dict:
-    """How the lots were drawn, what that is charged as, and (shuffle) the lower end of its bracket."""
+    """How the lots were drawn, what that is charged as, and (shuffle) the lower end of its
+    bracket."""
     sampler = plan.sampler
     out = {
         "name": sampler.name,
@@ -389,7 +392,8 @@ def _sampling(plan, p, ledger) -> dict:
 
 
 def _epsilons(c: Config, at) -> dict:
-    """The accountant, the conversion, ε (valid and configured) under every accountant, and the ledger's position."""
+    """The accountant, the conversion, ε (valid and configured) under every accountant, and the
+    ledger's position."""
     p, eps = c.privacy, at.eps
     return {
         "accountant": c.accountant.name,
@@ -413,7 +417,8 @@ def _epsilons(c: Config, at) -> dict:
 
 
 def _provenance(c: Config, run) -> dict:
-    """Where and how it ran: noise source, runtime, processes, ledger, configuration, resumes, weights."""
+    """Where and how it ran: noise source, runtime, processes, ledger, configuration, resumes,
+    weights."""
     b, at, fp = run.parts, run.progress, config_fingerprint(c)
     dist = getattr(
         run, "dist", None
@@ -444,7 +449,8 @@ def _provenance(c: Config, run) -> dict:
 
 
 def _finite(x):
-    """A float for strict JSON: None (null) where it is NaN or ±inf (the words beside it say why)."""
+    """A float for strict JSON: None (null) where it is NaN or ±inf (the words beside it say
+    why)."""
     return None if x is None or not math.isfinite(x) else x
 
 
@@ -515,8 +521,8 @@ def not_covered(c: Config, run) -> list[dict]:
 
 def parameters(c: Config, run) -> dict:
     """Which tensors were trained privately (clipped, noised, the k groups) and which are public:
-    loaded from a pretrained artifact and frozen, never charged (paper §5.3: convolutions pretrained on
-    CIFAR-100, "treated as public")."""
+    loaded from a pretrained artifact and frozen, never charged (paper §5.3: convolutions pretrained
+    on CIFAR-100, "treated as public")."""
     model = getattr(run.parts, "model", None)
     if model is None:
         return {}
@@ -544,7 +550,8 @@ def parameters(c: Config, run) -> dict:
 
 
 def progress_line(row: dict, c: Config) -> None:
-    """One console line per epoch; ε leads with the valid bound (joint convention, best accountant)."""
+    """One console line per epoch; ε leads with the valid bound (joint convention, best
+    accountant)."""
 
     def pct(v):
         return "   -  " if v != v else f"{100 * v:6.2f}%"
@@ -574,8 +581,8 @@ def progress_line(row: dict, c: Config) -> None:
 
 
 def final_line(statement: dict, test_accuracy: float, run_dir=None) -> str:
-    """The trainer's closing console text: outcome, accuracy and the privacy statement (valid ε first),
-    what it does not cover, then where the results are."""
+    """The trainer's closing console text: outcome, accuracy and the privacy statement (valid ε
+    first), what it does not cover, then where the results are."""
     head = "DIVERGED" if statement["status"] == "diverged" else "done"
     text = (
         f"{head} ({statement['stop_reason']}): {statement['steps']} lots, {statement['epochs']} epochs, "
