@@ -34,11 +34,13 @@ def calibrated_sigma(c, sampler, shape) -> float:
         )
     if p.sampling == "shuffle":
         raise ConfigError(
-            f"{key}: shuffle is charged without amplification; set privacy.sigma (or another sampling)"
+            f"{key}: shuffle is charged without amplification; set privacy.sigma (or another "
+            "sampling)"
         )
     if c.model.projection == "pca":
         raise ConfigError(
-            f"{key}: does not include the DP-PCA release; set privacy.sigma or model.projection=none"
+            f"{key}: does not include the DP-PCA release; set privacy.sigma or "
+            "model.projection=none"
         )
     steps = t.epochs * sampler.lots_per_epoch()
     if t.max_steps is not None:

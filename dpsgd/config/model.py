@@ -79,8 +79,9 @@ def _check_widths(m) -> None:
     ):  # a layer of width h has >= h weights (checked before any build)
         if h > PARAMS_MAX:
             raise ConfigError(
-                f"model.hidden[{i}]={h}: a layer this wide holds more than PARAMS_MAX={PARAMS_MAX:.0e} "
-                "parameters (4 GB of float32 weights before gradients and noise)"
+                f"model.hidden[{i}]={h}: a layer this wide holds more than "
+                f"PARAMS_MAX={PARAMS_MAX:.0e} parameters (4 GB of float32 weights before gradients "
+                "and noise)"
             )
 
 
@@ -176,7 +177,8 @@ def _check_built(m, d, shape) -> None:
         raise ConfigError(f"model.freeze={m.freeze}: the {m.name} model has no such parameters")
     if m.freeze != "none" and m.pretrained is None:
         raise ConfigError(
-            f"model.freeze={m.freeze}: freezes public weights; set model.pretrained to their artifact"
+            f"model.freeze={m.freeze}: freezes public weights; set model.pretrained to their "
+            "artifact"
         )
     if len(frozen) == sum(1 for _ in model.parameters()):
         raise ConfigError(f"model.freeze={m.freeze}: nothing left to train")
@@ -190,7 +192,8 @@ def _check_pretrained(m, model, frozen: list[str]) -> None:
         not isinstance(m.pretrained_sha256, str) or m.pretrained is None
     ):
         raise ConfigError(
-            f"model.pretrained_sha256={fmt(m.pretrained_sha256)}: a hex digest, with model.pretrained"
+            f"model.pretrained_sha256={fmt(m.pretrained_sha256)}: a hex digest, with "
+            "model.pretrained"
         )
     if m.pretrained is None:
         return
@@ -209,6 +212,6 @@ def _check_pretrained(m, model, frozen: list[str]) -> None:
     missing = [n for n in frozen if n not in tensors]
     if missing:
         raise ConfigError(
-            f"model.pretrained={m.pretrained}: holds no {missing[0]}, which model.freeze={m.freeze} "
-            "freezes (a frozen tensor must be the public one)"
+            f"model.pretrained={m.pretrained}: holds no {missing[0]}, which "
+            f"model.freeze={m.freeze} freezes (a frozen tensor must be the public one)"
         )

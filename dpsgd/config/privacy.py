@@ -104,8 +104,8 @@ def _check_multiplicity(p) -> None:
             else "privacy.lot_size (no physical batch)"
         )
         raise ConfigError(
-            f"privacy.augment_multiplicity={K}: {B} examples per pass ({which}) × K = {B * K} rows at "
-            f"once, more than ROWS_PER_PASS_MAX={ROWS_PER_PASS_MAX}; set a smaller "
+            f"privacy.augment_multiplicity={K}: {B} examples per pass ({which}) × K = {B * K} rows "
+            f"at once, more than ROWS_PER_PASS_MAX={ROWS_PER_PASS_MAX}; set a smaller "
             "privacy.physical_batch_size (memory only: the result is the same)"
         )
 

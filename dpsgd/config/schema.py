@@ -47,9 +47,8 @@ class DatasetConfig:
     validation: int | None = (
         None  # hold out the last n of them and evaluate on those, not the test set
     )
-    crop: int | None = (
-        None  # centre crop of CIFAR images (conf/dataset/cifar10.yaml: the paper's 24); None keeps 32
-    )
+    # centre crop of CIFAR images (conf/dataset/cifar10.yaml: the paper's 24); None keeps 32
+    crop: int | None = None
     download: bool = True  # allow torchvision to download when no local copy exists
     augment: str = "none"  # none | crop_flip (random crop to `crop` + horizontal flip, per lot)
     standardize: bool = False  # per-image standardisation (TF per_image_standardization)
@@ -250,9 +249,9 @@ def validate_training(c: Config, sampler) -> None:
     if lots > limits.STEPS_MAX:
         p = c.privacy
         raise ConfigError(
-            f"training.epochs={t.epochs}: {lots} lots ({p.sampling} sampling, L={p.lot_size}, N={N}) "
-            f"exceed STEPS_MAX={limits.STEPS_MAX}, the most the accountants serve; "
-            "lower training.epochs"
+            f"training.epochs={t.epochs}: {lots} lots ({p.sampling} sampling, L={p.lot_size}, "
+            f"N={N}) exceed STEPS_MAX={limits.STEPS_MAX}, the most the accountants serve; lower "
+            "training.epochs"
         )
     t.momentum = num("training.momentum", t.momentum, lo=0, hi=1, hi_open=True)
     t.eval_every = num("training.eval_every", t.eval_every, integer=True, lo=1)

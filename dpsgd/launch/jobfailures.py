@@ -186,7 +186,8 @@ def lost_worker(exc: BaseException, kind: str, jobs: list, folders: list) -> tup
     what = (
         f"its hydra/launcher={kind} worker process {how}"
         if len(named) == 1
-        else f"a hydra/launcher={kind} worker process running one of them {how}, and the others were stopped"
+        else f"a hydra/launcher={kind} worker process running one of them {how}, and the others "
+        "were stopped"
     )
     return error_line(
         f"{_who(named, jobs)}: {what}; the sweep stopped (jobs {_outcomes(jobs, states, folders)})",
@@ -201,8 +202,9 @@ def lost_jobs(dead: list, kind: str, jobs: list, folders: list) -> tuple[str, in
     states = {num: job_state(folders[num] if num < len(folders) else None) for num, _ in jobs}
     seen = ", ".join(dict.fromkeys(lost.state for _, lost in dead))
     what = (
-        f"{'its' if len(dead) == 1 else 'their'} hydra/launcher={kind} job{'' if len(dead) == 1 else 's'} "
-        f"ended without a result (the process died: killed, out of memory or crashed; submitit state {seen})"
+        f"{'its' if len(dead) == 1 else 'their'} hydra/launcher={kind} "
+        f"job{'' if len(dead) == 1 else 's'} ended without a result (the process died: killed, out "
+        f"of memory or crashed; submitit state {seen})"
     )
     return error_line(
         f"{_who([j for j, _ in dead], jobs)}: {what}; the other jobs ran to their end (jobs "

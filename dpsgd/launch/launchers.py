@@ -111,7 +111,8 @@ def check(hc) -> str:
             )
         if key == "n_jobs" and v == 0:
             raise ConfigError(
-                "hydra.launcher.n_jobs=0: must be >= 1 (jobs at once), or -1 for one per usable core"
+                "hydra.launcher.n_jobs=0: must be >= 1 (jobs at once), or -1 for one per usable "
+                "core"
             )
         if key in _ONE and v != 1:
             raise ConfigError(

@@ -127,7 +127,8 @@ def task(train, cfg) -> None:
                 c = validate(cfg)
                 if c.resume:
                     raise ConfigError(
-                        "resume: resume a single run on its own: python -m dpsgd.train resume=<run dir>"
+                        "resume: resume a single run on its own: "
+                        "python -m dpsgd.train resume=<run dir>"
                     )
                 data_ready(c)
                 train(c, run_dir, overrides)

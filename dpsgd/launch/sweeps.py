@@ -77,8 +77,8 @@ def resolve_sweep(args: list[str]) -> Sweep:
             raise ConfigError(f"hydra.sweep.dir={folder}: {one_line(e)}") from None
         if str(master.hydra.sweep.dir) != folder:
             raise ConfigError(
-                f"hydra.sweep.dir={folder}: cannot be handed to Hydra literally (pick a folder name "
-                "without quote characters or '${')"
+                f"hydra.sweep.dir={folder}: cannot be handed to Hydra literally (pick a folder "
+                "name without quote characters or '${')"
             )
         kind = check(master.hydra)
         subdir = str(OmegaConf.to_container(master.hydra.sweep, resolve=False)["subdir"])
@@ -195,19 +195,20 @@ def check_job_folders(sweep: Sweep) -> None:
         job = _resolved(key, os.path.join(sweep.dir, sub))
         if base not in job.parents:
             raise ConfigError(
-                f"{key}: job {num}'s folder {job} is not inside the sweep folder {base} (a relative "
-                "path below it, one new folder per job)"
+                f"{key}: job {num}'s folder {job} is not inside the sweep folder {base} (a "
+                "relative path below it, one new folder per job)"
             )
         long = [n for n in job.relative_to(base).parts if len(os.fsencode(n)) > limit]
         if long:
             raise ConfigError(
-                f"{key}: job {num}'s folder name is {len(os.fsencode(long[0]))} bytes, longer than the "
-                f"file system's {limit} (keep it short, e.g. ${{dpsgd.short:${{hydra.job.override_dirname}}}})"
+                f"{key}: job {num}'s folder name is {len(os.fsencode(long[0]))} bytes, longer than "
+                f"the file system's {limit} (keep it short, e.g. "
+                "${dpsgd.short:${hydra.job.override_dirname}})"
             )
         if job in folders:
             raise ConfigError(
-                f"{key}: jobs {folders[job]} and {num} would share the folder {job} (it must vary with "
-                "${hydra.job.num})"
+                f"{key}: jobs {folders[job]} and {num} would share the folder {job} (it must vary "
+                "with ${hydra.job.num})"
             )
         folders[job] = num
     for job, num in folders.items():

@@ -37,9 +37,9 @@ class CheckpointError(ConfigError):
 
 
 _MAGIC = b"DPSGD-CHECKPOINT\n"
-FORMAT_VERSION = 6  # 3: the optimiser state (momentum buffers); 4: whole-config fingerprint, bound lots.reserved;
-# 5: the debts of earlier attempts with their lot digests; 6: no digests, the binding's
-# ``covers`` and ``lots_per_epoch`` (dpsgd/run/guard.py)
+FORMAT_VERSION = 6  # 3: the optimiser state (momentum buffers); 4: whole-config fingerprint,
+# bound lots.reserved; 5: the debts of earlier attempts with their lot digests; 6: no digests, the
+# binding's ``covers`` and ``lots_per_epoch`` (dpsgd/run/guard.py)
 READS = (4, 5, 6)  # 4 and 5 are read: the lots they owe (``owed``, ``debts``) are charged whole
 SUPERSEDED = "metrics.superseded.csv"
 REQUIRED_KEYS = (
@@ -204,8 +204,8 @@ def escaped_steps(run_dir: str | Path, ckpt: dict) -> int:
         rows = _csv_rows(run_dir / name)
         if name == SUPERSEDED and len(rows) < skip:
             raise ConfigError(
-                f"resume: {run_dir / name}: holds {len(rows)} rows, the checkpoint covers {skip}: rows "
-                "that show which lots ran were removed; restore the file or start a new run"
+                f"resume: {run_dir / name}: holds {len(rows)} rows, the checkpoint covers {skip}: "
+                "rows that show which lots ran were removed; restore the file or start a new run"
             )
         seen += [_int(r.get("steps")) for r in rows[skip:]]
     try:

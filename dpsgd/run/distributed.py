@@ -186,9 +186,12 @@ class RanksDisagree(ConfigError):
 # change here.
 PER_RANK = frozenset(
     {
-        "dataset.root",  # this node's data folder (None: $DPSGD_DATA_ROOT); the data is compared by hash
-        "dataset.download",  # whether this node may fetch a missing copy; the data is compared by hash
-        "model.pretrained",  # the artifact's path on this node; model.pretrained_sha256 and the weights are compared
+        # this node's data folder (None: $DPSGD_DATA_ROOT); the data is compared by hash
+        "dataset.root",
+        # whether this node may fetch a missing copy; the data is compared by hash
+        "dataset.download",
+        # the artifact's path on this node; model.pretrained_sha256 and the weights are compared
+        "model.pretrained",
     }
 )
 SAME_BUILD = (

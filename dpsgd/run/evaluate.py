@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-EVAL_ROWS = 1024  # rows per forward pass of a row-wise model in ``evaluate`` (its activations stay in cache)
+# rows per forward pass of a row-wise model in ``evaluate`` (its activations stay in cache)
+EVAL_ROWS = 1024
 _ROWWISE = (torch.nn.Linear, torch.nn.ReLU, torch.nn.Identity, torch.nn.Flatten)
 
 

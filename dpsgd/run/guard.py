@@ -112,10 +112,10 @@ class LotGuard:
         warning = None
         if not windows and not ended and current:
             warning = (
-                f"the last attempt ended without a statement (privacy.json: running) and {self.path} "
-                f"shows no lot past the checkpoint at lot {steps}: nothing is charged for it. A crash "
-                "before its first lot leaves this; a file cut back leaves it too, and then the lots "
-                "that ran are not charged (docs/RUNS.md)"
+                "the last attempt ended without a statement (privacy.json: running) and "
+                f"{self.path} shows no lot past the checkpoint at lot {steps}: nothing is charged "
+                "for it. A crash before its first lot leaves this; a file cut back leaves it too, "
+                "and then the lots that ran are not charged (docs/RUNS.md)"
             )
         return Owed(tuple(windows), why, warning, self.token)
 
@@ -166,7 +166,8 @@ class LotGuard:
                 )
             if torn is not None:
                 raise bad(
-                    f"line {torn} is not JSON, and a reservation follows it (not the torn tail of a crash)"
+                    f"line {torn} is not JSON, and a reservation follows it (not the torn tail of "
+                    "a crash)"
                 )
             best = max(best, v)
         self.token, self.expected = head["checkpoint"], binding["token"]

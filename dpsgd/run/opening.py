@@ -122,7 +122,8 @@ def _open(
             (run_dir / f).exists() for f in (CHECKPOINT, PRIVACY, METRICS, RESERVATIONS)
         ):
             raise ConfigError(
-                f"hydra.run.dir={run_dir}: already holds a run; never overwritten (use resume={run_dir})"
+                f"hydra.run.dir={run_dir}: already holds a run; never overwritten (use "
+                f"resume={run_dir})"
             )
         return Run.fresh(c, run_dir, overrides, d, seeds, instrument)
     if instrument is not None:
@@ -195,8 +196,8 @@ def _first_writes(run: Run) -> None:
         import yaml
 
         label = (
-            f"# AUDIT RUN ({run.instrument.label.get('summary', 'audit')}): the training data held the audit's "
-            "canaries\n"
+            f"# AUDIT RUN ({run.instrument.label.get('summary', 'audit')}): the training data held "
+            "the audit's canaries\n"
             if run.instrument is not None
             else ""
         )
@@ -209,9 +210,10 @@ def _first_writes(run: Run) -> None:
     if p.private:
         tag = "dpsgd AUDIT RUN" if run.instrument is not None else "dpsgd"
         print(
-            f"{tag}: {c.dataset.name} N={len(built.data.X_train)} → {run_dir}  (device {built.device}{ws}, engine "
-            f"{built.clipper.mode}, k={built.k}, {built.sampler.name} q={built.sampler.q:.4g}, "
-            f"σ={built.plan.sigma}, C={built.plan.clip_norm}, L={built.plan.lot_size})",
+            f"{tag}: {c.dataset.name} N={len(built.data.X_train)} → {run_dir}  (device "
+            f"{built.device}{ws}, engine {built.clipper.mode}, k={built.k}, {built.sampler.name} "
+            f"q={built.sampler.q:.4g}, σ={built.plan.sigma}, C={built.plan.clip_norm}, "
+            f"L={built.plan.lot_size})",
             flush=True,
         )
     else:
@@ -222,7 +224,7 @@ def _first_writes(run: Run) -> None:
         print(f"resume: charged {lost} lot(s) as lost: they {run.progress.lost_why}", flush=True)
     if run.finish_as is not None:
         print(
-            f"resume: the run had finished ({run.finish_as}); lots ran past its final checkpoint (an extension "
-            "that did not finish): charged, and the run finished again",
+            f"resume: the run had finished ({run.finish_as}); lots ran past its final checkpoint "
+            "(an extension that did not finish): charged, and the run finished again",
             flush=True,
         )
