@@ -1,9 +1,10 @@
 """Train with DP-SGD — Algorithm 1 of Abadi et al. 2016 ("Deep Learning with Differential Privacy").
 
-    python -m dpsgd.train experiment=mnist_medium [key=value ...]      (command line: dpsgd/launch/main.py)
-    python -m dpsgd.train resume=<run dir>
+    python -m dpsgd.train experiment=mnist_medium [key=value ...]
+    python -m dpsgd.train resume=<run dir>                      (command line: dpsgd/launch/main.py)
 
-    setup:  data → (DP-)PCA, charged to the ledger → model → clipping engine → DPSGD → sampler (q = L/N)
+    setup:  data → (DP-)PCA, charged to the ledger → model → clipping engine → DPSGD
+            → sampler (q = L/N)
     for each epoch, for each lot L_t drawn with probability q per example:
         stop before a lot that would pass max_steps or the target ε          (run.stop_reason)
         x_i ← augment(x_i), each example on its own (CIFAR: crop, flip, standardise)  (parts.lot)
@@ -47,8 +48,9 @@ from dpsgd.run.state import Run
 
 
 def lr_at(t, epoch0: int) -> float:
-    """The paper code's VaryRate: lr falls linearly from lr to lr_end over the first lr_saturate_epochs
-    epochs (epoch0 = 0 → lr, epoch0 = saturate − 1 → lr_end), then stays at lr_end."""
+    """The paper code's VaryRate: lr falls linearly from lr to lr_end over the first
+    lr_saturate_epochs epochs (epoch0 = 0 → lr, epoch0 = saturate − 1 → lr_end), then stays at
+    lr_end."""
     if t.lr_saturate_epochs <= 1:
         return t.lr_end if t.lr_saturate_epochs == 1 else t.lr
     if epoch0 >= t.lr_saturate_epochs:
@@ -69,8 +71,8 @@ def train(
     if writer:
         run_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(run_dir, "resume" if c.resume else "hydra.run.dir") if writer else nullcontext():
-        # SIGINT, SIGTERM, SIGHUP: one line, for the whole run (set-up, epochs, the last writes), and the
-        # writes that open or finish a run and each lot's charge are held whole
+        # SIGINT, SIGTERM, SIGHUP: one line, for the whole run (set-up, epochs, the last writes),
+        # and the writes that open or finish a run and each lot's charge are held whole
         with signals_as_interrupts():
             run = setup(c, run_dir, list(overrides or []), instrument)
             if run.finished is not None:
@@ -83,7 +85,8 @@ def train(
 
 
 def algorithm1(run: Run) -> dict:
-    """Epochs of lots until the epochs, max_steps or the target ε are reached, or the run diverges."""
+    """Epochs of lots until the epochs, max_steps or the target ε are reached, or the run
+    diverges."""
     c, t, at = run.c, run.c.training, run.progress
     stop_reason = None
     try:
@@ -134,7 +137,8 @@ def finish(run: Run, stop_reason: str) -> dict:
 
 
 def run_epoch(run: Run):
-    """One epoch of lots (Algorithm 1's inner loop); (stop reason or None, lots, Σ loss, Σ lot sizes)."""
+    """One epoch of lots (Algorithm 1's inner loop); (stop reason or None, lots, Σ loss, Σ lot
+    sizes)."""
     p, parts, at = run.c.privacy, run.parts, run.progress
     lots, loss_sum, seen = 0, torch.zeros((), device=parts.device), 0
     for i, idx in enumerate(parts.sampler.epoch()):
@@ -153,8 +157,8 @@ def run_epoch(run: Run):
 def end_of_epoch(
     run: Run, stop_reason: str | None, lr: float, lot_loss: float, t_epoch: float
 ) -> None:
-    """Evaluate (when due), one metrics.csv row, and (unless this was the last epoch) privacy.json and
-    the checkpoint."""
+    """Evaluate (when due), one metrics.csv row, and (unless this was the last epoch) privacy.json
+    and the checkpoint."""
     c, t, parts = run.c, run.c.training, run.parts
     if not run.writes:  # ranks > 0: rank 0 evaluates and writes
         return
@@ -169,7 +173,8 @@ def end_of_epoch(
             if parts.ema is not None
             else nullcontext(parts.model) as model
         ):
-            # (train loss, train accuracy): private data without noise, not covered by ε (report.not_covered)
+            # (train loss, train accuracy): private data without noise, not covered by ε
+            # (report.not_covered)
             ev = (
                 evaluate(model, Xtr, ytr, t.eval_batch_size, tf)
                 if t.train_metrics

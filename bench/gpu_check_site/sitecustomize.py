@@ -1,15 +1,16 @@
-"""Loaded by every Python process that ``bench/gpu_check.py`` starts (this folder is on their PYTHONPATH).
+"""Loaded by every Python process that ``bench/gpu_check.py`` starts.
 
-Two guards, so that the check proves what it claims on any machine, the CPU rehearsal included:
+This folder is on their PYTHONPATH. Two guards, so that the check proves what it claims on any
+machine, the CPU rehearsal included:
 
 * **no network**: a socket may connect only to this machine (loopback, ``localhost``, its own host
   name; Unix sockets), and only such names are resolved; anything else raises ``OSError`` at once.
-  Native code (NCCL, c10d's TCPStore) is not Python and is not guarded; torchrun --standalone keeps to
-  localhost.
+  Native code (NCCL, c10d's TCPStore) is not Python and is not guarded; torchrun --standalone keeps
+  to localhost.
 * **only the private target folder provides the carried packages**: the top-level import names in
   ``$DPSGD_GPU_CHECK_HIDE`` are found in ``$DPSGD_GPU_CHECK_SITE`` or not at all, so a package this
-  machine happens to hold elsewhere (this machine's venv, during the rehearsal) cannot stand in for a
-  wheel missing from ``.whl/``.
+  machine happens to hold elsewhere (this machine's venv, during the rehearsal) cannot stand in for
+  a wheel missing from ``.whl/``.
 
 A ``sitecustomize`` further along ``sys.path`` (a distribution's own) is run afterwards.
 """

@@ -1,1 +1,4 @@
-"""The run's configuration: typed schemas and their validation, one function per config group, the fingerprint."""
+"""The run's configuration: typed schemas and their validation.
+
+One function per config group, and the fingerprint.
+"""

@@ -1,12 +1,12 @@
-"""σ from the target ε: ``privacy.calibrate_sigma=true`` sets ``privacy.sigma`` so that the planned lots
-spend at most ``privacy.target_epsilon`` under the configured accountant and convention.
+"""σ from the target ε: ``privacy.calibrate_sigma=true`` sets ``privacy.sigma`` so that the planned
+lots spend at most ``privacy.target_epsilon`` under the configured accountant and convention.
 
 One σ search (``dpsgd/accountant/calibrate.py:smallest_sigma``, bisection on log σ): over the
-configured accountant's ε after the planned lots for Poisson sampling (``calibrate.sigma_for_epsilon``),
-over the sampler's own charges (the events ``dpsgd/mechanism/sampling.py:record_lots`` records) in a
-``Ledger`` for the others. Either way ε(σ) is kept at or below the target and within 0.5 % of it. The k
-of the charge is the number of separately clipped groups (``clipping_groups``), the rule the clipping
-engine clips by.
+configured accountant's ε after the planned lots for Poisson sampling
+(``calibrate.sigma_for_epsilon``), over the sampler's own charges (the events
+``dpsgd/mechanism/sampling.py:record_lots`` records) in a ``Ledger`` for the others. Either way ε(σ)
+is kept at or below the target and within 0.5 % of it. The k of the charge is the number of
+separately clipped groups (``clipping_groups``), the rule the clipping engine clips by.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from dpsgd.models.networks import build_model, frozen_names
 
 
 def calibrated_sigma(c, sampler, shape) -> float:
-    """σ such that the planned lots (training.epochs, or training.max_steps if fewer) of the ``Config``
-    ``c`` spend at most privacy.target_epsilon under the configured accountant and convention
-    (``dpsgd/accountant/calibrate.py:sigma_for_epsilon``; ε within 0.5 % below the target)."""
+    """σ such that the planned lots (training.epochs, or training.max_steps if fewer) of the
+    ``Config`` ``c`` spend at most privacy.target_epsilon under the configured accountant and
+    convention (``dpsgd/accountant/calibrate.py:sigma_for_epsilon``; ε within 0.5 % below the
+    target)."""
     import torch
 
     p, t, key = c.privacy, c.training, "privacy.calibrate_sigma=true"
@@ -33,11 +34,13 @@ def calibrated_sigma(c, sampler, shape) -> float:
         )
     if p.sampling == "shuffle":
         raise ConfigError(
-            f"{key}: shuffle is charged without amplification; set privacy.sigma (or another sampling)"
+            f"{key}: shuffle is charged without amplification; set privacy.sigma (or another "
+            "sampling)"
         )
     if c.model.projection == "pca":
         raise ConfigError(
-            f"{key}: does not include the DP-PCA release; set privacy.sigma or model.projection=none"
+            f"{key}: does not include the DP-PCA release; set privacy.sigma or "
+            "model.projection=none"
         )
     steps = t.epochs * sampler.lots_per_epoch()
     if t.max_steps is not None:
@@ -72,7 +75,8 @@ def sigma_for_lots(
 
 @functools.lru_cache(maxsize=32)
 def _sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention) -> float:
-    """``sigma_for_epsilon``, remembered per process (a command validates its config more than once)."""
+    """``sigma_for_epsilon``, remembered per process (a command validates its config more than
+    once)."""
     from dpsgd.accountant.calibrate import sigma_for_epsilon
 
     return float(sigma_for_epsilon(target, delta, q, steps, accountant, groups, convention))
@@ -96,8 +100,9 @@ def _sigma_for_sampler(
 
 
 def clipping_groups(model, clipping: str, freeze: str = "none") -> int:
-    """k, the separately clipped groups of ``model`` once ``model.freeze`` has frozen its public tensors
-    (frozen here, in place): ``dpsgd/mechanism/clipping/groups.py:clipping_groups``, the rule the engine clips by."""
+    """k, the separately clipped groups of ``model`` once ``model.freeze`` has frozen its public
+    tensors (frozen here, in place): ``dpsgd/mechanism/clipping/groups.py:clipping_groups``, the
+    rule the engine clips by."""
     from dpsgd.mechanism.clipping.groups import clipping_groups as groups
 
     for n in frozen_names(model, freeze):

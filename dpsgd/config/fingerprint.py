@@ -2,8 +2,8 @@
 costs, and the configuration's fingerprint (every other key, compared on resume: default deny).
 
 docs/RUNS.md walks the table; dpsgd/run/checkpoint.py:check_resumable refuses a resume whose
-fingerprint differs, naming the first key; dpsgd/run/guard.py charges, on every resume, the lots that
-may have run after the checkpoint, whatever changed.
+fingerprint differs, naming the first key; dpsgd/run/guard.py charges, on every resume, the lots
+that may have run after the checkpoint, whatever changed.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ RESUME_ALLOWED: dict[str, tuple[str, str]] = {
 
 
 def config_leaves(c: Config) -> dict:
-    """Every leaf of the validated ``Config`` as ``group.key`` (or ``key``) → value, in schema order."""
+    """Every leaf of the validated ``Config`` as ``group.key`` (or ``key``) → value, in schema
+    order."""
     out = {}
     for k, v in c.to_dict().items():
         if isinstance(v, dict):

@@ -29,7 +29,8 @@ from dpsgd.models.networks import (
 )
 
 # The largest model validated: 10**9 float32 parameters are 4 GB of weights alone, before gradients,
-# noise and optimiser buffers (several times that); beyond what one CPU or GPU run of this repo holds.
+# noise and optimiser buffers (several times that); beyond what one CPU or GPU run of this repo
+# holds.
 PARAMS_MAX = 10**9
 
 
@@ -63,7 +64,8 @@ def validate_model(m, d) -> tuple[int, ...]:
 
 
 def _check_widths(m) -> None:
-    """``model.hidden``: a list of positive widths, each layer below PARAMS_MAX, within GROUPS_MAX layers."""
+    """``model.hidden``: a list of positive widths, each layer below PARAMS_MAX, within GROUPS_MAX
+    layers."""
     if not isinstance(m.hidden, (list, tuple)):
         raise ConfigError(f"model.hidden={fmt(m.hidden)}: must be a list of layer widths")
     if m.name == "mlp" and len(m.hidden) + 1 > limits.GROUPS_MAX:
@@ -77,15 +79,17 @@ def _check_widths(m) -> None:
     ):  # a layer of width h has >= h weights (checked before any build)
         if h > PARAMS_MAX:
             raise ConfigError(
-                f"model.hidden[{i}]={h}: a layer this wide holds more than PARAMS_MAX={PARAMS_MAX:.0e} "
-                "parameters (4 GB of float32 weights before gradients and noise)"
+                f"model.hidden[{i}]={h}: a layer this wide holds more than "
+                f"PARAMS_MAX={PARAMS_MAX:.0e} parameters (4 GB of float32 weights before gradients "
+                "and noise)"
             )
 
 
 def _validate_user_model(m, d) -> tuple[int, ...]:
     """``model._target_``: your own class, built on the meta device with ``model.args`` and checked
     as the presets' networks are (no layer that mixes examples, at most PARAMS_MAX parameters). It
-    takes the dataset's examples as they are: no projection, no fixed features, no pretrained file."""
+    takes the dataset's examples as they are: no projection, no fixed features, no pretrained
+    file."""
     key = f"model._target_={m._target_}"
     if not isinstance(m._target_, str) or not m._target_:
         raise ConfigError(f"model._target_={fmt(m._target_)}: must name a class, pkg.module.Class")
@@ -117,7 +121,8 @@ def _validate_user_model(m, d) -> tuple[int, ...]:
 
 
 def _features(m, d) -> tuple[int, ...]:
-    """The shape of one example after ``model.features`` (the fixed transform replaces any projection)."""
+    """The shape of one example after ``model.features`` (the fixed transform replaces any
+    projection)."""
     shape = input_shape(d, d.crop)
     if m.features == "none":
         return shape
@@ -172,7 +177,8 @@ def _check_built(m, d, shape) -> None:
         raise ConfigError(f"model.freeze={m.freeze}: the {m.name} model has no such parameters")
     if m.freeze != "none" and m.pretrained is None:
         raise ConfigError(
-            f"model.freeze={m.freeze}: freezes public weights; set model.pretrained to their artifact"
+            f"model.freeze={m.freeze}: freezes public weights; set model.pretrained to their "
+            "artifact"
         )
     if len(frozen) == sum(1 for _ in model.parameters()):
         raise ConfigError(f"model.freeze={m.freeze}: nothing left to train")
@@ -180,12 +186,14 @@ def _check_built(m, d, shape) -> None:
 
 
 def _check_pretrained(m, model, frozen: list[str]) -> None:
-    """``model.pretrained``: a hash-checked artifact whose tensors fit the network and hold every frozen one."""
+    """``model.pretrained``: a hash-checked artifact whose tensors fit the network and hold every
+    frozen one."""
     if m.pretrained_sha256 is not None and (
         not isinstance(m.pretrained_sha256, str) or m.pretrained is None
     ):
         raise ConfigError(
-            f"model.pretrained_sha256={fmt(m.pretrained_sha256)}: a hex digest, with model.pretrained"
+            f"model.pretrained_sha256={fmt(m.pretrained_sha256)}: a hex digest, with "
+            "model.pretrained"
         )
     if m.pretrained is None:
         return
@@ -204,6 +212,6 @@ def _check_pretrained(m, model, frozen: list[str]) -> None:
     missing = [n for n in frozen if n not in tensors]
     if missing:
         raise ConfigError(
-            f"model.pretrained={m.pretrained}: holds no {missing[0]}, which model.freeze={m.freeze} "
-            "freezes (a frozen tensor must be the public one)"
+            f"model.pretrained={m.pretrained}: holds no {missing[0]}, which "
+            f"model.freeze={m.freeze} freezes (a frozen tensor must be the public one)"
         )

@@ -1,9 +1,9 @@
 """The command line's overrides as the config sees them: the key an override sets, whatever its
 spelling, and the run directory ``resume=<dir>`` names (checked before anything reads from it).
 
-Used by the train command line (dpsgd/launch/main.py, dpsgd/launch/prepare.py), the run's setup and its
-torchrun ranks (which compare overrides by key), the tuner's search space, and ``validate`` itself
-(``resume=``).
+Used by the train command line (dpsgd/launch/main.py, dpsgd/launch/prepare.py), the run's setup and
+its torchrun ranks (which compare overrides by key), the tuner's search space, and ``validate``
+itself (``resume=``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from dpsgd.core.errors import ConfigError
 
 
 def override_key(a: str) -> str:
-    """The config key of a command-line override, whatever its spelling (key=, +key=, ++key=, ~key)."""
+    """The config key of a command-line override, whatever its spelling (key=, +key=, ++key=,
+    ~key)."""
     return a.split("=", 1)[0].lstrip("+~").strip()
 
 

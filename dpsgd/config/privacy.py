@@ -1,12 +1,12 @@
-"""The ``privacy.*`` and ``accountant.*`` groups of the config, checked against what the mechanism and
-the accountants serve.
+"""The ``privacy.*`` and ``accountant.*`` groups of the config, checked against what the mechanism
+and the accountants serve.
 
 Besides the types and ranges of each value, these refuse what would only fail once training has
 started:
 
 * values the accountants cannot serve (their ranges are ``dpsgd.accountant.limits``: σ and σ_p in
-  [SIGMA_MIN, SIGMA_MAX] for private runs, as charged (σ/2 under shuffle sampling), q = L/N >= Q_MIN,
-  δ >= DELTA_MIN, target ε <= EPSILON_MAX);
+  [SIGMA_MIN, SIGMA_MAX] for private runs, as charged (σ/2 under shuffle sampling), q = L/N >=
+  Q_MIN, δ >= DELTA_MIN, target ε <= EPSILON_MAX);
 * δ >= 1/N in a private run (δ is the probability of a catastrophic failure: at δ >= 1/N a mechanism
   that publishes one random example in full is (0, δ)-DP; Dwork & Roth 2014 §2.3). Only
   ``privacy.allow_large_delta=true`` accepts it, and that is recorded in the resolved config;
@@ -25,8 +25,9 @@ from dpsgd.mechanism.sampling import SAMPLERS, make_sampler
 
 
 def validate_privacy(c):
-    """The ``privacy.*`` group of ``c`` (a ``Config`` whose dataset and model are validated), checked
-    and coerced in place; returns the run's sampler (the one source of q). ConfigError naming the key."""
+    """The ``privacy.*`` group of ``c`` (a ``Config`` whose dataset and model are validated),
+    checked and coerced in place; returns the run's sampler (the one source of q). ConfigError
+    naming the key."""
     p, N = c.privacy, c.N
     _check_lot(p, N)
     p.max_lot_size = num(
@@ -76,18 +77,18 @@ def validate_privacy(c):
     return sampler
 
 
-# Augmentation multiplicity K: De et al. 2022 train their CIFAR-10 results with K = 16; 1024 leaves a
-# wide margin above that. Each physical batch becomes B·K rows held at once
-# (the copies, their activations and per-row gradients), so B·K is bounded too: 2^20 rows of a CIFAR
-# image are 12 GiB of input alone, before any activation. A larger K, or a larger B·K, would only
-# exhaust the memory once training has started.
+# Augmentation multiplicity K: De et al. 2022 train their CIFAR-10 results with K = 16; 1024 leaves
+# a wide margin above that. Each physical batch becomes B·K rows held at once (the copies, their
+# activations and per-row gradients), so B·K is bounded too: 2^20 rows of a CIFAR image are 12 GiB
+# of input alone, before any activation. A larger K, or a larger B·K, would only exhaust the memory
+# once training has started.
 AUGMENT_MULTIPLICITY_MAX = 1024
 ROWS_PER_PASS_MAX = 2**20
 
 
 def _check_multiplicity(p) -> None:
-    """K in [1, AUGMENT_MULTIPLICITY_MAX], and the rows of one pass, B·K (B the physical batch, or the
-    lot when none is set), at most ROWS_PER_PASS_MAX."""
+    """K in [1, AUGMENT_MULTIPLICITY_MAX], and the rows of one pass, B·K (B the physical batch, or
+    the lot when none is set), at most ROWS_PER_PASS_MAX."""
     p.augment_multiplicity = K = num(
         "privacy.augment_multiplicity",
         p.augment_multiplicity,
@@ -103,8 +104,8 @@ def _check_multiplicity(p) -> None:
             else "privacy.lot_size (no physical batch)"
         )
         raise ConfigError(
-            f"privacy.augment_multiplicity={K}: {B} examples per pass ({which}) × K = {B * K} rows at "
-            f"once, more than ROWS_PER_PASS_MAX={ROWS_PER_PASS_MAX}; set a smaller "
+            f"privacy.augment_multiplicity={K}: {B} examples per pass ({which}) × K = {B * K} rows "
+            f"at once, more than ROWS_PER_PASS_MAX={ROWS_PER_PASS_MAX}; set a smaller "
             "privacy.physical_batch_size (memory only: the result is the same)"
         )
 
@@ -138,8 +139,8 @@ def _check_lot(p, N: int) -> None:
 
 
 def _check_noise(p, sampler, projection: str) -> None:
-    """q and the noise as the ledger charges them: within what the accountants serve, never zero in a
-    private run, a fixed seed only for seeded noise."""
+    """q and the noise as the ledger charges them: within what the accountants serve, never zero in
+    a private run, a fixed seed only for seeded noise."""
     ch = sampler.event(p.sigma).entry()  # what the ledger records per charge (shuffle: 1, σ/2)
     q, charged = ch["q"], ch["sigma"]
     if p.private and q < limits.Q_MIN:
@@ -182,8 +183,8 @@ def sigma_served(key: str, v: float, charged: float) -> None:
 
 
 def validate_accountant(c) -> None:
-    """The ``accountant.*`` group: a known accountant, and a target ε above the DP-PCA release's cost
-    (charged before the first lot, so a lower target is unreachable)."""
+    """The ``accountant.*`` group: a known accountant, and a target ε above the DP-PCA release's
+    cost (charged before the first lot, so a lower target is unreachable)."""
     p, a = c.privacy, c.accountant
     choice("accountant.name", a.name, ACCOUNTANTS)
     if p.private and p.target_epsilon is not None and c.model.projection == "pca":

@@ -1,27 +1,21 @@
 """Typed configuration: dataclass schemas for the Hydra config groups, validated before any work.
 
 ``validate(cfg)`` turns the composed ``DictConfig`` (or a plain dict) into a ``Config`` and raises
-``ConfigError`` with a one-line message naming the offending key (``privacy.sigma=-1: must be >= 0``)
-for every bad value: unknown keys and names, σ < 0, C <= 0, L outside [1, N], δ outside (0, 1),
-non-integer epochs, NaN learning rates, PCA wider than the input, models that mix examples, ...
+``ConfigError`` with a one-line message naming the offending key
+(``privacy.sigma=-1: must be >= 0``) for every bad value: unknown keys and names, σ < 0, C <= 0, L
+outside [1, N], δ outside (0, 1), non-integer epochs, NaN learning rates, PCA wider than the input,
+models that mix examples, ...
 
 Each group is checked next to what it configures, in this order (the first bad key is reported):
+``dataset.*``, ``model.*`` (dpsgd/config/model.py), ``privacy.*`` and ``accountant.*``
+(dpsgd/config/privacy.py), ``training.*`` (``validate_training``, here), σ from the target ε
+(dpsgd/config/calibration.py), then the top-level keys (``validate_top``, here). What a resume may
+change (``RESUME_ALLOWED``, the fingerprint) is dpsgd/config/fingerprint.py.
 
-* ``dataset.*``: ``dpsgd/data/datasets.py:validate_dataset``;
-* ``model.*``: ``dpsgd/config/model.py:validate_model`` (the inputs each network takes:
-  ``dpsgd/models/networks.py:check_input``);
-* ``privacy.*`` and ``accountant.*``: ``dpsgd/config/privacy.py:validate_privacy`` and
-  ``validate_accountant`` (the ranges the accountants serve, δ < 1/N, noise);
-* ``training.*`` (``validate_training``: at most STEPS_MAX lots, evaluation batches no larger than the
-  largest evaluated set), here;
-* σ from the target ε with ``privacy.calibrate_sigma``: ``dpsgd/config/calibration.py:calibrated_sigma``;
-* the top-level keys (``validate_top``), here; ``resume=`` must name a run directory
-  (``dpsgd/config/overrides.py:check_run_dir``).
+Learning rates are only required to be finite and > 0: no principled upper bound exists
+(divergence depends on the loss surface and C), so a run that diverges is the trainer's to stop.
 
-What a resume may change (``RESUME_ALLOWED``, the fingerprint) is dpsgd/config/fingerprint.py.
-
-Learning rates are only required to be finite and > 0: no principled upper bound exists (divergence
-depends on the loss surface and C), so a run that diverges is the trainer's to stop.
+Details: docs/CONFIGURATION.md, "dpsgd/config/schema.py".
 """
 
 from __future__ import annotations
@@ -53,9 +47,8 @@ class DatasetConfig:
     validation: int | None = (
         None  # hold out the last n of them and evaluate on those, not the test set
     )
-    crop: int | None = (
-        None  # centre crop of CIFAR images (conf/dataset/cifar10.yaml: the paper's 24); None keeps 32
-    )
+    # centre crop of CIFAR images (conf/dataset/cifar10.yaml: the paper's 24); None keeps 32
+    crop: int | None = None
     download: bool = True  # allow torchvision to download when no local copy exists
     augment: str = "none"  # none | crop_flip (random crop to `crop` + horizontal flip, per lot)
     standardize: bool = False  # per-image standardisation (TF per_image_standardization)
@@ -240,8 +233,8 @@ def _typed(cfg) -> Config:
 
 
 def validate_training(c: Config, sampler) -> None:
-    """The ``training.*`` group, checked and coerced in place: at most STEPS_MAX planned lots (those of
-    ``sampler``), evaluation batches no larger than the largest evaluated set."""
+    """The ``training.*`` group, checked and coerced in place: at most STEPS_MAX planned lots (those
+    of ``sampler``), evaluation batches no larger than the largest evaluated set."""
     t, N = c.training, c.N
     t.epochs = num("training.epochs", t.epochs, integer=True, lo=0)
     t.lr = num("training.lr", t.lr, lo=0, lo_open=True)
@@ -256,9 +249,9 @@ def validate_training(c: Config, sampler) -> None:
     if lots > limits.STEPS_MAX:
         p = c.privacy
         raise ConfigError(
-            f"training.epochs={t.epochs}: {lots} lots ({p.sampling} sampling, L={p.lot_size}, N={N}) "
-            f"exceed STEPS_MAX={limits.STEPS_MAX}, the most the accountants serve; "
-            "lower training.epochs"
+            f"training.epochs={t.epochs}: {lots} lots ({p.sampling} sampling, L={p.lot_size}, "
+            f"N={N}) exceed STEPS_MAX={limits.STEPS_MAX}, the most the accountants serve; lower "
+            "training.epochs"
         )
     t.momentum = num("training.momentum", t.momentum, lo=0, hi=1, hi_open=True)
     t.eval_every = num("training.eval_every", t.eval_every, integer=True, lo=1)
@@ -276,7 +269,8 @@ def validate_training(c: Config, sampler) -> None:
 
 
 def validate_top(c: Config, check_resume_dir: bool = True) -> None:
-    """The top-level keys: seed, name (a folder name), device (CUDA present if asked for), tf32, resume."""
+    """The top-level keys: seed, name (a folder name), device (CUDA present if asked for), tf32,
+    resume."""
     c.seed = num("seed", c.seed, integer=True, lo=0)
     if not isinstance(c.name, str) or not c.name or "/" in c.name or c.name.startswith("."):
         raise ConfigError(f"name={fmt(c.name)}: must be a non-empty folder name without '/'")

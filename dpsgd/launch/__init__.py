@@ -1,4 +1,6 @@
-"""The command line around a run: Hydra, sweeps and launchers, above ``dpsgd.run`` (the life of one run).
+"""The command line around a run: Hydra, sweeps and launchers.
+
+It sits above ``dpsgd.run`` (the life of one run).
 
 cli.py          compose a config, one-line errors and exit codes, fresh run folders
 prepare.py      every check before anything is written (resume, sweep folders, overrides)

@@ -32,8 +32,9 @@ SHORT_BYTES = (
 def short_name(text) -> str:
     """``text`` when it takes at most SHORT_BYTES bytes (UTF-8) and holds no "/", else its head ("/"
     as "_") and 12 hex digits of the SHA-256 of all of it: short, stable (the same text always gives
-    the same name), unique (different texts differ in the digest) and one folder deep. The resolver ``${dpsgd.short:...}`` of conf/config.yaml,
-    which keeps a sweep job's folder name (its overrides) within the file system's limit."""
+    the same name), unique (different texts differ in the digest) and one folder deep. The resolver
+    ``${dpsgd.short:...}`` of conf/config.yaml, which keeps a sweep job's folder name (its
+    overrides) within the file system's limit."""
     s = str(text)
     b = s.encode("utf-8", "surrogateescape")
     if len(b) <= SHORT_BYTES and "/" not in s:
@@ -49,7 +50,8 @@ def short_name(text) -> str:
 def register_resolvers() -> None:
     """dpsgd's OmegaConf resolvers (``dpsgd.short``). Called when this module is imported, so they
     exist wherever Hydra resolves dpsgd's config: the launching process, joblib workers and submitit
-    jobs (which import dpsgd/launch/main.py to unpickle the task before resolving the job's folder)."""
+    jobs (which import dpsgd/launch/main.py to unpickle the task before resolving the job's
+    folder)."""
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("dpsgd.short", short_name, replace=True)
@@ -76,7 +78,8 @@ def compose(args: list[str], hydra_config: bool = False):
 
 @contextmanager
 def config_loader():
-    """Hydra's config loader over conf/ (the one ``hydra.main`` uses), for composing as Hydra does."""
+    """Hydra's config loader over conf/ (the one ``hydra.main`` uses), for composing as Hydra
+    does."""
     import hydra
     from hydra.core.global_hydra import GlobalHydra
 
@@ -110,7 +113,8 @@ def literal_value(arg: str) -> str:
 
 
 def split_cli(args: list[str]) -> tuple[bool, list[str], list[str]]:
-    """(multirun, extra config dirs, overrides) of a command line; ConfigError for flags dpsgd refuses."""
+    """(multirun, extra config dirs, overrides) of a command line; ConfigError for flags dpsgd
+    refuses."""
     multirun, dirs, overrides, i = False, [], [], 0
     while i < len(args):
         a = args[i]
@@ -136,7 +140,8 @@ def split_cli(args: list[str]) -> tuple[bool, list[str], list[str]]:
 
 
 def search_path(dirs: list[str]) -> list[str]:
-    """The override that adds the extra config folders (``-cd``) to Hydra's search path; [] for none."""
+    """The override that adds the extra config folders (``-cd``) to Hydra's search path; [] for
+    none."""
     return (
         [f"hydra.searchpath=[{','.join('file://' + str(Path(d).resolve()) for d in dirs)}]"]
         if dirs
@@ -145,15 +150,16 @@ def search_path(dirs: list[str]) -> list[str]:
 
 
 def data_ready(c) -> None:
-    """The run's dataset is in its data root (seeded or downloaded now, md5-verified), else ConfigError;
-    your own files (dataset=tensors|csv) were read and hashed by validation."""
+    """The run's dataset is in its data root (seeded or downloaded now, md5-verified), else
+    ConfigError; your own files (dataset=tensors|csv) were read and hashed by validation."""
     if c.dataset.name in FILE_FORMATS:
         return
     dataset_ready(c.dataset.name, c.dataset.root, c.dataset.download)
 
 
 def dataset_ready(name: str, root: str | None, download: bool) -> None:
-    """``name`` is in the data root ``root`` (seeded or downloaded now, md5-verified), else ConfigError."""
+    """``name`` is in the data root ``root`` (seeded or downloaded now, md5-verified), else
+    ConfigError."""
     try:
         ensure_dataset(name, root, download=download)
     except DataUnavailable as e:
@@ -161,7 +167,8 @@ def dataset_ready(name: str, root: str | None, download: bool) -> None:
 
 
 def name_max(folder: Path) -> int:
-    """The longest file name (bytes) the file system of ``folder`` (or its nearest existing parent) takes."""
+    """The longest file name (bytes) the file system of ``folder`` (or its nearest existing parent)
+    takes."""
     folder = Path(folder)
     while (
         not os.path.lexists(folder) and folder != folder.parent
@@ -174,8 +181,8 @@ def name_max(folder: Path) -> int:
 
 
 def check_name_lengths(key: str, d: Path) -> None:
-    """Every folder name of ``d`` fits the file system (``name_max``); else ConfigError naming ``key``
-    (the kernel would refuse it with ENAMETOOLONG only once something is created)."""
+    """Every folder name of ``d`` fits the file system (``name_max``); else ConfigError naming
+    ``key`` (the kernel would refuse it with ENAMETOOLONG only once something is created)."""
     limit = name_max(d)
     for name in Path(d).parts:
         size = len(os.fsencode(name))
@@ -187,7 +194,8 @@ def check_name_lengths(key: str, d: Path) -> None:
 
 
 def fresh_dir(key: str, d: Path) -> None:
-    """``d`` is a folder that holds nothing yet and can be created; else ConfigError naming ``key``."""
+    """``d`` is a folder that holds nothing yet and can be created; else ConfigError naming
+    ``key``."""
     check_name_lengths(key, d)
     if os.path.lexists(d) and not d.exists():
         raise ConfigError(
@@ -225,7 +233,8 @@ def failure(fn, *a) -> tuple[str, int] | None:
 
 
 def error_line(msg: str, code: int) -> str:
-    """The stderr line of a failure: ``error: ...`` for bad input and run failures, a signal's as it is."""
+    """The stderr line of a failure: ``error: ...`` for bad input and run failures, a signal's as it
+    is."""
     return f"error: {msg}" if code in (1, 2) else msg
 
 
@@ -236,7 +245,8 @@ def fail(msg: str, code: int) -> None:
 
 
 def run_or_exit(fn, *a) -> None:
-    """Run ``fn``; every expected failure is one line on stderr and an exit code, never a traceback."""
+    """Run ``fn``; every expected failure is one line on stderr and an exit code, never a
+    traceback."""
     failed = failure(fn, *a)
     if failed is not None:
         fail(*failed)

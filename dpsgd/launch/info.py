@@ -1,10 +1,10 @@
-"""Hydra's help for ``python -m dpsgd.train --help`` without importing torch (start-up in well under 1 s).
+"""Hydra's help for ``python -m dpsgd.train --help`` without importing torch.
 
-``dpsgd/train.py`` calls ``help_and_exit`` before its own imports: for ``--help``/``-h``,
-``--hydra-help`` and ``--version`` it prints what Hydra prints (the configuration groups and the
-composed config) and exits 0; for anything else it returns at once and the command line runs as
-before (dpsgd/launch/main.py, whose other information flags, ``--cfg``/``--info``/``--resolve``, need
-dpsgd's resolvers and go through it).
+Start-up takes well under 1 s. ``dpsgd/train.py`` calls ``help_and_exit`` before its own imports:
+for ``--help``/``-h``, ``--hydra-help`` and ``--version`` it prints what Hydra prints (the
+configuration groups and the composed config) and exits 0; for anything else it returns at once and
+the command line runs as before (dpsgd/launch/main.py, whose other information flags,
+``--cfg``/``--info``/``--resolve``, need dpsgd's resolvers and go through it).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 
 def _conf_dir() -> str:
-    """conf/ of the repository (a checkout, or ``pip install -e .``); for ``pip install .``, the copy
-    pyproject.toml installs under <prefix>/share/dpsgd/conf."""
+    """conf/ of the repository (a checkout, or ``pip install -e .``); for ``pip install .``, the
+    copy pyproject.toml installs under <prefix>/share/dpsgd/conf."""
     repo = Path(__file__).resolve().parents[2] / "conf"
     installed = Path(sys.prefix) / "share" / "dpsgd" / "conf"
     return str(repo if (repo / "config.yaml").is_file() or not installed.is_dir() else installed)

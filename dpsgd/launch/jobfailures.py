@@ -2,14 +2,15 @@
 
 A job that fails in a worker process or a cluster job does not stop its siblings: it prints its one
 line into its own log and returns ``JobFailed``; once the batch is done the launching process prints
-the first failure's line (``failures_reported``) and the command exits with that job's code. A joblib
-worker process that dies (killed, out of memory, crashed) breaks joblib's pool, which then kills the
-other workers and runs no further job; ``failures_reported`` turns that into one line naming the jobs
-that were running and the launcher, saying which jobs finished, which stopped (resumable from their
-folders: everything they wrote is whole) and which never ran, and the command exits with 128 + the
-signal (``lost_worker``). A submitit job whose process dies leaves no result (submitit's
-``UncompletedJobError``); its siblings run on, so the launching process waits for all of them and then
-reports the lost job the same way (``lost_jobs``, exit 1: submitit does not pass on the signal).
+the first failure's line (``failures_reported``) and the command exits with that job's code. A
+joblib worker process that dies (killed, out of memory, crashed) breaks joblib's pool, which then
+kills the other workers and runs no further job; ``failures_reported`` turns that into one line
+naming the jobs that were running and the launcher, saying which jobs finished, which stopped
+(resumable from their folders: everything they wrote is whole) and which never ran, and the command
+exits with 128 + the signal (``lost_worker``). A submitit job whose process dies leaves no result
+(submitit's ``UncompletedJobError``); its siblings run on, so the launching process waits for all of
+them and then reports the lost job the same way (``lost_jobs``, exit 1: submitit does not pass on
+the signal).
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from dpsgd.launch.launchers import Launch
 
 
 class JobFailed(CompactHydraException):
-    """A sweep job that failed in a worker process or a cluster job (returned to the launching process).
+    """A sweep job that failed in a worker process or a cluster job.
 
-    Hydra prints ``str()`` of it as one line; ``dpsgd/launch/main.py:main`` exits with ``code``."""
+    Returned to the launching process. Hydra prints ``str()`` of it as one line;
+    ``dpsgd/launch/main.py:main`` exits with ``code``."""
 
     def __init__(self, line: str, code: int):
         super().__init__(line, code)
@@ -43,7 +45,7 @@ class JobFailed(CompactHydraException):
         return self.line
 
 
-# ------------------------------------------------------------------------------- lost worker processes
+# ---------------------------------------------------------------------------- lost worker processes
 _LAUNCHER_CLASSES = {  # where each kind's ``launch`` is defined
     "joblib": ("hydra_plugins.hydra_joblib_launcher.joblib_launcher", "JoblibLauncher"),
     "submitit_local": (
@@ -60,10 +62,10 @@ _LOST_WORKER = {"joblib": ("joblib.externals.loky.process_executor", "Terminated
 
 @contextmanager
 def failures_reported(plan: Launch):
-    """While a sweep runs (in the launching process), the launcher's ``launch`` ends the command with
-    one line and its exit code instead of Hydra's report: a job whose process died (``lost_worker``:
-    joblib's pool is then broken; ``lost_jobs``: a submitit job killed or lost, its siblings run on),
-    else the first job that failed (``JobFailed``, its line)."""
+    """While a sweep runs (in the launching process), the launcher's ``launch`` ends the command
+    with one line and its exit code instead of Hydra's report: a job whose process died
+    (``lost_worker``: joblib's pool is then broken; ``lost_jobs``: a submitit job killed or lost,
+    its siblings run on), else the first job that failed (``JobFailed``, its line)."""
     spec = _LAUNCHER_CLASSES.get(plan.launcher)
     if spec is None:
         yield
@@ -103,9 +105,10 @@ def failures_reported(plan: Launch):
 def job_failed(run) -> JobFailed | None:
     """The ``JobFailed`` a sweep job returned (``run``: Hydra's ``JobReturn``), else None.
 
-    Read from the private field ``JobReturn._return_value``: the public ``return_value`` of a failed job
-    raises its exception and first writes Hydra's own "Error executing job" line to stderr, which would
-    precede the job's one line. tests/launch/test_hydra_private.py fails if a Hydra upgrade changes it."""
+    Read from the private field ``JobReturn._return_value``: the public ``return_value`` of a failed
+    job raises its exception and first writes Hydra's own "Error executing job" line to stderr,
+    which would precede the job's one line. tests/launch/test_hydra_private.py fails if a Hydra
+    upgrade changes it."""
     from hydra.core.utils import JobStatus
 
     if run.status == JobStatus.FAILED and isinstance(run._return_value, JobFailed):
@@ -116,8 +119,8 @@ def job_failed(run) -> JobFailed | None:
 @dataclass
 class LostJob:
     """A submitit job that produced no result (its process killed, out of memory, crashed, a lost
-    node), with its state as submitit saw it. Its exit code is not known: submitit_local's controller
-    process does not pass on its task's, and SLURM reports states, not signals."""
+    node), with its state as submitit saw it. Its exit code is not known: submitit_local's
+    controller process does not pass on its task's, and SLURM reports states, not signals."""
 
     state: str
 
@@ -125,8 +128,9 @@ class LostJob:
 @contextmanager
 def _submitit_losses(kind: str):
     """For submitit launchers: a job that produced no result comes back as ``LostJob`` instead of
-    raising ``UncompletedJobError`` out of the launcher's wait on the first such job, so the launcher
-    still waits for every other job (each a process or cluster job of its own, running on)."""
+    raising ``UncompletedJobError`` out of the launcher's wait on the first such job, so the
+    launcher still waits for every other job (each a process or cluster job of its own, running
+    on)."""
     if not kind.startswith("submitit"):
         yield
         return
@@ -182,7 +186,8 @@ def lost_worker(exc: BaseException, kind: str, jobs: list, folders: list) -> tup
     what = (
         f"its hydra/launcher={kind} worker process {how}"
         if len(named) == 1
-        else f"a hydra/launcher={kind} worker process running one of them {how}, and the others were stopped"
+        else f"a hydra/launcher={kind} worker process running one of them {how}, and the others "
+        "were stopped"
     )
     return error_line(
         f"{_who(named, jobs)}: {what}; the sweep stopped (jobs {_outcomes(jobs, states, folders)})",
@@ -197,8 +202,9 @@ def lost_jobs(dead: list, kind: str, jobs: list, folders: list) -> tuple[str, in
     states = {num: job_state(folders[num] if num < len(folders) else None) for num, _ in jobs}
     seen = ", ".join(dict.fromkeys(lost.state for _, lost in dead))
     what = (
-        f"{'its' if len(dead) == 1 else 'their'} hydra/launcher={kind} job{'' if len(dead) == 1 else 's'} "
-        f"ended without a result (the process died: killed, out of memory or crashed; submitit state {seen})"
+        f"{'its' if len(dead) == 1 else 'their'} hydra/launcher={kind} "
+        f"job{'' if len(dead) == 1 else 's'} ended without a result (the process died: killed, out "
+        f"of memory or crashed; submitit state {seen})"
     )
     return error_line(
         f"{_who([j for j, _ in dead], jobs)}: {what}; the other jobs ran to their end (jobs "

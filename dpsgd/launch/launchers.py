@@ -11,14 +11,12 @@
 
 The plugins type their settings; the launching process also checks their ranges here before Hydra
 writes anything (``check``: one line naming ``hydra.launcher.<key>``, exit 2), counts the sweep's
-jobs and decides how many share this machine (``parallel_jobs``). Jobs at once × threads per job
-must not exceed the cores, so when more than one job shares the machine the launching process
-exports ``DPSGD_PARALLEL_JOBS`` (unless the user chose the threads with ``DPSGD_THREADS`` /
-``OMP_NUM_THREADS``) and every job takes its share of the cores (``dpsgd/core/runtime.py:thread_policy``).
-A SLURM job gets the cores of its own allocation (its CPU affinity), so nothing is shared there.
+jobs and decides how many share this machine (``parallel_jobs``), so that jobs at once × threads
+per job never exceed the cores (``share_cores``: ``DPSGD_PARALLEL_JOBS``).
 
-The sweep's folders are resolved, checked and claimed in ``dpsgd/launch/sweeps.py``; a job that fails or
-dies in a worker process or cluster job is reported in ``dpsgd/launch/jobfailures.py``.
+The sweep's folders are resolved, checked and claimed in ``dpsgd/launch/sweeps.py``; a job that
+fails or dies in a worker process or cluster job is reported in ``dpsgd/launch/jobfailures.py``.
+Details: docs/SCALING.md, "dpsgd/launch/launchers.py".
 """
 
 from __future__ import annotations
@@ -29,8 +27,8 @@ from dataclasses import dataclass, field
 
 from dpsgd.core.errors import ConfigError
 
-# the kind of launcher, from the Launcher class its _target_ names (any hydra/launcher option; Hydra's
-# own, basic, in launcher_kind)
+# the kind of launcher, from the Launcher class its _target_ names (any hydra/launcher option;
+# Hydra's own, basic, in launcher_kind)
 LAUNCHERS = {
     "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher": "joblib",
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher": "submitit_local",
@@ -113,7 +111,8 @@ def check(hc) -> str:
             )
         if key == "n_jobs" and v == 0:
             raise ConfigError(
-                "hydra.launcher.n_jobs=0: must be >= 1 (jobs at once), or -1 for one per usable core"
+                "hydra.launcher.n_jobs=0: must be >= 1 (jobs at once), or -1 for one per usable "
+                "core"
             )
         if key in _ONE and v != 1:
             raise ConfigError(
@@ -126,10 +125,10 @@ def check(hc) -> str:
 
 
 def launcher_kind(target: str) -> str:
-    """The kind of launcher whose Launcher class ``target`` (``hydra.launcher._target_``) names: basic,
-    joblib, submitit_local, submitit_slurm, else other. Hydra's own launcher (``hydra/launcher=basic``,
-    the default) lives in Hydra's private modules: its path is spelt here alone, and
-    tests/launch/test_hydra_private.py fails if a Hydra upgrade moves it."""
+    """The kind of launcher whose Launcher class ``target`` (``hydra.launcher._target_``) names:
+    basic, joblib, submitit_local, submitit_slurm, else other. Hydra's own launcher
+    (``hydra/launcher=basic``, the default) lives in Hydra's private modules: its path is spelt here
+    alone, and tests/launch/test_hydra_private.py fails if a Hydra upgrade moves it."""
     if target == "hydra._internal.core_plugins.basic_launcher.BasicLauncher":
         return "basic"
     return LAUNCHERS.get(target, "other")

@@ -1,26 +1,21 @@
-"""The command line: ``python -m dpsgd.train [key=value ...] | -m [key=value ...] | resume=<run dir>``.
+"""Command line: ``python -m dpsgd.train [key=value ...] | -m [key=value ...] | resume=<run dir>``.
 
-Everything is decided before anything is written (the checks themselves: dpsgd/launch/prepare.py); this
-module runs what they allowed:
+Everything is decided before anything is written (the checks themselves: dpsgd/launch/prepare.py);
+this module runs what they allowed:
 
-* a single run: the config is composed and validated, and the output folder is resolved the way Hydra
-  will resolve it (any spelling of ``hydra.run.dir``) and must be new or empty; then Hydra runs
-  ``train`` in it;
-* a sweep (``-m``): every job's folder is resolved the way Hydra will resolve it and must lie inside
-  the sweep folder, one new folder per job; the sweep folder must be new or empty and is claimed
-  (an exclusive create, held for the sweep: dpsgd/launch/sweeps.py); each job's config is validated
-  when it starts, and a refused job's fresh folder is removed. The launcher
-  (``hydra/launcher=basic|joblib|submitit_local|submitit_slurm``, dpsgd/launch/launchers.py) is checked
-  beforehand too; jobs in worker processes or cluster jobs run only ``task`` (never these checks, which
-  their siblings' folders would fail) and report a failure back instead of exiting;
-* a resume: the config comes from the run's checkpoint (not from Hydra's files), the new overrides are
-  applied after it, and Hydra is not involved (nothing of Hydra's is written into the run);
-* under torchrun (``torchrun --nproc_per_node=P -m dpsgd.train ...``, ``torchrun_main``): rank 0
-  makes the checks of a single run and every rank agrees on its folder before anything runs; the
-  communication itself is dpsgd/run/distributed.py.
+* a single run: the config is validated and the output folder, resolved the way Hydra will
+  resolve it, must be new or empty; then Hydra runs ``train`` in it;
+* a sweep (``-m``): every job's folder must lie inside the sweep folder, which must be new or empty
+  and is claimed (dpsgd/launch/sweeps.py); the launcher is checked (dpsgd/launch/launchers.py);
+  jobs in worker processes or cluster jobs run only ``task`` and report a failure back;
+* a resume: the config comes from the run's checkpoint, the new overrides are applied after it,
+  and Hydra is not involved;
+* under torchrun (``torchrun_main``): rank 0 makes the checks of a single run and every rank
+  agrees on its folder before anything runs (the communication: dpsgd/run/distributed.py).
 
 Every expected failure is one line on stderr and an exit code (2: bad input; 1: diverged, disk
-error; 128 + n: signal n), never a traceback (dpsgd/launch/cli.py, shared with ``python -m dpsgd.pretrain``).
+error; 128 + n: signal n), never a traceback (dpsgd/launch/cli.py, shared with
+``python -m dpsgd.pretrain``). Details: docs/CONFIGURATION.md, "dpsgd/launch/main.py".
 """
 
 from __future__ import annotations
@@ -117,8 +112,8 @@ def task(train, cfg) -> None:
     """One Hydra job: ``train`` (Algorithm 1) in the job's new folder, held locked from the start.
 
     In the launching process (basic launcher) a failure exits at once, as a single run does. In a
-    worker process (joblib) or a cluster job (submitit) it is printed into the job's log and returned
-    to the launching process as ``JobFailed``, so that the siblings still finish."""
+    worker process (joblib) or a cluster job (submitit) it is printed into the job's log and
+    returned to the launching process as ``JobFailed``, so that the siblings still finish."""
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()
@@ -132,7 +127,8 @@ def task(train, cfg) -> None:
                 c = validate(cfg)
                 if c.resume:
                     raise ConfigError(
-                        "resume: resume a single run on its own: python -m dpsgd.train resume=<run dir>"
+                        "resume: resume a single run on its own: "
+                        "python -m dpsgd.train resume=<run dir>"
                     )
                 data_ready(c)
                 train(c, run_dir, overrides)
@@ -181,14 +177,16 @@ def _run_hydra(app, args: list[str]) -> None:
 
 
 def train_main(argv: list[str] | None = None) -> None:
-    """``python -m dpsgd.train ...``: the command line running Algorithm 1 (``dpsgd.train.train``)."""
+    """``python -m dpsgd.train ...``: the command line running Algorithm 1
+    (``dpsgd.train.train``)."""
     from dpsgd.train import train
 
     main(train, argv)
 
 
 def main(train, argv: list[str] | None = None) -> None:
-    """The command line around ``train(config, run_dir, overrides)`` (Algorithm 1, dpsgd/train.py)."""
+    """The command line around ``train(config, run_dir, overrides)`` (Algorithm 1,
+    dpsgd/train.py)."""
     global _LAUNCHER_PID
     _LAUNCHER_PID = os.getpid()
     tune_allocator()  # speed only: glibc keeps per-step buffers instead of re-faulting them
@@ -233,10 +231,10 @@ def main(train, argv: list[str] | None = None) -> None:
 def torchrun_main(train, args: list[str], d: distributed.Dist) -> None:
     """The command line under torchrun: every rank agrees on one run directory before anything runs.
 
-    Rank 0 resolves the run folder once (Hydra's ``${now:...}`` differs per process), checks it like a
-    1-process run (``prepare``) and runs Hydra in it; the other ranks receive that folder and run
-    ``train`` without Hydra (they write nothing). ``resume=<dir>``: every rank reads the same run.
-    A refusal is one line from rank 0 and exit 2 on every rank; ranks started on different runs
+    Rank 0 resolves the run folder once (Hydra's ``${now:...}`` differs per process), checks it like
+    a 1-process run (``prepare``) and runs Hydra in it; the other ranks receive that folder and run
+    ``train`` without Hydra (they write nothing). ``resume=<dir>``: every rank reads the same run. A
+    refusal is one line from rank 0 and exit 2 on every rank; ranks started on different runs
     (``distributed.agree_on``, in setup) all print the same line naming the first difference."""
     try:
         d = distributed.init(d)
@@ -308,8 +306,8 @@ def _torchrun(train, args: list[str], d: distributed.Dist) -> None:
 
 def _follow(train, composed: list[str], run_dir: str) -> None:
     """A rank other than 0: the run rank 0 checked, without Hydra (it writes nothing). Its overrides
-    are read as rank 0's Hydra job reads them (interpolations resolved, Hydra's own left out), and its
-    validated Config is compared with every other rank's (``distributed.config_items``)."""
+    are read as rank 0's Hydra job reads them (interpolations resolved, Hydra's own left out), and
+    its validated Config is compared with every other rank's (``distributed.config_items``)."""
     from omegaconf import open_dict
 
     cfg = compose(composed, hydra_config=True)

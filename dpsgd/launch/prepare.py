@@ -1,8 +1,8 @@
 """What ``python -m dpsgd.train`` checks before anything is written: the overrides (no Hydra setting
 that could write outside a fresh run directory), the output folder of a single run or every job's
 folder of a sweep (dpsgd/launch/sweeps.py resolves them as Hydra will), the launcher, the validated
-config and its data; for ``resume=<dir>``, the run's checkpoint, its own overrides and the fingerprint a
-resume may not change (dpsgd/config/fingerprint.py).
+config and its data; for ``resume=<dir>``, the run's checkpoint, its own overrides and the
+fingerprint a resume may not change (dpsgd/config/fingerprint.py).
 
 A refused command exits 2 with one line and never writes into an existing run; dpsgd/launch/main.py
 runs what these checks allowed (Hydra, the sweep, torchrun).
@@ -60,7 +60,8 @@ def _check_overrides(overrides: list[str], resume: bool) -> None:
 
 
 def _check_name(cfg) -> None:
-    """``name`` (a folder of the default output path) fits the file system, named before the folder is."""
+    """``name`` (a folder of the default output path) fits the file system, named before the folder
+    is."""
     if isinstance(cfg.get("name"), str) and cfg.name:
         check_name_lengths("name", Path(cfg.name))
 
@@ -69,19 +70,20 @@ def prepare(args: list[str], multirun: bool = False, search: list[str] = ()) -> 
     """Validate a run's overrides before Hydra creates anything; returns the overrides to run
     (``prepare_launch`` also says how its jobs will be launched).
 
-    The output folder is resolved the way Hydra will resolve it (any spelling of the key), and must be
-    new or empty: a refused command never writes into an existing run. For a sweep, every job's folder
-    is resolved the way Hydra will resolve it (dpsgd/launch/sweeps.py:resolve_sweep) and must lie inside
-    the sweep folder, one new folder per job (``check_job_folders``); the sweep folder must be new or
-    empty (``launch.main`` then claims it, ``SweepClaim``). Each job's config is validated when it starts,
-    before it writes anything but Hydra's ``.hydra`` files into its own new folder.
+    The output folder is resolved the way Hydra will resolve it (any spelling of the key), and must
+    be new or empty: a refused command never writes into an existing run. For a sweep, every job's
+    folder is resolved the way Hydra will resolve it (dpsgd/launch/sweeps.py:resolve_sweep) and must
+    lie inside the sweep folder, one new folder per job (``check_job_folders``); the sweep folder
+    must be new or empty (``launch.main`` then claims it, ``SweepClaim``). Each job's config is
+    validated when it starts, before it writes anything but Hydra's ``.hydra`` files into its own
+    new folder.
     """
     return prepare_launch(args, multirun, search).args
 
 
 def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = ()) -> Launch:
-    """``prepare``, and the launch plan: the launcher (checked), the sweep's jobs, how many run at once,
-    and for a sweep its folder (resolved) and the override that hands it to Hydra."""
+    """``prepare``, and the launch plan: the launcher (checked), the sweep's jobs, how many run at
+    once, and for a sweep its folder (resolved) and the override that hands it to Hydra."""
     from omegaconf import OmegaConf, open_dict
 
     if any(override_key(a) == "resume" for a in args):
@@ -138,13 +140,13 @@ def prepare_launch(args: list[str], multirun: bool = False, search: list[str] = 
 
 
 def prepare_resume(args: list[str]) -> tuple[Config, Path, list[str]]:
-    """(config, run dir, overrides) of ``resume=<dir> [key=value ...]``, validated; nothing is written.
+    """(config, run dir, overrides) of ``resume=<dir> [key=value ...]``, validated.
 
-    The run's own overrides come from its checkpoint (verified by its content hash), never from
-    ``.hydra/overrides.yaml``, which any later command could have rewritten; the new overrides are
-    applied after them. The configuration's fingerprint cannot change: every key but the few listed in
-    ``dpsgd/config/fingerprint.py:RESUME_ALLOWED`` (default deny; docs/RUNS.md says what each allowed
-    change costs).
+    Nothing is written. The run's own overrides come from its checkpoint (verified by its content
+    hash), never from ``.hydra/overrides.yaml``, which any later command could have rewritten; the
+    new overrides are applied after them. The configuration's fingerprint cannot change: every key
+    but the few listed in ``dpsgd/config/fingerprint.py:RESUME_ALLOWED`` (default deny; docs/RUNS.md
+    says what each allowed change costs).
     """
     resume = [a for a in args if override_key(a) == "resume"]
     rest = [a for a in args if override_key(a) != "resume"]

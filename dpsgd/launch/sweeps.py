@@ -1,14 +1,15 @@
-"""Sweep folders, resolved as Hydra will resolve them, checked, then claimed by one launching process.
+"""Sweep folders: resolved as Hydra will resolve them, checked, claimed by one launching process.
 
 Before Hydra starts, the launching process composes the sweep as Hydra will (``resolve_sweep``: the
 sweep's config, every job's overrides as the basic sweeper expands them, every job's config as the
 launcher composes it, ``hydra.job.num`` set) and resolves ``hydra.sweep.subdir`` for each job,
-interpolations included. Every job's folder must lie inside the sweep folder after ``Path.resolve()``,
-differ from every other job's folder (and not lie inside one) and change with the job's number; the
-sweep folder must not lie inside another run (``check_job_folders``). The resolved sweep folder is
-handed to Hydra literally (``${now:...}`` is resolved once, here) and claimed with an exclusive
-create of ``.sweep.claim`` held for the whole sweep (``SweepClaim``): of two sweeps started together
-into one folder exactly one proceeds; a claim whose launching process has ended is stale.
+interpolations included. Every job's folder must lie inside the sweep folder after
+``Path.resolve()``, differ from every other job's folder (and not lie inside one) and change with
+the job's number; the sweep folder must not lie inside another run (``check_job_folders``). The
+resolved sweep folder is handed to Hydra literally (``${now:...}`` is resolved once, here) and
+claimed with an exclusive create of ``.sweep.claim`` held for the whole sweep (``SweepClaim``): of
+two sweeps started together into one folder exactly one proceeds; a claim whose launching process
+has ended is stale.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ RUN_MARKERS = (".hydra", "privacy.json", "checkpoint.pt")  # what a run folder h
 
 @dataclass
 class Sweep:
-    """A sweep as Hydra will run it: its config (Hydra's node included), its folder (resolved) and the
-    override that hands that folder to Hydra, the launcher's kind, and each job's ``hydra.sweep.subdir``
-    resolved (``probe``: job 0's with another job number)."""
+    """A sweep as Hydra will run it: its config (Hydra's node included), its folder (resolved) and
+    the override that hands that folder to Hydra, the launcher's kind, and each job's
+    ``hydra.sweep.subdir`` resolved (``probe``: job 0's with another job number)."""
 
     config: object
     dir: str
@@ -48,9 +49,9 @@ class Sweep:
 
 
 def resolve_sweep(args: list[str]) -> Sweep:
-    """The sweep of the command-line overrides ``args``, every job's folder resolved the way Hydra will
-    resolve it; nothing is written. ConfigError in one line (the launcher, an interpolation that does
-    not resolve, a job that does not compose)."""
+    """The sweep of the command-line overrides ``args``, every job's folder resolved the way Hydra
+    will resolve it; nothing is written. ConfigError in one line (the launcher, an interpolation
+    that does not resolve, a job that does not compose)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import OmegaConf
@@ -76,8 +77,8 @@ def resolve_sweep(args: list[str]) -> Sweep:
             raise ConfigError(f"hydra.sweep.dir={folder}: {one_line(e)}") from None
         if str(master.hydra.sweep.dir) != folder:
             raise ConfigError(
-                f"hydra.sweep.dir={folder}: cannot be handed to Hydra literally (pick a folder name "
-                "without quote characters or '${')"
+                f"hydra.sweep.dir={folder}: cannot be handed to Hydra literally (pick a folder "
+                "name without quote characters or '${')"
             )
         kind = check(master.hydra)
         subdir = str(OmegaConf.to_container(master.hydra.sweep, resolve=False)["subdir"])
@@ -100,8 +101,8 @@ def resolve_sweep(args: list[str]) -> Sweep:
 
 
 def _job_overrides(loader, master) -> list[list[str]]:
-    """Each job's overrides, in Hydra's order: the basic sweeper's expansion of the sweep file's params
-    and the command line (glob() included, through the config loader)."""
+    """Each job's overrides, in Hydra's order: the basic sweeper's expansion of the sweep file's
+    params and the command line (glob() included, through the config loader)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     target = str(master.hydra.sweeper.get("_target_"))
@@ -121,17 +122,18 @@ def _job_overrides(loader, master) -> list[list[str]]:
         raise ConfigError(one_line(e)) from None
 
 
-# Hydra's own sweeper (``hydra/sweeper=basic``, the default), as ``hydra.sweeper._target_`` names it. It
-# lives in Hydra's private modules; this name and ``basic_sweeper_jobs`` are all dpsgd takes from it, and
-# tests/launch/test_hydra_private.py fails if a Hydra upgrade moves or changes either.
+# Hydra's own sweeper (``hydra/sweeper=basic``, the default), as ``hydra.sweeper._target_`` names
+# it. It lives in Hydra's private modules; this name and ``basic_sweeper_jobs`` are all dpsgd takes
+# from it, and tests/launch/test_hydra_private.py fails if a Hydra upgrade moves or changes either.
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 def basic_sweeper_jobs(overrides: list) -> list[list[str]]:
-    """Every job's overrides (one list per job, in Hydra's order) as Hydra's basic sweeper expands the
-    parsed ``overrides``: the product of every key's values, a later override of a key replacing an
-    earlier one. Its private ``BasicSweeper.split_arguments``, called rather than copied: no public
-    Hydra API expands a sweep without running it, and a copy would drift from what Hydra runs unseen."""
+    """Every job's overrides (one list per job, in Hydra's order) as Hydra's basic sweeper expands
+    the parsed ``overrides``: the product of every key's values, a later override of a key replacing
+    an earlier one. Its private ``BasicSweeper.split_arguments``, called rather than copied: no
+    public Hydra API expands a sweep without running it, and a copy would drift from what Hydra runs
+    unseen."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     return [list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
@@ -193,19 +195,20 @@ def check_job_folders(sweep: Sweep) -> None:
         job = _resolved(key, os.path.join(sweep.dir, sub))
         if base not in job.parents:
             raise ConfigError(
-                f"{key}: job {num}'s folder {job} is not inside the sweep folder {base} (a relative "
-                "path below it, one new folder per job)"
+                f"{key}: job {num}'s folder {job} is not inside the sweep folder {base} (a "
+                "relative path below it, one new folder per job)"
             )
         long = [n for n in job.relative_to(base).parts if len(os.fsencode(n)) > limit]
         if long:
             raise ConfigError(
-                f"{key}: job {num}'s folder name is {len(os.fsencode(long[0]))} bytes, longer than the "
-                f"file system's {limit} (keep it short, e.g. ${{dpsgd.short:${{hydra.job.override_dirname}}}})"
+                f"{key}: job {num}'s folder name is {len(os.fsencode(long[0]))} bytes, longer than "
+                f"the file system's {limit} (keep it short, e.g. "
+                "${dpsgd.short:${hydra.job.override_dirname}})"
             )
         if job in folders:
             raise ConfigError(
-                f"{key}: jobs {folders[job]} and {num} would share the folder {job} (it must vary with "
-                "${hydra.job.num})"
+                f"{key}: jobs {folders[job]} and {num} would share the folder {job} (it must vary "
+                "with ${hydra.job.num})"
             )
         folders[job] = num
     for job, num in folders.items():
@@ -224,13 +227,14 @@ def check_job_folders(sweep: Sweep) -> None:
 
 
 def unclaimed(folder: str, key: str = "hydra.sweep.dir") -> None:
-    """ConfigError in one line (naming ``key``) if another sweep's launching process holds ``folder``
-    (``SweepClaim``).
+    """ConfigError in one line (naming ``key``) if another sweep's launching process holds
+    ``folder`` (``SweepClaim``).
 
     A claim whose launching process is gone (SIGKILL, power loss) is removed here, with a note: its
     launcher held an ``flock`` on the claim for as long as it lived, and the kernel drops that lock
-    when the process and every child it forked have ended (``_stale``). A claim that is not a regular
-    file (a folder, a symlink) was made by no launcher: refused, and never read or followed."""
+    when the process and every child it forked have ended (``_stale``). A claim that is not a
+    regular file (a folder, a symlink) was made by no launcher: refused, and never read or
+    followed."""
     path = Path(folder) / SWEEP_CLAIM
     if not os.path.lexists(path):
         return
@@ -278,7 +282,8 @@ def _not_a_file(path: Path) -> str:
 
 
 def _read_claim(path: Path) -> str:
-    """The text of a claim file, never following a symlink (ELOOP) or reading more than a claim holds."""
+    """The text of a claim file, never following a symlink (ELOOP) or reading more than a claim
+    holds."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -292,10 +297,10 @@ def _stale(path: Path) -> str | None:
     """Remove the claim ``path`` and return its text if no process holds it, else None (held, being
     written, or its lock cannot be tested: then it counts as held).
 
-    A live claim is locked from before its text is written until it is removed (``SweepClaim``), so a
-    claim that can be locked and holds a complete text was left by a launcher that has ended. It is
-    unlinked while locked: a concurrent tester fails to lock it and refuses; the next claim is created
-    anew with ``O_EXCL``."""
+    A live claim is locked from before its text is written until it is removed (``SweepClaim``), so
+    a claim that can be locked and holds a complete text was left by a launcher that has ended. It
+    is unlinked while locked: a concurrent tester fails to lock it and refuses; the next claim is
+    created anew with ``O_EXCL``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -323,17 +328,18 @@ def _stale(path: Path) -> str | None:
 
 class SweepClaim:
     """The launching process's hold on its sweep folder: ``.sweep.claim`` (pid, host, time) created
-    with ``O_CREAT | O_EXCL``, which exactly one process can do, then the folder must hold nothing else.
+    with ``O_CREAT | O_EXCL``, which exactly one process can do, then the folder must hold nothing
+    else.
 
     Of two sweeps started together into one folder, one creates the claim and proceeds; the other is
-    refused in one line (exit 2) and writes nothing there. ``release`` removes the claim when the sweep
-    ends, and the folders the claim created if they are left empty. The claim is ``flock``'d from
-    before its text is written until the sweep ends, so a claim whose launching process was killed
-    (SIGKILL) holds no lock, and the next sweep into the folder removes it (``unclaimed``).
+    refused in one line (exit 2) and writes nothing there. ``release`` removes the claim when the
+    sweep ends, and the folders the claim created if they are left empty. The claim is ``flock``'d
+    from before its text is written until the sweep ends, so a claim whose launching process was
+    killed (SIGKILL) holds no lock, and the next sweep into the folder removes it (``unclaimed``).
 
-    ``key`` is the parameter the refusals name (``hydra.sweep.dir``; ``python -m dpsgd.tune`` claims its
-    tuning folder the same way, as ``--sweep-dir`` or ``--resume``); ``fresh=False`` claims a folder
-    that already holds a sweep being resumed."""
+    ``key`` is the parameter the refusals name (``hydra.sweep.dir``; ``python -m dpsgd.tune`` claims
+    its tuning folder the same way, as ``--sweep-dir`` or ``--resume``); ``fresh=False`` claims a
+    folder that already holds a sweep being resumed."""
 
     def __init__(self, folder: str, key: str = "hydra.sweep.dir", fresh: bool = True):
         self.folder = Path(folder)

@@ -1,1 +1,4 @@
-"""A run of Algorithm 1: its parts, state, opening, resume guard, checkpoint, run directory lock, evaluation and report."""
+"""A run of Algorithm 1.
+
+Its parts, state, opening, resume guard, checkpoint, run directory lock, evaluation and report.
+"""

@@ -5,11 +5,11 @@ bit-identically: model parameters, epoch/step position (the learning rate is a f
 epoch), the optimiser state (momentum buffers), the privacy ledger, the sampler's and the noise's
 generator states, the input projection,
 the metrics rows so far, the overrides the run was started with, the configuration's fingerprint
-(every key but the few a resume may change, ``dpsgd/config/fingerprint.py:RESUME_ALLOWED``; a resumed run
-with other values is refused, naming the key), and the binding of ``lots.reserved`` (the token its
-first line must carry, the lots its ledger covers; ``dpsgd/run/guard.py``). With ``training.ema_decay`` set it
-also holds ``ema`` (the EMA weights, the released model; ``dpsgd.mechanism.ema``; None when EMA is
-off). Files are written with ``fileio`` (atomic replace).
+(every key but the few a resume may change, ``dpsgd/config/fingerprint.py:RESUME_ALLOWED``; a
+resumed run with other values is refused, naming the key), and the binding of ``lots.reserved`` (the
+token its first line must carry, the lots its ledger covers; ``dpsgd/run/guard.py``). With
+``training.ema_decay`` set it also holds ``ema`` (the EMA weights, the released model;
+``dpsgd.mechanism.ema``; None when EMA is off). Files are written with ``fileio`` (atomic replace).
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ METRICS = "metrics.csv"
 
 
 class CheckpointError(ConfigError):
-    """A checkpoint that cannot be trusted (truncated, corrupted, old format, missing keys); one line."""
+    """A checkpoint that cannot be trusted (truncated, corrupted, old format, missing keys); one
+    line."""
 
 
 _MAGIC = b"DPSGD-CHECKPOINT\n"
-FORMAT_VERSION = 6  # 3: the optimiser state (momentum buffers); 4: whole-config fingerprint, bound lots.reserved;
-# 5: the debts of earlier attempts with their lot digests; 6: no digests, the binding's
-# ``covers`` and ``lots_per_epoch`` (dpsgd/run/guard.py)
+FORMAT_VERSION = 6  # 3: the optimiser state (momentum buffers); 4: whole-config fingerprint,
+# bound lots.reserved; 5: the debts of earlier attempts with their lot digests; 6: no digests, the
+# binding's ``covers`` and ``lots_per_epoch`` (dpsgd/run/guard.py)
 READS = (4, 5, 6)  # 4 and 5 are read: the lots they owe (``owed``, ``debts``) are charged whole
 SUPERSEDED = "metrics.superseded.csv"
 REQUIRED_KEYS = (
@@ -65,10 +66,11 @@ REQUIRED_KEYS = (
 
 
 def save_checkpoint(run_dir: str | Path, state: dict) -> None:
-    """``checkpoint.pt``: a magic line, a JSON header {format, sha256, bytes} and the torch.save payload.
+    """``checkpoint.pt``: a magic line, a JSON header {format, sha256, bytes}, the payload.
 
-    The SHA-256 of the payload is checked on every load, so a flipped byte or a truncated file is
-    refused instead of resuming from a silently corrupted model, projection or ledger."""
+    The payload is written by torch.save. The SHA-256 of the payload is checked on every load, so a
+    flipped byte or a truncated file is refused instead of resuming from a silently corrupted model,
+    projection or ledger."""
     buf = io.BytesIO()
     torch.save(dict(state, version=FORMAT_VERSION), buf)
     payload = buf.getvalue()
@@ -86,8 +88,8 @@ def save_checkpoint(run_dir: str | Path, state: dict) -> None:
 
 
 def load_checkpoint(run_dir: str | Path) -> dict | None:
-    """The verified checkpoint of ``run_dir``, None when there is none; CheckpointError (one line) when it
-    is empty, truncated, corrupted, of another format version or lacks a key."""
+    """The verified checkpoint of ``run_dir``, None when there is none; CheckpointError (one line)
+    when it is empty, truncated, corrupted, of another format version or lacks a key."""
     path = Path(run_dir) / CHECKPOINT
     if not path.is_file():
         return None
@@ -132,7 +134,8 @@ def load_checkpoint(run_dir: str | Path) -> dict | None:
 
 
 def resume_checkpoint(run_dir: str | Path) -> dict:
-    """The verified checkpoint of the run that ``resume=run_dir`` continues; ConfigError when it has none."""
+    """The verified checkpoint of the run that ``resume=run_dir`` continues; ConfigError when it has
+    none."""
     ckpt = load_checkpoint(run_dir)
     if ckpt is None:
         raise ConfigError(
@@ -157,7 +160,8 @@ def fingerprint_hash(fp: dict) -> str:
 
 def check_resumable(saved: dict, current: dict) -> None:
     """Refuse a resume whose fingerprint (every configuration key but those a resume may change,
-    ``dpsgd/config/fingerprint.py:RESUME_ALLOWED``) differs from the original run's, naming the first key."""
+    ``dpsgd/config/fingerprint.py:RESUME_ALLOWED``) differs from the original run's, naming the
+    first key."""
     added = _defaults()  # a key newer than the run: its default is what the run ran with
     for key in [*saved, *(k for k in current if k not in saved)]:
         if key not in saved and key in added and current.get(key) == added[key]:
@@ -186,11 +190,12 @@ def _defaults() -> dict:
 
 
 def escaped_steps(run_dir: str | Path, ckpt: dict) -> int:
-    """The most lots that any output written after the checkpoint shows had run: the ``steps`` of the
-    metrics rows beyond the checkpoint's (in metrics.csv, and in metrics.superseded.csv beyond the
-    rows an earlier checkpoint already covered) and of the last privacy.json. Evidence independent of
-    lots.reserved: removing it can only stop the resume (one line), never lower the charge. A value that
-    is not an integer is not evidence (a row torn by a crash); one past ``STEPS_MAX`` is refused."""
+    """The most lots that any output written after the checkpoint shows had run: the ``steps`` of
+    the metrics rows beyond the checkpoint's (in metrics.csv, and in metrics.superseded.csv beyond
+    the rows an earlier checkpoint already covered) and of the last privacy.json. Evidence
+    independent of lots.reserved: removing it can only stop the resume (one line), never lower the
+    charge. A value that is not an integer is not evidence (a row torn by a crash); one past
+    ``STEPS_MAX`` is refused."""
     from dpsgd.accountant import limits
 
     run_dir, seen = Path(run_dir), [int(ckpt["steps"])]
@@ -199,8 +204,8 @@ def escaped_steps(run_dir: str | Path, ckpt: dict) -> int:
         rows = _csv_rows(run_dir / name)
         if name == SUPERSEDED and len(rows) < skip:
             raise ConfigError(
-                f"resume: {run_dir / name}: holds {len(rows)} rows, the checkpoint covers {skip}: rows "
-                "that show which lots ran were removed; restore the file or start a new run"
+                f"resume: {run_dir / name}: holds {len(rows)} rows, the checkpoint covers {skip}: "
+                "rows that show which lots ran were removed; restore the file or start a new run"
             )
         seen += [_int(r.get("steps")) for r in rows[skip:]]
     try:
@@ -275,7 +280,8 @@ class MetricsWriter:
         return st.st_ino, st.st_size
 
     def _keep_superseded(self) -> None:
-        """Rows on disk beyond the checkpoint's go to metrics.superseded.csv rather than being lost."""
+        """Rows on disk beyond the checkpoint's go to metrics.superseded.csv rather than being
+        lost."""
         if not self.path.is_file():
             return
         lines = self.path.read_text().splitlines(keepends=True)

@@ -1,35 +1,21 @@
 """Data-parallel DP-SGD over torch.distributed: ``torchrun --nproc_per_node=P -m dpsgd.train ...``.
 
 The mechanism is the one of one process (Abadi et al. 2016, Algorithm 1), computed by P processes:
+every rank runs the same seeded Poisson sampler over the *whole* training set and takes the share
+``lot[r::P]`` of the one global lot; ONE all-reduce (sum) per lot carries the k clipped sums, Σ loss
+and the lot size; N(0, σ²C²) is added **exactly once** to the global sum (seeded: the identical draw
+on every rank after the all-reduce; ``privacy.secure_rng``: rank 0's draw, added before it), then
+divided by the expected global L, so parameters stay identical on every rank.
 
-* **lots**: every rank runs the same seeded Poisson sampler over the *whole* training set, so the
-  global lot is exactly one Poisson(q = L/N) lot, the very lot a 1-process run with the same seed
-  draws; rank r takes the deterministic share ``lot[r::P]`` (disjoint, union = the lot, sizes within
-  one). The sampler is the single source of q, as in one process; nothing is re-derived per shard.
-* **sum**: each rank computes Σ_i clip_C(g_i) over its share with the normal clipping engine; ONE
-  all-reduce (sum) of one flat buffer per lot carries the k clipped sums, Σ loss and the lot size.
-* **noise exactly once**: N(0, σ²C²) is added once to the global sum. Seeded noise: every rank holds
-  the identical generator and adds the identical draw *after* the all-reduce (so the noise is the
-  1-process run's draw). ``privacy.secure_rng``: only rank 0 draws (OS entropy cannot be shared);
-  it adds its draw to its own partial sum *before* the all-reduce, which delivers sum + noise to
-  every rank — rank 0 + broadcast folded into the one collective. Never one draw per rank (P× the
-  variance) nor a draw scaled to a local share (too little noise: praxis, optax #148, jax_privacy
-  PR #395); tests/run/test_distributed.py measures the std σC/L of the update with 2 and 4 processes.
-* then divided by the expected global L (DPSGD), so parameters stay identical on every rank.
-
-Only rank 0 writes (metrics.csv, privacy.json, checkpoints, lot reservations) and holds the run lock.
-Other ranks cannot run ahead of a reservation: rank 0 reserves lot t before its step, and no rank
-can finish lot t before the all-reduce, which needs rank 0's contribution. Every rank keeps the
-ledger (identical: same sampler, same stop rule); only rank 0's is written.
-
-Before the first lot every rank agrees on the whole run (``agree_on``): first on the resolved
-configuration (``config_items``, every key but the few in ``PER_RANK``), then on
-what it read and built (``state_items``: the data, the initial or restored parameters and generator
-states, the projection, the ledger). Each rank gathers every rank's items, so all name the same first
-differing key and stop with the same line (``RanksDisagree``, exit 2) before anything is written.
+Only rank 0 writes (metrics.csv, privacy.json, checkpoints, lot reservations) and holds the run
+lock. Before the first lot every rank agrees on the whole run (``agree_on``: ``config_items``, every
+key but those in ``PER_RANK``, then ``state_items``); a difference stops every rank with the same
+line (``RanksDisagree``, exit 2) before anything is written.
 
 The command line under torchrun (one run directory agreed by every rank) is
 ``dpsgd/launch/main.py:torchrun_main``; this module is the communication only.
+
+Details: docs/SCALING.md, "dpsgd/run/distributed.py".
 """
 
 from __future__ import annotations
@@ -70,7 +56,8 @@ class Dist:
         return idx[self.rank :: self.world_size] if self.world_size > 1 else idx
 
     def describe(self, device: torch.device | None = None) -> dict:
-        """For privacy.json and the checkpoint: world size and the backend of the gradient all-reduce."""
+        """For privacy.json and the checkpoint: world size and the backend of the gradient
+        all-reduce."""
         if not self.active:
             return {"world_size": 1, "backend": None}
         cuda = device is not None and torch.device(device).type == "cuda"
@@ -102,7 +89,8 @@ def from_env(env=None) -> Dist | None:
 
 def init(d: Dist, init_method: str = "env://", cuda: bool | None = None) -> Dist:
     """Join the process group (gloo for CPU tensors; with CUDA also nccl for CUDA tensors, device
-    cuda:LOCAL_RANK) and make ``d`` the current context. ``cuda=False``: CPU only (forked test ranks)."""
+    cuda:LOCAL_RANK) and make ``d`` the current context. ``cuda=False``: CPU only (forked test
+    ranks)."""
     import torch.distributed as td
 
     global _CURRENT
@@ -151,7 +139,8 @@ def _collective(fn, *a, **kw):
 
 
 def broadcast_object(obj):
-    """Rank 0's ``obj`` (picklable) on every rank, through CPU tensors (gloo); ``obj`` in one process."""
+    """Rank 0's ``obj`` (picklable) on every rank, through CPU tensors (gloo); ``obj`` in one
+    process."""
     d = _CURRENT
     if not d.active:
         return obj
@@ -174,9 +163,9 @@ class PeerRefused(ConfigError):
 
 
 def agree(err: BaseException | None) -> None:
-    """A barrier that also agrees on failure: re-raise ``err`` here, or PeerRefused (naming the first
-    rank that failed, with its line) when another rank failed. Every rank must reach it (setup reads
-    before it and writes after it)."""
+    """A barrier that also agrees on failure: re-raise ``err`` here, or PeerRefused (naming the
+    first rank that failed, with its line) when another rank failed. Every rank must reach it (setup
+    reads before it and writes after it)."""
     if _CURRENT.active:
         lines = all_gather_bytes(b"" if err is None else one_line(err).encode())
         failed = next(((r, line.decode()) for r, line in enumerate(lines) if line), None)
@@ -187,17 +176,22 @@ def agree(err: BaseException | None) -> None:
 
 
 class RanksDisagree(ConfigError):
-    """The ranks were started on different runs (or one could not start): the same line on every rank."""
+    """The ranks were started on different runs (or one could not start): the same line on every
+    rank."""
 
 
 # Config keys that may differ between ranks, each a place where a node finds something whose content
-# is compared anyway (``state_items``: the data every rank loaded, the weights it built). Every other
-# key of the validated Config is compared: a key added to the schema is compared without a change here.
+# is compared anyway (``state_items``: the data every rank loaded, the weights it built). Every
+# other key of the validated Config is compared: a key added to the schema is compared without a
+# change here.
 PER_RANK = frozenset(
     {
-        "dataset.root",  # this node's data folder (None: $DPSGD_DATA_ROOT); the data is compared by hash
-        "dataset.download",  # whether this node may fetch a missing copy; the data is compared by hash
-        "model.pretrained",  # the artifact's path on this node; model.pretrained_sha256 and the weights are compared
+        # this node's data folder (None: $DPSGD_DATA_ROOT); the data is compared by hash
+        "dataset.root",
+        # whether this node may fetch a missing copy; the data is compared by hash
+        "dataset.download",
+        # the artifact's path on this node; model.pretrained_sha256 and the weights are compared
+        "model.pretrained",
     }
 )
 SAME_BUILD = (
@@ -211,7 +205,8 @@ _exchanges = 0  # agree_on calls of this process group; a refusal joins only the
 
 def canonical(items: dict) -> dict[str, str]:
     """``items`` as the texts every rank compares (JSON; tensors by dtype, shape and the SHA-256 of
-    their bytes, so two ranks agree only on bit-identical values); a refusal's line is kept as it is."""
+    their bytes, so two ranks agree only on bit-identical values); a refusal's line is kept as it
+    is."""
     return {k: v if k == REFUSED else _canonical(v) for k, v in items.items()}
 
 
@@ -226,7 +221,8 @@ def _canonical(value) -> str:
 
 
 def flat_items(tree, prefix: str = "") -> dict:
-    """{dotted key: leaf} of nested dicts (lists, tensors and scalars are leaves), in insertion order."""
+    """{dotted key: leaf} of nested dicts (lists, tensors and scalars are leaves), in insertion
+    order."""
     if not isinstance(tree, dict):
         return {prefix: tree}
     out = {}
@@ -241,9 +237,9 @@ def config_items(c) -> dict:
 
     The command lines themselves are not compared: the validated Config is the whole run (the typed
     schema refuses any key outside it; Hydra's own settings, such as the run folder, are agreed
-    before, by ``broadcast_object``), and only rank 0's overrides are recorded. So ``privacy.sigma=4``
-    on one rank and ``privacy.sigma=4.0`` or the same overrides in another order on another agree,
-    while any difference in what the run does is named by its key."""
+    before, by ``broadcast_object``), and only rank 0's overrides are recorded. So
+    ``privacy.sigma=4`` on one rank and ``privacy.sigma=4.0`` or the same overrides in another order
+    on another agree, while any difference in what the run does is named by its key."""
     return {k: v for k, v in flat_items(c.to_dict()).items() if k not in PER_RANK}
 
 
@@ -262,8 +258,9 @@ def _show(text: str) -> str:
 
 
 def first_difference(every: list[dict]) -> str | None:
-    """The line naming the first item (in rank 0's order) on which a rank differs from rank 0, or the
-    first rank that refused; None when every rank holds the same items (``every[r]``: rank r's)."""
+    """The line naming the first item (in rank 0's order) on which a rank differs from rank 0, or
+    the first rank that refused; None when every rank holds the same items (``every[r]``: rank
+    r's)."""
     for r, items in enumerate(every):
         if REFUSED in items:
             return items[REFUSED] if r == 0 else f"rank {r}: {items[REFUSED]}"
@@ -280,7 +277,8 @@ def first_difference(every: list[dict]) -> str | None:
 
 
 def all_gather_bytes(data: bytes) -> list[bytes]:
-    """Every rank's ``data``, in rank order, on every rank (CPU tensors: gloo); [data] in one process."""
+    """Every rank's ``data``, in rank order, on every rank (CPU tensors: gloo); [data] in one
+    process."""
     d = _CURRENT
     if not d.active:
         return [data]

@@ -10,22 +10,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-EVAL_ROWS = 1024  # rows per forward pass of a row-wise model in ``evaluate`` (its activations stay in cache)
+# rows per forward pass of a row-wise model in ``evaluate`` (its activations stay in cache)
+EVAL_ROWS = 1024
 _ROWWISE = (torch.nn.Linear, torch.nn.ReLU, torch.nn.Identity, torch.nn.Flatten)
 
 
 def rowwise(model) -> bool:
-    """Whether every layer of ``model`` maps each row on its own by one GEMM or an elementwise map (the
-    MLPs): on the CPU a row's logits are then the same bits whichever rows share its forward pass (the
-    CPU GEMM reduces over a row in the same order at any number of rows: checked by
+    """Whether every layer of ``model`` maps each row on its own by one GEMM or an elementwise map
+    (the MLPs): on the CPU a row's logits are then the same bits whichever rows share its forward
+    pass (the CPU GEMM reduces over a row in the same order at any number of rows: checked by
     tests/run/test_evaluate.py and, end to end, by the mnist_medium preset's metrics.csv)."""
     return all(isinstance(m, _ROWWISE) for m in model.modules() if not list(m.children()))
 
 
 def _logits(model, xb: torch.Tensor) -> torch.Tensor:
-    """``model(xb)``; on the CPU a row-wise model runs EVAL_ROWS rows at a time (2× faster on the MNIST
-    network at 10 000 rows: its 1000 hidden units × 10 000 rows would be 40 MB of activations), the same
-    bits. A GPU keeps one pass per batch (its GEMM may choose another kernel at another row count)."""
+    """``model(xb)``; on the CPU a row-wise model runs EVAL_ROWS rows at a time (2× faster on the
+    MNIST network at 10 000 rows: its 1000 hidden units × 10 000 rows would be 40 MB of
+    activations), the same bits. A GPU keeps one pass per batch (its GEMM may choose another kernel
+    at another row count)."""
     if len(xb) <= EVAL_ROWS or xb.device.type != "cpu" or not rowwise(model):
         return model(xb)
     return torch.cat([model(xb[s : s + EVAL_ROWS]) for s in range(0, len(xb), EVAL_ROWS)])

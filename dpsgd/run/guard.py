@@ -7,30 +7,14 @@ reserved or that an output shows ran**, whatever the resume computes next. Nothi
 "the same release again"; the price is that a replayed lot is charged twice (measured:
 results/resume_cost.csv).
 
-``LotGuard`` is everything that serves that rule, over one file, ``lots.reserved``:
+``LotGuard`` is everything that serves that rule, over one file, ``lots.reserved``: ``before_lot``
+reserves lots write-ahead (fsync'd chunks from ``CHUNK`` lots), ``bind`` ties the file to the token
+of a checkpoint, and ``owed`` says, on resume, which lots past the checkpoint are still to be
+charged (``Owed``). The file is read strictly: a line no run could have written is refused in one
+line naming the file, never read as "no lots"; what the file cannot show is said, not assumed
+(``Owed.warning``).
 
-* **before a lot** (``before_lot``): write-ahead. Before lot S runs, one fsync'd line ``{"upto": U}``
-  (U ≥ S) says that at most U lots in total will have run before the next reservation. Chunks start
-  at ``CHUNK`` lots and double while a chunk lasts less than ``SECONDS`` (an fsync costs ~4 ms: about
-  one per second of training), never past the end of the epoch, training.max_steps or the budget;
-* **after a checkpoint** (``bind``): the file is replaced by one line ``{"checkpoint": token,
-  "steps": S}`` carrying the token that checkpoint records, whose ledger covers every lot reserved
-  so far; every process also binds it as it opens, once what the file owed is charged, so no process
-  appends to another's lines (a torn tail included);
-* **on resume** (``owed``): the lots past the checkpoint that are still to be charged: from the lot
-  the checkpoint's ledger covers (``covers``: its ``steps``, or more when it was written at a resume's
-  opening with lost lots in its ledger) to the largest of every reservation and of every escaped
-  output (``dpsgd/run/checkpoint.py:escaped_steps``).
-
-The file is read strictly: a missing file, a binding to another checkpoint, or a line no run could
-have written (not a reservation; a reservation more than one epoch past the largest before it, or
-past STEPS_MAX) is refused in one line naming the file, never read as "no lots". A file still bound
-to the checkpoint before this one (a crash between writing the checkpoint and binding the file)
-holds only reservations that checkpoint's ledger covers. A line that is not JSON is the torn tail of
-a crash (it was never fsync'd) only when no reservation follows it. What the file cannot show is
-said, not assumed: when the last attempt ended without a statement and the file shows no lot past
-the checkpoint (what a crash before its first lot leaves, and also what cutting the file back
-leaves), the resume warns (``Owed.warning``).
+Details: docs/RUNS.md, "dpsgd/run/guard.py".
 """
 
 from __future__ import annotations
@@ -52,8 +36,9 @@ SECONDS = 1.0  # chunks double while a chunk of lots takes less than this
 
 @dataclass(frozen=True)
 class Owed:
-    """Lots a resume charges as lost: ``windows`` of (first, count), absolute (lot S makes ``steps`` = S,
-    so a window (f, n) is lots f+1 .. f+n); why; and what the files cannot show (a warning)."""
+    """Lots a resume charges as lost: ``windows`` of (first, count), absolute (lot S makes
+    ``steps`` = S, so a window (f, n) is lots f+1 .. f+n); why; and what the files cannot show (a
+    warning)."""
 
     windows: tuple[tuple[int, int], ...] = ()
     why: str | None = None
@@ -66,8 +51,8 @@ class Owed:
 
 
 class LotGuard:
-    """The write-ahead record of the lots a run may have run since its last checkpoint, and the rule for
-    what a resume owes for them."""
+    """The write-ahead record of the lots a run may have run since its last checkpoint, and the rule
+    for what a resume owes for them."""
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / RESERVATIONS
@@ -78,7 +63,8 @@ class LotGuard:
 
     # -- before a lot ---------------------------------------------------------------------------
     def before_lot(self, steps: int, limit: int) -> None:
-        """Make sure lot number ``steps`` (0-based, absolute) is reserved; reserve up to ``limit``."""
+        """Make sure lot number ``steps`` (0-based, absolute) is reserved; reserve up to
+        ``limit``."""
         if self.upto is not None and steps < self.upto:
             return
         now = time.monotonic()
@@ -101,11 +87,12 @@ class LotGuard:
 
     # -- on resume --------------------------------------------------------------------------------
     def owed(self, ckpt: dict, escaped: int, lots_per_epoch: int, ended: bool = True) -> Owed:
-        """What a resume of ``ckpt`` owes: the lots past what its ledger covers, up to the largest of
-        every reservation after its binding and of ``escaped`` (the most lots an output shows ran);
-        plus the debts an older checkpoint (format 4 or 5) carries, charged whole. ``ended``: the
-        last attempt left a statement of its end (privacy.json not ``running``). ConfigError (one
-        line, naming the file) when the file is missing, bound to another checkpoint, or altered."""
+        """What a resume of ``ckpt`` owes: the lots past what its ledger covers, up to the largest
+        of every reservation after its binding and of ``escaped`` (the most lots an output shows
+        ran); plus the debts an older checkpoint (format 4 or 5) carries, charged whole. ``ended``:
+        the last attempt left a statement of its end (privacy.json not ``running``). ConfigError
+        (one line, naming the file) when the file is missing, bound to another checkpoint, or
+        altered."""
         steps, binding = int(ckpt["steps"]), ckpt["reservations"]
         reserved, current = self._read(binding, steps, lots_per_epoch)
         covers = steps if current else int(binding.get("covers", steps))
@@ -125,16 +112,16 @@ class LotGuard:
         warning = None
         if not windows and not ended and current:
             warning = (
-                f"the last attempt ended without a statement (privacy.json: running) and {self.path} "
-                f"shows no lot past the checkpoint at lot {steps}: nothing is charged for it. A crash "
-                "before its first lot leaves this; a file cut back leaves it too, and then the lots "
-                "that ran are not charged (docs/RUNS.md)"
+                "the last attempt ended without a statement (privacy.json: running) and "
+                f"{self.path} shows no lot past the checkpoint at lot {steps}: nothing is charged "
+                "for it. A crash before its first lot leaves this; a file cut back leaves it too, "
+                "and then the lots that ran are not charged (docs/RUNS.md)"
             )
         return Owed(tuple(windows), why, warning, self.token)
 
     def _read(self, binding: dict, steps: int, lots_per_epoch: int) -> tuple[int, bool]:
-        """(the largest reservation, or ``steps``; whether the file is bound to this checkpoint), the
-        file read strictly (the module docstring)."""
+        """(the largest reservation, or ``steps``; whether the file is bound to this checkpoint),
+        the file read strictly (the module docstring)."""
 
         def bad(why: str) -> ConfigError:
             return ConfigError(
@@ -179,7 +166,8 @@ class LotGuard:
                 )
             if torn is not None:
                 raise bad(
-                    f"line {torn} is not JSON, and a reservation follows it (not the torn tail of a crash)"
+                    f"line {torn} is not JSON, and a reservation follows it (not the torn tail of "
+                    "a crash)"
                 )
             best = max(best, v)
         self.token, self.expected = head["checkpoint"], binding["token"]
@@ -187,9 +175,9 @@ class LotGuard:
 
 
 def _old_debts(binding: dict, steps: int) -> list[tuple[int, int]]:
-    """The lots an older checkpoint still owed, as windows (first, count): format 5's ``debts`` (each an
-    earlier attempt's lots ``first``..``upto``, whose digests no longer prove anything) and format 4's
-    ``owed`` count; charged whole."""
+    """The lots an older checkpoint still owed, as windows (first, count): format 5's ``debts``
+    (each an earlier attempt's lots ``first``..``upto``, whose digests no longer prove anything) and
+    format 4's ``owed`` count; charged whole."""
     if binding.get("debts"):
         return [
             (int(d["first"]) - 1, int(d["upto"]) - int(d["first"]) + 1) for d in binding["debts"]
@@ -217,7 +205,8 @@ def _upto(d) -> int | None:
 
 
 def _is_digest(d) -> bool:
-    """A digest line ``{"ran": S, "digest": H}`` of checkpoint formats 4-5 (S an integer, H 32 hex digits)."""
+    """A digest line ``{"ran": S, "digest": H}`` of checkpoint formats 4-5 (S an integer, H 32 hex
+    digits)."""
     if not (isinstance(d, dict) and set(d) == {"ran", "digest"}):
         return False
     s, h = d["ran"], d["digest"]

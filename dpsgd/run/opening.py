@@ -1,11 +1,11 @@
-"""Opening a run: ``setup`` decides which ``Run`` (dpsgd/run/state.py) this process trains, and rank 0
-makes its first writes.
+"""Opening a run: ``setup`` decides which ``Run`` (dpsgd/run/state.py) this process trains, and
+rank 0 makes its first writes.
 
-Every read and every refusal comes first (``_open``): a fresh run refuses a folder that already holds
-one; a resume reads the hash-checked checkpoint, refuses an audit's run, a changed fingerprint
+Every read and every refusal comes first (``_open``): a fresh run refuses a folder that already
+holds one; a resume reads the hash-checked checkpoint, refuses an audit's run, a changed fingerprint
 (dpsgd/config/fingerprint.py) or another number of processes, and either restores the run
-(``Run.from_checkpoint``) or returns the statement of one that has finished. Under torchrun the ranks
-then agree (on refusals too) and compare what they built. Only then does rank 0 write
+(``Run.from_checkpoint``) or returns the statement of one that has finished. Under torchrun the
+ranks then agree (on refusals too) and compare what they built. Only then does rank 0 write
 (``_open_run_dir``): metrics.csv, the charge for lost lots made durable, config.resolved.yaml,
 privacy.json and the opening console line.
 """
@@ -41,7 +41,7 @@ from dpsgd.run.state import Run, derive_seed
 def setup(
     c: Config, run_dir: Path, overrides: list[str], instrument: parts.Instrument | None = None
 ) -> Run:
-    """Build a fresh run, or restore one from its checkpoint (or the statement of one that finished).
+    """Build a fresh run or restore one from its checkpoint (or the statement of one that finished).
 
     Under torchrun every rank first compares its whole configuration with every other's, reads and
     builds (the same run), then all agree (a barrier that also agrees on refusals) and compare what
@@ -92,8 +92,8 @@ def setup(
 
 
 def _restate(run: Run) -> None:
-    """A finished run: "nothing to do", and privacy.json is its final statement again (an extension that
-    died before its first lot left ``running`` there)."""
+    """A finished run: "nothing to do", and privacy.json is its final statement again (an extension
+    that died before its first lot left ``running`` there)."""
     path = run.run_dir / PRIVACY
     try:
         same = json.loads(path.read_text()) == run.finished
@@ -122,7 +122,8 @@ def _open(
             (run_dir / f).exists() for f in (CHECKPOINT, PRIVACY, METRICS, RESERVATIONS)
         ):
             raise ConfigError(
-                f"hydra.run.dir={run_dir}: already holds a run; never overwritten (use resume={run_dir})"
+                f"hydra.run.dir={run_dir}: already holds a run; never overwritten (use "
+                f"resume={run_dir})"
             )
         return Run.fresh(c, run_dir, overrides, d, seeds, instrument)
     if instrument is not None:
@@ -170,10 +171,11 @@ def _owed(run_dir: Path, ckpt: dict, lots_per_epoch: int):
 
 
 def _open_run_dir(run: Run) -> None:
-    """Rank 0's first writes: metrics.csv (the checkpoint's rows), the charge for lost lots made durable
-    (a new checkpoint: lots.reserved then holds this attempt's lines only), config.resolved.yaml,
-    privacy.json, and the opening console line. A signal that arrives meanwhile is raised once they
-    are all written (``held_signals``), so a stop leaves them whole."""
+    """Rank 0's first writes: metrics.csv (the checkpoint's rows), the charge for lost lots made
+    durable (a new checkpoint: lots.reserved then holds this attempt's lines only),
+    config.resolved.yaml, privacy.json, and the opening console line. A signal that arrives
+    meanwhile is raised once they are all written (``held_signals``), so a stop leaves them
+    whole."""
     with held_signals():
         _first_writes(run)
 
@@ -194,8 +196,8 @@ def _first_writes(run: Run) -> None:
         import yaml
 
         label = (
-            f"# AUDIT RUN ({run.instrument.label.get('summary', 'audit')}): the training data held the audit's "
-            "canaries\n"
+            f"# AUDIT RUN ({run.instrument.label.get('summary', 'audit')}): the training data held "
+            "the audit's canaries\n"
             if run.instrument is not None
             else ""
         )
@@ -208,9 +210,10 @@ def _first_writes(run: Run) -> None:
     if p.private:
         tag = "dpsgd AUDIT RUN" if run.instrument is not None else "dpsgd"
         print(
-            f"{tag}: {c.dataset.name} N={len(built.data.X_train)} → {run_dir}  (device {built.device}{ws}, engine "
-            f"{built.clipper.mode}, k={built.k}, {built.sampler.name} q={built.sampler.q:.4g}, "
-            f"σ={built.plan.sigma}, C={built.plan.clip_norm}, L={built.plan.lot_size})",
+            f"{tag}: {c.dataset.name} N={len(built.data.X_train)} → {run_dir}  (device "
+            f"{built.device}{ws}, engine {built.clipper.mode}, k={built.k}, {built.sampler.name} "
+            f"q={built.sampler.q:.4g}, σ={built.plan.sigma}, C={built.plan.clip_norm}, "
+            f"L={built.plan.lot_size})",
             flush=True,
         )
     else:
@@ -221,7 +224,7 @@ def _first_writes(run: Run) -> None:
         print(f"resume: charged {lost} lot(s) as lost: they {run.progress.lost_why}", flush=True)
     if run.finish_as is not None:
         print(
-            f"resume: the run had finished ({run.finish_as}); lots ran past its final checkpoint (an extension "
-            "that did not finish): charged, and the run finished again",
+            f"resume: the run had finished ({run.finish_as}); lots ran past its final checkpoint "
+            "(an extension that did not finish): charged, and the run finished again",
             flush=True,
         )

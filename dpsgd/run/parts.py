@@ -1,4 +1,4 @@
-"""The parts of a run of Algorithm 1, built once: data, projection, model, clipping engine, DP-SGD step, sampler.
+"""The parts of a run of Algorithm 1, built once: data, projection, model, engine, step, sampler.
 
     data → (DP-)PCA projection → model → clipping engine → noise → DPSGD → sampler (q = L/N)
 
@@ -36,13 +36,14 @@ from dpsgd.workbench.build import assemble
 
 
 class Instrument:
-    """What an audit adds to a run (``dpsgd.audit.onerun.run``), never selectable by a training config.
+    """What an audit adds to a run (``dpsgd.audit.onerun.run``).
 
-    ``data`` returns the training data with the audit's canaries in it (they are examples of the
-    dataset: the sampler draws them like any other, and N, q and the claim count them); ``attach``
-    wires its observers into the built parts; ``label`` (a plain dict) is written into privacy.json,
-    checkpoint.pt and metrics.csv (column ``audit``) of the run, so that an audit run is labelled as
-    such everywhere it is written. The base class changes nothing."""
+    Never selectable by a training config. ``data`` returns the training data with the audit's
+    canaries in it (they are examples of the dataset: the sampler draws them like any other, and N,
+    q and the claim count them); ``attach`` wires its observers into the built parts; ``label`` (a
+    plain dict) is written into privacy.json, checkpoint.pt and metrics.csv (column ``audit``) of
+    the run, so that an audit run is labelled as such everywhere it is written. The base class
+    changes nothing."""
 
     label: dict = {}
 
@@ -92,12 +93,13 @@ class Parts:
         return self.dp.noise
 
     def lot(self, idx: torch.Tensor, step: int, share) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """Lot ``step`` (indices ``idx``) as the DP step takes it: (x, y, keywords of ``DPSGD.step``).
+        """Lot ``step`` (indices ``idx``) as the DP step takes it: (x, y, keywords).
 
-        Padded to its fixed shape with zero-weight rows when the sampler pads; ``share`` cuts this
-        rank's part (torchrun; the identity in one process); on the device; each example augmented
-        from the lot's generator (the run's seed and ``step``), or, under augmentation multiplicity,
-        that generator handed to the step, which augments the K copies of each example."""
+        The keywords are those of ``DPSGD.step``. Padded to its fixed shape with zero-weight rows
+        when the sampler pads; ``share`` cuts this rank's part (torchrun; the identity in one
+        process); on the device; each example augmented from the lot's generator (the run's seed and
+        ``step``), or, under augmentation multiplicity, that generator handed to the step, which
+        augments the K copies of each example."""
         kw = {}
         if self.sampler.pads:  # fixed shape B: zero-weight padding rows
             idx, w = self.sampler.padded(idx)
@@ -124,8 +126,8 @@ class Parts:
         }
 
     def load_state_dict(self, ckpt: dict) -> None:
-        """Continue from a checkpoint: the sampler's and the noise's generators, the momentum and the
-        EMA (the weights are loaded before the engine is built: ``build``'s ``weights``)."""
+        """Continue from a checkpoint: the sampler's and the noise's generators, the momentum and
+        the EMA (the weights are loaded before the engine is built: ``build``'s ``weights``)."""
         self.sampler.load_state_dict(ckpt["sampler"])
         self.dp.noise.load_state_dict(ckpt["noise"])
         self.dp.load_state_dict(ckpt["optimizer"])
@@ -196,8 +198,8 @@ def project(data: Data, V: torch.Tensor | None) -> Data:
 
 
 def init_model(c: Config, data: Data, seed: int) -> torch.nn.Module:
-    """The model on the CPU, initialised from its own seed (the global RNG state untouched), with the
-    public pretrained weights loaded and frozen when configured (never charged)."""
+    """The model on the CPU, initialised from its own seed (the global RNG state untouched), with
+    the public pretrained weights loaded and frozen when configured (never charged)."""
     ds = c.dataset
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -234,9 +236,9 @@ def build(
         p.augment_multiplicity > 1 and not transform.identity
     )  # the step augments the K copies
     # the mechanism, built once by the one builder the Python API uses too: the event each charge
-    # records, whose σ the step noises at (charged σ = noised σ), C and L; nothing after this reads σ,
-    # C or L from the configuration. check_finite=False: no device sync per physical batch; the data
-    # are finite, and a non-finite loss or update stops the run as diverged (dpsgd/train.py)
+    # records, whose σ the step noises at (charged σ = noised σ), C and L; nothing after this reads
+    # σ, C or L from the configuration. check_finite=False: no device sync per physical batch; the
+    # data are finite, and a non-finite loss or update stops the run as diverged (dpsgd/train.py)
     clipper, sampler, _, dp = assemble(
         model,
         len(data.X_train),

@@ -86,10 +86,10 @@ def epsilons(ledger, c: Config) -> dict:
     accountant, and the valid ε (min over VALID_ACCOUNTANTS under the joint convention).
 
     An accountant that refuses a ledger (raises ValueError) or gives no finite ε is recorded as
-    (None, None) with its reason under ``refused[accountant][convention]`` and skipped for the valid ε;
-    it never stops the run. ``epsilon`` (configured accountant and convention) is None when that one
-    refused. A non-private run has ε = inf here (metrics.csv writes ``inf``); privacy.json writes
-    ``null`` beside ``"private": false`` and the words of its statement (strict JSON).
+    (None, None) with its reason under ``refused[accountant][convention]`` and skipped for the valid
+    ε; it never stops the run. ``epsilon`` (configured accountant and convention) is None when that
+    one refused. A non-private run has ε = inf here (metrics.csv writes ``inf``); privacy.json
+    writes ``null`` beside ``"private": false`` and the words of its statement (strict JSON).
     """
     p = c.privacy
     if not p.private:
@@ -129,8 +129,8 @@ def epsilons(ledger, c: Config) -> dict:
 
 
 def eps_up(x) -> str:
-    """ε rounded UP to 4 significant digits (exact decimal of the float), so a printed claim is never
-    below the computed one: 1.58269… → '1.583', 1.99998… → '2.000'; None → 'n/a'."""
+    """ε rounded UP to 4 significant digits (exact decimal of the float), so a printed claim is
+    never below the computed one: 1.58269… → '1.583', 1.99998… → '2.000'; None → 'n/a'."""
     if x is None or x != x:
         return "n/a"
     if math.isinf(x) or x == 0:
@@ -151,8 +151,9 @@ def _none(x):
 def metrics_row(
     c: Config, run, lr: float, lot_loss: float, ev, epoch_time: float, wall: float
 ) -> dict:
-    """One metrics.csv row after an epoch of ``run`` (a ``dpsgd.run.state.Run``: its progress's epoch, steps
-    and eps, its parts' sampler, clipper and k); ``ev`` = (train loss, train accuracy, test accuracy)."""
+    """One metrics.csv row after an epoch of ``run`` (a ``dpsgd.run.state.Run``: its progress's
+    epoch, steps and eps, its parts' sampler, clipper and k); ``ev`` = (train loss, train accuracy,
+    test accuracy)."""
     p, at, b = c.privacy, run.progress, run.parts
     eps, sampler = at.eps, b.sampler
     by = eps["by"]
@@ -245,8 +246,9 @@ def statement_text(c: Config, status: str, eps, steps: int) -> str:
         claim = f"no valid (ε, δ) bound: every accountant refused this run's ledger ({why})"
     if status == "diverged":
         text = (
-            f"DIVERGED after {steps} lots (non-finite loss or parameter): the model is not released and "
-            f"no privacy claim is made for it; privacy spent on the training data so far: {claim}"
+            f"DIVERGED after {steps} lots (non-finite loss or parameter): the model is not "
+            "released and no privacy claim is made for it; privacy spent on the training data so "
+            f"far: {claim}"
         )
     elif valid_claim(eps, p.delta) is None:
         text = f"NO PRIVACY CLAIM: {claim}"
@@ -259,21 +261,24 @@ def statement_text(c: Config, status: str, eps, steps: int) -> str:
 
 
 CHARGED = {  # what each sampler's release() records (dpsgd/mechanism/sampling.py)
-    "poisson": "one Poisson-subsampled Gaussian mechanism (q = L/N, noise multiplier σ) per lot, add/remove",
+    "poisson": "one Poisson-subsampled Gaussian mechanism (q = L/N, noise multiplier σ) per lot, "
+    "add/remove",
     "fixed_size": (
         "one Gaussian on L examples sampled without replacement per lot, replace-one (γ = L/N, "
-        "sensitivity 2C): PLD of the symmetric dominating pair (Dong, Roth & Su 2022 Thm 9; valid under "
-        "composition) or RDP of Wang, Balle & Kasiviswanathan 2019 Thm 9; the PLD and RDP accountants"
+        "sensitivity 2C): PLD of the symmetric dominating pair (Dong, Roth & Su 2022 Thm 9; valid "
+        "under composition) or RDP of Wang, Balle & Kasiviswanathan 2019 Thm 9; the PLD and RDP "
+        "accountants"
     ),
     "truncated_poisson": (
-        "one truncated Poisson-subsampled Gaussian per lot (lots capped at max_lot_size B, "
-        "padded with zero-weight rows), add/remove, PLD of Ganesh et al. 2025; the PLD accountant only"
+        "one truncated Poisson-subsampled Gaussian per lot (lots capped at max_lot_size B, padded "
+        "with zero-weight rows), add/remove, PLD of Ganesh et al. 2025; the PLD accountant only"
     ),
     "balls_in_bins": (
-        "one epoch of random allocation over t = N/L lots per epoch (each example in one lot, uniformly "
-        "at random), add/remove, RDP of the pair (1/t) Σ_j N(e_j, σ²I) vs N(0, σ²I) (Feldman & Shenfeld "
-        "2025; Chua et al. 2025): remove and add directions exact (add by one-dimensional quadrature with a "
-        "stated margin, AM–GM where unresolved); the RDP accountant only"
+        "one epoch of random allocation over t = N/L lots per epoch (each example in one lot, "
+        "uniformly at random), add/remove, RDP of the pair (1/t) Σ_j N(e_j, σ²I) vs N(0, σ²I) "
+        "(Feldman & Shenfeld 2025; Chua et al. 2025): remove and add directions exact (add by "
+        "one-dimensional quadrature with a stated margin, AM–GM where unresolved); the RDP "
+        "accountant only"
     ),
     "shuffle": (
         "shuffle uses substitution adjacency without amplification: one Gaussian mechanism "
@@ -284,7 +289,8 @@ CHARGED = {  # what each sampler's release() records (dpsgd/mechanism/sampling.p
 
 
 def _shuffle_lower(ledger, plan, p) -> dict:
-    """The lower end of the shuffle bracket (Chua et al. 2024): no valid ε of this run is below it."""
+    """The lower end of the shuffle bracket (Chua et al. 2024): no valid ε of this run is below
+    it."""
     from dpsgd.accountant.privacy_loss import shuffle_lower
 
     epochs = sum(e.count for e in ledger.entries if e.label in ("sgd", "lost"))
@@ -299,21 +305,22 @@ def _shuffle_lower(ledger, plan, p) -> dict:
     return {
         "epsilon_lower": low,
         "epsilon_lower_source": (
-            "Chua et al. 2024 (ICML, arXiv 2403.17673) lower bound for shuffled lots (max-statistic slices, "
-            "replace-one): the ε above (upper) is never below it"
+            "Chua et al. 2024 (ICML, arXiv 2403.17673) lower bound for shuffled lots "
+            "(max-statistic slices, replace-one): the ε above (upper) is never below it"
         ),
     }
 
 
 def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> dict:
-    """privacy.json of ``run`` (a ``dpsgd.run.state.Run``: its progress's ledger, eps, steps, epoch and resumes,
-    its parts' sampler, k, noise and runtime) with the given status and stop reason: the claim, the
-    mechanism and its sampling, ε under every accountant, and where it ran."""
+    """privacy.json of ``run`` (a ``dpsgd.run.state.Run``: its progress's ledger, eps, steps, epoch
+    and resumes, its parts' sampler, k, noise and runtime) with the given status and stop reason:
+    the claim, the mechanism and its sampling, ε under every accountant, and where it ran."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {list(STATUSES)}, got status={status!r}")
     if stop_reason is not None and stop_reason not in STOP_REASONS:
         raise ValueError(
-            f"stop_reason must be None or one of {list(STOP_REASONS)}, got stop_reason={stop_reason!r}"
+            f"stop_reason must be None or one of {list(STOP_REASONS)}, got "
+            f"stop_reason={stop_reason!r}"
         )
     at, p = run.progress, c.privacy
     st = {
@@ -332,7 +339,8 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
     st["convention"] = {
         "configured": p.convention,
         "groups": run.parts.k,
-        "joint": "k separately clipped groups on one lot = one Gaussian mechanism with multiplier σ/√k (correct)",
+        "joint": "k separately clipped groups on one lot = one Gaussian mechanism with multiplier "
+        "σ/√k (correct)",
         "per_tensor": "k mechanisms at σ per lot: the paper's original code; under-states ε",
     }
     st["k"] = run.parts.k
@@ -344,23 +352,25 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
 
 
 def _mechanism(c: Config, plan, k: int) -> str:
-    """The mechanism in words (σ, C and L from the run's plan): clipping, noise, division by L, DP-PCA and
-    augmentation multiplicity."""
+    """The mechanism in words (σ, C and L from the run's plan): clipping, noise, division by L,
+    DP-PCA and augmentation multiplicity."""
     p = c.privacy
     return (
-        f"DP-SGD (Abadi et al. 2016, Algorithm 1): each example's gradient clipped to C={plan.clip_norm} "
-        f"({p.clipping}: k={k} group(s)), Gaussian noise N(0, σ²C²) with σ={plan.sigma} added to each "
-        f"group's sum, divided by the expected lot size L={plan.lot_size}"
+        "DP-SGD (Abadi et al. 2016, Algorithm 1): each example's gradient clipped to "
+        f"C={plan.clip_norm} ({p.clipping}: k={k} group(s)), Gaussian noise N(0, σ²C²) with "
+        f"σ={plan.sigma} added to each group's sum, divided by the expected lot size "
+        f"L={plan.lot_size}"
         + (
-            f"; DP-PCA (§4) to {c.model.pca_dims} dims: one Gaussian release of the sum of x xᵀ over "
-            f"unit-norm images (sensitivity 1), σ_p={p.sigma_p}, sampling rate {p.pca_fraction}"
+            f"; DP-PCA (§4) to {c.model.pca_dims} dims: one Gaussian release of the sum of x xᵀ "
+            f"over unit-norm images (sensitivity 1), σ_p={p.sigma_p}, sampling rate "
+            f"{p.pca_fraction}"
             if c.model.projection == "pca"
             else ""
         )
         + (
-            f"; augmentation multiplicity K={p.augment_multiplicity} (De et al. 2022): the gradients of an "
-            "example's K augmented copies are averaged before clipping, so its contribution still has "
-            "norm ≤ C and the sensitivity is unchanged"
+            f"; augmentation multiplicity K={p.augment_multiplicity} (De et al. 2022): the "
+            "gradients of an example's K augmented copies are averaged before clipping, so its "
+            "contribution still has norm ≤ C and the sensitivity is unchanged"
             if p.augment_multiplicity > 1
             else ""
         )
@@ -368,7 +378,8 @@ def _mechanism(c: Config, plan, k: int) -> str:
 
 
 def _sampling(plan, p, ledger) -> dict:
-    """How the lots were drawn, what that is charged as, and (shuffle) the lower end of its bracket."""
+    """How the lots were drawn, what that is charged as, and (shuffle) the lower end of its
+    bracket."""
     sampler = plan.sampler
     out = {
         "name": sampler.name,
@@ -389,7 +400,8 @@ def _sampling(plan, p, ledger) -> dict:
 
 
 def _epsilons(c: Config, at) -> dict:
-    """The accountant, the conversion, ε (valid and configured) under every accountant, and the ledger's position."""
+    """The accountant, the conversion, ε (valid and configured) under every accountant, and the
+    ledger's position."""
     p, eps = c.privacy, at.eps
     return {
         "accountant": c.accountant.name,
@@ -413,7 +425,8 @@ def _epsilons(c: Config, at) -> dict:
 
 
 def _provenance(c: Config, run) -> dict:
-    """Where and how it ran: noise source, runtime, processes, ledger, configuration, resumes, weights."""
+    """Where and how it ran: noise source, runtime, processes, ledger, configuration, resumes,
+    weights."""
     b, at, fp = run.parts, run.progress, config_fingerprint(c)
     dist = getattr(
         run, "dist", None
@@ -444,7 +457,8 @@ def _provenance(c: Config, run) -> dict:
 
 
 def _finite(x):
-    """A float for strict JSON: None (null) where it is NaN or ±inf (the words beside it say why)."""
+    """A float for strict JSON: None (null) where it is NaN or ±inf (the words beside it say
+    why)."""
     return None if x is None or not math.isfinite(x) else x
 
 
@@ -468,7 +482,8 @@ def not_covered(c: Config, run) -> list[dict]:
                 "file": None,
                 "columns": None,
                 "computed": True,
-                "why": "not private: no clipping, no noise, exact PCA; there is no (ε, δ) guarantee",
+                "why": "not private: no clipping, no noise, exact PCA; there is no (ε, δ) "
+                "guarantee",
             }
         ]
     where = f"{METRICS} (also the console progress line and checkpoint.pt)"
@@ -480,10 +495,10 @@ def not_covered(c: Config, run) -> list[dict]:
             "columns": list(TRAIN_METRICS),
             "computed": computed,
             "why": (
-                "the mean loss of each epoch's lots and the loss and accuracy of the model on the whole "
-                "training set are computed on the private training data without noise (as in the "
-                "paper's Figure 3): each value is a function of the training data outside the (ε, δ) "
-                "guarantee; training.train_metrics=false writes nan in these columns"
+                "the mean loss of each epoch's lots and the loss and accuracy of the model on the "
+                "whole training set are computed on the private training data without noise (as in "
+                "the paper's Figure 3): each value is a function of the training data outside the "
+                "(ε, δ) guarantee; training.train_metrics=false writes nan in these columns"
                 if computed
                 else "not computed (training.train_metrics=false): these columns hold nan"
             ),
@@ -493,8 +508,9 @@ def not_covered(c: Config, run) -> list[dict]:
             "file": where,
             "columns": list(TIMINGS),
             "computed": True,
-            "why": "wall-clock times grow with the number of examples in the lots, which depends on the "
-            "training data under add/remove adjacency: a side channel the analysis does not cover",
+            "why": "wall-clock times grow with the number of examples in the lots, which depends "
+            "on the training data under add/remove adjacency: a side channel the analysis does not "
+            "cover",
         },
     ]
     v = c.dataset.validation
@@ -505,9 +521,9 @@ def not_covered(c: Config, run) -> list[dict]:
                 "file": where,
                 "columns": ["test_accuracy"],
                 "computed": True,
-                "why": f"dataset.validation={v}: test_accuracy is measured without noise on {v} training "
-                "examples held out from training; the guarantee covers the examples trained on, "
-                "not these, and hyperparameters chosen on them are not accounted",
+                "why": f"dataset.validation={v}: test_accuracy is measured without noise on {v} "
+                "training examples held out from training; the guarantee covers the examples "
+                "trained on, not these, and hyperparameters chosen on them are not accounted",
             }
         )
     return out
@@ -515,8 +531,8 @@ def not_covered(c: Config, run) -> list[dict]:
 
 def parameters(c: Config, run) -> dict:
     """Which tensors were trained privately (clipped, noised, the k groups) and which are public:
-    loaded from a pretrained artifact and frozen, never charged (paper §5.3: convolutions pretrained on
-    CIFAR-100, "treated as public")."""
+    loaded from a pretrained artifact and frozen, never charged (paper §5.3: convolutions pretrained
+    on CIFAR-100, "treated as public")."""
     model = getattr(run.parts, "model", None)
     if model is None:
         return {}
@@ -544,7 +560,8 @@ def parameters(c: Config, run) -> dict:
 
 
 def progress_line(row: dict, c: Config) -> None:
-    """One console line per epoch; ε leads with the valid bound (joint convention, best accountant)."""
+    """One console line per epoch; ε leads with the valid bound (joint convention, best
+    accountant)."""
 
     def pct(v):
         return "   -  " if v != v else f"{100 * v:6.2f}%"
@@ -562,24 +579,27 @@ def progress_line(row: dict, c: Config) -> None:
         eps = f"ε≤{eps_up(v)} ({acc}, joint)" if acc is not None else "ε: no valid bound"
         if not (c.accountant.name == acc and c.privacy.convention == VALID_CONVENTION):
             name = "paper's" if c.privacy.convention == "per_tensor" else "configured"
-            eps += f"; {name} {c.accountant.name}/{c.privacy.convention} {eps_up(_none(row['epsilon']))}"
+            eps += (
+                f"; {name} {c.accountant.name}/{c.privacy.convention} "
+                f"{eps_up(_none(row['epsilon']))}"
+            )
     else:
         eps = "NOT PRIVATE"
     print(
-        f"epoch {row['epoch']:4d} | steps {row['steps']:6d} | lr {row['lr']:.4f} | loss {row['lot_loss']:.4f} "
-        f"| train {pct(row['train_accuracy'])} | test {pct(row['test_accuracy'])} | {eps} "
-        f"| {row['epoch_time_s']:.1f}s",
+        f"epoch {row['epoch']:4d} | steps {row['steps']:6d} | lr {row['lr']:.4f} | loss "
+        f"{row['lot_loss']:.4f} | train {pct(row['train_accuracy'])} | test "
+        f"{pct(row['test_accuracy'])} | {eps} | {row['epoch_time_s']:.1f}s",
         flush=True,
     )
 
 
 def final_line(statement: dict, test_accuracy: float, run_dir=None) -> str:
-    """The trainer's closing console text: outcome, accuracy and the privacy statement (valid ε first),
-    what it does not cover, then where the results are."""
+    """The trainer's closing console text: outcome, accuracy and the privacy statement (valid ε
+    first), what it does not cover, then where the results are."""
     head = "DIVERGED" if statement["status"] == "diverged" else "done"
     text = (
-        f"{head} ({statement['stop_reason']}): {statement['steps']} lots, {statement['epochs']} epochs, "
-        f"test accuracy {test_accuracy:.4f}\n{statement['statement']}"
+        f"{head} ({statement['stop_reason']}): {statement['steps']} lots, {statement['epochs']} "
+        f"epochs, test accuracy {test_accuracy:.4f}\n{statement['statement']}"
     )
     outside = [e for e in statement.get("not_covered") or [] if e["columns"] and e["computed"]]
     if statement.get("private") and outside:
@@ -587,5 +607,9 @@ def final_line(statement: dict, test_accuracy: float, run_dir=None) -> str:
         text += f"\nnot covered by ε (privacy.json not_covered): {cols}"
     if run_dir is not None:
         run_dir = Path(run_dir)
-        text += f"\nresults: {run_dir / METRICS}\n         {run_dir / PRIVACY}\n         {run_dir / '.hydra'}"
+        text += (
+            f"\nresults: {run_dir / METRICS}"
+            f"\n         {run_dir / PRIVACY}"
+            f"\n         {run_dir / '.hydra'}"
+        )
     return text

@@ -3,8 +3,8 @@
 ``RunLock``: an exclusive ``flock`` on the run directory itself (no lock file is created), held for
 the life of the training process. The kernel drops it when the process dies, SIGKILL included, so a
 stale lock never blocks a resume; a second writer (a ``resume=`` while the original still runs, two
-runs given the same ``hydra.run.dir``) is refused with one line. What a crash costs (the lots that ran
-after the last checkpoint) is dpsgd/run/guard.py's.
+runs given the same ``hydra.run.dir``) is refused with one line. What a crash costs (the lots that
+ran after the last checkpoint) is dpsgd/run/guard.py's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from dpsgd.core.errors import ConfigError
 class RunLock:
     """Exclusive lock on a run directory, held until ``release()`` or the death of the process.
 
-    Re-entrant within one process (a nested ``RunLock`` on a folder this process holds is a no-op)."""
+    Re-entrant within one process (a nested ``RunLock`` on a folder this process holds is a
+    no-op)."""
 
     _held: dict = {}  # realpath -> open descriptor holding its flock, in this process
 

@@ -6,9 +6,9 @@ wall time). ``setup`` (opening.py) makes one of three: a fresh run (``Run.fresh`
 release is the first charge to a new ledger), a run continued from its verified checkpoint
 (``Run.from_checkpoint``: every generator and the ledger restored, every lot that an earlier attempt
 may have run after it charged as lost (the rule: guard.py), the remaining budget recomputed from the
-ledger), or a run that has already finished (``Run.already_finished``: its final statement, nothing to
-build or run). A finished run whose folder shows lots past its final checkpoint (an extension that
-died) is restored instead, to charge them and finish again (``Run.finish_as``).
+ledger), or a run that has already finished (``Run.already_finished``: its final statement, nothing
+to build or run). A finished run whose folder shows lots past its final checkpoint (an extension
+that died) is restored instead, to charge them and finish again (``Run.finish_as``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
 
 
 class Rows:
-    """The metrics rows of a process that does not write them (ranks > 0, or before setup writes)."""
+    """The metrics rows of a process that does not write them (ranks > 0, or before setup
+    writes)."""
 
     def __init__(self, rows: list):
         self.rows = list(rows)
@@ -71,8 +72,8 @@ class Rows:
 @dataclass
 class Progress(Tally):
     """Where a run stands: what moves with every lot (the ledger, the lots run, the budget of the
-    target ε: ``Tally``) and what its run directory keeps. The checkpoint saves it, all but the budget
-    and ε, which are recomputed from the ledger."""
+    target ε: ``Tally``) and what its run directory keeps. The checkpoint saves it, all but the
+    budget and ε, which are recomputed from the ledger."""
 
     epoch: int = 0
     resumes: list[dict] = field(default_factory=list)
@@ -162,9 +163,9 @@ class Run:
         finish_as: str | None = None,
     ) -> Run:
         """The run continued from its checkpoint: the projection, weights, generators, momentum, EMA
-        and ledger restored; the lots it owes (``owe(lots per epoch)``: guard.py's rule on the folder)
-        charged as lost. ``finish_as``: a finished run's stop reason, when it is restored only to charge
-        lots past its final checkpoint."""
+        and ledger restored; the lots it owes (``owe(lots per epoch)``: guard.py's rule on the
+        folder) charged as lost. ``finish_as``: a finished run's stop reason, when it is restored
+        only to charge lots past its final checkpoint."""
         device, runtime = _device(c, d)
         data = parts.project(parts.load_data(c), ckpt["projection"])
         model = parts.init_model(c, data, seeds["model"])
@@ -248,9 +249,9 @@ class Run:
     # -- the stop rule ---------------------------------------------------------------------------
 
     def lots_left(self, lot: int) -> int:
-        """How many lots may still run from lot ``lot`` (0-based) of the current epoch on: to the end
-        of the epoch (none once training.epochs have run), within training.max_steps, and within the
-        budget of the target ε."""
+        """How many lots may still run from lot ``lot`` (0-based) of the current epoch on: to the
+        end of the epoch (none once training.epochs have run), within training.max_steps, and within
+        the budget of the target ε."""
         return max(0, min(self._limits(lot).values()))
 
     def stop_reason(self, lot: int) -> str | None:
@@ -275,16 +276,17 @@ class Run:
         return Lots(self.parts.plan, self.parts.dp, self.progress, self.parts.ema)
 
     def reserve(self, lot: int) -> None:
-        """Before lot ``lot`` of the epoch runs (rank 0): the guard's write-ahead reservation, never past
-        what may still run; under torchrun no rank passes this lot's all-reduce before rank 0 reserved it."""
+        """Before lot ``lot`` of the epoch runs (rank 0): the guard's write-ahead reservation, never
+        past what may still run; under torchrun no rank passes this lot's all-reduce before rank 0
+        reserved it."""
         if self.c.privacy.private and self.writes:
             at = self.progress
             self.guard.before_lot(at.steps, at.steps + self.lots_left(lot))
 
     def compute_budget(self) -> int | None:
-        """Charges that still fit within the target ε, recomputed from the ledger (never read from a file).
-        0 when the ledger already spends the target (lost lots charged on resume can take it there): the
-        run then stops before its next lot, with its final statement."""
+        """Charges that still fit within the target ε, recomputed from the ledger (never read from a
+        file). 0 when the ledger already spends the target (lost lots charged on resume can take it
+        there): the run then stops before its next lot, with its final statement."""
         c, p, ledger = self.c, self.c.privacy, self.progress.ledger
         if not (p.private and p.target_epsilon is not None):
             return None
@@ -295,11 +297,11 @@ class Run:
         )
 
     def _charge_lots(self, start: int, n: int) -> int:
-        """Charge the lots after lot ``start`` (absolute, 0-based, counted from the checkpoint's epoch
-        boundary), ``n`` of them, as lost, each as the loop charges it (``Plan.charge_lots``: the plan's
-        event, the very σ and k that were noised); where the first one's position carries no charge of
-        its own (one charge per epoch: shuffle, random allocation), from the epoch's first lot, whose
-        charge covers it. Returns n."""
+        """Charge the lots after lot ``start`` (absolute, 0-based, counted from the checkpoint's
+        epoch boundary), ``n`` of them, as lost, each as the loop charges it (``Plan.charge_lots``:
+        the plan's event, the very σ and k that were noised); where the first one's position carries
+        no charge of its own (one charge per epoch: shuffle, random allocation), from the epoch's
+        first lot, whose charge covers it. Returns n."""
         plan = self.parts.plan
         first = (start - self.progress.base) % plan.sampler.lots_per_epoch()
         back = 0 if plan.sampler.charged(first) else first
@@ -338,8 +340,9 @@ class Run:
                 "statement": plain(
                     self.statement(status or ("complete" if complete else "running"), stop_reason)
                 ),
-                # lots.reserved's binding: its token, the one before (a crash may fall between the two
-                # writes), the lots this ledger covers (steps, and any lost lots charged past them)
+                # lots.reserved's binding: its token, the one before (a crash may fall between the
+                # two writes), the lots this ledger covers (steps, and any lost lots charged past
+                # them)
                 "reservations": {
                     "token": token,
                     "previous": self.guard.token,

@@ -2,9 +2,9 @@
 
 ``assemble`` is the one builder: the command line (``dpsgd/run/parts.py:build``) and the Python API
 (``dpsgd.PrivateTrainer``) call it with the same arguments a configuration holds, so a user's model
-gets the very objects, checks and charge that a preset gets. The plan is built from the sampler's own
-event at σ and the k groups the engine clips (``Sampler.event(σ, k)``), so what the step noises and
-what the ledger charges cannot differ.
+gets the very objects, checks and charge that a preset gets. The plan is built from the sampler's
+own event at σ and the k groups the engine clips (``Sampler.event(σ, k)``), so what the step noises
+and what the ledger charges cannot differ.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def assemble(
         sampler_seed: the seed of the sampler's generator.
         lr, momentum: the update.
         private: False: neither clipped nor noised nor charged (the non-private baseline).
-        sampling: ``poisson``, ``fixed_size``, ``truncated_poisson``, ``balls_in_bins``, ``shuffle``.
+        sampling: ``poisson``, ``fixed_size``, ``truncated_poisson``, ``balls_in_bins``,
+            ``shuffle``.
         max_lot_size: the cap of ``truncated_poisson``.
         clipping: ``global`` (k = 1) or ``per_layer`` (k = layers): the groups are derived from the
             model, never given.

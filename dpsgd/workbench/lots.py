@@ -3,9 +3,9 @@
 
 ``Lots.run`` is lines 4–8 of Algorithm 1 (Abadi et al. 2016) for one lot, followed by the ledger's
 record of what the lot cost: the plan's release for the lot's position (``Plan.release``: the event
-whose σ the step noised; None where an earlier charge of its epoch covers it), held together with the
-step count against a signal, so a lot that ran is charged and counted, or none is. The budget of a
-target ε is counted down here too, and ``left`` says how many lots it still lets run.
+whose σ the step noised; None where an earlier charge of its epoch covers it), held together with
+the step count against a signal, so a lot that ran is charged and counted, or none is. The budget of
+a target ε is counted down here too, and ``left`` says how many lots it still lets run.
 """
 
 from __future__ import annotations

@@ -35,9 +35,10 @@ class PrivateTrainer:
             or an iterable of pairs; held in memory (``sources.as_tensors``).
         lot_size: L, the expected lot size (q = L/N).
         clip_norm: C, each example's gradient is clipped to norm C (per group with
-            ``clipping="per_layer"``; the groups, and the k they are charged as, come from the model).
-        sigma: the noise multiplier σ; give it, or ``target_epsilon`` and ``epochs`` to calibrate it.
-            0: clipped, not noised, not charged (ε = ∞).
+            ``clipping="per_layer"``; the groups, and the k they are charged as, come from the
+            model).
+        sigma: the noise multiplier σ; give it, or ``target_epsilon`` and ``epochs`` to calibrate
+            it. 0: clipped, not noised, not charged (ε = ∞).
         target_epsilon: training stops before the lot that would spend more (with ``sigma``), or
             σ is calibrated so that ``epochs`` spend it (without).
         epochs: the epochs ``fit`` runs by default, and the calibration's horizon.
@@ -162,8 +163,8 @@ class PrivateTrainer:
     # -- training --------------------------------------------------------------------------------
 
     def fit(self, epochs: float | None = None) -> str:
-        """Train for ``epochs`` (default: the constructor's) more epochs, or until the target ε stops
-        it; returns why it stopped: ``epochs_completed`` or ``target_epsilon_reached``."""
+        """Train for ``epochs`` (default: the constructor's) more epochs, or until the target ε
+        stops it; returns why it stopped: ``epochs_completed`` or ``target_epsilon_reached``."""
         epochs = self.epochs if epochs is None else epochs
         if epochs is None:
             raise ValueError("fit: give epochs (here or to the constructor)")
@@ -257,7 +258,8 @@ class PrivateTrainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state_dict()``; the budget of the target ε is recomputed from the ledger."""
+        """Continue from ``state_dict()``; the budget of the target ε is recomputed from the
+        ledger."""
         self.model.load_state_dict(state["model"])
         self.dp.load_state_dict(state["optimizer"])
         self.sampler.load_state_dict(state["sampler"])

@@ -1,5 +1,6 @@
 """Your own model and data from the command line: ``model=custom model._target_=...`` and
-``dataset=tensors|csv``, through the same validation, training, stop and privacy.json as a preset."""
+``dataset=tensors|csv``, through the same validation, training, stop and privacy.json as a
+preset."""
 
 from __future__ import annotations
 
