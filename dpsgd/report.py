@@ -158,3 +158,15 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+class SweepTable:
+    """A Hydra callback (conf/config.yaml ``hydra.callbacks``): the table of a ``-m`` sweep's runs,
+    printed when the sweep ends, the same as ``python -m dpsgd.report <sweep folder>``."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        folder = Path(str(config.hydra.sweep.dir))
+        runs = find_runs([folder]) if folder.is_dir() else []
+        if runs:
+            print(f"sweep: {len(runs)} run(s) in {folder} (python -m dpsgd.report {folder})")
+            print(render([row(r, folder) for r in runs], "terminal"), end="", flush=True)

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from dpsgd.config.schema import Config
+from dpsgd.core.console import tee_to
 from dpsgd.core.errors import Diverged, Interrupted
 from dpsgd.core.signals import held_signals, signals_as_interrupts
 from dpsgd.core.fileio import write_json
@@ -42,7 +43,7 @@ from dpsgd.run import distributed
 from dpsgd.run.checkpoint import PRIVACY
 from dpsgd.run.evaluate import evaluate
 from dpsgd.run.opening import setup
-from dpsgd.run.report import epsilons, final_line, metrics_row, progress_line
+from dpsgd.run.report import epsilons, eta, final_line, metrics_row, progress_line
 from dpsgd.run.rundir import RunLock
 from dpsgd.run.state import Run
 
@@ -70,7 +71,9 @@ def train(
     writer = distributed.current().writes  # under torchrun: rank 0 only
     if writer:
         run_dir.mkdir(parents=True, exist_ok=True)
-    with RunLock(run_dir, "resume" if c.resume else "hydra.run.dir") if writer else nullcontext():
+    lock = RunLock(run_dir, "resume" if c.resume else "hydra.run.dir") if writer else nullcontext()
+    # every console line of the run is also kept in its folder (run.log; rank 0 under torchrun)
+    with lock, tee_to(run_dir / "run.log") if writer else nullcontext():
         # SIGINT, SIGTERM, SIGHUP: one line, for the whole run (set-up, epochs, the last writes),
         # and the writes that open or finish a run and each lot's charge are held whole
         with signals_as_interrupts():
@@ -187,7 +190,7 @@ def end_of_epoch(
     lot_loss = lot_loss if t.train_metrics else math.nan
     row = metrics_row(c, run, lr, lot_loss, ev, now - t_epoch, run.progress.wall_time(now))
     run.writer.append(row)
-    progress_line(row, c)
+    progress_line(row, c, eta(run, now))
     if not final:
         write_json(run.run_dir / PRIVACY, run.statement("running", None))
         if t.checkpoint_every and run.progress.epoch % t.checkpoint_every == 0:

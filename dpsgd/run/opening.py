@@ -218,6 +218,7 @@ def _first_writes(run: Run) -> None:
         )
     else:
         print(f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
+    print(forecast_line(run), flush=True)
     if run.warning:
         print(f"warning: resume: {run.warning}", file=sys.stderr, flush=True)
     if lost:
@@ -228,3 +229,25 @@ def _first_writes(run: Run) -> None:
             "(an extension that did not finish): charged, and the run finished again",
             flush=True,
         )
+
+
+def forecast_line(run) -> str:
+    """What the run will do: the epochs and lots planned, and what limits them."""
+    c, t, at = run.c, run.c.training, run.progress
+    run.first_epoch = at.epoch
+    K, lpe = run.planned_epochs(), run.parts.sampler.lots_per_epoch()
+    left, p = run.lots.left(0), c.privacy
+    lots = max(0, (K - at.epoch) * lpe)
+    caps = [n for n in (left, t.max_steps and t.max_steps - at.steps) if n is not None]
+    lots = min([lots, *caps])
+    if left is not None and at.epoch + -(-left // lpe) <= K:
+        why = (
+            f"the target ε = {p.target_epsilon:g} ({c.accountant.name}, {p.convention}) allows "
+            f"{left} more lot(s)"
+        )
+    elif t.max_steps is not None and K < t.epochs:
+        why = f"training.max_steps = {t.max_steps}"
+    else:
+        why = f"training.epochs = {t.epochs}"
+    start = f"from epoch {at.epoch} " if at.epoch else ""
+    return f"plan: {start}≈ {K - at.epoch} epoch(s) of {lpe} lots (≈ {lots} lots): {why}"

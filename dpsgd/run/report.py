@@ -559,7 +559,19 @@ def parameters(c: Config, run) -> dict:
     return out
 
 
-def progress_line(row: dict, c: Config) -> None:
+def eta(run, now: float) -> str:
+    """`` | epoch k/≈K, eta 1m05s``: the planned end and the time to it at this process's pace."""
+    K, done = run.planned_epochs(), run.progress.epoch - run.first_epoch
+    if done <= 0:
+        return ""
+    left = max(0.0, (now - run.progress.t_start) / done * (K - run.progress.epoch))
+    m, sec = divmod(int(round(left)), 60)
+    h, m = divmod(m, 60)
+    text = f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
+    return f" | of ≈{K}, eta {text}"
+
+
+def progress_line(row: dict, c: Config, tail: str = "") -> None:
     """One console line per epoch; ε leads with the valid bound (joint convention, best
     accountant)."""
 
@@ -588,7 +600,7 @@ def progress_line(row: dict, c: Config) -> None:
     print(
         f"epoch {row['epoch']:4d} | steps {row['steps']:6d} | lr {row['lr']:.4f} | loss "
         f"{row['lot_loss']:.4f} | train {pct(row['train_accuracy'])} | test "
-        f"{pct(row['test_accuracy'])} | {eps} | {row['epoch_time_s']:.1f}s",
+        f"{pct(row['test_accuracy'])} | {eps} | {row['epoch_time_s']:.1f}s{tail}",
         flush=True,
     )
 
@@ -610,6 +622,7 @@ def final_line(statement: dict, test_accuracy: float, run_dir=None) -> str:
         text += (
             f"\nresults: {run_dir / METRICS}"
             f"\n         {run_dir / PRIVACY}"
+            f"\n         {run_dir / 'run.log'} (this console)"
             f"\n         {run_dir / '.hydra'}"
         )
     return text

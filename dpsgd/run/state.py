@@ -107,6 +107,7 @@ class Run:
     instrument: parts.Instrument | None = (
         None  # an audit's canaries and observers (dpsgd.audit.onerun.run)
     )
+    first_epoch: int = 0  # the epoch this process started at (the console's ETA)
 
     @classmethod
     def fresh(
@@ -268,6 +269,18 @@ class Run:
         if left is not None:
             limits["target_epsilon_reached"] = left
         return limits
+
+    def planned_epochs(self) -> int:
+        """≈ the epoch the run stops at: training.epochs, or sooner by training.max_steps or by the
+        lots the target ε still allows (its budget, from the ledger)."""
+        t, at, lpe = self.c.training, self.progress, self.parts.sampler.lots_per_epoch()
+        ends = [t.epochs]
+        if t.max_steps is not None:
+            ends.append(at.epoch + -(-max(0, t.max_steps - at.steps) // lpe))
+        left = self.lots.left(0)
+        if left is not None:
+            ends.append(at.epoch + -(-left // lpe))
+        return max(at.epoch, min(ends))
 
     @functools.cached_property
     def lots(self) -> Lots:

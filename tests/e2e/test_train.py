@@ -195,3 +195,17 @@ def test_multirun_refusal_leaves_no_job_dir(tmp_path):
     r = _cli(["-m", *TINY, "privacy.sigma=-1"], tmp_path)
     assert r.returncode == 2 and "error: privacy.sigma=-1.0: must be >= 0" in r.stderr
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+def test_a_joblib_sweep_ends_with_its_table_and_report_reproduces_it(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", *TINY, "training.max_steps=2", "training.epochs=1", "seed=0,1,2",
+            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    r = _cli(args, tmp_path)
+    assert r.returncode == 0, r.stderr
+    table = r.stdout[r.stdout.index("sweep: 3 run(s) in ") :].split("\n", 1)[1]
+    assert len(table.strip().splitlines()) == 4  # the header and one row per job
+    again = subprocess.run([sys.executable, "-m", "dpsgd.report", str(sweep)], cwd=tmp_path,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
+                           text=True, check=True)  # fmt: skip
+    assert again.stdout == table

@@ -1,0 +1,56 @@
+"""The console of a run, kept: ``tee_to(path)`` copies every line written to stdout and stderr
+while it is active into ``path`` (appended, opened at the first write, so a command refused before
+it prints leaves no file). Each run folder's ``run.log`` is this copy (dpsgd/train.py)."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class _Tee:
+    """A text stream that writes to ``stream`` and appends the same text to a shared log."""
+
+    def __init__(self, stream, log: "_Log"):
+        self.stream, self.log = stream, log
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+        self.log.flush()
+
+    def __getattr__(self, name):  # isatty, fileno, encoding, ...: the console's
+        return getattr(self.stream, name)
+
+
+class _Log:
+    def __init__(self, path: Path):
+        self.path, self.file = path, None
+
+    def write(self, text: str) -> None:
+        if text and self.file is None:
+            self.file = open(self.path, "a", encoding="utf-8")
+        if self.file is not None:
+            self.file.write(text)
+
+    def flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+
+
+@contextmanager
+def tee_to(path: str | Path):
+    """stdout and stderr also into ``path`` for the duration of the block."""
+    log = _Log(Path(path))
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Tee(out, log), _Tee(err, log)
+    try:
+        yield log
+    finally:
+        sys.stdout, sys.stderr = out, err
+        if log.file is not None:
+            log.file.close()
