@@ -71,9 +71,34 @@ def compose(args: list[str], hydra_config: bool = False):
         with hydra.initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="train"):
             return hydra.compose("config", overrides=args, return_hydra_config=hydra_config)
     except Exception as e:
-        raise ConfigError(one_line(e)) from None
+        raise ConfigError(did_you_mean(one_line(e))) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def did_you_mean(message: str) -> str:
+    """Hydra's message for an unknown key or option, said as the user's mistake with the closest
+    names ("+key" would add a key that nothing reads: every key is in the schema already)."""
+    import difflib
+
+    from dpsgd.config.fingerprint import config_leaves
+    from dpsgd.config.schema import Config
+
+    key = re.match(r"Could not override '([^']+)'\. To append to your config use \+", message)
+    if key:
+        keys = [k for k in config_leaves(Config()) if "." in k or k == key.group(1).split(".")[0]]
+        close = difflib.get_close_matches(key.group(1), keys, n=2, cutoff=0.8)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        return f"{key.group(1)}: no such key{hint} (python -m dpsgd.train --help lists them)"
+    opt = re.search(
+        r"Could not find '([^'/]+)/([^']+)'\s+Available options in '[^']+':(.*)", message
+    )
+    if opt:
+        group, name, options = opt.group(1), opt.group(2), opt.group(3).split()
+        close = difflib.get_close_matches(name, options, n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}?" if close else f"one of {', '.join(options)}"
+        return f"{group}={name}: no such {group}; {hint}"
+    return message
 
 
 @contextmanager

@@ -199,8 +199,8 @@ def test_multirun_refusal_leaves_no_job_dir(tmp_path):
 
 def test_a_joblib_sweep_ends_with_its_table_and_report_reproduces_it(tmp_path):
     sweep = tmp_path / "sweep"
-    args = ["-m", *TINY, "training.max_steps=2", "training.epochs=1", "seed=0,1,2",
-            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    joblib = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"]
+    args = ["-m", *TINY, "training.max_steps=2", "training.epochs=1", "seed=0,1,2", *joblib]
     r = _cli(args, tmp_path)
     assert r.returncode == 0, r.stderr
     table = r.stdout[r.stdout.index("sweep: 3 run(s) in ") :].split("\n", 1)[1]

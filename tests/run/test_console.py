@@ -1,5 +1,6 @@
 """What a run says while it works: the plan (forecast) first, each epoch of ≈K with an ETA, and
-every console line kept in the run folder's run.log; driven in a pseudo-terminal, as a user sees it."""
+every console line kept in the run folder's run.log; driven in a pseudo-terminal, as a user sees
+it."""
 
 from __future__ import annotations
 
