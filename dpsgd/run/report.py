@@ -346,6 +346,8 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
     st["k"] = run.parts.k
     st.update(parameters(c, run))
     st.update(_epsilons(c, at))
+    if p.private and status != "running":  # the final word: what an attacker can do with it
+        st["risk"] = _risk(at.ledger, st.get("epsilon_valid_accountant"))
     st.update(_provenance(c, run))
     st["not_covered"] = not_covered(c, run)
     return st
@@ -605,6 +607,17 @@ def progress_line(row: dict, c: Config, tail: str = "") -> None:
     )
 
 
+def _risk(ledger, accountant: str | None) -> dict:
+    """A membership attacker's TPR at FPR 0.1/1/10 % (``dpsgd/accountant/risk.py``), from the
+    accountant that gave the valid ε (PLD when it served)."""
+    from dpsgd.accountant import risk
+
+    try:
+        return risk.risk(ledger, accountant or "pld", VALID_CONVENTION)
+    except ValueError as e:
+        return {"refused": " ".join(str(e).split())}
+
+
 def final_line(statement: dict, test_accuracy: float, run_dir=None) -> str:
     """The trainer's closing console text: outcome, accuracy and the privacy statement (valid ε
     first), what it does not cover, then where the results are."""
@@ -613,6 +626,11 @@ def final_line(statement: dict, test_accuracy: float, run_dir=None) -> str:
         f"{head} ({statement['stop_reason']}): {statement['steps']} lots, {statement['epochs']} "
         f"epochs, test accuracy {test_accuracy:.4f}\n{statement['statement']}"
     )
+    r = statement.get("risk") or {}
+    if "tpr_at_fpr" in r:
+        from dpsgd.accountant.risk import summary
+
+        text += f"\nrisk: {summary(r)} (privacy.json risk; {r['accountant']}, f-DP)"
     outside = [e for e in statement.get("not_covered") or [] if e["columns"] and e["computed"]]
     if statement.get("private") and outside:
         cols = "; ".join(f"{', '.join(e['columns'])} ({e['what']})" for e in outside)
