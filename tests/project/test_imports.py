@@ -165,7 +165,7 @@ LAYERS = [
     ("dpsgd.run",),
     ("dpsgd.train",),
     ("dpsgd.launch",),
-    ("dpsgd.privacy", "dpsgd.audit", "dpsgd.tune", "dpsgd.report"),
+    ("dpsgd.privacy", "dpsgd.audit", "dpsgd.tune", "dpsgd.report", "dpsgd.crosscheck"),
     ("dpsgd.pretrain",),
 ]
 

@@ -1,0 +1,48 @@
+"""python -m dpsgd.crosscheck: every installed library on one schedule, failures named per row,
+and a verdict that holds ours against every lower value."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dpsgd import crosscheck
+
+pytest.importorskip("dp_accounting")
+SCHEDULE = (0.01, 4.0, 1000, 1e-5)
+
+
+def test_ours_and_dp_accounting_side_by_side():
+    res = crosscheck.cross_check(*SCHEDULE)
+    methods = {(r["library"], r["method"]) for r in res["rows"] if r["values"]}
+    assert {("dpsgd", "pld"), ("dp_accounting", "PLD pessimistic"), ("dp_accounting", "RDP")} <= (
+        methods
+    )
+    v = res["verdict"]
+    assert v["above_every_lower"]
+    # two PLD discretisations of the same loss agree to 0.5 % (tests/accountant/test_pld.py)
+    assert v["ours_over_tightest_upper"] == pytest.approx(1.0, abs=5e-3)
+    rdp = {r["library"]: r["values"][0][0] for r in res["rows"] if r["method"].lower() == "rdp"}
+    assert rdp["dpsgd"] == pytest.approx(rdp["dp_accounting"], rel=1e-3)  # the same RDP orders
+
+
+def test_a_failing_library_is_named_in_its_row(monkeypatch):
+    def broken(q, sigma, steps, delta):
+        return [
+            ("broken", "raises", lambda: 1 / 0),
+            ("broken", "negative", lambda: [(-0.5, "upper")]),
+            ("broken", "slow", lambda: time.sleep(5) or [(1.0, "upper")]),
+        ]
+
+    def absent(q, sigma, steps, delta):
+        raise ImportError("no such library")
+
+    monkeypatch.setattr(crosscheck, "LIBRARIES", {"broken": broken, "absent": absent})
+    res = crosscheck.cross_check(*SCHEDULE, timeout=0.5)
+    failures = {r["method"]: r["failure"] for r in res["rows"] if r["library"] == "broken"}
+    assert failures["raises"].startswith("ZeroDivisionError")
+    assert "negative or not finite" in failures["negative"]
+    assert failures["slow"] == "timed out after 0.5 s"
+    assert res["missing"] == ["absent"]
+    assert any("absent" in ln and "not installed" in ln for ln in crosscheck.lines(res))
