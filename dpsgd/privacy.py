@@ -280,7 +280,7 @@ def risk_line(q, sigma, steps, groups, convention) -> str:
     return (
         f"risk (PLD, f-DP): a membership attacker's TPR ≤ {100 * t['0.001']:.2f} % at FPR 0.1 %, "
         f"≤ {100 * t['0.01']:.2f} % at 1 %, ≤ {100 * t['0.1']:.1f} % at 10 %; "
-        f"μ-GDP at 1 %: {r['gdp_mu_at_1pct']:.3f}"
+        + ("" if r["gdp_mu_at_1pct"] is None else f"μ-GDP at 1 %: {r['gdp_mu_at_1pct']:.3f}")
     )
 
 

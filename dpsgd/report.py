@@ -164,6 +164,21 @@ class SweepTable:
     """A Hydra callback (conf/config.yaml ``hydra.callbacks``): the table of a ``-m`` sweep's runs,
     printed when the sweep ends, the same as ``python -m dpsgd.report <sweep folder>``."""
 
+    def on_run_start(self, config, **kwargs) -> None:
+        pass
+
+    def on_run_end(self, config, **kwargs) -> None:
+        pass
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        pass
+
+    def on_job_start(self, config, **kwargs) -> None:
+        pass
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        pass
+
     def on_multirun_end(self, config, **kwargs) -> None:
         folder = Path(str(config.hydra.sweep.dir))
         runs = find_runs([folder]) if folder.is_dir() else []

@@ -73,11 +73,13 @@ def train(
         run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunLock(run_dir, "resume" if c.resume else "hydra.run.dir") if writer else nullcontext()
     # every console line of the run is also kept in its folder (run.log; rank 0 under torchrun)
-    with lock, tee_to(run_dir / "run.log") if writer else nullcontext():
+    with lock, tee_to(run_dir / "run.log") if writer else nullcontext() as log:
         # SIGINT, SIGTERM, SIGHUP: one line, for the whole run (set-up, epochs, the last writes),
         # and the writes that open or finish a run and each lot's charge are held whole
         with signals_as_interrupts():
             run = setup(c, run_dir, list(overrides or []), instrument)
+            if log is not None and run.finished is None:  # it runs: its console to run.log
+                log.release()  # (held until now: a refused or finished run's folder is untouched)
             if run.finished is not None:
                 return run.finished
             if (

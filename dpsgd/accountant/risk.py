@@ -39,9 +39,10 @@ def tpr_bound(eps: np.ndarray, deltas: np.ndarray, alpha) -> np.ndarray:
     return out if np.ndim(alpha) else float(out[0])
 
 
-def gdp_mu(alpha: float, tpr: float) -> float:
-    """μ of the μ-GDP curve through (α, TPR): Φ⁻¹(TPR) − Φ⁻¹(α); ∞ at TPR = 1."""
-    return math.inf if tpr >= 1.0 else float(norm.ppf(tpr) - norm.ppf(alpha))
+def gdp_mu(alpha: float, tpr: float) -> float | None:
+    """μ of the μ-GDP curve through (α, TPR): Φ⁻¹(TPR) − Φ⁻¹(α); None at TPR = 1 (no finite μ:
+    nothing a GDP reading adds)."""
+    return None if tpr >= 1.0 else float(norm.ppf(tpr) - norm.ppf(alpha))
 
 
 def risk(ledger, accountant: str = "pld", convention: str = "joint") -> dict:

@@ -1,6 +1,7 @@
 """The console of a run, kept: ``tee_to(path)`` copies every line written to stdout and stderr
-while it is active into ``path`` (appended, opened at the first write, so a command refused before
-it prints leaves no file). Each run folder's ``run.log`` is this copy (dpsgd/train.py)."""
+while it is active into ``path``, appended. Until ``release()`` the copy is held in memory: a run
+refused while it opens leaves its folder untouched, and its opening lines still reach the file once
+it is accepted. Each run folder's ``run.log`` is this copy (dpsgd/train.py)."""
 
 from __future__ import annotations
 
@@ -29,13 +30,20 @@ class _Tee:
 
 class _Log:
     def __init__(self, path: Path):
-        self.path, self.file = path, None
+        self.path, self.file, self.held = path, None, []
 
     def write(self, text: str) -> None:
-        if text and self.file is None:
-            self.file = open(self.path, "a", encoding="utf-8")
         if self.file is not None:
             self.file.write(text)
+        elif text:
+            self.held.append(text)
+
+    def release(self) -> None:
+        """From now on, into the file (the held lines first)."""
+        if self.file is None:
+            self.file = open(self.path, "a", encoding="utf-8")
+            self.file.write("".join(self.held))
+            self.held = []
 
     def flush(self) -> None:
         if self.file is not None:

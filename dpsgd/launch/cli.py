@@ -91,13 +91,13 @@ def did_you_mean(message: str) -> str:
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
         return f"{key.group(1)}: no such key{hint} (python -m dpsgd.train --help lists them)"
     opt = re.search(
-        r"Could not find '([^'/]+)/([^']+)'\s+Available options in '[^']+':(.*)", message
+        r"Could not find '([^']+)/([^'/]+)'\s+Available options in '[^']+':(.*)", message
     )
     if opt:
         group, name, options = opt.group(1), opt.group(2), opt.group(3).split()
         close = difflib.get_close_matches(name, options, n=3, cutoff=0.6)
         hint = f"did you mean {' or '.join(close)}?" if close else f"one of {', '.join(options)}"
-        return f"{group}={name}: no such {group}; {hint}"
+        return f"{group}={name}: no such {group.split('/')[-1]}; {hint}"
     return message
 
 

@@ -48,7 +48,7 @@ class Bad:
 VALIDATION = [
     # --- dataset
     Bad(["dataset=imagenet"], "dataset"),  # Hydra: no such group option
-    Bad(["dataset=svhn"], "dataset/svhn"),
+    Bad(["dataset=svhn"], "dataset=svhn"),
     Bad(["dataset.name=imagenet"], "dataset.name", "dataset.name=imagenet: unknown"),
     Bad(["dataset.subset=0"], "dataset.subset"),
     Bad(["dataset.subset=60001"], "dataset.subset", "must be <= 60000"),
@@ -234,7 +234,7 @@ VALIDATION = [
     Bad(["resume=."], "resume", "not a dpsgd run directory"),
     Bad(["hydra.run.dir=out/${nope}"], "hydra.run.dir", "not found"),
     # --- hydra launcher (sweeps; dpsgd/launch/launchers.py)
-    Bad(["hydra/launcher=slurmm"], "hydra/launcher"),
+    Bad(["hydra/launcher=slurmm"], "hydra/launcher=slurmm"),
     Bad(["hydra/launcher=joblib", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs"),
     Bad(
         ["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2"],
