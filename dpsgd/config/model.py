@@ -182,7 +182,28 @@ def _check_built(m, d, shape) -> None:
         )
     if len(frozen) == sum(1 for _ in model.parameters()):
         raise ConfigError(f"model.freeze={m.freeze}: nothing left to train")
+    _data_before_pretrained(m, d)
     _check_pretrained(m, model, frozen)
+
+
+def _data_before_pretrained(m, d) -> None:
+    """A missing pretrained artifact is built from CIFAR-100 (python -m dpsgd.pretrain): when the
+    run's own dataset is not here either, that comes first, and is said first."""
+    import os
+
+    from dpsgd.data.archives import has_local_copy, how_to_provide
+    from dpsgd.data.datasets import DATASETS
+
+    if not isinstance(m.pretrained, str) or os.path.exists(m.pretrained):
+        return
+    missing = [n for n in dict.fromkeys([d.name, "cifar100"])
+               if n in DATASETS and not has_local_copy(n, d.root)]  # fmt: skip
+    if missing:
+        raise ConfigError(
+            f"dataset={d.name}: {', '.join(missing)} not in the data root: "
+            f"{how_to_provide(missing[0])} (docs/CIFAR.md); then build "
+            f"model.pretrained={m.pretrained} (make {m.pretrained})"
+        )
 
 
 def _check_pretrained(m, model, frozen: list[str]) -> None:

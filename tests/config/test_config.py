@@ -202,3 +202,11 @@ def test_batch_bounds_are_the_largest_batch_ever_formed():
     )
     with pytest.raises(ConfigError, match=r"^training\.eval_batch_size=0: must be >= 1$"):
         validate(compose(sub + ["training.eval_batch_size=0"]))
+
+
+def test_cifar_data_are_named_before_the_pretrained_artifact(tmp_path, monkeypatch):
+    """No CIFAR here and no artifact: the data come first (the artifact is built from them)."""
+    monkeypatch.setenv("DPSGD_DATA_SOURCE", str(tmp_path / "nothing"))
+    args = ["experiment=cifar10_eps2", f"dataset.root={tmp_path}", "model.pretrained=none.pt"]
+    with pytest.raises(ConfigError, match=r"^dataset=cifar10: cifar10, cifar100 not in the data "):
+        validate(compose(args))

