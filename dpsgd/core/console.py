@@ -62,3 +62,35 @@ def tee_to(path: str | Path):
         sys.stdout, sys.stderr = out, err
         if log.file is not None:
             log.file.close()
+
+
+class _Prefixed:
+    """A text stream that starts each line it writes with ``tag``."""
+
+    def __init__(self, stream, tag: str):
+        self.stream, self.tag, self.fresh = stream, tag, True
+
+    def write(self, text: str) -> int:
+        out = []
+        for piece in text.splitlines(keepends=True):
+            out.append((self.tag if self.fresh else "") + piece)
+            self.fresh = piece.endswith("\n")
+        return self.stream.write("".join(out)) if out else 0
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def prefixed(tag: str):
+    """Every console line of the block starts with ``tag`` (a sweep job's number under a parallel
+    launcher, whose jobs' lines interleave); run.log, written below this, keeps them bare."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Prefixed(out, tag), _Prefixed(err, tag)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err

@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from dpsgd.core.console import prefixed
 from dpsgd.config.overrides import override_key
 from dpsgd.config.schema import validate
 from dpsgd.core.errors import ConfigError
@@ -139,7 +140,8 @@ def task(train, cfg) -> None:
     if launching:
         run_or_exit(run)
         return
-    failed = failure(run)
+    with prefixed(f"[job {hc.job.num}] "):  # parallel jobs' lines interleave: each says its job
+        failed = failure(run)
     if failed is not None:
         msg, code = failed
         print(error_line(msg, code), file=sys.stderr, flush=True)
