@@ -1,4 +1,5 @@
-"""Benchmark data-parallel DP-SGD (dpsgd/run/distributed.py): 1 vs P processes, and the all-reduce's share.
+"""Benchmark data-parallel DP-SGD (dpsgd/run/distributed.py): 1 vs P processes, and the all-reduce's
+share.
 
     python -m bench.bench_distributed                  # lots 600 and 6000, 1 and 2 processes (gloo, CPU)
     python -m bench.bench_distributed --quick          # smoke run
@@ -73,7 +74,8 @@ def _measure(
     out: str | None,
     subset: int | None = None,
 ):
-    """Run on each rank (or alone when ``init_file`` is None); rank 0 writes its timings to ``out``."""
+    """Run on each rank (or alone when ``init_file`` is None); rank 0 writes its timings to
+    ``out``."""
     from dpsgd.run import distributed
     from dpsgd.mechanism.clipping import PerExampleClipper
     from dpsgd.models.networks import MLP

@@ -74,8 +74,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @functools.lru_cache(maxsize=None)
 def clipper_at(rev: str):
-    """`PerExampleClipper` of dpsgd/mechanism/clipping as committed at `rev`, imported beside the current one
-    (as package dpsgd._clipping_<sha>: its relative imports of dpsgd.models.networks/runtime resolve)."""
+    """`PerExampleClipper` of dpsgd/mechanism/clipping as committed at `rev`, imported beside the
+    current one (as package dpsgd._clipping_<sha>: its relative imports of
+    dpsgd.models.networks/runtime resolve)."""
     sha = subprocess.run(
         ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"],
         cwd=ROOT,

@@ -1,12 +1,14 @@
-"""Benchmark a whole training run, not just its step: where the time of ``python -m dpsgd.train`` goes.
+"""Benchmark a whole training run, not just its step: where the time of ``python -m dpsgd.train``
+goes.
 
     python -m bench.bench_run                          # mnist_medium, 5 epochs, DP and non-private, 3 repeats
     python -m bench.bench_run --epochs 2 --repeats 1 --out /tmp/r.csv     # smoke run
 
-Each measurement is one fresh child process running the real command line (``dpsgd.launch.main.train_main``) on
-``--experiment`` for ``--epochs`` epochs, privately and with ``privacy.private=false`` (the same lots,
-model and evaluation), alternating so that drifts in background load hit both alike. Inside the
-child, timers wrap the pieces of a run (monkeypatched, nothing else changes), and the rows give, in
+Each measurement is one fresh child process running the real command line
+(``dpsgd.launch.main.train_main``) on ``--experiment`` for ``--epochs`` epochs, privately and with
+``privacy.private=false`` (the same lots, model and evaluation), alternating so that drifts in
+background load hit both alike. Inside the child, timers wrap the pieces of a run (monkeypatched,
+nothing else changes), and the rows give, in
 seconds:
 
 - ``startup``: from the child's start (interpreter, imports, Hydra, data, DP-PCA, building) to its
@@ -62,7 +64,8 @@ COLUMNS = [
 
 
 def child(args: list[str], out: str, t_process: float) -> None:
-    """Run ``python -m dpsgd.train args`` in this process with the pieces timed; write them to ``out``."""
+    """Run ``python -m dpsgd.train args`` in this process with the pieces timed; write them to
+    ``out``."""
     t0 = time.perf_counter()
     from dpsgd import train
     from dpsgd.launch.main import train_main

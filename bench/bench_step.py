@@ -14,8 +14,8 @@ count fixed per method from one timed step; `--block-s 0` times single steps). T
 runs in `--processes` fresh processes one after the other (default 3); the CSV gives the median
 step time and the median, min and max of the in-process ratio to non-private SGD, because a
 process's memory layout alone moved the MNIST ratio by several hundredths on the 2-core CPU.
-A DP step is the lead's `dpsgd.mechanism.optim.DPSGD.step` (noise, clip, sum, divide by L, SGD update),
-one physical batch = the whole lot, global clipping (Opacus' default, for a like-for-like
+A DP step is the lead's `dpsgd.mechanism.optim.DPSGD.step` (noise, clip, sum, divide by L, SGD
+update), one physical batch = the whole lot, global clipping (Opacus' default, for a like-for-like
 comparison), C = 1, σ = 1. Opacus runs through `PrivacyEngine.make_private` (poisson_sampling off;
 the lot is fed directly) with grad_sample_mode "hooks" and "ghost".
 
@@ -23,10 +23,10 @@ Peak memory: CUDA — torch.cuda.max_memory_allocated() during one step minus th
 it. CPU — in a fresh child process per (model, method), with MALLOC_MMAP_THRESHOLD_=64 KiB so that
 freed tensors leave the resident set, after one warm-up step on a single example (library
 initialisation): peak resident set (VmHWM) during one step on the lot minus the resident set
-before it. Before that baseline every parameter's .grad (and Opacus' grad_sample) from the warm-up is dropped,
-so each method's step is measured from the same state and its own gradient buffers are counted
-(a non-private step's .grad included). This counts activations, gradients, per-example buffers
-and what the step keeps, not the model or the data.
+before it. Before that baseline every parameter's .grad (and Opacus' grad_sample) from the warm-up
+is dropped, so each method's step is measured from the same state and its own gradient buffers are
+counted (a non-private step's .grad included). This counts activations, gradients, per-example
+buffers and what the step keeps, not the model or the data.
 
 Timing runs in a process tuned as training is (``dpsgd.core.runtime.tune_allocator``: glibc keeps
 freed per-step buffers instead of re-faulting them; it applies to every method alike).
@@ -85,7 +85,8 @@ def models(quick: bool, lot: int | None, cnn_lot: int | None):
         ("mnist_raw784_mlp1000", lambda: MLP(784, (1000,), 10, bias=False), (784,), mlp_lot),
         ("cifar_cnn", lambda: CifarCNN(10), (3, 24, 24), cnn),
         ("mnist_tanh_cnn", lambda: TanhCNN(), (784,), cnn),  # Tramèr & Boneh's lot: 512
-        # the paper's §5.3 setting: convolutions pretrained on CIFAR-100 and frozen, dense layers trained
+        # the paper's §5.3 setting: convolutions pretrained on CIFAR-100 and frozen, dense layers
+        # trained
         ("cifar_cnn_frozen", lambda: _frozen_convs(CifarCNN(10)), (3, 24, 24), cnn),
         # Tramèr & Boneh's ScatterNet + linear on MNIST: 81 × 7 × 7 scattering coefficients
         (

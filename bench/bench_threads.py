@@ -7,8 +7,8 @@ Question: on a small CPU machine that other processes also use, does torch's def
 (one per core) lose to a single thread? (Oversubscription: torch's OpenMP workers spin and wait for
 each other, and a busy core delays every parallel region.)
 
-Workload: ``--steps`` consecutive DP-SGD steps (``dpsgd.mechanism.optim.DPSGD.step``) of the paper's MNIST
-network (DP-PCA input of 60 dims, 1000 ReLU hidden units, no biases, §5.2), per-layer clipping
+Workload: ``--steps`` consecutive DP-SGD steps (``dpsgd.mechanism.optim.DPSGD.step``) of the paper's
+MNIST network (DP-PCA input of 60 dims, 1000 ReLU hidden units, no biases, §5.2), per-layer clipping
 (k = 2 groups), C = 4, σ = 4, lot L = 600 as one physical batch, the engine the trainer picks
 (``grad_sample_mode="auto"``), after 5 warm-up steps. Each measurement runs in a fresh child process
 started with ``OMP_NUM_THREADS = torch threads = n``, so each thread count gets its own OpenMP pool.
@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def child(threads: int, steps: int) -> float:
-    """Seconds for ``steps`` DP-SGD steps of the paper's MNIST model with ``threads`` intra-op threads."""
+    """Seconds for ``steps`` DP-SGD steps of the paper's MNIST model with ``threads`` intra-op
+    threads."""
     import torch
 
     from dpsgd.mechanism.clipping import PerExampleClipper

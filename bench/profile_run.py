@@ -1,4 +1,5 @@
-"""Where the time of a whole run goes, from cProfile: the pieces of ``python -m dpsgd.train`` as rows of a CSV.
+"""Where the time of a whole run goes, from cProfile: the pieces of ``python -m dpsgd.train`` as
+rows of a CSV.
 
     python -m cProfile -o run.prof -m dpsgd.train experiment=mnist_medium hydra.run.dir=/tmp/run
     python -m bench.profile_run run.prof --label after [--load "0.4 0.9"] [--out results/profile_run.csv]

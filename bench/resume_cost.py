@@ -1,6 +1,6 @@
-"""What the one resume rule costs (dpsgd/run/guard.py): every lot past the checkpoint that an earlier
-attempt reserved or an output shows is charged again, where a proof of identical replays (the
-per-lot parameter digests dpsgd had before) could charge a faithful replay's lots once.
+"""What the one resume rule costs (dpsgd/run/guard.py): every lot past the checkpoint that an
+earlier attempt reserved or an output shows is charged again, where a proof of identical replays
+(the per-lot parameter digests dpsgd had before) could charge a faithful replay's lots once.
 
     python -m bench.resume_cost [--seeds 200] [--first 1000] [--out results/resume_cost.csv]
 
@@ -11,9 +11,9 @@ Two measurements, one CSV (``kind`` column):
   the lots that ran (repeats counted), the distinct releases among them (a lot's position and the
   exact weights it produced: the least any proof of identical replays could charge), the lots the
   ledger charged, and ε (PLD, δ = 1e-5) of each. ``violation`` is 1 where charged < ran.
-* ``schedule``: paper schedules (Poisson, σ and q of the presets), ε after T lots and after T plus the
-  lots that k kills cost beyond a perfect replay proof: on average half a checkpoint interval each
-  (a kill falls anywhere in the epoch), at most a whole one.
+* ``schedule``: paper schedules (Poisson, σ and q of the presets), ε after T lots and after T plus
+  the lots that k kills cost beyond a perfect replay proof: on average half a checkpoint interval
+  each (a kill falls anywhere in the epoch), at most a whole one.
 """
 
 from __future__ import annotations

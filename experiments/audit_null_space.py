@@ -8,15 +8,16 @@
     python -m experiments.audit_null_space timing ROW      # results/audit_null_space_timing.csv (cost)
     python -m experiments.audit_null_space adopt ROW       # the timed audit becomes the row's committed run
 
-Each row is one ``python -m dpsgd.audit run`` (in ``outputs/audit_null_space/<row>``, ``DPSGD_THREADS=1``;
-its small files copied to ``results/runs/audit_null_space/<row>/``), and for the three presets one
-``python -m dpsgd.train`` of the same configuration without the audit (``<row>_train``), both timed as
-whole processes. The CSV gives, per audit, every bound's ε_lb (family test, order statistics — valid
-where ``order_stats_independence`` is ``proved`` —, Steinke et al., GDP), each over the lots' claim
-(``eps_claimed_sgd``, as experiments.audit_table computes it), the interference (``out_var_ratio``: the
-excluded canaries' score variance over the claimed channel's for the groups the canaries use), the most
-a canary using k_used of the claim's k groups can show (``eps_cap_k_used``: the lots' claim at noise
-σ√(k/k_used); ``cap_ratio`` over the lots' claim at σ) and the wall times.
+Each row is one ``python -m dpsgd.audit run`` (in ``outputs/audit_null_space/<row>``,
+``DPSGD_THREADS=1``; its small files copied to ``results/runs/audit_null_space/<row>/``), and for
+the three presets one ``python -m dpsgd.train`` of the same configuration without the audit
+(``<row>_train``), both timed as whole processes. The CSV gives, per audit, every bound's ε_lb
+(family test, order statistics — valid where ``order_stats_independence`` is ``proved`` —, Steinke
+et al., GDP), each over the lots' claim (``eps_claimed_sgd``, as experiments.audit_table computes
+it), the interference (``out_var_ratio``: the excluded canaries' score variance over the claimed
+channel's for the groups the canaries use), the most a canary using k_used of the claim's k groups
+can show (``eps_cap_k_used``: the lots' claim at noise σ√(k/k_used); ``cap_ratio`` over the lots'
+claim at σ) and the wall times.
 """
 
 from __future__ import annotations
@@ -262,11 +263,12 @@ TINY = [
 
 
 def seeds(n: int, out=ROOT / "results" / "audit_null_space_seeds.csv") -> list[dict]:
-    """The real trainer, seeded: ``n`` audits of the correct mechanism (then of ``noise_per_rank``, R = 4:
-    noise σC/2) on a small configuration — 300 real MNIST images, 1000 gradient canaries on the 1000
-    class-sum directions of the output layer (1000 hidden units, no bias), L = 300, 24 lots, σ = 3, k = 2
-    (the canaries use k_used = 1) — null-space placement, claimed normalisation, audit.seed = training
-    seed = 0..n−1. A correct run may be flagged by each test with probability ≤ β = 0.05 per audit."""
+    """The real trainer, seeded: ``n`` audits of the correct mechanism (then of ``noise_per_rank``,
+    R = 4: noise σC/2) on a small configuration — 300 real MNIST images, 1000 gradient canaries on
+    the 1000 class-sum directions of the output layer (1000 hidden units, no bias), L = 300, 24
+    lots, σ = 3, k = 2 (the canaries use k_used = 1) — null-space placement, claimed normalisation,
+    audit.seed = training seed = 0..n−1. A correct run may be flagged by each test with probability
+    ≤ β = 0.05 per audit."""
     from dataclasses import asdict
 
     from dpsgd.audit.onerun.instrument import AuditOptions
@@ -409,7 +411,8 @@ def write_doc_table(table: list[dict]) -> None:
 
 def timing(name: str, out=ROOT / "results" / "audit_null_space_timing.csv") -> dict:
     """The audit of row ``name`` and the training run it audits, started together as two processes
-    (``DPSGD_THREADS=1`` each), so that both see the same load on a shared machine; wall time of each."""
+    (``DPSGD_THREADS=1`` each), so that both see the same load on a shared machine; wall time of
+    each."""
     overrides, train = rows()[name]
     base = ROOT / "outputs" / "audit_null_space_timing"
     procs, t0 = {}, time.perf_counter()
@@ -451,8 +454,9 @@ def timing(name: str, out=ROOT / "results" / "audit_null_space_timing.csv") -> d
 
 
 def adopt(name: str, timings=ROOT / "results" / "audit_null_space_timing.csv") -> None:
-    """Row ``name``'s committed run replaced by its latest timed audit (``timing``): the same command, its
-    small files, and both wall times from the measurement where audit and training started together."""
+    """Row ``name``'s committed run replaced by its latest timed audit (``timing``): the same
+    command, its small files, and both wall times from the measurement where audit and training
+    started together."""
     t = [r for r in csv.DictReader(timings.open()) if r["row"] == name][-1]
     src, dest = (
         ROOT / "outputs" / "audit_null_space_timing" / f"{name}_audit",

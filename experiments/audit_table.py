@@ -1,13 +1,15 @@
-"""The one-run audit table (docs/AUDIT.md): each row one ``python -m dpsgd.audit run`` of a real configuration.
+"""The one-run audit table (docs/AUDIT.md): each row one ``python -m dpsgd.audit run`` of a real
+configuration.
 
     python -m experiments.audit_table                 # the quick rows (make audit): run what is missing, collect
     python -m experiments.audit_table --rows all      # every row of the committed table
     python -m experiments.audit_table --only collect  # results/audit.csv from results/runs/audit/ only
 
-Each row trains in ``outputs/audit_table/<row>`` (one at a time, ``DPSGD_THREADS=1``); a folder that already
-holds an audit.json is not rerun. Its small files (audit.json, audit_scores.csv, privacy.json, metrics.csv)
-are copied to ``results/runs/audit/<row>/``, which ``collect`` turns into ``results/audit.csv`` (one row per
-audit) and ``results/figures/audit.png`` (ε_lb beside the claimed and the heuristic ε).
+Each row trains in ``outputs/audit_table/<row>`` (one at a time, ``DPSGD_THREADS=1``); a folder that
+already holds an audit.json is not rerun. Its small files (audit.json, audit_scores.csv,
+privacy.json, metrics.csv) are copied to ``results/runs/audit/<row>/``, which ``collect`` turns into
+``results/audit.csv`` (one row per audit) and ``results/figures/audit.png`` (ε_lb beside the claimed
+and the heuristic ε).
 """
 
 from __future__ import annotations
@@ -107,11 +109,11 @@ def run_row(name: str, overrides: list[str]) -> None:
 
 
 def claim_for_lots(privacy: dict) -> float:
-    """The claim for the DP-SGD lots alone (``eps_claimed_sgd``), from a run's committed privacy.json: its
-    ledger without the DP-PCA release (entries labelled ``pca...``), charged as ``epsilon_valid`` is (the
-    smallest ε of the run's accountants, under ``epsilon_valid_convention``, at the run's δ). Gradient
-    canaries see only the lots, so this is the claim their ε_lb is held to; the whole claim stays
-    ``eps_claimed``."""
+    """The claim for the DP-SGD lots alone (``eps_claimed_sgd``), from a run's committed
+    privacy.json: its ledger without the DP-PCA release (entries labelled ``pca...``), charged as
+    ``epsilon_valid`` is (the smallest ε of the run's accountants, under
+    ``epsilon_valid_convention``, at the run's δ). Gradient canaries see only the lots, so this is
+    the claim their ε_lb is held to; the whole claim stays ``eps_claimed``."""
     from dpsgd.accountant import Ledger
 
     ledger = privacy["ledger"]

@@ -81,9 +81,9 @@ def _configured(r: pd.Series) -> str:
 
 
 def draw(df: pd.DataFrame, out: Path) -> list[Path]:
-    """Test (and train) accuracy vs epochs, one panel per preset; ε (paper's accounting, and the valid
-    joint PLD) on the second axis; the paper's accuracy and ε as dotted lines. 1 × 3, or 2 × 2 with
-    the non-private run."""
+    """Test (and train) accuracy vs epochs, one panel per preset; ε (paper's accounting, and the
+    valid joint PLD) on the second axis; the paper's accuracy and ε as dotted lines. 1 × 3, or 2 × 2
+    with the non-private run."""
     from matplotlib.ticker import MaxNLocator
 
     presets = [p for p in claims.CIFAR10_PRESETS if p in set(df["preset"])]

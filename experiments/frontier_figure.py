@@ -1,7 +1,8 @@
 """The frontier figure and table, from ``results/frontier.csv`` only.
 
     python -m experiments.frontier_figure            # results/figures/frontier.png only
-    (also drawn by ``make figures``, which writes results/README.md's frontier table with ``table_rows``)
+    (also drawn by ``make figures``, which writes results/README.md's frontier table with
+    ``table_rows``)
 
 Test accuracy against the target ε (δ = 1e-5, PLD accountant, joint convention), mean ± sd over the
 seeds of each recipe, with the published numbers as hollow markers (``ANCHORS``: the paper's text or
@@ -83,7 +84,8 @@ def summarise(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def draw(df: pd.DataFrame, out: Path) -> list[Path]:
-    """frontier.png and frontier.pdf in the folder ``out`` (byte-reproducible, as every figure here)."""
+    """frontier.png and frontier.pdf in the folder ``out`` (byte-reproducible, as every figure
+    here)."""
     s = summarise(df)
     datasets = list(DATASET_TITLES) + sorted(set(s["dataset"]) - set(DATASET_TITLES))
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 4.2), squeeze=False)
@@ -96,8 +98,8 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
             if len(d):
                 lo, hi = int(d["n"].min()), int(d["n"].max())
                 n = f"{lo}" if lo == hi else f"{lo}–{hi}"
-                # at the ε the runs spent (PLD, joint; max over seeds): the target for calibrated recipes,
-                # less for the tanh CNNs' fixed σ and epochs
+                # at the ε the runs spent (PLD, joint; max over seeds): the target for calibrated
+                # recipes, less for the tanh CNNs' fixed σ and epochs
                 ax.errorbar(
                     d["eps_spent"],
                     d["mean"],

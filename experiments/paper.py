@@ -12,9 +12,9 @@ Figure-5 panels: ``-m +sweep=<name>``), at most ``--jobs`` at a time, each with 
 and its console output in ``outputs/paper_logs/<job>.log``. With ``--launcher <name>`` the four
 presets are one multirun (``-m experiment=a,b,c,d``, under ``multirun/presets/``) and each panel
 another, each run by that Hydra launcher (experiments/jobs.py): joblib or submitit_local spread a
-multirun's points over this machine's cores, one multirun at a time; a SLURM launcher submits them all.
-Runs land in Hydra's own folders (``outputs/``, ``multirun/``); ``experiments.collect`` then writes the
-tidy CSVs into results/.
+multirun's points over this machine's cores, one multirun at a time; a SLURM launcher submits them
+all. Runs land in Hydra's own folders (``outputs/``, ``multirun/``); ``experiments.collect`` then
+writes the tidy CSVs into results/.
 
 The expected wall time is printed before anything starts: the number of epochs each job needs
 (from the accountant: lots within the ε budget, or the preset's epoch count; each run's config
@@ -65,9 +65,10 @@ PRESETS_SUBDIR = (
 
 
 def plan_jobs(presets: list[str], sweeps: list[str], launcher: str | None = None) -> list[dict]:
-    """[{name, args, epochs, each}] — ``epochs`` in medium-preset epoch equivalents (for the estimate),
-    ``each`` the epochs of every run the job makes. With a launcher the presets are one multirun.
-    Every run's config is composed from conf/ as training will compose it (``experiments.planning``)."""
+    """[{name, args, epochs, each}] — ``epochs`` in medium-preset epoch equivalents (for the
+    estimate), ``each`` the epochs of every run the job makes. With a launcher the presets are one
+    multirun. Every run's config is composed from conf/ as training will compose it
+    (``experiments.planning``)."""
     jobs = []
     for p in presets:
         ep = epoch_equivalents(f"experiment={p}")

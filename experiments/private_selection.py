@@ -1,14 +1,16 @@
-"""The tuned frontier row measured honestly: ``mnist_scatter_linear``'s epochs chosen by a private selection
-(``python -m dpsgd.tune``, Papernot & Steinke 2022) whose *total* ε is 1.2, over 3 seeds of the whole procedure.
+"""The tuned frontier row measured honestly: ``mnist_scatter_linear``'s epochs chosen by a private
+selection (``python -m dpsgd.tune``, Papernot & Steinke 2022) whose *total* ε is 1.2, over 3 seeds
+of the whole procedure.
 
     python -m experiments.private_selection run [--seeds 0 1 2]        # the sweeps, into outputs/private_selection/
     python -m experiments.private_selection collect                    # -> results/tuning/private_selection.csv
 
-Design (docs/TUNING.md): K ~ truncated negative binomial with η = 0 (logarithmic), γ = 0.2, E[K] ≈ 2.49;
-candidates drawn uniformly from T ∈ {10, 15, 20, 40, 60} epochs (L = 4096, η = 8 as the preset); each
-trained on 50 000 training examples and scored on the other 10 000 (noisy count, σ = 20); the winner's
-released model is evaluated once on the MNIST test set after the selection. ``collect`` copies each
-sweep's tuning.json and its candidates' metrics.csv / privacy.json into results/runs/private_selection/.
+Design (docs/TUNING.md): K ~ truncated negative binomial with η = 0 (logarithmic), γ = 0.2, E[K] ≈
+2.49; candidates drawn uniformly from T ∈ {10, 15, 20, 40, 60} epochs (L = 4096, η = 8 as the
+preset); each trained on 50 000 training examples and scored on the other 10 000 (noisy count, σ =
+20); the winner's released model is evaluated once on the MNIST test set after the selection.
+``collect`` copies each sweep's tuning.json and its candidates' metrics.csv / privacy.json into
+results/runs/private_selection/.
 """
 
 from __future__ import annotations
@@ -116,7 +118,8 @@ def row(t: dict, seed: int, wall: float | None) -> dict:
 
 
 def collect(sweeps: Path = SWEEPS, results: Path = RESULTS) -> pd.DataFrame:
-    """results/tuning/private_selection.csv and results/runs/private_selection/seed<s>/ from the sweeps."""
+    """results/tuning/private_selection.csv and results/runs/private_selection/seed<s>/ from the
+    sweeps."""
     wall = walls(sweeps / "run.log") if (sweeps / "run.log").exists() else {}
     rows = []
     for d in sorted(sweeps.glob("seed*")):
@@ -140,7 +143,8 @@ def collect(sweeps: Path = SWEEPS, results: Path = RESULTS) -> pd.DataFrame:
 
 
 def table_rows(df: pd.DataFrame | None) -> list[str]:
-    """The results/README.md section beside the frontier's uncharged mnist_scatter_linear_val row."""
+    """The results/README.md section beside the frontier's uncharged mnist_scatter_linear_val
+    row."""
     if df is None or not len(df):
         return []
     acc = (

@@ -1,8 +1,8 @@
 """Generate results/README.md from the committed CSVs — paper value | ours | command.
 
 Written by ``python -m experiments.figures`` only (``write_readme``); every number of ours is read
-from a CSV in results/, the paper's numbers come from ``experiments.claims``. Nothing here is typed in
-by hand.
+from a CSV in results/, the paper's numbers come from ``experiments.claims``. Nothing here is typed
+in by hand.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def _num(x, nd: int = 2) -> str:
 
 
 def _epochs(x) -> str:
-    """Epochs as every table here states them: lots × q, one decimal (35318 lots at q = 0.01: 353.2)."""
+    """Epochs as every table here states them: lots × q, one decimal (35318 lots at q = 0.01:
+    353.2)."""
     return _num(x, 1)
 
 

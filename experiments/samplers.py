@@ -7,9 +7,9 @@ frontier setting, and the test accuracy of mnist_scatter_linear at ε = 2 under 
 
 ε comes from ``dpsgd.privacy.sampler_epsilon`` (each sampler's own charges, every accountant
 that serves it, the smallest valid one); shuffle adds its lower bound (Chua et al. 2024) and the
-Poisson number a shuffled run would wrongly report; fixed_size adds the ε one dataset pair with constant
-gradients already loses (its lower end) and Poisson's ε under replace-one. Adjacency differs between samplers (add/remove vs
-replace-one): the CSV names it on every row.
+Poisson number a shuffled run would wrongly report; fixed_size adds the ε one dataset pair with
+constant gradients already loses (its lower end) and Poisson's ε under replace-one. Adjacency
+differs between samplers (add/remove vs replace-one): the CSV names it on every row.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 import pandas as pd
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-# (setting, N, L, B, σ, lots, δ): the paper's MNIST schedule (mnist_medium: 10751 lots) and a frontier
-# point at small σ, where shuffling and Poisson part ways
+# (setting, N, L, B, σ, lots, δ): the paper's MNIST schedule (mnist_medium: 10751 lots) and a
+# frontier point at small σ, where shuffling and Poisson part ways
 SETTINGS = [
     ("paper_mnist", 60000, 600, 660, 4.0, 10751, 1e-5),
     ("frontier_sigma1.1", 60000, 600, 660, 1.1, 1000, 1e-5),
@@ -64,7 +64,8 @@ def measure(out: Path = RESULTS / "samplers.csv") -> pd.DataFrame:
 
 
 def accuracy(run_dirs, out: Path = RESULTS / "samplers_accuracy.csv") -> pd.DataFrame:
-    """One row per finished run folder: sampler, seed, ε, accountant, adjacency, σ, test accuracy."""
+    """One row per finished run folder: sampler, seed, ε, accountant, adjacency, σ, test
+    accuracy."""
     rows = []
     for d in map(Path, run_dirs):
         st = json.loads((d / "privacy.json").read_text())

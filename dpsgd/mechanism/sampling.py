@@ -16,16 +16,17 @@
 * ``FixedSizeSampler`` — each lot is a uniformly random subset of exactly L of the N examples,
   drawn independently for every lot (sampling without replacement within a lot). Replace-one
   adjacency; each lot is ledger event ``wor`` (γ = L/N), served by the PLD accountant (the symmetric
-  dominating pair of Dong, Roth & Su 2022, Thm 9, valid under composition: ``accountant/privacy_loss/wor_pld.py``)
-  and by the RDP accountant (Wang, Balle & Kasiviswanathan 2019, Thm 9: ``accountant/renyi/wor.py``); the
-  statement takes the smaller.
+  dominating pair of Dong, Roth & Su 2022, Thm 9, valid under composition:
+  ``accountant/privacy_loss/wor_pld.py``) and by the RDP accountant (Wang, Balle & Kasiviswanathan
+  2019, Thm 9: ``accountant/renyi/wor.py``); the statement takes the smaller.
 * ``TruncatedPoissonSampler`` — a Poisson lot (rate q = L/N) capped at B examples (a uniformly
   random B of them when more were drawn); ``padded`` gives it fixed shape B with zero weights on the
   padding rows. Add/remove adjacency; each lot is charged as the truncated subsampled Gaussian
-  (``accountant/privacy_loss/truncated.py``, Ganesh et al. 2025): ledger event ``truncated``, PLD only.
+  (``accountant/privacy_loss/truncated.py``, Ganesh et al. 2025): ledger event ``truncated``, PLD
+  only.
 * ``BallsInBinsSampler`` — each epoch every example is put in one of the epoch's t = N/L lots
-  (uniformly at random, independently: lot sizes are Binomial(N, 1/t)): random allocation. Add/remove
-  adjacency; one epoch of t adaptive Gaussian steps is dominated by the pair
+  (uniformly at random, independently: lot sizes are Binomial(N, 1/t)): random allocation.
+  Add/remove adjacency; one epoch of t adaptive Gaussian steps is dominated by the pair
   P = (1/t) Σ_j N(e_j, σ²I_t), Q = N(0, σ²I_t) (Chua et al. 2025, arXiv 2412.16802, balls-and-bins;
   Feldman & Shenfeld 2025, arXiv 2502.08202, Sec. 6), charged once per epoch (when its first lot is
   taken) as the RDP of ``accountant/renyi/allocation.py`` (both directions exact at integer orders):
@@ -81,12 +82,14 @@ class Sampler:
 
     @property
     def relation(self) -> str:
-        """The ledger's neighbouring relation of this sampler's charges: its event's (accountant/events.py)."""
+        """The ledger's neighbouring relation of this sampler's charges: its event's
+        (accountant/events.py)."""
         return self.event(1.0).entry()["adjacency"]
 
     @property
     def accountants(self) -> tuple[str, ...]:
-        """The accountants that serve this sampler's charges: its event kind's (``ledger.EVENTS``)."""
+        """The accountants that serve this sampler's charges: its event kind's
+        (``ledger.EVENTS``)."""
         return EVENTS[self.event(1.0).entry()["event"]]
 
     def charged(self, lot_in_epoch: int) -> bool:
@@ -95,8 +98,8 @@ class Sampler:
         return True
 
     def release(self, sigma: float, lot_in_epoch: int, groups: int = 1) -> events.Event | None:
-        """The event recorded before lot ``lot_in_epoch`` (0-based) of an epoch is used, or None when
-        that lot is covered by an earlier charge."""
+        """The event recorded before lot ``lot_in_epoch`` (0-based) of an epoch is used, or None
+        when that lot is covered by an earlier charge."""
         return self.event(sigma, groups) if self.charged(lot_in_epoch) else None
 
     def charges(self, sigma: float, lots: int, first: int = 0, groups: int = 1) -> dict:
@@ -111,7 +114,8 @@ class Sampler:
         return out
 
     def padded(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The lot as it is computed: (indices, weights); the default is the lot itself, weight 1."""
+        """The lot as it is computed: (indices, weights); the default is the lot itself, weight
+        1."""
         return idx, torch.ones(len(idx))
 
     def lots_within(self, charges: int, lot_in_epoch: int) -> int:
@@ -185,7 +189,8 @@ class ShuffleSampler(Sampler):
             yield perm[i * self.L : (i + 1) * self.L]
 
     def event(self, sigma: float, groups: int = 1) -> events.Event:
-        # One Gaussian mechanism per epoch, sensitivity 2C (substitution) and noise σC: multiplier σ/2.
+        # One Gaussian mechanism per epoch, sensitivity 2C (substitution) and noise σC: multiplier
+        # σ/2.
         return events.Shuffle(float(sigma), self.lots_per_epoch(), groups)
 
     def charged(self, lot_in_epoch: int) -> bool:
@@ -295,7 +300,8 @@ class BallsInBinsSampler(Sampler):
             start += n
 
     def event(self, sigma: float, groups: int = 1) -> events.Event:
-        # one epoch of random allocation over t lots (accountant/renyi/allocation.py), charged at its first lot
+        # one epoch of random allocation over t lots (accountant/renyi/allocation.py), charged at
+        # its first lot
         return events.Allocation(float(sigma), self.lots_per_epoch(), groups)
 
     def charged(self, lot_in_epoch: int) -> bool:
@@ -324,9 +330,9 @@ def record_lots(
     groups: int = 1,
     label: str = "sgd",
 ) -> int:
-    """Record in ``ledger`` what ``lots`` consecutive lots of ``sampler`` cost, the first at position
-    ``first`` of its epoch (``Sampler.charges``: each lot as the training loop charges it, σ, k =
-    ``groups``); returns how many charges were recorded."""
+    """Record in ``ledger`` what ``lots`` consecutive lots of ``sampler`` cost, the first at
+    position ``first`` of its epoch (``Sampler.charges``: each lot as the training loop charges it,
+    σ, k = ``groups``); returns how many charges were recorded."""
     out = sampler.charges(sigma, lots, first, groups)
     for ev, n in out.items():
         ledger.record(ev, n, label)

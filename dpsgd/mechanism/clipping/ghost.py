@@ -151,7 +151,8 @@ class Capture:
 
 
 class Work(NamedTuple):
-    """One layer whose output reaches the loss, as its rule takes it, and the rule's reusable state."""
+    """One layer whose output reaches the loss, as its rule takes it, and the rule's reusable
+    state."""
 
     layer: _Layer
     a: torch.Tensor | None
@@ -179,7 +180,8 @@ def ghost_clipped_sum(
 
     With ``multiplicity`` K > 1, x has B·K rows (K augmented copies per example, consecutive) and
     g_i is the gradient of the mean loss over example i's copies. ``weights`` [B] (None: all ones)
-    multiply each example's clip factor and loss (Σ_i w_i c_i g_i, Σ_i w_i loss_i); norms unweighted.
+    multiply each example's clip factor and loss (Σ_i w_i c_i g_i, Σ_i w_i loss_i); norms
+    unweighted.
 
     With ``out`` (a tensor per parameter name) the sums are accumulated into it in place. Every
     Unsupported is raised before the first write into ``out``, so a caller may fall back to vmap."""

@@ -1,9 +1,11 @@
-"""Which tensors form a clipping group: the one rule the engines, σ calibration and the ledger's k share.
+"""Which tensors form a clipping group: the one rule the engines, σ calibration and the ledger's k
+share.
 
 Algorithm 1 of Abadi et al. 2016 clips each example's gradient to norm C. The paper's experiments
 clip per layer: each layer's gradient to C on its own, so a lot releases k noisy blocks, and the
-accountant charges them as one Gaussian mechanism of sensitivity √k·C (``dpsgd/accountant/compose.py``,
-convention ``joint``). k must therefore be the number of groups the engine actually clips.
+accountant charges them as one Gaussian mechanism of sensitivity √k·C
+(``dpsgd/accountant/compose.py``, convention ``joint``). k must therefore be the number of groups
+the engine actually clips.
 
 * ``clipping="global"``: one group, every trainable parameter.
 * ``clipping="per_layer"``: one group per module owning trainable parameters (``recurse=False``:
