@@ -202,8 +202,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not 1 <= args.n <= N or args.n_test < 0 or args.reps < 1:
         ap.error(
-            f"--n={args.n}, --n-test={args.n_test}, --reps={args.reps}: need 1 <= n <= {N}, n-test >= 0, "
-            "reps >= 1"
+            f"--n={args.n}, --n-test={args.n_test}, --reps={args.reps}: need 1 <= n <= {N}, "
+            "n-test >= 0, reps >= 1"
         )
     settings = preset_settings()
     dp_lots = sorted({p["lot_size"] for p in settings.values() if p["sigma"] > 0})
@@ -299,8 +299,8 @@ def main(argv=None):
             f"{r['seconds']} s wall, {r['cpu_s']} s CPU, {r['examples_per_s']} ex/s, "
             f"x{r.get('ratio_to_nonprivate', '')}"
             if r["kind"] != "preset"
-            else f"{r['preset_lots']} lots = {r['epochs']} epochs, ε_pld_joint {r.get('epsilon_pld_joint', '-')}, "
-            f"projected {r['projected_h']} h ({r['setting']})"
+            else f"{r['preset_lots']} lots = {r['epochs']} epochs, ε_pld_joint "
+            f"{r.get('epsilon_pld_joint', '-')}, projected {r['projected_h']} h ({r['setting']})"
         )
         print(f"{r['kind']:6} {r['name']:20} L={r.get('lot', '')!s:>5}  {what}")
     return rows

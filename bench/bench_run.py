@@ -176,9 +176,9 @@ def main(argv: list[str] | None = None) -> None:
                     for p in PHASES
                 ]
                 print(
-                    f"repeat {r} {'DP' if private else 'non-private'}: total {res['seconds']['total']:.2f} s, "
-                    f"startup {res['seconds']['startup']:.2f} s, steps {res['seconds']['steps']:.2f} s "
-                    f"(load {load:.1f})",
+                    f"repeat {r} {'DP' if private else 'non-private'}: total "
+                    f"{res['seconds']['total']:.2f} s, startup {res['seconds']['startup']:.2f} s, "
+                    f"steps {res['seconds']['steps']:.2f} s (load {load:.1f})",
                     flush=True,
                 )
     write_csv(rows, a.out, COLUMNS)

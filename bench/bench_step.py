@@ -479,9 +479,9 @@ def main(argv=None):
                 scan.append((name, factory, shape, lot))
         chosen = scan
     log(
-        f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}, "
-        f"reps {reps} after {warmup} warm-up, blocks of {args.block_s} s, allocator tuned: {tuned}, "
-        f"tf32 {args.tf32}"
+        f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}, reps {reps} "
+        f"after {warmup} warm-up, blocks of {args.block_s} s, allocator tuned: {tuned}, tf32 "
+        f"{args.tf32}"
     )
     rows, oom = [], set()
     for name, factory, shape, lot in chosen:

@@ -92,8 +92,8 @@ def main(argv=None) -> int:
     atomic_write_text(args.out, df.to_csv(index=False))
     med = df.groupby("launcher")["wall_s"].median()
     print(
-        f"median wall: basic {med.get('basic', float('nan')):.1f} s, joblib {med.get('joblib', float('nan')):.1f} s "
-        f"-> {args.out}"
+        f"median wall: basic {med.get('basic', float('nan')):.1f} s, joblib "
+        f"{med.get('joblib', float('nan')):.1f} s -> {args.out}"
     )
     return 0
 

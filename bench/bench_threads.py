@@ -129,7 +129,8 @@ def run(thread_counts, loads, repeats: int, steps: int, settle_s: float) -> list
                         }
                     )
                     print(
-                        f"repeat {r} load {load} threads {n}: {s:.3f} s ({steps} steps, loadavg {la:.2f})",
+                        f"repeat {r} load {load} threads {n}: {s:.3f} s ({steps} steps, loadavg "
+                        f"{la:.2f})",
                         flush=True,
                     )
             finally:

@@ -274,7 +274,8 @@ def install(py: str, wheels: Path, site: Path, env: dict, log: Log, timeout: flo
         f"names = {[n for names, _ in WHEELS.values() for n in names]!r}\n"
         "files = {n: getattr(importlib.import_module(n), '__file__', None) or "
         "list(importlib.import_module(n).__path__)[0] for n in names}\n"
-        f"print(json.dumps({{'files': files, 'versions': {{d: m.version(d) for d in {list(WHEELS)!r}}}}}))"
+        f"print(json.dumps({{'files': files, 'versions': {{d: m.version(d) for d in "
+        f"{list(WHEELS)!r}}}}}))"
     )
     rc, tail = stream([py, "-c", probe], env, timeout, log)
     if rc != 0:
@@ -408,7 +409,8 @@ def step_bench(ctx: Ctx, budget: float) -> Outcome:
         left = budget - (time.monotonic() - t0)
         if b["lot_s"] > left:
             ctx.log(
-                f"(b) lot {lot}: skipped, expected {b['lot_s']:.0f} s, {left:.0f} s left of the step's budget"
+                f"(b) lot {lot}: skipped, expected {b['lot_s']:.0f} s, {left:.0f} s left of the "
+                "step's budget"
             )
             notes.append(f"lot {lot} skipped")
             continue
@@ -675,7 +677,8 @@ def main(argv=None) -> int:
         sys.executable, a.device, child_env(site, hidden_names(), a.device), log, work, results
     )
     log(
-        f"gpu-check on {a.device}, {a.total_s:.0f} s in all; python {sys.executable}; work folder {work}"
+        f"gpu-check on {a.device}, {a.total_s:.0f} s in all; python {sys.executable}; work folder "
+        f"{work}"
     )
     try:
         ctx.info = setup(ctx, Path(a.wheels).resolve(), site, clock)

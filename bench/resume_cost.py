@@ -135,9 +135,10 @@ def main(argv=None) -> None:
     extra = sum(r["lots_charged"] - r["distinct_releases"] for r in found)
     rel = [r["eps_charged"] / r["eps_distinct"] - 1 for r in found if r["eps_distinct"]]
     print(
-        f"{a.seeds} sequences searched (seeds {a.first}..{a.first + a.seeds - 1}), {len(found)} resumed, "
-        f"{sum(r['violation'] for r in found)} violations; lots ran {ran}, charged beyond the distinct releases "
-        f"{extra}; ε above the distinct releases' ε: median {sorted(rel)[len(rel) // 2]:.1%}, max {max(rel):.1%}"
+        f"{a.seeds} sequences searched (seeds {a.first}..{a.first + a.seeds - 1}), {len(found)} "
+        f"resumed, {sum(r['violation'] for r in found)} violations; lots ran {ran}, charged "
+        f"beyond the distinct releases {extra}; ε above the distinct releases' ε: median "
+        f"{sorted(rel)[len(rel) // 2]:.1%}, max {max(rel):.1%}"
     )
     print(f"wrote {a.out}")
 

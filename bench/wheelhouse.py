@@ -161,8 +161,8 @@ def build(dest: Path) -> float:
             flush=True,
         )
     (tmp / "requirements.txt").write_text(
-        "# written by python -m bench.wheelhouse: bench/gpu_check.py installs these, offline, --no-deps\n"
-        + "".join(f"{d}=={v}\n" for d, v in versions.items())
+        "# written by python -m bench.wheelhouse: bench/gpu_check.py installs these, offline, "
+        "--no-deps\n" + "".join(f"{d}=={v}\n" for d, v in versions.items())
     )
     copy_mnist(tmp)
     mib = size_mib(tmp)

@@ -158,7 +158,8 @@ def _steps(args, q) -> int:
     lots = e * calibrate.lots_per_epoch(1, q)  # q = L/N: an epoch is N/L = 1/q lots, as trained
     if not lots <= limits.STEPS_MAX:  # also inf (the product overflows)
         raise ValueError(
-            f"epochs={e!r} is {lots:.3g} lots at q={q!r}, more than STEPS_MAX = {limits.STEPS_MAX:.0e}"
+            f"epochs={e!r} is {lots:.3g} lots at q={q!r}, more than STEPS_MAX = "
+            f"{limits.STEPS_MAX:.0e}"
         )
     return calibrate.lots_for_epochs(e, 1, q)
 
@@ -482,7 +483,10 @@ def main(argv=None) -> int:
         print(json.dumps(res, allow_nan=False))
         return rc
     print(answer(res, q, steps, delta, groups, args))
-    head = f"q={q:g}  lots={steps} (epochs={steps / calibrate.lots_per_epoch(1, q):g})  delta={delta:g}  groups={groups} ({args.convention})"
+    head = (
+        f"q={q:g}  lots={steps} (epochs={steps / calibrate.lots_per_epoch(1, q):g})  "
+        f"delta={delta:g}  groups={groups} ({args.convention})"
+    )
     if args.target_epsilon is not None:
         print(f"sigma for target epsilon={args.target_epsilon:g}:  {head}")
     else:
@@ -511,7 +515,8 @@ def main(argv=None) -> int:
     if li is not None:
         val = "refused" if li["epsilon"] is None else _num(li["epsilon"])
         print(
-            f"{'last iterate (heuristic)':<28}{val:>10}{'-':>12}  {li.get('refused', LAST_ITERATE_NOTE)}"
+            f"{'last iterate (heuristic)':<28}{val:>10}{'-':>12}  "
+            f"{li.get('refused', LAST_ITERATE_NOTE)}"
         )
     return rc
 

@@ -327,7 +327,8 @@ def seeds(n: int, out=ROOT / "results" / "audit_null_space_seeds.csv") -> list[d
                     "noise_p_value": a["noise_test"]["p_value"] if "noise_test" in a else None,
                     "verdict_noise": a["noise_test"]["verdict"] if "noise_test" in a else None,
                     "seconds": round(time.perf_counter() - t, 1),
-                    "command": f"python -m experiments.audit_null_space seeds --n {n} --out {out.name}",
+                    "command": f"python -m experiments.audit_null_space seeds --n {n} --out "
+                    f"{out.name}",
                 }
             )
             print(rows[-1], flush=True)
@@ -356,9 +357,10 @@ def _f(x, digits=3) -> str:
 def doc_table(table: list[dict]) -> str:
     """The markdown table of docs/AUDIT.md from the rows of results/audit_null_space.csv."""
     lines = [
-        "| audit | placement (k_used / k) | mechanism | σ | lots | m | lots' claim | order stats ε_lb (/ claim) | "
-        "family ε_lb (/ claim) | Steinke ε_lb (/ claim) | verdicts: order stats, family, Steinke | out_var_ratio | "
-        "noise / σC (≤ at 1 − β): verdict | cap (k_used) | own channel (k_used groups at σ) | wall: audit / train |",
+        "| audit | placement (k_used / k) | mechanism | σ | lots | m | lots' claim | order stats "
+        "ε_lb (/ claim) | family ε_lb (/ claim) | Steinke ε_lb (/ claim) | verdicts: order "
+        "stats, family, Steinke | out_var_ratio | noise / σC (≤ at 1 − β): verdict | cap "
+        "(k_used) | own channel (k_used groups at σ) | wall: audit / train |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
@@ -397,10 +399,11 @@ def doc_table(table: list[dict]) -> str:
             f" / {r['train_wall_s']:.0f} s" if r["train_wall_s"] else ""
         )
         lines.append(
-            f"| {r['row']} | {r['placement']} ({r['canary_groups_used']} / {r['groups']}) | {mech} | {float(r['sigma']):.3g} | "
-            f"{r['steps']} | {r['m_gradient']} | {_f(r['eps_claimed_sgd'])} | {osb} | {fam} | "
-            f"{_f(r['steinke_eps_lb'])} ({_f(r['steinke_ratio_sgd'], 2)}) | {verdicts} | {_f(r['out_var_ratio'])} | "
-            f"{noise} | {_f(r['cap_ratio'], 2)} | {channel} | {wall} |"
+            f"| {r['row']} | {r['placement']} ({r['canary_groups_used']} / {r['groups']}) | "
+            f"{mech} | {float(r['sigma']):.3g} | {r['steps']} | {r['m_gradient']} | "
+            f"{_f(r['eps_claimed_sgd'])} | {osb} | {fam} | {_f(r['steinke_eps_lb'])} "
+            f"({_f(r['steinke_ratio_sgd'], 2)}) | {verdicts} | {_f(r['out_var_ratio'])} | {noise} "
+            f"| {_f(r['cap_ratio'], 2)} | {channel} | {wall} |"
         )
     return "\n".join(lines)
 

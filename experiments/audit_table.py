@@ -203,8 +203,9 @@ def _f(x, digits=3) -> str:
 def doc_table(table: list[dict]) -> str:
     """The markdown table of docs/AUDIT.md, from the rows of results/audit.csv."""
     lines = [
-        "| audit | mechanism | σ | lots | m (grad. / input) | claimed ε | claimed ε, lots only | white-box ε_lb | "
-        "black-box ε_lb | ε_lb / claimed | ε_lb / lots' claim | heuristic ε | verdict | wall time |",
+        "| audit | mechanism | σ | lots | m (grad. / input) | claimed ε | claimed ε, lots only | "
+        "white-box ε_lb | black-box ε_lb | ε_lb / claimed | ε_lb / lots' claim | heuristic ε | "
+        "verdict | wall time |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
@@ -212,16 +213,18 @@ def doc_table(table: list[dict]) -> str:
             r["variant"] if r["sampling"] == "poisson" else f"{r['variant']}, {r['sampling']} lots"
         )
         verdict = r["verdict"] + (
-            f" (vs Poisson claim {_f(r['eps_claimed_as_if_poisson'])}: {r['verdict_as_if_poisson']})"
+            f" (vs Poisson claim {_f(r['eps_claimed_as_if_poisson'])}: "
+            f"{r['verdict_as_if_poisson']})"
             if r["eps_claimed_as_if_poisson"] not in (None, "")
             else ""
         )
         lines.append(
-            f"| {r['row']} | {mech} | {float(r['sigma']):g} | {r['steps']} | {r['m_gradient']} / {r['m_input']} | "
-            f"{_f(r['eps_claimed'])} | {_f(r['eps_claimed_sgd'])} | {_f(r['eps_lb_white_box'])} | "
-            f"{_f(r['eps_lb_black_box'])} | {_f(r['ratio_white_box'], 2)} | {_f(r['ratio_white_box_sgd'], 2)} | "
-            f"{_f(r['eps_last_iterate_heuristic'])} | {verdict} | "
-            f"{float(r['seconds']) / 60:.1f} min |"
+            f"| {r['row']} | {mech} | {float(r['sigma']):g} | {r['steps']} | {r['m_gradient']} / "
+            f"{r['m_input']} | {_f(r['eps_claimed'])} | {_f(r['eps_claimed_sgd'])} | "
+            f"{_f(r['eps_lb_white_box'])} | {_f(r['eps_lb_black_box'])} | "
+            f"{_f(r['ratio_white_box'], 2)} | {_f(r['ratio_white_box_sgd'], 2)} | "
+            f"{_f(r['eps_last_iterate_heuristic'])} | {verdict} | {float(r['seconds']) / 60:.1f} "
+            "min |"
         )
     return "\n".join(lines)
 

@@ -137,9 +137,10 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
                     1.25 * max(paper["epsilon"], d["epsilon"].max(), d["epsilon_pld_joint"].max()),
                 )
                 ax.set_title(
-                    f"({letter}) {preset}: L = {int(r['L'])},{sep}q = {r['q']:.3g}, σ = {r['sigma']:g}, "
-                    f"C = {r['C']:g}, k = {int(r['groups'])}\n"
-                    f"paper: {100 * paper['accuracy']:g} % at ε = {paper['epsilon']:g}, L = {paper['lot_size']}"
+                    f"({letter}) {preset}: L = {int(r['L'])},{sep}q = {r['q']:.3g}, σ = "
+                    f"{r['sigma']:g}, C = {r['C']:g}, k = {int(r['groups'])}\n"
+                    f"paper: {100 * paper['accuracy']:g} % at ε = {paper['epsilon']:g}, L = "
+                    f"{paper['lot_size']}"
                 )
             else:
                 ax.set_title(
@@ -148,7 +149,9 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
                 )
         legend_below(fig, axes, ncol=3)
         fig.suptitle(
-            "Figure 6 — CIFAR-10 accuracy vs epochs, convolutions pretrained on CIFAR-100 and frozen\n"
-            f"ε at δ = {delta}: moments, per-tensor charges (paper's accounting); PLD, joint charge"
+            "Figure 6 — CIFAR-10 accuracy vs epochs, convolutions pretrained on CIFAR-100 and "
+            "frozen\n"
+            f"ε at δ = {delta}: moments, per-tensor charges (paper's accounting); PLD, joint "
+            "charge"
         )
         return save(fig, out, "figure6", dpi=COLUMN_DPI)

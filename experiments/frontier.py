@@ -225,8 +225,8 @@ def run_jobs(jobs: list[dict], results: Path, log_dir: Path) -> int:
                     stderr=subprocess.STDOUT,
                 )
             print(
-                f"[{time.strftime('%H:%M:%S')}] {'done' if rc == 0 else 'FAILED'} {job['name']} (exit {rc}) "
-                f"in {(time.time() - t0) / 60:.1f} min",
+                f"[{time.strftime('%H:%M:%S')}] {'done' if rc == 0 else 'FAILED'} {job['name']} "
+                f"(exit {rc}) in {(time.time() - t0) / 60:.1f} min",
                 flush=True,
             )
             if rc != 0:
@@ -299,7 +299,8 @@ def print_plan(jobs: list[dict], results: Path) -> float:
     nothing)."""
     total, datasets = 0.0, set()
     print(
-        f"plan: {len(jobs)} runs ({len({j['recipe'] for j in jobs})} recipes × ε × seeds), one at a time"
+        f"plan: {len(jobs)} runs ({len({j['recipe'] for j in jobs})} recipes × ε × seeds), one at "
+        "a time"
     )
     for j in jobs:
         done = _complete(ROOT / "outputs" / "frontier" / j["name"])
@@ -309,13 +310,14 @@ def print_plan(jobs: list[dict], results: Path) -> float:
             datasets.add(c.dataset.name)
         total += sec
         print(
-            f"  {j['name']:40s} ≈ {j['epochs']:5.0f} epochs  {'(done)' if done else f'≈ {sec / 60:5.1f} min'}  "
-            f"{' '.join(j['cmd'])}"
+            f"  {j['name']:40s} ≈ {j['epochs']:5.0f} epochs  "
+            f"{'(done)' if done else f'≈ {sec / 60:5.1f} min'}  {' '.join(j['cmd'])}"
         )
     total += FEATURE_SECONDS * len(datasets)  # at most: a cached feature set costs nothing
     print(
-        f"expected wall time: ≈ {total / 60:.0f} min on this machine (1 thread per run; seconds per epoch "
-        "from the committed runs, else defaults; scattering features at most once per dataset)"
+        f"expected wall time: ≈ {total / 60:.0f} min on this machine (1 thread per run; seconds "
+        "per epoch from the committed runs, else defaults; scattering features at most once per "
+        "dataset)"
     )
     return total
 

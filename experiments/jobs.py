@@ -91,7 +91,8 @@ def run_jobs(
             log = logs / f"{job['name']}.log"
             cmd = [sys.executable, "-m", "dpsgd.train", *args, *extra]
             print(
-                f"[{time.strftime('%H:%M:%S')}] start {job['name']}: {' '.join(cmd[1:])}  (log {log})",
+                f"[{time.strftime('%H:%M:%S')}] start {job['name']}: {' '.join(cmd[1:])}  (log "
+                f"{log})",
                 flush=True,
             )
             fh = open(log, "a")

@@ -181,9 +181,10 @@ def figure4(df: pd.DataFrame, out: Path) -> list[Path]:
         legend_below(fig, axes, ncol=len(deltas) + 1)
         q = df["q"].iloc[0] if "q" in df else float("nan")
         fig.suptitle(
-            f"Figure 4 — test accuracy vs ε at δ ∈ {{{', '.join(map(fmt_delta, claims.FIGURE4_DELTAS))}}}, "
-            f"q = {q:.3g}, one point per epoch\nrows: accountant and charge (DP-PCA charged); "
-            "columns: the paper's presets"
+            "Figure 4 — test accuracy vs ε at δ ∈ "
+            f"{{{', '.join(map(fmt_delta, claims.FIGURE4_DELTAS))}}}, q = {q:.3g}, one point per "
+            "epoch\n"
+            "rows: accountant and charge (DP-PCA charged); columns: the paper's presets"
         )
         return save(fig, out, "figure4", dpi=COLUMN_DPI)
 

@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"plan: {', '.join(parts)}" + (f" (hydra/launcher={launcher})" if launcher else ""))
     for args_, j in zip(commands(jobs, launcher), jobs):
         print(
-            f"  {j['name']:22s} ≈ {j['epochs']:6.0f} epoch-equivalents  python -m dpsgd.train {' '.join(args_)}"
+            f"  {j['name']:22s} ≈ {j['epochs']:6.0f} epoch-equivalents  python -m dpsgd.train "
+            f"{' '.join(args_)}"
         )
     how = (
         f"hydra/launcher={launcher}, {n_parallel} multirun(s) at a time"
@@ -222,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             check=True,
         )
     print(
-        f"experiments.paper: done in {(time.time() - t0) / 60:.1f} min, {failed} training job(s) failed"
+        f"experiments.paper: done in {(time.time() - t0) / 60:.1f} min, {failed} training job(s) "
+        "failed"
     )
     return 1 if failed else 0
 

@@ -155,17 +155,19 @@ def table_rows(df: pd.DataFrame | None) -> list[str]:
     lines = [
         "## The tuned row with its tuning charged (private selection)",
         "",
-        "`mnist_scatter_linear_val` above chose T = 20 epochs on a validation split without charging the "
-        "selection. Here the choice itself is private (Papernot & Steinke 2022, Theorem 2): K ~ truncated "
-        f"negative binomial (η = {first['eta']:g}, γ = {first['gamma']:g}, E[K] = {first['mean_K']:.2f}) "
-        "candidates drawn from T ∈ {10, 15, 20, 40, 60}, each a DP-SGD run on 50 000 training examples "
-        f"scored on the other 10 000 (noisy count, σ = {first['score_sigma']:g}), the best released; "
-        "the *total* ε of the released model is at most 1.2 (RDP accountant, δ = 1e-5). Test accuracy: the "
-        "winner's model on the MNIST test set, once, after the selection. Rows: `tuning/private_selection.csv`; "
-        "runs: `runs/private_selection/`; method: docs/TUNING.md.",
+        "`mnist_scatter_linear_val` above chose T = 20 epochs on a validation split without "
+        "charging the selection. Here the choice itself is private (Papernot & Steinke 2022, "
+        f"Theorem 2): K ~ truncated negative binomial (η = {first['eta']:g}, γ = "
+        f"{first['gamma']:g}, E[K] = {first['mean_K']:.2f}) candidates drawn from T ∈ {{10, 15, "
+        f"20, 40, 60}}, each a DP-SGD run on 50 000 training examples scored on the other 10 000 "
+        f"(noisy count, σ = {first['score_sigma']:g}), the best released; the *total* ε of the "
+        "released model is at most 1.2 (RDP accountant, δ = 1e-5). Test accuracy: the winner's "
+        "model on the MNIST test set, once, after the selection. Rows: "
+        "`tuning/private_selection.csv`; runs: `runs/private_selection/`; method: docs/TUNING.md.",
         "",
-        "| recipe | ε (total) | test accuracy, mean ± sd (n seeds) | per seed: K, candidates' T → winner T, "
-        "test accuracy, wall time | wall time per seed (median; total) | hardware | command |",
+        "| recipe | ε (total) | test accuracy, mean ± sd (n seeds) | per seed: K, candidates' T "
+        "→ winner T, test accuracy, wall time | wall time per seed (median; total) | hardware | "
+        "command |",
         "|---|---|---|---|---|---|---|",
     ]
     per = "; ".join(
@@ -184,8 +186,8 @@ def table_rows(df: pd.DataFrame | None) -> list[str]:
     cmd = first["command"].replace("seed0", "seedS").replace("--seed 0", "--seed S")
     lines.append(
         f"| `mnist_scatter_linear` + private selection of T | {df['epsilon_total'].max():.3f} | "
-        f"{acc.mean():.2f} ± {sd:.2f} % ({len(acc)}) | {per} | {wall:.1f} min; {total:.1f} min | {first['hardware']} | "
-        f"`{cmd}`, S = {', '.join(str(s) for s in df['seed'])} |"
+        f"{acc.mean():.2f} ± {sd:.2f} % ({len(acc)}) | {per} | {wall:.1f} min; {total:.1f} min | "
+        f"{first['hardware']} | `{cmd}`, S = {', '.join(str(s) for s in df['seed'])} |"
     )
     return lines + [""]
 

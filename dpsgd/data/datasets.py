@@ -139,5 +139,6 @@ def validate_dataset(d) -> None:
         )
     if d.standardize and len(shape) != 3:
         raise ConfigError(
-            f"dataset.standardize=true: per-image standardisation is for image datasets, not {d.name}"
+            "dataset.standardize=true: per-image standardisation is for image datasets, not "
+            f"{d.name}"
         )

@@ -37,8 +37,9 @@ class GaussianNoise:
         if self.secure:
             if seed is not None:
                 raise ValueError(
-                    f"privacy.noise_seed={seed!r}: a fixed noise seed is refused when privacy.secure_rng=true "
-                    "(secure noise comes from OS entropy and cannot be replayed)"
+                    f"privacy.noise_seed={seed!r}: a fixed noise seed is refused when "
+                    "privacy.secure_rng=true (secure noise comes from OS entropy and cannot be "
+                    "replayed)"
                 )
             self.generator = None
             self.seed = None

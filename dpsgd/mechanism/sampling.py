@@ -208,8 +208,8 @@ class FixedSizeSampler(Sampler):
 
     name = "fixed_size"
     adjacency = (
-        "substitution (replace one example); sampling without replacement, amplified (PLD: Dong, Roth & "
-        "Su 2022, Thm 9; RDP: Wang et al. 2019)"
+        "substitution (replace one example); sampling without replacement, amplified (PLD: Dong, "
+        "Roth & Su 2022, Thm 9; RDP: Wang et al. 2019)"
     )
     amplification = True
 
@@ -277,8 +277,8 @@ class BallsInBinsSampler(Sampler):
 
     name = "balls_in_bins"
     adjacency = (
-        "add/remove one example; random allocation to one lot per epoch, amplified (RDP per epoch, remove "
-        "and add directions exact: Feldman & Shenfeld 2025)"
+        "add/remove one example; random allocation to one lot per epoch, amplified (RDP per "
+        "epoch, remove and add directions exact: Feldman & Shenfeld 2025)"
     )
     amplification = True
 

@@ -256,9 +256,9 @@ def check_dp_compatible(model: nn.Module) -> None:
         if reason is not None:
             label = name or "<root>"
             raise ValueError(
-                f"module '{label}' ({type(module).__name__}) mixes examples: {reason}; per-example "
-                "gradient clipping (DP-SGD) needs each example's gradient to depend on that example "
-                "only. Replace it, e.g. with nn.GroupNorm or nn.LayerNorm."
+                f"module '{label}' ({type(module).__name__}) mixes examples: {reason}; "
+                "per-example gradient clipping (DP-SGD) needs each example's gradient to depend "
+                "on that example only. Replace it, e.g. with nn.GroupNorm or nn.LayerNorm."
             )
 
 

@@ -62,7 +62,8 @@ def parser() -> argparse.ArgumentParser:
         "--score-sigma",
         type=float,
         default=20.0,
-        help="std of the Gaussian noise on each candidate's count of correct validation predictions",
+        help="std of the Gaussian noise on each candidate's count of correct validation "
+        "predictions",
     )
     p.add_argument(
         "--xtol", type=float, default=1e-3, help="tolerance on the base ε of the inverse search"
@@ -235,8 +236,8 @@ def _main(a, held: list) -> None:
     except ConfigError as e:
         fail(one_line(e), 2)
     print(
-        f"{PROG}: K={t['K']} candidates, each DP-SGD run at base ε={t['base']['epsilon_rdp']:.4f} (RDP), "
-        f"planned total ε={t['base']['planned_total']['epsilon']:.4f}; {d / sweep.TUNING}",
+        f"{PROG}: K={t['K']} candidates, each DP-SGD run at base ε={t['base']['epsilon_rdp']:.4f} "
+        f"(RDP), planned total ε={t['base']['planned_total']['epsilon']:.4f}; {d / sweep.TUNING}",
         flush=True,
     )
     if a.plan_only:
@@ -262,7 +263,8 @@ def _main(a, held: list) -> None:
         print(f"{PROG}: winner {t['winner']['choice']}; {t['privacy']['statement']}", flush=True)
     elif t["K"] == 0:
         print(
-            f"{PROG}: K=0 was drawn: no candidate ran and nothing is released; {t['privacy']['statement']}",
+            f"{PROG}: K=0 was drawn: no candidate ran and nothing is released; "
+            f"{t['privacy']['statement']}",
             flush=True,
         )
     else:
@@ -271,7 +273,7 @@ def _main(a, held: list) -> None:
             for c in t["candidates"]
         )
         fail(
-            f"no candidate finished ({ran}; their logs: {d / 'logs'}): nothing is released; the privacy spent "
-            f"is stated in {d / sweep.TUNING} (ε={t['privacy']['epsilon']:.4f})",
+            f"no candidate finished ({ran}; their logs: {d / 'logs'}): nothing is released; the "
+            f"privacy spent is stated in {d / sweep.TUNING} (ε={t['privacy']['epsilon']:.4f})",
             1,
         )

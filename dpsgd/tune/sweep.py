@@ -234,7 +234,8 @@ def run_one(sweep: Path, t: dict, c: dict, log=print) -> None:
     c["status"], c["command"] = "running", " ".join(cmd[1:])
     save(sweep, t)
     log(
-        f"candidate {c['index']}: {c['choice']} σ={c['sigma']:.4f} seed={c['seed']} -> {c['run_dir']}"
+        f"candidate {c['index']}: {c['choice']} σ={c['sigma']:.4f} seed={c['seed']} -> "
+        f"{c['run_dir']}"
     )
     (sweep / "logs").mkdir(exist_ok=True)
     with open(sweep / "logs" / f"{c['run_dir']}.log", "a") as out:
@@ -365,8 +366,9 @@ def statement(sweep: Path, t: dict) -> dict:
         "meets_target": eps <= t["target_epsilon"],
         "covers": f"all K={t['K']} candidates (failed and aborted ones included), each charged its "
         "ledger, its aborted attempts and its noisy score",
-        "statement": f"the released winner (model, hyperparameters, score) is ({eps:.4f}, {t['delta']:g})-DP "
-        f"by {theorem}; each candidate run is at most ({base_eps:.4f}, {t['delta']:g})-DP (RDP)",
+        "statement": f"the released winner (model, hyperparameters, score) is ({eps:.4f}, "
+        f"{t['delta']:g})-DP by {theorem}; each candidate run is at most ({base_eps:.4f}, "
+        f"{t['delta']:g})-DP (RDP)",
     }
 
 
@@ -384,8 +386,8 @@ def finish(sweep: Path, t: dict) -> dict:
             "choice": best["choice"],
             "score": best["score"],
             "overrides": best["overrides"],
-            "model": f"{best['run_dir']}/checkpoint.pt: model (its weights only; the file's generator states are not "
-            "part of the release)",
+            "model": f"{best['run_dir']}/checkpoint.pt: model (its weights only; the file's "
+            "generator states are not part of the release)",
         }
     )
     t["privacy"] = statement(sweep, t)

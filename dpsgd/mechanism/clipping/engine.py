@@ -241,6 +241,6 @@ def _check_finite(x: torch.Tensor, K: int, weights: torch.Tensor | None) -> None
                 else f"example {row}" + (" of x" if what == "x" else "'s weight")
             )
             raise ValueError(
-                f"clipped_sum: {where} holds a non-finite value (NaN or inf); every example must be "
-                "finite (its gradient, and the clipped sum, would not be)"
+                f"clipped_sum: {where} holds a non-finite value (NaN or inf); every example must "
+                "be finite (its gradient, and the clipped sum, would not be)"
             )

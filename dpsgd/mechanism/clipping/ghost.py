@@ -319,9 +319,9 @@ def _check_against_autograd(layers, work, ref: dict, B: int, dtype, device) -> N
             r = ref[n] if ref[n] is not None else torch.zeros_like(p)
             if not (bool(torch.isfinite(r).all()) and bool(torch.isfinite(g).all())):
                 raise ValueError(
-                    f"clipped_sum: the gradient of parameter '{n}' is not finite (NaN or inf) on this "
-                    "lot: an example holds a non-finite value or the loss overflowed (check_finite=False "
-                    "skips the check that names the example)"
+                    f"clipped_sum: the gradient of parameter '{n}' is not finite (NaN or inf) on "
+                    "this lot: an example holds a non-finite value or the loss overflowed "
+                    "(check_finite=False skips the check that names the example)"
                 )
             if not torch.allclose(g, r, rtol=1e-3, atol=1e-5 * (1.0 + float(r.abs().max()))):
                 raise Unsupported(
