@@ -1,8 +1,10 @@
 """One full epoch of the paper's CIFAR-10 training (§5.3), DP and non-private, and what each preset
 costs.
 
-    python -m bench.bench_cifar_epoch                   # writes results/bench_cifar_epoch.csv (minutes)
-    python -m bench.bench_cifar_epoch --n 500 --out /tmp/x.csv   # a smoke run: 500 images, lots × 1/100
+    # writes results/bench_cifar_epoch.csv (minutes)
+    python -m bench.bench_cifar_epoch
+    # a smoke run: 500 images, lots × 1/100
+    python -m bench.bench_cifar_epoch --n 500 --out /tmp/x.csv
 
 Abadi et al. 2016, §5.3: `CifarCNN` with its convolutions pretrained on CIFAR-100 (public) and
 frozen, DP-SGD on the three dense layers, per-layer clipping C = 3, σ = 6, Poisson lots of expected
@@ -15,14 +17,14 @@ The settings of each preset come from ``conf/experiment/<preset>.yaml`` when tha
 from the paper (`experiments.claims.CIFAR10_PRESETS`); column ``setting`` says which. Rows
 (``kind``):
 
-  epoch    one epoch of Poisson lots (q = L/N, round(N/L) lots; the same lots for both methods) at each
-           preset's L: ``dpsgd_ghost_frozen`` (`dpsgd.mechanism.optim.DPSGD.step`, ghost engine) and
+  epoch    one epoch of Poisson lots (q = L/N, round(N/L) lots; the same lots for both methods) at
+           each preset's L: ``dpsgd_ghost_frozen`` (`dpsgd.mechanism.optim.DPSGD.step`, ghost engine) and
            ``nonprivate`` (plain autograd + SGD, convolutions frozen). ``seconds`` is wall time,
            ``cpu_s`` the process's CPU time (one thread: what an idle machine's wall time would be;
            a shared machine inflates wall time, see the load columns); examples/s and the ratio to
            the non-private epoch at the same L from the CPU time.
-  eval     the evaluation training runs after every epoch (`dpsgd.run.evaluate.evaluate` on the N training
-           and the test images, batches of `training.eval_batch_size`).
+  eval     the evaluation training runs after every epoch (`dpsgd.run.evaluate.evaluate` on the N
+           training and the test images, batches of `training.eval_batch_size`).
   preset   lots until the preset's target ε under its accounting (the paper's: moments accountant,
            per-tensor charges, k = the clipper's groups; `dpsgd.accountant.Ledger.steps_within`), in
            epochs (capped by its epoch count), the valid ε (joint, PLD) there, and the projected

@@ -1,7 +1,8 @@
 """Benchmark data-parallel DP-SGD (dpsgd/run/distributed.py): 1 vs P processes, and the all-reduce's
 share.
 
-    python -m bench.bench_distributed                  # lots 600 and 6000, 1 and 2 processes (gloo, CPU)
+    # lots 600 and 6000, 1 and 2 processes (gloo, CPU)
+    python -m bench.bench_distributed
     python -m bench.bench_distributed --quick          # smoke run
     python -m bench.bench_distributed --lots 600 --processes 1,2,4 --out /tmp/d.csv
 

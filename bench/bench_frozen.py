@@ -10,7 +10,8 @@ own copy of the network (same initial weights) and the same in-memory lot (unifo
 24×24×3 inputs, 10 classes):
 
   nonprivate                   frozen convolutions, plain autograd of the mean loss + SGD
-  dpsgd_ghost_frozen           frozen convolutions, `dpsgd.mechanism.optim.DPSGD.step` with the ghost engine
+  dpsgd_ghost_frozen           frozen convolutions, `dpsgd.mechanism.optim.DPSGD.step` with the
+                               ghost engine
   dpsgd_ghost_frozen_baseline  the same, clipping engine loaded from git at --baseline
   dpsgd_ghost_all              every layer trainable (k = 5 groups instead of 3)
 

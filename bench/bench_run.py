@@ -1,7 +1,8 @@
 """Benchmark a whole training run, not just its step: where the time of ``python -m dpsgd.train``
 goes.
 
-    python -m bench.bench_run                          # mnist_medium, 5 epochs, DP and non-private, 3 repeats
+    # mnist_medium, 5 epochs, DP and non-private, 3 repeats
+    python -m bench.bench_run
     python -m bench.bench_run --epochs 2 --repeats 1 --out /tmp/r.csv     # smoke run
 
 Each measurement is one fresh child process running the real command line

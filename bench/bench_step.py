@@ -2,7 +2,8 @@
 
     python -m bench.bench_step            # full protocol, writes results/bench.csv
     python -m bench.bench_step --quick    # smoke run (few repetitions, small CNN lot)
-    python -m bench.bench_step --processes 1 --models mnist_pca60_mlp1000 --methods nonprivate,dpsgd_ghost
+    python -m bench.bench_step --processes 1 --models mnist_pca60_mlp1000 \\
+        --methods nonprivate,dpsgd_ghost
 
 Protocol: every method steps on the same in-memory lot; repetitions are interleaved
 (repetition 1 of every method, then repetition 2, ...) so that load drifts hit all methods alike;

@@ -1,7 +1,8 @@
 """Wall time of one small sweep run one job after another (Hydra's basic launcher) against the same
 sweep through ``hydra/launcher=joblib`` (docs/SCALING.md, "Sweeps on a cluster").
 
-    python -m bench.bench_sweep [--jobs 4] [--max-steps 300] [--reps 2] [--out results/bench_sweep.csv]
+    python -m bench.bench_sweep [--jobs 4] [--max-steps 300] [--reps 2] \\
+        [--out results/bench_sweep.csv]
 
 The sweep: the medium preset (``experiment=mnist_medium``, full MNIST, DP-PCA, lot 600) over seeds
 0..jobs-1, each run cut at ``--max-steps`` lots, on the CPU. Repetitions alternate the launchers

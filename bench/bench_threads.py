@@ -1,6 +1,7 @@
 """Benchmark torch's intra-op thread count for the paper's MNIST DP step, idle and under CPU load.
 
-    python -m bench.bench_threads                    # full protocol, writes results/bench_threads.csv
+    # full protocol, writes results/bench_threads.csv
+    python -m bench.bench_threads
     python -m bench.bench_threads --repeats 2 --steps 5 --out /tmp/t.csv   # smoke run
 
 Question: on a small CPU machine that other processes also use, does torch's default thread count

@@ -2,8 +2,10 @@
 within 8 minutes.
 
     python3 -m bench.gpu_check                        # on the GPU machine (make gpu-check)
-    python3 -m bench.gpu_check --out-dir /tmp/out     # also copy the outputs there (make gpu-check GPU_OUT=...)
-    .venv/bin/python -m bench.gpu_check --device cpu  # the CPU rehearsal, tiny settings (make gpu-check DEVICE=cpu)
+    # also copy the outputs there (make gpu-check GPU_OUT=...)
+    python3 -m bench.gpu_check --out-dir /tmp/out
+    # the CPU rehearsal, tiny settings (make gpu-check DEVICE=cpu)
+    .venv/bin/python -m bench.gpu_check --device cpu
 
 Runs with an interpreter that has torch (the image's ``python3``), the checkout, and ``.whl/`` built
 by ``make wheelhouse`` (bench/wheelhouse.py). Never uses the network. In order:
@@ -381,7 +383,8 @@ def step_tests(ctx: Ctx, budget: float) -> Outcome:
     )
 
 
-BENCH = {  # device -> lots (in order), models, bench_step options, seconds each lot is expected to take
+# device -> lots (in order), models, bench_step options, seconds each lot is expected to take
+BENCH = {
     "cuda": dict(
         lots=(600, 4096),
         models="mnist_pca60_mlp1000,cifar_cnn,cifar_cnn_frozen,scatter_linear",

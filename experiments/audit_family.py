@@ -3,7 +3,8 @@ results/runs/audit/ rescored from its own audit_scores.csv (white-box game) agai
 its lots, beside the family-free bounds of the same scores.
 
     python -m experiments.audit_family                 # results/audit_family.csv
-    python -m experiments.audit_family seeds [--n 20]  # results/audit_family_seeds.csv (trains, minutes)
+    # results/audit_family_seeds.csv (trains, minutes)
+    python -m experiments.audit_family seeds [--n 20]
 
 Each row is ``dpsgd.audit.onerun.bound_file.bound`` on the run's white-box scores with the run's q =
 L/N, σ, lots, k groups and δ (audit.json ``run``), at β = audit.beta / (games in the run), the

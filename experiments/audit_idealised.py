@@ -1,8 +1,10 @@
 """Validity and power of the one-run tests of the claim on the idealised game (no training).
 
     python -m experiments.audit_idealised rates [--games 1000]    # results/audit_idealised.csv
-    python -m experiments.audit_idealised bounds [--games 10]     # results/audit_idealised_bounds.csv
-    python -m experiments.audit_idealised order-stats [--games 1000] [--power-games 200] [--bound-games 10]
+    # results/audit_idealised_bounds.csv
+    python -m experiments.audit_idealised bounds [--games 10]
+    python -m experiments.audit_idealised order-stats [--games 1000] [--power-games 200] \\
+        [--bound-games 10]
                                                  # results/audit_idealised_order_stats{,_bounds}.csv
 
 ``rates``: for each setting (q, σ, T, k, m), ``--games`` seeded games of the claimed mechanism

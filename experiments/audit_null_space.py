@@ -2,11 +2,15 @@
 (``audit.placement=null_space``, docs/AUDIT_MATH.md §6), measured on the real trainer.
 
     python -m experiments.audit_null_space                 # run what is missing, then collect
-    python -m experiments.audit_null_space --only collect  # results/audit_null_space.csv from results/runs/audit_null_space/
+    # results/audit_null_space.csv from results/runs/audit_null_space/
+    python -m experiments.audit_null_space --only collect
     python -m experiments.audit_null_space --rows a,b      # some rows only
-    python -m experiments.audit_null_space seeds [--n 50] [--out F.csv]  # results/audit_null_space_seeds.csv (validity)
-    python -m experiments.audit_null_space timing ROW      # results/audit_null_space_timing.csv (cost)
-    python -m experiments.audit_null_space adopt ROW       # the timed audit becomes the row's committed run
+    # results/audit_null_space_seeds.csv (validity)
+    python -m experiments.audit_null_space seeds [--n 50] [--out F.csv]
+    # results/audit_null_space_timing.csv (cost)
+    python -m experiments.audit_null_space timing ROW
+    # the timed audit becomes the row's committed run
+    python -m experiments.audit_null_space adopt ROW
 
 Each row is one ``python -m dpsgd.audit run`` (in ``outputs/audit_null_space/<row>``,
 ``DPSGD_THREADS=1``; its small files copied to ``results/runs/audit_null_space/<row>/``), and for

@@ -1,9 +1,11 @@
 """The one-run audit table (docs/AUDIT.md): each row one ``python -m dpsgd.audit run`` of a real
 configuration.
 
-    python -m experiments.audit_table                 # the quick rows (make audit): run what is missing, collect
+    # the quick rows (make audit): run what is missing, collect
+    python -m experiments.audit_table
     python -m experiments.audit_table --rows all      # every row of the committed table
-    python -m experiments.audit_table --only collect  # results/audit.csv from results/runs/audit/ only
+    # results/audit.csv from results/runs/audit/ only
+    python -m experiments.audit_table --only collect
 
 Each row trains in ``outputs/audit_table/<row>`` (one at a time, ``DPSGD_THREADS=1``); a folder that
 already holds an audit.json is not rerun. Its small files (audit.json, audit_scores.csv,

@@ -1,7 +1,7 @@
 """Figure 6 (Abadi et al. 2016, §5.3): CIFAR-10 accuracy vs epochs per ε, with ε on a second axis.
 
-Collected from real CIFAR-10 run folders (runs of ``experiment=cifar10_eps2|cifar10_eps4|cifar10_eps8|
-cifar10_nonprivate``) into ``results/figure6.csv`` by ``python -m experiments.collect``
+Collected from real CIFAR-10 run folders (runs of
+``experiment=cifar10_eps2|cifar10_eps4|cifar10_eps8|cifar10_nonprivate``) into ``results/figure6.csv`` by ``python -m experiments.collect``
 (`experiments/collect.py:collect` calls `rows`), and drawn from that CSV only by
 ``python -m experiments.figures`` (`draw`). Without the CSV nothing is drawn: no CIFAR-10 number of
 this repository exists that was not measured on CIFAR-10.

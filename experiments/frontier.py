@@ -1,7 +1,8 @@
 """The privacy–utility frontier: each recipe × target ε × seed, trained, collected, drawn.
 
     python -m experiments.frontier --dry-run          # the plan and the expected wall time only
-    python -m experiments.frontier                    # run what is missing, collect, draw (make frontier)
+    # run what is missing, collect, draw (make frontier)
+    python -m experiments.frontier
     python -m experiments.frontier --recipes mnist_scatter_linear --eps 2 --seeds 0 1 2
     python -m experiments.frontier --only collect figures
 

@@ -146,7 +146,8 @@ def _anchor(recipe: str, eps: float) -> str:
 
 
 def table_rows(df: pd.DataFrame) -> list[str]:
-    """The results/README.md section: recipe | ε | ours mean ± sd (n seeds) | published anchor | command."""
+    """The results/README.md section: recipe | ε | ours mean ± sd (n seeds) | published anchor |
+    command."""
     s = summarise(df)
     lines = [
         "## The privacy–utility frontier: modern recipes at the same ε",

@@ -6,8 +6,8 @@ Hydra launcher.
   (``-m +sweep=<name>``) runs its points one after another (Hydra's basic launcher).
 * ``--launcher <name>`` (``make paper LAUNCHER=joblib``; any ``hydra/launcher`` option: joblib,
   submitit_local, submitit_slurm, slurm): each job is one Hydra multirun ``python -m dpsgd.train -m
-  ... hydra/launcher=<name>`` whose points the launcher runs — in parallel on this machine's cores (joblib,
-  submitit_local: the jobs' threads share the cores, dpsgd/launch/launchers.py), or as a SLURM
+  ... hydra/launcher=<name>`` whose points the launcher runs — in parallel on this machine's cores
+  (joblib, submitit_local: the jobs' threads share the cores, dpsgd/launch/launchers.py), or as a SLURM
   array. The scripts group their runs into as few multiruns as they can (``experiment=a,b,c,d``,
   ``seed=0,1,2``); local multiruns run one after another (each fills the cores), SLURM ones are all
   submitted at once.

@@ -5,7 +5,8 @@
     python -m experiments.paper --only sweeps --sweeps lot_size noise
     python -m experiments.paper --only figure2|collect|figures
     python -m experiments.paper --dry-run             # print the plan and the expected wall time
-    python -m experiments.paper --launcher joblib     # sweeps through a Hydra launcher (make paper LAUNCHER=joblib)
+    # sweeps through a Hydra launcher (make paper LAUNCHER=joblib)
+    python -m experiments.paper --launcher joblib
 
 Each training job is a subprocess ``python -m dpsgd.train ...`` (presets: ``experiment=<name>``;
 Figure-5 panels: ``-m +sweep=<name>``), at most ``--jobs`` at a time, each with OMP_NUM_THREADS=1

@@ -2,8 +2,10 @@
 selection (``python -m dpsgd.tune``, Papernot & Steinke 2022) whose *total* ε is 1.2, over 3 seeds
 of the whole procedure.
 
-    python -m experiments.private_selection run [--seeds 0 1 2]        # the sweeps, into outputs/private_selection/
-    python -m experiments.private_selection collect                    # -> results/tuning/private_selection.csv
+    # the sweeps, into outputs/private_selection/
+    python -m experiments.private_selection run [--seeds 0 1 2]
+    # -> results/tuning/private_selection.csv
+    python -m experiments.private_selection collect
 
 Design (docs/TUNING.md): K ~ truncated negative binomial with η = 0 (logarithmic), γ = 0.2, E[K] ≈
 2.49; candidates drawn uniformly from T ∈ {10, 15, 20, 40, 60} epochs (L = 4096, η = 8 as the

@@ -1,8 +1,10 @@
 """What each batch sampler costs: ε per sampler at the paper's MNIST schedule and at one
 frontier setting, and the test accuracy of mnist_scatter_linear at ε = 2 under each sampler.
 
-    python -m experiments.samplers measure            # results/samplers.csv (accounting only, seconds)
-    python -m experiments.samplers accuracy RUNS...   # results/samplers_accuracy.csv from run folders
+    # results/samplers.csv (accounting only, seconds)
+    python -m experiments.samplers measure
+    # results/samplers_accuracy.csv from run folders
+    python -m experiments.samplers accuracy RUNS...
     python -m experiments.samplers figure             # results/figures/samplers.png from the CSV
 
 ε comes from ``dpsgd.privacy.sampler_epsilon`` (each sampler's own charges, every accountant

@@ -1,6 +1,7 @@
 """Seed spread of the §5.2 presets: how far one run's accuracy is from another's.
 
-    python -m experiments.seeds run [--presets mnist_small,mnist_medium] [--seeds 0-4] [--device cuda]
+    python -m experiments.seeds run [--presets mnist_small,mnist_medium] [--seeds 0-4] \\
+        [--device cuda]
                                     [--launcher joblib|submitit_local|submitit_slurm|slurm]
     python -m experiments.seeds collect [--roots outputs/seeds ...] [--hardware "..."]
 

@@ -2,10 +2,12 @@
 and the privacy event it is charged as (in the manner of jax_privacy's ``DPExecutionPlan``).
 
     plan = Plan(event, clip_norm=C, lot_size=L, sampler=sampler)
-    DPSGD(model, clipper, noise, plan, lr)      the step noises at N(0, (plan.sigma · C)²), divides by L
-    plan.release(i)                             the event lot i of an epoch records (None: an earlier
-                                                charge of its epoch covers it)
-    plan.charge_lots(ledger, n, first)          n lots from position ``first``, as the loop charges them
+    DPSGD(model, clipper, noise, plan, lr)   the step noises at N(0, (plan.sigma · C)²), divides
+                                             by L
+    plan.release(i)                          the event lot i of an epoch records (None: an earlier
+                                             charge of its epoch covers it)
+    plan.charge_lots(ledger, n, first)       n lots from position ``first``, as the loop charges
+                                             them
 
 σ is the event's own ``sigma`` (the noise multiplier the mechanism adds), so the σ that is noised
 and the σ that is charged are one value by construction, for every sampler and for lots charged as

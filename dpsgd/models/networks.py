@@ -209,11 +209,13 @@ class ScatterCNN(nn.Module):
 
 INITS = ("paper", "torch")
 NORMS = ("none", "group")  # model.norm: normalisation after the convolutions (tanh_cnn)
-FREEZE = {  # model.freeze -> prefix of the parameters frozen (public weights, e.g. CIFAR-100-pretrained convs)
+# model.freeze -> prefix of the parameters frozen (public weights, e.g. CIFAR-100-pretrained convs)
+FREEZE = {
     "none": "",
     "features": "features.",
 }
-MODELS = {  # model.name -> network for (input features after any projection, hidden widths, classes)
+# model.name -> network for (input features after any projection, hidden widths, classes)
+MODELS = {
     "mlp": lambda in_features, hidden, num_classes, bias, init, **_: MLP(
         in_features, hidden, num_classes, bias, init
     ),

@@ -1,9 +1,9 @@
 """``python -m dpsgd.tune``: a private hyperparameter selection (Papernot & Steinke 2022).
 
     python -m dpsgd.tune --sweep-dir runs/tune/a --target-epsilon 1.2 --delta 1e-5 \\
-        --distribution truncated_negative_binomial --eta 0 --gamma 0.2 --validation 10000 --seed 0
-        \\ experiment=mnist_scatter_linear training.epochs=10,15,20,40,60
-    python -m dpsgd.tune --resume runs/tune/a           (a killed sweep: same plan, nothing charged less)
+        --distribution truncated_negative_binomial --eta 0 --gamma 0.2 --validation 10000 \\
+        --seed 0 experiment=mnist_scatter_linear training.epochs=10,15,20,40,60
+    python -m dpsgd.tune --resume runs/tune/a   (a killed sweep: same plan, nothing charged less)
 
 The overrides are Hydra-style (``key=a,b,c`` is a choice; the rest are fixed). Every candidate is a
 ``python -m dpsgd.train`` run in its own folder of the sweep, at the σ that makes the whole

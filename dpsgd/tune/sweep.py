@@ -1,10 +1,11 @@
 """A private selection's sweep folder: the plan written ahead, the candidate runs, the winner, the
 statement.
 
-    <sweep>/tuning.json        K, its law, the seed, every candidate (overrides, run dir, status, score),
-                               the winner and the privacy statement (rewritten atomically after each
-                               step)
-    <sweep>/c00, c01, ...      each candidate's own run directory (metrics.csv, privacy.json, checkpoint.pt)
+    <sweep>/tuning.json        K, its law, the seed, every candidate (overrides, run dir, status,
+                               score), the winner and the privacy statement (rewritten atomically
+                               after each step)
+    <sweep>/c00, c01, ...      each candidate's own run directory (metrics.csv, privacy.json,
+                               checkpoint.pt)
     <sweep>/logs/c00.log       its output
 
 Write-ahead: K, the candidates and their seeds are in tuning.json before the first run starts, so a
