@@ -18,11 +18,11 @@ from the paper (`experiments.claims.CIFAR10_PRESETS`); column ``setting`` says w
 (``kind``):
 
   epoch    one epoch of Poisson lots (q = L/N, round(N/L) lots; the same lots for both methods) at
-           each preset's L: ``dpsgd_ghost_frozen`` (`dpsgd.mechanism.optim.DPSGD.step`, ghost engine) and
-           ``nonprivate`` (plain autograd + SGD, convolutions frozen). ``seconds`` is wall time,
-           ``cpu_s`` the process's CPU time (one thread: what an idle machine's wall time would be;
-           a shared machine inflates wall time, see the load columns); examples/s and the ratio to
-           the non-private epoch at the same L from the CPU time.
+           each preset's L: ``dpsgd_ghost_frozen`` (`dpsgd.mechanism.optim.DPSGD.step`, ghost
+           engine) and ``nonprivate`` (plain autograd + SGD, convolutions frozen). ``seconds`` is
+           wall time, ``cpu_s`` the process's CPU time (one thread: what an idle machine's wall time
+           would be; a shared machine inflates wall time, see the load columns); examples/s and the
+           ratio to the non-private epoch at the same L from the CPU time.
   eval     the evaluation training runs after every epoch (`dpsgd.run.evaluate.evaluate` on the N
            training and the test images, batches of `training.eval_batch_size`).
   preset   lots until the preset's target ε under its accounting (the paper's: moments accountant,

@@ -7,10 +7,10 @@ Hydra launcher.
 * ``--launcher <name>`` (``make paper LAUNCHER=joblib``; any ``hydra/launcher`` option: joblib,
   submitit_local, submitit_slurm, slurm): each job is one Hydra multirun ``python -m dpsgd.train -m
   ... hydra/launcher=<name>`` whose points the launcher runs — in parallel on this machine's cores
-  (joblib, submitit_local: the jobs' threads share the cores, dpsgd/launch/launchers.py), or as a SLURM
-  array. The scripts group their runs into as few multiruns as they can (``experiment=a,b,c,d``,
-  ``seed=0,1,2``); local multiruns run one after another (each fills the cores), SLURM ones are all
-  submitted at once.
+  (joblib, submitit_local: the jobs' threads share the cores, dpsgd/launch/launchers.py), or as a
+  SLURM array. The scripts group their runs into as few multiruns as they can
+  (``experiment=a,b,c,d``, ``seed=0,1,2``); local multiruns run one after another (each fills the
+  cores), SLURM ones are all submitted at once.
 
 The launcher name is checked before anything starts (a bad one: one line, exit 2).
 """
