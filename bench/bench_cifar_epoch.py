@@ -13,27 +13,7 @@ the real shape (3×24×24, uniform [0, 1), 10 classes), held in memory as traini
 training-time augmentation is not part of the timed step. ``--n`` scales the data set and every lot
 size by n/N (q unchanged), for smoke runs.
 
-The settings of each preset come from ``conf/experiment/<preset>.yaml`` when that file exists, else
-from the paper (`experiments.claims.CIFAR10_PRESETS`); column ``setting`` says which. Rows
-(``kind``):
-
-  epoch    one epoch of Poisson lots (q = L/N, round(N/L) lots; the same lots for both methods) at
-           each preset's L: ``dpsgd_ghost_frozen`` (`dpsgd.mechanism.optim.DPSGD.step`, ghost
-           engine) and ``nonprivate`` (plain autograd + SGD, convolutions frozen). ``seconds`` is
-           wall time, ``cpu_s`` the process's CPU time (one thread: what an idle machine's wall time
-           would be; a shared machine inflates wall time, see the load columns); examples/s and the
-           ratio to the non-private epoch at the same L from the CPU time.
-  eval     the evaluation training runs after every epoch (`dpsgd.run.evaluate.evaluate` on the N
-           training and the test images, batches of `training.eval_batch_size`).
-  preset   lots until the preset's target ε under its accounting (the paper's: moments accountant,
-           per-tensor charges, k = the clipper's groups; `dpsgd.accountant.Ledger.steps_within`), in
-           epochs (capped by its epoch count), the valid ε (joint, PLD) there, and the projected
-           time = epochs × (epoch + eval / its training.eval_every) CPU seconds. A non-private
-           preset runs its epoch count.
-
-One torch thread; a warm-up lot per method first (the ghost engine's first call checks itself
-against autograd); ``--reps`` epochs per method, interleaved, median reported. Step helpers come
-from `bench/bench_frozen.py`. Timings are never asserted by tests.
+Details: docs/PERFORMANCE.md, "bench/bench_cifar_epoch.py".
 """
 
 from __future__ import annotations

@@ -15,13 +15,7 @@ own copy of the network (same initial weights) and the same in-memory lot (unifo
   dpsgd_ghost_frozen_baseline  the same, clipping engine loaded from git at --baseline
   dpsgd_ghost_all              every layer trainable (k = 5 groups instead of 3)
 
-A DP step is clip + sum + noise + divide by L + SGD update, the whole lot as one physical batch,
-clipping="per_layer", mode="ghost". One torch thread. Repetitions are interleaved (repetition r
-of every lot size and method, then r + 1), the first --warmup are dropped (the ghost engine's
-first call also checks itself against autograd); the CSV gives the median, min and max step
-time, the median (min, max) of per-repetition ratios to the non-private step of the same
-repetition, and the projected epoch: N / L lots (the expected number under Poisson sampling)
-× the median step time. Timings are never asserted by tests.
+Details: docs/PERFORMANCE.md, "bench/bench_frozen.py".
 """
 
 from __future__ import annotations

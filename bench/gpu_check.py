@@ -7,32 +7,8 @@ within 8 minutes.
     # the CPU rehearsal, tiny settings (make gpu-check DEVICE=cpu)
     .venv/bin/python -m bench.gpu_check --device cpu
 
-Runs with an interpreter that has torch (the image's ``python3``), the checkout, and ``.whl/`` built
-by ``make wheelhouse`` (bench/wheelhouse.py). Never uses the network. In order:
 
-setup: install ``.whl/`` offline (``pip install --no-index --no-deps --find-links .whl --target``)
-  into a fresh private folder, put it first on the PYTHONPATH of every process it starts, check that
-  each carried package is imported from it, seed ``data/`` with MNIST from the local archives
-  (``python -m dpsgd.data mnist --no-download``, source ``.whl/data`` unless
-  ``$DPSGD_DATA_SOURCE``), and print the device, driver, CUDA, cuDNN, NCCL and torch versions.
-(a) ``tests/e2e/test_cuda.py`` on the device;
-(b) the step benchmark (``python -m bench.bench_step``, one process per lot: 600, then 4096) for the
-  MNIST MLP, the CIFAR CNN (all layers trained, and its convolutions frozen) and ScatterNet +
-  linear: non-private, ghost, vmap, Opacus hooks and Opacus ghost, interleaved;
-(c) ``python -m dpsgd.train experiment=mnist_medium`` end to end, with its wall time;
-(d) torchrun, 2 processes on the one device (NCCL on CUDA, gloo on the CPU) against 1 process: the
-  same lots, noise draws, ledger and ε, and the same final parameters to float32 summation order;
-  where NCCL refuses two ranks on one GPU, the step says so and why.
-
-Each step has a time budget (``plan``) and runs only if that budget fits in what is left of the
-total (default 480 s, counted from the start, setup included); otherwise one line says it was
-skipped. A step that runs past its budget is stopped and fails. Every line goes to the console and
-to ``gpu_check.log``; the results are ``bench_<device>_step.csv`` (the step benchmark, the device
-named in each row) and ``bench_<device>_check.csv`` (one row per step: status, seconds, budget, what
-it found), in ``results/`` on CUDA and in the work folder (``outputs/gpu_check/<time>/``) on the
-CPU, so that a rehearsal never replaces the committed GPU results. The exit status is 1 when a step
-failed, and the last line names it. Protocol and how to carry ``.whl/`` to an offline node:
-docs/PERFORMANCE.md.
+Details: docs/PERFORMANCE.md, "bench/gpu_check.py".
 """
 
 from __future__ import annotations

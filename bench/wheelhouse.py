@@ -15,11 +15,7 @@ published only as a source archive (antlr4-python3-runtime 4.9.3) is built here 
 so that the offline install never builds anything. torch is never downloaded: the image's is used
 and recorded.
 
-The MNIST archives are copied into ``<dest>/data/MNIST/raw/`` (from the data root, seeded first as
-``python -m dpsgd.data mnist`` does), so that one folder carries everything to an offline node;
-``<dest>/requirements.txt`` lists the pins that ``bench/gpu_check.py`` installs. The whole folder
-must stay under ``MAX_MIB``; its size is printed. The folder is built beside ``dest`` and swapped in
-whole, so an interrupted run never leaves a half wheelhouse.
+Details: docs/PERFORMANCE.md, "bench/wheelhouse.py".
 """
 
 from __future__ import annotations

@@ -12,16 +12,8 @@
     # the timed audit becomes the row's committed run
     python -m experiments.audit_null_space adopt ROW
 
-Each row is one ``python -m dpsgd.audit run`` (in ``outputs/audit_null_space/<row>``,
-``DPSGD_THREADS=1``; its small files copied to ``results/runs/audit_null_space/<row>/``), and for
-the three presets one ``python -m dpsgd.train`` of the same configuration without the audit
-(``<row>_train``), both timed as whole processes. The CSV gives, per audit, every bound's ε_lb
-(family test, order statistics — valid where ``order_stats_independence`` is ``proved`` —, Steinke
-et al., GDP), each over the lots' claim (``eps_claimed_sgd``, as experiments.audit_table computes
-it), the interference (``out_var_ratio``: the excluded canaries' score variance over the claimed
-channel's for the groups the canaries use), the most a canary using k_used of the claim's k groups
-can show (``eps_cap_k_used``: the lots' claim at noise σ√(k/k_used); ``cap_ratio`` over the lots'
-claim at σ) and the wall times.
+
+Details: docs/DEVELOPMENT.md, "experiments/audit_null_space.py".
 """
 
 from __future__ import annotations

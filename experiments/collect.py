@@ -2,26 +2,7 @@
 
     python -m experiments.collect [--roots outputs multirun] [--results results]
 
-Reads every run folder holding ``metrics.csv`` + ``privacy.json`` + ``.hydra/``
-(``experiments.runs``), sorts them into presets and sweep points (``classify``) and writes, one
-writer per file,
-- ``figure3.csv``: the per-epoch rows of the four §5.2 presets (``preset`` column added);
-- ``figure4.csv``: for each private preset and epoch, ε at δ ∈ {1e-5, 1e-4, 1e-3, 1e-2}, recomputed
-  from the run's ledger (privacy.json) truncated to that epoch's lots: moments accountant under the
-  run's convention (the paper's per-tensor charges) and joint, and the tight PLD (joint);
-- ``figure5.csv``: one row per Figure-5 sweep run (panel, parameter, value, accuracies, ε, δ,
-  epochs, lots, stop reason, seed), plus the medium preset run as the centre point of each panel
-  whose parameter it shares (``source = preset:mnist_medium``);
-- ``summary.csv``: one row per run (presets and sweeps), with wall time and hardware;
-- ``figure6.csv``: the per-epoch rows of the CIFAR-10 presets (§5.3, ``experiment=cifar10_*``;
-  ``experiments.figure6``), written only when such runs exist;
-- ``runs/<preset>/{metrics.csv,privacy.json,config.yaml}``: the preset runs as training wrote them.
-
-Only complete runs are taken (privacy.json ``status == "complete"``). Preset runs count only when
-nothing but ``experiment=``, ``seed=`` or ``device=`` was overridden; tiny runs (``dataset.subset``,
-``training.max_steps``) are skipped unless ``--include-tiny``. With several runs of one preset or
-sweep point and seed, the most recent wins (listed on the console) unless ``--run PRESET=DIR`` pins
-one.
+Details: docs/DEVELOPMENT.md, "experiments/collect.py".
 """
 
 from __future__ import annotations

@@ -16,8 +16,7 @@ Curves (one tidy row per (curve, epoch)):
 - ``pld``: the privacy loss distribution, FFT composition, pessimistic discretisation (an upper
   bound).
 
-Every number comes from ``dpsgd.accountant``; nothing is typed in. The PLD curve is computed on a
-epoch grid of its own (``--pld-every``, default every epoch; ~15 s in all).
+Details: docs/DEVELOPMENT.md, "experiments/figure2.py".
 """
 
 from __future__ import annotations

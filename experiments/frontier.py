@@ -1,8 +1,7 @@
 """The privacy–utility frontier: each recipe × target ε × seed, trained, collected, drawn.
 
-    python -m experiments.frontier --dry-run          # the plan and the expected wall time only
-    # run what is missing, collect, draw (make frontier)
-    python -m experiments.frontier
+    python -m experiments.frontier --dry-run  # the plan and the expected wall time only
+    python -m experiments.frontier            # run what is missing, collect, draw (make frontier)
     python -m experiments.frontier --recipes mnist_scatter_linear --eps 2 --seeds 0 1 2
     python -m experiments.frontier --only collect figures
 
@@ -17,8 +16,7 @@ copied to ``results/runs/frontier/<recipe>/eps<ε>_seed<s>/``, which ``collect``
 ``results/README.md`` from that CSV only. The expected wall time comes from each run's config as
 training composes it (``experiments.planning``).
 
-Hyperparameters are the literature's (each preset names its source); they were not tuned on the test
-set, and the tuning behind the published values is not charged (Papernot & Steinke 2022).
+Details: docs/FRONTIER.md, "experiments/frontier.py".
 """
 
 from __future__ import annotations

@@ -8,19 +8,7 @@
     # sweeps through a Hydra launcher (make paper LAUNCHER=joblib)
     python -m experiments.paper --launcher joblib
 
-Each training job is a subprocess ``python -m dpsgd.train ...`` (presets: ``experiment=<name>``;
-Figure-5 panels: ``-m +sweep=<name>``), at most ``--jobs`` at a time, each with OMP_NUM_THREADS=1
-and its console output in ``outputs/paper_logs/<job>.log``. With ``--launcher <name>`` the four
-presets are one multirun (``-m experiment=a,b,c,d``, under ``multirun/presets/``) and each panel
-another, each run by that Hydra launcher (experiments/jobs.py): joblib or submitit_local spread a
-multirun's points over this machine's cores, one multirun at a time; a SLURM launcher submits them
-all. Runs land in Hydra's own folders (``outputs/``, ``multirun/``); ``experiments.collect`` then
-writes the tidy CSVs into results/.
-
-The expected wall time is printed before anything starts: the number of epochs each job needs
-(from the accountant: lots within the ε budget, or the preset's epoch count; each run's config
-composed from conf/ by ``experiments.planning``) times the seconds per epoch measured in the
-committed medium-preset run (``--sec-per-epoch`` overrides it).
+Details: docs/DEVELOPMENT.md, "experiments/paper.py".
 """
 
 from __future__ import annotations

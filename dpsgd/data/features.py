@@ -15,12 +15,7 @@ Oyallon & Mallat 2015 instead of pixels. The transform has no parameters learned
 Privacy: a fixed per-example map of the inputs changes nothing in the analysis of DP-SGD (the
 neighbouring datasets still differ in one example); no ledger entry is made.
 
-The coefficients of each split are computed once and cached under ``<data root>/features/``, keyed
-by a SHA-256 of (the data archives' md5s, the split and its number of images, J, L, kymatio's and
-this format's version); a subset's are sliced from the full split's when that is cached (the
-normalisation is applied after the cache: it is cheap). A cache file carries the SHA-256 of its
-tensor; a file whose key or hash does not match is recomputed and replaced (with a line saying so),
-never used.
+Details: docs/FRONTIER.md, "dpsgd/data/features.py".
 """
 
 from __future__ import annotations

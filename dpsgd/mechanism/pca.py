@@ -1,5 +1,4 @@
-"""Input projections: differentially private PCA (Abadi et al. 2016, §4 "DP-PCA") and random
-projection.
+"""Input projections: DP-PCA (Abadi et al. 2016, §4 "DP-PCA") and random projection.
 
 DP-PCA, as in the paper's code (``dp_pca.py``, ``ComputeDPPrincipalProjection``):
 

@@ -8,16 +8,7 @@ statement.
                                checkpoint.pt)
     <sweep>/logs/c00.log       its output
 
-Write-ahead: K, the candidates and their seeds are in tuning.json before the first run starts, so a
-killed sweep resumes the same plan (``--resume``): finished candidates are kept, an interrupted one
-is resumed from its checkpoint (``python -m dpsgd.train resume=<dir>``; its ledger then charges
-every lot it reserved), and one killed before its first checkpoint is set aside (``c03.aborted1``)
-and charged as one more full run of its point; a folder whose checkpoint is not that candidate's run
-(its fingerprint and overrides differ from the plan's) is never resumed as it
-(``check_candidate_folders``). Candidates that fail count as run. The statement always
-covers all K candidates: its base curve is the per-order maximum of the grid's planned curves and of
-every candidate's charged curve (its ledger, its aborted attempts, its score), so it is never below
-what ran.
+Details: docs/TUNING.md, "dpsgd/tune/sweep.py".
 """
 
 from __future__ import annotations

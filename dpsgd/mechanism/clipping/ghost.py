@@ -13,22 +13,8 @@ T = sequence length, or the number of output pixels of a Conv2d after unfolding 
   so there is no second backward pass. Where explicit per-example products were formed for the
   norms and fit the memory budget, they are reused instead: Σ_i c_i g_i as one weighted sum.
 
-One forward pass records each layer's input a and the autograd edge of its output; one
-``torch.autograd.grad`` call returns only the gradients w.r.t. those outputs (autograd never forms
-the weight gradients). A first call is checked once against plain autograd (engine.py).
-Each module owning trainable parameters (``groups.owners``) gets the layer rule registered for its
-type (``registry.py``; Linear, Conv2d and GroupNorm in layers.py). Parameter-bearing leaf modules
-without a rule (LayerNorm, Embedding, ...) get their per-example gradients from ``vmap`` over that
-module alone, using the same a and b (hybrid).
 
-Augmentation multiplicity K (De et al. 2022): x holds B·K rows, example i's K augmented copies in
-rows iK .. iK+K−1, and y holds B labels. The loss is Σ_i (1/K) Σ_k ℓ(θ, x_ik), so b carries the
-1/K; each layer rule sums an example's K rows before its norm (layers.py), and the clipped sum
-repeats the example's factor over its rows. One forward and one backward pass over B·K rows.
-
-Per-example weights w (engine.py; the zero-weight padding of fixed-shape lots): the backward pass is
-the unweighted one (so the norms are), and w_i multiplies example i's clip factor, c_i ← w_i c_i,
-before the book-keeping sums; the reported loss is Σ_i w_i loss_i.
+Details: docs/PERFORMANCE.md, "dpsgd/mechanism/clipping/ghost.py".
 """
 
 from __future__ import annotations
