@@ -5,7 +5,6 @@ goes.
     python -m bench.bench_run
     python -m bench.bench_run --epochs 2 --repeats 1 --out /tmp/r.csv     # smoke run
 
-
 Details: docs/PERFORMANCE.md, "bench/bench_run.py".
 """
 

@@ -7,7 +7,6 @@ within 8 minutes.
     # the CPU rehearsal, tiny settings (make gpu-check DEVICE=cpu)
     .venv/bin/python -m bench.gpu_check --device cpu
 
-
 Details: docs/PERFORMANCE.md, "bench/gpu_check.py".
 """
 

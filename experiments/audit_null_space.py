@@ -12,7 +12,6 @@
     # the timed audit becomes the row's committed run
     python -m experiments.audit_null_space adopt ROW
 
-
 Details: docs/DEVELOPMENT.md, "experiments/audit_null_space.py".
 """
 

@@ -2,6 +2,9 @@
 
     python -m experiments.collect [--roots outputs multirun] [--results results]
 
+Writes ``figure3.csv``, ``figure4.csv``, ``figure5.csv``, ``summary.csv``, ``figure6.csv`` (when
+CIFAR-10 runs exist) and ``runs/<preset>/``, from complete runs only.
+
 Details: docs/DEVELOPMENT.md, "experiments/collect.py".
 """
 

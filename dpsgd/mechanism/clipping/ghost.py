@@ -13,7 +13,6 @@ T = sequence length, or the number of output pixels of a Conv2d after unfolding 
   so there is no second backward pass. Where explicit per-example products were formed for the
   norms and fit the memory budget, they are reused instead: Σ_i c_i g_i as one weighted sum.
 
-
 Details: docs/PERFORMANCE.md, "dpsgd/mechanism/clipping/ghost.py".
 """
 
