@@ -53,7 +53,8 @@ def bench_pld_10k(repeats=3):
 
 
 def bench_per_call_70k(accountant, convention, sigma=2.0, groups=2, calls=5):
-    """Mean cost of one led.epsilon at ~70,000 lots after the curves are cached (one epoch apart)."""
+    """Mean cost of one led.epsilon at ~70,000 lots after the curves are cached (one epoch
+    apart)."""
     led = Ledger()
     led.record(Poisson(0.01, sigma, groups), 69_000)
     led.epsilon(DELTA, accountant, convention)  # warm the per-(q, σ) caches

@@ -1,35 +1,19 @@
-"""One full epoch of the paper's CIFAR-10 training (§5.3), DP and non-private, and what each preset costs.
+"""One full epoch of the paper's CIFAR-10 training (§5.3), DP and non-private, and what each preset
+costs.
 
-    python -m bench.bench_cifar_epoch                   # writes results/bench_cifar_epoch.csv (minutes)
-    python -m bench.bench_cifar_epoch --n 500 --out /tmp/x.csv   # a smoke run: 500 images, lots × 1/100
+    # writes results/bench_cifar_epoch.csv (minutes)
+    python -m bench.bench_cifar_epoch
+    # a smoke run: 500 images, lots × 1/100
+    python -m bench.bench_cifar_epoch --n 500 --out /tmp/x.csv
 
-Abadi et al. 2016, §5.3: `CifarCNN` with its convolutions pretrained on CIFAR-100 (public) and frozen,
-DP-SGD on the three dense layers, per-layer clipping C = 3, σ = 6, Poisson lots of expected size
-L = 2000 (ε = 2) or 4000 (ε = 4, 8) out of N = 50 000 images, δ = 1e-5. Inputs are random, of the
-real shape (3×24×24, uniform [0, 1), 10 classes), held in memory as training holds CIFAR-10; the
+Abadi et al. 2016, §5.3: `CifarCNN` with its convolutions pretrained on CIFAR-100 (public) and
+frozen, DP-SGD on the three dense layers, per-layer clipping C = 3, σ = 6, Poisson lots of expected
+size L = 2000 (ε = 2) or 4000 (ε = 4, 8) out of N = 50 000 images, δ = 1e-5. Inputs are random, of
+the real shape (3×24×24, uniform [0, 1), 10 classes), held in memory as training holds CIFAR-10; the
 training-time augmentation is not part of the timed step. ``--n`` scales the data set and every lot
 size by n/N (q unchanged), for smoke runs.
 
-The settings of each preset come from ``conf/experiment/<preset>.yaml`` when that file exists, else
-from the paper (`experiments.claims.CIFAR10_PRESETS`); column ``setting`` says which. Rows (``kind``):
-
-  epoch    one epoch of Poisson lots (q = L/N, round(N/L) lots; the same lots for both methods) at each
-           preset's L: ``dpsgd_ghost_frozen`` (`dpsgd.mechanism.optim.DPSGD.step`, ghost engine) and
-           ``nonprivate`` (plain autograd + SGD, convolutions frozen). ``seconds`` is wall time,
-           ``cpu_s`` the process's CPU time (one thread: what an idle machine's wall time would be;
-           a shared machine inflates wall time, see the load columns); examples/s and the ratio to the
-           non-private epoch at the same L from the CPU time.
-  eval     the evaluation training runs after every epoch (`dpsgd.run.evaluate.evaluate` on the N training
-           and the test images, batches of `training.eval_batch_size`).
-  preset   lots until the preset's target ε under its accounting (the paper's: moments accountant,
-           per-tensor charges, k = the clipper's groups; `dpsgd.accountant.Ledger.steps_within`), in
-           epochs (capped by its epoch count), the valid ε (joint, PLD) there, and the projected time
-           = epochs × (epoch + eval / its training.eval_every) CPU seconds. A non-private preset runs
-           its epoch count.
-
-One torch thread; a warm-up lot per method first (the ghost engine's first call checks itself
-against autograd); ``--reps`` epochs per method, interleaved, median reported. Step helpers come
-from `bench/bench_frozen.py`. Timings are never asserted by tests.
+Details: docs/PERFORMANCE.md, "bench/bench_cifar_epoch.py".
 """
 
 from __future__ import annotations
@@ -200,8 +184,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not 1 <= args.n <= N or args.n_test < 0 or args.reps < 1:
         ap.error(
-            f"--n={args.n}, --n-test={args.n_test}, --reps={args.reps}: need 1 <= n <= {N}, n-test >= 0, "
-            "reps >= 1"
+            f"--n={args.n}, --n-test={args.n_test}, --reps={args.reps}: need 1 <= n <= {N}, "
+            "n-test >= 0, reps >= 1"
         )
     settings = preset_settings()
     dp_lots = sorted({p["lot_size"] for p in settings.values() if p["sigma"] > 0})
@@ -297,8 +281,8 @@ def main(argv=None):
             f"{r['seconds']} s wall, {r['cpu_s']} s CPU, {r['examples_per_s']} ex/s, "
             f"x{r.get('ratio_to_nonprivate', '')}"
             if r["kind"] != "preset"
-            else f"{r['preset_lots']} lots = {r['epochs']} epochs, ε_pld_joint {r.get('epsilon_pld_joint', '-')}, "
-            f"projected {r['projected_h']} h ({r['setting']})"
+            else f"{r['preset_lots']} lots = {r['epochs']} epochs, ε_pld_joint "
+            f"{r.get('epsilon_pld_joint', '-')}, projected {r['projected_h']} h ({r['setting']})"
         )
         print(f"{r['kind']:6} {r['name']:20} L={r.get('lot', '')!s:>5}  {what}")
     return rows

@@ -1,6 +1,8 @@
-"""Benchmark data-parallel DP-SGD (dpsgd/run/distributed.py): 1 vs P processes, and the all-reduce's share.
+"""Benchmark data-parallel DP-SGD (dpsgd/run/distributed.py): 1 vs P processes, and the all-reduce's
+share.
 
-    python -m bench.bench_distributed                  # lots 600 and 6000, 1 and 2 processes (gloo, CPU)
+    # lots 600 and 6000, 1 and 2 processes (gloo, CPU)
+    python -m bench.bench_distributed
     python -m bench.bench_distributed --quick          # smoke run
     python -m bench.bench_distributed --lots 600 --processes 1,2,4 --out /tmp/d.csv
 
@@ -10,14 +12,7 @@ C = 4, σ = 4. Each timed step is the training loop's: a Poisson lot (q = L/N, N
 every rank's identical sampler, this rank's share of it, ``DPSGD.step`` with the
 ``distributed.Aggregator`` (one all-reduce of the flat clipped sums, noise once, update).
 
-Rows per (lot, processes): ``plain`` is one process without a process group (what
-``python -m dpsgd.train`` runs); ``torch.distributed`` is P ranks (fork, file:// rendezvous, gloo).
-Repetitions are blocks of ``--steps`` lots; medians over ``--reps`` blocks (after one warm-up
-block) of rank 0's wall time per lot. ``allreduce_ms`` is the time inside the all-reduce during
-training (it includes waiting for the slower rank); ``allreduce_bare_ms`` is an all-reduce of the
-same buffer right after a barrier (communication alone). ``allreduce_bytes`` is the buffer per lot.
-The 1-minute load average before each configuration is recorded: on a shared machine it moves
-every number.
+Details: docs/PERFORMANCE.md, "bench/bench_distributed.py".
 """
 
 from __future__ import annotations
@@ -73,7 +68,8 @@ def _measure(
     out: str | None,
     subset: int | None = None,
 ):
-    """Run on each rank (or alone when ``init_file`` is None); rank 0 writes its timings to ``out``."""
+    """Run on each rank (or alone when ``init_file`` is None); rank 0 writes its timings to
+    ``out``."""
     from dpsgd.run import distributed
     from dpsgd.mechanism.clipping import PerExampleClipper
     from dpsgd.models.networks import MLP

@@ -1,10 +1,11 @@
-"""Evaluation of the MNIST network with and without row chunks (``dpsgd/run/evaluate.py:EVAL_ROWS``).
+"""Evaluation of the MNIST network with and without row chunks
+(``dpsgd/run/evaluate.py:EVAL_ROWS``).
 
     python -m bench.bench_eval [--reps 9] [--out results/bench_eval.csv]
 
 One epoch's evaluation as a run makes it (``evaluate`` on 60 000 training rows and 10 000 test rows,
-``training.eval_batch_size`` = 10 000, one thread) of the paper's network (PCA-60 → 1000 ReLU → 10, no
-biases, its initialisation) on Gaussian inputs of the projected data's scale, for each row chunk:
+``training.eval_batch_size`` = 10 000, one thread) of the paper's network (PCA-60 → 1000 ReLU → 10,
+no biases, its initialisation) on Gaussian inputs of the projected data's scale, for each row chunk:
 one forward pass per batch (the code before the chunks) and 256, 1024 (the default) and 4096 rows.
 The settings alternate within each repetition, so background load hits them alike; medians over
 ``--reps``. Every setting must return the very same (loss, accuracy) as one pass per batch, or the

@@ -10,17 +10,12 @@ own copy of the network (same initial weights) and the same in-memory lot (unifo
 24×24×3 inputs, 10 classes):
 
   nonprivate                   frozen convolutions, plain autograd of the mean loss + SGD
-  dpsgd_ghost_frozen           frozen convolutions, `dpsgd.mechanism.optim.DPSGD.step` with the ghost engine
+  dpsgd_ghost_frozen           frozen convolutions, `dpsgd.mechanism.optim.DPSGD.step` with the
+                               ghost engine
   dpsgd_ghost_frozen_baseline  the same, clipping engine loaded from git at --baseline
   dpsgd_ghost_all              every layer trainable (k = 5 groups instead of 3)
 
-A DP step is clip + sum + noise + divide by L + SGD update, the whole lot as one physical batch,
-clipping="per_layer", mode="ghost". One torch thread. Repetitions are interleaved (repetition r
-of every lot size and method, then r + 1), the first --warmup are dropped (the ghost engine's
-first call also checks itself against autograd); the CSV gives the median, min and max step
-time, the median (min, max) of per-repetition ratios to the non-private step of the same
-repetition, and the projected epoch: N / L lots (the expected number under Poisson sampling)
-× the median step time. Timings are never asserted by tests.
+Details: docs/PERFORMANCE.md, "bench/bench_frozen.py".
 """
 
 from __future__ import annotations
@@ -74,8 +69,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @functools.lru_cache(maxsize=None)
 def clipper_at(rev: str):
-    """`PerExampleClipper` of dpsgd/mechanism/clipping as committed at `rev`, imported beside the current one
-    (as package dpsgd._clipping_<sha>: its relative imports of dpsgd.models.networks/runtime resolve)."""
+    """`PerExampleClipper` of dpsgd/mechanism/clipping as committed at `rev`, imported beside the
+    current one (as package dpsgd._clipping_<sha>: its relative imports of
+    dpsgd.models.networks/runtime resolve)."""
     sha = subprocess.run(
         ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"],
         cwd=ROOT,

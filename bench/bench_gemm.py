@@ -6,9 +6,10 @@ The ghost engine's book-keeping sum for a Linear layer on 2-D input is one produ
 G = (c ⊙ b)ᵀ a, G of shape [p, d] (p outputs, d inputs, B examples). The same numbers come out of
 (aᵀ (c ⊙ b))ᵀ: a [d, p] product and a transposed copy. CPU BLAS speed depends on the output's shape,
 so the engine takes the transposed route when the layer widens its input p ≥ WIDE_OUTPUT·d times
-(``dpsgd.mechanism.clipping.layers.transposed_weight_sum``). This script times both routes for the weight shapes of the bench's
-models and a few others, interleaved (round r of every shape and route, then round r + 1, ...),
-1 torch thread, tuned allocator, as bench_step; median of the rounds after one warm-up round.
+(``dpsgd.mechanism.clipping.layers.transposed_weight_sum``). This script times both routes for the
+weight shapes of the bench's models and a few others, interleaved (round r of every shape and route,
+then round r + 1, ...), 1 torch thread, tuned allocator, as bench_step; median of the rounds after
+one warm-up round.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
-"""Benchmark a whole training run, not just its step: where the time of ``python -m dpsgd.train`` goes.
+"""Benchmark a whole training run, not just its step: where the time of ``python -m dpsgd.train``
+goes.
 
-    python -m bench.bench_run                          # mnist_medium, 5 epochs, DP and non-private, 3 repeats
+    # mnist_medium, 5 epochs, DP and non-private, 3 repeats
+    python -m bench.bench_run
     python -m bench.bench_run --epochs 2 --repeats 1 --out /tmp/r.csv     # smoke run
 
-Each measurement is one fresh child process running the real command line (``dpsgd.launch.main.train_main``) on
-``--experiment`` for ``--epochs`` epochs, privately and with ``privacy.private=false`` (the same lots,
-model and evaluation), alternating so that drifts in background load hit both alike. Inside the
-child, timers wrap the pieces of a run (monkeypatched, nothing else changes), and the rows give, in
-seconds:
-
-- ``startup``: from the child's start (interpreter, imports, Hydra, data, DP-PCA, building) to its
-  first lot; ``imports``: the part of it spent importing ``dpsgd.train``;
-- ``steps``: inside ``DPSGD.step`` (clip, sum, noise, update); ``lots``: the epoch loops, of which
-  ``per_lot_outside_step`` = ``lots`` − ``steps`` (reservation, indexing, augmentation, charge, lot
-  digest, EMA);
-- ``evaluation`` (train and test metrics), ``accounting`` (ε under every accountant, each epoch),
-  ``writes`` (metrics rows, privacy.json, checkpoints);
-- ``total``: the child's wall time, start to exit.
-
-The 1-minute load average before each child and the CPU are recorded: on a busy machine the numbers
-are slower, not wrong, and the DP / non-private ratio is what the rows are for.
+Details: docs/PERFORMANCE.md, "bench/bench_run.py".
 """
 
 from __future__ import annotations
@@ -62,7 +48,8 @@ COLUMNS = [
 
 
 def child(args: list[str], out: str, t_process: float) -> None:
-    """Run ``python -m dpsgd.train args`` in this process with the pieces timed; write them to ``out``."""
+    """Run ``python -m dpsgd.train args`` in this process with the pieces timed; write them to
+    ``out``."""
     t0 = time.perf_counter()
     from dpsgd import train
     from dpsgd.launch.main import train_main
@@ -173,9 +160,9 @@ def main(argv: list[str] | None = None) -> None:
                     for p in PHASES
                 ]
                 print(
-                    f"repeat {r} {'DP' if private else 'non-private'}: total {res['seconds']['total']:.2f} s, "
-                    f"startup {res['seconds']['startup']:.2f} s, steps {res['seconds']['steps']:.2f} s "
-                    f"(load {load:.1f})",
+                    f"repeat {r} {'DP' if private else 'non-private'}: total "
+                    f"{res['seconds']['total']:.2f} s, startup {res['seconds']['startup']:.2f} s, "
+                    f"steps {res['seconds']['steps']:.2f} s (load {load:.1f})",
                     flush=True,
                 )
     write_csv(rows, a.out, COLUMNS)

@@ -2,34 +2,10 @@
 
     python -m bench.bench_step            # full protocol, writes results/bench.csv
     python -m bench.bench_step --quick    # smoke run (few repetitions, small CNN lot)
-    python -m bench.bench_step --processes 1 --models mnist_pca60_mlp1000 --methods nonprivate,dpsgd_ghost
+    python -m bench.bench_step --processes 1 --models mnist_pca60_mlp1000 \\
+        --methods nonprivate,dpsgd_ghost
 
-Protocol: every method steps on the same in-memory lot; repetitions are interleaved
-(repetition 1 of every method, then repetition 2, ...) so that load drifts hit all methods alike;
-the first `--warmup` repetitions are dropped and medians of the rest are reported: the step time,
-and the ratio to non-private SGD as the median of per-repetition ratios (each method's block over
-the non-private block of the same repetition, so drifts in machine speed cancel). A repetition
-is a block of consecutive steps, as a training loop runs them (`--block-s` seconds' worth, the
-count fixed per method from one timed step; `--block-s 0` times single steps). The whole protocol
-runs in `--processes` fresh processes one after the other (default 3); the CSV gives the median
-step time and the median, min and max of the in-process ratio to non-private SGD, because a
-process's memory layout alone moved the MNIST ratio by several hundredths on the 2-core CPU.
-A DP step is the lead's `dpsgd.mechanism.optim.DPSGD.step` (noise, clip, sum, divide by L, SGD update),
-one physical batch = the whole lot, global clipping (Opacus' default, for a like-for-like
-comparison), C = 1, σ = 1. Opacus runs through `PrivacyEngine.make_private` (poisson_sampling off;
-the lot is fed directly) with grad_sample_mode "hooks" and "ghost".
-
-Peak memory: CUDA — torch.cuda.max_memory_allocated() during one step minus the allocation before
-it. CPU — in a fresh child process per (model, method), with MALLOC_MMAP_THRESHOLD_=64 KiB so that
-freed tensors leave the resident set, after one warm-up step on a single example (library
-initialisation): peak resident set (VmHWM) during one step on the lot minus the resident set
-before it. Before that baseline every parameter's .grad (and Opacus' grad_sample) from the warm-up is dropped,
-so each method's step is measured from the same state and its own gradient buffers are counted
-(a non-private step's .grad included). This counts activations, gradients, per-example buffers
-and what the step keeps, not the model or the data.
-
-Timing runs in a process tuned as training is (``dpsgd.core.runtime.tune_allocator``: glibc keeps
-freed per-step buffers instead of re-faulting them; it applies to every method alike).
+Details: docs/PERFORMANCE.md, "bench/bench_step.py".
 """
 
 from __future__ import annotations
@@ -85,7 +61,8 @@ def models(quick: bool, lot: int | None, cnn_lot: int | None):
         ("mnist_raw784_mlp1000", lambda: MLP(784, (1000,), 10, bias=False), (784,), mlp_lot),
         ("cifar_cnn", lambda: CifarCNN(10), (3, 24, 24), cnn),
         ("mnist_tanh_cnn", lambda: TanhCNN(), (784,), cnn),  # Tramèr & Boneh's lot: 512
-        # the paper's §5.3 setting: convolutions pretrained on CIFAR-100 and frozen, dense layers trained
+        # the paper's §5.3 setting: convolutions pretrained on CIFAR-100 and frozen, dense layers
+        # trained
         ("cifar_cnn_frozen", lambda: _frozen_convs(CifarCNN(10)), (3, 24, 24), cnn),
         # Tramèr & Boneh's ScatterNet + linear on MNIST: 81 × 7 × 7 scattering coefficients
         (
@@ -478,9 +455,9 @@ def main(argv=None):
                 scan.append((name, factory, shape, lot))
         chosen = scan
     log(
-        f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}, "
-        f"reps {reps} after {warmup} warm-up, blocks of {args.block_s} s, allocator tuned: {tuned}, "
-        f"tf32 {args.tf32}"
+        f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}, reps {reps} "
+        f"after {warmup} warm-up, blocks of {args.block_s} s, allocator tuned: {tuned}, tf32 "
+        f"{args.tf32}"
     )
     rows, oom = [], set()
     for name, factory, shape, lot in chosen:

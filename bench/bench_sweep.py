@@ -1,15 +1,16 @@
 """Wall time of one small sweep run one job after another (Hydra's basic launcher) against the same
 sweep through ``hydra/launcher=joblib`` (docs/SCALING.md, "Sweeps on a cluster").
 
-    python -m bench.bench_sweep [--jobs 4] [--max-steps 300] [--reps 2] [--out results/bench_sweep.csv]
+    python -m bench.bench_sweep [--jobs 4] [--max-steps 300] [--reps 2] \\
+        [--out results/bench_sweep.csv]
 
 The sweep: the medium preset (``experiment=mnist_medium``, full MNIST, DP-PCA, lot 600) over seeds
-0..jobs-1, each run cut at ``--max-steps`` lots, on the CPU. Repetitions alternate the launchers (basic,
-joblib, joblib, basic, ...) so that a change in the machine's load hits both. No thread variable is
-set: the basic launcher's single job takes the usual policy (1 thread on <= 2 cores), the joblib
-jobs take their share of the cores (dpsgd/core/runtime.py:thread_policy). One row per sweep: wall time of
-the command, the summed ``wall_time_s`` of its runs, the 1-minute load average before it started.
-Timings are never asserted anywhere.
+0..jobs-1, each run cut at ``--max-steps`` lots, on the CPU. Repetitions alternate the launchers
+(basic, joblib, joblib, basic, ...) so that a change in the machine's load hits both. No thread
+variable is set: the basic launcher's single job takes the usual policy (1 thread on <= 2 cores),
+the joblib jobs take their share of the cores (dpsgd/core/runtime.py:thread_policy). One row per
+sweep: wall time of the command, the summed ``wall_time_s`` of its runs, the 1-minute load average
+before it started. Timings are never asserted anywhere.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ def main(argv=None) -> int:
     atomic_write_text(args.out, df.to_csv(index=False))
     med = df.groupby("launcher")["wall_s"].median()
     print(
-        f"median wall: basic {med.get('basic', float('nan')):.1f} s, joblib {med.get('joblib', float('nan')):.1f} s "
-        f"-> {args.out}"
+        f"median wall: basic {med.get('basic', float('nan')):.1f} s, joblib "
+        f"{med.get('joblib', float('nan')):.1f} s -> {args.out}"
     )
     return 0
 

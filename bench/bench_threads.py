@@ -1,24 +1,14 @@
 """Benchmark torch's intra-op thread count for the paper's MNIST DP step, idle and under CPU load.
 
-    python -m bench.bench_threads                    # full protocol, writes results/bench_threads.csv
+    # full protocol, writes results/bench_threads.csv
+    python -m bench.bench_threads
     python -m bench.bench_threads --repeats 2 --steps 5 --out /tmp/t.csv   # smoke run
 
 Question: on a small CPU machine that other processes also use, does torch's default thread count
 (one per core) lose to a single thread? (Oversubscription: torch's OpenMP workers spin and wait for
 each other, and a busy core delays every parallel region.)
 
-Workload: ``--steps`` consecutive DP-SGD steps (``dpsgd.mechanism.optim.DPSGD.step``) of the paper's MNIST
-network (DP-PCA input of 60 dims, 1000 ReLU hidden units, no biases, §5.2), per-layer clipping
-(k = 2 groups), C = 4, σ = 4, lot L = 600 as one physical batch, the engine the trainer picks
-(``grad_sample_mode="auto"``), after 5 warm-up steps. Each measurement runs in a fresh child process
-started with ``OMP_NUM_THREADS = torch threads = n``, so each thread count gets its own OpenMP pool.
-
-Load: ``load`` = number of competing CPU-bound processes (``python -c "while True: pass"``, not
-pinned) started before and stopped after the measurement. The machine may carry other load as well;
-each row records the 1-minute load average read just before the child started (spinners included
-once they have run a while). Repetitions are interleaved (repeat r: every (load, threads) pair, the
-thread order alternating with r) so that drifts in background load hit every configuration alike;
-medians and spreads are printed per (threads, load).
+Details: docs/PERFORMANCE.md, "bench/bench_threads.py".
 """
 
 from __future__ import annotations
@@ -38,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def child(threads: int, steps: int) -> float:
-    """Seconds for ``steps`` DP-SGD steps of the paper's MNIST model with ``threads`` intra-op threads."""
+    """Seconds for ``steps`` DP-SGD steps of the paper's MNIST model with ``threads`` intra-op
+    threads."""
     import torch
 
     from dpsgd.mechanism.clipping import PerExampleClipper
@@ -128,7 +119,8 @@ def run(thread_counts, loads, repeats: int, steps: int, settle_s: float) -> list
                         }
                     )
                     print(
-                        f"repeat {r} load {load} threads {n}: {s:.3f} s ({steps} steps, loadavg {la:.2f})",
+                        f"repeat {r} load {load} threads {n}: {s:.3f} s ({steps} steps, loadavg "
+                        f"{la:.2f})",
                         flush=True,
                     )
             finally:

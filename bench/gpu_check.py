@@ -1,34 +1,13 @@
-"""``make gpu-check``: a CUDA machine, even an offline node, from a bare checkout to GPU results within 8 minutes.
+"""``make gpu-check``: a CUDA machine, even an offline node, from a bare checkout to GPU results
+within 8 minutes.
 
     python3 -m bench.gpu_check                        # on the GPU machine (make gpu-check)
-    python3 -m bench.gpu_check --out-dir /tmp/out     # also copy the outputs there (make gpu-check GPU_OUT=...)
-    .venv/bin/python -m bench.gpu_check --device cpu  # the CPU rehearsal, tiny settings (make gpu-check DEVICE=cpu)
+    # also copy the outputs there (make gpu-check GPU_OUT=...)
+    python3 -m bench.gpu_check --out-dir /tmp/out
+    # the CPU rehearsal, tiny settings (make gpu-check DEVICE=cpu)
+    .venv/bin/python -m bench.gpu_check --device cpu
 
-Runs with an interpreter that has torch (the image's ``python3``), the checkout, and ``.whl/`` built by
-``make wheelhouse`` (bench/wheelhouse.py). Never uses the network. In order:
-
-setup: install ``.whl/`` offline (``pip install --no-index --no-deps --find-links .whl --target``) into
-  a fresh private folder, put it first on the PYTHONPATH of every process it starts, check that each
-  carried package is imported from it, seed ``data/`` with MNIST from the local archives
-  (``python -m dpsgd.data mnist --no-download``, source ``.whl/data`` unless ``$DPSGD_DATA_SOURCE``),
-  and print the device, driver, CUDA, cuDNN, NCCL and torch versions.
-(a) ``tests/e2e/test_cuda.py`` on the device;
-(b) the step benchmark (``python -m bench.bench_step``, one process per lot: 600, then 4096) for the
-  MNIST MLP, the CIFAR CNN (all layers trained, and its convolutions frozen) and ScatterNet + linear:
-  non-private, ghost, vmap, Opacus hooks and Opacus ghost, interleaved;
-(c) ``python -m dpsgd.train experiment=mnist_medium`` end to end, with its wall time;
-(d) torchrun, 2 processes on the one device (NCCL on CUDA, gloo on the CPU) against 1 process: the
-  same lots, noise draws, ledger and ε, and the same final parameters to float32 summation order;
-  where NCCL refuses two ranks on one GPU, the step says so and why.
-
-Each step has a time budget (``plan``) and runs only if that budget fits in what is left of the total
-(default 480 s, counted from the start, setup included); otherwise one line says it was skipped. A step
-that runs past its budget is stopped and fails. Every line goes to the console and to
-``gpu_check.log``; the results are ``bench_<device>_step.csv`` (the step benchmark, the device named in
-each row) and ``bench_<device>_check.csv`` (one row per step: status, seconds, budget, what it found),
-in ``results/`` on CUDA and in the work folder (``outputs/gpu_check/<time>/``) on the CPU, so that a
-rehearsal never replaces the committed GPU results. The exit status is 1 when a step failed, and the
-last line names it. Protocol and how to carry ``.whl/`` to an offline node: docs/PERFORMANCE.md.
+Details: docs/PERFORMANCE.md, "bench/gpu_check.py".
 """
 
 from __future__ import annotations
@@ -200,8 +179,8 @@ def stream(
 
 
 def child_env(site: Path, hide: list[str], device: str) -> dict:
-    """The environment of every process the check starts: the target folder first, the guards, no pip
-    index or configuration, unbuffered output."""
+    """The environment of every process the check starts: the target folder first, the guards, no
+    pip index or configuration, unbuffered output."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     path = [str(site), str(GUARD), str(REPO)] + (
         [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
@@ -272,7 +251,8 @@ def install(py: str, wheels: Path, site: Path, env: dict, log: Log, timeout: flo
         f"names = {[n for names, _ in WHEELS.values() for n in names]!r}\n"
         "files = {n: getattr(importlib.import_module(n), '__file__', None) or "
         "list(importlib.import_module(n).__path__)[0] for n in names}\n"
-        f"print(json.dumps({{'files': files, 'versions': {{d: m.version(d) for d in {list(WHEELS)!r}}}}}))"
+        f"print(json.dumps({{'files': files, 'versions': {{d: m.version(d) for d in "
+        f"{list(WHEELS)!r}}}}}))"
     )
     rc, tail = stream([py, "-c", probe], env, timeout, log)
     if rc != 0:
@@ -378,7 +358,8 @@ def step_tests(ctx: Ctx, budget: float) -> Outcome:
     )
 
 
-BENCH = {  # device -> lots (in order), models, bench_step options, seconds each lot is expected to take
+# device -> lots (in order), models, bench_step options, seconds each lot is expected to take
+BENCH = {
     "cuda": dict(
         lots=(600, 4096),
         models="mnist_pca60_mlp1000,cifar_cnn,cifar_cnn_frozen,scatter_linear",
@@ -395,9 +376,10 @@ BENCH = {  # device -> lots (in order), models, bench_step options, seconds each
 
 
 def step_bench(ctx: Ctx, budget: float) -> Outcome:
-    """One bench_step process per lot, each only if its expected time fits in what is left of the step's
-    budget; the rows of every lot in one CSV. A lot stopped at the budget keeps the models it finished
-    (bench_step rewrites its CSV after each) and is noted, not failed; a method missing everywhere fails."""
+    """One bench_step process per lot, each only if its expected time fits in what is left of the
+    step's budget; the rows of every lot in one CSV. A lot stopped at the budget keeps the models it
+    finished (bench_step rewrites its CSV after each) and is noted, not failed; a method missing
+    everywhere fails."""
     from bench.bench_step import COLUMNS, METHODS
 
     b, t0, rows, notes, failed = BENCH[ctx.device], time.monotonic(), [], [], False
@@ -405,7 +387,8 @@ def step_bench(ctx: Ctx, budget: float) -> Outcome:
         left = budget - (time.monotonic() - t0)
         if b["lot_s"] > left:
             ctx.log(
-                f"(b) lot {lot}: skipped, expected {b['lot_s']:.0f} s, {left:.0f} s left of the step's budget"
+                f"(b) lot {lot}: skipped, expected {b['lot_s']:.0f} s, {left:.0f} s left of the "
+                "step's budget"
             )
             notes.append(f"lot {lot} skipped")
             continue
@@ -555,8 +538,9 @@ def step_torchrun(ctx: Ctx, budget: float) -> Outcome:
 
 
 def compare_runs(one: Path, two: Path) -> tuple[bool, str]:
-    """A 2-process run against the 1-process run of the same config: what tests/run/test_distributed.py
-    checks on the CPU, here on the device. Returns (equal, one line)."""
+    """A 2-process run against the 1-process run of the same config: what
+    tests/run/test_distributed.py checks on the CPU, here on the device. Returns (equal, one
+    line)."""
     import torch
 
     from dpsgd.run.checkpoint import load_checkpoint
@@ -571,8 +555,8 @@ def compare_runs(one: Path, two: Path) -> tuple[bool, str]:
         "2 processes recorded": pb["distributed"]["world_size"] == 2,
     }
     # float32: the all-reduce adds the two shares' clipped sums in another order than one process
-    # (tests/run/test_distributed.py: atol 1e-6 on the CPU); cuBLAS also picks kernels by batch shape,
-    # so on CUDA each rank's half-lot is reduced in yet another order: 1e-5 there
+    # (tests/run/test_distributed.py: atol 1e-6 on the CPU); cuBLAS also picks kernels by batch
+    # shape, so on CUDA each rank's half-lot is reduced in yet another order: 1e-5 there
     atol = 1e-6 if pb["distributed"]["backend"] == "gloo" else 1e-5
     diff = max(
         float((a["model"][k].double() - b["model"][k].double()).abs().max()) for k in a["model"]
@@ -671,7 +655,8 @@ def main(argv=None) -> int:
         sys.executable, a.device, child_env(site, hidden_names(), a.device), log, work, results
     )
     log(
-        f"gpu-check on {a.device}, {a.total_s:.0f} s in all; python {sys.executable}; work folder {work}"
+        f"gpu-check on {a.device}, {a.total_s:.0f} s in all; python {sys.executable}; work folder "
+        f"{work}"
     )
     try:
         ctx.info = setup(ctx, Path(a.wheels).resolve(), site, clock)

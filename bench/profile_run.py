@@ -1,7 +1,9 @@
-"""Where the time of a whole run goes, from cProfile: the pieces of ``python -m dpsgd.train`` as rows of a CSV.
+"""Where the time of a whole run goes, from cProfile: the pieces of ``python -m dpsgd.train`` as
+rows of a CSV.
 
     python -m cProfile -o run.prof -m dpsgd.train experiment=mnist_medium hydra.run.dir=/tmp/run
-    python -m bench.profile_run run.prof --label after [--load "0.4 0.9"] [--out results/profile_run.csv]
+    python -m bench.profile_run run.prof --label after [--load "0.4 0.9"] \\
+        [--out results/profile_run.csv]
 
 Each row is one piece (cumulative seconds of the function under the profiler, and its calls):
 start-up (importing ``dpsgd.train``, the command line, ``setup`` with the data and DP-PCA), the lots

@@ -1,6 +1,6 @@
-"""What the one resume rule costs (dpsgd/run/guard.py): every lot past the checkpoint that an earlier
-attempt reserved or an output shows is charged again, where a proof of identical replays (the
-per-lot parameter digests dpsgd had before) could charge a faithful replay's lots once.
+"""What the one resume rule costs (dpsgd/run/guard.py): every lot past the checkpoint that an
+earlier attempt reserved or an output shows is charged again, where a proof of identical replays
+(the per-lot parameter digests dpsgd had before) could charge a faithful replay's lots once.
 
     python -m bench.resume_cost [--seeds 200] [--first 1000] [--out results/resume_cost.csv]
 
@@ -11,9 +11,9 @@ Two measurements, one CSV (``kind`` column):
   the lots that ran (repeats counted), the distinct releases among them (a lot's position and the
   exact weights it produced: the least any proof of identical replays could charge), the lots the
   ledger charged, and ε (PLD, δ = 1e-5) of each. ``violation`` is 1 where charged < ran.
-* ``schedule``: paper schedules (Poisson, σ and q of the presets), ε after T lots and after T plus the
-  lots that k kills cost beyond a perfect replay proof: on average half a checkpoint interval each
-  (a kill falls anywhere in the epoch), at most a whole one.
+* ``schedule``: paper schedules (Poisson, σ and q of the presets), ε after T lots and after T plus
+  the lots that k kills cost beyond a perfect replay proof: on average half a checkpoint interval
+  each (a kill falls anywhere in the epoch), at most a whole one.
 """
 
 from __future__ import annotations
@@ -135,9 +135,10 @@ def main(argv=None) -> None:
     extra = sum(r["lots_charged"] - r["distinct_releases"] for r in found)
     rel = [r["eps_charged"] / r["eps_distinct"] - 1 for r in found if r["eps_distinct"]]
     print(
-        f"{a.seeds} sequences searched (seeds {a.first}..{a.first + a.seeds - 1}), {len(found)} resumed, "
-        f"{sum(r['violation'] for r in found)} violations; lots ran {ran}, charged beyond the distinct releases "
-        f"{extra}; ε above the distinct releases' ε: median {sorted(rel)[len(rel) // 2]:.1%}, max {max(rel):.1%}"
+        f"{a.seeds} sequences searched (seeds {a.first}..{a.first + a.seeds - 1}), {len(found)} "
+        f"resumed, {sum(r['violation'] for r in found)} violations; lots ran {ran}, charged "
+        f"beyond the distinct releases {extra}; ε above the distinct releases' ε: median "
+        f"{sorted(rel)[len(rel) // 2]:.1%}, max {max(rel):.1%}"
     )
     print(f"wrote {a.out}")
 

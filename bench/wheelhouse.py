@@ -1,23 +1,21 @@
-"""``make wheelhouse``: the wheels and archives that ``make gpu-check`` needs on a machine without network.
+"""``make wheelhouse``: the wheels and archives that ``make gpu-check`` needs on a machine without
+network.
 
     python -m bench.wheelhouse                 # -> .whl/ (git-ignored), then prints its size
     python -m bench.wheelhouse --dest /tmp/w   # elsewhere
 
-A stock CUDA PyTorch image (the GPU machines we target: Python 3.12 with torch, numpy, scipy, pandas,
-matplotlib, pytest, joblib, mpmath, absl-py, PyYAML, packaging, wrapt, opt-einsum) lacks the packages
-in ``WHEELS``. Each is fetched with ``pip download --no-deps`` (every dependency named here, none
-resolved by pip) at the version pinned in requirements.lock (Opacus, not a project dependency, at
-``make bench``'s pin ``OPACUS``), as manylinux x86_64 wheels for CPython 3.12 (the target image) and
-3.11 (this machine, for the CPU rehearsal ``make gpu-check DEVICE=cpu``): a pure-Python wheel serves
-both, a compiled one (dm-tree) is fetched once per Python. A package published only as a source
-archive (antlr4-python3-runtime 4.9.3) is built here into a pure wheel, so that the offline install
-never builds anything. torch is never downloaded: the image's is used and recorded.
+A stock CUDA PyTorch image (the GPU machines we target: Python 3.12 with torch, numpy, scipy,
+pandas, matplotlib, pytest, joblib, mpmath, absl-py, PyYAML, packaging, wrapt, opt-einsum) lacks the
+packages in ``WHEELS``. Each is fetched with ``pip download --no-deps`` (every dependency named
+here, none resolved by pip) at the version pinned in requirements.lock (Opacus, not a project
+dependency, at ``make bench``'s pin ``OPACUS``), as manylinux x86_64 wheels for CPython 3.12 (the
+target image) and 3.11 (this machine, for the CPU rehearsal ``make gpu-check DEVICE=cpu``): a
+pure-Python wheel serves both, a compiled one (dm-tree) is fetched once per Python. A package
+published only as a source archive (antlr4-python3-runtime 4.9.3) is built here into a pure wheel,
+so that the offline install never builds anything. torch is never downloaded: the image's is used
+and recorded.
 
-The MNIST archives are copied into ``<dest>/data/MNIST/raw/`` (from the data root, seeded first as
-``python -m dpsgd.data mnist`` does), so that one folder carries everything to an offline node;
-``<dest>/requirements.txt`` lists the pins that ``bench/gpu_check.py`` installs. The whole folder must
-stay under ``MAX_MIB``; its size is printed. The folder is built beside ``dest`` and swapped in whole, so
-an interrupted run never leaves a half wheelhouse.
+Details: docs/PERFORMANCE.md, "bench/wheelhouse.py".
 """
 
 from __future__ import annotations
@@ -94,8 +92,9 @@ def _pip(*args: str) -> subprocess.CompletedProcess:
 
 
 def fetch(dist: str, version: str, dest: Path) -> list[str]:
-    """Download the wheels of ``dist==version`` for every Python of ``PYTHONS`` into ``dest`` (a pure
-    wheel once), else build a pure wheel from its source archive; returns the files it added."""
+    """Download the wheels of ``dist==version`` for every Python of ``PYTHONS`` into ``dest`` (a
+    pure wheel once), else build a pure wheel from its source archive; returns the files it
+    added."""
     spec, before = f"{dist}=={version}", set(dest.iterdir())
     plat = [a for p in PLATFORMS for a in ("--platform", p)]
     for py in PYTHONS:
@@ -117,7 +116,8 @@ def fetch(dist: str, version: str, dest: Path) -> list[str]:
             break
     else:
         return sorted(p.name for p in set(dest.iterdir()) - before)
-    # no wheel on the index: build one from the source archive (here, with network), pure Python only
+    # no wheel on the index: build one from the source archive (here, with network), pure Python
+    # only
     before = set(dest.iterdir())
     r = _pip("wheel", "-q", "--no-deps", "--no-binary", dist, "-w", str(dest), spec)
     built = [p for p in set(dest.iterdir()) - before if p.suffix == ".whl"]
@@ -157,8 +157,8 @@ def build(dest: Path) -> float:
             flush=True,
         )
     (tmp / "requirements.txt").write_text(
-        "# written by python -m bench.wheelhouse: bench/gpu_check.py installs these, offline, --no-deps\n"
-        + "".join(f"{d}=={v}\n" for d, v in versions.items())
+        "# written by python -m bench.wheelhouse: bench/gpu_check.py installs these, offline, "
+        "--no-deps\n" + "".join(f"{d}=={v}\n" for d, v in versions.items())
     )
     copy_mnist(tmp)
     mib = size_mib(tmp)

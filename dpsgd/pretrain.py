@@ -2,13 +2,14 @@
 
     python -m dpsgd.pretrain [key=value ...] [--out data/pretrained/cifar100_convs.pt]
 
-A NON-private run (``experiment=cifar100_pretrain``: the same convolutional stack with a 100-class head
-on CIFAR-100, the same augmentation and standardisation as the CIFAR-10 runs) trained by the ordinary
-loop (``train.train``) in its own run folder ``outputs/cifar100_pretrain/<date>/<time>_seed<seed>``;
-then the trained convolutions (``features.*``) are written as a hash-checked artifact
-(``pretrained.save``: ``<out>`` and its sidecar ``<out>.json`` with the SHA-256, the resolved config,
-the run folder and its accuracies). The paper treats CIFAR-100 as public, so nothing is charged; a DP
-run loads the artifact with ``model.pretrained=<out> model.freeze=features``.
+A NON-private run (``experiment=cifar100_pretrain``: the same convolutional stack with a 100-class
+head on CIFAR-100, the same augmentation and standardisation as the CIFAR-10 runs) trained by the
+ordinary loop (``train.train``) in its own run folder
+``outputs/cifar100_pretrain/<date>/<time>_seed<seed>``; then the trained convolutions
+(``features.*``) are written as a hash-checked artifact (``pretrained.save``: ``<out>`` and its
+sidecar ``<out>.json`` with the SHA-256, the resolved config, the run folder and its accuracies).
+The paper treats CIFAR-100 as public, so nothing is charged; a DP run loads the artifact with
+``model.pretrained=<out> model.freeze=features``.
 
 Every refusal (bad key, missing data, an existing ``--out``) is one line and exit code 2, before
 anything is written. ``make data/pretrained/cifar100_convs.pt`` runs this when the file is missing.

@@ -13,36 +13,7 @@ what it serves, no finite bound, a target below its floor) gets its own one-line
 table, and in JSON as ``{"epsilon": null, "refused": "<reason>"}`` — and the others still answer;
 the exit status is 0 if at least one accountant answered, 1 if none did.
 
-``--last-iterate`` (with ``--sigma``) adds the last-iterate heuristic ε of Steinke et al. (ICLR 2025,
-``dpsgd.accountant.last_iterate``): what the *final model alone* reveals when the losses are linear,
-with k groups charged at σ/√k whatever ``--convention`` says. It is a HEURISTIC, NOT A PRIVACY
-GUARANTEE: a row of its own in the table, and in JSON the top-level keys
-``epsilon_last_iterate_heuristic`` (a number, or null when refused) and ``last_iterate_heuristic``
-({"valid_bound": false, "note": ..., and "refused" when refused}). It does not change the exit status.
-
-Samplers: ``--N 60000 --L 600 [--B 660] --sigma 4 --steps 1000 [--sampler NAME] [--json]``
-gives the valid ε of each batch sampler as it is charged in training (``sampler_epsilon`` below):
-one sampler with ``--sampler``, every sampler side by side without it (truncated_poisson needs
-``--B``); JSON: {name: {"epsilon", "accountant", "adjacency", ...}} (shuffle also ``epsilon_lower``
-and ``epsilon_if_poisson``); with ``--sampler`` the one object itself.
-
-Bad arguments (outside the serviceable ranges of ``dpsgd.accountant.limits``: q in
-[Q_MIN, 1], σ in [SIGMA_MIN, SIGMA_MAX], lots <= STEPS_MAX, groups <= GROUPS_MAX, δ in
-[DELTA_MIN, 1), target ε <= EPSILON_MAX; ``--target-epsilon`` together with ``--sigma``): a one-line
-error naming the parameter, exit 2, before any accounting.
-
-Sampler mode in detail: each sampler object (``dpsgd/mechanism/sampling.py``) says what its lots are
-charged as (``record_lots``: the privacy events the training loop records, one counting loop shared
-with training, resume and calibration); they go into a ``Ledger`` and are composed by every
-accountant that serves them. ``epsilon`` is the smallest of those (each a valid upper bound). For
-``shuffle`` the result is a bracket: the ``epsilon`` above (upper: one Gaussian per epoch at σ/2,
-replace-one) and ``epsilon_lower`` (Chua et al. 2024, ``accountant/privacy_loss/shuffle_lower.py``), with
-``epsilon_if_poisson``: the Poisson number (q = L/N, every lot) a shuffled run would wrongly report.
-For ``fixed_size``, ``epsilon_lower`` is the ε of one dataset pair whose gradients never change (the
-lot's remove pair, and its reverse, at rate L/N and noise σ/2, self-composed by PLD: the mechanism
-itself loses that much on that pair, up to the PLD grid's error), and ``epsilon_poisson_replace_one``
-the Poisson lots' ε under replace-one as dp_accounting accounts it
-(``truncated.replace_one_poisson_epsilon``).
+Details: docs/ACCOUNTING.md, "dpsgd/privacy.py".
 """
 
 from __future__ import annotations
@@ -157,7 +128,8 @@ def _steps(args, q) -> int:
     lots = e * calibrate.lots_per_epoch(1, q)  # q = L/N: an epoch is N/L = 1/q lots, as trained
     if not lots <= limits.STEPS_MAX:  # also inf (the product overflows)
         raise ValueError(
-            f"epochs={e!r} is {lots:.3g} lots at q={q!r}, more than STEPS_MAX = {limits.STEPS_MAX:.0e}"
+            f"epochs={e!r} is {lots:.3g} lots at q={q!r}, more than STEPS_MAX = "
+            f"{limits.STEPS_MAX:.0e}"
         )
     return calibrate.lots_for_epochs(e, 1, q)
 
@@ -481,7 +453,10 @@ def main(argv=None) -> int:
         print(json.dumps(res, allow_nan=False))
         return rc
     print(answer(res, q, steps, delta, groups, args))
-    head = f"q={q:g}  lots={steps} (epochs={steps / calibrate.lots_per_epoch(1, q):g})  delta={delta:g}  groups={groups} ({args.convention})"
+    head = (
+        f"q={q:g}  lots={steps} (epochs={steps / calibrate.lots_per_epoch(1, q):g})  "
+        f"delta={delta:g}  groups={groups} ({args.convention})"
+    )
     if args.target_epsilon is not None:
         print(f"sigma for target epsilon={args.target_epsilon:g}:  {head}")
     else:
@@ -510,7 +485,8 @@ def main(argv=None) -> int:
     if li is not None:
         val = "refused" if li["epsilon"] is None else _num(li["epsilon"])
         print(
-            f"{'last iterate (heuristic)':<28}{val:>10}{'-':>12}  {li.get('refused', LAST_ITERATE_NOTE)}"
+            f"{'last iterate (heuristic)':<28}{val:>10}{'-':>12}  "
+            f"{li.get('refused', LAST_ITERATE_NOTE)}"
         )
     return rc
 

@@ -1,21 +1,22 @@
 """The family test of the claim on the committed one-run audits (no training): every run under
-results/runs/audit/ rescored from its own audit_scores.csv (white-box game) against the claim for its
-lots, beside the family-free bounds of the same scores.
+results/runs/audit/ rescored from its own audit_scores.csv (white-box game) against the claim for
+its lots, beside the family-free bounds of the same scores.
 
     python -m experiments.audit_family                 # results/audit_family.csv
-    python -m experiments.audit_family seeds [--n 20]  # results/audit_family_seeds.csv (trains, minutes)
+    # results/audit_family_seeds.csv (trains, minutes)
+    python -m experiments.audit_family seeds [--n 20]
 
-Each row is ``dpsgd.audit.onerun.bound_file.bound`` on the run's white-box scores with the run's q = L/N, σ, lots,
-k groups and δ (audit.json ``run``), at β = audit.beta / (games in the run), the confidence of each game
-in ``audit run``. ``eps_claimed_lots`` is the claim for the lots alone (gradient canaries never see the
-DP-PCA release); ``eps_claimed`` the run's whole valid ε. Runs whose lots are not Poisson are skipped
-(the family is the Poisson-subsampled Gaussian).
+Each row is ``dpsgd.audit.onerun.bound_file.bound`` on the run's white-box scores with the run's q =
+L/N, σ, lots, k groups and δ (audit.json ``run``), at β = audit.beta / (games in the run), the
+confidence of each game in ``audit run``. ``eps_claimed_lots`` is the claim for the lots alone
+(gradient canaries never see the DP-PCA release); ``eps_claimed`` the run's whole valid ε. Runs
+whose lots are not Poisson are skipped (the family is the Poisson-subsampled Gaussian).
 
-``seeds``: the real trainer, seeded: ``--n`` audits of the correct mechanism on a small configuration
-(300 real MNIST images, 2000 gradient canaries, L = 300, 48 lots, σ = 3, k = 2: the configuration of
-tests/audit/test_audit_run.py), audit.seed = training seed = 0..n−1, each with its family test and the
-family-free bound; then the same seeds with noise_per_rank (R = 4, noise σC/2). A correct run may
-be flagged with probability ≤ β = 0.05 per audit.
+``seeds``: the real trainer, seeded: ``--n`` audits of the correct mechanism on a small
+configuration (300 real MNIST images, 2000 gradient canaries, L = 300, 48 lots, σ = 3, k = 2: the
+configuration of tests/audit/test_audit_run.py), audit.seed = training seed = 0..n−1, each with its
+family test and the family-free bound; then the same seeds with noise_per_rank (R = 4, noise σC/2).
+A correct run may be flagged with probability ≤ β = 0.05 per audit.
 """
 
 from __future__ import annotations

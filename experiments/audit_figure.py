@@ -1,8 +1,10 @@
-"""results/figures/audit.png from results/audit.csv only: what the one-run audit certifies against what is claimed.
+"""results/figures/audit.png from results/audit.csv only: what the one-run audit certifies against
+what is claimed.
 
-Left: the full-schedule audits (paper presets σ = 8, 4, 2 and a frontier recipe): claimed ε, white-box and
-black-box ε_lb (95 %), and the last-iterate heuristic ε. Right: the paper's MNIST network, 1000 lots at
-σ = 2, 4, 8, each mechanism (correct and broken): white-box ε_lb over claimed ε — above 1 is a caught violation.
+Left: the full-schedule audits (paper presets σ = 8, 4, 2 and a frontier recipe): claimed ε,
+white-box and black-box ε_lb (95 %), and the last-iterate heuristic ε. Right: the paper's MNIST
+network, 1000 lots at σ = 2, 4, 8, each mechanism (correct and broken): white-box ε_lb over claimed
+ε — above 1 is a caught violation.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ VARIANT_ORDER = [
 
 
 def draw(df: pd.DataFrame | None = None, out: Path | None = None) -> list[Path]:
-    """results/figures/audit.{png,pdf} from the rows of results/audit.csv (column width, as Figures 3–6)."""
+    """results/figures/audit.{png,pdf} from the rows of results/audit.csv (column width, as Figures
+    3–6)."""
     df = pd.read_csv(ROOT / "results" / "audit.csv") if df is None else df
     out = out or ROOT / "results" / "figures"
     with plt.rc_context(COLUMN_RC):

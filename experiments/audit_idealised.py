@@ -1,20 +1,22 @@
 """Validity and power of the one-run tests of the claim on the idealised game (no training).
 
     python -m experiments.audit_idealised rates [--games 1000]    # results/audit_idealised.csv
-    python -m experiments.audit_idealised bounds [--games 10]     # results/audit_idealised_bounds.csv
-    python -m experiments.audit_idealised order-stats [--games 1000] [--power-games 200] [--bound-games 10]
+    # results/audit_idealised_bounds.csv
+    python -m experiments.audit_idealised bounds [--games 10]
+    python -m experiments.audit_idealised order-stats [--games 1000] [--power-games 200] \\
+        [--bound-games 10]
                                                  # results/audit_idealised_order_stats{,_bounds}.csv
 
 ``rates``: for each setting (q, σ, T, k, m), ``--games`` seeded games of the claimed mechanism
 (false violations) and of the mechanism with noise σC/2 and σC/4 (power); per row the rate at which
-the family test (``dpsgd.audit.onerun.stats.family``) and the Steinke et al. test of the claimed (ε, δ) reject the
-claim, each with its two-sided 95 % Clopper–Pearson interval. ``bounds``: the whole family bound
-(ε_lb, σ_ub) beside the family-free bounds (Steinke et al.; Gaussian DP) on the first games of each
-setting, correct mechanism. ``order-stats``: the order-statistics test of Xiang et al.
-(``dpsgd.audit.onerun.stats.order_stats``) on the very games of ``rates`` (same seeds: noise σC/2 on the first
-``--power-games`` of them; for the claimed mechanism's ``--games`` the family test's rejections, recorded
-again, equal those of results/audit_idealised.csv), and its ε_lb on the games of ``bounds``. Games are simulated by
-``dpsgd.audit.onerun.stats.simulate``; seeds are fixed.
+the family test (``dpsgd.audit.onerun.stats.family``) and the Steinke et al. test of the claimed (ε,
+δ) reject the claim, each with its two-sided 95 % Clopper–Pearson interval. ``bounds``: the whole
+family bound (ε_lb, σ_ub) beside the family-free bounds (Steinke et al.; Gaussian DP) on the first
+games of each setting, correct mechanism. ``order-stats``: the order-statistics test of Xiang et al.
+(``dpsgd.audit.onerun.stats.order_stats``) on the very games of ``rates`` (same seeds: noise σC/2 on
+the first ``--power-games`` of them; for the claimed mechanism's ``--games`` the family test's
+rejections, recorded again, equal those of results/audit_idealised.csv), and its ε_lb on the games
+of ``bounds``. Games are simulated by ``dpsgd.audit.onerun.stats.simulate``; seeds are fixed.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
 
 
 def _rate_row(setting: tuple, claim, nu: float, res: list[dict], tests: tuple, t0: float) -> dict:
-    """One CSV row: a setting and mechanism, and for each test its rejections among the games ``res``
-    with their rate and Clopper–Pearson interval."""
+    """One CSV row: a setting and mechanism, and for each test its rejections among the games
+    ``res`` with their rate and Clopper–Pearson interval."""
     name, q, sigma, steps, k, m = setting
     games = len(res)
     row = {

@@ -2,21 +2,17 @@
 (``audit.placement=null_space``, docs/AUDIT_MATH.md §6), measured on the real trainer.
 
     python -m experiments.audit_null_space                 # run what is missing, then collect
-    python -m experiments.audit_null_space --only collect  # results/audit_null_space.csv from results/runs/audit_null_space/
+    # results/audit_null_space.csv from results/runs/audit_null_space/
+    python -m experiments.audit_null_space --only collect
     python -m experiments.audit_null_space --rows a,b      # some rows only
-    python -m experiments.audit_null_space seeds [--n 50] [--out F.csv]  # results/audit_null_space_seeds.csv (validity)
-    python -m experiments.audit_null_space timing ROW      # results/audit_null_space_timing.csv (cost)
-    python -m experiments.audit_null_space adopt ROW       # the timed audit becomes the row's committed run
+    # results/audit_null_space_seeds.csv (validity)
+    python -m experiments.audit_null_space seeds [--n 50] [--out F.csv]
+    # results/audit_null_space_timing.csv (cost)
+    python -m experiments.audit_null_space timing ROW
+    # the timed audit becomes the row's committed run
+    python -m experiments.audit_null_space adopt ROW
 
-Each row is one ``python -m dpsgd.audit run`` (in ``outputs/audit_null_space/<row>``, ``DPSGD_THREADS=1``;
-its small files copied to ``results/runs/audit_null_space/<row>/``), and for the three presets one
-``python -m dpsgd.train`` of the same configuration without the audit (``<row>_train``), both timed as
-whole processes. The CSV gives, per audit, every bound's ε_lb (family test, order statistics — valid
-where ``order_stats_independence`` is ``proved`` —, Steinke et al., GDP), each over the lots' claim
-(``eps_claimed_sgd``, as experiments.audit_table computes it), the interference (``out_var_ratio``: the
-excluded canaries' score variance over the claimed channel's for the groups the canaries use), the most
-a canary using k_used of the claim's k groups can show (``eps_cap_k_used``: the lots' claim at noise
-σ√(k/k_used); ``cap_ratio`` over the lots' claim at σ) and the wall times.
+Details: docs/DEVELOPMENT.md, "experiments/audit_null_space.py".
 """
 
 from __future__ import annotations
@@ -262,11 +258,12 @@ TINY = [
 
 
 def seeds(n: int, out=ROOT / "results" / "audit_null_space_seeds.csv") -> list[dict]:
-    """The real trainer, seeded: ``n`` audits of the correct mechanism (then of ``noise_per_rank``, R = 4:
-    noise σC/2) on a small configuration — 300 real MNIST images, 1000 gradient canaries on the 1000
-    class-sum directions of the output layer (1000 hidden units, no bias), L = 300, 24 lots, σ = 3, k = 2
-    (the canaries use k_used = 1) — null-space placement, claimed normalisation, audit.seed = training
-    seed = 0..n−1. A correct run may be flagged by each test with probability ≤ β = 0.05 per audit."""
+    """The real trainer, seeded: ``n`` audits of the correct mechanism (then of ``noise_per_rank``,
+    R = 4: noise σC/2) on a small configuration — 300 real MNIST images, 1000 gradient canaries on
+    the 1000 class-sum directions of the output layer (1000 hidden units, no bias), L = 300, 24
+    lots, σ = 3, k = 2 (the canaries use k_used = 1) — null-space placement, claimed normalisation,
+    audit.seed = training seed = 0..n−1. A correct run may be flagged by each test with probability
+    ≤ β = 0.05 per audit."""
     from dataclasses import asdict
 
     from dpsgd.audit.onerun.instrument import AuditOptions
@@ -325,7 +322,8 @@ def seeds(n: int, out=ROOT / "results" / "audit_null_space_seeds.csv") -> list[d
                     "noise_p_value": a["noise_test"]["p_value"] if "noise_test" in a else None,
                     "verdict_noise": a["noise_test"]["verdict"] if "noise_test" in a else None,
                     "seconds": round(time.perf_counter() - t, 1),
-                    "command": f"python -m experiments.audit_null_space seeds --n {n} --out {out.name}",
+                    "command": f"python -m experiments.audit_null_space seeds --n {n} --out "
+                    f"{out.name}",
                 }
             )
             print(rows[-1], flush=True)
@@ -354,9 +352,10 @@ def _f(x, digits=3) -> str:
 def doc_table(table: list[dict]) -> str:
     """The markdown table of docs/AUDIT.md from the rows of results/audit_null_space.csv."""
     lines = [
-        "| audit | placement (k_used / k) | mechanism | σ | lots | m | lots' claim | order stats ε_lb (/ claim) | "
-        "family ε_lb (/ claim) | Steinke ε_lb (/ claim) | verdicts: order stats, family, Steinke | out_var_ratio | "
-        "noise / σC (≤ at 1 − β): verdict | cap (k_used) | own channel (k_used groups at σ) | wall: audit / train |",
+        "| audit | placement (k_used / k) | mechanism | σ | lots | m | lots' claim | order stats "
+        "ε_lb (/ claim) | family ε_lb (/ claim) | Steinke ε_lb (/ claim) | verdicts: order "
+        "stats, family, Steinke | out_var_ratio | noise / σC (≤ at 1 − β): verdict | cap "
+        "(k_used) | own channel (k_used groups at σ) | wall: audit / train |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
@@ -395,10 +394,11 @@ def doc_table(table: list[dict]) -> str:
             f" / {r['train_wall_s']:.0f} s" if r["train_wall_s"] else ""
         )
         lines.append(
-            f"| {r['row']} | {r['placement']} ({r['canary_groups_used']} / {r['groups']}) | {mech} | {float(r['sigma']):.3g} | "
-            f"{r['steps']} | {r['m_gradient']} | {_f(r['eps_claimed_sgd'])} | {osb} | {fam} | "
-            f"{_f(r['steinke_eps_lb'])} ({_f(r['steinke_ratio_sgd'], 2)}) | {verdicts} | {_f(r['out_var_ratio'])} | "
-            f"{noise} | {_f(r['cap_ratio'], 2)} | {channel} | {wall} |"
+            f"| {r['row']} | {r['placement']} ({r['canary_groups_used']} / {r['groups']}) | "
+            f"{mech} | {float(r['sigma']):.3g} | {r['steps']} | {r['m_gradient']} | "
+            f"{_f(r['eps_claimed_sgd'])} | {osb} | {fam} | {_f(r['steinke_eps_lb'])} "
+            f"({_f(r['steinke_ratio_sgd'], 2)}) | {verdicts} | {_f(r['out_var_ratio'])} | {noise} "
+            f"| {_f(r['cap_ratio'], 2)} | {channel} | {wall} |"
         )
     return "\n".join(lines)
 
@@ -409,7 +409,8 @@ def write_doc_table(table: list[dict]) -> None:
 
 def timing(name: str, out=ROOT / "results" / "audit_null_space_timing.csv") -> dict:
     """The audit of row ``name`` and the training run it audits, started together as two processes
-    (``DPSGD_THREADS=1`` each), so that both see the same load on a shared machine; wall time of each."""
+    (``DPSGD_THREADS=1`` each), so that both see the same load on a shared machine; wall time of
+    each."""
     overrides, train = rows()[name]
     base = ROOT / "outputs" / "audit_null_space_timing"
     procs, t0 = {}, time.perf_counter()
@@ -451,8 +452,9 @@ def timing(name: str, out=ROOT / "results" / "audit_null_space_timing.csv") -> d
 
 
 def adopt(name: str, timings=ROOT / "results" / "audit_null_space_timing.csv") -> None:
-    """Row ``name``'s committed run replaced by its latest timed audit (``timing``): the same command, its
-    small files, and both wall times from the measurement where audit and training started together."""
+    """Row ``name``'s committed run replaced by its latest timed audit (``timing``): the same
+    command, its small files, and both wall times from the measurement where audit and training
+    started together."""
     t = [r for r in csv.DictReader(timings.open()) if r["row"] == name][-1]
     src, dest = (
         ROOT / "outputs" / "audit_null_space_timing" / f"{name}_audit",

@@ -1,13 +1,17 @@
-"""The one-run audit table (docs/AUDIT.md): each row one ``python -m dpsgd.audit run`` of a real configuration.
+"""The one-run audit table (docs/AUDIT.md): each row one ``python -m dpsgd.audit run`` of a real
+configuration.
 
-    python -m experiments.audit_table                 # the quick rows (make audit): run what is missing, collect
+    # the quick rows (make audit): run what is missing, collect
+    python -m experiments.audit_table
     python -m experiments.audit_table --rows all      # every row of the committed table
-    python -m experiments.audit_table --only collect  # results/audit.csv from results/runs/audit/ only
+    # results/audit.csv from results/runs/audit/ only
+    python -m experiments.audit_table --only collect
 
-Each row trains in ``outputs/audit_table/<row>`` (one at a time, ``DPSGD_THREADS=1``); a folder that already
-holds an audit.json is not rerun. Its small files (audit.json, audit_scores.csv, privacy.json, metrics.csv)
-are copied to ``results/runs/audit/<row>/``, which ``collect`` turns into ``results/audit.csv`` (one row per
-audit) and ``results/figures/audit.png`` (ε_lb beside the claimed and the heuristic ε).
+Each row trains in ``outputs/audit_table/<row>`` (one at a time, ``DPSGD_THREADS=1``); a folder that
+already holds an audit.json is not rerun. Its small files (audit.json, audit_scores.csv,
+privacy.json, metrics.csv) are copied to ``results/runs/audit/<row>/``, which ``collect`` turns into
+``results/audit.csv`` (one row per audit) and ``results/figures/audit.png`` (ε_lb beside the claimed
+and the heuristic ε).
 """
 
 from __future__ import annotations
@@ -107,11 +111,11 @@ def run_row(name: str, overrides: list[str]) -> None:
 
 
 def claim_for_lots(privacy: dict) -> float:
-    """The claim for the DP-SGD lots alone (``eps_claimed_sgd``), from a run's committed privacy.json: its
-    ledger without the DP-PCA release (entries labelled ``pca...``), charged as ``epsilon_valid`` is (the
-    smallest ε of the run's accountants, under ``epsilon_valid_convention``, at the run's δ). Gradient
-    canaries see only the lots, so this is the claim their ε_lb is held to; the whole claim stays
-    ``eps_claimed``."""
+    """The claim for the DP-SGD lots alone (``eps_claimed_sgd``), from a run's committed
+    privacy.json: its ledger without the DP-PCA release (entries labelled ``pca...``), charged as
+    ``epsilon_valid`` is (the smallest ε of the run's accountants, under
+    ``epsilon_valid_convention``, at the run's δ). Gradient canaries see only the lots, so this is
+    the claim their ε_lb is held to; the whole claim stays ``eps_claimed``."""
     from dpsgd.accountant import Ledger
 
     ledger = privacy["ledger"]
@@ -201,8 +205,9 @@ def _f(x, digits=3) -> str:
 def doc_table(table: list[dict]) -> str:
     """The markdown table of docs/AUDIT.md, from the rows of results/audit.csv."""
     lines = [
-        "| audit | mechanism | σ | lots | m (grad. / input) | claimed ε | claimed ε, lots only | white-box ε_lb | "
-        "black-box ε_lb | ε_lb / claimed | ε_lb / lots' claim | heuristic ε | verdict | wall time |",
+        "| audit | mechanism | σ | lots | m (grad. / input) | claimed ε | claimed ε, lots only | "
+        "white-box ε_lb | black-box ε_lb | ε_lb / claimed | ε_lb / lots' claim | heuristic ε | "
+        "verdict | wall time |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
@@ -210,16 +215,18 @@ def doc_table(table: list[dict]) -> str:
             r["variant"] if r["sampling"] == "poisson" else f"{r['variant']}, {r['sampling']} lots"
         )
         verdict = r["verdict"] + (
-            f" (vs Poisson claim {_f(r['eps_claimed_as_if_poisson'])}: {r['verdict_as_if_poisson']})"
+            f" (vs Poisson claim {_f(r['eps_claimed_as_if_poisson'])}: "
+            f"{r['verdict_as_if_poisson']})"
             if r["eps_claimed_as_if_poisson"] not in (None, "")
             else ""
         )
         lines.append(
-            f"| {r['row']} | {mech} | {float(r['sigma']):g} | {r['steps']} | {r['m_gradient']} / {r['m_input']} | "
-            f"{_f(r['eps_claimed'])} | {_f(r['eps_claimed_sgd'])} | {_f(r['eps_lb_white_box'])} | "
-            f"{_f(r['eps_lb_black_box'])} | {_f(r['ratio_white_box'], 2)} | {_f(r['ratio_white_box_sgd'], 2)} | "
-            f"{_f(r['eps_last_iterate_heuristic'])} | {verdict} | "
-            f"{float(r['seconds']) / 60:.1f} min |"
+            f"| {r['row']} | {mech} | {float(r['sigma']):g} | {r['steps']} | {r['m_gradient']} / "
+            f"{r['m_input']} | {_f(r['eps_claimed'])} | {_f(r['eps_claimed_sgd'])} | "
+            f"{_f(r['eps_lb_white_box'])} | {_f(r['eps_lb_black_box'])} | "
+            f"{_f(r['ratio_white_box'], 2)} | {_f(r['ratio_white_box_sgd'], 2)} | "
+            f"{_f(r['eps_last_iterate_heuristic'])} | {verdict} | {float(r['seconds']) / 60:.1f} "
+            "min |"
         )
     return "\n".join(lines)
 

@@ -37,7 +37,8 @@ PRESET_LABEL = {
 DELTA = 1e-5
 FIGURE4_DELTAS = (1e-5, 1e-4, 1e-3, 1e-2)
 
-# Figure 5 (§5.2, "Effect of the parameters"): each run from the medium preset to (ε, δ) = (2, 1e-5).
+# Figure 5 (§5.2, "Effect of the parameters"): each run from the medium preset to (ε, δ) = (2,
+# 1e-5).
 FIGURE5_BUDGET = {"epsilon": 2.0, "delta": 1e-5}
 FIGURE5_PANELS = {  # panel -> (config key varied, x-axis label, medium-preset value)
     "pca_dims": ("model.pca_dims", "projection dimensions", 60),
@@ -82,13 +83,13 @@ FIGURE5_CLAIMS = [
     },
 ]
 
-# §5.3 / Figure 6: CIFAR-10, the convolutions pretrained on CIFAR-100 (treated as public) and frozen,
-# DP-SGD on the fully connected layers, per-layer clipping. Figure 6's caption: "With δ set to 1e-5,
-# we achieve accuracy 67%, 70%, and 73%, with ε being 2, 4, and 8, respectively. The first graph uses
-# a lot size of 2,000, (2) and (3) use a lot size of 4,000. In all cases, σ is set to 6, and clipping
-# is set to 3." The non-private baseline is §5.3's text: "Retraining only the fully connected layers
-# with this architecture for about 250 epochs with a batch size of 120 gives us approximately 80%
-# accuracy". preset -> what the paper states; ``source`` says where.
+# §5.3 / Figure 6: CIFAR-10, the convolutions pretrained on CIFAR-100 (treated as public) and
+# frozen, DP-SGD on the fully connected layers, per-layer clipping. Figure 6's caption: "With δ set
+# to 1e-5, we achieve accuracy 67%, 70%, and 73%, with ε being 2, 4, and 8, respectively. The first
+# graph uses a lot size of 2,000, (2) and (3) use a lot size of 4,000. In all cases, σ is set to 6,
+# and clipping is set to 3." The non-private baseline is §5.3's text: "Retraining only the fully
+# connected layers with this architecture for about 250 epochs with a batch size of 120 gives us
+# approximately 80% accuracy". preset -> what the paper states; ``source`` says where.
 CIFAR10_N = 50_000  # training images
 CIFAR10_PRESETS = {
     "cifar10_eps2": {

@@ -2,24 +2,10 @@
 
     python -m experiments.collect [--roots outputs multirun] [--results results]
 
-Reads every run folder holding ``metrics.csv`` + ``privacy.json`` + ``.hydra/`` (``experiments.runs``),
-sorts them into presets and sweep points (``classify``) and writes, one writer per file,
-- ``figure3.csv``: the per-epoch rows of the four §5.2 presets (``preset`` column added);
-- ``figure4.csv``: for each private preset and epoch, ε at δ ∈ {1e-5, 1e-4, 1e-3, 1e-2}, recomputed
-  from the run's ledger (privacy.json) truncated to that epoch's lots: moments accountant under the
-  run's convention (the paper's per-tensor charges) and joint, and the tight PLD (joint);
-- ``figure5.csv``: one row per Figure-5 sweep run (panel, parameter, value, accuracies, ε, δ,
-  epochs, lots, stop reason, seed), plus the medium preset run as the centre point of each panel
-  whose parameter it shares (``source = preset:mnist_medium``);
-- ``summary.csv``: one row per run (presets and sweeps), with wall time and hardware;
-- ``figure6.csv``: the per-epoch rows of the CIFAR-10 presets (§5.3, ``experiment=cifar10_*``;
-  ``experiments.figure6``), written only when such runs exist;
-- ``runs/<preset>/{metrics.csv,privacy.json,config.yaml}``: the preset runs as training wrote them.
+Writes ``figure3.csv``, ``figure4.csv``, ``figure5.csv``, ``summary.csv``, ``figure6.csv`` (when
+CIFAR-10 runs exist) and ``runs/<preset>/``, from complete runs only.
 
-Only complete runs are taken (privacy.json ``status == "complete"``). Preset runs count only when
-nothing but ``experiment=``, ``seed=`` or ``device=`` was overridden; tiny runs (``dataset.subset``,
-``training.max_steps``) are skipped unless ``--include-tiny``. With several runs of one preset or
-sweep point and seed, the most recent wins (listed on the console) unless ``--run PRESET=DIR`` pins one.
+Details: docs/DEVELOPMENT.md, "experiments/collect.py".
 """
 
 from __future__ import annotations
@@ -45,7 +31,8 @@ NOT_SWEPT = ("sweep", "seed", "device", "experiment", "name") + TINY_OVERRIDES
 
 
 def panel_value(panel: str, c: dict, overrides=()):
-    """(parameter, value label) of a Figure-5 run from its resolved config (other sweeps: overrides)."""
+    """(parameter, value label) of a Figure-5 run from its resolved config (other sweeps:
+    overrides)."""
     m, p, t = c.get("model", {}), c.get("privacy", {}), c.get("training", {})
     if panel == "pca_dims":
         if m.get("projection") == "none" or not m.get("pca_dims"):
@@ -109,7 +96,8 @@ def classify(
 
 # ------------------------------------------------------------------------------------- Figure 4
 def ledger_prefix(entries: list[dict], steps: int) -> list[Entry]:
-    """The releases a run had made after its first ``steps`` SGD lots (other releases kept in order)."""
+    """The releases a run had made after its first ``steps`` SGD lots (other releases kept in
+    order)."""
     out, left = [], steps
     for e in entries:
         e = Entry(**e)
@@ -161,7 +149,8 @@ def figure4_rows(preset: str, r: dict, deltas=claims.FIGURE4_DELTAS) -> list[dic
 
 # ------------------------------------------------------------------------------------- writers
 def write_runs(results: Path, presets: dict[str, dict]) -> None:
-    """runs/<preset>/: the preset runs' metrics.csv, privacy.json and Hydra config, as training wrote them."""
+    """runs/<preset>/: the preset runs' metrics.csv, privacy.json and Hydra config, as training
+    wrote them."""
     for p, r in presets.items():
         dst = results / "runs" / p
         dst.mkdir(parents=True, exist_ok=True)
@@ -171,7 +160,8 @@ def write_runs(results: Path, presets: dict[str, dict]) -> None:
 
 
 def write_figure3(results: Path, presets: dict[str, dict]) -> int:
-    """figure3.csv: the presets' metrics.csv rows, a ``preset`` column first. Returns the rows written."""
+    """figure3.csv: the presets' metrics.csv rows, a ``preset`` column first. Returns the rows
+    written."""
     if not presets:
         return 0
     f3 = pd.concat([r["metrics"].assign(preset=p) for p, r in presets.items()], ignore_index=True)

@@ -13,10 +13,10 @@ Curves (one tidy row per (curve, epoch)):
 - ``strong_composition_valid``: the same with the correct amplification ε' = log(1 + q(e^ε0 − 1));
 - ``rdp_improved``: RDP of the Poisson-subsampled Gaussian (Mironov, Talwar, Zhang 2019) with the
   improved RDP → (ε, δ) conversion (Balle et al. 2020);
-- ``pld``: the privacy loss distribution, FFT composition, pessimistic discretisation (an upper bound).
+- ``pld``: the privacy loss distribution, FFT composition, pessimistic discretisation (an upper
+  bound).
 
-Every number comes from ``dpsgd.accountant``; nothing is typed in. The PLD curve is computed on a
-epoch grid of its own (``--pld-every``, default every epoch; ~15 s in all).
+Details: docs/DEVELOPMENT.md, "experiments/figure2.py".
 """
 
 from __future__ import annotations

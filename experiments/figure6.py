@@ -1,7 +1,7 @@
 """Figure 6 (Abadi et al. 2016, §5.3): CIFAR-10 accuracy vs epochs per ε, with ε on a second axis.
 
-Collected from real CIFAR-10 run folders (runs of ``experiment=cifar10_eps2|cifar10_eps4|cifar10_eps8|
-cifar10_nonprivate``) into ``results/figure6.csv`` by ``python -m experiments.collect``
+Collected from real CIFAR-10 run folders (runs of
+``experiment=cifar10_eps2|cifar10_eps4|cifar10_eps8|cifar10_nonprivate``) into ``results/figure6.csv`` by ``python -m experiments.collect``
 (`experiments/collect.py:collect` calls `rows`), and drawn from that CSV only by
 ``python -m experiments.figures`` (`draw`). Without the CSV nothing is drawn: no CIFAR-10 number of
 this repository exists that was not measured on CIFAR-10.
@@ -81,9 +81,9 @@ def _configured(r: pd.Series) -> str:
 
 
 def draw(df: pd.DataFrame, out: Path) -> list[Path]:
-    """Test (and train) accuracy vs epochs, one panel per preset; ε (paper's accounting, and the valid
-    joint PLD) on the second axis; the paper's accuracy and ε as dotted lines. 1 × 3, or 2 × 2 with
-    the non-private run."""
+    """Test (and train) accuracy vs epochs, one panel per preset; ε (paper's accounting, and the
+    valid joint PLD) on the second axis; the paper's accuracy and ε as dotted lines. 1 × 3, or 2 × 2
+    with the non-private run."""
     from matplotlib.ticker import MaxNLocator
 
     presets = [p for p in claims.CIFAR10_PRESETS if p in set(df["preset"])]
@@ -137,9 +137,10 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
                     1.25 * max(paper["epsilon"], d["epsilon"].max(), d["epsilon_pld_joint"].max()),
                 )
                 ax.set_title(
-                    f"({letter}) {preset}: L = {int(r['L'])},{sep}q = {r['q']:.3g}, σ = {r['sigma']:g}, "
-                    f"C = {r['C']:g}, k = {int(r['groups'])}\n"
-                    f"paper: {100 * paper['accuracy']:g} % at ε = {paper['epsilon']:g}, L = {paper['lot_size']}"
+                    f"({letter}) {preset}: L = {int(r['L'])},{sep}q = {r['q']:.3g}, σ = "
+                    f"{r['sigma']:g}, C = {r['C']:g}, k = {int(r['groups'])}\n"
+                    f"paper: {100 * paper['accuracy']:g} % at ε = {paper['epsilon']:g}, L = "
+                    f"{paper['lot_size']}"
                 )
             else:
                 ax.set_title(
@@ -148,7 +149,9 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
                 )
         legend_below(fig, axes, ncol=3)
         fig.suptitle(
-            "Figure 6 — CIFAR-10 accuracy vs epochs, convolutions pretrained on CIFAR-100 and frozen\n"
-            f"ε at δ = {delta}: moments, per-tensor charges (paper's accounting); PLD, joint charge"
+            "Figure 6 — CIFAR-10 accuracy vs epochs, convolutions pretrained on CIFAR-100 and "
+            "frozen\n"
+            f"ε at δ = {delta}: moments, per-tensor charges (paper's accounting); PLD, joint "
+            "charge"
         )
         return save(fig, out, "figure6", dpi=COLUMN_DPI)

@@ -1,22 +1,22 @@
 """The privacy–utility frontier: each recipe × target ε × seed, trained, collected, drawn.
 
-    python -m experiments.frontier --dry-run          # the plan and the expected wall time only
-    python -m experiments.frontier                    # run what is missing, collect, draw (make frontier)
+    python -m experiments.frontier --dry-run  # the plan and the expected wall time only
+    python -m experiments.frontier            # run what is missing, collect, draw (make frontier)
     python -m experiments.frontier --recipes mnist_scatter_linear --eps 2 --seeds 0 1 2
     python -m experiments.frontier --only collect figures
 
 Every run is ``python -m dpsgd.train experiment=<recipe> privacy.target_epsilon=<ε> seed=<s>`` (plus
-the recipe's per-ε overrides, ``PER_EPSILON``) in its own folder ``outputs/frontier/<recipe>/eps<ε>_seed<s>``,
-one at a time with ``DPSGD_THREADS=1``; a folder whose ``privacy.json`` says complete is not rerun.
-The small files of each finished run (``privacy.json``, ``metrics.csv``, ``config.yaml`` with its
-data root written relative, ``portable_config``) are copied to
-``results/runs/frontier/<recipe>/eps<ε>_seed<s>/``, which ``collect`` turns into ``results/frontier.csv``
-(one row per run); ``python -m experiments.figures`` then draws ``results/figures/frontier.png``
-(``experiments.frontier_figure``) and the table of ``results/README.md`` from that CSV only. The
-expected wall time comes from each run's config as training composes it (``experiments.planning``).
+the recipe's per-ε overrides, ``PER_EPSILON``) in its own folder
+``outputs/frontier/<recipe>/eps<ε>_seed<s>``, one at a time with ``DPSGD_THREADS=1``; a folder whose
+``privacy.json`` says complete is not rerun. The small files of each finished run (``privacy.json``,
+``metrics.csv``, ``config.yaml`` with its data root written relative, ``portable_config``) are
+copied to ``results/runs/frontier/<recipe>/eps<ε>_seed<s>/``, which ``collect`` turns into
+``results/frontier.csv`` (one row per run); ``python -m experiments.figures`` then draws
+``results/figures/frontier.png`` (``experiments.frontier_figure``) and the table of
+``results/README.md`` from that CSV only. The expected wall time comes from each run's config as
+training composes it (``experiments.planning``).
 
-Hyperparameters are the literature's (each preset names its source); they were not tuned on the test
-set, and the tuning behind the published values is not charged (Papernot & Steinke 2022).
+Details: docs/FRONTIER.md, "experiments/frontier.py".
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ RECIPES = [
     "mnist_tanh_cnn",
     "fmnist_tanh_cnn",
 ]
-# Recipes run at some ε only: mnist_scatter_linear_val's epochs were chosen on a validation split at ε = 1.2.
+# Recipes run at some ε only: mnist_scatter_linear_val's epochs were chosen on a validation split at
+# ε = 1.2.
 RECIPE_EPSILONS = {
     "mnist_scatter_linear_val": (1.2,),
     # fixed σ and 40 epochs (Tramèr & Boneh's end-to-end setting), stopped by the budget at ε = 3
@@ -124,7 +125,8 @@ def command(recipe: str, eps: float, seed: int) -> list[str]:
 
 
 def run_config(recipe: str, eps: float):
-    """The composed config (conf/, as training composes it) of a run of ``recipe`` at target ``eps``."""
+    """The composed config (conf/, as training composes it) of a run of ``recipe`` at target
+    ``eps``."""
     return composed(
         f"experiment={recipe}",
         f"privacy.target_epsilon={eps:g}",
@@ -222,8 +224,8 @@ def run_jobs(jobs: list[dict], results: Path, log_dir: Path) -> int:
                     stderr=subprocess.STDOUT,
                 )
             print(
-                f"[{time.strftime('%H:%M:%S')}] {'done' if rc == 0 else 'FAILED'} {job['name']} (exit {rc}) "
-                f"in {(time.time() - t0) / 60:.1f} min",
+                f"[{time.strftime('%H:%M:%S')}] {'done' if rc == 0 else 'FAILED'} {job['name']} "
+                f"(exit {rc}) in {(time.time() - t0) / 60:.1f} min",
                 flush=True,
             )
             if rc != 0:
@@ -235,7 +237,8 @@ def run_jobs(jobs: list[dict], results: Path, log_dir: Path) -> int:
 
 
 def collect(results: Path) -> list[dict]:
-    """One row per committed run folder results/runs/frontier/<recipe>/eps<ε>_seed<s>/ → frontier.csv."""
+    """One row per committed run folder results/runs/frontier/<recipe>/eps<ε>_seed<s>/ →
+    frontier.csv."""
     rows = []
     base = results / "runs" / "frontier"
     for st_path in sorted(base.glob("*/*/privacy.json")):
@@ -291,10 +294,12 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def print_plan(jobs: list[dict], results: Path) -> float:
-    """Print the plan and return the expected wall time in seconds (runs already complete cost nothing)."""
+    """Print the plan and return the expected wall time in seconds (runs already complete cost
+    nothing)."""
     total, datasets = 0.0, set()
     print(
-        f"plan: {len(jobs)} runs ({len({j['recipe'] for j in jobs})} recipes × ε × seeds), one at a time"
+        f"plan: {len(jobs)} runs ({len({j['recipe'] for j in jobs})} recipes × ε × seeds), one at "
+        "a time"
     )
     for j in jobs:
         done = _complete(ROOT / "outputs" / "frontier" / j["name"])
@@ -304,13 +309,14 @@ def print_plan(jobs: list[dict], results: Path) -> float:
             datasets.add(c.dataset.name)
         total += sec
         print(
-            f"  {j['name']:40s} ≈ {j['epochs']:5.0f} epochs  {'(done)' if done else f'≈ {sec / 60:5.1f} min'}  "
-            f"{' '.join(j['cmd'])}"
+            f"  {j['name']:40s} ≈ {j['epochs']:5.0f} epochs  "
+            f"{'(done)' if done else f'≈ {sec / 60:5.1f} min'}  {' '.join(j['cmd'])}"
         )
     total += FEATURE_SECONDS * len(datasets)  # at most: a cached feature set costs nothing
     print(
-        f"expected wall time: ≈ {total / 60:.0f} min on this machine (1 thread per run; seconds per epoch "
-        "from the committed runs, else defaults; scattering features at most once per dataset)"
+        f"expected wall time: ≈ {total / 60:.0f} min on this machine (1 thread per run; seconds "
+        "per epoch from the committed runs, else defaults; scattering features at most once per "
+        "dataset)"
     )
     return total
 

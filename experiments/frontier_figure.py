@@ -1,7 +1,8 @@
 """The frontier figure and table, from ``results/frontier.csv`` only.
 
     python -m experiments.frontier_figure            # results/figures/frontier.png only
-    (also drawn by ``make figures``, which writes results/README.md's frontier table with ``table_rows``)
+    (also drawn by ``make figures``, which writes results/README.md's frontier table with
+    ``table_rows``)
 
 Test accuracy against the target ε (δ = 1e-5, PLD accountant, joint convention), mean ± sd over the
 seeds of each recipe, with the published numbers as hollow markers (``ANCHORS``: the paper's text or
@@ -83,7 +84,8 @@ def summarise(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def draw(df: pd.DataFrame, out: Path) -> list[Path]:
-    """frontier.png and frontier.pdf in the folder ``out`` (byte-reproducible, as every figure here)."""
+    """frontier.png and frontier.pdf in the folder ``out`` (byte-reproducible, as every figure
+    here)."""
     s = summarise(df)
     datasets = list(DATASET_TITLES) + sorted(set(s["dataset"]) - set(DATASET_TITLES))
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 4.2), squeeze=False)
@@ -96,8 +98,8 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
             if len(d):
                 lo, hi = int(d["n"].min()), int(d["n"].max())
                 n = f"{lo}" if lo == hi else f"{lo}–{hi}"
-                # at the ε the runs spent (PLD, joint; max over seeds): the target for calibrated recipes,
-                # less for the tanh CNNs' fixed σ and epochs
+                # at the ε the runs spent (PLD, joint; max over seeds): the target for calibrated
+                # recipes, less for the tanh CNNs' fixed σ and epochs
                 ax.errorbar(
                     d["eps_spent"],
                     d["mean"],
@@ -144,33 +146,36 @@ def _anchor(recipe: str, eps: float) -> str:
 
 
 def table_rows(df: pd.DataFrame) -> list[str]:
-    """The results/README.md section: recipe | ε | ours mean ± sd (n seeds) | published anchor | command."""
+    """The results/README.md section: recipe | ε | ours mean ± sd (n seeds) | published anchor |
+    command."""
     s = summarise(df)
     lines = [
         "## The privacy–utility frontier: modern recipes at the same ε",
         "",
-        "Test accuracy at the end of training, mean ± sd over seeds, each run Poisson-sampled (q = L/N) and "
-        "accounted with the PLD accountant under the joint convention at δ = 1e-5; σ is calibrated so that "
-        "the preset's epochs spend the target ε (ScatterNet recipes) or the run is stopped by the budget "
-        "(paper network); the end-to-end tanh CNNs keep the authors' σ and 40 epochs, which spend less than ε = 3 here "
-        "(column ε spent). Hyperparameters are literature values (each preset in `conf/experiment/` names "
-        "its source), never tuned on the test set; `mnist_scatter_linear_val` differs from `mnist_scatter_linear` "
-        "only in its epochs, chosen at ε = 1.2 on 10 000 examples held out of the training set "
-        "(`tuning/mnist_scatter_linear_eps1.2.csv`). The tuning behind the published values is not charged to "
-        "ε (Papernot & Steinke 2022). Published anchors are the authors' numbers, whose reference code "
-        "accounts shuffled fixed-size batches as if Poisson-sampled. Per-run rows: `frontier.csv`; "
-        "figure: `figures/frontier.png`; rerun: `make frontier`.",
+        "Test accuracy at the end of training, mean ± sd over seeds, each run Poisson-sampled (q "
+        "= L/N) and accounted with the PLD accountant under the joint convention at δ = 1e-5; σ "
+        "is calibrated so that the preset's epochs spend the target ε (ScatterNet recipes) or "
+        "the run is stopped by the budget (paper network); the end-to-end tanh CNNs keep the "
+        "authors' σ and 40 epochs, which spend less than ε = 3 here (column ε spent). "
+        "Hyperparameters are literature values (each preset in `conf/experiment/` names its "
+        "source), never tuned on the test set; `mnist_scatter_linear_val` differs from "
+        "`mnist_scatter_linear` only in its epochs, chosen at ε = 1.2 on 10 000 examples held "
+        "out of the training set (`tuning/mnist_scatter_linear_eps1.2.csv`). The tuning behind "
+        "the published values is not charged to ε (Papernot & Steinke 2022). Published anchors "
+        "are the authors' numbers, whose reference code accounts shuffled fixed-size batches as "
+        "if Poisson-sampled. Per-run rows: `frontier.csv`; figure: `figures/frontier.png`; "
+        "rerun: `make frontier`.",
         "",
-        "| recipe | dataset | ε | ours, mean ± sd (n seeds) | ε spent (max) | training time per run (median) | "
-        "published anchor | command |",
+        "| recipe | dataset | ε | ours, mean ± sd (n seeds) | ε spent (max) | training time per "
+        "run (median) | published anchor | command |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for _, r in s.iterrows():
         lines.append(
-            f"| `{r['recipe']}` | {DATASET_TITLES.get(r['dataset'], r['dataset'])} | {r['epsilon_target']:g} | "
-            f"{r['mean']:.2f} ± {r['sd']:.2f} % ({int(r['n'])}) | {r['eps_spent']:.3f} | "
-            f"{r['wall_s'] / 60:.1f} min | {_anchor(r['recipe'], r['epsilon_target'])} | "
-            f"`{r['command']}`, S = {r['seeds']} |"
+            f"| `{r['recipe']}` | {DATASET_TITLES.get(r['dataset'], r['dataset'])} | "
+            f"{r['epsilon_target']:g} | {r['mean']:.2f} ± {r['sd']:.2f} % ({int(r['n'])}) | "
+            f"{r['eps_spent']:.3f} | {r['wall_s'] / 60:.1f} min | "
+            f"{_anchor(r['recipe'], r['epsilon_target'])} | `{r['command']}`, S = {r['seeds']} |"
         )
     return lines + [""]
 

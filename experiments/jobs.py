@@ -1,14 +1,16 @@
-"""Training jobs of the experiment scripts (``make paper``, ``make seeds``): own processes or a Hydra launcher.
+"""Training jobs of the experiment scripts (``make paper``, ``make seeds``): own processes or a
+Hydra launcher.
 
-* No launcher (``LAUNCHER`` unset): each job is a process ``python -m dpsgd.train ...`` of its own, at
-  most ``n_parallel`` at a time, each with one thread (OMP_NUM_THREADS=1); a sweep job
+* No launcher (``LAUNCHER`` unset): each job is a process ``python -m dpsgd.train ...`` of its own,
+  at most ``n_parallel`` at a time, each with one thread (OMP_NUM_THREADS=1); a sweep job
   (``-m +sweep=<name>``) runs its points one after another (Hydra's basic launcher).
 * ``--launcher <name>`` (``make paper LAUNCHER=joblib``; any ``hydra/launcher`` option: joblib,
-  submitit_local, submitit_slurm, slurm): each job is one Hydra multirun ``python -m dpsgd.train -m ...
-  hydra/launcher=<name>`` whose points the launcher runs — in parallel on this machine's cores (joblib,
-  submitit_local: the jobs' threads share the cores, dpsgd/launch/launchers.py), or as a SLURM array. The
-  scripts group their runs into as few multiruns as they can (``experiment=a,b,c,d``, ``seed=0,1,2``);
-  local multiruns run one after another (each fills the cores), SLURM ones are all submitted at once.
+  submitit_local, submitit_slurm, slurm): each job is one Hydra multirun ``python -m dpsgd.train -m
+  ... hydra/launcher=<name>`` whose points the launcher runs — in parallel on this machine's cores
+  (joblib, submitit_local: the jobs' threads share the cores, dpsgd/launch/launchers.py), or as a
+  SLURM array. The scripts group their runs into as few multiruns as they can
+  (``experiment=a,b,c,d``, ``seed=0,1,2``); local multiruns run one after another (each fills the
+  cores), SLURM ones are all submitted at once.
 
 The launcher name is checked before anything starts (a bad one: one line, exit 2).
 """
@@ -40,7 +42,8 @@ def launcher_kind(name: str) -> tuple[str, dict]:
 
 
 def checked_launcher(name: str | None) -> str | None:
-    """``name`` if it is a usable launcher (None: no launcher); else one line on stderr and exit 2."""
+    """``name`` if it is a usable launcher (None: no launcher); else one line on stderr and exit
+    2."""
     if name is None:
         return None
     try:
@@ -52,7 +55,8 @@ def checked_launcher(name: str | None) -> str | None:
 
 
 def commands(jobs: list[dict], launcher: str | None) -> list[list[str]]:
-    """The ``python -m dpsgd.train`` arguments of each job; with a launcher, every job is a multirun."""
+    """The ``python -m dpsgd.train`` arguments of each job; with a launcher, every job is a
+    multirun."""
     if launcher is None:
         return [list(j["args"]) for j in jobs]
     return [
@@ -61,7 +65,8 @@ def commands(jobs: list[dict], launcher: str | None) -> list[list[str]]:
 
 
 def default_parallel(launcher: str | None, n_jobs: int) -> int:
-    """Commands at a time: 2 own processes; one local multirun (it fills the cores); every cluster one."""
+    """Commands at a time: 2 own processes; one local multirun (it fills the cores); every cluster
+    one."""
     if launcher is None:
         return 2
     return 1 if launcher_kind(launcher)[0] in LOCAL else max(1, n_jobs)
@@ -86,7 +91,8 @@ def run_jobs(
             log = logs / f"{job['name']}.log"
             cmd = [sys.executable, "-m", "dpsgd.train", *args, *extra]
             print(
-                f"[{time.strftime('%H:%M:%S')}] start {job['name']}: {' '.join(cmd[1:])}  (log {log})",
+                f"[{time.strftime('%H:%M:%S')}] start {job['name']}: {' '.join(cmd[1:])}  (log "
+                f"{log})",
                 flush=True,
             )
             fh = open(log, "a")

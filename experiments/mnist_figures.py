@@ -92,7 +92,8 @@ def _figure3_panel(ax, d: pd.DataFrame, preset: str, letter: str, delta: str) ->
 
 
 def figure3(df: pd.DataFrame, out: Path) -> list[Path]:
-    """Train/test accuracy vs epochs per preset, ε (δ = 1e-5) on a second axis (paper Figure 3), 2 × 2."""
+    """Train/test accuracy vs epochs per preset, ε (δ = 1e-5) on a second axis (paper Figure 3), 2 ×
+    2."""
     presets = [p for p in claims.PRESETS if p in set(df["preset"])]
     private = df[df["preset"] != "mnist_nonprivate"]
     delta = fmt_delta(df["delta"].dropna().iloc[0]) if df["delta"].notna().any() else "n/a"
@@ -144,8 +145,8 @@ def _figure4_panel(ax, d: pd.DataFrame, deltas: list, preset: str) -> None:
 
 
 def figure4(df: pd.DataFrame, out: Path) -> list[Path]:
-    """Test accuracy vs ε for several δ (paper Figure 4): a row per accountant/convention, a column per
-    preset, one curve per δ (one point per epoch; markers spaced evenly along each curve)."""
+    """Test accuracy vs ε for several δ (paper Figure 4): a row per accountant/convention, a column
+    per preset, one curve per δ (one point per epoch; markers spaced evenly along each curve)."""
     keys = list(df.groupby(["accountant", "convention"], sort=False).groups)
     presets = [p for p in claims.PRESETS if p in set(df["preset"])]
     deltas = sorted(df["delta"].unique())
@@ -180,16 +181,18 @@ def figure4(df: pd.DataFrame, out: Path) -> list[Path]:
         legend_below(fig, axes, ncol=len(deltas) + 1)
         q = df["q"].iloc[0] if "q" in df else float("nan")
         fig.suptitle(
-            f"Figure 4 — test accuracy vs ε at δ ∈ {{{', '.join(map(fmt_delta, claims.FIGURE4_DELTAS))}}}, "
-            f"q = {q:.3g}, one point per epoch\nrows: accountant and charge (DP-PCA charged); "
-            "columns: the paper's presets"
+            "Figure 4 — test accuracy vs ε at δ ∈ "
+            f"{{{', '.join(map(fmt_delta, claims.FIGURE4_DELTAS))}}}, q = {q:.3g}, one point per "
+            "epoch\n"
+            "rows: accountant and charge (DP-PCA charged); columns: the paper's presets"
         )
         return save(fig, out, "figure4", dpi=COLUMN_DPI)
 
 
 # ---------------------------------------------------------------------------------------- Figure 5
 def _panel_x(d: pd.DataFrame) -> tuple[list, list[str], bool]:
-    """x positions and tick labels; categorical when values are not all numbers (e.g. 'none', 'random')."""
+    """x positions and tick labels; categorical when values are not all numbers (e.g. 'none',
+    'random')."""
     vals = list(d["value"])
     try:
         xs = [float(v) for v in vals]
@@ -211,7 +214,8 @@ def _pca_order(v) -> tuple:
 
 
 def _figure5_claims(ax, panel: str, xs: list, labels: list[str], numeric: bool) -> None:
-    """The paper's statements about one panel: a line at its best value, a star, or a legend entry."""
+    """The paper's statements about one panel: a line at its best value, a star, or a legend
+    entry."""
     for c in claims.FIGURE5_CLAIMS:
         if c["panel"] != panel:
             continue

@@ -5,21 +5,10 @@
     python -m experiments.paper --only sweeps --sweeps lot_size noise
     python -m experiments.paper --only figure2|collect|figures
     python -m experiments.paper --dry-run             # print the plan and the expected wall time
-    python -m experiments.paper --launcher joblib     # sweeps through a Hydra launcher (make paper LAUNCHER=joblib)
+    # sweeps through a Hydra launcher (make paper LAUNCHER=joblib)
+    python -m experiments.paper --launcher joblib
 
-Each training job is a subprocess ``python -m dpsgd.train ...`` (presets: ``experiment=<name>``;
-Figure-5 panels: ``-m +sweep=<name>``), at most ``--jobs`` at a time, each with OMP_NUM_THREADS=1
-and its console output in ``outputs/paper_logs/<job>.log``. With ``--launcher <name>`` the four
-presets are one multirun (``-m experiment=a,b,c,d``, under ``multirun/presets/``) and each panel
-another, each run by that Hydra launcher (experiments/jobs.py): joblib or submitit_local spread a
-multirun's points over this machine's cores, one multirun at a time; a SLURM launcher submits them all.
-Runs land in Hydra's own folders (``outputs/``, ``multirun/``); ``experiments.collect`` then writes the
-tidy CSVs into results/.
-
-The expected wall time is printed before anything starts: the number of epochs each job needs
-(from the accountant: lots within the ε budget, or the preset's epoch count; each run's config
-composed from conf/ by ``experiments.planning``) times the seconds per epoch measured in the
-committed medium-preset run (``--sec-per-epoch`` overrides it).
+Details: docs/DEVELOPMENT.md, "experiments/paper.py".
 """
 
 from __future__ import annotations
@@ -65,9 +54,10 @@ PRESETS_SUBDIR = (
 
 
 def plan_jobs(presets: list[str], sweeps: list[str], launcher: str | None = None) -> list[dict]:
-    """[{name, args, epochs, each}] — ``epochs`` in medium-preset epoch equivalents (for the estimate),
-    ``each`` the epochs of every run the job makes. With a launcher the presets are one multirun.
-    Every run's config is composed from conf/ as training will compose it (``experiments.planning``)."""
+    """[{name, args, epochs, each}] — ``epochs`` in medium-preset epoch equivalents (for the
+    estimate), ``each`` the epochs of every run the job makes. With a launcher the presets are one
+    multirun. Every run's config is composed from conf/ as training will compose it
+    (``experiments.planning``)."""
     jobs = []
     for p in presets:
         ep = epoch_equivalents(f"experiment={p}")
@@ -177,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"plan: {', '.join(parts)}" + (f" (hydra/launcher={launcher})" if launcher else ""))
     for args_, j in zip(commands(jobs, launcher), jobs):
         print(
-            f"  {j['name']:22s} ≈ {j['epochs']:6.0f} epoch-equivalents  python -m dpsgd.train {' '.join(args_)}"
+            f"  {j['name']:22s} ≈ {j['epochs']:6.0f} epoch-equivalents  python -m dpsgd.train "
+            f"{' '.join(args_)}"
         )
     how = (
         f"hydra/launcher={launcher}, {n_parallel} multirun(s) at a time"
@@ -221,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             check=True,
         )
     print(
-        f"experiments.paper: done in {(time.time() - t0) / 60:.1f} min, {failed} training job(s) failed"
+        f"experiments.paper: done in {(time.time() - t0) / 60:.1f} min, {failed} training job(s) "
+        "failed"
     )
     return 1 if failed else 0
 

@@ -20,8 +20,9 @@ def repo_relative(path: Path | str) -> str:
 
 
 def portable(path: Path | str) -> str:
-    """A path free of this machine's layout: relative to the repository when inside it, else its last
-    component (the data root ``/any/where/data`` is written ``data``, as the default ``<repo>/data``)."""
+    """A path free of this machine's layout: relative to the repository when inside it, else its
+    last component (the data root ``/any/where/data`` is written ``data``, as the default
+    ``<repo>/data``)."""
     p = Path(path)
     if not p.is_absolute():
         return p.as_posix()

@@ -1,14 +1,18 @@
-"""The tuned frontier row measured honestly: ``mnist_scatter_linear``'s epochs chosen by a private selection
-(``python -m dpsgd.tune``, Papernot & Steinke 2022) whose *total* ε is 1.2, over 3 seeds of the whole procedure.
+"""The tuned frontier row measured honestly: ``mnist_scatter_linear``'s epochs chosen by a private
+selection (``python -m dpsgd.tune``, Papernot & Steinke 2022) whose *total* ε is 1.2, over 3 seeds
+of the whole procedure.
 
-    python -m experiments.private_selection run [--seeds 0 1 2]        # the sweeps, into outputs/private_selection/
-    python -m experiments.private_selection collect                    # -> results/tuning/private_selection.csv
+    # the sweeps, into outputs/private_selection/
+    python -m experiments.private_selection run [--seeds 0 1 2]
+    # -> results/tuning/private_selection.csv
+    python -m experiments.private_selection collect
 
-Design (docs/TUNING.md): K ~ truncated negative binomial with η = 0 (logarithmic), γ = 0.2, E[K] ≈ 2.49;
-candidates drawn uniformly from T ∈ {10, 15, 20, 40, 60} epochs (L = 4096, η = 8 as the preset); each
-trained on 50 000 training examples and scored on the other 10 000 (noisy count, σ = 20); the winner's
-released model is evaluated once on the MNIST test set after the selection. ``collect`` copies each
-sweep's tuning.json and its candidates' metrics.csv / privacy.json into results/runs/private_selection/.
+Design (docs/TUNING.md): K ~ truncated negative binomial with η = 0 (logarithmic), γ = 0.2, E[K] ≈
+2.49; candidates drawn uniformly from T ∈ {10, 15, 20, 40, 60} epochs (L = 4096, η = 8 as the
+preset); each trained on 50 000 training examples and scored on the other 10 000 (noisy count, σ =
+20); the winner's released model is evaluated once on the MNIST test set after the selection.
+``collect`` copies each sweep's tuning.json and its candidates' metrics.csv / privacy.json into
+results/runs/private_selection/.
 """
 
 from __future__ import annotations
@@ -116,7 +120,8 @@ def row(t: dict, seed: int, wall: float | None) -> dict:
 
 
 def collect(sweeps: Path = SWEEPS, results: Path = RESULTS) -> pd.DataFrame:
-    """results/tuning/private_selection.csv and results/runs/private_selection/seed<s>/ from the sweeps."""
+    """results/tuning/private_selection.csv and results/runs/private_selection/seed<s>/ from the
+    sweeps."""
     wall = walls(sweeps / "run.log") if (sweeps / "run.log").exists() else {}
     rows = []
     for d in sorted(sweeps.glob("seed*")):
@@ -140,7 +145,8 @@ def collect(sweeps: Path = SWEEPS, results: Path = RESULTS) -> pd.DataFrame:
 
 
 def table_rows(df: pd.DataFrame | None) -> list[str]:
-    """The results/README.md section beside the frontier's uncharged mnist_scatter_linear_val row."""
+    """The results/README.md section beside the frontier's uncharged mnist_scatter_linear_val
+    row."""
     if df is None or not len(df):
         return []
     acc = (
@@ -151,17 +157,19 @@ def table_rows(df: pd.DataFrame | None) -> list[str]:
     lines = [
         "## The tuned row with its tuning charged (private selection)",
         "",
-        "`mnist_scatter_linear_val` above chose T = 20 epochs on a validation split without charging the "
-        "selection. Here the choice itself is private (Papernot & Steinke 2022, Theorem 2): K ~ truncated "
-        f"negative binomial (η = {first['eta']:g}, γ = {first['gamma']:g}, E[K] = {first['mean_K']:.2f}) "
-        "candidates drawn from T ∈ {10, 15, 20, 40, 60}, each a DP-SGD run on 50 000 training examples "
-        f"scored on the other 10 000 (noisy count, σ = {first['score_sigma']:g}), the best released; "
-        "the *total* ε of the released model is at most 1.2 (RDP accountant, δ = 1e-5). Test accuracy: the "
-        "winner's model on the MNIST test set, once, after the selection. Rows: `tuning/private_selection.csv`; "
-        "runs: `runs/private_selection/`; method: docs/TUNING.md.",
+        "`mnist_scatter_linear_val` above chose T = 20 epochs on a validation split without "
+        "charging the selection. Here the choice itself is private (Papernot & Steinke 2022, "
+        f"Theorem 2): K ~ truncated negative binomial (η = {first['eta']:g}, γ = "
+        f"{first['gamma']:g}, E[K] = {first['mean_K']:.2f}) candidates drawn from T ∈ {{10, 15, "
+        f"20, 40, 60}}, each a DP-SGD run on 50 000 training examples scored on the other 10 000 "
+        f"(noisy count, σ = {first['score_sigma']:g}), the best released; the *total* ε of the "
+        "released model is at most 1.2 (RDP accountant, δ = 1e-5). Test accuracy: the winner's "
+        "model on the MNIST test set, once, after the selection. Rows: "
+        "`tuning/private_selection.csv`; runs: `runs/private_selection/`; method: docs/TUNING.md.",
         "",
-        "| recipe | ε (total) | test accuracy, mean ± sd (n seeds) | per seed: K, candidates' T → winner T, "
-        "test accuracy, wall time | wall time per seed (median; total) | hardware | command |",
+        "| recipe | ε (total) | test accuracy, mean ± sd (n seeds) | per seed: K, candidates' T "
+        "→ winner T, test accuracy, wall time | wall time per seed (median; total) | hardware | "
+        "command |",
         "|---|---|---|---|---|---|---|",
     ]
     per = "; ".join(
@@ -180,8 +188,8 @@ def table_rows(df: pd.DataFrame | None) -> list[str]:
     cmd = first["command"].replace("seed0", "seedS").replace("--seed 0", "--seed S")
     lines.append(
         f"| `mnist_scatter_linear` + private selection of T | {df['epsilon_total'].max():.3f} | "
-        f"{acc.mean():.2f} ± {sd:.2f} % ({len(acc)}) | {per} | {wall:.1f} min; {total:.1f} min | {first['hardware']} | "
-        f"`{cmd}`, S = {', '.join(str(s) for s in df['seed'])} |"
+        f"{acc.mean():.2f} ± {sd:.2f} % ({len(acc)}) | {per} | {wall:.1f} min; {total:.1f} min | "
+        f"{first['hardware']} | `{cmd}`, S = {', '.join(str(s) for s in df['seed'])} |"
     )
     return lines + [""]
 

@@ -1,8 +1,8 @@
 """Generate results/README.md from the committed CSVs — paper value | ours | command.
 
 Written by ``python -m experiments.figures`` only (``write_readme``); every number of ours is read
-from a CSV in results/, the paper's numbers come from ``experiments.claims``. Nothing here is typed in
-by hand.
+from a CSV in results/, the paper's numbers come from ``experiments.claims``. Nothing here is typed
+in by hand.
 """
 
 from __future__ import annotations
@@ -42,14 +42,15 @@ def _num(x, nd: int = 2) -> str:
 
 
 def _epochs(x) -> str:
-    """Epochs as every table here states them: lots × q, one decimal (35318 lots at q = 0.01: 353.2)."""
+    """Epochs as every table here states them: lots × q, one decimal (35318 lots at q = 0.01:
+    353.2)."""
     return _num(x, 1)
 
 
 EPOCHS_RULE = "epochs = lots × q, to one decimal"
 EPOCHS_NOTE = (
-    "a run stopped by its ε budget ends part-way through an epoch; `metrics.csv` numbers that epoch "
-    "as a whole one, so its last `epoch` is this value rounded up"
+    "a run stopped by its ε budget ends part-way through an epoch; `metrics.csv` numbers that "
+    "epoch as a whole one, so its last `epoch` is this value rounded up"
 )
 
 
@@ -76,7 +77,8 @@ def _figure2_rows(f2: pd.DataFrame) -> list[str]:
             " (paper variant, **not a valid bound**)" if curve == "strong_composition_paper" else ""
         )
         out.append(
-            f"| ε at E = {epochs}, {curve.replace('_', ' ')}{note} | {src} | {eps:g} | {ours} | {cmd} |"
+            f"| ε at E = {epochs}, {curve.replace('_', ' ')}{note} | {src} | {eps:g} | {ours} | "
+            f"{cmd} |"
         )
     for epochs in (100, 400):
         for curve, label in (
@@ -87,7 +89,8 @@ def _figure2_rows(f2: pd.DataFrame) -> list[str]:
             d = f2[(f2["curve"] == curve) & (f2["epoch"] == epochs)]
             if len(d):
                 out.append(
-                    f"| ε at E = {epochs}, {label} | not in paper | — | {_num(d['epsilon'].iloc[0])} | {cmd} |"
+                    f"| ε at E = {epochs}, {label} | not in paper | — | "
+                    f"{_num(d['epsilon'].iloc[0])} | {cmd} |"
                 )
     out.append("")
     return out
@@ -97,8 +100,9 @@ def _preset_rows(summary: pd.DataFrame) -> list[str]:
     out = [
         "## §5.2 / Figure 3 — the paper's MNIST presets (δ = 1e-5)",
         "",
-        "ε under the paper's accounting (moments accountant, per-tensor charges, DP-PCA charged) and, "
-        f"beside it, the correct joint charge under the tight PLD accountant for the same run; {EPOCHS_RULE} ({EPOCHS_NOTE}).",
+        "ε under the paper's accounting (moments accountant, per-tensor charges, DP-PCA charged) "
+        "and, beside it, the correct joint charge under the tight PLD accountant for the same "
+        f"run; {EPOCHS_RULE} ({EPOCHS_NOTE}).",
         "",
         "| preset | paper | ours: test acc. | meets the paper? | ours: ε (paper's accounting) "
         "| ours: ε (joint, PLD) | epochs | lots | stop | wall time | hardware | command |",
@@ -106,7 +110,10 @@ def _preset_rows(summary: pd.DataFrame) -> list[str]:
     ]
     for preset, p in claims.PRESETS.items():
         d = summary[(summary["kind"] == "preset") & (summary["preset"] == preset)]
-        paper = f"{100 * p['accuracy']:g} % at ε = {_num(p['epsilon'], 1) if math.isfinite(p['epsilon']) else '∞'}"
+        paper = (
+            f"{100 * p['accuracy']:g} % at ε = "
+            f"{_num(p['epsilon'], 1) if math.isfinite(p['epsilon']) else '∞'}"
+        )
         if d.empty:
             out.append(
                 f"| {preset} | {paper} | not run yet | — | — | — | — | — | — | — | — | "
@@ -132,9 +139,10 @@ def _seed_rows(seeds: pd.DataFrame | None) -> list[str]:
     out = [
         "## Seed spread of the presets — is a shortfall noise?",
         "",
-        "Final test accuracy over independent seeds (model init, DP-PCA noise, lots, gradient noise), "
-        "each run stopped at the preset's ε under the paper's accounting. Rows per hardware: a GPU "
-        "and a CPU run of the same seed draw different noise streams, so they are separate samples.",
+        "Final test accuracy over independent seeds (model init, DP-PCA noise, lots, gradient "
+        "noise), each run stopped at the preset's ε under the paper's accounting. Rows per "
+        "hardware: a GPU and a CPU run of the same seed draw different noise streams, so they "
+        "are separate samples.",
         "",
         "| preset | paper | hardware | seeds | mean ± sd | min – max | runs ≥ paper | command |",
         "|---|---|---|---|---|---|---|---|",
@@ -148,9 +156,10 @@ def _seed_rows(seeds: pd.DataFrame | None) -> list[str]:
         sd = "" if pd.isna(r.sd) else f" ± {100 * r.sd:.2f}"
         dev = "cuda" if "nvidia" in str(r.hardware).lower() else "cpu"
         out.append(
-            f"| {r.preset} | {100 * r.paper:g} % | {r.hardware} | {r.seeds} | {100 * r.mean:.2f}{sd} % | "
-            f"{_pct(r.min)} – {_pct(r.max)} | {r.at_or_above_paper}/{r.n} | "
-            f"`python -m experiments.seeds run --presets {r.preset} --seeds {r.seeds} --device {dev}` |"
+            f"| {r.preset} | {100 * r.paper:g} % | {r.hardware} | {r.seeds} | "
+            f"{100 * r.mean:.2f}{sd} % | {_pct(r.min)} – {_pct(r.max)} | "
+            f"{r.at_or_above_paper}/{r.n} | `python -m experiments.seeds run --presets {r.preset} "
+            f"--seeds {r.seeds} --device {dev}` |"
         )
     return out + [
         "",
@@ -198,7 +207,8 @@ def _figure5_rows(f5: pd.DataFrame | None) -> list[str]:
     for c in claims.FIGURE5_CLAIMS:
         ours = figure5_ours(f5, c) if f5 is not None else "not run yet"
         out.append(
-            f"| {c['panel']} | {c['paper']} | {ours} | `python -m dpsgd.train -m +sweep={c['panel']}` |"
+            f"| {c['panel']} | {c['paper']} | {ours} | `python -m dpsgd.train -m "
+            f"+sweep={c['panel']}` |"
         )
     out.append("")
     if f5 is not None:
@@ -208,15 +218,16 @@ def _figure5_rows(f5: pd.DataFrame | None) -> list[str]:
             "the medium preset run is the centre point of every panel whose parameter it shares, "
             "`source = preset:mnist_medium`):",
             "",
-            "| panel | value | source | train acc. | test acc. | ε | ε (joint, PLD) | epochs | lots | stop | seed "
-            "| wall time |",
+            "| panel | value | source | train acc. | test acc. | ε | ε (joint, PLD) | epochs | "
+            "lots | stop | seed | wall time |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in f5.itertuples():
             out.append(
-                f"| {r.panel} | {r.value} | {r.source} | {_pct(r.train_accuracy)} | {_pct(r.test_accuracy)} | "
-                f"{_num(r.epsilon)} | {_num(r.epsilon_pld_joint)} | {_epochs(r.epochs)} | {r.steps} | "
-                f"{r.stop_reason} | {r.seed} | {_num(r.wall_time_s / 60, 1)} min |"
+                f"| {r.panel} | {r.value} | {r.source} | {_pct(r.train_accuracy)} | "
+                f"{_pct(r.test_accuracy)} | {_num(r.epsilon)} | {_num(r.epsilon_pld_joint)} | "
+                f"{_epochs(r.epochs)} | {r.steps} | {r.stop_reason} | {r.seed} | "
+                f"{_num(r.wall_time_s / 60, 1)} min |"
             )
         out.append("")
     return out
@@ -236,13 +247,14 @@ def cifar_rows(f6: pd.DataFrame | None) -> list[str]:
     if f6 is None:
         return out + [CIFAR_NOT_MEASURED, ""]
     out += [
-        "Convolutions pretrained on CIFAR-100 (public, not charged) and frozen; DP-SGD on the dense "
-        "layers with per-layer clipping. ε under the paper's accounting (moments accountant, per-tensor "
-        f"charges) and, beside it, the joint charge under the tight PLD accountant; {EPOCHS_RULE}. "
-        f"Measured by {CIFAR_MEASURE}.",
+        "Convolutions pretrained on CIFAR-100 (public, not charged) and frozen; DP-SGD on the "
+        "dense layers with per-layer clipping. ε under the paper's accounting (moments "
+        "accountant, per-tensor charges) and, beside it, the joint charge under the tight PLD "
+        f"accountant; {EPOCHS_RULE}. Measured by {CIFAR_MEASURE}.",
         "",
-        "| preset | paper | source | ours: test acc. | meets the paper? | ours: ε (paper's accounting) "
-        "| ours: ε (joint, PLD) | epochs | lots | stop | wall time | hardware | command |",
+        "| preset | paper | source | ours: test acc. | meets the paper? | ours: ε (paper's "
+        "accounting) | ours: ε (joint, PLD) | epochs | lots | stop | wall time | hardware | "
+        "command |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     last = final(f6)
@@ -256,7 +268,8 @@ def cifar_rows(f6: pd.DataFrame | None) -> list[str]:
         cmd = f"`python -m dpsgd.train experiment={preset}`"
         if preset not in last:
             out.append(
-                f"| {preset} | {paper} | {p['source']} | not run yet | — | — | — | — | — | — | — | — | {cmd} |"
+                f"| {preset} | {paper} | {p['source']} | not run yet | — | — | — | — | — | — | — "
+                f"| — | {cmd} |"
             )
             continue
         r = last[preset]
@@ -265,13 +278,15 @@ def cifar_rows(f6: pd.DataFrame | None) -> list[str]:
         out.append(
             f"| {preset} | {paper} | {p['source']} | {_pct(r['test_accuracy'])} | "
             f"{'yes' if gap >= 0 and within else 'no'} ({gap:+.2f} points) | "
-            f"{_num(r['epsilon']) if private else '∞'} | {_num(r['epsilon_pld_joint']) if private else '∞'} | "
-            f"{_epochs(r['steps'] * r['q'])} | {int(r['steps'])} | {r['stop_reason']} | "
-            f"{_num(r['wall_time_s'] / 60, 1)} min | {r['hardware']} | {cmd} |"
+            f"{_num(r['epsilon']) if private else '∞'} | "
+            f"{_num(r['epsilon_pld_joint']) if private else '∞'} | {_epochs(r['steps'] * r['q'])} "
+            f"| {int(r['steps'])} | {r['stop_reason']} | {_num(r['wall_time_s'] / 60, 1)} min | "
+            f"{r['hardware']} | {cmd} |"
         )
     return out + [
         "",
-        "Per-epoch rows: `figure6.csv`; the runs: `runs/<preset>/` (`python -m experiments.collect`).",
+        "Per-epoch rows: `figure6.csv`; the runs: `runs/<preset>/` (`python -m "
+        "experiments.collect`).",
         "",
     ]
 
@@ -302,16 +317,16 @@ def render(results: Path) -> str:
             "## How the runs were made",
             "",
             f"- Hardware: {hw}; per-example clipping engine: {eng}; one thread per run "
-            "(`OMP_NUM_THREADS=1`), two runs at a time on a machine shared with other jobs, so wall "
-            "times are upper bounds for an idle machine.",
+            "(`OMP_NUM_THREADS=1`), two runs at a time on a machine shared with other jobs, so "
+            "wall times are upper bounds for an idle machine.",
             f"- {len(summary)} runs in all: {int((summary['kind'] == 'preset').sum())} presets, "
             f"{int((summary['kind'] == 'sweep').sum())} Figure-5 sweep runs; seed(s) "
             f"{', '.join(str(x) for x in sorted(set(summary['seed'])))}; "
             f"total training time {summary['wall_time_s'].sum() / 3600:.1f} h.",
-            "- A run with a target ε stops before the lot that would exceed it (the last lot taken "
-            "never exceeds it); the paper's presets and every Figure-5 run use the paper's accounting "
-            "(moments accountant, per-tensor charges, DP-PCA charged). The joint, tight ε of the same "
-            "runs is in the `epsilon_pld_joint` columns.",
+            "- A run with a target ε stops before the lot that would exceed it (the last lot "
+            "taken never exceeds it); the paper's presets and every Figure-5 run use the paper's "
+            "accounting (moments accountant, per-tensor charges, DP-PCA charged). The joint, "
+            "tight ε of the same runs is in the `epsilon_pld_joint` columns.",
             "",
         ]
     figs = sorted((results / "figures").glob("*.png")) if (results / "figures").exists() else []
@@ -331,14 +346,19 @@ def render(results: Path) -> str:
             else []
         ),
         "- `frontier.csv` — one row per frontier run (`python -m experiments.frontier`)",
-        "- `tuning/mnist_scatter_linear_eps1.2.csv` — the validation-split runs that chose `mnist_scatter_linear_val`'s "
-        "epochs (accuracy on 10 000 held-out training examples, never the test set)",
-        "- `tuning/private_selection.csv` — the same choice as a private selection whose total ε is 1.2, one row "
-        "per seed of the whole procedure (`python -m experiments.private_selection collect`); its sweeps: "
-        "`runs/private_selection/seed<s>/` (`tuning.json`, each candidate's `metrics.csv` and `privacy.json`)",
-        "- `seeds.csv` — one row per preset run over seeds and hardware (`python -m experiments.seeds collect`)",
-        "- `runs/<preset>/metrics.csv`, `runs/<preset>/privacy.json` — the preset runs as written by training",
-        "- `runs/frontier/<recipe>/eps<ε>_seed<s>/` — the frontier runs' `metrics.csv`, `privacy.json`, `config.yaml`",
+        "- `tuning/mnist_scatter_linear_eps1.2.csv` — the validation-split runs that chose "
+        "`mnist_scatter_linear_val`'s epochs (accuracy on 10 000 held-out training examples, "
+        "never the test set)",
+        "- `tuning/private_selection.csv` — the same choice as a private selection whose total ε "
+        "is 1.2, one row per seed of the whole procedure (`python -m "
+        "experiments.private_selection collect`); its sweeps: `runs/private_selection/seed<s>/` "
+        "(`tuning.json`, each candidate's `metrics.csv` and `privacy.json`)",
+        "- `seeds.csv` — one row per preset run over seeds and hardware (`python -m "
+        "experiments.seeds collect`)",
+        "- `runs/<preset>/metrics.csv`, `runs/<preset>/privacy.json` — the preset runs as "
+        "written by training",
+        "- `runs/frontier/<recipe>/eps<ε>_seed<s>/` — the frontier runs' `metrics.csv`, "
+        "`privacy.json`, `config.yaml`",
         "",
     ]
     return "\n".join(lines)

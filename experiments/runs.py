@@ -1,4 +1,5 @@
-"""Finding training runs on disk and reading what they are: the run discovery of ``collect`` and ``seeds``.
+"""Finding training runs on disk and reading what they are: the run discovery of ``collect`` and
+``seeds``.
 
 A run folder holds ``metrics.csv``, ``privacy.json`` and Hydra's ``.hydra/`` (config, choices,
 overrides); ``load_run`` reads it into one dict, ``find_runs`` walks folders for them, ``preset_of``
@@ -25,8 +26,9 @@ def _yaml(path: Path):
 
 
 def load_run(run_dir: Path) -> dict | None:
-    """A run folder's metrics, privacy statement, resolved config, Hydra choices and overrides; None for a
-    folder that is not a finished-or-running training run, or is an audit run (``audit_run`` in privacy.json)."""
+    """A run folder's metrics, privacy statement, resolved config, Hydra choices and overrides; None
+    for a folder that is not a finished-or-running training run, or is an audit run (``audit_run``
+    in privacy.json)."""
     hy = run_dir / ".hydra"
     if (
         not (run_dir / "metrics.csv").exists()
@@ -99,7 +101,8 @@ def preset_of(
 
 
 def run_row(r: dict, hardware: str) -> dict:
-    """The summary of one run: final accuracies, ε (run's accountant and convention; joint PLD), time."""
+    """The summary of one run: final accuracies, ε (run's accountant and convention; joint PLD),
+    time."""
     last, c, st = r["metrics"].iloc[-1], r["config"], r["privacy"]
     p = c.get("privacy", {})
     N = int(round(last["L"] / last["q"])) if last["q"] > 0 else claims.MNIST_N

@@ -1,15 +1,17 @@
 """What each batch sampler costs: ε per sampler at the paper's MNIST schedule and at one
 frontier setting, and the test accuracy of mnist_scatter_linear at ε = 2 under each sampler.
 
-    python -m experiments.samplers measure            # results/samplers.csv (accounting only, seconds)
-    python -m experiments.samplers accuracy RUNS...   # results/samplers_accuracy.csv from run folders
+    # results/samplers.csv (accounting only, seconds)
+    python -m experiments.samplers measure
+    # results/samplers_accuracy.csv from run folders
+    python -m experiments.samplers accuracy RUNS...
     python -m experiments.samplers figure             # results/figures/samplers.png from the CSV
 
 ε comes from ``dpsgd.privacy.sampler_epsilon`` (each sampler's own charges, every accountant
 that serves it, the smallest valid one); shuffle adds its lower bound (Chua et al. 2024) and the
-Poisson number a shuffled run would wrongly report; fixed_size adds the ε one dataset pair with constant
-gradients already loses (its lower end) and Poisson's ε under replace-one. Adjacency differs between samplers (add/remove vs
-replace-one): the CSV names it on every row.
+Poisson number a shuffled run would wrongly report; fixed_size adds the ε one dataset pair with
+constant gradients already loses (its lower end) and Poisson's ε under replace-one. Adjacency
+differs between samplers (add/remove vs replace-one): the CSV names it on every row.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from pathlib import Path
 import pandas as pd
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-# (setting, N, L, B, σ, lots, δ): the paper's MNIST schedule (mnist_medium: 10751 lots) and a frontier
-# point at small σ, where shuffling and Poisson part ways
+# (setting, N, L, B, σ, lots, δ): the paper's MNIST schedule (mnist_medium: 10751 lots) and a
+# frontier point at small σ, where shuffling and Poisson part ways
 SETTINGS = [
     ("paper_mnist", 60000, 600, 660, 4.0, 10751, 1e-5),
     ("frontier_sigma1.1", 60000, 600, 660, 1.1, 1000, 1e-5),
@@ -64,7 +66,8 @@ def measure(out: Path = RESULTS / "samplers.csv") -> pd.DataFrame:
 
 
 def accuracy(run_dirs, out: Path = RESULTS / "samplers_accuracy.csv") -> pd.DataFrame:
-    """One row per finished run folder: sampler, seed, ε, accountant, adjacency, σ, test accuracy."""
+    """One row per finished run folder: sampler, seed, ε, accountant, adjacency, σ, test
+    accuracy."""
     rows = []
     for d in map(Path, run_dirs):
         st = json.loads((d / "privacy.json").read_text())

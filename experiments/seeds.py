@@ -1,6 +1,7 @@
 """Seed spread of the §5.2 presets: how far one run's accuracy is from another's.
 
-    python -m experiments.seeds run [--presets mnist_small,mnist_medium] [--seeds 0-4] [--device cuda]
+    python -m experiments.seeds run [--presets mnist_small,mnist_medium] [--seeds 0-4] \\
+        [--device cuda]
                                     [--launcher joblib|submitit_local|submitit_slurm|slurm]
     python -m experiments.seeds collect [--roots outputs/seeds ...] [--hardware "..."]
 
@@ -8,8 +9,8 @@
 seed=<s> name=seeds``; outputs under ``outputs/seeds/``, which ``experiments.collect`` does not take
 as the canonical preset runs). With ``--launcher`` (``make seeds LAUNCHER=joblib``) they are one
 multirun over presets × seeds through that Hydra launcher (experiments/jobs.py), its folders under
-``outputs/seeds/<date>/<time>/`` too. ``collect`` reads every complete, full-size preset run under the
-roots (overrides limited to experiment / seed / device / name) and merges one row per run into
+``outputs/seeds/<date>/<time>/`` too. ``collect`` reads every complete, full-size preset run under
+the roots (overrides limited to experiment / seed / device / name) and merges one row per run into
 ``results/seeds.csv`` (a later run of the same preset, seed and hardware replaces the earlier one),
 copying its ``metrics.csv`` and ``privacy.json`` to ``results/seeds/<hardware>/<preset>_seed<s>/``.
 A run's hardware is the one its privacy statement records; older runs without it take
@@ -91,9 +92,10 @@ def _slug(text: str) -> str:
 
 
 def run_label(run_dir: Path, roots: list[Path]) -> str:
-    """The ``run`` column: where the run came from, free of this machine's layout. Inside the repository,
-    its path relative to the repository (``outputs/seeds/...``); elsewhere, its path below the parent of
-    the deepest root it was found under (root ``/any/where/runs`` → ``runs/mnist_small_seed0``)."""
+    """The ``run`` column: where the run came from, free of this machine's layout. Inside the
+    repository, its path relative to the repository (``outputs/seeds/...``); elsewhere, its path
+    below the parent of the deepest root it was found under (root ``/any/where/runs`` →
+    ``runs/mnist_small_seed0``)."""
     d = Path(run_dir).resolve()
     if d.is_relative_to(ROOT):
         return d.relative_to(ROOT).as_posix()
@@ -152,7 +154,8 @@ def collect(roots: list[Path], results: Path, hardware: str | None = None) -> Pa
 
 
 def spread(df: pd.DataFrame) -> pd.DataFrame:
-    """Per preset and hardware: n, mean, sd, min, max of the final test accuracy; runs ≥ the paper."""
+    """Per preset and hardware: n, mean, sd, min, max of the final test accuracy; runs ≥ the
+    paper."""
     rows = []
     for (preset, hw), d in df.groupby(["preset", "hardware"], sort=False):
         acc = d["test_accuracy"].astype(float)

@@ -32,15 +32,16 @@ __all__ = [
 ]
 
 # Byte-reproducible files: the same CSVs give the same bytes on every run, so `make figures` leaves
-# git clean. matplotlib stamps a PDF with its creation time (now, or SOURCE_DATE_EPOCH when set) unless
-# the entry is None, and a PNG with a "Software" text chunk; both are left out. Everything else in the
-# files (fonts subset to the glyphs used, object order) is a function of the figure alone; the bytes
-# still depend on the matplotlib and FreeType builds, pinned in requirements.lock.
+# git clean. matplotlib stamps a PDF with its creation time (now, or SOURCE_DATE_EPOCH when set)
+# unless the entry is None, and a PNG with a "Software" text chunk; both are left out. Everything
+# else in the files (fonts subset to the glyphs used, object order) is a function of the figure
+# alone; the bytes still depend on the matplotlib and FreeType builds, pinned in requirements.lock.
 PDF_METADATA = {"CreationDate": None}
 PNG_METADATA = {"Software": None}
 
 # Figures 3, 4 and 6 are laid out to be read at a paper's text width (7 in: a one-column paper's
-# column, a two-column paper's figure*), printed at that size: text 7-9 pt, one legend outside the panels.
+# column, a two-column paper's figure*), printed at that size: text 7-9 pt, one legend outside the
+# panels.
 COLUMN_WIDTH_IN = 7.0
 COLUMN_DPI = 200
 COLUMN_RC = {

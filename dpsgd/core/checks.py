@@ -1,8 +1,8 @@
 """Checks of one config value, each refusing with a ``ConfigError`` in one line that names the key.
 
-Every config group's validator uses them (``dpsgd/config/schema.py:validate`` calls the groups in turn): a
-number in a range (bools, strings, NaN/inf and fractional integers refused), true/false, one of a
-list of choices (the list defined where the choice is implemented).
+Every config group's validator uses them (``dpsgd/config/schema.py:validate`` calls the groups in
+turn): a number in a range (bools, strings, NaN/inf and fractional integers refused), true/false,
+one of a list of choices (the list defined where the choice is implemented).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def num(
 
 
 def typed_number(text: str):
-    """A number as typed on a command line (int if it reads as one, else float); anything else is returned
-    as it is, for ``num`` to refuse with the key's name."""
+    """A number as typed on a command line (int if it reads as one, else float); anything else is
+    returned as it is, for ``num`` to refuse with the key's name."""
     for convert in (int, float):
         try:
             return convert(text)
@@ -70,7 +70,8 @@ def boolean(key: str, v: Any) -> bool:
 
 
 def choice(key: str, v: Any, options) -> str:
-    """``v`` if it is one of ``options`` (a config key's choices: dpsgd/config/schema.py:CHOICES)."""
+    """``v`` if it is one of ``options`` (a config key's choices:
+    dpsgd/config/schema.py:CHOICES)."""
     allowed = sorted(
         options
     )  # a list: an unhashable value (a list, a dict) is refused, not a TypeError

@@ -1,5 +1,6 @@
-"""The errors a run ends with, each turned by the command line (dpsgd/launch/cli.py) into one line on stderr and an
-exit code: bad input (2), divergence (1), an interrupting signal (128 + its number)."""
+"""The errors a run ends with, each turned by the command line (dpsgd/launch/cli.py) into one line
+on stderr and an exit code: bad input (2), divergence (1), an interrupting signal (128 + its
+number)."""
 
 import signal
 

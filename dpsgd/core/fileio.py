@@ -1,14 +1,15 @@
 """Atomic file I/O: nothing written is ever half-written.
 
-Every file is replaced atomically (write a temporary file in the same folder, fsync it, ``os.replace``
-it over the target, fsync the folder), so a process killed at any moment (SIGKILL included) leaves
-either the old or the new version; a failed write (disk full, read-only folder) leaves no temporary
-file behind, and its OSError names the file it was writing (``error: <path>: No space left on
-device``), whichever call failed (``naming``).
+Every file is replaced atomically (write a temporary file in the same folder, fsync it,
+``os.replace`` it over the target, fsync the folder), so a process killed at any moment (SIGKILL
+included) leaves either the old or the new version; a failed write (disk full, read-only folder)
+leaves no temporary file behind, and its OSError names the file it was writing (``error: <path>: No
+space left on device``), whichever call failed (``naming``).
 
-Every JSON file is strict JSON (RFC 8259): ``json_text`` refuses NaN and ±Infinity (``allow_nan=False``)
-and names where one sits, so a writer states a non-finite value as ``null`` with words beside it
-(docs/PRIVACY_STATEMENT.md) instead of writing ``Infinity``, which no strict parser reads.
+Every JSON file is strict JSON (RFC 8259): ``json_text`` refuses NaN and ±Infinity
+(``allow_nan=False``) and names where one sits, so a writer states a non-finite value as ``null``
+with words beside it (docs/PRIVACY_STATEMENT.md) instead of writing ``Infinity``, which no strict
+parser reads.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 @contextmanager
 def naming(path: str | Path):
     """An OSError raised inside (a write, an fsync, a rename: they may not say which file) re-raised
-    with ``path`` as its file name; the type follows its errno as before (FileExistsError stays one)."""
+    with ``path`` as its file name; the type follows its errno as before (FileExistsError stays
+    one)."""
     try:
         yield
     except OSError as e:
@@ -44,8 +46,9 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, exclusive: bool = False) -> None:
-    """Replace ``path`` by ``data`` atomically; on failure (disk full, read-only) no temp file is left.
-    ``exclusive``: never replace an existing file (FileExistsError), the new one still appears whole."""
+    """Replace ``path`` by ``data`` atomically; on failure (disk full, read-only) no temp file is
+    left. ``exclusive``: never replace an existing file (FileExistsError), the new one still appears
+    whole."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with naming(path):
@@ -84,7 +87,8 @@ def atomic_write_text(path: str | Path, text: str, *, exclusive: bool = False) -
 
 
 def json_text(obj, indent: int | None = 2) -> str:
-    """``obj`` as strict JSON text; ValueError naming the first NaN or ±Infinity (``epsilon: inf``)."""
+    """``obj`` as strict JSON text; ValueError naming the first NaN or ±Infinity (``epsilon:
+    inf``)."""
     try:
         return json.dumps(
             obj, indent=indent, sort_keys=False, allow_nan=False, default=json_default
@@ -117,7 +121,8 @@ def non_finite(obj, at: str = ""):
 
 
 def write_json(path: str | Path, obj, *, exclusive: bool = False) -> None:
-    """``obj`` as strict JSON (``json_text``), written atomically (``exclusive``: never over a file)."""
+    """``obj`` as strict JSON (``json_text``), written atomically (``exclusive``: never over a
+    file)."""
     atomic_write_text(path, json_text(obj) + "\n", exclusive=exclusive)
 
 
@@ -131,6 +136,6 @@ def json_default(o):
 
 
 def plain(obj):
-    """JSON-like structure of plain python values (safe for torch.load(weights_only=True)); not a file
-    writer: NaN and ±Infinity stay floats (a checkpoint keeps metrics rows as they are)."""
+    """JSON-like structure of plain python values (safe for torch.load(weights_only=True)); not a
+    file writer: NaN and ±Infinity stay floats (a checkpoint keeps metrics rows as they are)."""
     return json.loads(json.dumps(obj, default=json_default))

@@ -8,16 +8,7 @@ faults for them (visible as high system time). Keeping freed memory in the heap 
 steps of the paper's MNIST model ran about 20 % faster on a 2-core AMD EPYC (docs/PERFORMANCE.md)
 (0.90 s vs 1.14 s for 100 lots, one thread). Opt out with ``DPSGD_TUNE_MALLOC=0``.
 
-Threads (``configure_threads``): torch starts one OpenMP worker per core, and a parallel region waits
-for its slowest worker, so one busy core (another process) stalls every step. On a 2-core Xeon
-(docs/PERFORMANCE.md), 100 DP-SGD lots of the paper's MNIST model (bench/bench_threads.py, results/bench_threads.csv,
-9 interleaved repetitions, medians of paired 2-thread/1-thread ratios) took 0.7x the time with 2
-threads when no competing process ran (0.218 s vs 0.312 s), but 8.2x (4.0–14.6) beside one competing
-CPU-bound process and 2.7x (0.8–37) beside two; when other users loaded the machine during the
-"quiet" repetitions, 2 threads took 4x too. Beside one competing process the median for 100 lots
-was 0.54 s with 1 thread and 3.0 s with 2. The cost of guessing
-"quiet" wrongly dwarfs the gain, and a load average taken at the start does not predict the load of
-a run lasting minutes, so on <= 2 usable cores dpsgd uses 1 thread unless told otherwise.
+Details: docs/PERFORMANCE.md, "dpsgd/core/runtime.py".
 """
 
 from __future__ import annotations
@@ -34,7 +25,8 @@ _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 
 
 def tune_allocator() -> bool:
-    """Ask glibc to keep freed memory (Linux/glibc only; a no-op elsewhere). Returns True if applied."""
+    """Ask glibc to keep freed memory (Linux/glibc only; a no-op elsewhere). Returns True if
+    applied."""
     if os.environ.get("DPSGD_TUNE_MALLOC", "1") == "0" or not sys.platform.startswith("linux"):
         return False
     try:

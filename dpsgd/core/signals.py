@@ -15,8 +15,9 @@ _HELD: list = []  # [signal or None] while a lot's bookkeeping runs (``held_sign
 
 @contextmanager
 def held_signals():
-    """A signal that arrives inside is raised (as Interrupted) once the block has finished, so that a
-    lot's charge and count, or the writes that open or finish a run, are never split by an interruption."""
+    """A signal that arrives inside is raised (as Interrupted) once the block has finished, so that
+    a lot's charge and count, or the writes that open or finish a run, are never split by an
+    interruption."""
     _HELD.append(None)
     try:
         yield

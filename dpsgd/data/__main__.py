@@ -1,4 +1,5 @@
 """python -m dpsgd.data: seed the data root (see archives.main)."""
+
 import sys
 
 from dpsgd.data.archives import main

@@ -14,8 +14,10 @@ crops; where the paper is silent we follow that tutorial (``cifar10_input.py``):
 ``x`` of shape [B, C, H, W] → [B, C, h, w]. Each transform acts on every example on its own, so
 example i's clipped gradient still depends on example i alone and the sensitivity C of Algorithm 1
 is unchanged. The randomness comes from ``generator`` only (the trainer seeds one per lot from the
-run's seed and the lot's index: ``lot_generator``), so a seeded run and its resume draw the same crops.
+run's seed and the lot's index: ``lot_generator``), so a seeded run and its resume draw the same
+crops.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,7 +25,10 @@ import math
 import numpy as np
 import torch
 
-from dpsgd.data.datasets import AUGMENTATION_NAMES, CROP   # torch-free, so `python -m dpsgd.data` needs no torch
+from dpsgd.data.datasets import (
+    AUGMENTATION_NAMES,
+    CROP,
+)  # torch-free, so `python -m dpsgd.data` needs no torch
 
 
 def per_image_standardization(x: torch.Tensor) -> torch.Tensor:
@@ -38,12 +43,13 @@ def per_image_standardization(x: torch.Tensor) -> torch.Tensor:
 
 
 def center_crop(x: torch.Tensor, size: int = CROP) -> torch.Tensor:
-    """The central size×size window of [B, C, H, W] images (offset ⌊(H − size)/2⌋, as data.py crops)."""
+    """The central size×size window of [B, C, H, W] images (offset ⌊(H − size)/2⌋, as data.py
+    crops)."""
     H, W = x.shape[-2:]
     if size > min(H, W):
         raise ValueError(f"crop {size} is larger than the images ({H}x{W})")
     top, left = (H - size) // 2, (W - size) // 2
-    return x[..., top:top + size, left:left + size]
+    return x[..., top : top + size, left : left + size]
 
 
 def crop_flip(x: torch.Tensor, generator: torch.Generator, size: int = CROP) -> torch.Tensor:
@@ -56,8 +62,8 @@ def crop_flip(x: torch.Tensor, generator: torch.Generator, size: int = CROP) -> 
     left = torch.randint(0, W - size + 1, (B,), generator=generator)
     flip = torch.rand(B, generator=generator) < 0.5
     r = torch.arange(size)
-    rows = top[:, None] + r                                               # [B, size]
-    cols = left[:, None] + torch.where(flip[:, None], size - 1 - r, r)     # [B, size]
+    rows = top[:, None] + r  # [B, size]
+    cols = left[:, None] + torch.where(flip[:, None], size - 1 - r, r)  # [B, size]
     rows, cols = rows.to(x.device), cols.to(x.device)
     b = torch.arange(B, device=x.device)[:, None, None, None]
     c = torch.arange(C, device=x.device)[None, :, None, None]
@@ -72,15 +78,23 @@ AUGMENTATIONS = {  # dataset.augment -> augment(x [B, C, H, W], generator) -> [B
     "none": identity,
     "crop_flip": crop_flip,
 }
-if tuple(AUGMENTATIONS) != AUGMENTATION_NAMES:     # the names the config accepts are the functions here
-    raise ImportError(f"data/augment.py: AUGMENTATIONS {list(AUGMENTATIONS)} != datasets.AUGMENTATION_NAMES")
+if (
+    tuple(AUGMENTATIONS) != AUGMENTATION_NAMES
+):  # the names the config accepts are the functions here
+    raise ImportError(
+        f"data/augment.py: AUGMENTATIONS {list(AUGMENTATIONS)} != datasets.AUGMENTATION_NAMES"
+    )
 
 
 def lot_generator(seed: int, step: int) -> torch.Generator:
     """The generator of lot ``step``'s augmentation: a function of (seed, step) only, so lots are
-    replayed bit-identically by a resumed run (numpy SeedSequence, like dpsgd/run/state.py:derive_seed)."""
+    replayed bit-identically by a resumed run (numpy SeedSequence, like
+    dpsgd/run/state.py:derive_seed)."""
     tag = int.from_bytes(b"augment", "little")
-    s = int(np.random.SeedSequence([int(seed), tag, int(step)]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+    s = int(
+        np.random.SeedSequence([int(seed), tag, int(step)]).generate_state(1, np.uint64)[0]
+        >> np.uint64(1)
+    )
     return torch.Generator().manual_seed(s)
 
 
@@ -88,14 +102,25 @@ class LotTransform:
     """What a lot goes through before the DP step (``train.run_epoch``), and what evaluation sees.
 
     ``train(x, step)``: the configured augmentation (seeded by the run's seed and ``step``), then
-    per-image standardisation when ``standardize``. ``eval(x)``: the central ``crop`` when the stored
-    images are larger (the training set is kept at 32×32 for random crops), then standardisation."""
+    per-image standardisation when ``standardize``. ``eval(x)``: the central ``crop`` when the
+    stored images are larger (the training set is kept at 32×32 for random crops), then
+    standardisation."""
 
-    def __init__(self, augment: str = "none", standardize: bool = False, crop: int | None = None,
-                 seed: int = 0):
+    def __init__(
+        self,
+        augment: str = "none",
+        standardize: bool = False,
+        crop: int | None = None,
+        seed: int = 0,
+    ):
         if augment not in AUGMENTATIONS:
             raise ValueError(f"dataset.augment={augment!r}: must be one of {sorted(AUGMENTATIONS)}")
-        self.name, self.standardize, self.crop, self.seed = augment, bool(standardize), crop, int(seed)
+        self.name, self.standardize, self.crop, self.seed = (
+            augment,
+            bool(standardize),
+            crop,
+            int(seed),
+        )
         self.fn = AUGMENTATIONS[augment]
         if augment == "crop_flip" and crop is not None:
             self.fn = lambda x, g: crop_flip(x, g, crop)

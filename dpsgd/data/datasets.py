@@ -1,11 +1,13 @@
-"""The datasets the project serves: their registry, the publishers' md5s, and the ``dataset.*`` checks.
+"""The datasets the project serves: their registry, the publishers' md5s, and the ``dataset.*``
+checks.
 
-``DATASETS`` names each dataset's folder under the data root (torchvision's layout), its sizes, classes
-and the shape of one example as loaded; ``EXPECTED_MD5`` / ``EXPECTED_ARCHIVE_MD5`` are the publishers'
-digests every load checks (``dpsgd/data/archives.py`` obtains and verifies the files,
+``DATASETS`` names each dataset's folder under the data root (torchvision's layout), its sizes,
+classes and the shape of one example as loaded; ``EXPECTED_MD5`` / ``EXPECTED_ARCHIVE_MD5`` are the
+publishers' digests every load checks (``dpsgd/data/archives.py`` obtains and verifies the files,
 ``dpsgd/data/readers.py`` reads them into tensors: ``load_dataset``). ``DataUnavailable`` is the one
 error a dataset that cannot be used raises, whichever step fails.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -13,30 +15,34 @@ from typing import NamedTuple
 from dpsgd.core.checks import boolean, choice, fmt, num
 from dpsgd.core.errors import ConfigError
 
-CROP = 24          # the paper's (and the tutorial's) crop of the 32×32 CIFAR images (dataset.crop)
-AUGMENTATION_NAMES = ("none", "crop_flip")   # dataset.augment; the functions: data/augment.py (torch)
+CROP = 24  # the paper's (and the tutorial's) crop of the 32×32 CIFAR images (dataset.crop)
+AUGMENTATION_NAMES = (
+    "none",
+    "crop_flip",
+)  # dataset.augment; the functions: data/augment.py (torch)
 
 
 class Dataset(NamedTuple):
-    folder: str                  # under the data root (torchvision's layout)
-    n_train: int                 # training examples
-    n_test: int                  # test examples
+    folder: str  # under the data root (torchvision's layout)
+    n_train: int  # training examples
+    n_test: int  # test examples
     classes: int
-    shape: tuple[int, ...]       # one example as loaded, before any crop: flat 784, or C×H×W
+    shape: tuple[int, ...]  # one example as loaded, before any crop: flat 784, or C×H×W
 
 
-DATASETS = {   # dataset.name -> Dataset
+DATASETS = {  # dataset.name -> Dataset
     "mnist": Dataset("MNIST", 60000, 10000, 10, (784,)),
     "fashion_mnist": Dataset("FashionMNIST", 60000, 10000, 10, (784,)),
     "cifar10": Dataset("cifar-10-batches-py", 50000, 10000, 10, (3, 32, 32)),
     "cifar100": Dataset("cifar-100-python", 50000, 10000, 100, (3, 32, 32)),
 }
 
-# Every file the loaders read, by path under the dataset's folder, with its publisher's md5: the same
-# constants as torchvision.datasets.MNIST/FashionMNIST.resources and CIFAR10/CIFAR100.train_list/test_list.
-# Every load checks them (verified digests are remembered per process, keyed by the file's path, size,
-# mtime and inode; a fresh process hashes again). Tests that generate small files in these formats register
-# the generated files' md5 here with monkeypatch; nothing else skips the check, and no setting does.
+# Every file the loaders read, by path under the dataset's folder, with its publisher's md5: the
+# same constants as torchvision.datasets.MNIST/FashionMNIST.resources and
+# CIFAR10/CIFAR100.train_list/test_list. Every load checks them (verified digests are remembered per
+# process, keyed by the file's path, size, mtime and inode; a fresh process hashes again). Tests
+# that generate small files in these formats register the generated files' md5 here with
+# monkeypatch; nothing else skips the check, and no setting does.
 EXPECTED_MD5 = {
     "mnist": {
         "raw/train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
@@ -63,7 +69,8 @@ EXPECTED_MD5 = {
         "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
     },
 }
-# The CIFAR tar archives (torchvision's CIFAR10/CIFAR100.filename and tgz_md5), checked when copied from a source.
+# The CIFAR tar archives (torchvision's CIFAR10/CIFAR100.filename and tgz_md5), checked when copied
+# from a source.
 EXPECTED_ARCHIVE_MD5 = {
     "cifar10": ("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a"),
     "cifar100": ("cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85"),
@@ -71,7 +78,8 @@ EXPECTED_ARCHIVE_MD5 = {
 
 
 class DataUnavailable(ValueError):
-    """The dataset is not usable: missing everywhere, failing its md5 check, unreadable, or the root is unusable."""
+    """The dataset is not usable: missing everywhere, failing its md5 check, unreadable, or the root
+    is unusable."""
 
 
 def input_shape(name, crop: int | None = CROP) -> tuple[int, ...]:
@@ -92,7 +100,8 @@ def dataset_info(d) -> Dataset:
 
 
 def validate_dataset(d) -> None:
-    """The ``dataset.*`` group (``DatasetConfig``), checked and coerced in place; ConfigError naming the key."""
+    """The ``dataset.*`` group (``DatasetConfig``), checked and coerced in place; ConfigError naming
+    the key."""
     from dpsgd.data.files import FILE_FORMATS, check_files
 
     choice("dataset.name", d.name, (*DATASETS, *FILE_FORMATS))
@@ -108,8 +117,14 @@ def validate_dataset(d) -> None:
     info = dataset_info(d)
     full_n = info.n_train
     d.subset = num("dataset.subset", d.subset, integer=True, optional=True, lo=1, hi=full_n)
-    d.validation = num("dataset.validation", d.validation, integer=True, optional=True, lo=1,
-                       hi=(d.subset or full_n) - 1)
+    d.validation = num(
+        "dataset.validation",
+        d.validation,
+        integer=True,
+        optional=True,
+        lo=1,
+        hi=(d.subset or full_n) - 1,
+    )
     d.crop = num("dataset.crop", d.crop, integer=True, optional=True, lo=1, hi=32)
     if d.root is not None and not isinstance(d.root, str):
         raise ConfigError(f"dataset.root={fmt(d.root)}: must be a path")
@@ -118,7 +133,12 @@ def validate_dataset(d) -> None:
     d.standardize = boolean("dataset.standardize", d.standardize)
     shape = info.shape
     if d.augment != "none" and (len(shape) != 3 or not d.crop or d.crop >= shape[-1]):
-        raise ConfigError(f"dataset.augment={d.augment}: random crops need images and dataset.crop smaller than "
-                          f"them ({d.name}, crop={fmt(d.crop)})")
+        raise ConfigError(
+            f"dataset.augment={d.augment}: random crops need images and dataset.crop smaller than "
+            f"them ({d.name}, crop={fmt(d.crop)})"
+        )
     if d.standardize and len(shape) != 3:
-        raise ConfigError(f"dataset.standardize=true: per-image standardisation is for image datasets, not {d.name}")
+        raise ConfigError(
+            "dataset.standardize=true: per-image standardisation is for image datasets, not "
+            f"{d.name}"
+        )

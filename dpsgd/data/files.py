@@ -86,7 +86,8 @@ def _read_pt(path: str):
 
 
 def _read_images(path: str, size: int):
-    """An ImageFolder tree: one subfolder per class (sorted), each image RGB, size × size, [0, 1]."""
+    """An ImageFolder tree: one subfolder per class (sorted), each image RGB, size × size, [0,
+    1]."""
     from PIL import Image
 
     classes = sorted(d.name for d in Path(path).iterdir() if d.is_dir())

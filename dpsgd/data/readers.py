@@ -1,10 +1,11 @@
-"""Reading the dataset files into tensors: IDX archives (MNIST, Fashion-MNIST), CIFAR pickles, ``load_dataset``.
+"""Reading the dataset files into tensors: IDX archives (MNIST, Fashion-MNIST), CIFAR pickles,
+``load_dataset``.
 
 ``load_dataset(name, root)`` returns ``X_train, y_train, X_test, y_test``:
 
-* ``mnist``, ``fashion_mnist``: float32 in [0, 1] (pixel / 255, as in the paper's code), flattened to
-  784; read straight from the original IDX ``.gz`` archives under ``<root>/MNIST/raw`` (torchvision's
-  layout).
+* ``mnist``, ``fashion_mnist``: float32 in [0, 1] (pixel / 255, as in the paper's code), flattened
+  to 784; read straight from the original IDX ``.gz`` archives under ``<root>/MNIST/raw``
+  (torchvision's layout).
 * ``cifar10``, ``cifar100``: NCHW float32 in [0, 1] from torchvision's pickled layout
   (``cifar-10-batches-py``, ``cifar-100-python``), center-cropped to ``crop`` × ``crop`` (24 in the
   paper's CIFAR setup, §5.3; ``crop=None`` keeps 32 × 32).
@@ -14,6 +15,7 @@ It first makes the dataset available under the root, every file md5-verified (``
 archive's md5 and used only when it re-encodes to the CRC-32 and length recorded in the verified
 archive's gzip trailer. A file that cannot be read is one line naming it (``DataUnavailable``).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -35,23 +37,35 @@ _IDX = ("mnist", "fashion_mnist")
 
 
 def _read_idx(path: Path) -> np.ndarray:
-    """An IDX file (LeCun et al.'s MNIST format): magic 0 0 8 ndim, dims (big-endian int32), then uint8 data."""
+    """An IDX file (LeCun et al.'s MNIST format): magic 0 0 8 ndim, dims (big-endian int32), then
+    uint8 data."""
     try:
         with gzip.open(path, "rb") as f:
             data = f.read()
-    except (OSError, EOFError, zlib.error) as e:   # BadGzipFile is an OSError
-        raise DataUnavailable(f"{path}: cannot be decompressed ({_reason(e)}); delete it and re-seed "
-                              "with python -m dpsgd.data") from None
+    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
+        raise DataUnavailable(
+            f"{path}: cannot be decompressed ({_reason(e)}); delete it and re-seed "
+            "with python -m dpsgd.data"
+        ) from None
     ndim = data[3] if len(data) >= 4 and data[:3] == b"\x00\x00\x08" else 0
-    dims = np.frombuffer(data, dtype=">i4", count=ndim, offset=4) if len(data) >= 4 + 4 * ndim else None
+    dims = (
+        np.frombuffer(data, dtype=">i4", count=ndim, offset=4)
+        if len(data) >= 4 + 4 * ndim
+        else None
+    )
     if not ndim or dims is None or len(data) != 4 + 4 * ndim + int(np.prod(dims, dtype=np.int64)):
-        raise DataUnavailable(f"{path}: not a uint8 IDX file (bad header or length); delete it and re-seed "
-                              "with python -m dpsgd.data")
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(tuple(int(d) for d in dims))
+        raise DataUnavailable(
+            f"{path}: not a uint8 IDX file (bad header or length); delete it and re-seed "
+            "with python -m dpsgd.data"
+        )
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(
+        tuple(int(d) for d in dims)
+    )
 
 
 def _gzip_trailer(path: Path) -> tuple[int, int]:
-    """(CRC-32, length mod 2^32) of the uncompressed data, from the gzip trailer (RFC 1952 §2.3.1)."""
+    """(CRC-32, length mod 2^32) of the uncompressed data, from the gzip trailer (RFC 1952
+    §2.3.1)."""
     with open(path, "rb") as f:
         f.seek(-8, os.SEEK_END)
         return struct.unpack("<II", f.read(8))
@@ -65,25 +79,32 @@ def _idx_crc(arr: np.ndarray) -> tuple[int, int]:
 
 
 def _idx_array(path: Path, md5: str) -> np.ndarray:
-    """The uint8 array of an md5-verified IDX archive, cached as .npy next to it (decompressing is slow).
+    """The uint8 array of an md5-verified IDX archive, cached as .npy next to it (decompressing is
+    slow).
 
-    The cache is named after the archive's md5 and used only when its array re-encodes to the IDX data the
-    archive's gzip trailer describes (CRC-32 and length); otherwise it is rebuilt from the archive.
+    The cache is named after the archive's md5 and used only when its array re-encodes to the IDX
+    data the archive's gzip trailer describes (CRC-32 and length); otherwise it is rebuilt from the
+    archive.
     """
     cache = path.with_name(f".{path.name}.{md5}.npy")
     try:
         expected = _gzip_trailer(path)
-    except OSError:              # shorter than a gzip trailer: _read_idx says what is wrong
+    except OSError:  # shorter than a gzip trailer: _read_idx says what is wrong
         return _read_idx(path)
     if cache.is_file():
         try:
             arr = np.load(cache, mmap_mode="r", allow_pickle=False)
-            if arr.dtype == np.uint8 and _memo("idx-crc", cache, lambda _: _idx_crc(arr)) == expected:
+            if (
+                arr.dtype == np.uint8
+                and _memo("idx-crc", cache, lambda _: _idx_crc(arr)) == expected
+            ):
                 return arr
         except (OSError, ValueError):
             pass
     arr = _read_idx(path)
-    if _idx_crc(arr) != expected:   # a multi-member gzip: its trailer covers only the last member; no cache
+    if (
+        _idx_crc(arr) != expected
+    ):  # a multi-member gzip: its trailer covers only the last member; no cache
         return arr
     try:
         buf = io.BytesIO()
@@ -106,10 +127,12 @@ def _load_idx(name: str, root: Path, subset: int | None = None):
             arrays.append(_idx_array(folder / rel, EXPECTED_MD5[name][rel])[:n])
         x, y = arrays
         if len(x) != len(y):
-            raise DataUnavailable(f"{folder / 'raw'}: {split} images and labels differ in number "
-                                  f"({len(x)} vs {len(y)})")
+            raise DataUnavailable(
+                f"{folder / 'raw'}: {split} images and labels differ in number "
+                f"({len(x)} vs {len(y)})"
+            )
         pixels = x.reshape(len(x), -1).astype(np.float32)
-        pixels /= 255.0              # in place: the same float32 division, one 188 MB buffer fewer
+        pixels /= 255.0  # in place: the same float32 division, one 188 MB buffer fewer
         out += [torch.from_numpy(pixels), torch.from_numpy(y.astype(np.int64))]
     return tuple(out)
 
@@ -117,7 +140,11 @@ def _load_idx(name: str, root: Path, subset: int | None = None):
 def _load_cifar(name: str, root: Path, crop: int | None):
     folder = root / DATASETS[name].folder
     if name == "cifar10":
-        train_files, test_files, key = [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels"
+        train_files, test_files, key = (
+            [f"data_batch_{i}" for i in range(1, 6)],
+            ["test_batch"],
+            b"labels",
+        )
     else:
         train_files, test_files, key = ["train"], ["test"], b"fine_labels"
 
@@ -131,10 +158,20 @@ def _load_cifar(name: str, root: Path, crop: int | None):
                 y = np.asarray(d[key], dtype=np.int64)
                 if y.shape != (len(x),):
                     raise ValueError(f"{len(x)} images but {y.size} labels")
-            except (OSError, EOFError, pickle.UnpicklingError, KeyError, IndexError, TypeError, ValueError,
-                    AttributeError) as e:
-                raise DataUnavailable(f"{folder / f}: not a readable CIFAR batch ({_reason(e)}); delete it and "
-                                      "re-seed with python -m dpsgd.data") from None
+            except (
+                OSError,
+                EOFError,
+                pickle.UnpicklingError,
+                KeyError,
+                IndexError,
+                TypeError,
+                ValueError,
+                AttributeError,
+            ) as e:
+                raise DataUnavailable(
+                    f"{folder / f}: not a readable CIFAR batch ({_reason(e)}); delete it and "
+                    "re-seed with python -m dpsgd.data"
+                ) from None
             xs.append(x)
             ys.append(y)
         x = torch.from_numpy(np.concatenate(xs).astype(np.float32) / 255.0)
@@ -142,15 +179,22 @@ def _load_cifar(name: str, root: Path, crop: int | None):
             if not 1 <= crop <= 32:
                 raise ValueError(f"dataset.crop={crop}: must be in [1, 32]")
             off = (32 - crop) // 2
-            x = x[:, :, off:off + crop, off:off + crop].contiguous()
+            x = x[:, :, off : off + crop, off : off + crop].contiguous()
         return x, torch.from_numpy(np.concatenate(ys))
 
     return (*read(train_files), *read(test_files))
 
 
-def load_dataset(name: str, root: str | Path | None = None, subset: int | None = None,
-                 crop: int | None = CROP, download: bool = True, source: str | Path | None = None):
-    """(X_train, y_train, X_test, y_test) as CPU tensors; ``subset`` keeps the first n training examples."""
+def load_dataset(
+    name: str,
+    root: str | Path | None = None,
+    subset: int | None = None,
+    crop: int | None = CROP,
+    download: bool = True,
+    source: str | Path | None = None,
+):
+    """(X_train, y_train, X_test, y_test) as CPU tensors; ``subset`` keeps the first n training
+    examples."""
     ensure_dataset(name, root, source=source, download=download)
     root = Path(root) if root else default_root()
     if name in _IDX:

@@ -1,1 +1,2 @@
-"""The DP mechanism of Algorithm 1: the sampler (q), per-example clipping, Gaussian noise, the DP-SGD step, DP-PCA, EMA."""
+"""The DP mechanism of Algorithm 1: the sampler (q), per-example clipping, Gaussian noise, the
+DP-SGD step, DP-PCA, EMA."""

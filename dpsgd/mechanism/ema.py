@@ -1,4 +1,5 @@
-"""Exponential moving average of the weights (De et al. 2022, arXiv 2204.13650, §"parameter averaging").
+"""Exponential moving average of the weights (De et al. 2022, arXiv 2204.13650, §"parameter
+averaging").
 
 After each lot t (each DP-SGD update θ_t):
 

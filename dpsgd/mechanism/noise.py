@@ -9,7 +9,8 @@ Two sources:
   draws scaled to the requested std (the mitigation of Holohan & Braghin 2021, "Secure random
   sampling in differential privacy", also used by Opacus' secure mode) against floating-point
   attacks on the noise (Mironov 2012). A fixed seed is refused in this mode. What it does not do is
-  discussed in docs/SECURE_NOISE.md (the float32 cast and the addition to the gradient are still floating point).
+  discussed in docs/SECURE_NOISE.md (the float32 cast and the addition to the gradient are still
+  floating point).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ class GaussianNoise:
         if self.secure:
             if seed is not None:
                 raise ValueError(
-                    f"privacy.noise_seed={seed!r}: a fixed noise seed is refused when privacy.secure_rng=true "
-                    "(secure noise comes from OS entropy and cannot be replayed)"
+                    f"privacy.noise_seed={seed!r}: a fixed noise seed is refused when "
+                    "privacy.secure_rng=true (secure noise comes from OS entropy and cannot be "
+                    "replayed)"
                 )
             self.generator = None
             self.seed = None
@@ -71,8 +73,9 @@ class GaussianNoise:
         )
 
     def add_(self, t: torch.Tensor, std: float) -> torch.Tensor:
-        """t += N(0, std² I) in place; on CPU, tensors over CHUNK elements are drawn in chunks into a
-        small reusable buffer, so no noise tensor of t's size is allocated (memory of the DP step).
+        """t += N(0, std² I) in place; on CPU, tensors over CHUNK elements are drawn in chunks into
+        a small reusable buffer, so no noise tensor of t's size is allocated (memory of the DP
+        step).
 
         The same draws as ``sample`` would give for the same shapes in the seeded mode up to how
         the stream is cut."""

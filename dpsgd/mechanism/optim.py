@@ -16,21 +16,7 @@ and the per-example gradient that is clipped is the mean over its copies, g(x_i)
 ∇ℓ(θ, aug_k(x_i)): averaged *before* clipping, so example i still adds one vector of norm ≤ C and
 the sensitivity, the noise σC and the accounting are those of K = 1. K = 1 is the plain step.
 
-Fixed-shape lots (``weights``; the truncated Poisson sampler's ``padded`` lots of exactly B rows):
-each row's clip factor is multiplied by its weight, 1 for the lot's examples and 0 for the padding,
-so the padding adds exactly 0 to Σ_i clip(g_i) while every step runs at the same shape B. The
-divisor stays L; the returned lot_size counts the rows of positive weight (the real lot).
-
-σ, C and L are read from the run's plan (``dpsgd/mechanism/plan.py``: the privacy event each lot is
-charged as, the clipping bound the claim uses, the expected lot size): the σ that is noised and the σ
-that is charged are one value by construction. The noise scale is σ·C with C the plan's, not the
-clipper's, so that a deliberately broken mechanism (clipping disabled in the clipper, used by the
-audit) still adds the noise it claims.
-
-Momentum (``training.momentum`` = μ > 0; heavy ball, Polyak 1964, as ``torch.optim.SGD`` with
-dampening 0): v_t ← μ v_{t−1} + g̃_t (v_1 = g̃_1), θ_{t+1} ← θ_t − η_t v_t. It only post-processes the
-released noisy gradients g̃_t, so it costs no privacy (Dwork & Roth 2014, Prop. 2.1). μ = 0 runs the
-plain update above, operation for operation.
+Details: docs/PERFORMANCE.md, "dpsgd/mechanism/optim.py".
 """
 
 from __future__ import annotations
@@ -140,7 +126,8 @@ class DPSGD:
         physical_batch_size: int | None = None,
         weights: torch.Tensor | None = None,
     ):
-        """g̃_t = (Σ_i w_i clip(g_i) + N(0, σ²C²)) / L for one lot; returns (grads, loss_sum, lot_size).
+        """g̃_t = (Σ_i w_i clip(g_i) + N(0, σ²C²)) / L for one lot; returns (grads, loss_sum,
+        lot_size).
 
         ``physical_batch_size`` bounds the examples per forward/backward (memory only; None = the
         whole lot at once). ``weights`` [len(x)] (None: all ones): per-example weights, 0 for the
@@ -212,7 +199,8 @@ class DPSGD:
         The division by L is folded into the update (one pass less over the parameters).
         ``weights``: see ``noisy_gradient`` (None: the plain step, operation for operation).
         ``generator``: the lot's augmentation draws, when the step augments the K copies itself.
-        Returns {'loss_sum' (0-dim tensor, on the model's device), 'lot_size' (real rows)} for logging."""
+        Returns {'loss_sum' (0-dim tensor, on the model's device), 'lot_size' (real rows)} for
+        logging."""
         total, loss_sum, lot_size = self._noisy_sum(x, y, physical_batch_size, weights, generator)
         with torch.no_grad():
             if self.momentum == 0.0:

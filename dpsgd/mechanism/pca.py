@@ -1,4 +1,4 @@
-"""Input projections: differentially private PCA (Abadi et al. 2016, §4 "DP-PCA") and random projection.
+"""Input projections: DP-PCA (Abadi et al. 2016, §4 "DP-PCA") and random projection.
 
 DP-PCA, as in the paper's code (``dp_pca.py``, ``ComputeDPPrincipalProjection``):
 
@@ -96,7 +96,8 @@ def fit_projection(
     ledger=None,
     fraction: float = 1.0,
 ) -> torch.Tensor | None:
-    """The input projection of the config (``model.projection``); DP-PCA's release is charged to ``ledger``.
+    """The input projection of the config (``model.projection``); DP-PCA's release is charged to
+    ``ledger``.
 
     Returns None for ``kind == "none"`` or ``k == 0`` (the model sees the raw inputs).
     """

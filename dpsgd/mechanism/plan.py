@@ -1,18 +1,20 @@
-"""The mechanism as one object: how each lot is sampled, what it is clipped to, the noise it gets, and
-the privacy event it is charged as (in the manner of jax_privacy's ``DPExecutionPlan``).
+"""The mechanism as one object: how each lot is sampled, what it is clipped to, the noise it gets,
+and the privacy event it is charged as (in the manner of jax_privacy's ``DPExecutionPlan``).
 
     plan = Plan(event, clip_norm=C, lot_size=L, sampler=sampler)
-    DPSGD(model, clipper, noise, plan, lr)      the step noises at N(0, (plan.sigma · C)²), divides by L
-    plan.release(i)                             the event lot i of an epoch records (None: an earlier
-                                                charge of its epoch covers it)
-    plan.charge_lots(ledger, n, first)          n lots from position ``first``, as the loop charges them
+    DPSGD(model, clipper, noise, plan, lr)   the step noises at N(0, (plan.sigma · C)²), divides
+                                             by L
+    plan.release(i)                          the event lot i of an epoch records (None: an earlier
+                                             charge of its epoch covers it)
+    plan.charge_lots(ledger, n, first)       n lots from position ``first``, as the loop charges
+                                             them
 
-σ is the event's own ``sigma`` (the noise multiplier the mechanism adds), so the σ that is noised and
-the σ that is charged are one value by construction, for every sampler and for lots charged as lost
-on resume alike; k = ``event.groups`` tensors clipped separately to C (a k-group lot is one Gaussian
-mechanism at σ/√k: the joint convention). ``event`` None is the non-private step: no noise, nothing
-charged. The neighbouring relation and the accountants that serve a charge follow from the event's
-type (``adjacency``, ``accountants``; one table, ``ledger.EVENTS``).
+σ is the event's own ``sigma`` (the noise multiplier the mechanism adds), so the σ that is noised
+and the σ that is charged are one value by construction, for every sampler and for lots charged as
+lost on resume alike; k = ``event.groups`` tensors clipped separately to C (a k-group lot is one
+Gaussian mechanism at σ/√k: the joint convention). ``event`` None is the non-private step: no noise,
+nothing charged. The neighbouring relation and the accountants that serve a charge follow from the
+event's type (``adjacency``, ``accountants``; one table, ``ledger.EVENTS``).
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ class Plan:
             adjacency and the accountants); None: not private (no noise, nothing charged).
         clip_norm: C, the clipping bound the claim uses; the noise std is σ·C.
         lot_size: L, the expected lot size the noisy sum is divided by (never the realised one).
-        sampler: draws the lots and says which positions carry a charge; None for steps driven by hand,
-            outside a ledger (``Plan.by_hand``).
+        sampler: draws the lots and says which positions carry a charge; None for steps driven by
+            hand, outside a ledger (``Plan.by_hand``).
 
     Raises:
         ValueError: naming the value, for σ < 0, C ≤ 0, L ≤ 0 or an event that is not one.
@@ -59,8 +61,8 @@ class Plan:
 
     @classmethod
     def by_hand(cls, sigma: float, clip_norm: float, lot_size: float, groups: int = 1) -> "Plan":
-        """A plan for steps driven by hand (benchmarks, tests, the one-step game): noise σC, no sampler;
-        σ = 0 is the non-private step."""
+        """A plan for steps driven by hand (benchmarks, tests, the one-step game): noise σC, no
+        sampler; σ = 0 is the non-private step."""
         if not sigma >= 0:
             raise ValueError(f"privacy.sigma={sigma!r} must be >= 0")
         return cls(Gaussian(float(sigma), 1.0, groups) if sigma > 0 else None, clip_norm, lot_size)
@@ -90,15 +92,16 @@ class Plan:
         return () if self.event is None else EVENTS[self.event.entry()["event"]]
 
     def release(self, lot_in_epoch: int) -> Event | None:
-        """The event lot ``lot_in_epoch`` (0-based) of an epoch records; None when an earlier charge of
-        its epoch covers it (shuffle, random allocation) or the plan is not private."""
+        """The event lot ``lot_in_epoch`` (0-based) of an epoch records; None when an earlier charge
+        of its epoch covers it (shuffle, random allocation) or the plan is not private."""
         if self.event is None or not self.sampler.charged(lot_in_epoch):
             return None
         return self.event
 
     def charge_lots(self, ledger, lots: int, first: int = 0, label: str = "lost") -> int:
-        """Record in ``ledger`` what ``lots`` consecutive lots from position ``first`` of an epoch cost,
-        each as the loop charges it (``sampling.record_lots`` at this plan's σ and k); returns the charges."""
+        """Record in ``ledger`` what ``lots`` consecutive lots from position ``first`` of an epoch
+        cost, each as the loop charges it (``sampling.record_lots`` at this plan's σ and k); returns
+        the charges."""
         if self.event is None:
             return 0
         return record_lots(ledger, self.sampler, self.sigma, lots, first, self.groups, label)

@@ -1,43 +1,21 @@
 """Lot samplers. The sampler is the single source of the sampling rate q that the ledger charges.
 
-* ``PoissonSampler`` — Algorithm 1 of Abadi et al. 2016 as analysed by the moments accountant
-  (§3.1: "each lot is formed by independently picking each example with probability q = L/N").
-  Neighbouring datasets differ by adding/removing one example; the privacy analysis uses
-  amplification by sampling, so each lot is charged as one subsampled Gaussian mechanism
-  (q = L/N, noise multiplier σ).
-* ``ShuffleSampler`` — a random permutation each epoch, partitioned into fixed lots of exactly L
-  (the remainder N mod L is dropped for that epoch). The Poisson analysis does NOT cover it, and no
-  amplification by sampling is claimed. Each example is in exactly one lot per epoch, so under
-  substitution (replace-one) adjacency one epoch changes the sum of one lot by at most 2C while the
-  other lots are unchanged (parallel composition). One epoch is charged as one Gaussian mechanism
-  with q = 1 and noise multiplier σ/2 (sensitivity 2C, noise σC), recorded as soon as the first lot
-  of the epoch is taken.
+* ``PoissonSampler`` — Algorithm 1 of Abadi et al. 2016 (§3.1): each example in a lot with
+  probability q = L/N; add/remove adjacency, one subsampled Gaussian mechanism per lot.
+* ``ShuffleSampler`` — a random permutation per epoch cut into fixed lots; no amplification by
+  sampling claimed: one Gaussian per epoch at q = 1 and σ/2 (replace-one adjacency).
+* ``FixedSizeSampler`` — exactly L of the N examples, drawn without replacement for every lot;
+  replace-one adjacency. Its privacy event is ``events.FixedSize``, whose stored code in a ledger
+  is ``"wor"`` (sampled without replacement: a stored format, kept so that old privacy.json files
+  read back).
+* ``TruncatedPoissonSampler`` — a Poisson lot capped at B examples (``padded``: fixed shape B).
+* ``BallsInBinsSampler`` — random allocation: every example in one of the epoch's t = N/L lots.
 
-* ``FixedSizeSampler`` — each lot is a uniformly random subset of exactly L of the N examples,
-  drawn independently for every lot (sampling without replacement within a lot). Replace-one
-  adjacency; each lot is ledger event ``wor`` (γ = L/N), served by the PLD accountant (the symmetric
-  dominating pair of Dong, Roth & Su 2022, Thm 9, valid under composition: ``accountant/privacy_loss/wor_pld.py``)
-  and by the RDP accountant (Wang, Balle & Kasiviswanathan 2019, Thm 9: ``accountant/renyi/wor.py``); the
-  statement takes the smaller.
-* ``TruncatedPoissonSampler`` — a Poisson lot (rate q = L/N) capped at B examples (a uniformly
-  random B of them when more were drawn); ``padded`` gives it fixed shape B with zero weights on the
-  padding rows. Add/remove adjacency; each lot is charged as the truncated subsampled Gaussian
-  (``accountant/privacy_loss/truncated.py``, Ganesh et al. 2025): ledger event ``truncated``, PLD only.
-* ``BallsInBinsSampler`` — each epoch every example is put in one of the epoch's t = N/L lots
-  (uniformly at random, independently: lot sizes are Binomial(N, 1/t)): random allocation. Add/remove
-  adjacency; one epoch of t adaptive Gaussian steps is dominated by the pair
-  P = (1/t) Σ_j N(e_j, σ²I_t), Q = N(0, σ²I_t) (Chua et al. 2025, arXiv 2412.16802, balls-and-bins;
-  Feldman & Shenfeld 2025, arXiv 2502.08202, Sec. 6), charged once per epoch (when its first lot is
-  taken) as the RDP of ``accountant/renyi/allocation.py`` (both directions exact at integer orders):
-  ledger event ``allocation`` (with t), RDP accountant only. Epochs compose by adding RDP; a partial
-  last epoch is charged as a full one.
+Every sampler draws only from its own ``torch.Generator`` (``state_dict`` resumes it); ``event``,
+``release``, ``charges`` and ``record_lots`` are the one place its q, privacy event and neighbouring
+relation are defined. ``make_sampler`` builds one by its config name.
 
-Every sampler draws only from its own ``torch.Generator``; ``state_dict`` / ``load_state_dict``
-capture it so that a resumed run draws the same lots as an uninterrupted one. ``event`` returns the
-typed privacy event (``accountant/events.py``) one of its charges is, and ``release`` that event at
-the positions that carry a charge (None elsewhere): the one place the sampler's q, event and
-neighbouring relation are defined. ``charges`` (and ``record_lots``, which records them) is the one
-count of "n lots → charges" that training, resume, calibration and the privacy command share.
+Details: docs/ACCOUNTING.md, "dpsgd/mechanism/sampling.py".
 """
 
 from __future__ import annotations
@@ -53,6 +31,17 @@ from dpsgd.accountant.ledger import EVENTS
 
 
 class Sampler:
+    """The base of the lot samplers: the lots of an epoch and what each lot is charged as.
+
+    Args:
+        N: the number of training examples (>= 1).
+        L: the (expected) lot size, in [1, N].
+        generator: the ``torch.Generator`` every draw comes from (a fresh one when None).
+
+    Raises:
+        ValueError: N < 1, or L outside [1, N].
+    """
+
     name = "?"
     adjacency = "?"  # words, for privacy.json
     amplification = False
@@ -81,12 +70,14 @@ class Sampler:
 
     @property
     def relation(self) -> str:
-        """The ledger's neighbouring relation of this sampler's charges: its event's (accountant/events.py)."""
+        """The ledger's neighbouring relation of this sampler's charges: its event's
+        (accountant/events.py)."""
         return self.event(1.0).entry()["adjacency"]
 
     @property
     def accountants(self) -> tuple[str, ...]:
-        """The accountants that serve this sampler's charges: its event kind's (``ledger.EVENTS``)."""
+        """The accountants that serve this sampler's charges: its event kind's
+        (``ledger.EVENTS``)."""
         return EVENTS[self.event(1.0).entry()["event"]]
 
     def charged(self, lot_in_epoch: int) -> bool:
@@ -95,8 +86,8 @@ class Sampler:
         return True
 
     def release(self, sigma: float, lot_in_epoch: int, groups: int = 1) -> events.Event | None:
-        """The event recorded before lot ``lot_in_epoch`` (0-based) of an epoch is used, or None when
-        that lot is covered by an earlier charge."""
+        """The event recorded before lot ``lot_in_epoch`` (0-based) of an epoch is used, or None
+        when that lot is covered by an earlier charge."""
         return self.event(sigma, groups) if self.charged(lot_in_epoch) else None
 
     def charges(self, sigma: float, lots: int, first: int = 0, groups: int = 1) -> dict:
@@ -111,7 +102,8 @@ class Sampler:
         return out
 
     def padded(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The lot as it is computed: (indices, weights); the default is the lot itself, weight 1."""
+        """The lot as it is computed: (indices, weights); the default is the lot itself, weight
+        1."""
         return idx, torch.ones(len(idx))
 
     def lots_within(self, charges: int, lot_in_epoch: int) -> int:
@@ -138,7 +130,13 @@ class Sampler:
 
 class PoissonSampler(Sampler):
     """Each example independently with probability q = L/N; an epoch is N/L lots, rounded to the
-    nearest whole lot (accountant.calibrate.lots_per_epoch)."""
+    nearest whole lot (accountant.calibrate.lots_per_epoch).
+
+    Args:
+        N: the number of training examples (>= 1).
+        L: the (expected) lot size, in [1, N].
+        generator: the ``torch.Generator`` every draw comes from (a fresh one when None).
+    """
 
     name = "poisson"
     adjacency = "add/remove one example"
@@ -165,7 +163,13 @@ class PoissonSampler(Sampler):
 
 
 class ShuffleSampler(Sampler):
-    """A fresh random permutation per epoch, cut into floor(N/L) lots of exactly L examples."""
+    """A fresh random permutation per epoch, cut into floor(N/L) lots of exactly L examples.
+
+    Args:
+        N: the number of training examples (>= 1).
+        L: the (expected) lot size, in [1, N].
+        generator: the ``torch.Generator`` every draw comes from (a fresh one when None).
+    """
 
     name = "shuffle"
     adjacency = "substitution (replace one example), no amplification by sampling"
@@ -185,7 +189,8 @@ class ShuffleSampler(Sampler):
             yield perm[i * self.L : (i + 1) * self.L]
 
     def event(self, sigma: float, groups: int = 1) -> events.Event:
-        # One Gaussian mechanism per epoch, sensitivity 2C (substitution) and noise σC: multiplier σ/2.
+        # One Gaussian mechanism per epoch, sensitivity 2C (substitution) and noise σC: multiplier
+        # σ/2.
         return events.Shuffle(float(sigma), self.lots_per_epoch(), groups)
 
     def charged(self, lot_in_epoch: int) -> bool:
@@ -199,12 +204,18 @@ class ShuffleSampler(Sampler):
 
 class FixedSizeSampler(Sampler):
     """Exactly L examples per lot, without replacement, drawn afresh for every lot; N // L lots per
-    epoch (an epoch is only a unit of length here)."""
+    epoch (an epoch is only a unit of length here). Each lot is charged as ``events.FixedSize``.
+
+    Args:
+        N: the number of training examples (>= 1).
+        L: the (expected) lot size, in [1, N].
+        generator: the ``torch.Generator`` every draw comes from (a fresh one when None).
+    """
 
     name = "fixed_size"
     adjacency = (
-        "substitution (replace one example); sampling without replacement, amplified (PLD: Dong, Roth & "
-        "Su 2022, Thm 9; RDP: Wang et al. 2019)"
+        "substitution (replace one example); sampling without replacement, amplified (PLD: Dong, "
+        "Roth & Su 2022, Thm 9; RDP: Wang et al. 2019)"
     )
     amplification = True
 
@@ -228,7 +239,17 @@ class FixedSizeSampler(Sampler):
 
 class TruncatedPoissonSampler(PoissonSampler):
     """Poisson lots (rate q = L/N) capped at B examples: when more were drawn, a uniformly random B
-    of them are kept. ``padded`` gives every lot the fixed shape B (zero-weight padding rows)."""
+    of them are kept. ``padded`` gives every lot the fixed shape B (zero-weight padding rows).
+
+    Args:
+        N: the number of training examples (>= 1).
+        L: the (expected) lot size, in [1, N].
+        generator: the ``torch.Generator`` every draw comes from (a fresh one when None).
+        B: the cap on a lot's size (``privacy.max_lot_size``), >= L; None means N (no cap).
+
+    Raises:
+        ValueError: B < L (and the base class's checks of N and L).
+    """
 
     name = "truncated_poisson"
     adjacency = "add/remove one example; Poisson lots truncated to B (Ganesh et al. 2025)"
@@ -268,12 +289,18 @@ class TruncatedPoissonSampler(PoissonSampler):
 
 
 class BallsInBinsSampler(Sampler):
-    """Each epoch, every example goes to one of t = N/L lots uniformly at random (balls in bins)."""
+    """Each epoch, every example goes to one of t = N/L lots uniformly at random (balls in bins).
+
+    Args:
+        N: the number of training examples (>= 1).
+        L: the (expected) lot size, in [1, N].
+        generator: the ``torch.Generator`` every draw comes from (a fresh one when None).
+    """
 
     name = "balls_in_bins"
     adjacency = (
-        "add/remove one example; random allocation to one lot per epoch, amplified (RDP per epoch, remove "
-        "and add directions exact: Feldman & Shenfeld 2025)"
+        "add/remove one example; random allocation to one lot per epoch, amplified (RDP per "
+        "epoch, remove and add directions exact: Feldman & Shenfeld 2025)"
     )
     amplification = True
 
@@ -295,7 +322,8 @@ class BallsInBinsSampler(Sampler):
             start += n
 
     def event(self, sigma: float, groups: int = 1) -> events.Event:
-        # one epoch of random allocation over t lots (accountant/renyi/allocation.py), charged at its first lot
+        # one epoch of random allocation over t lots (accountant/renyi/allocation.py), charged at
+        # its first lot
         return events.Allocation(float(sigma), self.lots_per_epoch(), groups)
 
     def charged(self, lot_in_epoch: int) -> bool:
@@ -324,9 +352,21 @@ def record_lots(
     groups: int = 1,
     label: str = "sgd",
 ) -> int:
-    """Record in ``ledger`` what ``lots`` consecutive lots of ``sampler`` cost, the first at position
-    ``first`` of its epoch (``Sampler.charges``: each lot as the training loop charges it, σ, k =
-    ``groups``); returns how many charges were recorded."""
+    """Record in ``ledger`` what ``lots`` consecutive lots of ``sampler`` cost, the first at
+    position ``first`` of its epoch (``Sampler.charges``: each lot as the training loop charges it).
+
+    Args:
+        ledger: the ``dpsgd.accountant.Ledger`` the charges are recorded in.
+        sampler: the sampler whose lots are charged.
+        sigma: the noise multiplier σ of each charge.
+        lots: the number of consecutive lots.
+        first: the position in its epoch of the first of them.
+        groups: k, the number of clipping groups.
+        label: the ledger label of the charges.
+
+    Returns:
+        How many charges were recorded.
+    """
     out = sampler.charges(sigma, lots, first, groups)
     for ev, n in out.items():
         ledger.record(ev, n, label)
@@ -340,6 +380,22 @@ def make_sampler(
     generator: torch.Generator | None = None,
     max_lot_size: int | None = None,
 ) -> Sampler:
+    """The sampler that ``privacy.sampling`` names.
+
+    Args:
+        name: one of ``SAMPLERS`` (poisson, shuffle, fixed_size, truncated_poisson,
+            balls_in_bins).
+        N: the number of training examples.
+        L: the (expected) lot size.
+        generator: the ``torch.Generator`` its draws come from.
+        max_lot_size: B, the cap of ``truncated_poisson`` (ignored by the others).
+
+    Returns:
+        The sampler.
+
+    Raises:
+        ValueError: an unknown name (or the sampler's own checks of N, L and B).
+    """
     if name not in SAMPLERS:
         raise ValueError(f"privacy.sampling={name!r}: must be one of {sorted(SAMPLERS)}")
     if name == "truncated_poisson":

@@ -64,8 +64,9 @@ class MLP(nn.Module):
 
 
 def init_weights(model: nn.Module, init: str) -> None:
-    """``init="paper"``: the original code's initialisation (TF ``utils.BuildNetwork``): weights from a
-    normal truncated at ±2 std with std 1/√fan_in, biases zero. ``init="torch"``: PyTorch's default."""
+    """``init="paper"``: the original code's initialisation (TF ``utils.BuildNetwork``): weights
+    from a normal truncated at ±2 std with std 1/√fan_in, biases zero. ``init="torch"``: PyTorch's
+    default."""
     if init not in INITS:
         raise ValueError(f"model.init={init!r}: must be one of {list(INITS)}")
     if init == "torch":
@@ -116,9 +117,9 @@ class TanhCNN(nn.Module):
         conv 32 4×4 stride 2       → tanh → maxpool 2 stride 1      12 →  5 →  4
         flatten 512 → linear 32 → tanh → linear 10
 
-    ``norm="group"`` puts a GroupNorm (NORM_GROUPS groups, affine) after each convolution, before its
-    tanh (not in Tramèr & Boneh's end-to-end net; GroupNorm normalises each example on its own, so
-    per-example clipping stays exact; the ghost engine has a rule for it)."""
+    ``norm="group"`` puts a GroupNorm (NORM_GROUPS groups, affine) after each convolution, before
+    its tanh (not in Tramèr & Boneh's end-to-end net; GroupNorm normalises each example on its own,
+    so per-example clipping stays exact; the ghost engine has a rule for it)."""
 
     NORM_GROUPS = 4
 
@@ -208,11 +209,13 @@ class ScatterCNN(nn.Module):
 
 INITS = ("paper", "torch")
 NORMS = ("none", "group")  # model.norm: normalisation after the convolutions (tanh_cnn)
-FREEZE = {  # model.freeze -> prefix of the parameters frozen (public weights, e.g. CIFAR-100-pretrained convs)
+# model.freeze -> prefix of the parameters frozen (public weights, e.g. CIFAR-100-pretrained convs)
+FREEZE = {
     "none": "",
     "features": "features.",
 }
-MODELS = {  # model.name -> network for (input features after any projection, hidden widths, classes)
+# model.name -> network for (input features after any projection, hidden widths, classes)
+MODELS = {
     "mlp": lambda in_features, hidden, num_classes, bias, init, **_: MLP(
         in_features, hidden, num_classes, bias, init
     ),
@@ -255,9 +258,9 @@ def check_dp_compatible(model: nn.Module) -> None:
         if reason is not None:
             label = name or "<root>"
             raise ValueError(
-                f"module '{label}' ({type(module).__name__}) mixes examples: {reason}; per-example "
-                "gradient clipping (DP-SGD) needs each example's gradient to depend on that example "
-                "only. Replace it, e.g. with nn.GroupNorm or nn.LayerNorm."
+                f"module '{label}' ({type(module).__name__}) mixes examples: {reason}; "
+                "per-example gradient clipping (DP-SGD) needs each example's gradient to depend "
+                "on that example only. Replace it, e.g. with nn.GroupNorm or nn.LayerNorm."
             )
 
 
@@ -265,9 +268,9 @@ TANH_CNN_DATASETS = ("mnist", "fashion_mnist")  # 1×28×28 images
 
 
 def check_input(m, dataset: str, shape: tuple[int, ...]) -> None:
-    """Refuse a network of ``model.*`` (a ``ModelConfig``) that cannot take the inputs of ``dataset``
-    (``shape``: one example after ``model.features``): the image models take images (no projection) of
-    their size, and only ``tanh_cnn`` has a normalisation option (``model.norm``)."""
+    """Refuse a network of ``model.*`` (a ``ModelConfig``) that cannot take the inputs of
+    ``dataset`` (``shape``: one example after ``model.features``): the image models take images (no
+    projection) of their size, and only ``tanh_cnn`` has a normalisation option (``model.norm``)."""
     dims = "x".join(map(str, shape))
     if m.name == "cnn":
         if shape != (3, 24, 24):
@@ -297,8 +300,9 @@ def check_input(m, dataset: str, shape: tuple[int, ...]) -> None:
 
 
 def build_model(m, shape, classes: int):
-    """The network of ``model.*`` (a ``ModelConfig``) for inputs of ``shape`` (after any projection);
-    with ``model._target_``, the user's class built by Hydra's instantiate with ``model.args``."""
+    """The network of ``model.*`` (a ``ModelConfig``) for inputs of ``shape`` (after any
+    projection); with ``model._target_``, the user's class built by Hydra's instantiate with
+    ``model.args``."""
     if getattr(m, "_target_", None):
         return user_model(m._target_, m.args)
     in_features = (
@@ -315,7 +319,8 @@ def build_model(m, shape, classes: int):
 
 
 def frozen_names(model, freeze: str) -> list[str]:
-    """The parameters ``model.freeze`` freezes (requires_grad=False: public, neither clipped nor noised)."""
+    """The parameters ``model.freeze`` freezes (requires_grad=False: public, neither clipped nor
+    noised)."""
     return (
         [n for n, _ in model.named_parameters() if n.startswith(FREEZE[freeze])]
         if FREEZE[freeze]

@@ -1,18 +1,19 @@
 """Public pretrained weights as a hash-checked artifact (Abadi et al. 2016, §5.3).
 
 The paper's CIFAR-10 run trains its convolutional layers on CIFAR-100, "treated as public", and then
-trains only the fully connected layers with DP-SGD. ``python -m dpsgd.pretrain`` writes that artifact:
+trains only the fully connected layers with DP-SGD. ``python -m dpsgd.pretrain`` writes that
+artifact:
 
     <name>.pt     a ``torch.save`` of {parameter name: tensor} (e.g. ``features.0.weight``)
     <name>.json   its sidecar: {"sha256": SHA-256 of <name>.pt, "tensors": {name: shape}, "source",
                   "config" (the pretraining run's resolved config), accuracies, ...}
 
 A DP run names it with ``model.pretrained=<name>.pt``; ``verify`` (called by ``config.validate``,
-before anything is written) refuses a missing file, a missing sidecar and a file whose SHA-256 differs
-from its sidecar's or from ``model.pretrained_sha256``, and tensors holding NaN or ±inf, each in one line
-naming the key. The hash enters
-the run's fingerprint, so a resume with a changed artifact is refused. ``load`` hashes the very bytes
-it deserialises again (the file may have changed since ``verify``).
+before anything is written) refuses a missing file, a missing sidecar and a file whose SHA-256
+differs from its sidecar's or from ``model.pretrained_sha256``, and tensors holding NaN or ±inf,
+each in one line naming the key. The hash enters
+the run's fingerprint, so a resume with a changed artifact is refused. ``load`` hashes the very
+bytes it deserialises again (the file may have changed since ``verify``).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def relative(path: str | Path) -> str:
 def _read(
     path: str | Path, expected: str | None, key: str = "model.pretrained"
 ) -> tuple[bytes, str]:
-    """The artifact's bytes and SHA-256, checked against its sidecar and ``expected``; else ConfigError."""
+    """The artifact's bytes and SHA-256, checked against its sidecar and ``expected``; else
+    ConfigError."""
     p = Path(path)
     hint = "build it with make data/pretrained/cifar100_convs.pt (python -m dpsgd.pretrain)"
     if not p.is_file():
@@ -124,7 +126,8 @@ def load(model: torch.nn.Module, path: str | Path, sha256: str, frozen: list[str
 
 def save(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict) -> str:
     """Write the artifact and (after it) its sidecar, atomically; returns the SHA-256. Non-finite
-    weights are refused (``Diverged``) before anything is written: ``load`` would refuse them anyway."""
+    weights are refused (``Diverged``) before anything is written: ``load`` would refuse them
+    anyway."""
     for n, t in tensors.items():
         if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
             raise Diverged(

@@ -1,14 +1,14 @@
 """``python -m dpsgd.tune``: a private hyperparameter selection (Papernot & Steinke 2022).
 
     python -m dpsgd.tune --sweep-dir runs/tune/a --target-epsilon 1.2 --delta 1e-5 \\
-        --distribution truncated_negative_binomial --eta 0 --gamma 0.2 --validation 10000 --seed 0 \\
-        experiment=mnist_scatter_linear training.epochs=10,15,20,40,60
-    python -m dpsgd.tune --resume runs/tune/a           (a killed sweep: same plan, nothing charged less)
+        --distribution truncated_negative_binomial --eta 0 --gamma 0.2 --validation 10000 \\
+        --seed 0 experiment=mnist_scatter_linear training.epochs=10,15,20,40,60
+    python -m dpsgd.tune --resume runs/tune/a   (a killed sweep: same plan, nothing charged less)
 
 The overrides are Hydra-style (``key=a,b,c`` is a choice; the rest are fixed). Every candidate is a
-``python -m dpsgd.train`` run in its own folder of the sweep, at the σ that makes the whole selection
-spend at most ``--target-epsilon`` (docs/TUNING.md). Bad input: one line naming the parameter, exit 2,
-before anything is written.
+``python -m dpsgd.train`` run in its own folder of the sweep, at the σ that makes the whole
+selection spend at most ``--target-epsilon`` (docs/TUNING.md). Bad input: one line naming the
+parameter, exit 2, before anything is written.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def parser() -> argparse.ArgumentParser:
         "--score-sigma",
         type=float,
         default=20.0,
-        help="std of the Gaussian noise on each candidate's count of correct validation predictions",
+        help="std of the Gaussian noise on each candidate's count of correct validation "
+        "predictions",
     )
     p.add_argument(
         "--xtol", type=float, default=1e-3, help="tolerance on the base ε of the inverse search"
@@ -130,8 +131,8 @@ def check(a) -> tuple[selection.KDistribution, list]:
 
 
 def literal_for_hydra(d: Path) -> None:
-    """A candidate's folder ``d/c00``, handed to Hydra quoted, is that folder (not an interpolation of
-    it); ConfigError naming ``--sweep-dir`` otherwise."""
+    """A candidate's folder ``d/c00``, handed to Hydra quoted, is that folder (not an interpolation
+    of it); ConfigError naming ``--sweep-dir`` otherwise."""
     folder = str(d / "c00")
     try:
         got = str(
@@ -148,8 +149,9 @@ def literal_for_hydra(d: Path) -> None:
 
 
 def start(a, held: list) -> tuple[Path, dict]:
-    """The new sweep: every argument checked, the plan made, the folder claimed (``SweepClaim``: of two
-    tunes started together into one folder one proceeds, the other is refused), the plan written."""
+    """The new sweep: every argument checked, the plan made, the folder claimed (``SweepClaim``: of
+    two tunes started together into one folder one proceeds, the other is refused), the plan
+    written."""
     dist, pts = check(a)
     fixed, choices = space.split(a.overrides)
     args = {
@@ -171,8 +173,8 @@ def start(a, held: list) -> tuple[Path, dict]:
 
 
 def resume(a, held: list) -> tuple[Path, dict]:
-    """The sweep of ``--resume``: claimed (not while another tune or sweep holds it), its plan read and
-    checked (one line naming the file when it is not a whole plan)."""
+    """The sweep of ``--resume``: claimed (not while another tune or sweep holds it), its plan read
+    and checked (one line naming the file when it is not a whole plan)."""
     _resume_alone(a)
     check_name_lengths("--resume", a.resume)
     if not (a.resume / sweep.TUNING).is_file():
@@ -210,8 +212,8 @@ def _term(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The selection; every expected failure is one line on stderr: 2 bad input (nothing written), 1 a
-    disk error or no candidate finished, 130 interrupted. The folder is claimed until the end."""
+    """The selection; every expected failure is one line on stderr: 2 bad input (nothing written), 1
+    a disk error or no candidate finished, 130 interrupted. The folder is claimed until the end."""
     a = parser().parse_args(argv)
     held, d = [], a.resume if a.resume is not None else a.sweep_dir
     try:
@@ -234,8 +236,8 @@ def _main(a, held: list) -> None:
     except ConfigError as e:
         fail(one_line(e), 2)
     print(
-        f"{PROG}: K={t['K']} candidates, each DP-SGD run at base ε={t['base']['epsilon_rdp']:.4f} (RDP), "
-        f"planned total ε={t['base']['planned_total']['epsilon']:.4f}; {d / sweep.TUNING}",
+        f"{PROG}: K={t['K']} candidates, each DP-SGD run at base ε={t['base']['epsilon_rdp']:.4f} "
+        f"(RDP), planned total ε={t['base']['planned_total']['epsilon']:.4f}; {d / sweep.TUNING}",
         flush=True,
     )
     if a.plan_only:
@@ -261,7 +263,8 @@ def _main(a, held: list) -> None:
         print(f"{PROG}: winner {t['winner']['choice']}; {t['privacy']['statement']}", flush=True)
     elif t["K"] == 0:
         print(
-            f"{PROG}: K=0 was drawn: no candidate ran and nothing is released; {t['privacy']['statement']}",
+            f"{PROG}: K=0 was drawn: no candidate ran and nothing is released; "
+            f"{t['privacy']['statement']}",
             flush=True,
         )
     else:
@@ -270,7 +273,7 @@ def _main(a, held: list) -> None:
             for c in t["candidates"]
         )
         fail(
-            f"no candidate finished ({ran}; their logs: {d / 'logs'}): nothing is released; the privacy spent "
-            f"is stated in {d / sweep.TUNING} (ε={t['privacy']['epsilon']:.4f})",
+            f"no candidate finished ({ran}; their logs: {d / 'logs'}): nothing is released; the "
+            f"privacy spent is stated in {d / sweep.TUNING} (ε={t['privacy']['epsilon']:.4f})",
             1,
         )

@@ -3,9 +3,9 @@
 Every point of the grid (the product of the choices) is composed and validated here, before any
 work, and charged as the run it will be: q = L/N of the Poisson sampler, its planned lots
 (training.epochs × lots per epoch, or training.max_steps if fewer) and k, the separately clipped
-groups (``dpsgd/config/calibration.py:clipping_groups``). The selection's base curve must bound every
-point of the grid, not only the points drawn (the hyperparameter draw is part of each candidate run
-in Papernot & Steinke's analysis).
+groups (``dpsgd/config/calibration.py:clipping_groups``). The selection's base curve must bound
+every point of the grid, not only the points drawn (the hyperparameter draw is part of each
+candidate run in Papernot & Steinke's analysis).
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
-"""A private selection's sweep folder: the plan written ahead, the candidate runs, the winner, the statement.
+"""A private selection's sweep folder: the plan written ahead, the candidate runs, the winner, the
+statement.
 
-    <sweep>/tuning.json        K, its law, the seed, every candidate (overrides, run dir, status, score),
-                               the winner and the privacy statement (rewritten atomically after each step)
-    <sweep>/c00, c01, ...      each candidate's own run directory (metrics.csv, privacy.json, checkpoint.pt)
+    <sweep>/tuning.json        K, its law, the seed, every candidate (overrides, run dir, status,
+                               score), the winner and the privacy statement (rewritten atomically
+                               after each step)
+    <sweep>/c00, c01, ...      each candidate's own run directory (metrics.csv, privacy.json,
+                               checkpoint.pt)
     <sweep>/logs/c00.log       its output
 
-Write-ahead: K, the candidates and their seeds are in tuning.json before the first run starts, so a
-killed sweep resumes the same plan (``--resume``): finished candidates are kept, an interrupted one
-is resumed from its checkpoint (``python -m dpsgd.train resume=<dir>``; its ledger then charges every
-lot it reserved), and one killed before its first checkpoint is set aside (``c03.aborted1``) and
-charged as one more full run of its point; a folder whose checkpoint is not that candidate's run (its
-fingerprint and overrides differ from the plan's) is never resumed as it (``check_candidate_folders``).
-Candidates that fail count as run. The statement always
-covers all K candidates: its base curve is the per-order maximum of the grid's planned curves and of
-every candidate's charged curve (its ledger, its aborted attempts, its score), so it is never below
-what ran.
+Details: docs/TUNING.md, "dpsgd/tune/sweep.py".
 """
 
 from __future__ import annotations
@@ -46,8 +40,8 @@ TUNING = "tuning.json"
 
 
 def plan(points: list[Point], dist: selection.KDistribution, seed: int, args: dict) -> dict:
-    """The write-ahead plan: σ per grid point (``selection.plan_sigmas``), K ~ dist, K candidates drawn
-    uniformly from the grid, a seed each; all from ``seed`` (numpy PCG64)."""
+    """The write-ahead plan: σ per grid point (``selection.plan_sigmas``), K ~ dist, K candidates
+    drawn uniformly from the grid, a seed each; all from ``seed`` (numpy PCG64)."""
     eps_b, sigmas, curve, (eps, order) = selection.plan_sigmas(
         [(p.q, p.lots, p.groups) for p in points],
         args["target_epsilon"],
@@ -117,8 +111,9 @@ def save(sweep: Path, t: dict) -> None:
 
 
 def load(sweep: Path, key: str = "--resume") -> dict:
-    """The plan in ``sweep``'s tuning.json, its structure checked (``check_plan``); ConfigError in one
-    line naming ``key`` and the file when it cannot be read, is not JSON or is not a whole plan."""
+    """The plan in ``sweep``'s tuning.json, its structure checked (``check_plan``); ConfigError in
+    one line naming ``key`` and the file when it cannot be read, is not JSON or is not a whole
+    plan."""
     path = sweep / TUNING
     try:
         t = json.loads(path.read_text())
@@ -152,8 +147,8 @@ def _is(value, kind, what: str):
 
 def check_plan(t) -> None:
     """Every field of a tuning.json that ``--resume`` reads, of its type (KeyError naming a missing
-    key, ValueError a wrong one): the law of K, the grid, the base curve, K candidates in order, each in
-    its own folder ``cNN`` of the sweep."""
+    key, ValueError a wrong one): the law of K, the grid, the base curve, K candidates in order,
+    each in its own folder ``cNN`` of the sweep."""
     num = (int, float)
     if not isinstance(t, dict) or t.get("format") != FORMAT:
         raise ValueError(f"format: not {FORMAT}")
@@ -231,7 +226,8 @@ def run_one(sweep: Path, t: dict, c: dict, log=print) -> None:
     c["status"], c["command"] = "running", " ".join(cmd[1:])
     save(sweep, t)
     log(
-        f"candidate {c['index']}: {c['choice']} σ={c['sigma']:.4f} seed={c['seed']} -> {c['run_dir']}"
+        f"candidate {c['index']}: {c['choice']} σ={c['sigma']:.4f} seed={c['seed']} -> "
+        f"{c['run_dir']}"
     )
     (sweep / "logs").mkdir(exist_ok=True)
     with open(sweep / "logs" / f"{c['run_dir']}.log", "a") as out:
@@ -246,9 +242,9 @@ def run_one(sweep: Path, t: dict, c: dict, log=print) -> None:
 
 
 def candidate_command(d: Path, c: dict) -> list[str]:
-    """``python -m dpsgd.train`` for candidate ``c`` in its folder ``d``: a resume of its checkpoint, else a
-    new run there. The folder is handed to Hydra quoted (``hydra_quoted``), so that any name (a quote,
-    ``=``, ``,``, a space) is that folder."""
+    """``python -m dpsgd.train`` for candidate ``c`` in its folder ``d``: a resume of its
+    checkpoint, else a new run there. The folder is handed to Hydra quoted (``hydra_quoted``), so
+    that any name (a quote, ``=``, ``,``, a space) is that folder."""
     if (d / CHECKPOINT).is_file():
         return [sys.executable, "-m", "dpsgd.train", f"resume={hydra_quoted(str(d))}"]
     return [
@@ -261,10 +257,10 @@ def candidate_command(d: Path, c: dict) -> list[str]:
 
 
 def check_candidate_folders(sweep: Path, t: dict) -> None:
-    """Every unfinished candidate whose folder holds a checkpoint is resumed only if that checkpoint is
-    this candidate's run: its configuration's fingerprint (every key a resume may not change) and its
-    overrides are the plan's for that candidate. ConfigError naming the folder otherwise (another
-    plan's run, or a folder copied in): it is never adopted as this candidate."""
+    """Every unfinished candidate whose folder holds a checkpoint is resumed only if that checkpoint
+    is this candidate's run: its configuration's fingerprint (every key a resume may not change) and
+    its overrides are the plan's for that candidate. ConfigError naming the folder otherwise
+    (another plan's run, or a folder copied in): it is never adopted as this candidate."""
     for c in t["candidates"]:
         d = sweep / c["run_dir"]
         if c["status"] in ("complete", "failed") or not (d / CHECKPOINT).is_file():
@@ -286,7 +282,8 @@ def check_candidate_folders(sweep: Path, t: dict) -> None:
 
 
 def run_epsilon(d: Path) -> float | None:
-    """The candidate run's own ε (its privacy.json: its configured accountant, DP-SGD alone), if any."""
+    """The candidate run's own ε (its privacy.json: its configured accountant, DP-SGD alone), if
+    any."""
     try:
         return json.loads((d / "privacy.json").read_text()).get("epsilon")
     except (OSError, ValueError):
@@ -294,9 +291,10 @@ def run_epsilon(d: Path) -> float | None:
 
 
 def score(d: Path, c: dict, t: dict) -> tuple[float | None, float | None]:
-    """(validation accuracy, score): the last evaluated epoch of metrics.csv (with dataset.validation its
-    test_accuracy column is the held-out training rows), and the noisy score (correct count +
-    N(0, score_sigma²)) / n_val from a generator seeded by (sweep seed, 2, index)."""
+    """(validation accuracy, score): the last evaluated epoch of metrics.csv (with
+    dataset.validation its test_accuracy column is the held-out training rows), and the noisy score
+    (correct count + N(0, score_sigma²)) / n_val from a generator seeded by (sweep seed, 2,
+    index)."""
     acc = None
     with open(d / "metrics.csv", newline="") as f:
         for row in csv.DictReader(f):
@@ -315,8 +313,9 @@ def score(d: Path, c: dict, t: dict) -> tuple[float | None, float | None]:
 
 
 def charged_curve(sweep: Path, t: dict, c: dict) -> np.ndarray:
-    """What candidate ``c`` is charged at every order: its ledger (joint convention; its grid point's
-    planned curve if it left none), its aborted attempts (a planned curve each) and its score."""
+    """What candidate ``c`` is charged at every order: its ledger (joint convention; its grid
+    point's planned curve if it left none), its aborted attempts (a planned curve each) and its
+    score."""
     g = t["grid"][c["point"]]
     planned = selection.candidate_curve(g["q"], g["sigma"], g["lots"], g["groups"])
     curve = planned
@@ -359,13 +358,15 @@ def statement(sweep: Path, t: dict) -> dict:
         "meets_target": eps <= t["target_epsilon"],
         "covers": f"all K={t['K']} candidates (failed and aborted ones included), each charged its "
         "ledger, its aborted attempts and its noisy score",
-        "statement": f"the released winner (model, hyperparameters, score) is ({eps:.4f}, {t['delta']:g})-DP "
-        f"by {theorem}; each candidate run is at most ({base_eps:.4f}, {t['delta']:g})-DP (RDP)",
+        "statement": f"the released winner (model, hyperparameters, score) is ({eps:.4f}, "
+        f"{t['delta']:g})-DP by {theorem}; each candidate run is at most ({base_eps:.4f}, "
+        f"{t['delta']:g})-DP (RDP)",
     }
 
 
 def finish(sweep: Path, t: dict) -> dict:
-    """Pick the winner (highest score among complete candidates; ties: the first), state the privacy."""
+    """Pick the winner (highest score among complete candidates; ties: the first), state the
+    privacy."""
     done = [c for c in t["candidates"] if c["status"] == "complete" and c["score"] is not None]
     best = max(done, key=lambda c: c["score"], default=None)
     t["winner"] = (
@@ -377,8 +378,8 @@ def finish(sweep: Path, t: dict) -> dict:
             "choice": best["choice"],
             "score": best["score"],
             "overrides": best["overrides"],
-            "model": f"{best['run_dir']}/checkpoint.pt: model (its weights only; the file's generator states are not "
-            "part of the release)",
+            "model": f"{best['run_dir']}/checkpoint.pt: model (its weights only; the file's "
+            "generator states are not part of the release)",
         }
     )
     t["privacy"] = statement(sweep, t)

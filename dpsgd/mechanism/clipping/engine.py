@@ -2,17 +2,18 @@
 
     ḡ(x_i) = g(x_i) · min(1, C / ‖g(x_i)‖₂)
 
-clipping="global" clips one norm over all trainable parameters; clipping="per_layer" clips each group
-of ``groups.clipping_groups`` to C on its own (the rule σ calibration and the ledger's k share). No
-noise and no division here: the DP optimiser adds N(0, σ²C²) per group and divides by L.
+clipping="global" clips one norm over all trainable parameters; clipping="per_layer" clips each
+group of ``groups.clipping_groups`` to C on its own (the rule σ calibration and the ledger's k
+share). No noise and no division here: the DP optimiser adds N(0, σ²C²) per group and divides by L.
 
 mode="vmap": torch.func per-example gradients (the reference); mode="ghost": ghost norms and
-book-keeping (ghost.py), no per-example gradients of Linear/Conv2d layers; mode="auto": ghost when the
-model allows it (checked once, against plain autograd), else vmap. ``multiplicity=K`` clips the mean
-gradient of each example's K augmented copies; ``weights`` multiplies each example's clipped gradient
-and loss (0 for the padding rows of fixed-shape lots); ``memory_budget_bytes`` bounds the per-example
-tensors held at once. Why each keeps the sensitivity at C: docs/ARCHITECTURE.md (augmentation
-multiplicity), docs/ACCOUNTING.md (fixed-shape lots); the engines' cost: docs/PERFORMANCE.md.
+book-keeping (ghost.py), no per-example gradients of Linear/Conv2d layers; mode="auto": ghost when
+the model allows it (checked once, against plain autograd), else vmap. ``multiplicity=K`` clips the
+mean gradient of each example's K augmented copies; ``weights`` multiplies each example's clipped
+gradient and loss (0 for the padding rows of fixed-shape lots); ``memory_budget_bytes`` bounds the
+per-example tensors held at once. Why each keeps the sensitivity at C: docs/ARCHITECTURE.md
+(augmentation multiplicity), docs/ACCOUNTING.md (fixed-shape lots); the engines' cost:
+docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ class PerExampleClipper:
 
     Args:
         model: the network; refused if a layer mixes examples (BatchNorm).
-        clip_norm: C, each example's gradient is scaled to norm ≤ C in every group; None: no clipping
-            (only a deliberately broken audit variant and the non-private tests use it).
+        clip_norm: C, each example's gradient is scaled to norm ≤ C in every group; None: no
+            clipping (only a deliberately broken audit variant and the non-private tests use it).
         clipping: ``global`` (one group, k = 1) or ``per_layer`` (one group per layer, k = layers).
         mode: ``ghost``, ``vmap`` or ``auto`` (ghost when every layer has a rule, else vmap).
         memory_budget_bytes: how much one chunk of per-example work may hold.
@@ -136,8 +137,8 @@ class PerExampleClipper:
         multiplicity: int = 1,
         weights: torch.Tensor | None = None,
     ) -> ClipResult:
-        """Σ_i clip(g_i) for one physical batch. With ``out`` (a tensor per trainable parameter, e.g.
-        the sum over the lot's earlier physical batches), the sum is added into it in place and
+        """Σ_i clip(g_i) for one physical batch. With ``out`` (a tensor per trainable parameter,
+        e.g. the sum over the lot's earlier physical batches), the sum is added into it in place and
         ``grads`` are those tensors: no parameter-sized temporary and no extra pass.
 
         ``multiplicity`` K: x holds K augmented copies per example (B·K rows), y the B labels; see
@@ -146,9 +147,9 @@ class PerExampleClipper:
         ``weights`` ([B], one per example, ≥ 0; None = all ones): Σ_i w_i clip(g_i) and
         Σ_i w_i loss_i; a weight-0 row (padding) adds exactly 0. ``norms`` are unweighted.
 
-        A non-finite value in an example (or its weight) is refused, on both engines, with a ValueError
-        naming the first such example (``check_finite``, the default): its gradient, and with it the
-        clipped sum, would not be finite."""
+        A non-finite value in an example (or its weight) is refused, on both engines, with a
+        ValueError naming the first such example (``check_finite``, the default): its gradient, and
+        with it the clipped sum, would not be finite."""
         K = multiplicity
         _check_batch(x, y, K, weights)
         self._check_trainable()
@@ -240,6 +241,6 @@ def _check_finite(x: torch.Tensor, K: int, weights: torch.Tensor | None) -> None
                 else f"example {row}" + (" of x" if what == "x" else "'s weight")
             )
             raise ValueError(
-                f"clipped_sum: {where} holds a non-finite value (NaN or inf); every example must be "
-                "finite (its gradient, and the clipped sum, would not be)"
+                f"clipped_sum: {where} holds a non-finite value (NaN or inf); every example must "
+                "be finite (its gradient, and the clipped sum, would not be)"
             )

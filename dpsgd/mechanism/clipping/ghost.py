@@ -13,22 +13,7 @@ T = sequence length, or the number of output pixels of a Conv2d after unfolding 
   so there is no second backward pass. Where explicit per-example products were formed for the
   norms and fit the memory budget, they are reused instead: Σ_i c_i g_i as one weighted sum.
 
-One forward pass records each layer's input a and the autograd edge of its output; one
-``torch.autograd.grad`` call returns only the gradients w.r.t. those outputs (autograd never forms
-the weight gradients). A first call is checked once against plain autograd (engine.py).
-Each module owning trainable parameters (``groups.owners``) gets the layer rule registered for its
-type (``registry.py``; Linear, Conv2d and GroupNorm in layers.py). Parameter-bearing leaf modules
-without a rule (LayerNorm, Embedding, ...) get their per-example gradients from ``vmap`` over that
-module alone, using the same a and b (hybrid).
-
-Augmentation multiplicity K (De et al. 2022): x holds B·K rows, example i's K augmented copies in
-rows iK .. iK+K−1, and y holds B labels. The loss is Σ_i (1/K) Σ_k ℓ(θ, x_ik), so b carries the
-1/K; each layer rule sums an example's K rows before its norm (layers.py), and the clipped sum
-repeats the example's factor over its rows. One forward and one backward pass over B·K rows.
-
-Per-example weights w (engine.py; the zero-weight padding of fixed-shape lots): the backward pass is
-the unweighted one (so the norms are), and w_i multiplies example i's clip factor, c_i ← w_i c_i,
-before the book-keeping sums; the reported loss is Σ_i w_i loss_i.
+Details: docs/PERFORMANCE.md, "dpsgd/mechanism/clipping/ghost.py".
 """
 
 from __future__ import annotations
@@ -151,7 +136,8 @@ class Capture:
 
 
 class Work(NamedTuple):
-    """One layer whose output reaches the loss, as its rule takes it, and the rule's reusable state."""
+    """One layer whose output reaches the loss, as its rule takes it, and the rule's reusable
+    state."""
 
     layer: _Layer
     a: torch.Tensor | None
@@ -179,7 +165,8 @@ def ghost_clipped_sum(
 
     With ``multiplicity`` K > 1, x has B·K rows (K augmented copies per example, consecutive) and
     g_i is the gradient of the mean loss over example i's copies. ``weights`` [B] (None: all ones)
-    multiply each example's clip factor and loss (Σ_i w_i c_i g_i, Σ_i w_i loss_i); norms unweighted.
+    multiply each example's clip factor and loss (Σ_i w_i c_i g_i, Σ_i w_i loss_i); norms
+    unweighted.
 
     With ``out`` (a tensor per parameter name) the sums are accumulated into it in place. Every
     Unsupported is raised before the first write into ``out``, so a caller may fall back to vmap."""
@@ -317,9 +304,9 @@ def _check_against_autograd(layers, work, ref: dict, B: int, dtype, device) -> N
             r = ref[n] if ref[n] is not None else torch.zeros_like(p)
             if not (bool(torch.isfinite(r).all()) and bool(torch.isfinite(g).all())):
                 raise ValueError(
-                    f"clipped_sum: the gradient of parameter '{n}' is not finite (NaN or inf) on this "
-                    "lot: an example holds a non-finite value or the loss overflowed (check_finite=False "
-                    "skips the check that names the example)"
+                    f"clipped_sum: the gradient of parameter '{n}' is not finite (NaN or inf) on "
+                    "this lot: an example holds a non-finite value or the loss overflowed "
+                    "(check_finite=False skips the check that names the example)"
                 )
             if not torch.allclose(g, r, rtol=1e-3, atol=1e-5 * (1.0 + float(r.abs().max()))):
                 raise Unsupported(

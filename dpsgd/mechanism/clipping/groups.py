@@ -1,9 +1,11 @@
-"""Which tensors form a clipping group: the one rule the engines, σ calibration and the ledger's k share.
+"""Which tensors form a clipping group: the one rule the engines, σ calibration and the ledger's k
+share.
 
 Algorithm 1 of Abadi et al. 2016 clips each example's gradient to norm C. The paper's experiments
 clip per layer: each layer's gradient to C on its own, so a lot releases k noisy blocks, and the
-accountant charges them as one Gaussian mechanism of sensitivity √k·C (``dpsgd/accountant/compose.py``,
-convention ``joint``). k must therefore be the number of groups the engine actually clips.
+accountant charges them as one Gaussian mechanism of sensitivity √k·C
+(``dpsgd/accountant/compose.py``, convention ``joint``). k must therefore be the number of groups
+the engine actually clips.
 
 * ``clipping="global"``: one group, every trainable parameter.
 * ``clipping="per_layer"``: one group per module owning trainable parameters (``recurse=False``:
@@ -11,17 +13,8 @@ convention ``joint``). k must therefore be the number of groups the engine actua
 * Frozen parameters (``requires_grad=False``, e.g. the public pretrained convolutions of §5.3) are
   in no group: they get no gradient, no clipping and no noise, and a module owning only frozen
   parameters adds nothing to k.
-* A parameter shared by several modules (tied weights: the same ``nn.Parameter`` registered in two
-  modules) is **one tensor in one group**, the group of its first owner in ``named_modules`` order,
-  under its first name (the name ``model.named_parameters()`` gives it). Its per-example gradient
-  is the sum of the gradients of all its uses, so clipping that one tensor once bounds its
-  contribution by C, and a second group for the same tensor would add a block that is not
-  released at all: counting it twice would only mis-state k. The vmap engine differentiates with
-  respect to the tensor itself (``torch.func.functional_call`` ties the aliases), so it computes
-  exactly that sum. The ghost engine forms each module's gradient from that module's own input and
-  output gradient; the norm of a sum of two uses needs their cross term ⟨g_i⁽¹⁾, g_i⁽²⁾⟩, which it
-  does not form, so it declines such a model (``Owner.aliases``; ``mode="auto"`` then runs vmap,
-  ``mode="ghost"`` refuses). The groups, and k, are the same in either engine.
+
+Details: docs/PERFORMANCE.md, "dpsgd/mechanism/clipping/groups.py".
 """
 
 from __future__ import annotations

@@ -2,19 +2,21 @@
 
 Each rule gets a layer's input a and output gradient b (of Σ_i loss_i) for the physical batch:
   LinearLayer  (any input [B, ..., d]): ‖a_i‖²‖b_i‖² on 2-D input; otherwise the ghost Gram form
-               ⟨a_i a_iᵀ, b_i b_iᵀ⟩ or the explicit ‖b_iᵀ a_i‖², whichever is cheaper (Bu et al. 2023);
-  Conv2dLayer  explicit per-example products, one kernel row at a time, without a full unfold (see the class);
-  GroupNormLayer per-example [B, C] sums Σ_spatial x̂ ⊙ b (weight) and Σ_spatial b (bias), exact;
-  GenericLayer any other leaf module with parameters: vmap of the module's vjp (exact, materialises).
+               ⟨a_i a_iᵀ, b_i b_iᵀ⟩ or the explicit ‖b_iᵀ a_i‖², whichever is cheaper (Bu et al.
+               2023);
+  Conv2dLayer  explicit per-example products, one kernel row at a time, without a full unfold (see
+  the class); GroupNormLayer per-example [B, C] sums Σ_spatial x̂ ⊙ b (weight) and Σ_spatial b
+  (bias), exact; GenericLayer any other leaf module with parameters: vmap of the module's vjp
+  (exact, materialises).
 The first three are registered for their module types (``registry.py``: ``@register_layer``);
 GenericLayer is the fallback for leaf modules without a registered rule.
 Clipped sums are book-keeping: (c ⊙ b)ᵀ a, or the weighted sum of kept per-example products.
 
-Augmentation multiplicity (De et al. 2022, arXiv 2204.13650): with K augmented copies per example the
-batch holds B·K rows (example i's copies are rows iK .. iK+K−1) and example i's gradient is the sum
-over its K rows (the 1/K of the mean is in b already). Every rule takes K: its per-row quantities are
-summed over each example's K rows *before* the norm (`group_rows`); book-keeping sums repeat each
-example's clip factor over its K rows. K = 1 runs the unchanged code.
+Augmentation multiplicity (De et al. 2022, arXiv 2204.13650): with K augmented copies per example
+the batch holds B·K rows (example i's copies are rows iK .. iK+K−1) and example i's gradient is the
+sum over its K rows (the 1/K of the mean is in b already). Every rule takes K: its per-row
+quantities are summed over each example's K rows *before* the norm (`group_rows`); book-keeping sums
+repeat each example's clip factor over its K rows. K = 1 runs the unchanged code.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ class _Layer:
         return "weight" in self.names
 
     def check_input(self, a: torch.Tensor) -> None:
-        """Raise Unsupported for an input these rules cannot handle (checked even when a is not kept)."""
+        """Raise Unsupported for an input these rules cannot handle (checked even when a is not
+        kept)."""
 
     def prepare(self, a: torch.Tensor) -> torch.Tensor:
         return a
@@ -192,8 +195,8 @@ class Conv2dLayer(_Layer):
     unfolded along its width only (see `_row_products`); otherwise one grouped weight-gradient
     convolution with B·groups groups (each example its own group). When they fit the memory
     budget they are kept and reused for the clipped sum; otherwise only their norms are formed
-    (kernel row by kernel row, or in chunks) and the clipped sum is the layer's ordinary weight gradient
-    for the rescaled output gradient c ⊙ b (book-keeping).
+    (kernel row by kernel row, or in chunks) and the clipped sum is the layer's ordinary weight
+    gradient for the rescaled output gradient c ⊙ b (book-keeping).
     """
 
     def __init__(self, module: nn.Conv2d, names):
@@ -259,7 +262,8 @@ class Conv2dLayer(_Layer):
         return G
 
     def _row_products(self, a, b, K: int = 1):
-        """Yield (s, u, G_u): examples s.. of one kernel row u, G_u[i, o, (v, c)] = G[i, o, u, v, c].
+        """Yield (s, u, G_u): examples s.. of one kernel row u, G_u[i, o, (v, c)] = G[i, o, u, v,
+        c].
 
         The input is unfolded along the width only: X[i, h, j, v, c] = x[i, c, h, j·sw + v·dw]
         (kw times the input, formed for CHUNK_BYTES worth of examples at a time). Kernel row u
@@ -344,7 +348,8 @@ class Conv2dLayer(_Layer):
 
 
 def _mm(lhs, rhs, out):
-    """lhs @ rhs, or out += lhs @ rhs in place (one GEMM with β = 1: no temporary, no extra pass)."""
+    """lhs @ rhs, or out += lhs @ rhs in place (one GEMM with β = 1: no temporary, no extra
+    pass)."""
     return lhs @ rhs if out is None else out.addmm_(lhs, rhs)
 
 

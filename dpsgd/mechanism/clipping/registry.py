@@ -40,8 +40,8 @@ def register_layer(*module_types: type):
 
 
 def registered_rule(module: nn.Module) -> type | None:
-    """The rule for ``module``: registered for its exact type, else for the nearest base class in its
-    MRO whose ``forward`` it keeps; None when there is none."""
+    """The rule for ``module``: registered for its exact type, else for the nearest base class in
+    its MRO whose ``forward`` it keeps; None when there is none."""
     kind = type(module)
     for cls in kind.__mro__:
         rule = LAYER_RULES.get(cls)
