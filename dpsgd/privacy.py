@@ -115,6 +115,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also the membership-inference risk: TPR at FPR 0.1/1/10 %% (PLD, f-DP envelope)",
     )
+    p.add_argument(
+        "--cross-check",
+        action="store_true",
+        dest="cross_check",
+        help="the schedule through every installed accountant library, side by side "
+        "(at the joint σ/√k; python -m dpsgd.crosscheck)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -401,13 +408,9 @@ def all_samplers(N, L, sigma, steps, delta, B=None) -> dict:
     }
 
 
-def main(argv=None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if _poisson_from_sizes(parser, args):  # --N/--L of Poisson lots: the --q question, q = L/N
-        args.q, args.N, args.L = args.L / args.N, None, None
-    if args.N is not None or args.L is not None or args.sampler is not None:
-        return _sampler_mode(parser, args)
+def _checked(parser, args) -> tuple:
+    """(q, δ, k, lots, target or None, σ or None) of the --q question; one line and exit 2 else."""
+    target = sigma = None
     try:
         if args.q is None:
             raise ValueError("--q is required (or --N and --L for the samplers)")
@@ -421,9 +424,9 @@ def main(argv=None) -> int:
                 "give either --sigma (compute epsilon) or --target-epsilon (calibrate sigma), "
                 f"not both: sigma={args.sigma!r}, target_epsilon={args.target_epsilon!r}"
             )
-        if args.last_iterate and args.target_epsilon is not None:
+        if (args.last_iterate or args.cross_check) and args.target_epsilon is not None:
             raise ValueError(
-                "--last-iterate needs --sigma (the heuristic epsilon of a given run), "
+                "--last-iterate and --cross-check need --sigma (a given run), "
                 f"not --target-epsilon={args.target_epsilon!r}"
             )
         q, delta = limits.check_q(args.q), limits.check_delta(args.delta)
@@ -439,7 +442,24 @@ def main(argv=None) -> int:
             sigma = limits.check_sigma(args.sigma)
     except ValueError as e:
         parser.error(str(e))
-    if args.target_epsilon is not None:
+    return q, delta, groups, steps, target, sigma
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if _poisson_from_sizes(parser, args):  # --N/--L of Poisson lots: the --q question, q = L/N
+        args.q, args.N, args.L = args.L / args.N, None, None
+    if args.N is not None or args.L is not None or args.sampler is not None:
+        return _sampler_mode(parser, args)
+    q, delta, groups, steps, target, sigma = _checked(parser, args)
+    if args.cross_check:  # every installed library on this schedule (dpsgd/crosscheck.py)
+        from dpsgd.crosscheck import cross_check, lines
+
+        res = cross_check(q, sigma / math.sqrt(groups), steps, delta)
+        print(json.dumps(res) if args.json else "\n".join(lines(res)))
+        return 0 if res["verdict"]["above_every_lower"] else 1
+    if target is not None:
         res = _sigmas(target, q, steps, delta, groups, args.convention)
     else:
         res = _epsilons(q, sigma, steps, delta, groups, args.convention)
@@ -453,6 +473,20 @@ def main(argv=None) -> int:
         print(json.dumps(res, allow_nan=False))
         return rc
     print(answer(res, q, steps, delta, groups, args))
+    _table(res, q, steps, delta, groups, args)
+    if args.risk and target is None:
+        print(risk_line(q, sigma, steps, groups, args.convention))
+    if li is not None:
+        val = "refused" if li["epsilon"] is None else _num(li["epsilon"])
+        print(
+            f"{'last iterate (heuristic)':<28}{val:>10}{'-':>12}  "
+            f"{li.get('refused', LAST_ITERATE_NOTE)}"
+        )
+    return rc
+
+
+def _table(res, q, steps, delta, groups, args) -> None:
+    """The accountants' table (strong composition with --all)."""
     head = (
         f"q={q:g}  lots={steps} (epochs={steps / calibrate.lots_per_epoch(1, q):g})  "
         f"delta={delta:g}  groups={groups} ({args.convention})"
@@ -480,15 +514,6 @@ def main(argv=None) -> int:
         order = f"{oname}={r['order']:g}" if oname and r.get("order") is not None else "-"
         sig = f"{_num(r['sigma']):>10}" if target_mode else ""
         print(f"{label:<28}{sig}{_num(r['epsilon']):>10}{order:>12}  {note}")
-    if args.risk and args.target_epsilon is None:
-        print(risk_line(q, sigma, steps, groups, args.convention))
-    if li is not None:
-        val = "refused" if li["epsilon"] is None else _num(li["epsilon"])
-        print(
-            f"{'last iterate (heuristic)':<28}{val:>10}{'-':>12}  "
-            f"{li.get('refused', LAST_ITERATE_NOTE)}"
-        )
-    return rc
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 CIFAR cases use small generated files in torchvision's pickled layout; generated files cannot match the
 publisher's md5, so each test registers their md5 in ``dpsgd.data.datasets.EXPECTED_MD5`` (monkeypatch, test only).
 """
+
 import os
 import pickle
 import tarfile
@@ -23,7 +24,7 @@ def test_mnist_tensors_shapes_and_range():
     assert Xtr.shape == (60000, 784) and Xte.shape == (10000, 784)
     assert Xtr.dtype == torch.float32 and ytr.dtype == torch.int64
     assert Xtr.min() == 0.0 and Xtr.max() == 1.0
-    assert ytr[:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]       # the well-known first labels
+    assert ytr[:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]  # the well-known first labels
     assert torch.bincount(yte).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
     sub = load_dataset("mnist", subset=100)
     assert sub[0].shape == (100, 784) and torch.equal(sub[0], Xtr[:100])
@@ -36,7 +37,8 @@ def test_seeds_root_from_source_without_writing_into_it(tmp_path):
     msg = ensure_dataset("mnist", tmp_path / "root", download=False)
     assert "copied 4 files" in msg and "md5 verified" in msg
     assert sorted(os.listdir(tmp_path / "root" / "MNIST" / "raw")) == sorted(
-        os.listdir(src / "MNIST" / "raw"))
+        os.listdir(src / "MNIST" / "raw")
+    )
     assert {p: p.stat().st_mtime for p in src.rglob("*")} == before
     assert "present" in ensure_dataset("mnist", tmp_path / "root", download=False)
 
@@ -53,14 +55,20 @@ def test_missing_data_without_network_is_a_one_line_error(tmp_path):
 def test_cli_seeds_and_reports(tmp_path, capsys, monkeypatch):
     empty = tmp_path / "src"
     empty.mkdir()
-    assert main(["mnist", "--root", str(tmp_path / "r"), "--source", str(empty), "--no-download"]) == 2
+    assert (
+        main(["mnist", "--root", str(tmp_path / "r"), "--source", str(empty), "--no-download"]) == 2
+    )
     assert "error: dataset.root=" in capsys.readouterr().err
 
 
 def _write_cifar(root: Path, name: str, n: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     if name == "cifar10":
-        d, files, key = root / "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"], b"labels"
+        d, files, key = (
+            root / "cifar-10-batches-py",
+            [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"],
+            b"labels",
+        )
     else:
         d, files, key = root / "cifar-100-python", ["train", "test"], b"fine_labels"
     d.mkdir(parents=True)
@@ -85,13 +93,15 @@ def _trust(monkeypatch, name: str, root: Path) -> None:
 def test_cifar_layout_nchw_center_crop(tmp_path, name, monkeypatch):
     written = _write_cifar(tmp_path, name, n=4)
     _trust(monkeypatch, name, tmp_path)
-    Xtr, ytr, Xte, yte = load_dataset(name, tmp_path, crop=24, download=False, source=tmp_path / "none")
+    Xtr, ytr, Xte, yte = load_dataset(
+        name, tmp_path, crop=24, download=False, source=tmp_path / "none"
+    )
     n_train = 20 if name == "cifar10" else 4
     assert Xtr.shape == (n_train, 3, 24, 24) and Xte.shape == (4, 3, 24, 24)
     assert Xtr.dtype == torch.float32 and 0 <= Xtr.min() and Xtr.max() <= 1
     first = "data_batch_1" if name == "cifar10" else "train"
     raw, labels = written[first]
-    img = raw[0].reshape(3, 32, 32).astype(np.float32) / 255.0         # CHW, row-major, as published
+    img = raw[0].reshape(3, 32, 32).astype(np.float32) / 255.0  # CHW, row-major, as published
     assert np.allclose(Xtr[0].numpy(), img[:, 4:28, 4:28])
     assert ytr[:4].tolist() == labels
     full = load_dataset(name, tmp_path, crop=None, download=False, source=tmp_path / "none")[0]
@@ -108,7 +118,10 @@ def test_cifar_files_failing_md5_are_refused(tmp_path, name, capsys):
     folder = data.DATASETS[name][0]
     first = "data_batch_1" if name == "cifar10" else "train"
     assert "\n" not in msg and f"{folder}/{first}" in msg and "fail their md5 check" in msg
-    assert main([name, "--root", str(tmp_path), "--source", str(tmp_path / "none"), "--no-download"]) == 2
+    assert (
+        main([name, "--root", str(tmp_path), "--source", str(tmp_path / "none"), "--no-download"])
+        == 2
+    )
     assert "md5 check" in capsys.readouterr().err
     assert (tmp_path / folder / first).is_file()
 
@@ -116,11 +129,13 @@ def test_cifar_files_failing_md5_are_refused(tmp_path, name, capsys):
 def test_cifar_unreadable_batch_is_one_line(tmp_path, monkeypatch):
     _write_cifar(tmp_path, "cifar100", n=2)
     path = tmp_path / "cifar-100-python" / "train"
-    path.write_bytes(path.read_bytes()[:500])                          # truncated pickle
+    path.write_bytes(path.read_bytes()[:500])  # truncated pickle
     _trust(monkeypatch, "cifar100", tmp_path)
     with pytest.raises(DataUnavailable) as e:
         load_dataset("cifar100", tmp_path, download=False, source=tmp_path / "none")
-    assert str(e.value).startswith(f"{path}: not a readable CIFAR batch (") and "\n" not in str(e.value)
+    assert str(e.value).startswith(f"{path}: not a readable CIFAR batch (") and "\n" not in str(
+        e.value
+    )
 
 
 def test_cifar_copied_from_local_source(tmp_path, monkeypatch):
@@ -150,7 +165,7 @@ def test_cifar_tar_md5_checked_when_copied(tmp_path, monkeypatch):
     with pytest.raises(DataUnavailable) as e:
         ensure_dataset("cifar10", root, source=src, download=False)
     assert f"{src / archive} (from DPSGD_DATA_SOURCE={src}) fails its md5 check" in str(e.value)
-    assert list(root.iterdir()) == []                                   # bad copy removed, nothing extracted
+    assert list(root.iterdir()) == []  # bad copy removed, nothing extracted
     monkeypatch.setitem(data.EXPECTED_ARCHIVE_MD5, "cifar10", (archive, _md5_of(src / archive)))
     _trust(monkeypatch, "cifar10", tmp_path / "gen")
     msg = ensure_dataset("cifar10", root, source=src, download=False)
@@ -159,12 +174,13 @@ def test_cifar_tar_md5_checked_when_copied(tmp_path, monkeypatch):
 
 
 def test_cifar_tar_already_in_root_is_verified_then_extracted(tmp_path, monkeypatch):
-    root = _tar_source(tmp_path, "cifar100")                            # a root holding only the tar
+    root = _tar_source(tmp_path, "cifar100")  # a root holding only the tar
     archive, _ = data.EXPECTED_ARCHIVE_MD5["cifar100"]
     with pytest.raises(DataUnavailable, match=f"{archive} fails its md5 check"):
         ensure_dataset("cifar100", root, source=tmp_path / "none", download=False)
-    assert sorted(p.name for p in root.iterdir()) == [archive]          # refused, kept, nothing extracted
+    assert sorted(p.name for p in root.iterdir()) == [archive]  # refused, kept, nothing extracted
     monkeypatch.setitem(data.EXPECTED_ARCHIVE_MD5, "cifar100", (archive, _md5_of(root / archive)))
     _trust(monkeypatch, "cifar100", tmp_path / "gen")
     assert ensure_dataset("cifar100", root, source=tmp_path / "none", download=False).startswith(
-        f"cifar100: extracted {root / archive}, md5 verified (2 files)")
+        f"cifar100: extracted {root / archive}, md5 verified (2 files)"
+    )

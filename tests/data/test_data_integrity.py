@@ -4,6 +4,7 @@ one-line refusals for tampered, truncated or unusable roots, failed downloads cl
 MNIST cases work on copies of the real archives in tmp_path (never writing into the data root); the md5
 tables are checked against torchvision's own constants (an independent reference).
 """
+
 import gzip
 import os
 import shutil
@@ -28,7 +29,9 @@ IMAGES = "raw/train-images-idx3-ubyte.gz"
 
 def _mnist_folder() -> Path:
     for base in (default_root(), default_source()):
-        if base is not None and all((base / "MNIST" / rel).is_file() for rel in EXPECTED_MD5["mnist"]):
+        if base is not None and all(
+            (base / "MNIST" / rel).is_file() for rel in EXPECTED_MD5["mnist"]
+        ):
             return base / "MNIST"
     pytest.skip("no MNIST archives (set DPSGD_DATA_ROOT)")
 
@@ -73,19 +76,29 @@ def test_md5_tables_are_torchvisions():
 
 def test_valid_gzip_with_shifted_labels_is_refused_by_load_and_cli(tmp_path, capsys):
     root = _mnist_root(tmp_path)
-    assert main(["mnist", "--root", str(root), "--source", str(tmp_path / "none"), "--no-download"]) == 0
+    assert (
+        main(["mnist", "--root", str(root), "--source", str(tmp_path / "none"), "--no-download"])
+        == 0
+    )
     assert "present in" in capsys.readouterr().out
     _replace(root / "MNIST" / LABELS, _shifted_labels_gz(root / "MNIST" / LABELS))
-    for call in (lambda: ensure_dataset("mnist", root, source=tmp_path / "none", download=False),
-                 lambda: load_dataset("mnist", root, source=tmp_path / "none", download=False)):
+    for call in (
+        lambda: ensure_dataset("mnist", root, source=tmp_path / "none", download=False),
+        lambda: load_dataset("mnist", root, source=tmp_path / "none", download=False),
+    ):
         with pytest.raises(DataUnavailable) as e:
             call()
         msg = _one_line(e)
-        assert f"dataset.root={root}: MNIST/{LABELS} fails its md5 check" in msg and "delete it" in msg
-    assert main(["mnist", "--root", str(root), "--source", str(tmp_path / "none"), "--no-download"]) == 2
+        assert (
+            f"dataset.root={root}: MNIST/{LABELS} fails its md5 check" in msg and "delete it" in msg
+        )
+    assert (
+        main(["mnist", "--root", str(root), "--source", str(tmp_path / "none"), "--no-download"])
+        == 2
+    )
     out = capsys.readouterr()
     assert out.out == "" and f"MNIST/{LABELS} fails its md5 check" in out.err
-    assert (root / "MNIST" / LABELS).is_file()                     # refused, never deleted
+    assert (root / "MNIST" / LABELS).is_file()  # refused, never deleted
 
 
 def test_cli_says_md5_verified(tmp_path, capsys):
@@ -106,8 +119,10 @@ def test_truncated_archive_is_one_line_naming_it(tmp_path):
 def test_unreadable_archive_second_line_of_defence(tmp_path, monkeypatch):
     """Past the md5 check (registered here), decompression and IDX-format errors are still one line."""
     root = _mnist_root(tmp_path)
-    cases = {IMAGES: (root / "MNIST" / IMAGES).read_bytes()[:100000],          # truncated gzip stream
-             LABELS: gzip.compress(b"\x00\x00\x08\x01" + (60000).to_bytes(4, "big") + bytes(59999))}  # short
+    cases = {
+        IMAGES: (root / "MNIST" / IMAGES).read_bytes()[:100000],  # truncated gzip stream
+        LABELS: gzip.compress(b"\x00\x00\x08\x01" + (60000).to_bytes(4, "big") + bytes(59999)),
+    }  # short
     for rel, content in cases.items():
         _replace(root / "MNIST" / rel, content)
         monkeypatch.setitem(EXPECTED_MD5["mnist"], rel, _md5_of(root / "MNIST" / rel))
@@ -142,15 +157,17 @@ def test_tampered_decompression_cache_is_never_used(tmp_path):
     np.save(buf, (labels + 1) % 10)
     _replace(caches[0], buf.read_bytes())
     assert torch.equal(load_dataset("mnist", root, download=False)[1], y)
-    assert np.array_equal(np.load(caches[0]), labels)               # rebuilt from the archive
+    assert np.array_equal(np.load(caches[0]), labels)  # rebuilt from the archive
 
 
 def test_cache_with_the_old_name_is_ignored(tmp_path):
     """A cache not named after the verified archive's md5 (here the former name) is never read."""
     root = _mnist_root(tmp_path)
     raw = root / "MNIST" / "raw"
-    labels = np.frombuffer(gzip.decompress((raw / "train-labels-idx1-ubyte.gz").read_bytes())[8:], np.uint8)
-    np.save(raw / ".train-labels-idx1-ubyte.gz.npy", (labels + 1) % 10)          # newer than the archive
+    labels = np.frombuffer(
+        gzip.decompress((raw / "train-labels-idx1-ubyte.gz").read_bytes())[8:], np.uint8
+    )
+    np.save(raw / ".train-labels-idx1-ubyte.gz.npy", (labels + 1) % 10)  # newer than the archive
     assert np.array_equal(load_dataset("mnist", root, download=False)[1].numpy(), labels)
 
 
@@ -191,7 +208,7 @@ def test_unwritable_root_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
         ensure_dataset("mnist", root, source=source, download=False)
     msg = _one_line(e)
     assert msg.startswith(f"dataset.root={root}: cannot copy ") and "Permission denied" in msg
-    assert list(root.iterdir()) == []                               # the MNIST/raw it made is gone
+    assert list(root.iterdir()) == []  # the MNIST/raw it made is gone
 
 
 def test_bad_copy_from_source_is_removed_and_named(tmp_path):
@@ -201,8 +218,11 @@ def test_bad_copy_from_source_is_removed_and_named(tmp_path):
     root = tmp_path / "new" / "root"
     with pytest.raises(DataUnavailable) as e:
         ensure_dataset("mnist", root, source=source, download=False)
-    assert f"{source / 'MNIST' / LABELS} (from DPSGD_DATA_SOURCE={source}) fails its md5 check" in _one_line(e)
-    assert not (tmp_path / "new").exists()                          # everything this attempt made is gone
+    assert (
+        f"{source / 'MNIST' / LABELS} (from DPSGD_DATA_SOURCE={source}) fails its md5 check"
+        in _one_line(e)
+    )
+    assert not (tmp_path / "new").exists()  # everything this attempt made is gone
     assert sorted(p.name for p in (source / "MNIST" / "raw").iterdir()) == before
 
 
@@ -213,12 +233,14 @@ def test_failed_download_names_its_cause_and_removes_what_it_created(tmp_path, m
         monkeypatch.setenv(k, "http://127.0.0.1:9")
     for k in ("no_proxy", "NO_PROXY"):
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr(urllib.request, "_opener", None)          # urlopen's opener reads the proxies anew
+    monkeypatch.setattr(urllib.request, "_opener", None)  # urlopen's opener reads the proxies anew
     root = tmp_path / "fresh" / "root"
     with pytest.raises(DataUnavailable) as e:
         ensure_dataset("mnist", root, source=tmp_path / "none")
     msg = _one_line(e)
-    assert "the download failed (Error downloading train-images-idx3-ubyte.gz: <urlopen error" in msg, msg
+    assert (
+        "the download failed (Error downloading train-images-idx3-ubyte.gz: <urlopen error" in msg
+    ), msg
     assert not (tmp_path / "fresh").exists()
 
 
@@ -239,17 +261,29 @@ def test_failed_download_keeps_what_existed(tmp_path, monkeypatch):
     monkeypatch.setattr(tvd, "MNIST", Failing)
     with pytest.raises(DataUnavailable) as e:
         ensure_dataset("mnist", root, source=tmp_path / "none")
-    assert _one_line(e).endswith("needs network)), and the download failed (<urlopen error no route to the mirror>)")
-    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == ["MNIST", "MNIST/notes.txt",
-                                                                         "other.txt"]
+    assert _one_line(e).endswith(
+        "needs network)), and the download failed (<urlopen error no route to the mirror>)"
+    )
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == [
+        "MNIST",
+        "MNIST/notes.txt",
+        "other.txt",
+    ]
 
 
-@pytest.mark.parametrize("err, expected", [
-    (RuntimeError("Error downloading x.gz:\nTried https://m/, got:\n<urlopen error refused>\n"),
-     "Error downloading x.gz: <urlopen error refused>"),
-    (RuntimeError("disk full"), "disk full"),
-    (RuntimeError(), "RuntimeError"),
-])
+@pytest.mark.parametrize(
+    "err, expected",
+    [
+        (
+            RuntimeError(
+                "Error downloading x.gz:\nTried https://m/, got:\n<urlopen error refused>\n"
+            ),
+            "Error downloading x.gz: <urlopen error refused>",
+        ),
+        (RuntimeError("disk full"), "disk full"),
+        (RuntimeError(), "RuntimeError"),
+    ],
+)
 def test_reason_is_the_first_informative_line(err, expected):
     assert _reason(err) == expected
 
@@ -270,13 +304,32 @@ def test_trainer_refuses_a_truncated_archive_before_making_a_run_dir(tmp_path):
     _replace(path, path.read_bytes()[:4096])
     (tmp_path / "empty_source").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
-    env.update(DPSGD_DATA_ROOT=str(root), DPSGD_DATA_SOURCE=str(tmp_path / "empty_source"),
-               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(
+        DPSGD_DATA_ROOT=str(root),
+        DPSGD_DATA_SOURCE=str(tmp_path / "empty_source"),
+        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
     run = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "dpsgd.train", "dataset.subset=600", "privacy.lot_size=60",
-                          f"hydra.run.dir={run}"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=180)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dpsgd.train",
+            "dataset.subset=600",
+            "privacy.lot_size=60",
+            f"hydra.run.dir={run}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert res.returncode == 2, res.stderr[-2000:]
     err = res.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: dataset.root=") and "fails its md5 check" in err[0]
+    assert (
+        len(err) == 1
+        and err[0].startswith("error: dataset.root=")
+        and "fails its md5 check" in err[0]
+    )
     assert not run.exists()

@@ -237,3 +237,10 @@ def test_a_search_that_stops_at_its_limit_is_refused(capsys):
     d = json.loads(out.out)
     assert d["rdp"]["epsilon"] is None and "stopped at its limit" in d["rdp"]["refused"]
     assert d["pld"]["sigma"] > 1e4
+
+
+def test_cross_check_from_the_privacy_cli(capsys):
+    pytest.importorskip("dp_accounting")
+    rc, out = _run(capsys, "--q", "0.01", "--sigma", "4", "--steps", "1000", "--cross-check")
+    assert rc == 0 and "dp_accounting   PLD pessimistic" in out.out
+    assert out.out.splitlines()[-1].startswith("verdict: ours ε = ")
