@@ -1,7 +1,8 @@
 """Datasets: MNIST from the original archives, root seeding from a local source, CIFAR layout.
 
-CIFAR cases use small generated files in torchvision's pickled layout; generated files cannot match the
-publisher's md5, so each test registers their md5 in ``dpsgd.data.datasets.EXPECTED_MD5`` (monkeypatch, test only).
+CIFAR cases use small generated files in torchvision's pickled layout; generated files cannot
+match the publisher's md5, so each test registers their md5 in
+``dpsgd.data.datasets.EXPECTED_MD5`` (monkeypatch, test only).
 """
 
 import os
@@ -83,7 +84,8 @@ def _write_cifar(root: Path, name: str, n: int, seed: int = 0):
 
 
 def _trust(monkeypatch, name: str, root: Path) -> None:
-    """Register the md5 of generated files as expected (the test-only way past the integrity check)."""
+    """Register the md5 of generated files as expected (the test-only way past the integrity
+    check)."""
     folder = root / data.DATASETS[name][0]
     for rel in data.EXPECTED_MD5[name]:
         monkeypatch.setitem(data.EXPECTED_MD5[name], rel, _md5_of(folder / rel))

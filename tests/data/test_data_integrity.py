@@ -1,8 +1,9 @@
-"""Integrity of the data root: every archive md5-verified on every load, caches tied to the verified archive,
-one-line refusals for tampered, truncated or unusable roots, failed downloads cleaned up with their cause.
+"""Integrity of the data root: every archive md5-verified on every load, caches tied to the
+verified archive, one-line refusals for tampered, truncated or unusable roots, failed downloads
+cleaned up with their cause.
 
-MNIST cases work on copies of the real archives in tmp_path (never writing into the data root); the md5
-tables are checked against torchvision's own constants (an independent reference).
+MNIST cases work on copies of the real archives in tmp_path (never writing into the data root); the
+md5 tables are checked against torchvision's own constants (an independent reference).
 """
 
 import gzip
@@ -53,7 +54,8 @@ def _replace(path: Path, content: bytes) -> None:
 
 
 def _shifted_labels_gz(path: Path) -> bytes:
-    """The same IDX labels archive with every label moved to the next class: a valid gzip, a wrong dataset."""
+    """The same IDX labels archive with every label moved to the next class: a valid gzip, a wrong
+    dataset."""
     raw = bytearray(gzip.decompress(path.read_bytes()))
     raw[8:] = bytes((b + 1) % 10 for b in raw[8:])
     return gzip.compress(bytes(raw))
@@ -117,7 +119,8 @@ def test_truncated_archive_is_one_line_naming_it(tmp_path):
 
 
 def test_unreadable_archive_second_line_of_defence(tmp_path, monkeypatch):
-    """Past the md5 check (registered here), decompression and IDX-format errors are still one line."""
+    """Past the md5 check (registered here), decompression and IDX-format errors are still one
+    line."""
     root = _mnist_root(tmp_path)
     cases = {
         IMAGES: (root / "MNIST" / IMAGES).read_bytes()[:100000],  # truncated gzip stream

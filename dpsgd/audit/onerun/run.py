@@ -1,6 +1,7 @@
 """One-run audit of a configuration: ``python -m dpsgd.audit run [overrides] [audit.key=value]``.
 
-    python -m dpsgd.audit run experiment=mnist_medium audit.gradient_canaries=1000 audit.variant=correct
+    python -m dpsgd.audit run experiment=mnist_medium audit.gradient_canaries=1000 \\
+        audit.variant=correct
 
 The configuration is the one ``python -m dpsgd.train`` takes (any preset, any override, torchrun
 included); ``audit.*`` options (``instrument.AuditOptions``) are taken off the command line before
