@@ -95,32 +95,37 @@ def _dist(a) -> selection.KDistribution:
 
 
 def check(a) -> tuple[selection.KDistribution, list]:
-    """Every argument, before any work: ConfigError naming the first bad one."""
+    """Every argument, before any work: one ConfigError line naming every bad one (a user fixing
+    the first should not find the next only on the next try)."""
+    bad = []
     if a.sweep_dir is None:
-        raise ConfigError("--sweep-dir: needed (or --resume <sweep dir>)")
-    if a.target_epsilon is None or not (0 < a.target_epsilon <= limits.EPSILON_MAX):
-        raise ConfigError(
-            f"--target-epsilon={a.target_epsilon}: must be in (0, {limits.EPSILON_MAX:g}]"
-        )
+        bad.append("--sweep-dir: needed (or --resume <sweep dir>)")
+    eps_ok = a.target_epsilon is not None and 0 < a.target_epsilon <= limits.EPSILON_MAX
+    if not eps_ok:
+        bad.append(f"--target-epsilon={a.target_epsilon}: must be in (0, {limits.EPSILON_MAX:g}]")
     if not (limits.DELTA_MIN <= a.delta < 1):
-        raise ConfigError(f"--delta={a.delta}: must be in [{limits.DELTA_MIN:g}, 1)")
+        bad.append(f"--delta={a.delta}: must be in [{limits.DELTA_MIN:g}, 1)")
     if a.seed < 0:
-        raise ConfigError(f"--seed={a.seed}: must be >= 0")
+        bad.append(f"--seed={a.seed}: must be >= 0")
     if a.validation is None or a.validation < 1:
-        raise ConfigError(
+        bad.append(
             f"--validation={a.validation}: the number of training rows that score the candidates "
             "(>= 1; never the test set)"
         )
     if not (math.isfinite(a.score_sigma) and a.score_sigma > 0):
-        raise ConfigError(
+        bad.append(
             f"--score-sigma={a.score_sigma}: must be > 0 (the score is charged as a Gaussian count)"
         )
-    if not (math.isfinite(a.xtol) and 0 < a.xtol < a.target_epsilon):
-        raise ConfigError(f"--xtol={a.xtol}: must be in (0, --target-epsilon)")
+    if not (math.isfinite(a.xtol) and 0 < a.xtol < (a.target_epsilon if eps_ok else math.inf)):
+        bad.append(f"--xtol={a.xtol}: must be in (0, --target-epsilon)")
     if not a.overrides:
-        raise ConfigError(
-            "overrides: give the runs' config, e.g. experiment=... training.epochs=10,20"
-        )
+        bad.append("overrides: give the runs' config, e.g. experiment=... training.epochs=10,20")
+    try:
+        _dist(a)
+    except ConfigError as e:
+        bad.append(str(e))
+    if bad:
+        raise ConfigError("; ".join(bad))
     dist = _dist(a)
     check_name_lengths("--sweep-dir", a.sweep_dir)
     unclaimed(str(a.sweep_dir), "--sweep-dir")  # held by a running tune or sweep: says so

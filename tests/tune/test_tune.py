@@ -483,3 +483,16 @@ def test_two_tunes_started_together_into_a_folder_whose_name_hydra_would_split(t
     t = sweep.load(d)
     assert t["candidates"][0]["status"] == "complete" and (d / "c00" / "checkpoint.pt").is_file()
     assert sorted(p.name for p in d.iterdir()) == ["c00", "logs", sweep.TUNING]
+
+
+def test_every_argument_error_in_one_line():
+    from dpsgd.core.errors import ConfigError
+    from dpsgd.tune.cli import check, parser
+
+    a = parser().parse_args(["--target-epsilon", "-1", "--delta", "2", "--seed", "-1", "x=1"])
+    with pytest.raises(ConfigError) as e:
+        check(a)
+    msg = str(e.value)
+    assert "\n" not in msg and all(
+        k in msg for k in ("--sweep-dir", "--target-epsilon=-1.0", "--delta=2.0", "--seed=-1")
+    )
