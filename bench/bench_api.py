@@ -17,6 +17,7 @@ same repetition, so drifts in machine load cancel.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import time
 import warnings
@@ -35,19 +36,17 @@ COLUMNS = ["method", "model", "lot", "threads", "step_ms", "ratio_to_nonprivate"
 OUT = Path(__file__).resolve().parents[1] / "results" / "bench_api.csv"
 
 
-class UserCNN(nn.Module):
-    """A user's model: no BatchNorm, GroupNorm instead."""
+def _example_cnn():
+    """The user's CNN of examples/cnn_on_tensors.py (Conv2d, GroupNorm, ReLU, max-pool ×2,
+    Linear): the benchmark measures the model the example trains."""
+    path = Path(__file__).resolve().parents[1] / "examples" / "cnn_on_tensors.py"
+    spec = importlib.util.spec_from_file_location("cnn_on_tensors", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SmallCNN
 
-    def __init__(self, classes: int = 10):
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.GroupNorm(4, 32), nn.ReLU(), nn.MaxPool2d(2),
-        )  # fmt: skip
-        self.head = nn.Linear(32 * 8 * 8, classes)
 
-    def forward(self, x):
-        return self.head(self.features(x).flatten(1))
+UserCNN = _example_cnn()
 
 
 def _nonprivate(x, y):

@@ -51,6 +51,12 @@ def risk(ledger, accountant: str = "pld", convention: str = "joint") -> dict:
     if not ledger.entries:
         return {"tpr_at_fpr": {str(a): a for a in FPRS}, "gdp_mu_at_1pct": 0.0,
                 "accountant": accountant}  # fmt: skip
+    if not ledger._plain(accountant, "improved"):  # one composition serves every δ only here
+        kinds = sorted({e.event for e in ledger.entries if e.event != "poisson"})
+        raise ValueError(
+            f"risk: computed for Poisson-subsampled and Gaussian releases; this ledger also holds "
+            f"{', '.join(kinds)} lots, whose ε(δ) is composed anew for each δ of the curve"
+        )
     eps, deltas = curve(ledger, accountant, convention)
     tpr = tpr_bound(eps, deltas, np.asarray(FPRS))
     return {

@@ -61,3 +61,12 @@ def test_more_noise_less_risk_and_nothing_released_is_a_coin():
     empty = risk.risk(Ledger())
     assert empty["tpr_at_fpr"] == {"0.001": 0.001, "0.01": 0.01, "0.1": 0.1}
     assert "TPR ≤ 0.1 % at FPR 0.1 %" in risk.summary(empty)
+
+
+def test_other_samplers_ledgers_are_refused_in_one_line():
+    from dpsgd.accountant.events import FixedSize
+
+    ledger = Ledger()
+    ledger.record(FixedSize(0.01, 2.0), 100, "sgd")
+    with pytest.raises(ValueError, match=r"^risk: computed for Poisson-subsampled and Gaussian"):
+        risk.risk(ledger)
