@@ -13,8 +13,8 @@ from dpsgd.accountant.events import Gaussian, Poisson
 
 dpa = pytest.importorskip("dp_accounting")
 
-# The envelope uses finitely many supporting lines, one per δ of the grid (240 log-spaced points
-# over 11.7 decades: neighbouring δ differ by a factor 1.12), so it lies above the true curve by
+# The envelope uses finitely many supporting lines, one per δ of the grid (200 log-spaced points
+# over 8.7 decades: neighbouring δ differ by a factor 1.11), so it lies above the true curve by
 # the gap between neighbouring tangents: at most 4.6e-4 over these cases and α; plus the PLD grid
 # (h = 1e-4 in the loss, ε up by ~h: TPR by a factor e^h, < 1e-4 here). 1e-3 bounds both.
 GRID_GAP = 1e-3

@@ -137,7 +137,8 @@ def test_statement_leads_with_the_valid_guarantee_and_labels_the_papers_value(pa
         line.splitlines()[0] == "done (epochs_completed): 300 lots, 3 epochs, test accuracy 0.9457"
     )
     assert line.splitlines()[1] == text and "results: /tmp/run/metrics.csv" in line
-    assert line.splitlines()[2].startswith(
+    assert line.splitlines()[2].startswith("risk: membership attack TPR ≤ ")
+    assert line.splitlines()[3].startswith(
         "not covered by ε (privacy.json not_covered): lot_loss, train_loss, "
         "train_accuracy (training-set loss and accuracy)"
     )
