@@ -19,9 +19,7 @@ from scipy.stats import norm
 FPRS = (0.001, 0.01, 0.1)  # the false-positive rates reported
 # δ grid of the supporting lines: log-spaced from 1e-9 to 0.5, then up to 0.99 (where ε → 0); a δ
 # below 1e-9 moves no TPR at FPR >= 0.1 % (TPR <= δ + e^ε·FPR) and would cost tilted compositions
-DELTAS = tuple(
-    np.concatenate([np.logspace(-9, math.log10(0.5), 200), np.linspace(0.52, 0.99, 48)])
-)
+DELTAS = tuple(np.concatenate([np.logspace(-9, math.log10(0.5), 200), np.linspace(0.52, 0.99, 48)]))
 
 
 def curve(ledger, accountant: str = "pld", convention: str = "joint"):
