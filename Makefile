@@ -108,6 +108,7 @@ test-other-cpu: $(STAMP) data ## the fast suite again as a CPU without AVX2/AVX-
 bench: $(STAMP) data ## benchmarks: DP step vs non-private vs Opacus, a whole run by phase, evaluation chunks, GEMM orientation, accountant speed, frozen layers, threads, torch.distributed, CIFAR-10 epoch
 	$(PY) -m pip install -q opacus==1.6.0
 	$(PY) -m bench.bench_step
+	$(PY) -m bench.bench_api
 	$(PY) -m bench.bench_run
 	$(PY) -m bench.bench_eval
 	$(PY) -m bench.bench_gemm
