@@ -446,9 +446,8 @@ def test_clip_factors_are_exactly_one_below_C_and_C_over_norm_above(C, dtype):
     above = C * (1 + torch.rand(1000, generator=g, dtype=dtype) * 10)
     c = torch.tensor(C, dtype=dtype).item()  # C as the tensor's dtype holds it
     exact = torch.tensor([c / v for v in above.tolist()], dtype=DT).to(dtype)  # correctly rounded
-    torch.testing.assert_close(
-        clip_factors(above, C), exact, rtol=0, atol=0
-    )  # exact: correctly rounded C/norm
+    # exact: correctly rounded C/norm, one true division on either side
+    torch.testing.assert_close(clip_factors(above, C), exact, rtol=0, atol=0)
     assert torch.equal(clip_factors(above, None), torch.ones_like(above))
     assert torch.equal(
         clip_factors(torch.tensor([float("inf")], dtype=dtype), C), torch.zeros(1, dtype=dtype)
