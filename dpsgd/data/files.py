@@ -29,11 +29,23 @@ FILE_FORMATS = ("tensors", "csv", "imagefolder")  # dataset.name values read fro
 SUFFIXES = {"tensors": (".pt", ".pth", ".npz"), "csv": (".csv",), "imagefolder": None}
 
 
+def _files(p: Path) -> list[Path]:
+    return sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]
+
+
 def sha256(path: str) -> str:
-    """SHA-256 of a file, or of a folder: every file's relative path and bytes, in sorted order."""
-    h = hashlib.sha256()
-    p = Path(path)
-    for f in sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]:
+    """SHA-256 of a file, or of a folder: every file's relative path and bytes, in sorted order.
+    Hashed once per version of the files (their paths, sizes and modification times): validation
+    checks it on every call, and reading uses it to remember what it read."""
+    p = Path(path).resolve()
+    version = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in _files(p))
+    return _sha256(str(p), version)
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256(path: str, version: tuple) -> str:
+    h, p = hashlib.sha256(), Path(path)
+    for f in _files(p):
         if p.is_dir():
             h.update(str(f.relative_to(p)).encode() + b"\0")
         with open(f, "rb") as fh:
@@ -44,15 +56,12 @@ def sha256(path: str) -> str:
 
 def read(path: str, fmt_name: str, label: str = "label", image_size: int = 32):
     """(X float32, y int64) numpy arrays of one file (or image folder); ConfigError naming it."""
-    p = Path(path)
-    st = p.stat()
-    stamp = sha256(path) if p.is_dir() else st.st_mtime_ns  # a folder's files may change inside
-    return _read(str(p.resolve()), fmt_name, label, image_size, st.st_size, stamp)
+    return _read(str(Path(path).resolve()), fmt_name, label, image_size, sha256(path))
 
 
 @functools.lru_cache(maxsize=8)
-def _read(path: str, fmt_name: str, label: str, image_size: int, size: int, stamp):
-    """``read``, remembered per file version (validation and training read the same file)."""
+def _read(path: str, fmt_name: str, label: str, image_size: int, digest: str):
+    """``read``, remembered per content (validation and training read the same file)."""
     if fmt_name == "imagefolder":
         X, y = _read_images(path, image_size)
     elif path.endswith(".csv"):

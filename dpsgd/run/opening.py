@@ -218,6 +218,7 @@ def _first_writes(run: Run) -> None:
         )
     else:
         print(f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
+    run.first_epoch = run.progress.epoch  # the console's ETA counts from here
     print(forecast_line(run), flush=True)
     if run.warning:
         print(f"warning: resume: {run.warning}", file=sys.stderr, flush=True)
@@ -234,7 +235,6 @@ def _first_writes(run: Run) -> None:
 def forecast_line(run) -> str:
     """What the run will do: the epochs and lots planned, and what limits them."""
     c, t, at = run.c, run.c.training, run.progress
-    run.first_epoch = at.epoch
     K, lpe = run.planned_epochs(), run.parts.sampler.lots_per_epoch()
     left, p = run.lots.left(0), c.privacy
     lots = max(0, (K - at.epoch) * lpe)
