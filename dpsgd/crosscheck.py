@@ -4,7 +4,9 @@
 
 Poisson-subsampled Gaussian lots, add/remove adjacency. Rows: ours (moments, RDP, PLD);
 dp_accounting (PLD pessimistic and optimistic, RDP); Opacus (RDP, PRV with its error bars, GDP:
-a central-limit approximation, not a bound); prv_accountant (lower, estimate, upper). A library
+a central-limit approximation, not a bound); prv_accountant (lower, estimate, upper). With
+``--sampler balls_in_bins``: random allocation over t = 1/q lots per epoch, ours (PLD, RDP) against
+PLD_accounting's lower and upper bounds; the other libraries are marked "not supported". A library
 that is not installed is named in one line; a numerical failure (an exception, a negative or
 non-finite ε, more than ``--timeout`` seconds) is caught and named in its row. The verdict line
 says whether our valid ε is at or above every lower or optimistic value shown, and by how much it
@@ -23,7 +25,7 @@ import warnings
 
 from dpsgd.accountant import Ledger, limits
 from dpsgd.accountant.calibrate import lots_for_epochs
-from dpsgd.accountant.events import Poisson
+from dpsgd.accountant.events import Allocation, Poisson
 
 # kind: "upper" (a valid bound), "lower" (an optimistic value: no valid ε is below it),
 # "estimate" (neither), "approx" (an approximation that is no bound)
@@ -122,15 +124,55 @@ def _prv_accountant(q, sigma, steps, delta):
 LIBRARIES = {"dp_accounting": _dp_accounting, "opacus": _opacus, "prv_accountant": _prv_accountant}
 
 
-def cross_check(q, sigma, steps, delta, timeout: float = 60.0) -> dict:
-    """{"rows": [{library, method, values: [(ε, kind)] | None, failure}], "missing": [...],
-    "verdict": {...}}."""
-    rows, missing, calls = [], [], _ours(q, sigma, steps, delta)
+def _ours_allocation(t, sigma, epochs, delta):
+    led = Ledger()
+    led.record(Allocation(sigma, t), epochs, "sgd")
+    return [
+        ("dpsgd", name, lambda n=name: [(led.epsilon(delta, n)[0], "upper")])
+        for name in ("pld", "rdp")
+    ]
+
+
+def _pld_accounting(t, sigma, epochs, delta):
+    from PLD_accounting import gaussian_allocation_epsilon_range
+
+    def run():
+        up, lo = gaussian_allocation_epsilon_range(
+            delta=delta, sigma=sigma, num_steps=t, num_epochs=epochs
+        )
+        return [(lo, "lower"), (up, "upper")]
+
+    return [("PLD_accounting", "random allocation PLD", run)]
+
+
+def _allocation_calls(q, sigma, steps, delta):
+    """(calls, missing, unsupported) of a random-allocation schedule: t = 1/q lots per epoch."""
+    t = max(1, round(1.0 / q))
+    epochs = -(-steps // t)
+    calls, missing = _ours_allocation(t, sigma, epochs, delta), []
+    try:
+        calls += _pld_accounting(t, sigma, epochs, delta)
+    except ImportError:
+        missing.append("PLD_accounting")
+    return calls, missing, list(LIBRARIES)
+
+
+def _poisson_calls(q, sigma, steps, delta):
+    calls, missing = _ours(q, sigma, steps, delta), []
     for name, build in LIBRARIES.items():
         try:
             calls += build(q, sigma, steps, delta)
         except ImportError:
             missing.append(name)
+    return calls, missing, []
+
+
+def cross_check(q, sigma, steps, delta, timeout: float = 60.0, sampler: str = "poisson") -> dict:
+    """{"rows": [{library, method, values: [(ε, kind)] | None, failure}], "missing": [...],
+    "verdict": {...}}; ``sampler`` "poisson" or "balls_in_bins" (t = 1/q lots per epoch)."""
+    build = _allocation_calls if sampler == "balls_in_bins" else _poisson_calls
+    calls, missing, unsupported = build(q, sigma, steps, delta)
+    rows = []
     for library, method, fn in calls:
         row = {"library": library, "method": method, "values": None, "failure": None}
         try:
@@ -147,7 +189,11 @@ def cross_check(q, sigma, steps, delta, timeout: float = 60.0) -> dict:
         except Exception as e:  # a library's own numerical failure, named in its row
             row["failure"] = f"{type(e).__name__}: {' '.join(str(e).split())[:120]}"
         rows.append(row)
-    return {"schedule": {"q": q, "sigma": sigma, "steps": steps, "delta": delta},
+    for name in unsupported:
+        rows.append({"library": name, "method": "-", "values": None,
+                     "failure": f"not supported ({sampler} sampling)"})  # fmt: skip
+    return {"schedule": {"q": q, "sigma": sigma, "steps": steps, "delta": delta,
+                         "sampler": sampler},
             "rows": rows, "missing": missing, "verdict": verdict(rows)}  # fmt: skip
 
 
@@ -169,12 +215,15 @@ def verdict(rows) -> dict:
 
 def lines(res: dict) -> list[str]:
     s, out = res["schedule"], []
-    out.append(f"cross-check: Poisson q = {s['q']:g}, σ = {s['sigma']:g}, {s['steps']} lots, "
+    how = ("random allocation, t = " + str(max(1, round(1 / s["q"]))) + " lots per epoch"
+           if s.get("sampler") == "balls_in_bins" else f"Poisson q = {s['q']:g}")  # fmt: skip
+    out.append(f"cross-check: {how}, σ = {s['sigma']:g}, {s['steps']} lots, "
                f"δ = {s['delta']:g}, add/remove")  # fmt: skip
     out.append(f"{'library':<16}{'method':<30}{'ε':>10}  kind")
     for r in res["rows"]:
         if r["failure"]:
-            out.append(f"{r['library']:<16}{r['method']:<30}{'failed':>10}  {r['failure']}")
+            tag = "n/a" if r["failure"].startswith("not supported") else "failed"
+            out.append(f"{r['library']:<16}{r['method']:<30}{tag:>10}  {r['failure']}")
             continue
         for v, k in r["values"]:
             out.append(f"{r['library']:<16}{r['method']:<30}{v:>10.4f}  {k}")
@@ -208,6 +257,7 @@ def main(argv=None) -> int:
     n.add_argument("--epochs", type=float)
     ap.add_argument("--delta", type=float, default=limits.DELTA_DEFAULT)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per library call")
+    ap.add_argument("--sampler", choices=("poisson", "balls_in_bins"), default="poisson")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -217,7 +267,7 @@ def main(argv=None) -> int:
         steps = limits.check_steps(steps, "steps")
     except ValueError as e:
         ap.exit(2, f"python -m dpsgd.crosscheck: error: {e}\n")
-    res = cross_check(q, sigma, steps, delta, a.timeout)
+    res = cross_check(q, sigma, steps, delta, a.timeout, a.sampler)
     print(json.dumps(res) if a.json else "\n".join(lines(res)))
     return 0 if res["verdict"]["above_every_lower"] else 1
 

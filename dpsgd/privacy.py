@@ -311,8 +311,19 @@ def _sampler_mode(parser, args) -> int:
             )
         sigma, delta = limits.check_sigma(args.sigma), limits.check_delta(args.delta)
         steps = _steps(args, args.L / args.N)
+        if args.cross_check and args.sampler != "balls_in_bins":
+            raise ValueError(
+                "--cross-check compares Poisson lots (--q or --N/--L without --sampler) or "
+                "--sampler balls_in_bins"
+            )
     except ValueError as e:
         parser.error(str(e))
+    if args.cross_check:  # random allocation against PLD_accounting (dpsgd/crosscheck.py)
+        from dpsgd.crosscheck import cross_check, lines
+
+        res = cross_check(args.L / args.N, sigma, steps, delta, sampler="balls_in_bins")
+        print(json.dumps(res) if args.json else "\n".join(lines(res)))
+        return 0 if res["verdict"]["above_every_lower"] else 1
     res = (
         sampler_epsilon(args.sampler, args.N, args.L, sigma, steps, delta, args.B)
         if args.sampler
@@ -332,7 +343,7 @@ def _sampler_mode(parser, args) -> int:
                 else f"bracket [{_num(r['epsilon_lower'])}, {_num(r['epsilon'])}]; rdp "
                 f"{_num(r['by_accountant']['rdp'])}"
                 if "epsilon_lower" in r
-                else "rdp, both directions exact"
+                else _allocation_note(r)
                 if r["sampler"] == "balls_in_bins"
                 else ""
             )
@@ -341,6 +352,17 @@ def _sampler_mode(parser, args) -> int:
                 f"{r['sampler']:<19}{eps:>10}{str(r['accountant']):>12}{r['adjacency']:>13}  {note}"
             )
     return 0 if all(r["epsilon"] is not None for r in rows) else 1
+
+
+def _allocation_note(r: dict) -> str:
+    """Which random-allocation accountant served, and the other's number (or its refusal)."""
+    other = "rdp" if r["accountant"] == "pld" else "pld"
+    if r["accountant"] == "pld":
+        return f"random allocation by PLD; rdp {_num(r['by_accountant']['rdp'])}"
+    why = r.get("refused", {}).get("pld", "").split(";")[0].removeprefix("allocation PLD: ")
+    return f"random allocation by RDP (both directions exact); {other} " + (
+        _num(r["by_accountant"][other]) if other in r["by_accountant"] else f"refused ({why})"
+    )
 
 
 def sampler_epsilon(

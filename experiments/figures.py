@@ -3,7 +3,7 @@
     python -m experiments.figures [--results results] [--no-readme]
 
 No training, no accounting. Writes
-results/figures/{figure2,figure3,figure4,figure5,figure6,privacy_utility,frontier}.{png,pdf} and
+results/figures/{figure2,figure3,figure4,figure5,figure6,privacy_utility,frontier,audit,risk}.{png,pdf} and
 regenerates results/README.md (``experiments.readme``, written by this script only). A figure whose
 CSV is missing is skipped with a note, so the script also works part-way through a ``make paper``
 (and Figure 6 is drawn only once real CIFAR-10 runs have been collected into results/figure6.csv).
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import audit_figure, figure2, figure6, frontier_figure, mnist_figures
+from . import audit_figure, figure2, figure6, frontier_figure, mnist_figures, risk_figure
 from .readme import write_readme
 
 # (CSV in results/, function drawing it into results/figures/), in drawing order
@@ -35,6 +35,7 @@ DRAWERS = [
     ("summary.csv", mnist_figures.privacy_utility),
     ("frontier.csv", frontier_figure.draw),
     ("audit.csv", audit_figure.draw),
+    ("risk.csv", risk_figure.draw),
 ]
 # the figure each CSV gives, where its name is not the CSV's
 FIGURE_NAME = {"summary.csv": "privacy_utility"}

@@ -49,7 +49,7 @@ EVENTS = {
     "poisson": ("moments", "rdp", "pld"),
     "wor": ("pld", "rdp"),
     "truncated": ("pld",),
-    "allocation": ("rdp",),
+    "allocation": ("pld", "rdp"),
 }
 
 _FORMAT = "dpsgd.ledger/1"
@@ -258,6 +258,8 @@ class Ledger:
             return compose.epsilons(
                 compose.mechanisms(self._entries, convention), deltas, accountant, conversion
             )
+        if accountant == "pld":  # one composition for every δ
+            return truncated.epsilons_for_releases(_releases(self._entries, convention), deltas)
         return [
             _events_epsilon(self._entries, d, accountant, convention, conversion)[0] for d in deltas
         ]
@@ -380,8 +382,8 @@ def _check_event(event, where: str) -> None:
 
 def _events_epsilon(entries, delta: float, accountant: str, convention: str, conversion: str):
     """(ε, order) of entries that include fixed-size (RDP, ``wor.py``; PLD, ``wor_pld.py``),
-    random-allocation epochs (RDP, ``allocation.py``, at the same integer orders) or truncated (PLD,
-    ``truncated.py``) lots; every entry is charged under ``convention`` (compose.charge)."""
+    random-allocation epochs (RDP, ``allocation.py``, at the same integer orders; PLD,
+    ``allocation_pld.py``) or truncated (PLD, ``truncated.py``) lots; every entry is charged under ``convention`` (compose.charge)."""
     if accountant == "rdp":
         total = 0.0
         for e in entries:
@@ -395,6 +397,11 @@ def _events_epsilon(entries, delta: float, accountant: str, convention: str, con
             )
             total = total + e.count * per_lot * curve
         return rdp_to_epsilon_unchecked(np.array(wor.ORDERS), np.asarray(total), delta, conversion)
+    return truncated.epsilon_for_releases(_releases(entries, convention), delta), None
+
+
+def _releases(entries, convention: str) -> list:
+    """The PLD releases [(kind, count)] of ``entries``, each charged under ``convention``."""
     rel = []
     for e in entries:
         q, s, per_lot = compose.charge(e.q, e.sigma, e.groups, convention)
@@ -403,7 +410,9 @@ def _events_epsilon(entries, delta: float, accountant: str, convention: str, con
             if e.event == "truncated"
             else ("wor", q, s)
             if e.event == "wor"
+            else ("allocation", e.t, s)
+            if e.event == "allocation"
             else ("poisson", q, s)
         )
         rel.append((kind, e.count * per_lot))
-    return truncated.epsilon_for_releases(rel, delta), None
+    return rel

@@ -50,11 +50,16 @@ def risk(ledger, accountant: str = "pld", convention: str = "joint") -> dict:
     if not ledger.entries:
         return {"tpr_at_fpr": {str(a): a for a in FPRS}, "gdp_mu_at_1pct": 0.0,
                 "accountant": accountant}  # fmt: skip
-    if not ledger._plain(accountant, "improved"):  # one composition serves every δ only here
-        kinds = sorted({e.event for e in ledger.entries if e.event != "poisson"})
+    plain = ledger._plain(accountant, "improved")  # also checks that the accountant serves it
+    if not plain and accountant != "pld":  # one composition serves every δ: PLD (and plain RDP)
         raise ValueError(
-            f"risk: computed for Poisson-subsampled and Gaussian releases; this ledger also holds "
-            f"{', '.join(kinds)} lots, whose ε(δ) is composed anew for each δ of the curve"
+            f"risk: the {accountant} accountant composes these lots anew for each δ of the "
+            "curve; use pld"
+        )
+    if ledger.adjacency != "add_remove":
+        raise ValueError(
+            "risk: a membership attack is the add/remove question; this ledger is under "
+            f"{ledger.adjacency} (its TPR bound would answer a substitution attack)"
         )
     eps, deltas = curve(ledger, accountant, convention)
     tpr = tpr_bound(eps, deltas, np.asarray(FPRS))

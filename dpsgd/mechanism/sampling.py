@@ -299,8 +299,8 @@ class BallsInBinsSampler(Sampler):
 
     name = "balls_in_bins"
     adjacency = (
-        "add/remove one example; random allocation to one lot per epoch, amplified (RDP per "
-        "epoch, remove and add directions exact: Feldman & Shenfeld 2025)"
+        "add/remove one example; random allocation to one lot per epoch, amplified (PLD or RDP "
+        "per epoch, both directions: Feldman & Shenfeld 2025, 2026)"
     )
     amplification = True
 

@@ -220,13 +220,17 @@ class PrivateTrainer:
             return math.inf
         return float(self.ledger.epsilon(self.delta, self.accountant, self.convention)[0])
 
+    def _epsilon_by(self, accountant: str) -> float | None:
+        """ε under ``accountant``; None where it refuses this ledger (e.g. too small a σ)."""
+        try:
+            return float(self.ledger.epsilon(self.delta, accountant, self.convention)[0])
+        except ValueError:
+            return None
+
     def statement(self) -> dict:
         """What was spent and how it was charged, with ε under every accountant that serves it."""
         s, plan = self.sampler, self.plan
-        eps = {
-            a: (float(self.ledger.epsilon(self.delta, a, self.convention)[0]))
-            for a in plan.accountants
-        }
+        eps = {a: self._epsilon_by(a) for a in plan.accountants}
         return {
             "epsilon": self.epsilon,
             "delta": self.delta,

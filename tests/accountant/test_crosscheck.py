@@ -46,3 +46,26 @@ def test_a_failing_library_is_named_in_its_row(monkeypatch):
     assert failures["slow"] == "timed out after 0.5 s"
     assert res["missing"] == ["absent"]
     assert any("absent" in ln and "not installed" in ln for ln in crosscheck.lines(res))
+
+
+def test_random_allocation_against_pld_accounting(monkeypatch):
+    # PLD_accounting is not a dependency: its function is stood in for by one that returns the
+    # library's own numbers for this schedule (tests/accountant/test_allocation_pld.py: REFERENCE)
+    import sys
+    import types
+
+    fake = types.ModuleType("PLD_accounting")
+    fake.gaussian_allocation_epsilon_range = lambda **kw: (0.17460142869014308, 0.1678581194528456)
+    monkeypatch.setitem(sys.modules, "PLD_accounting", fake)
+    res = crosscheck.cross_check(0.001, 1.5, 5000, 1e-5, sampler="balls_in_bins")
+    rows = {(r["library"], r["method"]): r for r in res["rows"]}
+    assert rows[("dpsgd", "pld")]["values"][0][0] < rows[("dpsgd", "rdp")]["values"][0][0]
+    assert rows[("PLD_accounting", "random allocation PLD")]["values"] == [
+        (0.1678581194528456, "lower"),
+        (0.17460142869014308, "upper"),
+    ]
+    assert rows[("opacus", "-")]["failure"] == "not supported (balls_in_bins sampling)"
+    v = res["verdict"]
+    assert v["above_every_lower"] and v["ours_over_tightest_upper"] <= 1.01
+    text = "\n".join(crosscheck.lines(res))
+    assert "random allocation, t = 1000 lots per epoch" in text and "n/a" in text

@@ -63,10 +63,28 @@ def test_more_noise_less_risk_and_nothing_released_is_a_coin():
     assert "TPR ≤ 0.1 % at FPR 0.1 %" in risk.summary(empty)
 
 
-def test_other_samplers_ledgers_are_refused_in_one_line():
+def test_replace_one_ledgers_are_refused_in_one_line():
     from dpsgd.accountant.events import FixedSize
 
     ledger = Ledger()
     ledger.record(FixedSize(0.01, 2.0), 100, "sgd")
-    with pytest.raises(ValueError, match=r"^risk: computed for Poisson-subsampled and Gaussian"):
+    with pytest.raises(ValueError, match=r"^risk: a membership attack is the add/remove question"):
         risk.risk(ledger)
+
+
+def test_random_allocation_risk_from_its_pld():
+    from dpsgd.accountant.events import Allocation
+
+    ledger = Ledger()
+    ledger.record(Allocation(1.5, 1000), 5, "sgd")
+    deltas = [1e-5, 1e-3]
+    # one composition for every δ gives each δ's own composition's ε
+    assert ledger.epsilons(deltas, "pld") == [ledger.epsilon(d, "pld")[0] for d in deltas]  # exact
+    r = risk.risk(ledger)
+    for a in risk.FPRS:
+        # the envelope is below every single supporting line, and no attack does worse than chance
+        single = min(risk.tpr_bound(np.array([ledger.epsilon(d, "pld")[0]]), np.array([d]), a)
+                     for d in deltas)  # fmt: skip
+        assert a <= r["tpr_at_fpr"][str(a)] <= single
+    with pytest.raises(ValueError, match="use pld"):
+        risk.risk(ledger, "rdp")

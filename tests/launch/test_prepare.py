@@ -168,7 +168,7 @@ VALIDATION = [
         "needs the cap B",
     ),
     Bad(["privacy.sampling=fixed_size"], "accountant.name", "accounted by pld or rdp only"),
-    Bad(["privacy.sampling=balls_in_bins"], "accountant.name", "accounted by rdp only"),
+    Bad(["privacy.sampling=balls_in_bins"], "accountant.name", "accounted by pld or rdp only"),
     Bad(["privacy.grad_sample_mode=jax"], "privacy.grad_sample_mode"),
     Bad(["privacy.secure_rng=2"], "privacy.secure_rng"),
     Bad(["privacy.secure_rng=true", "privacy.noise_seed=3"], "privacy.noise_seed", "refused with"),

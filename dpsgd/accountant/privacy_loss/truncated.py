@@ -25,7 +25,7 @@ import numpy as np
 from scipy import fft as sfft
 from scipy import special
 
-from . import pld, wor_pld
+from . import allocation_pld, pld, wor_pld
 from .pld_fft import MAX_INTERVAL, WINDOW_TAIL
 from .pld_lot import STEP_TAIL, _T_GRID, _step_pmf, _z_tail
 from ..limits import check_delta, check_q, check_sigma, check_steps
@@ -90,13 +90,16 @@ def _replace_pmf(qt: float, sigma: float, h: float):
 
 
 def _lot_pmf(release, h: float, direction: str):
-    """(i_lo, probs, p_inf) of one lot: ("poisson", q, σ), ("truncated", N, q, B, σ) or ("wor", γ,
-    σ) (a fixed-size lot under replace-one: ``wor_pld.py``, the same pair in both directions)."""
+    """(i_lo, probs, p_inf) of one lot: ("poisson", q, σ), ("truncated", N, q, B, σ), ("wor", γ,
+    σ) (a fixed-size lot under replace-one: ``wor_pld.py``, the same pair in both directions) or
+    one epoch of random allocation ("allocation", t, σ) (``allocation_pld.py``)."""
     if release[0] == "poisson":
         i_lo, probs, p_inf, _ = _step_pmf(release[1], release[2], h, direction)
         return i_lo, probs, p_inf
     if release[0] == "wor":
         return wor_pld.lot_pmf(release[1], release[2], h)
+    if release[0] == "allocation":  # one epoch of random allocation over t lots
+        return allocation_pld.epoch_pmf(release[1], release[2], h, direction)
     _, N, q, B, sigma = release
     p_t, q_t = truncation(N, q, B)
     i1, w1, inf1 = _step_pmf(q, sigma, h, direction)[:3]
@@ -184,20 +187,18 @@ def _epsilon(loss, c, extra, delta):
     return float(min(loss[k], max(lo, loss[0] + math.log(num / den))))
 
 
-def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_INTERVAL) -> float:
-    """ε(δ) of ``releases`` [(("poisson", q, σ) | ("truncated", N, q, B, σ) | ("wor", γ, σ), count),
-    ...]: max over the remove and add directions; an upper bound (pessimistic discretisation,
-    tails into δ)."""
-    delta = check_delta(delta)
-    if delta < pld.TILT_BELOW:
-        raise ValueError(
-            f"delta={delta!r}: the truncated-Poisson PLD serves delta >= {pld.TILT_BELOW:g}"
-        )
+def _checked(releases) -> list:
     rel = []
     for r, n in releases:
         n = check_steps(n, "count")
         if r[0] in ("poisson", "wor"):
             r = (r[0], check_q(r[1]), check_sigma(r[2]))
+        elif r[0] == "allocation":
+            if int(r[1]) != r[1] or int(r[1]) < 1:
+                raise ValueError(
+                    f"an allocation release needs t >= 1 lots per epoch, got t={r[1]!r}"
+                )
+            r = ("allocation", int(r[1]), check_sigma(r[2]))
         else:
             N, B = int(r[1]), int(r[3])
             if N < 1 or B < 1:
@@ -205,9 +206,23 @@ def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_I
             r = ("truncated", N, check_q(r[2]), B, check_sigma(r[4]))
         if n:
             rel.append((r, n))
+    return rel
+
+
+def epsilons_for_releases(releases, deltas, interval: float = pld.DEFAULT_INTERVAL) -> list:
+    """ε(δ) at each δ of ``deltas`` of ``releases`` [(("poisson", q, σ) | ("truncated", N, q, B,
+    σ) | ("wor", γ, σ) | ("allocation", t, σ): one epoch, count), ...], one composition per
+    direction for all of them: max over the remove and add directions; an upper bound
+    (pessimistic discretisation, tails into δ)."""
+    deltas = [check_delta(d) for d in deltas]
+    if any(d < pld.TILT_BELOW for d in deltas):
+        raise ValueError(
+            f"delta={min(deltas)!r}: the truncated-Poisson PLD serves delta >= {pld.TILT_BELOW:g}"
+        )
+    rel = _checked(releases)
+    out = [0.0] * len(deltas)
     if not rel:
-        return 0.0
-    out = 0.0
+        return out
     # fixed-size lots (one symmetric pair) and Gaussians (q = 1) lose the same both ways:
     # one direction
     symmetric = all(r[0] == "wor" or (r[0] == "poisson" and r[1] == 1.0) for r, _ in rel)
@@ -219,8 +234,13 @@ def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_I
                 raise ValueError(
                     "truncated: the composed privacy loss spans too many grid points; not served"
                 )
-        out = max(out, _epsilon(*comp, delta))
+        out = [max(o, _epsilon(*comp, d)) for o, d in zip(out, deltas)]
     return out
+
+
+def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_INTERVAL) -> float:
+    """ε(δ) of ``releases`` (:func:`epsilons_for_releases` at one δ)."""
+    return epsilons_for_releases(releases, [delta], interval)[0]
 
 
 def epsilon(
