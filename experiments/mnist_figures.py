@@ -240,9 +240,14 @@ def _figure5_claims(ax, panel: str, xs: list, labels: list[str], numeric: bool) 
             ax.plot([], [], ls="none", label=f"paper: {c['paper']}")
 
 
-def _figure5_panel(ax, df: pd.DataFrame, panel: str) -> None:
-    _key, xlabel, _default = claims.FIGURE5_PANELS[panel]
+def _figure5_panel(ax, df: pd.DataFrame, panel: str, letter: str) -> None:
     d = df[df["panel"] == panel].copy()
+    # a sweep of the user's own: its swept keys (collect.panel_value) label the axis
+    xlabel = (
+        claims.FIGURE5_PANELS[panel][1]
+        if panel in claims.FIGURE5_PANELS
+        else d["parameter"].iloc[0]
+    )
     d = (
         d.iloc[sorted(range(len(d)), key=lambda i: _pca_order(d["value"].iloc[i]))]
         if panel == "pca_dims"
@@ -286,25 +291,44 @@ def _figure5_panel(ax, df: pd.DataFrame, panel: str) -> None:
             label="medium preset run (shared centre)",
         )
     ax.legend(fontsize=7, loc="lower right")
-    letter = "abcdef"[list(claims.FIGURE5_PANELS).index(panel)]
     ax.set_title(f"({letter}) {xlabel}", fontsize=10)
 
 
+def _figure5_stops(df: pd.DataFrame) -> str:
+    """What the runs did, from the CSV: the budget they all stopped at, or each stop and ε range."""
+    r = df.iloc[0]
+    if (df["stop_reason"] == "target_epsilon_reached").all() and df[
+        "epsilon_budget"
+    ].nunique() == 1:
+        return f"each run stopped at (ε, δ) = ({r['epsilon_budget']:g}, {r['delta']:g})"
+    stops = ", ".join(f"{n}× {why}" for why, n in df["stop_reason"].value_counts().items())
+    eps = df["epsilon"]
+    return f"stops: {stops}; ε {eps.min():.3g}–{eps.max():.3g} at δ = {r['delta']:g}"
+
+
 def figure5(df: pd.DataFrame, out: Path) -> list[Path]:
-    """Six panels: one parameter varied from the medium preset, each run to (ε, δ) = (2, 1e-5)."""
-    panels = [p for p in claims.FIGURE5_PANELS if p in set(df["panel"])]
-    fig, axes = plt.subplots(2, 3, figsize=(14, 8))
-    for ax, panel in zip(axes.flat, panels):
-        _figure5_panel(ax, df, panel)
+    """One panel per swept parameter: the paper's six (one parameter varied from the medium
+    preset) and any sweep of the user's own; only the panels the CSV has are drawn."""
+    known = [p for p in claims.FIGURE5_PANELS if p in set(df["panel"])]
+    panels = known + sorted(set(df["panel"]) - set(known))
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(14 * cols / 3, 4 * rows), squeeze=False)
+    for i, (ax, panel) in enumerate(zip(axes.flat, panels)):
+        _figure5_panel(ax, df, panel, "abcdefghijklmnopqrstuvwxyz"[i % 26])
     r = df.iloc[0]
     conv = CONVENTION_TEXT.get(r["convention"], r["convention"])
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
+    what = (
+        "one parameter varied from the medium preset (σ = 4, σ_p = 7, C = 4, L = 600, "
+        "q = L/N = 0.01 unless varied)"
+        if len(known) == len(panels)
+        else "swept parameters: " + ", ".join(panels)
+    )
     fig.suptitle(
-        "Figure 5 — one parameter varied from the medium preset (σ = 4, σ_p = 7, C = 4, L = 600, "
-        f"q = L/N = 0.01 unless varied), each run stopped at (ε, δ) = ({r['epsilon_budget']:g}, "
-        f"{r['delta']:g})\n{r['accountant']} accountant, {conv}, DP-PCA charged; "
-        "mean over seeds where several",
+        f"Figure 5 — {what}, {_figure5_stops(df)}\n{r['accountant']} accountant, {conv}, "
+        "DP-PCA charged; mean over seeds where several",
         fontsize=10.5,
     )
     fig.tight_layout()

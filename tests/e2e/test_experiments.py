@@ -425,3 +425,19 @@ def test_readme_seed_spread_comes_from_seeds_csv():
             if l.startswith(f"| {r.preset} |") and f"| {r.hardware} | {r.seeds} |" in l
         )
         assert f"{100 * r.mean:.2f}" in line and f"{r.at_or_above_paper}/{r.n}" in line
+
+
+def test_figure5_of_a_users_sweep_states_what_its_runs_did(tmp_path):
+    """A sweep of the user's own: its one panel only, titled with how its runs stopped (not the
+    paper's budget), labelled with its swept keys."""
+    from experiments import mnist_figures
+
+    df = pd.read_csv(RESULTS / "figure5.csv")
+    mine = df[df["panel"] == "lot_size"].assign(
+        panel="my_sweep", parameter="privacy.lot_size", stop_reason="max_steps", epsilon=0.55
+    )
+    assert mnist_figures._figure5_stops(mine) == "stops: 4× max_steps; ε 0.55–0.55 at δ = 1e-05"
+    assert mnist_figures._figure5_stops(df).startswith("each run stopped at (ε, δ) = (2, 1e-05)")
+    height = _png_size(mnist_figures.figure5(mine, tmp_path / "mine")[0])[1]
+    full = _png_size(mnist_figures.figure5(df, tmp_path / "paper")[0])[1]
+    assert height < 0.75 * full  # one row of one panel, not the paper's 2 × 3 grid

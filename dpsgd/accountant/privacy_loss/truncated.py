@@ -26,8 +26,9 @@ from scipy import fft as sfft
 from scipy import special
 
 from . import allocation_pld, pld, wor_pld
+from .tilt import _epsilon, _log_mgf, epsilon_tilted, round_off
 from .pld_fft import MAX_INTERVAL, WINDOW_TAIL
-from .pld_lot import STEP_TAIL, _T_GRID, _step_pmf, _z_tail
+from .pld_lot import STEP_TAIL, TAIL_FRACTION, _T_GRID, _step_pmf, _z_tail
 from ..limits import check_delta, check_q, check_sigma, check_steps
 
 MAX_POINTS = 1 << 21  # largest FFT window before h is doubled
@@ -113,18 +114,6 @@ def _lot_pmf(release, h: float, direction: str):
     return i_lo, probs, (1.0 - p_t) * inf1 + p_t * inf2
 
 
-def _log_mgf(i_lo, probs, h, t):
-    """log Σ ω_i e^{t ε_i} at each t (one pass per t: no len(t) × len(probs) matrix)."""
-    nz = probs > 0
-    lp, e = np.log(probs[nz]), (i_lo + np.flatnonzero(nz)) * h
-    out = np.empty(len(t))
-    for k, tt in enumerate(t):
-        v = lp + tt * e
-        mx = v.max()
-        out[k] = mx + math.log(np.exp(v - mx).sum())
-    return out
-
-
 def _compose(releases, h: float, direction: str):
     """Composed discrete PLD of ``releases`` in one direction: (ℓ, c, extra δ: tail + ∞), or None
     when the window needs more than MAX_POINTS points at this h."""
@@ -159,32 +148,6 @@ def compose_pmfs(lots, h: float):
     above = float(min(1.0, np.exp(np.min(lam[pos] - t[pos] * (a + m) * h))))
     below = float(min(1.0, np.exp(np.min(lam[neg] - t[neg] * a * h))))
     return (a + np.arange(m)) * h, c, above, below, -math.expm1(log_fin)
-
-
-def _epsilon(loss, c, extra, delta):
-    """Smallest ε >= 0 with δ(ε) = Σ_{ℓ>ε} c(1 − e^{ε−ℓ}) + extra <= δ. On (ℓ_{k−1}, ℓ_k],
-    δ(ε) = S_k − e^{ε−ℓ_0}·V_k with S_k = Σ_{j>=k} c_j and V_k = Σ_{j>=k} c_j e^{−(ℓ_j − ℓ_0)}."""
-    target = delta - extra
-    if target <= 0:
-        return math.inf
-    S = np.cumsum(c[::-1])[::-1]
-    with np.errstate(under="ignore"):
-        V = np.cumsum((c * np.exp(-(loss - loss[0])))[::-1])[::-1]
-    d_at = np.append(S[1:] - np.exp(loss[:-1] - loss[0]) * V[1:], 0.0)  # δ(ℓ_k)
-    k0 = int(np.searchsorted(loss, 0.0))  # first ℓ >= 0
-    if k0 >= loss.size:
-        return 0.0
-    if S[k0] - math.exp(-loss[0]) * V[k0] <= target:  # δ(0)
-        return 0.0
-    ok = np.flatnonzero(d_at[k0:] <= target)
-    if ok.size == 0:
-        return math.inf
-    k = k0 + int(ok[0])
-    lo = max(0.0, float(loss[k - 1])) if k > 0 else 0.0
-    num, den = S[k] - target, V[k]
-    if num <= 0 or den <= 0:
-        return float(loss[k])
-    return float(min(loss[k], max(lo, loss[0] + math.log(num / den))))
 
 
 def _checked(releases) -> list:
@@ -226,6 +189,7 @@ def epsilons_for_releases(releases, deltas, interval: float = pld.DEFAULT_INTERV
     # fixed-size lots (one symmetric pair) and Gaussians (q = 1) lose the same both ways:
     # one direction
     symmetric = all(r[0] == "wor" or (r[0] == "poisson" and r[1] == 1.0) for r, _ in rel)
+    lots = sum(n for _, n in rel)
     for direction in pld.DIRECTIONS[:1] if symmetric else pld.DIRECTIONS:
         h = float(interval)
         while (comp := _compose(rel, h, direction)) is None:
@@ -234,8 +198,20 @@ def epsilons_for_releases(releases, deltas, interval: float = pld.DEFAULT_INTERV
                 raise ValueError(
                     "truncated: the composed privacy loss spans too many grid points; not served"
                 )
-        out = [max(o, _epsilon(*comp, d)) for o, d in zip(out, deltas)]
+        noise = round_off(lots, comp[1])
+        out = [max(o, _epsilon_at(rel, h, direction, comp, noise, d)) for o, d in zip(out, deltas)]
     return out
+
+
+def _epsilon_at(rel, h, direction, comp, noise, delta) -> float:
+    """ε(δ) from the untilted composition ``comp`` where its round-off ``noise`` is below
+    TAIL_FRACTION·δ; else tilted (``tilt.py``), or untilted with the round-off added to δ."""
+    loss, c, extra = comp
+    if noise <= TAIL_FRACTION * delta:
+        return _epsilon(loss, c, extra, delta)
+    pmfs = [(_lot_pmf(r, h, direction), n) for r, n in rel]
+    eps = epsilon_tilted(pmfs, h, delta, MAX_POINTS)
+    return eps if eps is not None else _epsilon(loss, c, extra + noise, delta)
 
 
 def epsilon_for_releases(releases, delta: float, interval: float = pld.DEFAULT_INTERVAL) -> float:
