@@ -228,6 +228,10 @@ def _check_finite(x: torch.Tensor, K: int, weights: torch.Tensor | None) -> None
     for what, t, rows in (("x", x, K), ("weights", weights, 1)):
         if t is None or not (t.is_floating_point() or t.is_complex()):
             continue
+        # one pass: a sum is finite only if every term is (NaN and ±inf propagate; a finite sum
+        # that overflows falls through to the exact check below)
+        if bool(torch.isfinite(t.sum())):
+            continue
         bad = (
             ~torch.isfinite(t.reshape(len(t), -1)).all(dim=1)
             if len(t)

@@ -361,6 +361,19 @@ def _acc(g, out):
     return g.contiguous() if out is None else out.add_(g)
 
 
+_ROWDOT_BYTES = 1 << 18  # the product of one chunk of examples stays in cache
+
+
+def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Σ_s a[i, c, s]·b[i, c, s] as [B, C], a few examples at a time (the same products and sums
+    as (a * b).sum(2), without a [B, C, S] temporary)."""
+    k = max(1, _ROWDOT_BYTES // max(1, a[0].numel() * a.element_size()))
+    out = a.new_empty(a.shape[:2])
+    for i in range(0, len(a), k):
+        torch.sum(a[i : i + k] * b[i : i + k], 2, out=out[i : i + k])
+    return out
+
+
 def _sq(t: torch.Tensor) -> torch.Tensor:
     """Row-wise squared Euclidean norms of a [B, n] tensor (fused, no squared copy)."""
     return torch.linalg.vector_norm(t, dim=1).square()
@@ -390,7 +403,9 @@ class GroupNormLayer(_Layer):
     def _per_example(self, a, b, K):
         G = {}
         if "weight" in self.names:
-            G["weight"] = group_rows((a * b).flatten(2).sum(2) if b.dim() > 2 else a * b, K)
+            G["weight"] = group_rows(
+                _rowdot(a.flatten(2), b.flatten(2)) if b.dim() > 2 else a * b, K
+            )
         if "bias" in self.names:
             G["bias"] = group_rows(b.flatten(2).sum(2) if b.dim() > 2 else b, K)
         return G
