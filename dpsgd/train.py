@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 
 from dpsgd.config.schema import Config
-from dpsgd.core.console import tee_to
+from dpsgd.core.console import progress, tee_to
+from dpsgd.core.loggers import FOLDERS, make_logger
 from dpsgd.core.errors import Diverged, Interrupted
 from dpsgd.core.signals import held_signals, signals_as_interrupts
 from dpsgd.core.fileio import write_json
@@ -86,7 +87,27 @@ def train(
                 run.finish_as is not None
             ):  # a finished run whose lots past its final checkpoint were charged
                 return finish(run, run.finish_as)
-            return algorithm1(run)
+            run.logger = opened_logger(run)
+            try:
+                return algorithm1(run)
+            finally:
+                if run.logger is not None:
+                    run.logger.close()
+
+
+def opened_logger(run: Run):
+    """``logger=csv|tensorboard|wandb``: each epoch's metrics.csv row also sent there (rank 0;
+    None for ``none``), its files inside the run folder (dpsgd/core/loggers.py)."""
+    lg = run.c.logger
+    if not run.writes or lg.name == "none":
+        return None
+    return make_logger(
+        lg.name,
+        run.run_dir,
+        project=lg.project,
+        run_name=run.run_dir.name,
+        config=run.c.to_dict(),
+    )
 
 
 def algorithm1(run: Run) -> dict:
@@ -137,7 +158,11 @@ def finish(run: Run, stop_reason: str) -> dict:
     if not run.writes:
         return final
     last = run.writer.rows[-1] if run.writer.rows else {}
-    print(final_line(final, last.get("test_accuracy", math.nan), run.run_dir), flush=True)
+    text = final_line(final, last.get("test_accuracy", math.nan), run.run_dir)
+    if run.logger is not None:  # where logger= sent the rows too
+        name = run.c.logger.name
+        text += f"\n         {run.run_dir / FOLDERS[name]} (logger={name})"
+    print(text, flush=True)
     return final
 
 
@@ -146,16 +171,22 @@ def run_epoch(run: Run):
     sizes)."""
     p, parts, at = run.c.privacy, run.parts, run.progress
     lots, loss_sum, seen = 0, torch.zeros((), device=parts.device), 0
-    for i, idx in enumerate(parts.sampler.epoch()):
-        stop_reason = run.stop_reason(i)
-        if stop_reason is not None:
-            return stop_reason, lots, loss_sum, seen
-        run.reserve(i)  # write-ahead, before the lot runs
-        x, y, kw = parts.lot(idx, at.steps, run.dist.share)  # this rank's share, augmented
-        # the DP step, then the ledger's charge and the step count, held whole (workbench/lots.py)
-        out = run.lots.run(i, x, y, p.physical_batch_size, **kw)
-        lots += 1
-        loss_sum, seen = loss_sum + out["loss_sum"], seen + out["lot_size"]
+    total, desc = parts.sampler.lots_per_epoch(), f"epoch {at.epoch + 1}"
+    # a bar over the lots on a terminal (rank 0), never in run.log (core/console.py:progress)
+    with progress(
+        parts.sampler.epoch(), total=total, desc=desc, unit="lot", show=run.writes
+    ) as lot_idx:
+        for i, idx in enumerate(lot_idx):
+            stop_reason = run.stop_reason(i)
+            if stop_reason is not None:
+                return stop_reason, lots, loss_sum, seen
+            run.reserve(i)  # write-ahead, before the lot runs
+            x, y, kw = parts.lot(idx, at.steps, run.dist.share)  # this rank's share, augmented
+            # the DP step, then the ledger's charge and the step count, held whole
+            # (workbench/lots.py)
+            out = run.lots.run(i, x, y, p.physical_batch_size, **kw)
+            lots += 1
+            loss_sum, seen = loss_sum + out["loss_sum"], seen + out["lot_size"]
     return None, lots, loss_sum, seen
 
 
@@ -192,6 +223,8 @@ def end_of_epoch(
     lot_loss = lot_loss if t.train_metrics else math.nan
     row = metrics_row(c, run, lr, lot_loss, ev, now - t_epoch, run.progress.wall_time(now))
     run.writer.append(row)
+    if run.logger is not None:  # logger=csv|tensorboard|wandb: the same row, the epoch its step
+        run.logger.log(row, run.progress.epoch)
     progress_line(row, c, eta(run, now))
     if not final:
         write_json(run.run_dir / PRIVACY, run.statement("running", None))

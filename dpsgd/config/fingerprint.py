@@ -37,6 +37,8 @@ RESUME_ALLOWED: dict[str, tuple[str, str]] = {
         FREE,
         "whether the (uncovered) training-set metrics are computed; changes no lot",
     ),
+    "logger.name": (FREE, "where the metrics rows are also sent; changes no lot"),
+    "logger.project": (FREE, "the wandb project the rows are sent to; changes no lot"),
     "training.epochs": (LENGTH, "the run's length; each lot that runs is charged as it runs"),
     "training.max_steps": (LENGTH, "the run's length; each lot that runs is charged as it runs"),
     "training.lr": (

@@ -8,7 +8,8 @@ models that mix examples, ...
 
 Each group is checked next to what it configures, in this order (the first bad key is reported):
 ``dataset.*``, ``model.*`` (dpsgd/config/model.py), ``privacy.*`` and ``accountant.*``
-(dpsgd/config/privacy.py), ``training.*`` (``validate_training``, here), σ from the target ε
+(dpsgd/config/privacy.py), ``training.*`` (``validate_training``, here), ``logger.*``
+(``validate_logger``, here: a logger's missing package is named), σ from the target ε
 (dpsgd/config/calibration.py), then the top-level keys (``validate_top``, here). What a resume may
 change (``RESUME_ALLOWED``, the fingerprint) is dpsgd/config/fingerprint.py.
 
@@ -27,8 +28,9 @@ from dpsgd.config.calibration import calibrated_sigma
 from dpsgd.config.model import validate_model
 from dpsgd.config.overrides import check_run_dir
 from dpsgd.config.privacy import sigma_served, validate_accountant, validate_privacy
-from dpsgd.core.checks import boolean, fmt, num
+from dpsgd.core.checks import boolean, choice, fmt, num
 from dpsgd.core.errors import ConfigError
+from dpsgd.core.loggers import LOGGERS, require
 from dpsgd.data.augment import AUGMENTATIONS
 from dpsgd.data.datasets import DATASETS, dataset_info, validate_dataset
 from dpsgd.data.files import FILE_FORMATS
@@ -133,12 +135,19 @@ class TrainingConfig:
 
 
 @dataclass
+class LoggerConfig:
+    name: str = "none"  # none | csv | tensorboard | wandb: each epoch's metrics.csv row, sent on
+    project: str = "dpsgd"  # logger=wandb: the project (offline unless WANDB_MODE says otherwise)
+
+
+@dataclass
 class Config:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     accountant: AccountantConfig = field(default_factory=AccountantConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0
     device: str = "auto"
     tf32: bool = False
@@ -170,6 +179,7 @@ CHOICES = {  # each list is defined once, where the choice is implemented
     "privacy.sampling": sorted(SAMPLERS),
     "privacy.grad_sample_mode": sorted(MODES),
     "accountant.name": sorted(ACCOUNTANTS),
+    "logger.name": sorted(LOGGERS),
 }
 GROUPS = {
     "dataset": DatasetConfig,
@@ -177,6 +187,7 @@ GROUPS = {
     "privacy": PrivacyConfig,
     "accountant": AccountantConfig,
     "training": TrainingConfig,
+    "logger": LoggerConfig,
 }
 
 
@@ -199,6 +210,7 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     sampler = validate_privacy(c)
     validate_accountant(c)
     validate_training(c, sampler)
+    validate_logger(c)
     p = c.privacy
     p.calibrate_sigma = boolean("privacy.calibrate_sigma", p.calibrate_sigma)
     if p.calibrate_sigma:
@@ -266,6 +278,16 @@ def validate_training(c: Config, sampler) -> None:
         "training.ema_decay", t.ema_decay, optional=True, lo=0, lo_open=True, hi=1, hi_open=True
     )
     t.train_metrics = boolean("training.train_metrics", t.train_metrics)
+
+
+def validate_logger(c: Config) -> None:
+    """``logger.*``: a known logger whose package is installed (one line naming the pip install),
+    and a wandb project name."""
+    lg = c.logger
+    choice("logger.name", lg.name, LOGGERS)
+    require(lg.name)
+    if not isinstance(lg.project, str) or not lg.project or "/" in lg.project:
+        raise ConfigError(f"logger.project={fmt(lg.project)}: must be a non-empty name without '/'")
 
 
 def validate_top(c: Config, check_resume_dir: bool = True) -> None:

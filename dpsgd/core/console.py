@@ -1,7 +1,11 @@
 """The console of a run, kept: ``tee_to(path)`` copies every line written to stdout and stderr
 while it is active into ``path``, appended. Until ``release()`` the copy is held in memory: a run
 refused while it opens leaves its folder untouched, and its opening lines still reach the file once
-it is accepted. Each run folder's ``run.log`` is this copy (dpsgd/train.py)."""
+it is accepted. Each run folder's ``run.log`` is this copy (dpsgd/train.py).
+
+``progress`` is a bar (tqdm) over the lots of an epoch or a one-off computation, drawn on the
+terminal itself, beneath the copy: only when stderr is a terminal, and never into run.log or a
+redirected stream."""
 
 from __future__ import annotations
 
@@ -94,3 +98,42 @@ def prefixed(tag: str):
         yield
     finally:
         sys.stdout, sys.stderr = out, err
+
+
+def terminal():
+    """The stderr beneath every copy (``tee_to``) and tag (``prefixed``): where a bar is drawn."""
+    stream = sys.stderr
+    while isinstance(stream, (_Tee, _Prefixed)):
+        stream = stream.stream
+    return stream
+
+
+def progress(
+    iterable,
+    *,
+    total: float | None = None,
+    desc: str | None = None,
+    unit: str = "it",
+    show: bool = True,
+):
+    """``iterable`` with a progress bar on the terminal (tqdm), removed when done (``leave=False``)
+    so the console's lines stay as they are; a plain pass-through when stderr is not a terminal
+    (logs, tests, run.log) or ``show`` is false. Use it in a ``with`` block: a loop left early
+    closes the bar."""
+    from tqdm import tqdm
+
+    stream = terminal()
+    try:
+        tty = bool(stream.isatty())
+    except (AttributeError, ValueError):  # a closed or stream-less stderr
+        tty = False
+    return tqdm(
+        iterable,
+        total=total,
+        desc=desc,
+        unit=unit,
+        file=stream,
+        leave=False,
+        dynamic_ncols=True,
+        disable=not (show and tty),
+    )

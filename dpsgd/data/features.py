@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from dpsgd.core.console import progress
 from dpsgd.core.fileio import atomic_write_bytes
 
 FEATURES = ("none", "scatter")  # model.features
@@ -73,11 +74,22 @@ def scatter(X: torch.Tensor, batch_size: int = 1000) -> torch.Tensor:
     X = X.reshape(len(X), c, h, w)
     S = ScatteringTorch2D(J=SCATTER_J, shape=(h, w), L=SCATTER_L)
     out = torch.empty(len(X), scatter_channels(c), h // 4, w // 4)
-    with torch.no_grad():
-        for s in range(0, len(X), batch_size):
+    starts = range(0, len(X), batch_size)
+    # a bar on a terminal only (core/console.py:progress): the full MNIST set takes minutes
+    with torch.no_grad(), progress(starts, desc="scatter features", unit="batch") as batches:
+        for s in batches:
             xb = X[s : s + batch_size]
             out[s : s + len(xb)] = S(xb.contiguous()).reshape(len(xb), -1, h // 4, w // 4)
     return out
+
+
+def size_text(n: int) -> str:
+    """A byte count as people read it: '952 MB', '3.1 GB', '12 kB', '300 B' (powers of 1000)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.1f} {unit}" if v < 10 else f"{v:.0f} {unit}"
+    return f"{n} B"
 
 
 def group_norm(F: torch.Tensor, groups: int) -> torch.Tensor:
@@ -148,6 +160,8 @@ def _save_cache(path: Path, key: dict, F: torch.Tensor) -> None:
         OSError
     ) as e:  # a read-only data root or a full disk: no cache, the features are still right
         print(f"features: cannot cache to {path} ({e.strerror or e})", flush=True)
+        return
+    print(f"features: wrote {size_text(buf.getbuffer().nbytes)} cache to {path}", flush=True)
 
 
 def cached_scatter(X: torch.Tensor, dataset: str, split: str, root: Path | None) -> torch.Tensor:

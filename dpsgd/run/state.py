@@ -108,6 +108,7 @@ class Run:
         None  # an audit's canaries and observers (dpsgd.audit.onerun.run)
     )
     first_epoch: int = 0  # the epoch this process started at (the console's ETA)
+    logger: object | None = None  # logger=csv|tensorboard|wandb (dpsgd/core/loggers.py), rank 0
 
     @classmethod
     def fresh(

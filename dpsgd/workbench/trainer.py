@@ -57,6 +57,9 @@ class PrivateTrainer:
         secure_rng: draw the noise from OS entropy (a seed is then refused).
         threads: torch's intra-op threads: None applies the command line's policy (DPSGD_THREADS,
             OMP_NUM_THREADS, the machine), an int sets it, False leaves torch alone.
+        logger: anything with ``log(row, step)``, e.g. ``dpsgd.core.loggers.make_logger(
+            "tensorboard", folder)``: after each whole epoch, a row (epoch, steps, lot_loss,
+            epsilon, sigma, q, C, L) with the epoch as the step; you close it.
 
     Raises:
         ValueError: one line naming the argument, before any lot runs.
@@ -86,8 +89,10 @@ class PrivateTrainer:
         seed: int | None = None,
         secure_rng: bool = False,
         threads: int | bool | None = None,
+        logger=None,
     ):
         self.threads = _threads(threads)
+        self.logger = logger
         self.X, self.y = as_tensors(data)
         self.device = next(model.parameters()).device
         self.X, self.y = self.X.to(self.device), self.y.to(self.device)
@@ -192,7 +197,23 @@ class PrivateTrainer:
             loss, seen = loss + float(out["loss_sum"]), seen + int(out["lot_size"])
         self.epoch += 1
         self.last_loss = loss / max(1, seen)
+        if self.logger is not None:  # one row per whole epoch, the epoch its step
+            self.logger.log(self.row(), self.epoch)
         return None
+
+    def row(self) -> dict:
+        """What a logger gets after an epoch: where training stands and what it has spent."""
+        p = self.plan
+        return {
+            "epoch": self.epoch,
+            "steps": self.steps,
+            "lot_loss": self.last_loss,
+            "epsilon": self.epsilon,
+            "sigma": p.sigma,
+            "q": self.sampler.q,
+            "C": p.clip_norm,
+            "L": p.lot_size,
+        }
 
     def _lot(self, idx: torch.Tensor):
         """The lot's examples on the device (padded with zero-weight rows when the sampler pads)."""

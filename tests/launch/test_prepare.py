@@ -223,6 +223,10 @@ VALIDATION = [
     Bad(["training.ema_decay=1"], "training.ema_decay", "must be < 1"),
     Bad(["training.ema_decay=0"], "training.ema_decay", "must be > 0"),
     Bad(["training.train_metrics=sometimes"], "training.train_metrics", "must be true or false"),
+    # --- logger
+    Bad(["logger=mlflow"], "logger"),
+    Bad(["logger.name=mlflow"], "logger.name", "unknown, must be one of"),
+    Bad(["logger.project=a/b"], "logger.project", "must be a non-empty name"),
     # --- top level
     Bad(["seed=-1"], "seed"),
     Bad(["device=tpu"], "device"),
