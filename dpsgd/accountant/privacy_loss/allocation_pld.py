@@ -34,6 +34,9 @@ TERM_TAIL = 1e-15  # P-mass of one term beyond its grid (remove: into the ∞ at
 SUM_TAIL = 1e-15  # Chernoff bound on the mass of S beyond its FFT window (into the ∞ atom)
 ADD_FLOOR = -6.0  # add: a term >= t·e^6 is rounded down to t·e^6 (the epoch's ℓ stays <= −6)
 SUM_POINTS = 1 << 23  # FFT window of S: g is chosen so that the window fits
+# the finest grid used, 2^4·1e-6: each epoch's loss moves by at most ≈ 1.6e-5 (E[Y] = 1), a window of
+# S wider than needed costs time only
+G_FINE = 4
 # a coarser grid could move each term by more than 5 % of its mean (E[Y] = 1): refused, RDP serves
 # (small σ: the terms' lognormal tails need a window too wide for a finer grid)
 G_MAX = 0.05
@@ -124,14 +127,14 @@ def _terms(t: int, sigma: float, g: float, direction: str):
 
 @lru_cache(maxsize=64)
 def _grid_for(t: int, sigma: float, direction: str) -> float:
-    """The grid g of Y: the smallest 2^k·1e-6 whose window of S fits SUM_POINTS (its width read
-    off a coarse grid first, so that no term is built oversized)."""
+    """The grid g of Y: the smallest 2^k·1e-6, k >= G_FINE, whose window of S fits SUM_POINTS (its
+    width read off a coarse grid first, so that no term is built oversized)."""
     a = 1.0 / sigma
     top = _top(a, a * a / 2.0, t, direction == "remove")
     coarse = 1e-6 * 2.0 ** max(0, math.ceil(math.log2(top / 1e-6 / (1 << 14))))
     lo, hi, _ = _window(_terms(t, sigma, coarse, direction)[0], coarse)
     width = (hi - lo + 1) * coarse * 1.25  # the finer grid's window: a little wider at most
-    g = 1e-6 * 2.0 ** max(0, math.ceil(math.log2(width / SUM_POINTS / 1e-6)))
+    g = 1e-6 * 2.0 ** max(G_FINE, math.ceil(math.log2(width / SUM_POINTS / 1e-6)))
     while True:
         lo, hi, _ = _window(_terms(t, sigma, g, direction)[0], g)
         if hi - lo + 1 <= SUM_POINTS:

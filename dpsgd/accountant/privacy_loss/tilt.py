@@ -37,29 +37,39 @@ def _log_mgf(i_lo, probs, h, t):
 
 
 def _epsilon(loss, c, extra, delta):
-    """Smallest ε >= 0 with δ(ε) = Σ_{ℓ>ε} c(1 − e^{ε−ℓ}) + extra <= δ. On (ℓ_{k−1}, ℓ_k],
+    """Smallest ε >= 0 with δ(ε) = Σ_{ℓ>ε} c(1 − e^{ε−ℓ}) + extra <= δ (:func:`_epsilons`)."""
+    return _epsilons(loss, c, extra, [delta])[0]
+
+
+def _epsilons(loss, c, extra, deltas) -> list:
+    """:func:`_epsilon` at each δ of ``deltas``, the sums formed once. On (ℓ_{k−1}, ℓ_k],
     δ(ε) = S_k − e^{ε−ℓ_0}·V_k with S_k = Σ_{j>=k} c_j and V_k = Σ_{j>=k} c_j e^{−(ℓ_j − ℓ_0)}."""
-    target = delta - extra
-    if target <= 0:
-        return math.inf
     S = np.cumsum(c[::-1])[::-1]
     with np.errstate(under="ignore", over="ignore"):
         V = np.cumsum((c * np.exp(-(loss - loss[0])))[::-1])[::-1]
         d_at = np.append(S[1:] - np.exp(loss[:-1] - loss[0]) * V[1:], 0.0)  # δ(ℓ_k)
     k0 = int(np.searchsorted(loss, 0.0))  # first ℓ >= 0
-    if k0 >= loss.size:
-        return 0.0
-    if S[k0] - math.exp(-loss[0]) * V[k0] <= target:  # δ(0)
-        return 0.0
-    ok = np.flatnonzero(d_at[k0:] <= target)
-    if ok.size == 0:
-        return math.inf
-    k = k0 + int(ok[0])
-    lo = max(0.0, float(loss[k - 1])) if k > 0 else 0.0
-    num, den = S[k] - target, V[k]
-    if num <= 0 or den <= 0:
-        return float(loss[k])
-    return float(min(loss[k], max(lo, loss[0] + math.log(num / den))))
+    out = []
+    for delta in deltas:
+        target = delta - extra
+        if target <= 0:
+            out.append(math.inf)
+            continue
+        if k0 >= loss.size or S[k0] - math.exp(-loss[0]) * V[k0] <= target:  # δ(0)
+            out.append(0.0)
+            continue
+        ok = np.flatnonzero(d_at[k0:] <= target)
+        if ok.size == 0:
+            out.append(math.inf)
+            continue
+        k = k0 + int(ok[0])
+        lo = max(0.0, float(loss[k - 1])) if k > 0 else 0.0
+        num, den = S[k] - target, V[k]
+        if num <= 0 or den <= 0:
+            out.append(float(loss[k]))
+        else:
+            out.append(float(min(loss[k], max(lo, loss[0] + math.log(num / den)))))
+    return out
 
 
 def round_off(lots: int, c: np.ndarray) -> float:

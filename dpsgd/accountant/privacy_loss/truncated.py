@@ -26,7 +26,7 @@ from scipy import fft as sfft
 from scipy import special
 
 from . import allocation_pld, pld, wor_pld
-from .tilt import _epsilon, _log_mgf, epsilon_tilted, round_off
+from .tilt import _epsilon, _epsilons, _log_mgf, epsilon_tilted, round_off
 from .pld_fft import MAX_INTERVAL, WINDOW_TAIL
 from .pld_lot import STEP_TAIL, TAIL_FRACTION, _T_GRID, _step_pmf, _z_tail
 from ..limits import check_delta, check_q, check_sigma, check_steps
@@ -199,7 +199,12 @@ def epsilons_for_releases(releases, deltas, interval: float = pld.DEFAULT_INTERV
                     "truncated: the composed privacy loss spans too many grid points; not served"
                 )
         noise = round_off(lots, comp[1])
-        out = [max(o, _epsilon_at(rel, h, direction, comp, noise, d)) for o, d in zip(out, deltas)]
+        plain = [d for d in deltas if noise <= TAIL_FRACTION * d]  # the untilted answer serves
+        eps = dict(zip(plain, _epsilons(*comp, plain)))
+        for i, d in enumerate(deltas):
+            out[i] = max(
+                out[i], eps[d] if d in eps else _epsilon_at(rel, h, direction, comp, noise, d)
+            )
     return out
 
 
