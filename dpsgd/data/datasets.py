@@ -114,6 +114,12 @@ def validate_dataset(d) -> None:
                 raise ConfigError(
                     f"dataset.{key}={fmt(getattr(d, key))}: only dataset=tensors|csv read files"
                 )
+    if d.name != "torchvision":
+        for key in ("cls", "train_split", "test_split"):
+            if getattr(d, key) is not None:
+                raise ConfigError(
+                    f"dataset.{key}={fmt(getattr(d, key))}: only dataset=torchvision takes it"
+                )
     info = dataset_info(d)
     full_n = info.n_train
     d.subset = num("dataset.subset", d.subset, integer=True, optional=True, lo=1, hi=full_n)

@@ -1,5 +1,5 @@
 """Your own data from files: ``dataset=tensors`` (``.pt`` or ``.npz``), ``dataset=csv`` and
-``dataset=imagefolder``.
+``dataset=imagefolder``; and any torchvision class (``dataset=torchvision``, ``tvision.py``).
 
 ``dataset.train`` and ``dataset.test`` name the files. A ``.pt`` file holds ``(X, y)`` or
 ``{"X": ..., "y": ...}`` (``torch.save``); an ``.npz`` file arrays ``X`` and ``y``; a CSV a header,
@@ -25,7 +25,8 @@ import numpy as np
 from dpsgd.core.checks import fmt
 from dpsgd.core.errors import ConfigError
 
-FILE_FORMATS = ("tensors", "csv", "imagefolder")  # dataset.name values read from dataset.train/test
+# dataset.name values read from the user's files (dataset.train/test), or from a torchvision class
+FILE_FORMATS = ("tensors", "csv", "imagefolder", "torchvision")
 SUFFIXES = {"tensors": (".pt", ".pth", ".npz"), "csv": (".csv",), "imagefolder": None}
 
 
@@ -132,9 +133,38 @@ def _read_csv(path: str, label: str):
     return table.to_numpy(dtype=np.float32), y
 
 
+def _check_digest(d, split: str, digest: str, what: str) -> None:
+    want = getattr(d, f"{split}_sha256")
+    if want is not None and want != digest:
+        raise ConfigError(
+            f"dataset.{split}_sha256={want}: {what} now has SHA-256 {digest}; the data changed"
+        )
+    setattr(d, f"{split}_sha256", digest)
+
+
+def _check_torchvision(d) -> None:
+    """dataset=torchvision: the class, the root, both splits read; their SHA-256 recorded."""
+    from dpsgd.data import tvision
+
+    for key in ("train", "test"):
+        if getattr(d, key) is not None:
+            raise ConfigError(f"dataset.{key}={fmt(getattr(d, key))}: dataset=torchvision reads "
+                              "dataset.root (its files are the class's own)")  # fmt: skip
+    if d.cls is None:
+        raise ConfigError(
+            "dataset.cls: dataset=torchvision needs a torchvision.datasets class name"
+        )
+    if not isinstance(d.root, str) or not os.path.isdir(d.root):
+        raise ConfigError(f"dataset.root={fmt(d.root)}: no such folder (dataset=torchvision)")
+    for split in ("train", "test"):
+        _check_digest(d, split, tvision.read(d, split)[2], f"torchvision.datasets.{d.cls} {split}")
+
+
 def check_files(d) -> None:
     """``dataset.train`` / ``dataset.test`` of a file dataset: readable files of its format, their
-    SHA-256 recorded (or, when given, checked)."""
+    SHA-256 recorded (or, when given, checked); dataset=torchvision: its class's two splits."""
+    if d.name == "torchvision":
+        return _check_torchvision(d)
     for split in ("train", "test"):
         path = getattr(d, split)
         key = f"dataset.{split}"
@@ -145,32 +175,38 @@ def check_files(d) -> None:
             raise ConfigError(f"{key}={fmt(path)}: no such {'folder' if folder else 'file'}")
         if not folder and not path.endswith(SUFFIXES[d.name]):
             raise ConfigError(f"{key}={path}: dataset={d.name} reads {', '.join(SUFFIXES[d.name])}")
-        digest, want = sha256(path), getattr(d, f"{split}_sha256")
-        if want is not None and want != digest:
-            raise ConfigError(
-                f"{key}_sha256={want}: {path} now has SHA-256 {digest}; the file changed"
-            )
-        setattr(d, f"{split}_sha256", digest)
+        _check_digest(d, split, sha256(path), path)
 
 
 def describe(d) -> tuple[str, int, int, int, tuple[int, ...]]:
     """(folder, training examples, test examples, classes, one example's shape) of a file dataset,
     from its files: the fields of ``datasets.Dataset``."""
-    Xtr, ytr = read(d.train, d.name, d.label, d.image_size)
-    Xte, yte = read(d.test, d.name, d.label, d.image_size)
+    (Xtr, ytr), (Xte, yte) = _both(d)
     if Xtr.shape[1:] != Xte.shape[1:]:
         raise ConfigError(
             f"dataset.test={d.test}: examples of shape {Xte.shape[1:]}, the training examples "
             f"{Xtr.shape[1:]}"
         )
     classes = int(max(ytr.max(), yte.max())) + 1
-    return str(Path(d.train).parent), len(Xtr), len(Xte), classes, tuple(Xtr.shape[1:])
+    folder = d.root if d.name == "torchvision" else str(Path(d.train).parent)
+    return folder, len(Xtr), len(Xte), classes, tuple(Xtr.shape[1:])
+
+
+def _both(d):
+    """((X, y) train, (X, y) test) numpy arrays of a file or torchvision dataset."""
+    if d.name == "torchvision":
+        from dpsgd.data import tvision
+
+        return tuple(tvision.read(d, split)[:2] for split in ("train", "test"))
+    return (
+        read(d.train, d.name, d.label, d.image_size),
+        read(d.test, d.name, d.label, d.image_size),
+    )
 
 
 def load_files(d):
     """(X_train, y_train, X_test, y_test) CPU tensors of a file dataset."""
     import torch
 
-    Xtr, ytr = read(d.train, d.name, d.label, d.image_size)
-    Xte, yte = read(d.test, d.name, d.label, d.image_size)
+    (Xtr, ytr), (Xte, yte) = _both(d)
     return tuple(torch.from_numpy(a.copy()) for a in (Xtr, ytr, Xte, yte))

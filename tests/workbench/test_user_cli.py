@@ -120,7 +120,7 @@ def test_a_user_model_on_a_csv_table(user):
         (["model._target_=user_nets.Missing"], r"model._target_=user_nets.Missing: Error locating"),
         (["model=mlp"], r"set model.projection=none"),
         (["dataset.label=nope"], r"dataset.label=nope: only|dataset.label=nope"),
-        (["dataset.train_sha256=00"], r"dataset.train_sha256=00: .* the file changed"),
+        (["dataset.train_sha256=00"], r"dataset.train_sha256=00: .* the data changed"),
     ],
 )
 def test_a_bad_user_model_or_file_is_refused_in_one_line(user, change, message):
