@@ -165,3 +165,27 @@ def test_a_user_cnn_on_an_image_folder(user):
     assert c.dataset.train_sha256 and len(c.dataset.test_sha256) == 64
     out = train(c, user / "run", args)
     assert out["status"] == "complete" and out["sampling"]["N"] == 60
+
+
+@pytest.mark.slow
+def test_a_sweep_and_an_audit_run_on_a_user_model(user):
+    """The same user CNN through a 2-job `-m` sweep (its table closes it) and a short one-run audit
+    (subprocesses, as a user runs them)."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(user), os.getcwd()]))
+    common = [*_cnn(user), "privacy.sigma=1.5", "training.epochs=2"]
+    sweep = subprocess.run(
+        [sys.executable, "-m", "dpsgd.train", "-m", *common, "seed=0,1"],
+        cwd=user, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert sweep.returncode == 0, sweep.stderr[-2000:]
+    assert "sweep: 2 run(s)" in sweep.stdout and sweep.stdout.count(" complete ") >= 2
+    audit = subprocess.run(
+        [sys.executable, "-m", "dpsgd.audit", "run", *common, "audit.input_canaries=100",
+         "audit.gradient_canaries=100"],
+        cwd=user, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert audit.returncode == 0, audit.stderr[-2000:]
+    assert "audit [correct]: CONSISTENT" in audit.stdout
