@@ -213,3 +213,39 @@ def test_noise_test_is_the_chi_square_law():
     )
     half = noise_test(((0.5 * rng.normal(size=(200, 10))) ** 2).sum(1), bits, 10, 0.05, True)
     assert half["verdict"] == "violation" and half["noise_ratio_upper"] < 0.6
+
+
+def test_a_model_without_a_softmax_output_layer_falls_back_to_dirac_labelled(
+    tmp_path, monkeypatch, capsys
+):
+    # a user's network whose logits pass through a layer after the last Linear: no class-sum
+    # null space; the audit says so in one line, places the canaries by Dirac, labels it in
+    # audit.json, and claims no proved independence
+    (tmp_path / "tanh_nets.py").write_text(
+        "from torch import nn\n"
+        "class TanhHead(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.net = nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(),\n"
+        "                                 nn.Linear(32, 10), nn.Tanh())\n"
+        "    def forward(self, x):\n"
+        "        return self.net(x)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["model=custom", "model._target_=tanh_nets.TanhHead", "dataset.subset=300",
+            "privacy.lot_size=100", "training.epochs=1", "device=cpu", "privacy.sigma=3",
+            "privacy.clipping=global"]  # fmt: skip
+    o = AuditOptions(
+        gradient_canaries=200, input_canaries=0, placement="null_space", normalise="claimed"
+    ).validate()
+    monkeypatch.setenv(ENV, json.dumps(asdict(o)))
+    audit_train(validate(compose(args)), tmp_path / "a", args)
+    a = json.loads((tmp_path / "a" / "audit.json").read_text())
+    placed = a["run"]["canary_placement"]
+    assert placed["placement"] == "dirac" and placed["fallback_from"] == "null_space"
+    assert "no softmax output layer" in placed["fallback_reason"]
+    assert a["family"]["order_stats"]["independence"] != "proved"
+    out = capsys.readouterr().out
+    assert (
+        "audit.placement=null_space does not apply (this model has no softmax output layer" in out
+    )

@@ -20,7 +20,7 @@ from dpsgd.run.parts import Data, Instrument, project
 
 from .canaries import CanaryDraw, GradientCanaries, add_canaries
 from .observe import WhiteBoxObserver
-from .placement import PLACEMENTS, place
+from .placement import PLACEMENTS, NoSoftmaxLayer, place
 from ..variants import VARIANTS, break_mechanism
 
 SCORES = ("llr", "sum")
@@ -109,6 +109,23 @@ class AuditInstrument(Instrument):
         )
         return data._replace(X_train=X, y_train=y)
 
+    def _place(self, p) -> tuple[dict, dict]:
+        """The canaries' coordinates; a null-space placement on a model without a softmax output
+        layer falls back to the Dirac placement, said in one line and labelled in audit.json."""
+        o = self.options
+        try:
+            probe = p.transform.eval(p.data.X_train[:4]) if o.placement != "dirac" else None
+            return place(
+                p.clipper, o.gradient_canaries, o.seed, o.placement, self.classes, probe
+            ), {}
+        except NoSoftmaxLayer as e:
+            reason = str(e).split(": ", 1)[1].split(";")[0]
+            print(f"audit.placement={o.placement} does not apply ({reason}): the canaries are "
+                  "placed by audit.placement=dirac instead (audit.json: canary_placement)")  # fmt: skip
+            fallback = {"fallback_from": o.placement, "fallback_reason": reason}
+            o.placement = "dirac"  # what every later step (and the independence claim) reads
+            return place(p.clipper, o.gradient_canaries, o.seed, "dirac", self.classes), fallback
+
     def attach(self, parts) -> None:
         o, p = self.options, parts
         self.parts = p
@@ -119,8 +136,7 @@ class AuditInstrument(Instrument):
         )  # the claimed mechanism's, before a variant breaks it
         break_mechanism(p, o.variant, o.ranks)
         if o.gradient_canaries:
-            probe = p.transform.eval(p.data.X_train[:4]) if o.placement != "dirac" else None
-            placed = place(p.clipper, o.gradient_canaries, o.seed, o.placement, self.classes, probe)
+            placed, fallback = self._place(p)
             self.groups_used = placed["groups_used"]
             self.placed = {
                 "placement": o.placement,
@@ -128,7 +144,7 @@ class AuditInstrument(Instrument):
                 "groups_used": placed["groups_used"],
                 "null_space_groups": placed["null_groups"],
                 "dirac_groups": placed["dirac_groups"],
-            }
+            } | fallback
             if self.groups_used == 0:
                 raise ConfigError(
                     f"audit.gradient_canaries={o.gradient_canaries}: no clipping group of this "

@@ -26,6 +26,10 @@ from dpsgd.core.errors import ConfigError
 PLACEMENTS = ("dirac", "null_space", "null_space_dirac")
 
 
+class NoSoftmaxLayer(ConfigError):
+    """The model has no softmax output layer: the null-space placements do not apply to it."""
+
+
 def output_layer(model: nn.Module, classes: int, probe: torch.Tensor) -> tuple[str, nn.Linear]:
     """(module name, module) of the softmax output layer: the ``nn.Linear`` with ``classes`` outputs
     whose output *is* the model's output on ``probe`` (checked by a forward hook, so nothing after
@@ -49,7 +53,7 @@ def output_layer(model: nn.Module, classes: int, probe: torch.Tensor) -> tuple[s
     for n, m in reversed(cands):
         if n in seen and seen[n] is out:
             return n, m
-    raise ConfigError(
+    raise NoSoftmaxLayer(
         "audit.placement=null_space: this model has no softmax output layer (a trainable nn.Linear "
         f"with {classes} outputs whose output is the logits); use audit.placement=dirac"
     )
