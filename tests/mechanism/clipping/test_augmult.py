@@ -51,17 +51,20 @@ def conv_rows_net():
 
 
 def seq_net():
-    """A Linear on 3-D input (the sequence rule) and a LayerNorm (the generic vmap rule)."""
+    """A Linear on 3-D input (the sequence rule), a LayerNorm (its rule) and an RMSNorm (no rule:
+    the generic vmap rule)."""
 
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
             self.inp = nn.Linear(6, 5)
             self.ln = nn.LayerNorm(5)
+            self.rms = nn.RMSNorm(5)
             self.out = nn.Linear(5 * 4, 10)
 
         def forward(self, x):
-            return self.out(self.ln(torch.tanh(self.inp(x.view(-1, 4, 6)))).flatten(1))
+            h = self.rms(self.ln(torch.tanh(self.inp(x.view(-1, 4, 6)))))
+            return self.out(h.flatten(1))
 
     return Net()
 

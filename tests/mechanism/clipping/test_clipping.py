@@ -255,17 +255,19 @@ def test_bad_arguments():
 
 
 class SeqModel(nn.Module):
-    """Embedding + LayerNorm (no ghost rule: per-module vmap) + Linear on sequences (ghost)."""
+    """Embedding + LayerNorm (ghost rules) + RMSNorm (no ghost rule: per-module vmap) + Linear on
+    sequences (ghost)."""
 
     def __init__(self, d=16, T=4):
         super().__init__()
         self.emb = nn.Embedding(20, d)
         self.norm = nn.LayerNorm(d)
+        self.rms = nn.RMSNorm(d)
         self.proj = nn.Linear(d, 64)
         self.head = nn.Linear(64 * T, 10)
 
     def forward(self, tokens):
-        h = torch.tanh(self.proj(self.norm(self.emb(tokens))))
+        h = torch.tanh(self.proj(self.rms(self.norm(self.emb(tokens)))))
         return self.head(h.flatten(1))
 
 
