@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from . import seq_layers  # noqa: F401  (registers the LayerNorm and Embedding rules)
+from . import seq_layers  # noqa: F401  (registers the LayerNorm, Embedding and Conv1d rules)
 from .clip import clip_factors, loss_rows
 from .groups import owners
 from .layers import GenericLayer, Unsupported, _Layer

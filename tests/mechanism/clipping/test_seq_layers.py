@@ -77,3 +77,37 @@ def test_embedding_options_that_mix_examples_or_go_sparse_are_refused(option):
     # scale_grad_by_freq divides by a token's count over the whole batch: examples mix
     with pytest.raises(ValueError, match=f"{option}=True"):
         PerExampleClipper(TinyLM(**{option: True}).to(DT), C, "global", "ghost")
+
+
+class Conv1dNet(nn.Module):
+    """Two Conv1d (strided and dilated, 'same' padding with reflect, grouped, ≥ 16 channels: both
+    paths of the Conv2d rule), then a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv1d(3, 16, 3, stride=2, padding=1)
+        self.c2 = nn.Conv1d(16, 8, 3, dilation=2, padding="same", padding_mode="reflect")
+        self.c3 = nn.Conv1d(8, 8, 3, groups=2, bias=False)
+        self.head = nn.Linear(8 * 6, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.c2(torch.relu(self.c1(x))))
+        return self.head(self.c3(h).flatten(1))
+
+
+@pytest.mark.parametrize("clipping", ["global", "per_layer"])
+@pytest.mark.parametrize("budget", [0, 2**30])
+def test_conv1d_equals_vmap_and_loop(clipping, budget):
+    from dpsgd.mechanism.clipping.seq_layers import Conv1dLayer
+
+    torch.manual_seed(2)
+    model = Conv1dNet().to(DT)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(6, 3, 16, generator=g, dtype=DT), torch.randint(0, 4, (6,), generator=g)
+    ghost = PerExampleClipper(model, C, clipping, "ghost", memory_budget_bytes=budget)
+    assert [type(l) for l in ghost._layers].count(Conv1dLayer) == 3 and ghost.native
+    r_g = ghost.clipped_sum(x, y)
+    ref, ref_norms = loop_clipped_sum(model, x, y, ghost.groups, C)
+    assert_close(r_g.grads, ref)
+    assert_f64_close(r_g.norms, ref_norms, f64_rtol(model))
+    assert (ref_norms > C).any()
