@@ -87,6 +87,13 @@ def did_you_mean(message: str) -> str:
     key = re.match(r"Could not override '([^']+)'\. To append to your config use \+", message)
     if key:
         keys = [k for k in config_leaves(Config()) if "." in k or k == key.group(1).split(".")[0]]
+        owners = _options_reading(key.group(1))
+        if key.group(1) in keys and owners:  # a key of another option of its group
+            group = key.group(1).split(".")[0]
+            return (
+                f"{key.group(1)}: not read by the chosen {group}; "
+                f"{' or '.join(f'{group}={o}' for o in owners)} reads it (choose that first)"
+            )
         close = difflib.get_close_matches(key.group(1), keys, n=2, cutoff=0.8)
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
         return f"{key.group(1)}: no such key{hint} (python -m dpsgd.train --help lists them)"
@@ -99,6 +106,18 @@ def did_you_mean(message: str) -> str:
         hint = f"did you mean {' or '.join(close)}?" if close else f"one of {', '.join(options)}"
         return f"{group}={name}: no such {group.split('/')[-1]}; {hint}"
     return message
+
+
+def _options_reading(key: str) -> list[str]:
+    """The options of ``key``'s config group whose yaml sets that key (conf/<group>/<option>.yaml)."""
+    group, _, leaf = key.partition(".")
+    if "." in leaf or not leaf:
+        return []
+    folder = Path(CONF_DIR) / group
+    pattern = re.compile(rf"^{re.escape(leaf)}\s*:", re.M)
+    return sorted(
+        f.stem for f in folder.glob("*.yaml") if pattern.search(f.read_text(encoding="utf-8"))
+    ) if folder.is_dir() else []  # fmt: skip
 
 
 @contextmanager

@@ -163,7 +163,8 @@ def load_data(c: Config) -> Data:
             Xtr,
             Xte,
             dataset=ds.name,
-            root=Path(ds.root) if ds.root else default_root(),
+            # the cache is keyed by the registry's archives: features of other data are not cached
+            root=None if ds.name in FILE_FORMATS else Path(ds.root or default_root()),
             norm=c.model.feature_norm,
             groups=c.model.feature_groups,
         )

@@ -17,6 +17,11 @@ from dpsgd.launch.cli import compose
         ),  # fmt: skip
         ("dataset=mnst", "dataset=mnst: no such dataset; did you mean mnist?"),
         ("nonsense=1", "nonsense: no such key (python -m dpsgd.train --help lists them)"),
+        (
+            "dataset.cls=MNIST",
+            "dataset.cls: not read by the chosen dataset; dataset=torchvision reads it",
+        ),  # a key of another option of the group, not a typo
+        ("dataset.label=y", "dataset.label: not read by the chosen dataset; dataset=csv or"),
     ],
 )
 def test_a_typo_gets_the_closest_names(arg, message):

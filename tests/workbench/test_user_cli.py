@@ -189,3 +189,18 @@ def test_a_sweep_and_an_audit_run_on_a_user_model(user):
     )  # fmt: skip
     assert audit.returncode == 0, audit.stderr[-2000:]
     assert "audit [correct]: CONSISTENT" in audit.stdout
+
+
+def test_scatter_features_of_your_own_images_are_computed_uncached(tmp_path):
+    # the feature cache is keyed by the registry's archives; your own files are transformed, not
+    # cached (this crashed with a KeyError before)
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.rand(60, 1, 28, 28, generator=g), torch.randint(0, 10, (60,), generator=g)
+    torch.save((X[:50], y[:50]), tmp_path / "tr.pt")
+    torch.save((X[50:], y[50:]), tmp_path / "te.pt")
+    args = ["dataset=tensors", f"dataset.train={tmp_path / 'tr.pt'}",
+            f"dataset.test={tmp_path / 'te.pt'}", "model.features=scatter", "model.name=linear",
+            "model.projection=none", "privacy.lot_size=10", "privacy.sigma=1",
+            "training.epochs=1", "device=cpu"]  # fmt: skip
+    out = train(validate(compose(args)), tmp_path / "run", args)
+    assert out["status"] == "complete" and not list(tmp_path.rglob("scatter*.pt"))
