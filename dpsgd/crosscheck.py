@@ -51,12 +51,12 @@ def _timed(fn, seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
-def _ours(q, sigma, steps, delta):
+def _ours(event, count, delta, accountants=("moments", "rdp", "pld")):
     led = Ledger()
-    led.record(Poisson(q, sigma), steps, "sgd")
+    led.record(event, count, "sgd")
     return [
         ("dpsgd", name, lambda n=name: [(led.epsilon(delta, n)[0], "upper")])
-        for name in ("moments", "rdp", "pld")
+        for name in accountants
     ]
 
 
@@ -124,15 +124,6 @@ def _prv_accountant(q, sigma, steps, delta):
 LIBRARIES = {"dp_accounting": _dp_accounting, "opacus": _opacus, "prv_accountant": _prv_accountant}
 
 
-def _ours_allocation(t, sigma, epochs, delta):
-    led = Ledger()
-    led.record(Allocation(sigma, t), epochs, "sgd")
-    return [
-        ("dpsgd", name, lambda n=name: [(led.epsilon(delta, n)[0], "upper")])
-        for name in ("pld", "rdp")
-    ]
-
-
 def _pld_accounting(t, sigma, epochs, delta):
     from PLD_accounting import gaussian_allocation_epsilon_range
 
@@ -149,7 +140,7 @@ def _allocation_calls(q, sigma, steps, delta):
     """(calls, missing, unsupported) of a random-allocation schedule: t = 1/q lots per epoch."""
     t = max(1, round(1.0 / q))
     epochs = -(-steps // t)
-    calls, missing = _ours_allocation(t, sigma, epochs, delta), []
+    calls, missing = _ours(Allocation(sigma, t), epochs, delta, ("pld", "rdp")), []
     try:
         calls += _pld_accounting(t, sigma, epochs, delta)
     except ImportError:
@@ -158,7 +149,7 @@ def _allocation_calls(q, sigma, steps, delta):
 
 
 def _poisson_calls(q, sigma, steps, delta):
-    calls, missing = _ours(q, sigma, steps, delta), []
+    calls, missing = _ours(Poisson(q, sigma), steps, delta), []
     for name, build in LIBRARIES.items():
         try:
             calls += build(q, sigma, steps, delta)

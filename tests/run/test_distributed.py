@@ -301,5 +301,5 @@ def test_sigkill_one_rank_then_resume(tmp_path, victim):
         lost == sum(r["lost_lots_charged"] for r in st["resumes"]) <= want["steps"] // 6
     )  # ≤ an epoch
     for k in want["model"]:
-        # exact: a bit-identical replay (the same process count, seeds and lots on this machine)
-        torch.testing.assert_close(done["model"][k], want["model"][k], rtol=0, atol=0)
+        # a bit-identical replay (the same process count, seeds and lots on this machine)
+        torch.testing.assert_close(done["model"][k], want["model"][k], rtol=0, atol=0)  # exact

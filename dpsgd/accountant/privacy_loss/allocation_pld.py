@@ -97,13 +97,11 @@ def _window(signed, g: float):
     return a, b, lam
 
 
-def _sum(signed, g: float):
-    """Distribution of Σ (count copies of each signed term) on the grid g: (k_lo, pmf, Chernoff
-    bound on the mass beyond the window's top, which wrapped below it); None when the window
-    needs more than SUM_POINTS points. Mass below the window wraps upwards (the safe way)."""
-    a, b, lam = _window(signed, g)
-    if b - a + 1 > SUM_POINTS:
-        return None
+def _sum(signed, g: float, window):
+    """Distribution of Σ (count copies of each signed term) on the grid g over its ``window``
+    (``_window``): (k_lo, pmf, Chernoff bound on the mass beyond the window's top, which wrapped
+    below it). Mass below the window wraps upwards (the safe way)."""
+    a, b, lam = window
     m = max(1 << 10, 1 << (b - a).bit_length())
     spec = np.ones(m // 2 + 1, dtype=complex)
     for k, p, n in signed:
@@ -125,10 +123,10 @@ def _terms(t: int, sigma: float, g: float, direction: str):
     return _signed([(*_term(a, -a * a / 2.0, g, False, t), t)], -1), 0.0
 
 
-@lru_cache(maxsize=64)
-def _grid_for(t: int, sigma: float, direction: str) -> float:
-    """The grid g of Y: the smallest 2^k·1e-6, k >= G_FINE, whose window of S fits SUM_POINTS (its
-    width read off a coarse grid first, so that no term is built oversized)."""
+def _fitted(t: int, sigma: float, direction: str):
+    """(g, signed terms, mass beyond their tops, window of S): the grid g of Y is the smallest
+    2^k·1e-6, k >= G_FINE, whose window of S fits SUM_POINTS (its width read off a coarse grid
+    first, so that no term is built oversized); the terms and window are those at g."""
     a = 1.0 / sigma
     top = _top(a, a * a / 2.0, t, direction == "remove")
     coarse = 1e-6 * 2.0 ** max(0, math.ceil(math.log2(top / 1e-6 / (1 << 14))))
@@ -136,17 +134,17 @@ def _grid_for(t: int, sigma: float, direction: str) -> float:
     width = (hi - lo + 1) * coarse * 1.25  # the finer grid's window: a little wider at most
     g = 1e-6 * 2.0 ** max(G_FINE, math.ceil(math.log2(width / SUM_POINTS / 1e-6)))
     while True:
-        lo, hi, _ = _window(_terms(t, sigma, g, direction)[0], g)
-        if hi - lo + 1 <= SUM_POINTS:
-            return g
+        signed, beyond = _terms(t, sigma, g, direction)
+        window = _window(signed, g)
+        if window[1] - window[0] + 1 <= SUM_POINTS:
+            return g, signed, beyond, window
         g *= 2.0
 
 
-def _epoch_sum(t: int, sigma: float, g: float, direction: str):
-    """(k_lo, pmf of S on g·ℤ (add: of −S), mass into the ∞ atom)."""
-    signed, beyond = _terms(t, sigma, g, direction)
-    k_lo, c, above = _sum(signed, g)
-    return k_lo, c, above + beyond
+@lru_cache(maxsize=64)
+def _grid_for(t: int, sigma: float, direction: str) -> float:
+    """The grid g of Y at (t, σ) (``_fitted``): the rounding each term carries."""
+    return _fitted(t, sigma, direction)[0]
 
 
 def _dots(loss: np.ndarray, mass: np.ndarray, h: float):
@@ -169,13 +167,14 @@ def epoch_pmf(t: int, sigma: float, h: float, direction: str):
     sigma = check_sigma(sigma)
     if int(t) != t or t < 1:
         raise ValueError(f"allocation needs t >= 1 lots per epoch, got t={t!r}")
-    g = _grid_for(int(t), sigma, direction)
+    g, signed, beyond, window = _fitted(int(t), sigma, direction)
     if g > G_MAX:
         raise ValueError(
             f"allocation PLD: sigma={sigma:g} too small for its grid (g={g:.3g} > {G_MAX}); "
             "the rdp accountant serves it"
         )
-    k_lo, c, beyond = _epoch_sum(int(t), sigma, g, direction)
+    k_lo, c, above = _sum(signed, g, window)
+    beyond += above
     s = (k_lo + np.arange(c.size)) * g * (1 if direction == "remove" else -1)
     keep = (c > 0) & (s > 0)  # S = 0 (add, every term rounded to 0): ℓ = ∞
     p_inf = beyond + float(c[~keep & (c > 0)].sum())

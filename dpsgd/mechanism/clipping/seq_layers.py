@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import Conv2dLayer, Unsupported, _Layer, _sq, group_rows
+from .layers import Conv2dLayer, Unsupported, _acc, _Layer, _sq, group_rows
 from .registry import register_layer
 
 
@@ -64,11 +64,10 @@ class LayerNormLayer(_Layer):
 
     def clipped_sum(self, a, b, state, factors, own_b=False, out=None, K=1):
         out = out or {}
-        res = {}
-        for attr, g in state.items():
-            s = torch.tensordot(factors[attr], g, dims=1)
-            res[attr] = s if out.get(attr) is None else out[attr].add_(s)
-        return res
+        return {
+            attr: _acc(torch.tensordot(factors[attr], g, dims=1), out.get(attr))
+            for attr, g in state.items()
+        }
 
 
 @register_layer(nn.Embedding)
