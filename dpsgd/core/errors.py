@@ -1,12 +1,17 @@
 """The errors a run ends with, each turned by the command line (dpsgd/launch/cli.py) into one line
-on stderr and an exit code: bad input (2), divergence (1), an interrupting signal (128 + its
-number)."""
+on stderr and an exit code: bad input (2: a bad value, or a model whose examples mix), divergence
+(1), an interrupting signal (128 + its number)."""
 
 import signal
 
 
 class ConfigError(ValueError):
     """A bad configuration value, flag or run directory; str(e) is one line naming the key."""
+
+
+class NotPerExample(ValueError):
+    """A model whose examples are not independent, or whose per-example structure an engine cannot
+    prove (dpsgd/mechanism/clipping/proof.py); str(e) is one line naming what was seen."""
 
 
 class Interrupted(Exception):

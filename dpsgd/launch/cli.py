@@ -16,7 +16,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from dpsgd.core.errors import ConfigError, Diverged, Interrupted, one_line
+from dpsgd.core.errors import ConfigError, Diverged, Interrupted, NotPerExample, one_line
 from dpsgd.data.archives import ensure_dataset
 from dpsgd.data.datasets import DataUnavailable
 from dpsgd.data.files import FILE_FORMATS
@@ -261,8 +261,8 @@ def failure(fn, *a) -> tuple[str, int] | None:
     """Run ``fn``; an expected failure becomes (one-line message, exit code), else None."""
     try:
         fn(*a)
-    except (ConfigError, DataUnavailable) as e:
-        return one_line(e), 2
+    except (ConfigError, DataUnavailable, NotPerExample) as e:  # NotPerExample: a model whose
+        return one_line(e), 2  # examples mix, refused before the first lot (nothing written)
     except Diverged as e:
         return str(e), 1
     except (Interrupted, KeyboardInterrupt) as e:

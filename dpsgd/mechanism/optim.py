@@ -116,6 +116,14 @@ class DPSGD:
         g = self.augment_generator if generator is None else generator
         return xb if self.augment is None else self.augment(xb, g)
 
+    def prove(self, x: torch.Tensor, y: torch.Tensor, generator=None) -> None:
+        """The clipper's proofs (``PerExampleClipper.prove``) on examples ``x``, ``y`` as a step
+        hands them to it (K augmented copies each; ``generator``: the augmentation's)."""
+        if self.K > 1 or self.augment is not None:
+            self.clipper.prove(self._rows(x, generator), y, multiplicity=self.K)
+        else:
+            self.clipper.prove(x, y)
+
     def set_lr(self, lr: float) -> None:
         self.lr = float(lr)
 

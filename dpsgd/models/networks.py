@@ -244,19 +244,41 @@ def _mixes_examples(module: nn.Module) -> str | None:
         return "running statistics (track_running_stats=True) are averaged over the batch"
     if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats:
         return "running statistics are averaged over the batch"
+    if isinstance(module, nn.Embedding | nn.EmbeddingBag) and module.scale_grad_by_freq:
+        return (
+            "scale_grad_by_freq=True scales each token's gradient by its count in the whole batch"
+        )
+    return None
+
+
+def _changes_weights(module: nn.Module) -> str | None:
+    """Why `module` changes its own weights in the forward pass, outside the DP update."""
+    if isinstance(module, nn.Embedding | nn.EmbeddingBag) and module.max_norm is not None:
+        return (
+            f"max_norm={module.max_norm} renormalises, in place, the rows each lot looks up: a "
+            "change of the weights that depends on the private tokens and is not noised; set "
+            "max_norm=None (or normalise in forward, e.g. F.normalize of the looked-up rows)"
+        )
     return None
 
 
 def check_dp_compatible(model: nn.Module) -> None:
-    """Raise ValueError naming the first module that mixes examples (BatchNorm, ...).
+    """Raise ValueError naming the first module that mixes examples (BatchNorm, an Embedding
+    with ``scale_grad_by_freq``, ...) or changes its weights in the forward pass (an Embedding with
+    ``max_norm``).
 
     GroupNorm, LayerNorm and InstanceNorm without running statistics normalise each example on its
-    own and are accepted; so are Dropout, pooling and all per-example layers.
+    own and are accepted; so are Dropout, pooling and all per-example layers. What no module type
+    shows (``h - h.mean(0)`` in a forward) the clipper's proof finds
+    (dpsgd/mechanism/clipping/proof.py).
     """
     for name, module in model.named_modules():
+        label = name or "<root>"
+        changes = _changes_weights(module)
+        if changes is not None:
+            raise ValueError(f"module '{label}' ({type(module).__name__}): {changes}")
         reason = _mixes_examples(module)
         if reason is not None:
-            label = name or "<root>"
             raise ValueError(
                 f"module '{label}' ({type(module).__name__}) mixes examples: {reason}; "
                 "per-example gradient clipping (DP-SGD) needs each example's gradient to depend "

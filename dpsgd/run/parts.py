@@ -32,7 +32,7 @@ from dpsgd.mechanism.sampling import Sampler
 from dpsgd.models.networks import build_model, frozen_names
 from dpsgd.models.pretrained import load as load_pretrained
 from dpsgd.run import distributed
-from dpsgd.workbench.build import assemble
+from dpsgd.workbench.build import PROOF_SAMPLE, assemble
 
 
 class Instrument:
@@ -239,7 +239,11 @@ def build(
     # the mechanism, built once by the one builder the Python API uses too: the event each charge
     # records, whose σ the step noises at (charged σ = noised σ), C and L; nothing after this reads
     # σ, C or L from the configuration. check_finite=False: no device sync per physical batch; the
-    # data are finite, and a non-finite loss or update stops the run as diverged (dpsgd/train.py)
+    # data are finite, and a non-finite loss or update stops the run as diverged (dpsgd/train.py).
+    # The engine proves its structure on the first training examples as lot 0 would hold them
+    # (NotPerExample, one line and exit 2 before anything is written, for a model that mixes them)
+    x, y = data.X_train[:PROOF_SAMPLE].to(device), data.y_train[:PROOF_SAMPLE].to(device)
+    sample = (x, y, lot_generator(transform.seed, 0)) if in_step else (transform.train(x, 0), y)
     clipper, sampler, _, dp = assemble(
         model,
         len(data.X_train),
@@ -258,6 +262,7 @@ def build(
         augment_multiplicity=p.augment_multiplicity,
         augment=transform if in_step else None,
         check_finite=False,
+        sample=sample,
     )
     data = Data(*(a.to(device) for a in data))
     if d.active:  # Σ over ranks, noise once; the noise is drawn in the engine's parameter order

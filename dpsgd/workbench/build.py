@@ -20,6 +20,9 @@ from dpsgd.mechanism.plan import Plan
 from dpsgd.mechanism.sampling import Sampler, make_sampler
 
 
+PROOF_SAMPLE = 32  # the first training examples the clipper proves on before the first lot
+
+
 class Mechanism(NamedTuple):
     clipper: PerExampleClipper  # Σ_i clip_C(g_i), per group
     sampler: Sampler  # the lots, and q for the accountant
@@ -47,11 +50,13 @@ def assemble(
     augment=None,
     check_finite: bool = True,
     loss=None,
+    sample: tuple | None = None,
 ) -> Mechanism:
     """The mechanism of one run around ``model`` (its weights final, on its device).
 
     Args:
-        model: the network (refused, naming the layer, if it mixes examples: BatchNorm).
+        model: the network (refused, naming the layer, if it mixes examples: BatchNorm; with
+            ``sample``, also a model whose examples mix in its forward).
         n_examples: N, the training examples the sampler draws from.
         lot_size: L, the expected lot size (q = L/N for Poisson).
         clip_norm: C.
@@ -70,6 +75,10 @@ def assemble(
         augment_multiplicity, augment: K augmented copies per example, made by the step.
         check_finite: refuse a non-finite example (one device sync per physical batch).
         loss: a per-example loss ``loss(output, target) -> [B]``; None: cross-entropy.
+        sample: ``(x, y)`` or ``(x, y, generator)``, a few training examples as a lot holds them:
+            the clipper proves on them, before the first lot, that the examples are independent
+            and its engine's structure holds (``PerExampleClipper.prove``; NotPerExample, a
+            ValueError, refuses a model whose examples mix).
     """
     clipper = PerExampleClipper(
         model,
@@ -96,4 +105,6 @@ def assemble(
         augment_multiplicity=augment_multiplicity,
         augment=augment,
     )
+    if sample is not None:
+        dp.prove(*sample)
     return Mechanism(clipper, sampler, plan, dp)

@@ -21,7 +21,7 @@ from dpsgd.core.runtime import configure_threads
 from dpsgd.mechanism.clipping.groups import clipping_groups
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.sampling import make_sampler
-from dpsgd.workbench.build import assemble
+from dpsgd.workbench.build import PROOF_SAMPLE, assemble
 from dpsgd.workbench.lots import Lots, Tally
 from dpsgd.workbench.sources import as_tensors
 
@@ -30,7 +30,8 @@ class PrivateTrainer:
     """DP-SGD on any ``nn.Module``, every lot charged to its own ledger.
 
     Args:
-        model: the network (a layer that mixes examples, such as BatchNorm, is refused, naming it).
+        model: the network (a layer that mixes examples, such as BatchNorm, is refused, naming it,
+            and so is a forward pass that mixes them: the clipper's proof on the first examples).
         data: the training set: ``(X, y)`` tensors, a ``TensorDataset``, a ``Dataset`` of ``(x, y)``
             or an iterable of pairs; held in memory (``sources.as_tensors``).
         lot_size: L, the expected lot size (q = L/N).
@@ -119,8 +120,9 @@ class PrivateTrainer:
             loss=loss,
         )
         sigma = self._sigma(sigma, private, build, accountant)
+        sample = (self.X[:PROOF_SAMPLE], self.y[:PROOF_SAMPLE])  # proved on before any lot
         self.clipper, self.sampler, self.plan, self.dp = assemble(
-            model, len(self.X), sigma=sigma, **build
+            model, len(self.X), sigma=sigma, sample=sample, **build
         )
         self.accountant = accountant or (self.plan.accountants or ("rdp",))[0]
         if self.plan.private and self.accountant not in self.plan.accountants:

@@ -35,3 +35,16 @@ def loss_rows(loss, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             f"reduction='none'), got {shape}"
         )
     return rows
+
+
+def example_losses(model, x: torch.Tensor, y: torch.Tensor, K: int = 1, loss=None) -> torch.Tensor:
+    """Each example's loss in one batched forward pass ([B]): ``loss`` (``loss_rows``; None:
+    cross-entropy) per row, the mean over each example's K consecutive rows (augmentation
+    multiplicity). The function the proofs (``proof.py``) and the per-example loop differentiate."""
+    out = model(x)
+    target = y if K == 1 else y.repeat_interleave(K, dim=0)
+    if loss is None:
+        rows = torch.nn.functional.cross_entropy(out, target, reduction="none")
+    else:
+        rows = loss_rows(loss, out, target)
+    return rows if K == 1 else rows.view(-1, K).mean(1)

@@ -7,8 +7,11 @@ group of ``groups.clipping_groups`` to C on its own (the rule σ calibration and
 share). No noise and no division here: the DP optimiser adds N(0, σ²C²) per group and divides by L.
 
 mode="vmap": torch.func per-example gradients (the reference); mode="ghost": ghost norms and
-book-keeping (ghost.py), no per-example gradients of Linear/Conv2d layers; mode="auto": ghost when
-the model allows it (checked once, against plain autograd), else vmap. ``multiplicity=K`` clips the
+book-keeping (ghost.py), no per-example gradients of Linear/Conv2d layers; mode="auto": ghost
+where its structure is proved, else the exact path (vmap, or the per-example loop where vmap
+cannot run the model). Every engine relies on what proof.py proves on the first call of each input
+signature: the examples independent (else NotPerExample), and the engine's per-example gradients
+those of the batch; each fallback is said once, naming the layer and the cost. ``multiplicity=K`` clips the
 mean gradient of each example's K augmented copies; ``weights`` multiplies each example's clipped
 gradient and loss (0 for the padding rows of fixed-shape lots); ``memory_budget_bytes`` bounds the
 per-example tensors held at once. Why each keeps the sensitivity at C: docs/ARCHITECTURE.md
@@ -24,13 +27,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dpsgd.core.runtime import ieee_float32
+from dpsgd.core.errors import NotPerExample
 from dpsgd.models.networks import check_dp_compatible
+
 from .clip import CLIPPINGS, MODES
-from .ghost import DEFAULT_BUDGET_BYTES, Unsupported, build_layers, ghost_clipped_sum
-from .layers import GenericLayer
+from .ghost import DEFAULT_BUDGET_BYTES, Unsupported, build_layers, ghost_clipped_sum, shape_pattern
 from .groups import clipping_groups
-from .vmap import vmap_clipped_sum
+from .layers import GenericLayer
+from .proof import forked_rng, prove_exact, prove_ghost
+from .vmap import loop_clipped_sum, vmap_clipped_sum
 
 
 def _check_batch(x: torch.Tensor, y: torch.Tensor, K: int, weights: torch.Tensor | None) -> None:
@@ -63,7 +68,9 @@ class PerExampleClipper:
         clip_norm: C, each example's gradient is scaled to norm ≤ C in every group; None: no
             clipping (only a deliberately broken audit variant and the non-private tests use it).
         clipping: ``global`` (one group, k = 1) or ``per_layer`` (one group per layer, k = layers).
-        mode: ``ghost``, ``vmap`` or ``auto`` (ghost when every layer has a rule, else vmap).
+        mode: ``ghost``, ``vmap`` or ``auto`` (ghost where its structure is proved, else the
+            exact path: vmap, or the per-example loop); ``mode`` then says what ran (``ghost``,
+            ``vmap``, ``ghost+vmap``, ...).
         memory_budget_bytes: how much one chunk of per-example work may hold.
         check_finite: refuse an example holding NaN or inf, naming it (one device sync per call).
         loss: ``loss(output, target) -> [B]``, one loss per example (``reduction="none"``); None:
@@ -71,6 +78,9 @@ class PerExampleClipper:
 
     Attributes:
         groups: the k groups of parameter names (the k the accountant charges).
+
+    Raises:
+        NotPerExample (a ValueError): a model whose examples mix, or a mode that cannot run it.
     """
 
     def __init__(
@@ -110,24 +120,52 @@ class PerExampleClipper:
         except Unsupported as e:
             ghost_ok, why = False, str(e)
         if mode == "ghost" and not ghost_ok:
-            raise ValueError(
+            raise NotPerExample(
                 f"mode='ghost' cannot handle this model: {why}; use mode='vmap' or 'auto'"
             )
         self.requested_mode = mode
         self.mode = "ghost" if mode in ("ghost", "auto") and ghost_ok else "vmap"
+        self._ghost = self.mode == "ghost"  # the engine of every signature not moved off it
+        self._proved: set = set()  # ghost signatures proved (proof.py)
+        self._exact: dict = {}  # input signature -> the exact engine proved for it
+        self._said: set[str] = set()
+        n = sum(p.numel() for n_, p in model.named_parameters() if n_ in self.trainable)
+        self._vmap_cost = (
+            f"the exact per-example path (vmap): each example's gradient of all {n} trainable "
+            "parameters materialised, in chunks within the memory budget"
+        )
+        if mode == "auto" and not ghost_ok:
+            self._say(
+                f"ghost clipping cannot run this model: {why}; every lot runs on {self._vmap_cost}"
+            )
         if self.mode == "ghost" and not self.native:  # said once: which layers lack a ghost rule
             generic = [
                 f"{n} ({type(m).__name__})"
                 for n, m in model.named_modules()
                 if any(isinstance(r, GenericLayer) and r.module is m for r in self._layers)
             ]
-            warnings.warn(
+            self._say(
                 f"ghost clipping: no layer rule for {', '.join(generic)}; their per-example "
-                "gradients come from the exact per-example path (vmap), the other layers' from "
-                "ghost norms (dpsgd/mechanism/clipping/registry.py:register_layer adds a rule)",
-                stacklevel=2,
+                "gradients come from the exact per-example path (vmap over each such module: "
+                "B × its parameters), the other layers' from ghost norms "
+                "(dpsgd/mechanism/clipping/registry.py:register_layer adds a rule)"
             )
-        self._verified = self.mode == "vmap"
+
+    def _say(self, msg: str, reason: str | None = None) -> None:
+        """A fallback, said once per ``reason`` (default: the message) as a UserWarning."""
+        reason = msg if reason is None else reason
+        if reason not in self._said:
+            self._said.add(reason)
+            warnings.warn(msg, stacklevel=3)
+
+    def prove(self, x: torch.Tensor, y: torch.Tensor, multiplicity: int = 1) -> None:
+        """Prove, on this batch, what a call on it would rely on (proof.py: independence of the
+        examples, and the structure of the engine that runs it), as ``clipped_sum`` does on the
+        first call of each input signature; nothing returned or written, the RNG untouched. Raises
+        NotPerExample (a ValueError, one line) for a model whose examples mix. The command line
+        and PrivateTrainer call it on a few training examples before the first lot."""
+        with forked_rng(x.device):
+            self.clipped_sum(x, y, multiplicity=multiplicity)
 
     def clipped_sum(
         self,
@@ -149,7 +187,11 @@ class PerExampleClipper:
 
         A non-finite value in an example (or its weight) is refused, on both engines, with a
         ValueError naming the first such example (``check_finite``, the default): its gradient, and
-        with it the clipped sum, would not be finite."""
+        with it the clipped sum, would not be finite.
+
+        The first call of each input signature proves what its engine relies on (proof.py) and
+        refuses a model whose examples mix (NotPerExample); ``auto`` moves a signature whose ghost
+        structure does not hold to the exact path, and says so once."""
         K = multiplicity
         _check_batch(x, y, K, weights)
         self._check_trainable()
@@ -157,46 +199,75 @@ class PerExampleClipper:
             _check_finite(x, K, weights)
         if x.shape[0] == 0:
             return self._empty(x, out)
-        if self.mode == "ghost":
+        key = _input_signature(x, y, K)
+        engine = self._exact.get(key)
+        kw = dict(out=out, multiplicity=K, weights=weights, loss=self.loss)
+        if engine is None and self._ghost:
             try:
-                # the verifying call compares with autograd at IEEE float32 precision (no TF32)
-                with ieee_float32(not self._verified):
-                    grads, loss_sum, norms = ghost_clipped_sum(
-                        self.model,
-                        self._layers,
-                        x,
-                        y,
-                        self.groups,
-                        self.clip_norm,
-                        verify=not self._verified,
-                        budget_bytes=self.budget,
-                        out=out,
-                        multiplicity=K,
-                        weights=weights,
-                        loss=self.loss,
-                    )
-                self._verified = True
+                grads, loss_sum, norms = ghost_clipped_sum(
+                    self.model,
+                    self._layers,
+                    x,
+                    y,
+                    self.groups,
+                    self.clip_norm,
+                    budget_bytes=self.budget,
+                    check=lambda sig: self._prove_ghost(x, y, K, key, sig),
+                    **kw,
+                )
                 return ClipResult(grads, loss_sum, norms)
             except Unsupported as e:
                 if self.requested_mode == "ghost":
-                    raise ValueError(f"mode='ghost' cannot handle this model: {e}") from None
-                warnings.warn(
-                    f"ghost clipping unavailable ({e}); falling back to vmap", stacklevel=2
-                )
-                self.mode = "vmap"
-        grads, loss_sum, norms = vmap_clipped_sum(
-            self.model,
-            x,
-            y,
-            self.groups,
-            self.clip_norm,
-            chunk_bytes=self.budget,
-            out=out,
-            multiplicity=K,
-            weights=weights,
-            loss=self.loss,
-        )
+                    raise NotPerExample(
+                        f"mode='ghost' cannot handle this model: {e}; use mode='auto' or 'vmap'"
+                    ) from None
+                engine = self._prove_exact(x, y, K, key, f"ghost clipping: {e}")
+        elif engine is None:
+            engine = self._prove_exact(x, y, K, key)
+        run = vmap_clipped_sum if engine == "vmap" else loop_clipped_sum
+        if engine == "vmap":
+            kw["chunk_bytes"] = self.budget
+        grads, loss_sum, norms = run(self.model, x, y, self.groups, self.clip_norm, **kw)
         return ClipResult(grads, loss_sum, norms)
+
+    def _prove_ghost(self, x, y, K: int, key: tuple, signature: tuple) -> None:
+        """The ghost engine's check of a call (``ghost_clipped_sum``'s ``check``): a new signature
+        is proved (proof.py:prove_ghost) or raises Unsupported, naming the layer."""
+        if (key, signature) in self._proved:
+            return
+        why = prove_ghost(self.model, x, y, K, self.loss, signature)
+        if why is not None:
+            raise Unsupported(why)
+        self._proved.add((key, signature))
+
+    def _prove_exact(self, x, y, K: int, key: tuple, why: str | None = None) -> str:
+        """The exact engine of an input signature (proof.py:prove_exact), said once when ghost
+        was asked (``why``) or vmap cannot run the model."""
+        engines = ("vmap",) if self.requested_mode == "vmap" else ("vmap", "loop")
+        try:
+            engine, failed, proved = prove_exact(self.model, x, y, K, self.loss, engines)
+        except NotPerExample as e:
+            if self.requested_mode == "vmap" and "no exact per-example path" in str(e):
+                raise NotPerExample(
+                    f"mode='vmap' cannot run this model: {e}; mode='auto' tries the per-example "
+                    "loop"
+                ) from None
+            raise
+        if not proved:
+            return engine
+        self._exact[key] = engine
+        cost = (
+            self._vmap_cost
+            if engine == "vmap"
+            else "the per-example loop: one forward and backward pass per example (batch of 1)"
+        )
+        if why is not None:
+            self._say(f"{why}; inputs {_describe(key)} run on {cost}", reason=why)
+        elif engine == "loop":
+            self._say(f"vmap cannot run this model ({failed['vmap']}); every lot runs on {cost}")
+        if engine not in self.mode.split("+"):
+            self.mode += f"+{engine}"
+        return engine
 
     def _empty(self, x: torch.Tensor, out: dict[str, torch.Tensor] | None) -> ClipResult:
         """The clipped sum of an empty batch: zeros (or ``out`` unchanged), no norms."""
@@ -221,6 +292,27 @@ class PerExampleClipper:
                 "PerExampleClipper was built; freeze layers first, then build the "
                 "clipper and the optimiser"
             )
+
+
+def _input_signature(x: torch.Tensor, y: torch.Tensor, K: int) -> tuple:
+    """What a call's input is, for the proofs' cache: dtypes, shape patterns (``shape_pattern``),
+    K and the device type."""
+    B = y.shape[0]
+    return (
+        x.device.type,
+        K,
+        x.dtype,
+        shape_pattern(x.shape, x.shape[0], B),
+        y.dtype,
+        shape_pattern(y.shape, x.shape[0], B),
+    )
+
+
+def _describe(key: tuple) -> str:
+    """'x [B, 8, 16] float32' for an input signature."""
+    _, K, dx, px, _, _ = key
+    dims = ", ".join(str(d) for d in px)
+    return f"x [{dims}] {str(dx).replace('torch.', '')}" + (f" (K = {K})" if K > 1 else "")
 
 
 def _check_finite(x: torch.Tensor, K: int, weights: torch.Tensor | None) -> None:

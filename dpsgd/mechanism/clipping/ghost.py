@@ -19,6 +19,7 @@ Details: docs/PERFORMANCE.md, "dpsgd/mechanism/clipping/ghost.py".
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from . import seq_layers  # noqa: F401  (registers the LayerNorm, Embedding and Conv1d rules)
+from . import rnn, seq_layers  # noqa: F401  (register the LayerNorm, Embedding, Conv1d, RNN rules)
 from .clip import clip_factors, loss_rows
 from .groups import owners
 from .layers import GenericLayer, Unsupported, _Layer
@@ -69,17 +70,28 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def shape_pattern(shape, rows: int, B: int) -> tuple:
+    """A shape with every dimension as long as the batch named: ``"B"`` for the B·K rows, ``"b"``
+    for B (augmentation multiplicity K > 1), the other dimensions as they are. Two batches whose
+    shapes have the same pattern differ only in their batch size; a dimension that merely equals
+    the batch size gets another pattern (and with it another proof, ``proof.py``)."""
+    return tuple("B" if d == rows else "b" if d == B else int(d) for d in shape)
+
+
 class Record(NamedTuple):
     """What the forward hook of one layer keeps."""
 
-    input: torch.Tensor | None  # the layer's input a, when its rule reads it (``needs_input``)
-    edge: object  # autograd edge of its output; None when the output needs no gradient
-    version: int  # a._version at the call (a later in-place change is refused)
-    rows: int  # a.shape[0]
+    input: object  # the layer's input a when its rule reads it (``needs_input``); an owned forward:
+    # its payload for the rule (``RNNLayer``)
+    edge: object  # autograd edge of its output; None when the output needs no gradient; an owned
+    # forward: a list of (edge or None, shape, dtype, device), one per output its rule needs
+    version: int | None  # a._version at the call (a later in-place change is refused)
+    rows: int  # the batch size the layer saw (a.shape[0])
 
 
 class Capture:
-    """Forward hooks recording each layer's input and the autograd edge of its output.
+    """Forward hooks recording each layer's input and the autograd edge of its output, and the
+    shapes and dtypes of every layer call (``signature``).
 
     Only the gradient edge of the output is kept (not the output tensor), so outputs are freed
     as in a plain forward pass, and the gradient w.r.t. the module's output is exact even when a
@@ -89,51 +101,84 @@ class Capture:
     (all parameters requires_grad=False) is neither hooked nor recorded, and its activations are
     kept only if autograd needs them to reach a trainable layer below it. A layer whose weight is
     frozen and bias trained records its input's batch size, not the input (``needs_input``).
+    A rule that ``owns_forward`` (recurrent layers, ``rnn.py``) replaces its module's forward while
+    the capture is open and records what it needs itself.
     """
 
     def __init__(self, layers: list[_Layer]):
         self.layers = layers
         self.records: dict[int, Record] = {}
+        self.calls: list[tuple] = []  # (layer, input shape, dtype, output shape, dtype), in order
 
     def __enter__(self):
         self.records.clear()
-        self.handles = [
-            l.module.register_forward_hook(self._hook(i)) for i, l in enumerate(self.layers)
-        ]
+        self.calls.clear()
+        self.handles, self.swapped = [], []
+        for i, l in enumerate(self.layers):
+            if l.owns_forward:
+                self.swapped.append((l.module, l.module.__dict__.get("forward")))
+                l.module.forward = partial(l.forward, self._recorder(i))
+            else:
+                self.handles.append(l.module.register_forward_hook(self._hook(i)))
         return self
 
     def __exit__(self, *exc):
         for h in self.handles:
             h.remove()
+        for m, old in self.swapped:
+            if old is None:
+                del m.forward
+            else:
+                m.forward = old
         return False
+
+    def signature(self, rows: int, B: int) -> tuple:
+        """The layer calls of the forward pass, each as (layer, input shape pattern, dtype, output
+        shape pattern, dtype) (``shape_pattern``), in call order."""
+        return tuple(
+            (i, shape_pattern(si, rows, B), di, shape_pattern(so, rows, B), do)
+            for i, si, di, so, do in self.calls
+        )
+
+    def _once(self, i):
+        if i in self.records:
+            raise Unsupported(f"{self.layers[i].label} is called more than once per forward pass")
 
     def _hook(self, i):
         def hook(module, args, output):
-            if i in self.records:
-                raise Unsupported(
-                    f"module {self.layers[i].names} is called more than once per forward pass"
-                )
+            self._once(i)
             if (
                 len(args) != 1
                 or not isinstance(args[0], torch.Tensor)
                 or not isinstance(output, torch.Tensor)
             ):
-                raise Unsupported(
-                    f"module {self.layers[i].names} must take one tensor and return one"
-                )
+                raise Unsupported(f"{self.layers[i].label} must take one tensor and return one")
             a = args[0]
             if a.dim() == 0 or output.dim() == 0 or a.shape[0] != output.shape[0]:
-                raise Unsupported(
-                    f"module {self.layers[i].names} does not keep the batch in dimension 0"
-                )
+                raise Unsupported(f"{self.layers[i].label} does not keep the batch in dimension 0")
             layer = self.layers[i]
             edge = get_gradient_edge(output) if output.requires_grad else None
             if edge is not None:
                 layer.check_input(a)
             kept = a if layer.needs_input else None
             self.records[i] = Record(kept, edge, a._version, a.shape[0])
+            self.calls.append((i, tuple(a.shape), a.dtype, tuple(output.shape), output.dtype))
 
         return hook
+
+    def _recorder(self, i):
+        def record(input, output, payload, outs, rows: int):
+            self._once(i)
+            edges = [
+                (get_gradient_edge(o) if o.requires_grad else None, o.shape, o.dtype, o.device)
+                for o in outs
+            ]
+            self.records[i] = Record(payload, edges or None, None, rows)
+            self.calls.append(
+                (i, tuple(input.shape), input.dtype, tuple(output.shape), output.dtype)
+            )
+
+        return record
 
 
 class Work(NamedTuple):
@@ -141,10 +186,11 @@ class Work(NamedTuple):
     state."""
 
     layer: _Layer
-    a: torch.Tensor | None
-    b: torch.Tensor
+    a: object  # its input as the rule takes it (``_Layer.inputs``)
+    b: object  # its output gradient as the rule takes it
     state: object
     rows: int  # rows per example the rule still sums (augmentation multiplicity)
+    dtype: torch.dtype  # of its parameters: the dtype of its per-example norms
 
 
 @torch.no_grad()  # only the forward pass records a graph (enable_grad in _forward)
@@ -155,33 +201,36 @@ def ghost_clipped_sum(
     y,
     groups,
     clip_norm,
-    verify: bool = False,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
     out: dict | None = None,
     multiplicity: int = 1,
     weights: torch.Tensor | None = None,
     loss=None,
+    check=None,
 ):
     """Σ_i clip(g_i) by ghost norms + book-keeping. Returns (grads by name, loss_sum, norms [B, k]).
 
     With ``multiplicity`` K > 1, x has B·K rows (K augmented copies per example, consecutive) and
     g_i is the gradient of the mean loss over example i's copies. ``weights`` [B] (None: all ones)
     multiply each example's clip factor and loss (Σ_i w_i c_i g_i, Σ_i w_i loss_i); norms
-    unweighted.
+    unweighted. ``check(signature)`` is called after the forward pass (``Capture.signature``): the
+    engine proves a new signature there (proof.py), and may raise.
 
     With ``out`` (a tensor per parameter name) the sums are accumulated into it in place. Every
     Unsupported is raised before the first write into ``out``, so a caller may fall back to vmap."""
     K = multiplicity
     B = x.shape[0] // K
-    recs, total, loss_dtype, loss_sum = _forward(model, layers, x, y, K, weights, loss)
-    order, bs = _output_grads(layers, recs, x.shape[0], total, retain=verify)
-    ref = _autograd_grads(layers, total) if verify else {}
+    capture, total, loss_dtype, loss_sum = _forward(model, layers, x, y, K, weights, loss)
+    check_records(layers, capture.records, x.shape[0])
+    if check is not None:
+        check(capture.signature(x.shape[0], B))
+    order, bs = output_grads(capture.records, total)
     group_of = {n: g for g, names in enumerate(groups) for n in names}
-    sq, work = _squared_norms(layers, recs, order, bs, group_of, len(groups), K, budget_bytes)
-    dtype = work[0].b.dtype if work else loss_dtype
+    sq, work = _squared_norms(
+        layers, capture.records, order, bs, group_of, len(groups), K, budget_bytes
+    )
+    dtype = work[0].dtype if work else loss_dtype
     norms, factors = _norms_and_factors(sq, clip_norm, B, dtype, x.device)
-    if verify:
-        _check_against_autograd(layers, work, ref, B, dtype, x.device)
     if weights is not None:  # c_i ← w_i c_i: a weight-0 row adds exactly 0
         w = weights.to(device=x.device, dtype=factors[0].dtype)
         factors = tuple(f * w for f in factors)
@@ -189,7 +238,7 @@ def ghost_clipped_sum(
 
 
 def _forward(model, layers, x, y, K: int, weights=None, loss=None):
-    """One forward pass under the layers' hooks: (records, Σ_i loss_i (the autograd root), the
+    """One forward pass under the layers' hooks: (the capture, Σ_i loss_i (the autograd root), the
     logits' dtype, the reported loss: Σ_i loss_i detached, or Σ_i w_i loss_i with ``weights``).
     ``loss``: a per-example loss (``loss_rows``); None: cross-entropy."""
     capture = Capture(layers)
@@ -201,7 +250,7 @@ def _forward(model, layers, x, y, K: int, weights=None, loss=None):
             per_example = rows.detach() if K == 1 else rows.detach().view(-1, K).sum(1) / K
             if weights is not None:
                 per_example = per_example * weights.to(per_example)
-            return capture.records, total, logits.dtype, per_example.sum()
+            return capture, total, logits.dtype, per_example.sum()
         if weights is not None:  # per-example losses, mean over the K copies
             rows = F.cross_entropy(
                 logits, y if K == 1 else y.repeat_interleave(K), reduction="none"
@@ -209,7 +258,7 @@ def _forward(model, layers, x, y, K: int, weights=None, loss=None):
             total = rows.sum() if K == 1 else rows.sum() / K
             per_example = rows.detach() if K == 1 else rows.detach().view(-1, K).sum(1) / K
             return (
-                capture.records,
+                capture,
                 total,
                 logits.dtype,
                 (per_example * weights.to(per_example)).sum(),
@@ -218,41 +267,51 @@ def _forward(model, layers, x, y, K: int, weights=None, loss=None):
             total = F.cross_entropy(logits, y, reduction="sum")
         else:  # Σ_i mean_k ℓ(θ, x_ik)
             total = F.cross_entropy(logits, y.repeat_interleave(K), reduction="sum") / K
-    return capture.records, total, logits.dtype, total.detach()
+    return capture, total, logits.dtype, total.detach()
 
 
-def _output_grads(layers, recs, rows: int, total, retain: bool):
+def check_records(layers, recs, rows: int) -> None:
+    """Unsupported where a recorded layer saw another batch size, or its input was modified in
+    place after the call."""
+    for i in sorted(recs):
+        r = recs[i]
+        if r.edge is None:
+            continue
+        if r.version is not None and r.input is not None and r.input._version != r.version:
+            raise Unsupported(f"the input of {layers[i].label} was modified in place")
+        if r.rows != rows:
+            raise Unsupported(f"{layers[i].label} does not keep the batch in dimension 0")
+
+
+def output_grads(recs, total, retain: bool = False):
     """(indices of the recorded layers whose output needs a gradient, b = ∂total/∂output for each;
-    None where the output does not reach the loss). One autograd call, no weight gradient formed."""
+    None where the output does not reach the loss; a list for an owned forward, zeros where one of
+    its outputs does not). One autograd call, no weight gradient formed."""
     order = [i for i in sorted(recs) if recs[i].edge is not None]
+    flat, spans = [], []
     for i in order:
-        if recs[i].input is not None and recs[i].input._version != recs[i].version:
-            raise Unsupported(f"the input of {layers[i].names} was modified in place")
-        if recs[i].rows != rows:
-            raise Unsupported(f"module {layers[i].names} does not keep the batch in dimension 0")
-    edges = [recs[i].edge for i in order]
-    bs = torch.autograd.grad(total, edges, allow_unused=True, retain_graph=retain) if edges else []
+        e = recs[i].edge
+        if isinstance(e, list):
+            live = [k for k, o in enumerate(e) if o[0] is not None]
+            spans.append((len(flat), live))
+            flat += [e[k][0] for k in live]
+        else:
+            spans.append((len(flat), None))
+            flat.append(e)
+    gs = torch.autograd.grad(total, flat, allow_unused=True, retain_graph=retain) if flat else []
+    bs = []
+    for i, (start, live) in zip(order, spans):
+        if live is None:
+            bs.append(gs[start])
+            continue
+        got = dict(zip(live, gs[start : start + len(live)]))
+        bs.append(
+            [
+                got[k] if got.get(k) is not None else torch.zeros(shape, dtype=dt, device=dev)
+                for k, (_, shape, dt, dev) in enumerate(recs[i].edge)
+            ]
+        )
     return order, bs
-
-
-def _autograd_grads(layers, total) -> dict:
-    """Plain autograd gradient of the same graph, by parameter name (None: no gradient)."""
-    params = [p for l in layers for p in (getattr(l.module, a) for a in l.names)]
-    names = [n for l in layers for n in l.names.values()]
-    ref_grads = torch.autograd.grad(total, params, allow_unused=True) if params else []
-    return {n: g for n, g in zip(names, ref_grads)}
-
-
-def _rule_inputs(layer: _Layer, a, b, K: int):
-    """(a, b, rows per example still to sum) as the layer's rule takes them: the input prepared,
-    both in the dtype of the layer's parameters."""
-    p0 = getattr(layer.module, next(iter(layer.names)))
-    a = None if a is None else layer.prepare(a)
-    if a is not None and a.is_floating_point() and a.dtype != p0.dtype:
-        a = a.to(p0.dtype)
-    if b.dtype != p0.dtype:
-        b = b.to(p0.dtype)
-    return layer.group(a, b, K)
 
 
 def _squared_norms(layers, recs, order, bs, group_of: dict, k: int, K: int, budget_bytes: int):
@@ -265,7 +324,7 @@ def _squared_norms(layers, recs, order, bs, group_of: dict, k: int, K: int, budg
         if b is None:  # output does not reach the loss: zero gradient
             continue
         layer = layers[i]
-        a, b, k_rows = _rule_inputs(layer, recs[i].input, b, K)
+        a, b, k_rows = layer.inputs(recs[i].input, b, K)
         need = layer.kept_bytes(a, b)
         keep = 0 < need and kept + need <= budget_bytes
         kept += need if keep else 0
@@ -273,7 +332,7 @@ def _squared_norms(layers, recs, order, bs, group_of: dict, k: int, K: int, budg
         for attr, v in sqn.items():
             g = group_of[layer.names[attr]]
             sq[g] = v if sq[g] is None else sq[g] + v
-        work.append(Work(layer, a, b, state, k_rows))
+        work.append(Work(layer, a, b, state, k_rows, layer.dtype))
     return sq, work
 
 
@@ -288,45 +347,17 @@ def _norms_and_factors(sq, clip_norm, B: int, dtype, device):
     return norms, clip_factors(norms, clip_norm).unbind(1)
 
 
-def _check_against_autograd(layers, work, ref: dict, B: int, dtype, device) -> None:
-    """Unclipped sums of the rules = the autograd gradient, else Unsupported: the exact-structure
-    check of a first call (a parameter used outside its module's forward call shows up here)."""
-    ones = torch.ones(B, dtype=dtype, device=device)
-    plain = {}
-    for w in work:
-        for attr, g in w.layer.clipped_sum(
-            w.a, w.b, w.state, {k: ones for k in w.layer.names}, K=w.rows
-        ).items():
-            plain[w.layer.names[attr]] = g
-    for layer in layers:
-        for attr, n in layer.names.items():
-            p = getattr(layer.module, attr)
-            g = plain.get(n, torch.zeros_like(p))
-            r = ref[n] if ref[n] is not None else torch.zeros_like(p)
-            if not (bool(torch.isfinite(r).all()) and bool(torch.isfinite(g).all())):
-                raise ValueError(
-                    f"clipped_sum: the gradient of parameter '{n}' is not finite (NaN or inf) on "
-                    "this lot: an example holds a non-finite value or the loss overflowed "
-                    "(check_finite=False skips the check that names the example)"
-                )
-            if not torch.allclose(g, r, rtol=1e-3, atol=1e-5 * (1.0 + float(r.abs().max()))):
-                raise Unsupported(
-                    f"parameter '{n}' receives gradient from outside its module's "
-                    "forward call (e.g. weight tying or functional use)"
-                )
-
-
 def _clipped_sums(layers, work, factors, group_of: dict, x, out: dict | None) -> dict:
     """Σ_i c_i g_i by parameter name (book-keeping or kept products), added into ``out`` when given.
     No Unsupported from here on: this is the first write into ``out``."""
     grads = {}
     # memory -> how many of the a's, b's and the input x use it
-    users = Counter(_storage(t) for w in work for t in (w.a, w.b) if t is not None)
+    users = Counter(_storage(t) for w in work for t in (w.a, w.b) if isinstance(t, torch.Tensor))
     users[_storage(x)] += 1
     for w in work:
         layer = w.layer
         f = {attr: factors[group_of[n]] for attr, n in layer.names.items()}
-        own_b = w.b.is_contiguous() and users[_storage(w.b)] == 1
+        own_b = isinstance(w.b, torch.Tensor) and w.b.is_contiguous() and users[_storage(w.b)] == 1
         acc = None if out is None else {attr: out[n] for attr, n in layer.names.items()}
         for attr, g in layer.clipped_sum(
             w.a, w.b, w.state, f, own_b=own_b, out=acc, K=w.rows

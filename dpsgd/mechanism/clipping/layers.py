@@ -57,9 +57,34 @@ class Unsupported(RuntimeError):
 class _Layer:
     """One parameter-owning module: names of its trainable parameters, by attribute."""
 
+    owns_forward = False  # True: ``forward(record, *args)`` replaces the module's own (rnn.py)
+
     def __init__(self, module: nn.Module, names: dict[str, str]):
         self.module = module
         self.names = names  # attribute ("weight", "bias", ...) -> full parameter name
+
+    @property
+    def label(self) -> str:
+        """ "module 'fc' (Linear)", for messages (the module's path from its parameters' names)."""
+        attr, full = next(iter(self.names.items()))
+        path = full[: -len(attr) - 1] if full != attr else "<root>"
+        return f"module '{path}' ({type(self.module).__name__})"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of its (first trained) parameter: its rules compute in it."""
+        return getattr(self.module, next(iter(self.names))).dtype
+
+    def inputs(self, a, b, K: int):
+        """(a, b, rows per example still to sum) as the rules take them: the recorded input
+        prepared, both in the dtype of the layer's parameters."""
+        dtype = self.dtype
+        a = None if a is None else self.prepare(a)
+        if a is not None and a.is_floating_point() and a.dtype != dtype:
+            a = a.to(dtype)
+        if b.dtype != dtype:
+            b = b.to(dtype)
+        return self.group(a, b, K)
 
     @property
     def needs_input(self) -> bool:
@@ -209,7 +234,7 @@ class Conv2dLayer(_Layer):
     def check_input(self, a):
         if a.dim() != 4:
             raise Unsupported(
-                f"Conv2d '{self.names}' got input of shape {list(a.shape)}; "
+                f"{self.label} got input of shape {list(a.shape)}; "
                 "the ghost engine needs batched [B, C, H, W] input"
             )
 
@@ -392,9 +417,7 @@ class GroupNormLayer(_Layer):
 
     def check_input(self, a):
         if a.dim() < 2:
-            raise Unsupported(
-                f"GroupNorm {self.names} got input of shape {list(a.shape)}; needs [B, C, *]"
-            )
+            raise Unsupported(f"{self.label} got input of shape {list(a.shape)}; needs [B, C, *]")
 
     def prepare(self, a):
         m = self.module

@@ -37,7 +37,7 @@ class LayerNormLayer(_Layer):
         n = len(self.module.normalized_shape)
         if a.dim() < n + 1 or tuple(a.shape[a.dim() - n :]) != tuple(self.module.normalized_shape):
             raise Unsupported(
-                f"LayerNorm {self.names} got input of shape {list(a.shape)}; needs "
+                f"{self.label} got input of shape {list(a.shape)}; needs "
                 f"[B, *, {', '.join(map(str, self.module.normalized_shape))}]"
             )
 
@@ -88,7 +88,7 @@ class EmbeddingLayer(_Layer):
 
     def check_input(self, a):
         if a.dim() < 1 or a.is_floating_point():
-            raise Unsupported(f"Embedding {self.names} needs integer indices [B, *]")
+            raise Unsupported(f"{self.label} needs integer indices [B, *]")
 
     def _rows(self, a, b, K):
         """(indices [B, K·T], output gradients [B, K·T, D]) per example; the padding row's
@@ -141,9 +141,7 @@ class Conv1dLayer(_Layer):
 
     def check_input(self, a):
         if a.dim() != 3:
-            raise Unsupported(
-                f"Conv1d {self.names} got input of shape {list(a.shape)}; needs [B, C, L]"
-            )
+            raise Unsupported(f"{self.label} got input of shape {list(a.shape)}; needs [B, C, L]")
 
     def prepare(self, a):
         return self.as_2d.prepare(a.unsqueeze(2))

@@ -1,8 +1,12 @@
-"""Per-example gradients with torch.func: ``vmap(grad(loss_i))`` over the physical batch.
+"""The exact per-example paths: torch.func ``vmap(grad(loss_i))`` over the physical batch, and a
+loop of batch-of-1 passes for the models vmap cannot batch.
 
 The reference path (Algorithm 1 read literally): materialise g(x_i) for every example, measure its
-norm, scale by min(1, C/‖g_i‖) and sum. Exact for any model whose examples do not interact; costs
-memory B × (#parameters), so the batch is processed in chunks under a memory budget.
+norm, scale by min(1, C/‖g_i‖) and sum. Exact for any model whose examples do not interact (the
+engine proves it first: proof.py); costs memory B × (#parameters), so the batch is processed in
+chunks under a memory budget. Recurrent layers run unrolled inside (``rnn.unrolled_rnns``).
+``loop_clipped_sum``: one forward and backward pass per example (data-dependent shapes, in-place
+tricks vmap refuses); B passes of batch 1, the slowest and most general.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from .clip import clip_factors, loss_rows
+from .clip import clip_factors, example_losses, loss_rows
+from .rnn import unrolled_rnns
 
 # Bytes of per-example gradients materialised at once (the batch is split into chunks to fit).
 DEFAULT_CHUNK_BYTES = 256 * 2**20
@@ -25,7 +30,7 @@ def _split_params(model: nn.Module):
     return trainable, frozen
 
 
-def _per_example_fn(model: nn.Module, multiplicity: int = 1, loss=None):
+def per_example_fn(model: nn.Module, multiplicity: int = 1, loss=None):
     """(detached trainable params, f(params, x, y) -> (per-example grads, per-example losses)).
 
     With ``multiplicity`` K > 1, x is [B, K, ...] (K augmented copies of each example) and example
@@ -62,12 +67,13 @@ def per_sample_grads(
     Only trainable parameters (requires_grad) appear. Dropout draws independent masks per example
     (``randomness="different"``), as it would in a batched forward pass.
     """
-    params, per_example = _per_example_fn(model)
+    params, per_example = per_example_fn(model)
     B = x.shape[0]
     n_params = sum(p.numel() for p in params.values())
     bytes_per_example = max(1, n_params * x.element_size())
     chunk = max(1, min(B, chunk_bytes // bytes_per_example)) if B else 1
-    outs = [per_example(params, x[s : s + chunk], y[s : s + chunk]) for s in range(0, B, chunk)]
+    with unrolled_rnns(model):
+        outs = [per_example(params, x[s : s + chunk], y[s : s + chunk]) for s in range(0, B, chunk)]
     if not outs:
         return {n: p.new_zeros((0,) + p.shape) for n, p in params.items()}, x.new_zeros(0)
     grads = {n: torch.cat([g[n] for g, _ in outs]) for n in params}
@@ -95,7 +101,7 @@ def vmap_clipped_sum(
     g_i is the gradient of the mean loss over them. ``weights`` [B] (None: all ones) multiply each
     example's clip factor and loss: Σ_i w_i c_i g_i, Σ_i w_i loss_i; the norms are unweighted.
     """
-    params, per_example = _per_example_fn(model, multiplicity, loss)
+    params, per_example = per_example_fn(model, multiplicity, loss)
     if multiplicity > 1:
         x = x.view((x.shape[0] // multiplicity, multiplicity) + tuple(x.shape[1:]))
     group_of = {n: g for g, names in enumerate(groups) for n in names}
@@ -108,7 +114,8 @@ def vmap_clipped_sum(
     chunk = max(1, min(B, chunk_bytes // max(1, n_params * x.element_size())))
     norms_all = []
     for s in range(0, B, chunk):
-        g, losses = per_example(params, x[s : s + chunk], y[s : s + chunk])
+        with unrolled_rnns(model):
+            g, losses = per_example(params, x[s : s + chunk], y[s : s + chunk])
         sq = torch.stack([sum(g[n].flatten(1).pow(2).sum(1) for n in names) for names in groups], 1)
         norms = sq.sqrt()
         factors = clip_factors(norms, clip_norm)
@@ -120,6 +127,44 @@ def vmap_clipped_sum(
         norms_all.append(norms)
         loss_sum = loss_sum + losses.sum()
     return sums, loss_sum.detach(), torch.cat(norms_all)
+
+
+def loop_clipped_sum(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    groups: list[list[str]],
+    clip_norm: float | None,
+    out: dict[str, torch.Tensor] | None = None,
+    multiplicity: int = 1,
+    weights: torch.Tensor | None = None,
+    loss=None,
+):
+    """``vmap_clipped_sum``'s results, one example at a time: example i's K rows through the model
+    alone, its gradient by autograd, clipped and added (Algorithm 1 read literally)."""
+    K = multiplicity
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    sums = out if out is not None else {n: torch.zeros_like(p) for n, p in named}
+    group_of = {n: g for g, names in enumerate(groups) for n in names}
+    dtype = _norm_dtype(dict(named))
+    B = y.shape[0]
+    loss_sum = x.new_zeros((), dtype=dtype)
+    norms = x.new_zeros((B, len(groups)), dtype=dtype)
+    for i in range(B):
+        with torch.enable_grad():
+            ell = example_losses(model, x[i * K : (i + 1) * K], y[i : i + 1], K, loss)[0]
+            gs = torch.autograd.grad(ell, params, allow_unused=True)
+        g = {n: torch.zeros_like(p) if t is None else t for (n, p), t in zip(named, gs)}
+        with torch.no_grad():
+            for k, names in enumerate(groups):
+                norms[i, k] = torch.sqrt(sum(g[n].pow(2).sum() for n in names))
+            f = clip_factors(norms[i], clip_norm)
+            w = 1.0 if weights is None else weights[i].to(dtype)
+            for n, gn in g.items():
+                sums[n] += (f[group_of[n]] * w).to(gn.dtype) * gn
+            loss_sum = loss_sum + w * ell.detach().to(dtype)
+    return sums, loss_sum, norms
 
 
 def _norm_dtype(params: dict) -> torch.dtype:

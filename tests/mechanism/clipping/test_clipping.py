@@ -201,9 +201,9 @@ def test_a_non_finite_example_is_one_clear_error(mode, bad):
     assert not torch.isfinite(unchecked.clipped_sum(x, y).norms[4]).all()  # what the check prevents
     ghost = PerExampleClipper(model, 1.0, "per_layer", mode="ghost", check_finite=False)
     with pytest.raises(
-        ValueError, match=r"^clipped_sum: the gradient of parameter '.*' is not finite"
+        ValueError, match=r"^clipped_sum: the (loss|gradient of parameter '.*') is not finite"
     ):
-        ghost.clipped_sum(x, y)  # its verifying first call: one clear line, not atol=nan
+        ghost.clipped_sum(x, y)  # its proving first call: one clear line, not atol=nan
 
 
 def test_groups_structure():
@@ -373,7 +373,8 @@ def test_structures_ghost_cannot_handle(cls):
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         res = auto.clipped_sum(x, y)
-    assert auto.mode == "vmap"
+    # Tied passes the build (each module has a rule) and fails its first call's proof
+    assert auto.mode == ("vmap" if cls is OwnsParamsAndChildren else "ghost+vmap")
     assert_close_dict(res.grads, ref.grads)
     with pytest.raises(ValueError, match="ghost"):
         PerExampleClipper(model, 0.1, mode="ghost").clipped_sum(x, y)
@@ -515,7 +516,7 @@ def test_fallback_to_vmap_with_out_adds_once():
         clipper = _accumulates_exactly(
             model, torch.randn(5, 6, dtype=DT), torch.randint(0, 3, (5,)), "global", "auto"
         )
-    assert clipper.mode == "vmap"
+    assert clipper.mode == "ghost+vmap"  # the signature's proof failed: it runs on vmap
 
 
 @pytest.mark.parametrize("wide", [1, 10**9])  # every Linear weight sum transposed / none
