@@ -47,6 +47,15 @@ NETS = textwrap.dedent(
 
         def forward(self, x):
             return self.bn(self.c(x)).flatten(1)[:, :10]
+
+    class CentredOverBatch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3 * 8 * 8, 10)
+
+        def forward(self, x):
+            h = self.fc(x.flatten(1))
+            return h - h.mean(0)  # mixes examples: no module type shows it
     """
 )
 RUN = ["privacy.lot_size=50", "privacy.clipping=global", "privacy.clip_norm=1", "device=cpu"]
@@ -131,6 +140,19 @@ def test_a_bad_user_model_or_file_is_refused_in_one_line(user, change, message):
     with pytest.raises(ConfigError, match=message) as e:
         validate(compose(args))
     assert "\n" not in str(e.value)
+
+
+def test_a_model_whose_forward_mixes_examples_is_refused_before_any_write(user):
+    """The clipper's proof on the first training examples (dpsgd/mechanism/clipping/proof.py):
+    one line, exit 2, nothing in the run folder."""
+    from dpsgd.launch.cli import failure
+
+    args = [a for a in _cnn(user) if not a.startswith("+model.args")]
+    args = [a.replace("SmallCNN", "CentredOverBatch") for a in args] + ["privacy.sigma=1.0"]
+    msg, code = failure(train, validate(compose(args)), user / "run", args)
+    assert code == 2 and "\n" not in msg
+    assert msg.startswith("the model mixes examples: changing ")
+    assert not [p.name for p in (user / "run").iterdir() if not p.name.startswith(".")]
 
 
 def test_sweep_folder_names_hold_no_path_separator():

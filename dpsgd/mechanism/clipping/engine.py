@@ -124,8 +124,7 @@ class PerExampleClipper:
                 f"mode='ghost' cannot handle this model: {why}; use mode='vmap' or 'auto'"
             )
         self.requested_mode = mode
-        self.mode = "ghost" if mode in ("ghost", "auto") and ghost_ok else "vmap"
-        self._ghost = self.mode == "ghost"  # the engine of every signature not moved off it
+        self._ghost = mode in ("ghost", "auto") and ghost_ok  # else every signature is exact
         self._proved: set = set()  # ghost signatures proved (proof.py)
         self._exact: dict = {}  # input signature -> the exact engine proved for it
         self._said: set[str] = set()
@@ -134,11 +133,8 @@ class PerExampleClipper:
             f"the exact per-example path (vmap): each example's gradient of all {n} trainable "
             "parameters materialised, in chunks within the memory budget"
         )
-        if mode == "auto" and not ghost_ok:
-            self._say(
-                f"ghost clipping cannot run this model: {why}; every lot runs on {self._vmap_cost}"
-            )
-        if self.mode == "ghost" and not self.native:  # said once: which layers lack a ghost rule
+        self._why = why if mode == "auto" else None  # said with the exact engine (first call)
+        if self._ghost and not self.native:  # said once: which layers lack a ghost rule
             generic = [
                 f"{n} ({type(m).__name__})"
                 for n, m in model.named_modules()
@@ -261,13 +257,22 @@ class PerExampleClipper:
             if engine == "vmap"
             else "the per-example loop: one forward and backward pass per example (batch of 1)"
         )
+        if "vmap" in failed:
+            cost += f" (vmap cannot run it: {failed['vmap']})"
         if why is not None:
             self._say(f"{why}; inputs {_describe(key)} run on {cost}", reason=why)
+        elif self._why:
+            self._say(f"ghost clipping cannot run this model: {self._why}; it runs on {cost}")
         elif engine == "loop":
-            self._say(f"vmap cannot run this model ({failed['vmap']}); every lot runs on {cost}")
-        if engine not in self.mode.split("+"):
-            self.mode += f"+{engine}"
+            self._say(f"every lot runs on {cost}")
         return engine
+
+    @property
+    def mode(self) -> str:
+        """The engines that run: ``ghost``, ``vmap`` or ``loop``, or several joined by ``+``
+        (ghost, and the exact path on the signatures moved off it)."""
+        used = [e for e in ("vmap", "loop") if e in self._exact.values()]
+        return "+".join((["ghost"] if self._ghost else []) + used) or "vmap"
 
     def _empty(self, x: torch.Tensor, out: dict[str, torch.Tensor] | None) -> ClipResult:
         """The clipped sum of an empty batch: zeros (or ``out`` unchanged), no norms."""

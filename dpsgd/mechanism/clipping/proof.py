@@ -13,17 +13,18 @@ equals B is another signature):
    mixes examples (``h - h.mean(0)``, batch statistics in forward) is refused: NotPerExample.
 2. **Structure**, for the engine that will run. Ghost (``prove_ghost``): with distinct weights w_i,
    the rules' Σ_i w_i g_i (book-keeping over each layer's rows) must equal autograd's gradient of
-   Σ_i w_i ℓ_i, the unweighted sum autograd's gradient of Σ_i ℓ_i, and the rules' per-example norms
-   of two examples the norms of their exact gradients ∂ℓ_i/∂θ (one backward pass each, through the
-   same batched graph). Rows that are not examples (a sequence-first layer, ``wpe(arange(T))`` with
-   T = B, a batch reordered between layers) fail the weighted sum; a use of a parameter outside its
-   module fails the plain one. Exact engines (``prove_exact``): vmap's (then the loop's) per-example
-   gradients of two examples must equal the batch's; the first that does runs.
+   Σ_i w_i ℓ_i, and the rules' per-example norms of two examples the norms of their exact gradients
+   ∂ℓ_i/∂θ (one backward pass each, through the same batched graph). Rows that are not examples (a
+   sequence-first layer, ``wpe(arange(T))`` with T = B, a batch reordered between layers) and a use
+   of a parameter outside its module both fail the weighted sum; the plain sums then tell which
+   (only the outside use fails them). Exact engines (``prove_exact``): vmap's (then the loop's)
+   per-example gradients of two examples must equal the batch's; the first that does runs.
 
 The proof runs on a sub-batch of a size that equals no other dimension (``PROBE_SIZES``) when the
 twin's signature there is the call's, else on the whole batch. Tolerances: values reduced over at
-most n terms (n = the parameters plus every recorded activation) are exact to n·eps (float64:
-eps = 2.2e-16); a coupling or an outside use below that is not seen. Costs: docs/PERFORMANCE.md.
+most n terms (n = the parameters plus the activations autograd saved) are exact to n·eps (float64:
+eps = 2.2e-16); a coupling or an outside use below that is not seen, nor a structure that changes
+with the input's values at one signature. Why each choice, and the costs: docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class _Twin:
             m = copy.deepcopy(model)
         except Exception:  # noqa: BLE001 - not copyable: the model itself, modes restored after
             m, wide = model, False
-        self.model, self.own = m, m is model
+        self.model = m
         self.wide = wide and any(p.is_floating_point() for p in m.parameters())
         if self.wide:
             m.to(torch.float64)
@@ -268,29 +269,32 @@ def _ghost_structure(twin, layers, cap, ell, c: int, K: int, saved: int) -> str 
         gs = torch.autograd.grad(root, params, retain_graph=True, allow_unused=True)
         return {n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(named, gs)}
 
-    ref_w, ref_1 = grads((w * ell).sum()), grads(ell.sum())
+    ref_w = grads((w * ell).sum())
     rows = sorted({0, c - 1})
     ref_rows = [grads(ell[r]) for r in rows]
-    for g in (ref_1, *ref_rows):
+    for g in (ref_w, *ref_rows):
         _finite_grads(g)
     rtol = _rtol(twin, saved)
     zero = {n: torch.zeros_like(p) for n, p in named}
     kind = {n: type(l.module).__name__ for l in layers for n in l.names.values()}
-    for n in ref_1:
-        what = f"parameter '{n}'" + (f" ({kind[n]})" if n in kind else "")
-        e1 = _rel_err(mine_1.get(n, zero[n]), ref_1[n], ref_1, rtol)
-        if e1 is not None:
-            return (
-                f"{what} receives gradient from outside its module's forward call (its rule sees "
-                f"the batch's gradient off by {e1:.2g} relative; e.g. weight tying or functional use)"
-            )
-        ew = _rel_err(mine_w.get(n, zero[n]), ref_w[n], ref_w, rtol)
-        if ew is not None:
-            return (
-                f"{what}: its layer's rows are not the examples on this input (weighted per-example "
-                f"sums off by {ew:.2g} relative: a dimension as long as the batch taken as the batch, "
-                "or rows reordered between layers)"
-            )
+    what = {n: f"parameter '{n}'" + (f" ({kind[n]})" if n in kind else "") for n in ref_w}
+    off = {n: _rel_err(mine_w.get(n, zero[n]), ref_w[n], ref_w, rtol) for n in ref_w}
+    if any(e is not None for e in off.values()):  # which of the two: the plain sums tell
+        ref_1 = grads(ell.sum())
+        for n in ref_1:
+            e1 = _rel_err(mine_1.get(n, zero[n]), ref_1[n], ref_1, rtol)
+            if e1 is not None:
+                return (
+                    f"{what[n]} receives gradient from outside its module's forward call (its "
+                    f"rule sees the batch's gradient off by {e1:.2g} relative; e.g. weight tying "
+                    "or functional use)"
+                )
+        n, e = next((n, e) for n, e in off.items() if e is not None)
+        return (
+            f"{what[n]}: its layer's rows are not the examples on this input (weighted "
+            f"per-example sums off by {e:.2g} relative: a dimension as long as the batch taken as "
+            "the batch, or rows reordered between layers)"
+        )
     for r, ref in zip(rows, ref_rows):
         scale = max(float(g.norm()) for g in ref.values())
         for n, g in ref.items():

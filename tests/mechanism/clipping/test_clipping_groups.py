@@ -331,8 +331,10 @@ def test_an_unknown_module_type_is_refused_clearly():
         r"no layer rule is registered for Gate.*register_layer",
     ):
         PerExampleClipper(model, C, "per_layer", mode="ghost")
+    auto = PerExampleClipper(model, C, "per_layer", mode="auto")
+    x, y = torch.randn(5, 6, dtype=DT), torch.randint(0, 3, (5,))
     with pytest.warns(UserWarning, match=r"^ghost clipping cannot run this model: .*'1' \(Gate\)"):
-        auto = PerExampleClipper(model, C, "per_layer", mode="auto")  # said once, at build
+        auto.clipped_sum(x, y)  # said once, with the exact engine its first call proves
     assert auto.mode == "vmap" and len(auto.groups) == 3  # the groups do not depend on the engine
 
 

@@ -388,7 +388,7 @@ def test_a_fallback_decided_at_build_is_said_once_with_its_cost(build, data, nam
     clipper, said = exact_or_refused(build().to(DT), x, y)
     assert clipper.mode == "vmap" and len(said) == 1
     assert said[0].startswith("ghost clipping cannot run this model: ") and named in said[0]
-    assert "every lot runs on the exact per-example path (vmap)" in said[0]
+    assert "it runs on the exact per-example path (vmap)" in said[0]
 
 
 # -- recurrent layers ----------------------------------------------------------------------------
