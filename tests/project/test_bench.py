@@ -215,3 +215,17 @@ def test_bench_run_refuses_bad_options_in_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         bench_run.main(["--repeats", "0"])
     assert e.value.code == 2 and "--repeats=0" in capsys.readouterr().err
+
+
+def test_bench_proof_runs_end_to_end(tmp_path):
+    """The proofs' benchmark protocol (bench/bench_proof.py), tiny: two models, one repetition."""
+    from bench import bench_proof
+
+    out = tmp_path / "proof.csv"
+    bench_proof.main(
+        ["--models", "seq_first_linear,tanh_cnn_groupnorm", "--reps", "1", "--out", str(out)]
+    )
+    rows = list(csv.DictReader(out.open()))
+    assert [r["model"] for r in rows] == ["seq_first_linear", "tanh_cnn_groupnorm"]
+    assert all(r.keys() == set(bench_proof.COLUMNS) for r in rows)
+    assert [r["engine"] for r in rows] == ["ghost+vmap", "ghost"]  # B = T proved wrong: vmap

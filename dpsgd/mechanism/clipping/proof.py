@@ -21,7 +21,8 @@ equals B is another signature):
    per-example gradients of two examples must equal the batch's; the first that does runs.
 
 The proof runs on a sub-batch of a size that equals no other dimension (``PROBE_SIZES``) when the
-twin's signature there is the call's, else on the whole batch. Tolerances: values reduced over at
+twin's signature there is the call's, else on the whole batch, its examples in a fixed random
+order. Tolerances: values reduced over at
 most n terms (n = the parameters plus the activations autograd saved) are exact to n·eps (float64:
 eps = 2.2e-16); a coupling or an outside use below that is not seen, nor a structure that changes
 with the input's values at one signature. Why each choice, and the costs: docs/PERFORMANCE.md.
@@ -121,8 +122,14 @@ def _sub_batch(n: int, literal: set[int]) -> int:
     return next((c for c in PROBE_SIZES if c < n and c not in literal), n)
 
 
-def _rows(t, c: int, K: int):
-    return t[: c * K]
+def _examples(twin, c: int, B: int, K: int):
+    """(x, y) of c examples of the batch in a fixed random order (K rows each): a structure that
+    follows the data's order (rows sorted by length between layers) is not proved on examples that
+    happen to come sorted, and a permutation of the batch has the batch's signature."""
+    idx = torch.randperm(B, generator=torch.Generator().manual_seed(SEED))[:c]
+    idx = idx.to(twin.y.device)
+    x = twin.x.reshape((B, K) + tuple(twin.x.shape[1:])).index_select(0, idx)
+    return x.reshape((c * K,) + tuple(twin.x.shape[1:])), twin.y.index_select(0, idx)
 
 
 def _named(model):
@@ -210,7 +217,7 @@ def prove_ghost(model, x, y, K: int, loss, signature: tuple) -> str | None:
         layers, _ = build_layers(twin.model)
         c = _sub_batch(B, literal)
         for size in (c, B) if c < B else (B,):
-            xs, ys = _rows(twin.x, size, K), twin.y[:size]
+            xs, ys = _examples(twin, size, B, K)
             cap, ell, saved = _seeded(
                 partial(_hooked, twin.model, layers, xs, ys, K, loss), xs.device
             )
@@ -341,7 +348,7 @@ def prove_exact(model, x, y, K: int, loss, engines=("vmap", "loop")) -> tuple[st
 
     def run(twin):
         c = _sub_batch(B, literal)
-        xs, ys = _rows(twin.x, c, K), twin.y[:c]
+        xs, ys = _examples(twin, c, B, K)
 
         def forward():
             with _saved_numel() as saved:

@@ -33,6 +33,7 @@ from .layers import Unsupported, _acc, _Layer, _mv, _seq_sq_norms, _sq
 from .registry import register_layer
 
 _GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "GRU": 3, "LSTM": 4}
+_FORWARDS = (nn.RNN.forward, nn.GRU.forward, nn.LSTM.forward)
 
 
 def _cell(mode: str, gi, gh, h, c):
@@ -134,7 +135,7 @@ def unrolled_rnns(model: nn.Module):
         warnings.filterwarnings("ignore", message="There is a performance drop because we have not")
         try:
             for m in model.modules():
-                if isinstance(m, nn.RNNBase) and m.mode in _GATES:
+                if type(m).forward in _FORWARDS:  # a subclass's own forward is left alone
                     swapped.append((m, m.__dict__.get("forward")))
                     m.forward = partial(_forward, m)
             yield model

@@ -301,6 +301,22 @@ def test_a_batch_reordered_between_layers_is_exact():
     assert "'b.weight' (Linear): its layer's rows are not the examples" in said[0]
 
 
+def test_a_reordering_is_found_on_a_batch_that_comes_sorted():
+    """The batch arrives in the order the model sorts it by (a dataset sorted by length): the
+    model's permutation is the identity on it, but the proof takes its examples in a random order,
+    so the next (unsorted) batch of the same signature is exact too."""
+    model = Reordered().to(DT)
+    x, y = flat(9)
+    with torch.no_grad():
+        x = x[torch.tanh(model.a(x))[:, 0].argsort()]  # sorted: h[order] is h
+    clipper = PerExampleClipper(model, C)
+    with pytest.warns(UserWarning, match="'b.weight' .* rows are not the examples"):
+        clipper.clipped_sum(x, y)
+    x2, y2 = flat(9, seed=1)
+    res = clipper.clipped_sum(x2, y2)
+    assert_close(res.grads, loop_clipped_sum(model, x2, y2, clipper.groups, C)[0])
+
+
 def test_boolean_mask_sub_batches_run_on_the_loop_or_are_refused():
     model = MaskedSubBatch().to(DT)
     x, y = flat(10)
