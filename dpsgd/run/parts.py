@@ -242,7 +242,11 @@ def build(
     # data are finite, and a non-finite loss or update stops the run as diverged (dpsgd/train.py).
     # The engine proves its structure on the first training examples as lot 0 would hold them
     # (NotPerExample, one line and exit 2 before anything is written, for a model that mixes them)
-    x, y = data.X_train[:PROOF_SAMPLE].to(device), data.y_train[:PROOF_SAMPLE].to(device)
+    # (negative integer labels mark an audit's special rows, which only its wrapper takes)
+    ys = data.y_train
+    rows = (ys >= 0).nonzero().flatten()[:PROOF_SAMPLE] if not ys.is_floating_point() else None
+    x = (data.X_train[:PROOF_SAMPLE] if rows is None else data.X_train[rows]).to(device)
+    y = (ys[:PROOF_SAMPLE] if rows is None else ys[rows]).to(device)
     sample = (x, y, lot_generator(transform.seed, 0)) if in_step else (transform.train(x, 0), y)
     clipper, sampler, _, dp = assemble(
         model,

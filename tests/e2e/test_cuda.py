@@ -61,7 +61,7 @@ def test_ghost_on_cuda_equals_vmap_on_cuda_and_cpu(name, clipping, budget):
     xg, yg = x.cuda(), y.cuda()
     ghost = PerExampleClipper(gm, 0.05, clipping, mode="ghost", memory_budget_bytes=budget)
     vmap = PerExampleClipper(gm, 0.05, clipping, mode="vmap")
-    for _ in range(2):  # verifying call, then the fast path
+    for _ in range(2):  # the proving first call, then the fast path
         rg = ghost.clipped_sum(xg, yg)
     rv = vmap.clipped_sum(xg, yg)
     assert ghost.mode == "ghost"
@@ -185,8 +185,8 @@ def test_short_mnist_run_on_cuda(tmp_path):
 
 @pytest.mark.parametrize("tf32", [False, True])
 def test_float32_cnn_ghost_on_cuda_whatever_the_tf32_setting(tf32):
-    # The verifying first call runs in IEEE float32, so TF32 (cuDNN's default) cannot make the
-    # engine mistake rounding for a structural problem and fall back to vmap.
+    # The first call's proof runs on a float64 copy of the model (proof.py), so TF32 (cuDNN's
+    # default) cannot make the engine mistake rounding for a structural problem and fall back.
     from dpsgd.core.runtime import set_tf32
 
     before = set_tf32(tf32)
@@ -245,7 +245,7 @@ def test_every_layer_rule_on_cuda_equals_the_batch_of_1_loop(clipping, budget):
     y = torch.randint(0, 10, (7,), generator=g).to(DEV)
     C = 0.05  # small: every example is clipped in some group
     ghost = PerExampleClipper(model, C, clipping, mode="ghost", memory_budget_bytes=budget)
-    for _ in range(2):  # verifying call, then the fast path
+    for _ in range(2):  # the proving first call, then the fast path
         r_g = ghost.clipped_sum(x, y)
     r_v = PerExampleClipper(model, C, clipping, mode="vmap").clipped_sum(x, y)
     ref, ref_norms = loop_clipped_sum(model, x, y, ghost.groups, C)  # on the device too

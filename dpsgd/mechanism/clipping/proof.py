@@ -54,7 +54,8 @@ SEED = 0x5EED  # every forward pass of a proof starts from this RNG state (forke
 def forked_rng(device: torch.device):
     """The global RNG (and the device's) as it was, whatever the block draws."""
     cuda = device.type == "cuda"
-    with torch.random.fork_rng(devices=[device] if cuda else []):
+    index = (torch.cuda.current_device() if device.index is None else device.index) if cuda else 0
+    with torch.random.fork_rng(devices=[index] if cuda else []):
         yield
 
 

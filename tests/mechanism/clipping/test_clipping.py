@@ -166,7 +166,7 @@ def test_empty_batch(mode):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_a_non_finite_example_is_one_clear_error(mode, bad):
     """Public API: an example holding NaN or ±inf (or a non-finite weight) is refused with one
-    ValueError naming it, on both engines, before any gradient (the ghost engine's first call would
+    ValueError naming it, on both engines, before any gradient (the ghost engine's proof would
     fail its own check against autograd on NaN, the vmap engine return an all-NaN sum); nothing is
     added to ``out``."""
     model, x, y = make("small_cnn", True)
@@ -358,7 +358,7 @@ def test_aliased_output_gradients_are_exact(clipping, budget):
     # C = 0.05)
     floor = f64_rtol(model) * 7 * 0.05
     assert max(ref.grads[n].abs().max().item() for n in ("e.weight", "e.bias")) < floor
-    for _ in range(2):  # first call verifies, second is the fast path
+    for _ in range(2):  # first call proves its signature, second is the fast path
         assert_close_dict(g.clipped_sum(x, y).grads, ref.grads, atol=floor)
 
 
@@ -462,7 +462,7 @@ def _accumulates_exactly(model, x, y, clipping, mode, budget=2**28):
     ref = PerExampleClipper(model, 0.05, clipping, mode="vmap").clipped_sum(x, y)
     clipper = PerExampleClipper(model, 0.05, clipping, mode=mode, memory_budget_bytes=budget)
     gen = torch.Generator().manual_seed(1)
-    for _ in range(2):  # first call verifies, second is the fast path
+    for _ in range(2):  # first call proves its signature, second is the fast path
         before = {
             n: torch.randn(g.shape, generator=gen, dtype=g.dtype) for n, g in ref.grads.items()
         }

@@ -109,7 +109,7 @@ def test_ghost_does_no_work_for_a_frozen_conv_stack(captures):
     for frozen in ("convs", None):
         model, x, y = cifar(frozen)
         clipper = PerExampleClipper(model, C, "per_layer", mode="ghost")
-        clipper.clipped_sum(x, y)  # the first call also checks against autograd
+        clipper.clipped_sum(x, y)  # the first call also proves its signature (proof.py)
         shapes = []
         with (
             OpLog() as log,
