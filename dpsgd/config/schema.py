@@ -60,6 +60,9 @@ class DatasetConfig:
     image_size: int = 32  # dataset=imagefolder: images resized to image_size × image_size
     train_sha256: str | None = None  # filled when first read; a changed file is refused
     test_sha256: str | None = None
+    # named classes of your files (image folders, text labels), matched by name across train and
+    # test: filled when first read; a changed list is refused (dpsgd/data/files.py)
+    classes: list[str] | None = None
     cls: str | None = None  # dataset=torchvision: the torchvision.datasets class name
     train_split: str | None = None  # dataset=torchvision: split= names (None: train=True/False)
     test_split: str | None = None
