@@ -6,12 +6,16 @@
 
 The first line answers the question (ε at δ, or the σ for the target ε, by the tightest valid
 accountant); then a table (accountant, ε, optimal order, what it is): ``--all`` adds the strong
-composition rows, ``--risk`` the membership-inference risk. ``--json`` prints one strict JSON
+composition rows, ``--risk`` the membership-inference risk, wherever it can be computed (with
+``--json`` as ``risk``; with ``--target-epsilon`` at the σ the first line serves; per sampler with
+``--N/--L``; with ``--cross-check``), else its one-line refusal. ``--json`` prints one strict JSON
 object keyed by accountant name (moments, rdp, pld, strong_composition), each with at least
 ``epsilon`` (and ``sigma`` with ``--target-epsilon``). An accountant that cannot answer (outside
 what it serves, no finite bound, a target below its floor) gets its own one-line refusal — in the
-table, and in JSON as ``{"epsilon": null, "refused": "<reason>"}`` — and the others still answer;
-the exit status is 0 if at least one accountant answered, 1 if none did.
+table, and in JSON as ``{"epsilon": null, "refused": "<reason>"}`` — and the others still answer,
+never an infinite ε; the exit status is 0 if at least one accountant answered, 1 if none did. A
+sampler's bracket (shuffle, fixed_size) shows a lower end only where a method that lower-bounds
+computed it. ``--cross-check`` takes ``--q`` or ``--N/--L`` (Poisson), or ``--sampler balls_in_bins``.
 
 Details: docs/ACCOUNTING.md, "dpsgd/privacy.py".
 """
