@@ -230,6 +230,15 @@ def test_epsilon_is_continuous_in_delta_where_the_tilted_path_takes_over():
     # (the untilted answer with its round-off added to δ), measured where the untilted one serves
     slope = propagated_tol(lambda x: pld.epsilon(*LONG, math.exp(x)), math.log(2 * switch), 1e-3)
     assert 0 <= below - above <= pld_epsilon_tol([LONG]) + slope * TAIL_FRACTION / 1e-3
+    # and below it, where the tilted path serves: each halving of δ moves ε by about as much as the
+    # one before (ε is smooth in log δ: the exact curve's steps shrink slowly, never grow by half),
+    # give or take two grid steps of each ε. The coarse tilted grid jumped to 19.14 near δ = 1e-8.
+    deltas = [2 * switch / 2**k for k in range(9)]
+    eps = [pld.epsilon(*LONG, d) for d in deltas]
+    tol = max(pld_epsilon_tol([LONG], delta=d) for d in deltas)
+    steps = [b - a for a, b in zip(eps, eps[1:])]
+    assert all(s >= 0 for s in steps), eps  # monotone
+    assert all(b <= 1.5 * a + 2 * tol for a, b in zip(steps, steps[1:])), eps
 
 
 @pytest.mark.parametrize("delta", [1e-8, 1e-12])
