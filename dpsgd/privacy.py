@@ -303,6 +303,17 @@ def _num(x: float) -> str:
     return f"{x:.4f}" if abs(x) < 1e5 else f"{x:.3e}"
 
 
+def _outward(x: float, up: bool) -> str:
+    """A bracket's end to 4 decimals, rounded away from its inside (the lower end down, the upper
+    end up): the printed bracket contains the computed one."""
+    from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+
+    if abs(x) >= 1e5:
+        return _num(x)
+    q = Decimal(x).quantize(Decimal("0.0001"), rounding=ROUND_CEILING if up else ROUND_FLOOR)
+    return format(q, "f")
+
+
 def _answered(res) -> int:
     flat = list(res.values()) + [res["strong_composition"]["valid_variant"]]
     return sum(r.get("epsilon") is not None for r in flat)
@@ -400,9 +411,10 @@ def _bracket(r: dict) -> str:
     """``bracket [lower, ε]`` where both ends are shown; else what is, and why the other is not."""
     if r["epsilon_lower"] is None:
         return f"lower end not shown ({r['epsilon_lower_refused']})"
+    low = _outward(r["epsilon_lower"], up=False)
     if r["epsilon"] is None:
-        return f"lower end {_num(r['epsilon_lower'])} (no valid upper end)"
-    return f"bracket [{_num(r['epsilon_lower'])}, {_num(r['epsilon'])}]"
+        return f"lower end {low} (no valid upper end)"
+    return f"bracket [{low}, {_outward(r['epsilon'], up=True)}]"
 
 
 def _cross_checked(args, q, sigma, steps, delta, sampler: str, led: Ledger | None) -> int:

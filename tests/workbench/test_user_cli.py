@@ -207,19 +207,15 @@ def test_scatter_features_of_your_own_images_are_computed_uncached(tmp_path):
 
 
 # ------------------------------------------------------------------ your files: one line each
+class AnObject:
+    """A Python object: torch.load(weights_only=True) refuses a file that holds one."""
+
+
 def _bad_files(user):
     """name -> (dataset overrides, model overrides, message): each file or misfit that was a
     traceback (several only after set-up, with a folder written)."""
-    import pickle
-
     X, y = torch.load(user / "train.pt")
-
-    class Obj:  # a Python object torch.load(weights_only=True) refuses
-        pass
-
-    globals()["Obj"] = Obj
-    Obj.__module__, Obj.__qualname__ = __name__, "Obj"
-    torch.save({"X": X, "y": y, "extra": Obj()}, user / "objects.pt")
+    torch.save({"X": X, "y": y, "extra": AnObject()}, user / "objects.pt")
     np.savez(user / "objects.npz", X=np.array([object()] * 5, dtype=object), y=np.arange(5))
     (user / "text.csv").write_text("a,b,target\n1,x,0\n2,y,1\n3,z,0\n")
     (user / "empty.csv").write_text("")
@@ -227,7 +223,6 @@ def _bad_files(user):
     torch.save((X, y + 20), user / "labels30.pt")
     torch.save((torch.randn(100, 3, 12, 12), y[:100]), user / "wide.pt")
     torch.save((X[:100], y[:100] + 20), user / "test_labels30.pt")
-    del pickle
     pt = lambda f, t="test.npz": ["dataset=tensors", f"dataset.train={user / f}",  # noqa: E731
                                   f"dataset.test={user / t}"]  # fmt: skip
     csv_ = lambda f: ["dataset=csv", f"dataset.train={user / f}",  # noqa: E731
