@@ -10,7 +10,8 @@ PLD_accounting's lower and upper bounds; the other libraries are marked "not sup
 that is not installed is named in one line; a numerical failure (an exception, a negative or
 non-finite ε, more than ``--timeout`` seconds) is caught and named in its row. The verdict line
 says whether our valid ε is at or above every lower or optimistic value shown, and by how much it
-exceeds the tightest valid upper bound. ``pip install -e .[crosscheck]`` installs the libraries;
+exceeds the tightest valid upper bound; it is said over the values shown only (with no lower value
+shown, it says so and compares nothing). ``pip install -e .[crosscheck]`` installs the libraries;
 why accountants differ: docs/ACCOUNTING.md, "Why accountants disagree".
 """
 
@@ -189,18 +190,23 @@ def cross_check(q, sigma, steps, delta, timeout: float = 60.0, sampler: str = "p
 
 
 def verdict(rows) -> dict:
-    """Ours (the smallest of our valid bounds) against every other library's values."""
-    ours = min(v for r in rows if r["library"] == "dpsgd" and r["values"] for v, _ in r["values"])
+    """Ours (the smallest of our valid bounds) against the other libraries' values shown: only
+    those (a library that is not installed, failed or does not support the sampler has none), so
+    ``above_every_lower`` is None where no lower or optimistic value is shown, and ``ours`` None
+    where none of ours answered."""
+    mine = [v for r in rows if r["library"] == "dpsgd" and r["values"] for v, _ in r["values"]]
+    ours = min(mine) if mine else None
     others = [(r, v, k) for r in rows if r["library"] != "dpsgd" and r["values"]
               for v, k in r["values"]]  # fmt: skip
     lows = [v for _, v, k in others if k == "lower"]
     ups = [v for _, v, k in others if k == "upper"]
     return {
         "ours": ours,
-        "above_every_lower": all(ours >= v for v in lows),
+        "lower_values_shown": len(lows),
+        "above_every_lower": all(ours >= v for v in lows) if lows and ours is not None else None,
         "highest_lower": max(lows) if lows else None,
         "tightest_upper": min(ups) if ups else None,
-        "ours_over_tightest_upper": ours / min(ups) if ups else None,
+        "ours_over_tightest_upper": ours / min(ups) if ups and ours is not None else None,
     }
 
 
@@ -220,21 +226,31 @@ def lines(res: dict) -> list[str]:
             out.append(f"{r['library']:<16}{r['method']:<30}{v:>10.4f}  {k}")
     for name in res["missing"]:
         out.append(f"{name:<16}not installed (pip install -e .[crosscheck])")
-    v = res["verdict"]
+    out.append(verdict_line(res["verdict"]))
+    return out
+
+
+def verdict_line(v: dict) -> str:
+    """The verdict over the values shown, and only those."""
+    if v["ours"] is None:
+        return "verdict: none of ours answered; nothing to compare"
     tail = (
         f"; ours / tightest valid upper ({v['tightest_upper']:.4f}) = "
         f"{v['ours_over_tightest_upper']:.4f}"
         if v["tightest_upper"]
         else ""
     )
-    out.append(
+    if v["above_every_lower"] is None:
+        return (
+            f"verdict: ours ε = {v['ours']:.4f}; no lower or optimistic value is shown to compare "
+            "it with" + tail
+        )
+    return (
         f"verdict: ours ε = {v['ours']:.4f} is "
         + ("at or above" if v["above_every_lower"] else "BELOW")
-        + " every lower/optimistic value shown"
-        + (f" (highest {v['highest_lower']:.4f})" if v["highest_lower"] is not None else "")
-        + tail
+        + f" every lower/optimistic value shown ({v['lower_values_shown']}, highest "
+        f"{v['highest_lower']:.4f})" + tail
     )
-    return out
 
 
 def main(argv=None) -> int:
@@ -259,8 +275,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.exit(2, f"python -m dpsgd.crosscheck: error: {e}\n")
     res = cross_check(q, sigma, steps, delta, a.timeout, a.sampler)
-    print(json.dumps(res) if a.json else "\n".join(lines(res)))
-    return 0 if res["verdict"]["above_every_lower"] else 1
+    print(json.dumps(res, allow_nan=False) if a.json else "\n".join(lines(res)))
+    return 1 if res["verdict"]["above_every_lower"] is False else 0
 
 
 if __name__ == "__main__":

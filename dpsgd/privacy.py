@@ -6,12 +6,16 @@
 
 The first line answers the question (ε at δ, or the σ for the target ε, by the tightest valid
 accountant); then a table (accountant, ε, optimal order, what it is): ``--all`` adds the strong
-composition rows, ``--risk`` the membership-inference risk. ``--json`` prints one strict JSON
+composition rows, ``--risk`` the membership-inference risk, wherever it can be computed (with
+``--json`` as ``risk``; with ``--target-epsilon`` at the σ the first line serves; per sampler with
+``--N/--L``; with ``--cross-check``), else its one-line refusal. ``--json`` prints one strict JSON
 object keyed by accountant name (moments, rdp, pld, strong_composition), each with at least
 ``epsilon`` (and ``sigma`` with ``--target-epsilon``). An accountant that cannot answer (outside
 what it serves, no finite bound, a target below its floor) gets its own one-line refusal — in the
-table, and in JSON as ``{"epsilon": null, "refused": "<reason>"}`` — and the others still answer;
-the exit status is 0 if at least one accountant answered, 1 if none did.
+table, and in JSON as ``{"epsilon": null, "refused": "<reason>"}`` — and the others still answer,
+never an infinite ε; the exit status is 0 if at least one accountant answered, 1 if none did. A
+sampler's bracket (shuffle, fixed_size) shows a lower end only where a method that lower-bounds
+computed it. ``--cross-check`` takes ``--q`` or ``--N/--L`` (Poisson), or ``--sampler balls_in_bins``.
 
 Details: docs/ACCOUNTING.md, "dpsgd/privacy.py".
 """
@@ -25,7 +29,7 @@ import sys
 import time
 
 from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS, Ledger, calibrate, limits, pld
-from dpsgd.accountant.privacy_loss import shuffle_lower, truncated
+from dpsgd.accountant.privacy_loss import pair_lower, shuffle_lower, truncated
 from dpsgd.accountant.events import Poisson
 from dpsgd.accountant.calibrate import CALIBRATABLE
 from dpsgd.accountant.last_iterate import last_iterate_epsilon
@@ -248,23 +252,66 @@ def answer(res: dict, q, steps, delta, groups, args) -> str:
     return f"ε = {served[best]['epsilon']:.3f} at δ = {delta:g} ({best.upper()}, {what})"
 
 
-def risk_line(q, sigma, steps, groups, convention) -> str:
-    """The membership-inference risk of the schedule (dpsgd/accountant/risk.py), one line."""
+def ledger_risk(led: Ledger, convention: str = "joint") -> dict:
+    """The membership-inference risk of what ``led`` released (dpsgd/accountant/risk.py, by its
+    PLD), or {"refused": one line} where it cannot be computed (a replace-one sampler, a PLD that
+    does not serve these lots)."""
     from dpsgd.accountant import risk
 
+    try:
+        return risk.risk(led, "pld", convention)
+    except (ValueError, ArithmeticError) as e:
+        msg = " ".join(str(e).split()) or type(e).__name__
+        return {"refused": msg if msg.startswith("risk") else f"risk: {msg}"}
+
+
+def schedule_risk(q, sigma, steps, groups, convention) -> dict:
+    """:func:`ledger_risk` of ``steps`` Poisson lots (q, σ, k groups)."""
     led = Ledger()
     led.record(Poisson(q, sigma, groups), steps)
-    r = risk.risk(led, "pld", convention)
+    return ledger_risk(led, convention)
+
+
+def risk_text(r: dict, what: str = "") -> str:
+    """One line of a :func:`ledger_risk` answer (its refusal, said as one)."""
+    head = f"risk{what} (PLD, f-DP)"
+    if "refused" in r:
+        return f"{head}: refused: {r['refused'].removeprefix('risk: ')}"
     t = r["tpr_at_fpr"]
     return (
-        f"risk (PLD, f-DP): a membership attacker's TPR ≤ {100 * t['0.001']:.2f} % at FPR 0.1 %, "
+        f"{head}: a membership attacker's TPR ≤ {100 * t['0.001']:.2f} % at FPR 0.1 %, "
         f"≤ {100 * t['0.01']:.2f} % at 1 %, ≤ {100 * t['0.1']:.1f} % at 10 %; "
         + ("" if r["gdp_mu_at_1pct"] is None else f"μ-GDP at 1 %: {r['gdp_mu_at_1pct']:.3f}")
     )
 
 
+def risk_line(q, sigma, steps, groups, convention) -> str:
+    """The membership-inference risk of the schedule (dpsgd/accountant/risk.py), one line."""
+    return risk_text(schedule_risk(q, sigma, steps, groups, convention))
+
+
+def _target_risk(res: dict, q, steps, groups, convention) -> dict:
+    """With --target-epsilon: the risk at the σ the first line serves (the smallest σ a valid
+    accountant calibrated), or its refusal when none did."""
+    served = [res[a]["sigma"] for a in VALID if res.get(a, {}).get("sigma") is not None]
+    if not served:
+        return {"refused": "risk: no valid accountant calibrated a σ"}
+    return dict(schedule_risk(q, min(served), steps, groups, convention), sigma=min(served))
+
+
 def _num(x: float) -> str:
     return f"{x:.4f}" if abs(x) < 1e5 else f"{x:.3e}"
+
+
+def _outward(x: float, up: bool) -> str:
+    """A bracket's end to 4 decimals, rounded away from its inside (the lower end down, the upper
+    end up): the printed bracket contains the computed one."""
+    from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+
+    if abs(x) >= 1e5:
+        return _num(x)
+    q = Decimal(x).quantize(Decimal("0.0001"), rounding=ROUND_CEILING if up else ROUND_FLOOR)
+    return format(q, "f")
 
 
 def _answered(res) -> int:
@@ -273,15 +320,15 @@ def _answered(res) -> int:
 
 
 def _poisson_from_sizes(parser, args) -> bool:
-    """--N and --L of Poisson lots with --target-epsilon (or --sampler poisson with --sigma and no
-    other sampler asked for): answered as --q L/N, every accountant."""
+    """--N and --L of Poisson lots with --target-epsilon or --cross-check (without --sampler, or
+    with --sampler poisson): answered as --q L/N, every accountant."""
     if args.N is None or args.L is None or args.sampler not in (None, "poisson"):
         return False
     if args.q is not None:
         parser.error(f"give --q or --N and --L, not both: q={args.q!r}, N={args.N}, L={args.L}")
     if not 1 <= args.L <= args.N:
         parser.error(f"L={args.L}: must be in [1, N={args.N}]")
-    return args.target_epsilon is not None
+    return args.target_epsilon is not None or (args.cross_check and args.B is None)
 
 
 def _sampler_mode(parser, args) -> int:
@@ -313,45 +360,89 @@ def _sampler_mode(parser, args) -> int:
         steps = _steps(args, args.L / args.N)
         if args.cross_check and args.sampler != "balls_in_bins":
             raise ValueError(
-                "--cross-check compares Poisson lots (--q or --N/--L without --sampler) or "
-                "--sampler balls_in_bins"
+                "--cross-check compares Poisson lots (--q, or --N/--L without --sampler or with "
+                f"--sampler poisson) or --sampler balls_in_bins, not --sampler {args.sampler}"
             )
     except ValueError as e:
         parser.error(str(e))
     if args.cross_check:  # random allocation against PLD_accounting (dpsgd/crosscheck.py)
-        from dpsgd.crosscheck import cross_check, lines
-
-        res = cross_check(args.L / args.N, sigma, steps, delta, sampler="balls_in_bins")
-        print(json.dumps(res) if args.json else "\n".join(lines(res)))
-        return 0 if res["verdict"]["above_every_lower"] else 1
+        risk = _sampler_ledger("balls_in_bins", args.N, args.L, sigma, steps) if args.risk else None
+        return _cross_checked(args, args.L / args.N, sigma, steps, delta, "balls_in_bins", risk)
     res = (
-        sampler_epsilon(args.sampler, args.N, args.L, sigma, steps, delta, args.B)
+        sampler_epsilon(args.sampler, args.N, args.L, sigma, steps, delta, args.B, args.risk)
         if args.sampler
-        else all_samplers(args.N, args.L, sigma, steps, delta, args.B)
+        else all_samplers(args.N, args.L, sigma, steps, delta, args.B, args.risk)
     )
     rows = [res] if args.sampler else list(res.values())
     if args.json:
         print(json.dumps(res, allow_nan=False))
     else:
-        print(f"N={args.N}  L={args.L}  B={args.B}  sigma={sigma:g}  lots={steps}  delta={delta:g}")
-        print(f"{'sampler':<19}{'epsilon':>10}{'accountant':>12}{'adjacency':>13}  note")
-        for r in rows:
-            note = (
-                f"bracket [{_num(r['epsilon_lower'])}, {_num(r['epsilon'])}]; the Poisson number "
-                f"{_num(r['epsilon_if_poisson'])} is not valid for it"
-                if "epsilon_if_poisson" in r
-                else f"bracket [{_num(r['epsilon_lower'])}, {_num(r['epsilon'])}]; rdp "
-                f"{_num(r['by_accountant']['rdp'])}"
-                if "epsilon_lower" in r
-                else _allocation_note(r)
-                if r["sampler"] == "balls_in_bins"
-                else ""
-            )
-            eps = _num(r["epsilon"]) if r["epsilon"] is not None else "refused"
-            print(
-                f"{r['sampler']:<19}{eps:>10}{str(r['accountant']):>12}{r['adjacency']:>13}  {note}"
-            )
+        _sampler_table(args, sigma, steps, delta, rows)
     return 0 if all(r["epsilon"] is not None for r in rows) else 1
+
+
+def _sampler_table(args, sigma, steps, delta, rows) -> None:
+    """The samplers' table: ε, the accountant that served, the adjacency, a note (a bracket, the
+    other accountant); with --risk one line per sampler after it."""
+    print(f"N={args.N}  L={args.L}  B={args.B}  sigma={sigma:g}  lots={steps}  delta={delta:g}")
+    print(f"{'sampler':<19}{'epsilon':>10}{'accountant':>12}{'adjacency':>13}  note")
+    for r in rows:
+        note = (
+            f"{_bracket(r)}; the Poisson number {_val(r['epsilon_if_poisson'])} is not valid for it"
+            if "epsilon_if_poisson" in r
+            else f"{_bracket(r)}; rdp {_val(r['by_accountant'].get('rdp'))}"
+            if "epsilon_lower" in r
+            else _allocation_note(r)
+            if r["sampler"] == "balls_in_bins" and r["accountant"] is not None
+            else "; ".join(r.get("refused", {}).values())
+        )
+        eps = _val(r["epsilon"])
+        print(f"{r['sampler']:<19}{eps:>10}{str(r['accountant']):>12}{r['adjacency']:>13}  {note}")
+    for r in rows:
+        if "risk" in r:
+            print(risk_text(r["risk"], f", {r['sampler']}"))
+
+
+def _val(x) -> str:
+    return "refused" if x is None else _num(x)
+
+
+def _bracket(r: dict) -> str:
+    """``bracket [lower, ε]`` where both ends are shown; else what is, and why the other is not."""
+    if r["epsilon_lower"] is None:
+        return f"lower end not shown ({r['epsilon_lower_refused']})"
+    low = _outward(r["epsilon_lower"], up=False)
+    if r["epsilon"] is None:
+        return f"lower end {low} (no valid upper end)"
+    return f"bracket [{low}, {_outward(r['epsilon'], up=True)}]"
+
+
+def _cross_checked(args, q, sigma, steps, delta, sampler: str, led: Ledger | None) -> int:
+    """``--cross-check``: the schedule through every installed library (dpsgd/crosscheck.py), with
+    ``--risk`` the risk of ``led`` (the schedule's own ledger) after it; exit 1 only when ours is
+    below a lower value shown."""
+    from dpsgd.crosscheck import cross_check, lines
+
+    res = cross_check(q, sigma, steps, delta, sampler=sampler)
+    if led is not None:
+        res["risk"] = ledger_risk(led)
+    if args.json:
+        print(json.dumps(res, allow_nan=False))
+    else:
+        print("\n".join(lines(res)))
+        if led is not None:
+            print(risk_text(res["risk"]))
+    return 1 if res["verdict"]["above_every_lower"] is False else 0
+
+
+def _sampler_ledger(name: str, N: int, L: int, sigma: float, steps: int, B=None) -> Ledger:
+    """The ledger of ``steps`` lots of sampler ``name`` at σ, charged as training charges them."""
+    from dpsgd.mechanism.sampling import make_sampler, record_lots
+
+    led = Ledger()
+    record_lots(led, make_sampler(name, N, L, None, B if name == "truncated_poisson" else None),
+                sigma, steps)  # fmt: skip
+    return led
 
 
 def _allocation_note(r: dict) -> str:
@@ -366,21 +457,36 @@ def _allocation_note(r: dict) -> str:
 
 
 def sampler_epsilon(
-    name: str, N: int, L: int, sigma: float, steps: int, delta: float, B: int | None = None
+    name: str,
+    N: int,
+    L: int,
+    sigma: float,
+    steps: int,
+    delta: float,
+    B: int | None = None,
+    risk: bool = False,
 ) -> dict:
-    """{"sampler", "adjacency", "epsilon", "accountant", "by_accountant", ...} for one sampler."""
-    from dpsgd.mechanism.sampling import make_sampler, record_lots
+    """{"sampler", "adjacency", "epsilon", "accountant", "by_accountant", ...} for one sampler.
+
+    An accountant that cannot answer (a ValueError, or no finite ε) is named under ``refused``
+    with its one line, never an infinite ε; a bracket's lower end (``epsilon_lower``) is computed
+    by a method that lower-bounds, or is None with its reason (``epsilon_lower_refused``);
+    ``risk``: the membership-inference risk, or its refusal."""
+    from dpsgd.mechanism.sampling import make_sampler
 
     t0 = time.perf_counter()
     s = make_sampler(name, N, L, None, B if name == "truncated_poisson" else None)
-    led = Ledger()
-    record_lots(led, s, sigma, steps)
+    led = _sampler_ledger(name, N, L, sigma, steps, B)
     by, refused = {}, {}
     for acc in s.accountants:
         try:
-            by[acc] = led.epsilon(delta, acc)[0]
+            eps = led.epsilon(delta, acc)[0]
+            if not math.isfinite(eps):
+                raise ValueError(f"{acc}: no finite ε at δ = {delta:g} (it cannot resolve δ)")
+            by[acc] = eps
         except ValueError as e:
-            refused[acc] = " ".join(str(e).split())
+            msg = " ".join(str(e).split())
+            refused[acc] = msg if msg.startswith(acc) else f"{acc}: {msg}"
     best = min(by, key=by.get) if by else None
     out = {
         "sampler": name,
@@ -400,31 +506,59 @@ def sampler_epsilon(
     if refused:
         out["refused"] = refused
     if name == "shuffle":
-        epochs = sum(led.entries[i].count for i in range(len(led.entries)))
-        out["epsilon_lower"] = shuffle_lower.epsilon_lower(sigma, s.lots_per_epoch(), epochs, delta)
-        out["epsilon_lower_source"] = (
-            "Chua et al. 2024 (arXiv 2403.17673), max-statistic lower bound"
+        epochs = sum(e.count for e in led.entries)
+        out.update(
+            _lower(
+                lambda: shuffle_lower.epsilon_lower(sigma, s.lots_per_epoch(), epochs, delta),
+                "Chua et al. 2024 (arXiv 2403.17673), max-statistic lower bound",
+            )
         )
-        out["epsilon_if_poisson"] = pld.epsilon(L / N, sigma, steps, delta)
+        out["epsilon_if_poisson"] = _finite_or_none(lambda: pld.epsilon(L / N, sigma, steps, delta))
     if name == "fixed_size":
-        out["epsilon_lower"] = pld.epsilon(L / N, sigma / 2.0, steps, delta)
-        out["epsilon_lower_source"] = (
-            "one dataset pair with constant gradients: the lot's remove/add pair "
-            "(rate L/N, noise sigma/2) self-composed, PLD"
+        out.update(
+            _lower(
+                lambda: pair_lower.epsilon_lower(L / N, sigma / 2.0, steps, delta),
+                "one dataset pair with constant gradients: the lot's remove/add pair (rate L/N, "
+                "noise sigma/2) self-composed, each loss rounded down (a lower bound; "
+                "dpsgd/accountant/privacy_loss/pair_lower.py)",
+            )
         )
-        out["epsilon_poisson_replace_one"] = truncated.replace_one_poisson_epsilon(
-            L / N, sigma, steps, delta
+        out["epsilon_poisson_replace_one"] = _finite_or_none(
+            lambda: truncated.replace_one_poisson_epsilon(L / N, sigma, steps, delta)
         )
+    if risk:
+        out["risk"] = ledger_risk(led)
     out["seconds"] = time.perf_counter() - t0
     return out
 
 
-def all_samplers(N, L, sigma, steps, delta, B=None) -> dict:
+def _finite_or_none(fn):
+    """fn()'s ε where it is a finite number; None where it refuses or has no finite bound."""
+    try:
+        v = fn()
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _lower(fn, source: str) -> dict:
+    """A bracket's lower end: {"epsilon_lower", "epsilon_lower_source"}, or None and the reason
+    it is not shown (a method that lower-bounds refused)."""
+    try:
+        v = fn()
+        if not math.isfinite(v):
+            raise ValueError(f"no finite lower bound ({v})")
+    except ValueError as e:
+        return {"epsilon_lower": None, "epsilon_lower_refused": " ".join(str(e).split())}
+    return {"epsilon_lower": v, "epsilon_lower_source": source}
+
+
+def all_samplers(N, L, sigma, steps, delta, B=None, risk: bool = False) -> dict:
     """Every sampler's :func:`sampler_epsilon` (truncated_poisson needs B; skipped without it)."""
     from dpsgd.mechanism.sampling import SAMPLERS
 
     return {
-        name: sampler_epsilon(name, N, L, sigma, steps, delta, B)
+        name: sampler_epsilon(name, N, L, sigma, steps, delta, B, risk)
         for name in SAMPLERS
         if name != "truncated_poisson" or B is not None
     }
@@ -476,17 +610,22 @@ def main(argv=None) -> int:
         return _sampler_mode(parser, args)
     q, delta, groups, steps, target, sigma = _checked(parser, args)
     if args.cross_check:  # every installed library on this schedule (dpsgd/crosscheck.py)
-        from dpsgd.crosscheck import cross_check, lines
-
-        res = cross_check(q, sigma / math.sqrt(groups), steps, delta)
-        print(json.dumps(res) if args.json else "\n".join(lines(res)))
-        return 0 if res["verdict"]["above_every_lower"] else 1
+        led = None
+        if args.risk:
+            led = Ledger()
+            led.record(Poisson(q, sigma, groups), steps)
+        return _cross_checked(args, q, sigma / math.sqrt(groups), steps, delta, "poisson", led)
     if target is not None:
         res = _sigmas(target, q, steps, delta, groups, args.convention)
     else:
         res = _epsilons(q, sigma, steps, delta, groups, args.convention)
     rc = 0 if _answered(res) else 1
     li = _last_iterate(q, sigma, steps, delta, groups) if args.last_iterate else None
+    if args.risk:  # at the given σ, or at the σ the first line serves (--target-epsilon)
+        res = dict(res, risk=(
+            _target_risk(res, q, steps, groups, args.convention) if target is not None
+            else schedule_risk(q, sigma, steps, groups, args.convention)
+        ))  # fmt: skip
     if args.json:
         if li is not None:
             res = dict(
@@ -496,8 +635,9 @@ def main(argv=None) -> int:
         return rc
     print(answer(res, q, steps, delta, groups, args))
     _table(res, q, steps, delta, groups, args)
-    if args.risk and target is None:
-        print(risk_line(q, sigma, steps, groups, args.convention))
+    if args.risk:
+        at = f" at σ = {res['risk']['sigma']:.4g}" if "sigma" in res["risk"] else ""
+        print(risk_text(res["risk"], at))
     if li is not None:
         val = "refused" if li["epsilon"] is None else _num(li["epsilon"])
         print(

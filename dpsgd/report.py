@@ -4,9 +4,12 @@
 A run is any folder holding a ``privacy.json`` (a training run, an audit's run, a sweep's job);
 a folder given is searched for them. One row per run, from its own files only: the folder, the
 overrides it was started with (``.hydra/overrides.yaml``), status and stop reason, lots, epochs,
-the last measured test accuracy (``metrics.csv``), the valid ε (the smallest sound one, rounded up
-as its statement says) and the configured accountant's ε, at its δ. ``--plot`` draws test accuracy
-against valid ε and against epoch for the runs listed, and its title says what they did.
+the last measured test accuracy (``metrics.csv``), the valid ε (the smallest sound one) and the
+configured accountant's ε, at its δ; both ε rounded up (4 significant digits, as the statement and
+the console print them: never below the computed value; ``--format csv`` keeps the exact floats).
+A folder whose privacy.json cannot be read is skipped with one line on stderr saying so; a bad
+``--out`` or ``--plot`` is one line and exit 2, before anything is read. ``--plot`` draws test
+accuracy against valid ε and against epoch for the runs listed, and its title says what they did.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import csv
 import io
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -54,10 +58,41 @@ def _last_accuracy(run: Path) -> tuple[float, list[tuple[int, float]]]:
     return (rows[-1][1] if rows else math.nan), rows
 
 
+class Unreadable(ValueError):
+    """A run folder whose privacy.json (or metrics.csv) cannot be read; str: one line."""
+
+
+def _statement(run: Path) -> dict:
+    try:
+        st = json.loads((run / "privacy.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        why = getattr(e, "strerror", None) or " ".join(str(e).split())[:80] or type(e).__name__
+        raise Unreadable(f"{run / 'privacy.json'}: unreadable ({why})") from None
+    if not isinstance(st, dict):
+        raise Unreadable(f"{run / 'privacy.json'}: not a privacy statement")
+    return st
+
+
+def rows_of(runs, base: Path | None = None) -> tuple[list[Path], list[dict]]:
+    """(runs, their rows), each run whose files cannot be read skipped with one line on stderr."""
+    kept, rows = [], []
+    for r in runs:
+        try:
+            rows.append(row(r, base))
+            kept.append(r)
+        except Unreadable as e:
+            print(f"report: skipped {e}", file=sys.stderr, flush=True)
+    return kept, rows
+
+
 def row(run: Path, base: Path | None = None) -> dict:
-    """One table row of ``run`` (its folder relative to ``base`` when under it)."""
-    st = json.loads((run / "privacy.json").read_text())
-    acc, _ = _last_accuracy(run)
+    """One table row of ``run`` (its folder relative to ``base`` when under it); Unreadable (one
+    line) when its privacy.json or metrics.csv cannot be read."""
+    st = _statement(run)
+    try:
+        acc, _ = _last_accuracy(run)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, csv.Error) as e:
+        raise Unreadable(f"{run / 'metrics.csv'}: unreadable ({type(e).__name__})") from None
     name = run.relative_to(base) if base is not None and run.is_relative_to(base) else run
     return {
         "run": str(name),
@@ -76,6 +111,10 @@ def row(run: Path, base: Path | None = None) -> dict:
 def _cell(v, column: str = "") -> str:
     if column == "delta" and isinstance(v, float):
         return f"{v:g}"
+    if column.startswith("epsilon") and isinstance(v, (int, float)) and not isinstance(v, bool):
+        from dpsgd.run.report import eps_up  # rounded up, as the statement prints it
+
+        return eps_up(float(v))
     if isinstance(v, float):
         return "nan" if math.isnan(v) else f"{v:.4f}"
     return "" if v is None else str(v)
@@ -128,6 +167,28 @@ def plot(runs: list[Path], rows: list[dict], out: Path) -> Path:
     return out
 
 
+PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
+
+
+def _check_outputs(a) -> None:
+    """--out and --plot: files this process can write (a folder that exists, not a folder itself),
+    --plot of a format matplotlib draws; ValueError in one line, before anything is read."""
+    for flag, path in (("--out", a.out), ("--plot", a.plot)):
+        if path is None:
+            continue
+        if path.is_dir():
+            raise ValueError(f"{flag}={path}: is a folder; give a file name")
+        if not path.parent.is_dir() and flag == "--out":
+            raise ValueError(f"{flag}={path}: no folder {path.parent}")
+        if flag == "--plot" and path.suffix.lower().lstrip(".") not in PLOT_FORMATS:
+            raise ValueError(
+                f"--plot={path}: the file name must end in one of "
+                f"{', '.join('.' + f for f in PLOT_FORMATS)}"
+            )
+        if path.exists() and not os.access(path, os.W_OK):
+            raise ValueError(f"{flag}={path}: not writable")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dpsgd.report", description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="+", help="run folders, or folders holding runs (sweeps)")
@@ -136,23 +197,31 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", type=Path, help="draw accuracy against ε and epoch into this file")
     a = ap.parse_args(argv)
     try:
+        _check_outputs(a)
         runs = find_runs(a.paths)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not runs:
         print(f"error: report: no run (privacy.json) under {' '.join(a.paths)}", file=sys.stderr)
         return 2
     base = Path(a.paths[0]) if len(a.paths) == 1 and Path(a.paths[0]).is_dir() else None
-    rows = [row(r, base) for r in runs]
+    runs, rows = rows_of(runs, base)
+    if not rows:
+        print("error: report: no run could be read", file=sys.stderr)
+        return 2
     text = render(rows, a.format)
-    if a.out:
-        a.out.write_text(text)
-        print(f"report: {len(rows)} run(s) -> {a.out}")
-    else:
-        print(text, end="")
-    if a.plot:
-        print(f"report: plot -> {plot(runs, rows, a.plot)}")
+    try:
+        if a.out:
+            a.out.write_text(text)
+            print(f"report: {len(rows)} run(s) -> {a.out}")
+        else:
+            print(text, end="")
+        if a.plot:
+            print(f"report: plot -> {plot(runs, rows, a.plot)}")
+    except OSError as e:
+        print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -182,6 +251,7 @@ class SweepTable:
     def on_multirun_end(self, config, **kwargs) -> None:
         folder = Path(str(config.hydra.sweep.dir))
         runs = find_runs([folder]) if folder.is_dir() else []
+        runs, rows = rows_of(runs, folder)
         if runs:
             print(f"sweep: {len(runs)} run(s) in {folder} (python -m dpsgd.report {folder})")
-            print(render([row(r, folder) for r in runs], "terminal"), end="", flush=True)
+            print(render(rows, "terminal"), end="", flush=True)

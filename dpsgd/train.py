@@ -11,8 +11,12 @@
         g̃_t ← (Σ_i clip_C(∇ℓ(θ, x_i)) + N(0, σ²C² I)) / L ;  θ ← θ − η_t g̃_t   (run.lots.run:
         record the release (q, σ) in the ledger                                dp.step, charge,
         θ̄ ← β θ̄ + (1 − β) θ   when training.ema_decay = β (post-processing)     ema.update)
-    end of epoch: evaluate, ε under every accountant, one metrics.csv row, privacy.json, checkpoint
+    end of epoch: evaluate, ε under every accountant, privacy.json and the checkpoint, then the
+    metrics.csv row, the logger's row and the console line (``publish``)
 
+Nothing of an epoch leaves the process (its metrics row, the logger's row, the console line) before
+the privacy statement and the checkpoint that cover its lots are on disk: a failure while printing
+(a closed pipe, a logger that raises) is a failure after the charge, never before it.
 Everything is written into the run directory, atomically, by one process at a time (rundir.RunLock).
 Under torchrun (dpsgd/run/distributed.py) the lot is shared among the ranks, the clipped sums are
 all-reduced, the noise is added once, and rank 0 alone writes.
@@ -150,6 +154,7 @@ def finish(run: Run, stop_reason: str) -> dict:
         final = run.statement(status, stop_reason)
         if run.writes:
             write_json(run.run_dir / PRIVACY, final)
+    publish(run)  # the last epoch's row, now that the final statement covers it
     if status == "diverged":
         raise Diverged(
             f"training diverged at epoch {at.epoch} (non-finite loss or parameters; training.lr="
@@ -193,8 +198,10 @@ def run_epoch(run: Run):
 def end_of_epoch(
     run: Run, stop_reason: str | None, lr: float, lot_loss: float, t_epoch: float
 ) -> None:
-    """Evaluate (when due), one metrics.csv row, and (unless this was the last epoch) privacy.json
-    and the checkpoint."""
+    """Evaluate (when due) and make the epoch's metrics.csv row; unless this was the last epoch
+    (``finish`` writes its final statement and checkpoint), privacy.json and the checkpoint, then
+    the row is published (``publish``). The row is held meanwhile: it is in the checkpoint, and
+    nothing of it has left the process."""
     c, t, parts = run.c, run.c.training, run.parts
     if not run.writes:  # ranks > 0: rank 0 evaluates and writes
         return
@@ -222,14 +229,29 @@ def end_of_epoch(
     now = time.time()
     lot_loss = lot_loss if t.train_metrics else math.nan
     row = metrics_row(c, run, lr, lot_loss, ev, now - t_epoch, run.progress.wall_time(now))
-    run.writer.append(row)
-    if run.logger is not None:  # logger=csv|tensorboard|wandb: the same row, the epoch its step
-        run.logger.log(row, run.progress.epoch)
-    progress_line(row, c, eta(run, now))
-    if not final:
+    run.writer.hold(row)  # in the checkpoint; on disk, to the logger and the console: publish
+    run.pending = (row, eta(run, now))
+    if final:
+        return
+    with held_signals():  # the statement and the checkpoint that cover the row, written whole
         write_json(run.run_dir / PRIVACY, run.statement("running", None))
         if t.checkpoint_every and run.progress.epoch % t.checkpoint_every == 0:
             run.checkpoint(False, None)
+    publish(run)
+
+
+def publish(run: Run) -> None:
+    """The row held by ``end_of_epoch``, out of the process: metrics.csv, the logger
+    (``logger=csv|tensorboard|wandb``, the epoch its step) and the console line. Called once the
+    statement (and the checkpoint) covering its lots are written; a failure here (a closed pipe, a
+    logger that raises) comes after the charge."""
+    if run.pending is None or not run.writes:
+        return
+    (row, tail), run.pending = run.pending, None
+    run.writer.commit()
+    if run.logger is not None:
+        run.logger.log(row, row["epoch"])
+    progress_line(row, run.c, tail)
 
 
 if __name__ == "__main__":  # python -m dpsgd.train: the command line (the layer above) runs train

@@ -91,6 +91,11 @@ def _validate_user_model(m, d) -> tuple[int, ...]:
     takes the dataset's examples as they are: no projection, no fixed features, no pretrained
     file."""
     key = f"model._target_={m._target_}"
+    if m._target_ == "???":  # model=custom, and no class given (OmegaConf's missing value)
+        raise ConfigError(
+            "model._target_: model=custom needs your network's class "
+            "(model._target_=pkg.module.Class)"
+        )
     if not isinstance(m._target_, str) or not m._target_:
         raise ConfigError(f"model._target_={fmt(m._target_)}: must name a class, pkg.module.Class")
     if not isinstance(m.args, dict):
@@ -117,7 +122,38 @@ def _validate_user_model(m, d) -> tuple[int, ...]:
     n_params = sum(p.numel() for p in model.parameters())
     if n_params > PARAMS_MAX or not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"{key}: {n_params} parameters; need 1 to PARAMS_MAX={PARAMS_MAX:.0e}")
+    _check_fit(key, model, shape, dataset_info(d).classes)
     return shape
+
+
+def _check_fit(key: str, model, shape: tuple[int, ...], classes: int) -> None:
+    """Your network on one example of the dataset, on the meta device (no memory, no time): it
+    takes the examples' shape and gives a score per class for every label of the training and the
+    test file (cross-entropy); a mismatch found only in training came after its set-up, with a
+    folder written and, for the test labels, an epoch of privacy already spent."""
+    import torch
+
+    try:
+        with torch.device("meta"), torch.no_grad():
+            out = model(torch.empty((2, *shape)))
+    except NotImplementedError:  # an operation without a meta kernel: cannot be tried here
+        return
+    except Exception as e:  # noqa: BLE001 (the user's forward: any failure is a misfit)
+        msg = " ".join(str(e).split())[:160] or type(e).__name__
+        raise ConfigError(
+            f"{key}: does not take the dataset's examples of shape {list(shape)} ({msg})"
+        ) from None
+    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != 2:
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(
+            f"{key}: gives {got} for 2 examples; the loss (cross-entropy) needs one score per class "
+            "for each example, [2, classes]"
+        )
+    if out.shape[1] < classes:
+        raise ConfigError(
+            f"{key}: gives {out.shape[1]} scores per example, the dataset's labels need {classes} "
+            f"(classes 0..{classes - 1}, training and test files)"
+        )
 
 
 def _features(m, d) -> tuple[int, ...]:

@@ -44,7 +44,7 @@ def validate_privacy(c):
             "(an integer in [privacy.lot_size, N])"
         )
     sampler = make_sampler(p.sampling, N, p.lot_size, max_lot_size=p.max_lot_size)
-    if p.private and c.accountant.name not in sampler.accountants:
+    if p.private and c.accountant.name is not None and c.accountant.name not in sampler.accountants:
         raise ConfigError(
             f"accountant.name={c.accountant.name}: privacy.sampling={p.sampling} is accounted by "
             f"{' or '.join(sampler.accountants)} only"

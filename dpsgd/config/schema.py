@@ -60,6 +60,9 @@ class DatasetConfig:
     image_size: int = 32  # dataset=imagefolder: images resized to image_size × image_size
     train_sha256: str | None = None  # filled when first read; a changed file is refused
     test_sha256: str | None = None
+    # named classes of your files (image folders, text labels), matched by name across train and
+    # test: filled when first read; a changed list is refused (dpsgd/data/files.py)
+    classes: list[str] | None = None
     cls: str | None = None  # dataset=torchvision: the torchvision.datasets class name
     train_split: str | None = None  # dataset=torchvision: split= names (None: train=True/False)
     test_split: str | None = None
@@ -252,7 +255,7 @@ def validate_training(c: Config, sampler) -> None:
     of ``sampler``), evaluation batches no larger than the largest evaluated set."""
     t, N = c.training, c.N
     t.epochs = num("training.epochs", t.epochs, integer=True, lo=0)
-    t.lr = num("training.lr", t.lr, lo=0, lo_open=True)
+    validate_step(t)
     t.lr_end = num("training.lr_end", t.lr_end, lo=0, lo_open=True)
     t.lr_saturate_epochs = num(
         "training.lr_saturate_epochs", t.lr_saturate_epochs, integer=True, lo=0
@@ -268,7 +271,6 @@ def validate_training(c: Config, sampler) -> None:
             f"N={N}) exceed STEPS_MAX={limits.STEPS_MAX}, the most the accountants serve; lower "
             "training.epochs"
         )
-    t.momentum = num("training.momentum", t.momentum, lo=0, hi=1, hi_open=True)
     t.eval_every = num("training.eval_every", t.eval_every, integer=True, lo=1)
     # evaluation runs over the training set (N) and the test set; a batch larger than both is both
     # sets whole, the same batches: cut to that size (a small dataset keeps the default)
@@ -281,6 +283,14 @@ def validate_training(c: Config, sampler) -> None:
         "training.ema_decay", t.ema_decay, optional=True, lo=0, lo_open=True, hi=1, hi_open=True
     )
     t.train_metrics = boolean("training.train_metrics", t.train_metrics)
+
+
+def validate_step(t) -> None:
+    """The update θ ← θ − η g̃ (heavy ball with momentum μ): ``training.lr`` finite and > 0,
+    ``training.momentum`` in [0, 1); checked for the command line and the Python API alike
+    (dpsgd/config/arguments.py)."""
+    t.lr = num("training.lr", t.lr, lo=0, lo_open=True)
+    t.momentum = num("training.momentum", t.momentum, lo=0, hi=1, hi_open=True)
 
 
 def validate_logger(c: Config) -> None:

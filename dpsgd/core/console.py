@@ -33,12 +33,18 @@ class _Tee:
 
 
 class _Log:
+    """The copy: held in memory until ``release``, then written to the file line by line (each
+    complete line flushed as it is written, as the console's own lines are), so a process killed at
+    any point leaves in run.log every line it had printed."""
+
     def __init__(self, path: Path):
         self.path, self.file, self.held = path, None, []
 
     def write(self, text: str) -> None:
         if self.file is not None:
             self.file.write(text)
+            if "\n" in text:
+                self.file.flush()
         elif text:
             self.held.append(text)
 
@@ -47,6 +53,7 @@ class _Log:
         if self.file is None:
             self.file = open(self.path, "a", encoding="utf-8")
             self.file.write("".join(self.held))
+            self.file.flush()
             self.held = []
 
     def flush(self) -> None:

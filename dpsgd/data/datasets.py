@@ -109,7 +109,7 @@ def validate_dataset(d) -> None:
         d.image_size = num("dataset.image_size", d.image_size, integer=True, lo=1, hi=1024)
         check_files(d)
     else:
-        for key in ("train", "test", "train_sha256", "test_sha256"):
+        for key in ("train", "test", "train_sha256", "test_sha256", "classes"):
             if getattr(d, key) is not None:
                 raise ConfigError(
                     f"dataset.{key}={fmt(getattr(d, key))}: only dataset=tensors|csv read files"

@@ -361,6 +361,9 @@ def user_model(target: str, args: dict):
     except InstantiationException as e:
         first = str(e).strip().splitlines()[0].split(", set env var HYDRA_FULL_ERROR")[0]
         raise ValueError(f"model._target_={target}: {first}") from None
+    except Exception as e:  # noqa: BLE001 (an omegaconf error, the user's own __init__)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"model._target_={target}: {first}") from None
     if not isinstance(model, nn.Module):
         raise ValueError(
             f"model._target_={target}: built a {type(model).__name__}, not an nn.Module"

@@ -244,9 +244,12 @@ def _int(v) -> int | None:
 class MetricsWriter:
     """Tidy ``metrics.csv``: one row per epoch, each appended with flush + fsync.
 
-    The file is never trusted to still be what was written: if it was removed, replaced or changed
-    size since the last row, the whole file (header and every row so far) is rewritten atomically
-    instead of appending to something else."""
+    A row is first ``hold``-ed: it is one of ``rows`` (so the checkpoint written next holds it) but
+    not yet on disk; ``commit`` writes the rows held (dpsgd/train.py publishes an epoch's row only
+    once the statement and the checkpoint that cover it are written). The file is never trusted to
+    still be what was written: if it was removed, replaced or changed size since the last row, the
+    whole file (header and every row so far) is rewritten atomically instead of appending to
+    something else."""
 
     def __init__(self, run_dir: str | Path, columns: list[str], rows: list[dict] | None = None):
         self.path = Path(run_dir) / METRICS
@@ -270,7 +273,7 @@ class MetricsWriter:
 
     def _rewrite(self) -> None:
         atomic_write_text(self.path, self._csv(self.rows, header=True))
-        self._seen = self._stat()
+        self._seen, self._written = self._stat(), len(self.rows)
 
     def _stat(self):
         try:
@@ -295,13 +298,24 @@ class MetricsWriter:
                 f.flush()
                 os.fsync(f.fileno())
 
-    def append(self, row: dict) -> None:
+    def hold(self, row: dict) -> None:
+        """One more row, in ``rows`` (and so in the next checkpoint), not yet on disk."""
         self.rows.append(dict(row))
+
+    def commit(self) -> None:
+        """The rows held, appended to the file (fsync'd)."""
+        pending = self.rows[self._written :]
+        if not pending:
+            return
         if self._stat() != self._seen:  # removed or replaced under us: rewrite it whole
             self._rewrite()
             return
         with naming(self.path), open(self.path, "a") as f:
-            f.write(self._csv([row], header=False))
+            f.write(self._csv(pending, header=False))
             f.flush()
             os.fsync(f.fileno())
-        self._seen = self._stat()
+        self._seen, self._written = self._stat(), len(self.rows)
+
+    def append(self, row: dict) -> None:
+        self.hold(row)
+        self.commit()

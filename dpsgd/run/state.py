@@ -68,6 +68,11 @@ class Rows:
     def append(self, row: dict) -> None:
         self.rows.append(dict(row))
 
+    hold = append
+
+    def commit(self) -> None:  # nothing on disk
+        return None
+
 
 @dataclass
 class Progress(Tally):
@@ -109,6 +114,7 @@ class Run:
     )
     first_epoch: int = 0  # the epoch this process started at (the console's ETA)
     logger: object | None = None  # logger=csv|tensorboard|wandb (dpsgd/core/loggers.py), rank 0
+    pending: tuple | None = None  # the epoch's (row, console tail), held until train.publish
 
     @classmethod
     def fresh(

@@ -51,14 +51,23 @@ class Lots:
 
     def run(self, lot: int, x, y, physical_batch_size: int | None = None, **kw) -> dict:
         """Lot ``lot`` (its position in the epoch) on examples ``x``, ``y``: the DP step, then its
-        charge. Returns the step's {'loss_sum', 'lot_size'}."""
+        charge. Returns the step's {'loss_sum', 'lot_size'}.
+
+        A step that raises (a KeyboardInterrupt in the Python API, a failure) after it began to
+        move the weights has released something of its lot: it is charged and counted all the same
+        (the parameters' version counters tell whether any was written to), and the exception goes
+        on. One that raises before is not charged: nothing of it left."""
         release = self.plan.release(lot)  # what this lot costs (None: its epoch's charge covers it)
-        out = self.dp.step(x, y, physical_batch_size=physical_batch_size, **kw)
-        with held_signals():  # the lot that ran is charged and counted, or none is
-            self.charge(release)
-            if self.ema is not None:
-                self.ema.update(self.dp.model)
-            self.tally.steps += 1
+        before, out = _versions(self.dp.model), None
+        try:
+            out = self.dp.step(x, y, physical_batch_size=physical_batch_size, **kw)
+        finally:
+            if out is not None or _versions(self.dp.model) != before:
+                with held_signals():  # the lot that ran is charged and counted, or none is
+                    self.charge(release)
+                    if self.ema is not None and out is not None:
+                        self.ema.update(self.dp.model)
+                    self.tally.steps += 1
         return out
 
     def charge(self, release) -> None:
@@ -67,3 +76,8 @@ class Lots:
             self.tally.ledger.record(release, 1, "sgd")
             if self.tally.budget is not None:
                 self.tally.budget -= 1
+
+
+def _versions(model) -> list[int]:
+    """The in-place write counters of the model's parameters (torch bumps one on every write)."""
+    return [p._version for p in model.parameters()]

@@ -14,8 +14,8 @@ import secrets
 import torch
 
 from dpsgd.accountant import Ledger
-from dpsgd.accountant.ledger import EVENTS
 from dpsgd.accountant.limits import DELTA_DEFAULT
+from dpsgd.config.arguments import check_arguments, check_calibrated
 from dpsgd.config.calibration import sigma_for_lots
 from dpsgd.core.runtime import configure_threads
 from dpsgd.mechanism.clipping.groups import clipping_groups
@@ -24,6 +24,7 @@ from dpsgd.mechanism.sampling import make_sampler
 from dpsgd.workbench.build import PROOF_SAMPLE, assemble
 from dpsgd.workbench.lots import Lots, Tally
 from dpsgd.workbench.sources import as_tensors
+from dpsgd.workbench.states import check_state, data_sha256
 
 
 class PrivateTrainer:
@@ -39,11 +40,12 @@ class PrivateTrainer:
             ``clipping="per_layer"``; the groups, and the k they are charged as, come from the
             model).
         sigma: the noise multiplier σ; give it, or ``target_epsilon`` and ``epochs`` to calibrate
-            it. 0: clipped, not noised, not charged (ε = ∞).
+            it. A private trainer needs σ > 0, as the command line does (a run without noise:
+            ``private=False``).
         target_epsilon: training stops before the lot that would spend more (with ``sigma``), or
             σ is calibrated so that ``epochs`` spend it (without).
         epochs: the epochs ``fit`` runs by default, and the calibration's horizon.
-        delta: δ of every ε reported.
+        delta: δ of every ε reported; below 1/N unless ``allow_large_delta``.
         sampling: ``poisson`` (q = L/N), ``fixed_size``, ``truncated_poisson`` (with
             ``max_lot_size``), ``balls_in_bins`` or ``shuffle``; each charged by its own analysis.
         accountant: the accountant of ``epsilon`` and of the stop; None: the first the sampler's
@@ -56,14 +58,18 @@ class PrivateTrainer:
         private: False runs the same loop without clipping, noise or charge (ε = ∞).
         seed: the sampler's and the noise's seeds (None: drawn from the OS).
         secure_rng: draw the noise from OS entropy (a seed is then refused).
+        allow_large_delta: accept δ >= 1/N (``privacy.allow_large_delta``).
         threads: torch's intra-op threads: None applies the command line's policy (DPSGD_THREADS,
             OMP_NUM_THREADS, the machine), an int sets it, False leaves torch alone.
         logger: anything with ``log(row, step)``, e.g. ``dpsgd.core.loggers.make_logger(
             "tensorboard", folder)``: after each whole epoch, a row (epoch, steps, lot_loss,
             epsilon, sigma, q, C, L) with the epoch as the step; you close it.
 
+    Every argument is checked by the command line's own validators (dpsgd/config/arguments.py:
+    one validation, two callers), before any lot runs.
+
     Raises:
-        ValueError: one line naming the argument, before any lot runs.
+        ValueError: one line naming the argument (the command line's refusal, in the API's words).
     """
 
     def __init__(
@@ -91,71 +97,86 @@ class PrivateTrainer:
         secure_rng: bool = False,
         threads: int | bool | None = None,
         logger=None,
+        allow_large_delta: bool = False,
     ):
-        self.threads = _threads(threads)
-        self.logger = logger
         self.X, self.y = as_tensors(data)
-        self.device = next(model.parameters()).device
-        self.X, self.y = self.X.to(self.device), self.y.to(self.device)
-        self.model, self.delta, self.epochs = model, float(delta), epochs
-        self.target_epsilon = target_epsilon
-        self.physical_batch_size = physical_batch_size
-        self.convention = "joint"  # k groups = one Gaussian at σ/√k (the correct charge)
-        seed = secrets.randbits(62) if seed is None else int(seed)
-        noise = GaussianNoise(
-            seed=None if secure_rng else seed + 1, secure=secure_rng, device=self.device
-        )
-        build = dict(
+        a = check_arguments(
+            len(self.X),
             lot_size=lot_size,
             clip_norm=clip_norm,
-            noise=noise,
-            sampler_seed=seed,
-            lr=lr,
-            private=private,
+            sigma=sigma,
+            target_epsilon=target_epsilon,
+            epochs=epochs,
+            delta=delta,
             sampling=sampling,
             max_lot_size=max_lot_size,
+            accountant=accountant,
+            lr=lr,
+            momentum=momentum,
             clipping=clipping,
             mode=mode,
-            momentum=momentum,
-            loss=loss,
+            physical_batch_size=physical_batch_size,
+            private=private,
+            seed=seed,
+            secure_rng=secure_rng,
+            allow_large_delta=allow_large_delta,
         )
-        sigma = self._sigma(sigma, private, build, accountant)
-        sample = (self.X[:PROOF_SAMPLE], self.y[:PROOF_SAMPLE])  # proved on before any lot
-        self.clipper, self.sampler, self.plan, self.dp = assemble(
-            model, len(self.X), sigma=sigma, sample=sample, **build
-        )
-        self.accountant = accountant or (self.plan.accountants or ("rdp",))[0]
-        if self.plan.private and self.accountant not in self.plan.accountants:
-            raise ValueError(
-                f"accountant={accountant!r}: {sampling} lots are served by "
-                f"{list(self.plan.accountants)}"
-            )
+        self.args, self.threads, self.logger = a, _threads(threads), logger
+        self.device = next(model.parameters()).device
+        self.X, self.y = self.X.to(self.device), self.y.to(self.device)
+        self.model, self.delta, self.epochs = model, a.delta, a.epochs
+        self.target_epsilon, self.accountant = a.target_epsilon, a.accountant
+        self.physical_batch_size = a.physical_batch_size
+        self.convention = "joint"  # k groups = one Gaussian at σ/√k (the correct charge)
+        self.clipper, self.sampler, self.plan, self.dp = self._assemble(a, seed, loss)
         self.tally = Tally(Ledger())
         self.lots = Lots(self.plan, self.dp, self.tally)
         self.epoch = 0
         self.tally.budget = self._budget()
+        self._data_sha256 = None
 
     # -- set-up ----------------------------------------------------------------------------------
 
-    def _sigma(self, sigma, private: bool, build: dict, accountant) -> float:
-        """σ as given, or calibrated for ``epochs`` at ``target_epsilon``."""
-        if not private:
+    def _assemble(self, a, seed: int | None, loss):
+        """The mechanism around the model (``build.assemble``, the command line's builder), σ as
+        given or calibrated."""
+        seed = secrets.randbits(62) if seed is None else int(seed)
+        noise = GaussianNoise(
+            seed=None if a.secure_rng else seed + 1, secure=a.secure_rng, device=self.device
+        )
+        return assemble(
+            self.model,
+            len(self.X),
+            lot_size=a.lot_size,
+            clip_norm=a.clip_norm,
+            sigma=self._sigma(a),
+            noise=noise,
+            sampler_seed=seed,
+            lr=a.lr,
+            private=a.private,
+            sampling=a.sampling,
+            max_lot_size=a.max_lot_size,
+            clipping=a.clipping,
+            mode=a.mode,
+            momentum=a.momentum,
+            loss=loss,
+            sample=(self.X[:PROOF_SAMPLE], self.y[:PROOF_SAMPLE]),  # proved on before any lot
+        )
+
+    def _sigma(self, a) -> float:
+        """σ as given (checked), or calibrated for ``epochs`` at ``target_epsilon`` (then checked
+        as the command line checks a calibrated σ)."""
+        if not a.private:
             return 0.0
-        if sigma is not None:
-            if not float(sigma) >= 0:
-                raise ValueError(f"sigma={sigma!r} must be >= 0")
-            return float(sigma)
-        if self.target_epsilon is None or self.epochs is None:
-            raise ValueError("sigma=None: give sigma, or target_epsilon and epochs to calibrate it")
-        sampler = make_sampler(
-            build["sampling"], len(self.X), build["lot_size"], None, build["max_lot_size"]
-        )
+        if a.sigma is not None:
+            return a.sigma
+        sampler = make_sampler(a.sampling, len(self.X), a.lot_size, None, a.max_lot_size)
         lots = math.ceil(self.epochs * sampler.lots_per_epoch())
-        k = len(clipping_groups(self.model, build["clipping"]))
-        name = accountant or EVENTS[sampler.event(1.0, k).entry()["event"]][0]
-        return sigma_for_lots(
-            sampler, self.target_epsilon, self.delta, lots, name, k, self.convention
+        k = len(clipping_groups(self.model, a.clipping))
+        sigma = sigma_for_lots(
+            sampler, self.target_epsilon, self.delta, lots, self.accountant, k, self.convention
         )
+        return check_calibrated(sigma, sampler)
 
     def _budget(self) -> int | None:
         """Charges that still fit within the target ε, from the ledger (None: no target)."""
@@ -272,8 +293,31 @@ class PrivateTrainer:
 
     # -- saving and loading ----------------------------------------------------------------------
 
+    def record(self) -> dict:
+        """What decides what a lot costs and which data it draws from (dpsgd/workbench/states.py):
+        compared whole when a state is loaded; only ``states.MAY_CHANGE`` may differ."""
+        if self._data_sha256 is None:
+            self._data_sha256 = data_sha256(self.X, self.y)
+        a, plan = self.args, self.plan
+        return {
+            "private": plan.private,
+            "sigma": plan.sigma,
+            "clip_norm": a.clip_norm,
+            "lot_size": a.lot_size,
+            "delta": a.delta,
+            "sampling": a.sampling,
+            "max_lot_size": a.max_lot_size,
+            "accountant": self.accountant,
+            "clipping": a.clipping,
+            "groups": len(self.clipper.groups),
+            "secure_rng": a.secure_rng,
+            "N": len(self.X),
+            "data_sha256": self._data_sha256,
+        }
+
     def state_dict(self) -> dict:
-        """Everything to continue exactly: the weights, the momentum, the generators, the ledger."""
+        """Everything to continue exactly: the weights, the momentum, the generators, the ledger,
+        and the record a state is loaded against (``record``)."""
         return {
             "model": {n: v.detach().cpu() for n, v in self.model.state_dict().items()},
             "optimizer": self.dp.state_dict(),
@@ -282,16 +326,29 @@ class PrivateTrainer:
             "ledger": self.ledger.to_dict(),
             "steps": self.steps,
             "epoch": self.epoch,
+            "record": self.record(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()``; the budget of the target ε is recomputed from the
-        ledger."""
+        ledger. Everything is checked before anything is loaded (``states.check_state``): another
+        mechanism or data, a state whose lots were not charged (σ = 0, ``private=False``, a ledger
+        short of its lots), another network or generator state is refused in one line, and the
+        trainer is left as it was."""
+        ledger = check_state(self, state)
+        before = self.state_dict()
+        try:
+            self._load(state, ledger)
+        except Exception:  # noqa: BLE001 (checked first; whatever still fails leaves nothing)
+            self._load(before, Ledger.from_dict(before["ledger"]))
+            raise
+
+    def _load(self, state: dict, ledger: Ledger) -> None:
         self.model.load_state_dict(state["model"])
         self.dp.load_state_dict(state["optimizer"])
         self.sampler.load_state_dict(state["sampler"])
         self.dp.noise.load_state_dict(state["noise"])
-        self.tally.ledger = Ledger.from_dict(state["ledger"])
+        self.tally.ledger = ledger
         self.tally.steps, self.epoch = int(state["steps"]), int(state["epoch"])
         self.tally.budget = self._budget()
 

@@ -208,3 +208,63 @@ def test_documented_ranges_match_checks():
     assert set(seen) == names
     for name, value in seen.items():
         assert value == getattr(limits, name), name  # exact: the same decimal literal
+
+
+# A long schedule at σ = 1: Λ(t) turns steeply upwards just past the tilt θ (the subsampled
+# Gaussian's log MGF near order 2σ²·log(1/q)), so the tilted law has a heavy tail. Its window, bound
+# on the coarse t grid alone, was thousands of times too wide, and h was coarsened to fit it:
+# ε(1e-8) = 19.14 where dp_accounting's PLD says 3.29 (the RDP's 3.49 was served).
+LONG = (0.002, 1.0, 50_000)
+
+
+def test_epsilon_is_continuous_in_delta_where_the_tilted_path_takes_over():
+    from dpsgd.accountant.privacy_loss.pld_fft import _Composed
+    from dpsgd.accountant.privacy_loss.pld_lot import TAIL_FRACTION
+    from tolerances import propagated_tol
+
+    # δ* where the untilted composition's round-off reaches TAIL_FRACTION·δ (the switch)
+    switch = max(_Composed((LONG,), d, pld.DEFAULT_INTERVAL).noise for d in pld.DIRECTIONS)
+    switch /= TAIL_FRACTION
+    above, below = pld.epsilon(*LONG, switch * (1 + 1e-6)), pld.epsilon(*LONG, switch * (1 - 1e-6))
+    # across the switch ε may move by two grid steps and by what TAIL_FRACTION·δ of δ moves it
+    # (the untilted answer with its round-off added to δ), measured where the untilted one serves
+    slope = propagated_tol(lambda x: pld.epsilon(*LONG, math.exp(x)), math.log(2 * switch), 1e-3)
+    assert 0 <= below - above <= pld_epsilon_tol([LONG]) + slope * TAIL_FRACTION / 1e-3
+    # and below it, where the tilted path serves: each halving of δ moves ε by about as much as the
+    # one before (ε is smooth in log δ: the exact curve's steps shrink slowly, never grow by half),
+    # give or take two grid steps of each ε. The coarse tilted grid jumped to 19.14 near δ = 1e-8.
+    deltas = [2 * switch / 2**k for k in range(9)]
+    eps = [pld.epsilon(*LONG, d) for d in deltas]
+    tol = max(pld_epsilon_tol([LONG], delta=d) for d in deltas)
+    steps = [b - a for a, b in zip(eps, eps[1:])]
+    assert all(s >= 0 for s in steps), eps  # monotone
+    assert all(b <= 1.5 * a + 2 * tol for a, b in zip(steps, steps[1:])), eps
+
+
+@pytest.mark.parametrize("delta", [1e-8, 1e-12])
+def test_a_long_low_sigma_schedule_is_tight_at_tiny_delta(delta):
+    ours = pld.epsilon(*LONG, delta)
+    assert _cf_delta(ours, *LONG) <= delta * (1 + CF_RTOL)  # never below exact
+    # connect-the-dots over T lots leaves ε about 0.1 % above the exact one here (h = 1e-4 at 1e-8,
+    # the tilted 4e-4 at 1e-12); 0.2 % bounds it, as at the switch of SWITCH above
+    assert _cf_delta(ours * (1 - 2e-3), *LONG) > delta
+
+
+@pytest.mark.parametrize(
+    "q,sigma,steps,delta",
+    [(0.01, 1.0, 1000, 1e-5), (0.002, 0.75, 50_000, 1e-8), (0.002, 0.75, 50_000, 1e-12)],
+)
+def test_the_pair_lower_bound_is_at_or_below_the_exact_epsilon(q, sigma, steps, delta):
+    """pair_lower.py (the fixed-size bracket's lower end) against the exact ε of the same pair: never
+    above it (pld.py's pessimistic ε, its lower end before, was), and below it by at most what it
+    gives up: Bernstein's allowance on the rounding it gives back, and two grid steps."""
+    from dpsgd.accountant.privacy_loss import pair_lower
+    from dpsgd.accountant.privacy_loss.pld_lot import TAIL_FRACTION
+
+    low = pair_lower.epsilon_lower(q, sigma, steps, delta)
+    assert _cf_delta(low, q, sigma, steps) >= delta * (1 - CF_RTOL)  # exact ε >= low
+    assert pld.epsilon(q, sigma, steps, delta) >= low
+    h, lg = pair_lower.INTERVAL, math.log(1 / (TAIL_FRACTION * delta))
+    var = max(pair_lower.lot_pmf(q, sigma, h, d)[3] for d in pld.DIRECTIONS)
+    allowance = h * lg / 3 + math.sqrt((h * lg / 3) ** 2 + 2 * steps * var * lg)
+    assert _cf_delta(low + allowance + 2 * h, q, sigma, steps) < delta

@@ -244,3 +244,88 @@ def test_cross_check_from_the_privacy_cli(capsys):
     rc, out = _run(capsys, "--q", "0.01", "--sigma", "4", "--steps", "1000", "--cross-check")
     assert rc == 0 and "dp_accounting   PLD pessimistic" in out.out
     assert out.out.splitlines()[-1].startswith("verdict: ours ε = ")
+
+
+# ---------------------------------------------------------------- --risk, --cross-check, brackets
+SMALL = ["--q", "0.01", "--sigma", "2", "--steps", "1000"]
+
+
+def test_risk_is_answered_wherever_it_can_be_computed(capsys):
+    """--risk was dropped silently with --json, with --N/--L and with --target-epsilon."""
+    rc, out = _run(capsys, *SMALL, "--risk", "--json")
+    r = json.loads(out.out)["risk"]
+    assert rc == 0 and r["accountant"] == "pld" and 0.01 < r["tpr_at_fpr"]["0.01"] < 0.1
+    rc, out = _run(capsys, *SMALL, "--risk")
+    assert "at 1 %" in out.out and f"{100 * r['tpr_at_fpr']['0.01']:.2f} % at 1 %" in out.out
+    # a target ε: the risk at the σ the first line serves
+    rc, out = _run(capsys, "--q", "0.01", "--target-epsilon", "2", "--steps", "1000", "--risk")
+    first, last = out.out.splitlines()[0], out.out.splitlines()[-1]
+    sigma = first.split()[2]
+    assert rc == 0 and last.startswith(f"risk at σ = {sigma} (PLD, f-DP): a membership attacker")
+    rc, out = _run(capsys, "--q", "0.01", "--target-epsilon", "2", "--steps", "1000", "--risk",
+                   "--json")  # fmt: skip
+    d = json.loads(out.out)
+    assert d["risk"]["sigma"] == min(d[a]["sigma"] for a in ("moments", "rdp", "pld"))
+    # the samplers: each its own, or its one-line refusal (replace-one is not the membership
+    # question)
+    rc, out = _run(capsys, "--N", "10000", "--L", "100", "--sigma", "2", "--steps", "1000",
+                   "--risk", "--json")  # fmt: skip
+    d = json.loads(out.out)
+    assert d["poisson"]["risk"] == r  # q = L/N: the same schedule
+    assert "add/remove question" in d["fixed_size"]["risk"]["refused"]
+    assert "tpr_at_fpr" in d["balls_in_bins"]["risk"]
+    rc, out = _run(capsys, "--N", "10000", "--L", "100", "--sigma", "2", "--steps", "1000",
+                   "--sampler", "shuffle", "--risk")  # fmt: skip
+    assert out.out.splitlines()[-1].startswith("risk, shuffle (PLD, f-DP): refused: a membership")
+
+
+def test_cross_check_takes_sizes_as_its_message_says(capsys):
+    rc, out = _run(capsys, "--N", "10000", "--L", "100", "--sigma", "4", "--steps", "300",
+                   "--cross-check", "--json", "--risk")  # fmt: skip
+    by_sizes = json.loads(out.out)
+    rc2, out = _run(capsys, "--q", "0.01", "--sigma", "4", "--steps", "300", "--cross-check",
+                    "--json", "--risk")  # fmt: skip
+    assert rc == rc2 == 0 and by_sizes["schedule"]["q"] == 0.01
+    mine = lambda res: [r for r in res["rows"] if r["library"] == "dpsgd"]  # noqa: E731
+    assert mine(by_sizes) == mine(json.loads(out.out))  # exact: the same computation
+    assert "tpr_at_fpr" in by_sizes["risk"]
+    with pytest.raises(SystemExit) as e:  # another sampler still says which it compares
+        privacy.main(["--N", "10000", "--L", "100", "--sigma", "4", "--steps", "300",
+                      "--sampler", "fixed_size", "--cross-check"])  # fmt: skip
+    assert e.value.code == 2 and "not --sampler fixed_size" in capsys.readouterr().err
+
+
+def test_a_verdict_is_said_only_over_the_values_shown():
+    from dpsgd import crosscheck
+
+    rows = [
+        {"library": "dpsgd", "method": "rdp", "values": [(1.2, "upper")], "failure": None},
+        {"library": "dp_accounting", "method": "-", "values": None, "failure": "not supported"},
+    ]
+    v = crosscheck.verdict(rows)
+    assert v["above_every_lower"] is None and v["lower_values_shown"] == 0
+    line = crosscheck.verdict_line(v)
+    assert "no lower or optimistic value is shown" in line and "at or above" not in line
+
+
+def test_a_pld_that_cannot_answer_is_a_one_line_refusal_never_inf(capsys):
+    # fixed-size lots at σ = 1, γ = 0.001, 20 000 lots, δ = 1e-12: neither the tilted nor the
+    # untilted composition resolves δ; the PLD returned +inf, and --json ended in a traceback
+    rc, out = _run(capsys, "--N", "100000", "--L", "100", "--sigma", "1", "--steps", "20000",
+                   "--delta", "1e-12", "--sampler", "fixed_size", "--json")  # fmt: skip
+    d = json.loads(out.out)
+    assert d["accountant"] == "rdp" and d["by_accountant"] == {"rdp": d["epsilon"]}
+    assert d["refused"]["pld"].startswith("pld: ") and "\n" not in d["refused"]["pld"]
+    # the bracket's lower end lower-bounds: at or below every valid ε shown
+    assert d["epsilon_lower"] <= d["epsilon"]
+
+
+def test_the_fixed_size_bracket_is_a_lower_end_and_an_upper_end(capsys):
+    from dpsgd.accountant.privacy_loss import pair_lower
+
+    rc, out = _run(capsys, "--N", "10000", "--L", "100", "--sigma", "2", "--steps", "1000",
+                   "--sampler", "fixed_size", "--json")  # fmt: skip
+    d = json.loads(out.out)
+    assert d["epsilon_lower"] == pair_lower.epsilon_lower(0.01, 1.0, 1000, 1e-5)  # exact: the same
+    assert d["epsilon_lower"] <= min(d["by_accountant"].values())
+    assert "rounded down" in d["epsilon_lower_source"]

@@ -67,6 +67,7 @@ VALIDATION = [
     Bad(["dataset.standardize=true"], "dataset.standardize", "for image datasets"),
     # --- model
     Bad(["model.name=resnet"], "model.name", "unknown"),
+    Bad(["model=custom"], "model._target_", "model=custom needs your network's class"),
     Bad(["model.name=cnn"], "model.name", "model.name=cnn: needs 3x24x24 images"),
     Bad(["model=cnn"], "model.name", "model.name=cnn"),
     Bad(["model.hidden=1000"], "model.hidden", "must be a list"),

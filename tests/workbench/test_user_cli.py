@@ -226,3 +226,119 @@ def test_scatter_features_of_your_own_images_are_computed_uncached(tmp_path):
             "training.epochs=1", "device=cpu"]  # fmt: skip
     out = train(validate(compose(args)), tmp_path / "run", args)
     assert out["status"] == "complete" and not list(tmp_path.rglob("scatter*.pt"))
+
+
+# ------------------------------------------------------------------ your files: one line each
+class AnObject:
+    """A Python object: torch.load(weights_only=True) refuses a file that holds one."""
+
+
+def _bad_files(user):
+    """name -> (dataset overrides, model overrides, message): each file or misfit that was a
+    traceback (several only after set-up, with a folder written)."""
+    X, y = torch.load(user / "train.pt")
+    torch.save({"X": X, "y": y, "extra": AnObject()}, user / "objects.pt")
+    np.savez(user / "objects.npz", X=np.array([object()] * 5, dtype=object), y=np.arange(5))
+    (user / "text.csv").write_text("a,b,target\n1,x,0\n2,y,1\n3,z,0\n")
+    (user / "empty.csv").write_text("")
+    (user / "holes.csv").write_text("a,b,target\n1,,0\n2,3,1\n")
+    torch.save((X, y + 20), user / "labels30.pt")
+    torch.save((torch.randn(100, 3, 12, 12), y[:100]), user / "wide.pt")
+    torch.save((X[:100], y[:100] + 20), user / "test_labels30.pt")
+    pt = lambda f, t="test.npz": ["dataset=tensors", f"dataset.train={user / f}",  # noqa: E731
+                                  f"dataset.test={user / t}"]  # fmt: skip
+    csv_ = lambda f: ["dataset=csv", f"dataset.train={user / f}",  # noqa: E731
+                      f"dataset.test={user / 'test.csv'}", "dataset.label=target"]  # fmt: skip
+    cnn = ["model=custom", "model._target_=user_nets.SmallCNN"]
+    tab = ["model=custom", "model._target_=user_nets.Tabular", "+model.args.features=2"]
+    return {
+        "weights_only": (pt("objects.pt"), cnn, r"refused by torch.load\(weights_only=True\)"),
+        "object arrays": (pt("train.pt", "objects.npz"), cnn, r"holds Python objects"),
+        "text column": (csv_("text.csv"), tab, r"non-numeric feature columns \['b'\]"),
+        "empty csv": (csv_("empty.csv"), tab, r"not a readable CSV table"),
+        "missing values": (csv_("holes.csv"), tab, r"missing values in columns \['b'\]"),
+        "train labels": (pt("labels30.pt"), cnn, r"the dataset's labels need 30"),
+        "test labels": (pt("train.pt", "test_labels30.pt"), cnn, r"labels need 30"),
+        "shape": (pt("wide.pt", "wide.pt"), cnn, r"does not take the dataset's examples of shape"),
+        "no _target_": (pt("train.pt"), ["model=custom"], r"model=custom needs your network's"),
+    }
+
+
+CASES = ["weights_only", "object arrays", "text column", "empty csv", "missing values",
+         "train labels", "test labels", "shape", "no _target_"]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_bad_file_or_a_model_that_does_not_fit_is_one_line_before_any_folder(
+    user, case, monkeypatch
+):
+    from dpsgd.launch.prepare import prepare
+
+    data, model, message = _bad_files(user)[case]
+    monkeypatch.chdir(user)
+    before = sorted(p.name for p in user.iterdir())
+    with pytest.raises(ConfigError, match=message) as e:
+        prepare([*model, *data, *RUN, "hydra.run.dir=run"])
+    assert "\n" not in str(e.value) and sorted(p.name for p in user.iterdir()) == before
+
+
+def _tree(root, classes: dict) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for name, n in classes.items():
+        (root / name).mkdir(parents=True)
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).save(
+                root / name / f"{i}.png"
+            )
+
+
+def _images(user, train: dict, test: dict) -> list[str]:
+    _tree(user / "tr", train)
+    _tree(user / "te", test)
+    return ["model=custom", "model._target_=user_nets.SmallCNN", "dataset=imagefolder",
+            f"dataset.train={user / 'tr'}", f"dataset.test={user / 'te'}",
+            "dataset.image_size=8", *[a.replace("=50", "=4") for a in RUN]]  # fmt: skip
+
+
+def test_image_folders_are_matched_by_class_name_and_the_names_recorded(user):
+    """train {a, b, c} and test {a, c}: test's c is class 2 (it was 1: paired by position)."""
+    from dpsgd.data.files import load_files
+
+    c = validate(compose(_images(user, {"a": 4, "b": 4, "c": 4}, {"a": 2, "c": 3})))
+    assert c.dataset.classes == ["a", "b", "c"]
+    _, _, _, yte = load_files(c.dataset)
+    assert yte.tolist() == [0, 0, 2, 2, 2]
+
+
+@pytest.mark.parametrize(
+    "train, test, message",
+    [
+        ({"a": 3, "aa": 0, "b": 3}, {"a": 2, "b": 2}, r"tr/aa: a class folder with no image"),
+        ({"a": 3, "b": 3}, {"a": 2, "z": 2}, r"class\(es\) \['z'\] are not classes of"),
+    ],
+)
+def test_image_folders_that_do_not_pair_by_name_are_refused_in_one_line(user, train, test, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        validate(compose(_images(user, train, test)))
+    assert "\n" not in str(e.value)
+
+
+def test_text_labels_are_classes_matched_by_name(user):
+    from dpsgd.data.files import load_files
+
+    for name, rows in (("tr", ["1,2,cat", "2,1,dog", "3,3,cat", "0,1,eel"]),
+                       ("te", ["1,1,eel", "2,2,cat"])):  # fmt: skip
+        (user / f"{name}.csv").write_text("a,b,kind\n" + "\n".join(rows) + "\n")
+    args = ["model=custom", "model._target_=user_nets.Tabular", "+model.args.features=2",
+            "+model.args.classes=3", "dataset=csv", f"dataset.train={user / 'tr.csv'}",
+            f"dataset.test={user / 'te.csv'}", "dataset.label=kind", *RUN]  # fmt: skip
+    args = [a.replace("lot_size=50", "lot_size=2") for a in args]
+    c = validate(compose(args))
+    assert c.dataset.classes == ["cat", "dog", "eel"]
+    _, ytr, _, yte = load_files(c.dataset)
+    assert ytr.tolist() == [0, 1, 0, 2] and yte.tolist() == [2, 0]
+    changed = [*args, "dataset.classes=[cat,dog]"]
+    with pytest.raises(ConfigError, match=r"dataset.classes=\['cat', 'dog'\]: .* the data changed"):
+        validate(compose(changed))

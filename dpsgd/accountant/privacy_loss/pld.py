@@ -72,12 +72,25 @@ def _epsilon_tiny(rel, direction, interval, delta):
 
 def _epsilon_one(rel, direction, interval, delta, comp=None):
     """(ε(δ), the composition that answered) of one direction: the untilted composition ``comp``
-    where it serves δ, else the tilted one."""
+    where it serves δ, else the tilted one; where the tilted one had to take a coarser grid than
+    the untilted one, the smaller of it and the untilted answer with its round-off added to δ
+    (both upper bounds: ε does not jump where the tilted path takes over, ``_with_round_off``)."""
     if delta >= TILT_BELOW:
         comp = comp if comp is not None else _Composed(rel, direction, interval)
         if _serves(comp, delta):
             return comp.epsilon(delta), comp
-    return _epsilon_tiny(rel, direction, interval, delta)
+    eps, tilted = _epsilon_tiny(rel, direction, interval, delta)
+    if delta >= TILT_BELOW and tilted.h > comp.h:
+        flat = _with_round_off(comp, delta)
+        if flat < eps:
+            return flat, comp
+    return eps, tilted
+
+
+def _with_round_off(comp, delta: float) -> float:
+    """ε(δ) of the untilted composition ``comp`` with its FFT round-off estimate added to δ: an
+    upper bound wherever δ exceeds the round-off (∞ below it)."""
+    return comp.epsilon(delta - comp.noise)  # ∞ where nothing of δ is left
 
 
 def _delta_tiny(rel, direction, interval, eps, untilted):

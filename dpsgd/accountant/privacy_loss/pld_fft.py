@@ -22,6 +22,7 @@ import numpy as np
 from scipy import fft as sfft
 
 from .pld_lot import STEP_TAIL, TAIL_FRACTION, _T_GRID, _lot_interval, _step_pmf, _tiny, _z_tail
+from .tilt import _log_mgf, near_theta
 
 MAX_POINTS = 1 << 18  # largest FFT grid before h is doubled
 WINDOW_TAIL = 1e-15  # Chernoff bound on the composed mass above the FFT window
@@ -52,6 +53,19 @@ def _lam(releases, h, direction, z_tail):
     return sum(n * _step_pmf(q, s, h, direction, z_tail)[3] for q, s, n in releases)
 
 
+def _lam_at(releases, h, direction, z_tail):
+    """s ↦ Λ(s) of the composed finite parts at any s (the per-lot pmfs' log MGFs, times counts)."""
+
+    def lam_at(s):
+        out = 0.0
+        for q, sg, n in releases:
+            i_lo, probs = _step_pmf(q, sg, h, direction, z_tail)[:2]
+            out = out + n * _log_mgf(i_lo, probs, h, s)
+        return out
+
+    return lam_at
+
+
 def _window(releases, h, direction, z_tail=_z_tail(STEP_TAIL)):
     """Chernoff window [a, b] (grid indices) holding all but WINDOW_TAIL of the composed mass."""
     lam = _lam(releases, h, direction, z_tail)
@@ -79,18 +93,24 @@ def _support_top(releases, h, direction, z_tail) -> int:
     return top
 
 
-def _tilted_window(lam, k, h, log_eta, sup):
+def _tilted_window(lam, k, h, log_eta, sup, lam_at=None):
     """Window [a, b] (grid indices) for the pmf tilted by θ = _T_GRID[k] (pld module doc, tiny δ).
 
     a: tilted mass below <= _TILT_TAIL. b: tilted mass above <= _TILT_TAIL, and both aliasing
     terms below e^{log_eta}: e^{θ(b − a)}·P(ℓ > b) (Chernoff, s > θ) and e^{−θ(b − a)}; the first
-    two are void above ``sup`` (the largest loss with mass), which caps them.
+    two are void above ``sup`` (the largest loss with mass), which caps them. ``lam_at(s)``: Λ at
+    any s, for Chernoff bounds at s close to θ as well (``tilt.near_theta``): near a phase
+    transition of Λ the tilted law has a heavy tail that the coarse t grid bounds only loosely
+    (a window thousands of times too wide, and h coarsened to fit it).
     """
     th, lt, log_tau = _T_GRID[k], lam[k], math.log(_TILT_TAIL)
-    lo, hi = _T_GRID < th, _T_GRID > th
-    a = float(np.max((lam[lo] - lt - log_tau) / (_T_GRID[lo] - th)))
-    b1 = float(np.min((lam[hi] - lt - log_tau) / (_T_GRID[hi] - th)))
-    b2 = float(np.min((lam[hi] - th * a - log_eta) / (_T_GRID[hi] - th)))
+    s, ls = _T_GRID, lam
+    if lam_at is not None:
+        s, ls = near_theta(th, s, ls, lam_at)
+    lo, hi = s < th, s > th
+    a = float(np.max((ls[lo] - lt - log_tau) / (s[lo] - th)))
+    b1 = float(np.min((ls[hi] - lt - log_tau) / (s[hi] - th)))
+    b2 = float(np.min((ls[hi] - th * a - log_eta) / (s[hi] - th)))
     b3 = a - log_eta / th
     return math.floor(a / h), max(
         math.ceil(max(min(max(b1, b2), sup), b3) / h), math.floor(a / h) + 1
@@ -111,7 +131,8 @@ def _plan(releases, direction, interval, z_tail=_z_tail(STEP_TAIL), delta=None, 
             k = _theta_index(lam, delta, eps)
             scale = delta if delta is not None else math.exp(min(0.0, lam[k] - _T_GRID[k] * eps))
             sup = _support_top(releases, h, direction, z_tail) * h
-            a, b = _tilted_window(lam, k, h, math.log(TAIL_FRACTION * max(scale, 1e-300)), sup)
+            log_eta = math.log(TAIL_FRACTION * max(scale, 1e-300))
+            a, b = _tilted_window(lam, k, h, log_eta, sup, _lam_at(releases, h, direction, z_tail))
         if b - a + 1 <= MAX_POINTS:
             m = max(1 << 10, 1 << (b - a).bit_length())
             return h, a, m, lam, k

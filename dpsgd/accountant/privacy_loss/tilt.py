@@ -36,6 +36,18 @@ def _log_mgf(i_lo, probs, h, t):
     return out
 
 
+NEAR = 2.0 ** -np.arange(1, 13)  # s = θ(1 ± 2^-j): Chernoff bounds close to the tilt θ
+
+
+def near_theta(th: float, s, ls, lam_at):
+    """The t grid ``s`` with its Λ values ``ls``, extended by s = θ(1 ± 2^-j), j = 1..12, with
+    Λ there from ``lam_at``. Every Chernoff bound e^{Λ(s) − Λ(θ) − (s − θ)x} on the tilted law is
+    valid at any s; those close to θ are the tight ones where Λ turns steeply upwards just past θ
+    (the subsampled Gaussian's log MGF near order 2σ²log(1/q): the tilted law's tail is heavy)."""
+    extra = np.concatenate([th * (1.0 - NEAR), th * (1.0 + NEAR)])
+    return np.concatenate([s, extra]), np.concatenate([ls, np.asarray(lam_at(extra), float)])
+
+
 def _epsilon(loss, c, extra, delta):
     """Smallest ε >= 0 with δ(ε) = Σ_{ℓ>ε} c(1 − e^{ε−ℓ}) + extra <= δ (:func:`_epsilons`)."""
     return _epsilons(loss, c, extra, [delta])[0]
@@ -87,10 +99,11 @@ def epsilon_tilted(pmfs, h: float, delta: float, max_points: int) -> float | Non
     k = int(ks[int(np.argmin((lam[ks] - math.log(delta)) / t[ks]))])
     th, lt = float(t[k]), float(lam[k])
     log_tau = math.log(TAIL_FRACTION * delta)
-    lo, hi = t < th, t > th
-    a = math.floor(float(np.max((lam[lo] - lt - log_tau) / (t[lo] - th))) / h)
+    s, ls = near_theta(th, t, lam, lambda x: sum(n * _log_mgf(i, w, h, x) for (i, w, _), n in pmfs))
+    lo, hi = s < th, s > th
+    a = math.floor(float(np.max((ls[lo] - lt - log_tau) / (s[lo] - th))) / h)
     # above b: tilted mass that wraps below, untilted to at most e^{log_tau} (Chernoff, s > θ)
-    b = math.ceil(float(np.min((lam[hi] - th * a * h - log_tau) / (t[hi] - th))) / h)
+    b = math.ceil(float(np.min((ls[hi] - th * a * h - log_tau) / (s[hi] - th))) / h)
     if b - a + 1 > max_points:
         return None
     m = max(1 << 10, 1 << (b - a).bit_length())
