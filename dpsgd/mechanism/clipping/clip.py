@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import torch
 
+from dpsgd.mechanism.batches import logits_of
+
 CLIPPINGS = (
     "global",
     "per_layer",
 )  # privacy.clipping: one norm over all parameters, or one per layer
 MODES = ("auto", "vmap", "ghost")  # privacy.grad_sample_mode: the engine computing the clipped sum
+PRECISIONS = ("fp32", "bf16")  # training.precision: the forward pass in float32, or autocast bf16
 
 
 def clip_factors(norms: torch.Tensor, clip_norm: float | None) -> torch.Tensor:
@@ -28,23 +31,28 @@ def loss_rows(loss, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     example (shape [B], like ``F.cross_entropy(..., reduction="none")``); a mean or a sum over the
     batch would mix examples, and clipping each example's gradient would then bound nothing."""
     rows = loss(output, target)
-    if not isinstance(rows, torch.Tensor) or rows.shape != (output.shape[0],):
+    n = output.shape[0] if isinstance(output, torch.Tensor) else target.shape[0]
+    if not isinstance(rows, torch.Tensor) or rows.shape != (n,):
         shape = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
         raise ValueError(
-            f"loss must return one value per example (shape [{output.shape[0]}], e.g. "
+            f"loss must return one value per example (shape [{n}], e.g. "
             f"reduction='none'), got {shape}"
         )
     return rows
 
 
-def example_losses(model, x: torch.Tensor, y: torch.Tensor, K: int = 1, loss=None) -> torch.Tensor:
+def example_losses(model, x, y: torch.Tensor | None, K: int = 1, loss=None) -> torch.Tensor:
     """Each example's loss in one batched forward pass ([B]): ``loss`` (``loss_rows``; None:
     cross-entropy) per row, the mean over each example's K consecutive rows (augmentation
-    multiplicity). The function the proofs (``proof.py``) and the per-example loop differentiate."""
+    multiplicity). ``y`` None: ``x`` is a batch (``dpsgd.mechanism.batches``) and ``loss`` the
+    user's ``loss(model, batch) -> [B]`` (a ``BatchLoss``). The function the proofs (``proof.py``)
+    and the per-example loop differentiate."""
+    if y is None:
+        return loss(model, x)
     out = model(x)
     target = y if K == 1 else y.repeat_interleave(K, dim=0)
     if loss is None:
-        rows = torch.nn.functional.cross_entropy(out, target, reduction="none")
+        rows = torch.nn.functional.cross_entropy(logits_of(out), target, reduction="none")
     else:
         rows = loss_rows(loss, out, target)
     return rows if K == 1 else rows.view(-1, K).mean(1)

@@ -30,7 +30,10 @@ from torch import nn
 from dpsgd.core.errors import NotPerExample
 from dpsgd.models.networks import check_dp_compatible
 
-from .clip import CLIPPINGS, MODES
+from dpsgd.mechanism import batches
+from dpsgd.mechanism.batches import BatchLoss
+
+from .clip import CLIPPINGS, MODES, PRECISIONS
 from .ghost import DEFAULT_BUDGET_BYTES, Unsupported, build_layers, ghost_clipped_sum, shape_pattern
 from .groups import clipping_groups
 from .layers import GenericLayer
@@ -38,19 +41,25 @@ from .proof import forked_rng, prove_exact, prove_ghost
 from .vmap import loop_clipped_sum, vmap_clipped_sum
 
 
-def _check_batch(x: torch.Tensor, y: torch.Tensor, K: int, weights: torch.Tensor | None) -> None:
-    """Refuse a batch whose shapes do not fit: B·K rows of x, B labels, B weights."""
+def _check_batch(x, y: torch.Tensor | None, K: int, weights: torch.Tensor | None) -> int:
+    """Refuse a batch whose shapes do not fit: B·K rows of x, B labels, B weights; ``y`` None: a
+    batch whose tensors agree on B (``batches.rows``), K = 1. Returns B."""
     if isinstance(K, bool) or not isinstance(K, int) or K < 1:
         raise ValueError(f"multiplicity={K!r} must be an integer >= 1")
-    if x.shape[0] != y.shape[0] * K:
+    if y is None:
+        if K != 1:
+            raise ValueError("multiplicity > 1 needs (x, y) batches")
+        B = batches.rows(x)
+    elif x.shape[0] != y.shape[0] * K:
         raise ValueError(
             f"x has {x.shape[0]} rows but y has {y.shape[0]} examples"
             + (f" × multiplicity {K}" if K > 1 else "")
         )
-    if weights is not None and (weights.dim() != 1 or weights.shape[0] != y.shape[0]):
-        raise ValueError(
-            f"weights has shape {tuple(weights.shape)}, not [{y.shape[0]}] (one per example)"
-        )
+    else:
+        B = y.shape[0]
+    if weights is not None and (weights.dim() != 1 or weights.shape[0] != B):
+        raise ValueError(f"weights has shape {tuple(weights.shape)}, not [{B}] (one per example)")
+    return B
 
 
 @dataclass
@@ -74,7 +83,13 @@ class PerExampleClipper:
         memory_budget_bytes: how much one chunk of per-example work may hold.
         check_finite: refuse an example holding NaN or inf, naming it (one device sync per call).
         loss: ``loss(output, target) -> [B]``, one loss per example (``reduction="none"``); None:
-            cross-entropy on logits and integer labels.
+            cross-entropy on logits and integer labels. A ``dpsgd.mechanism.batches.BatchLoss``
+            (the user's ``loss(model, batch) -> [B]``): ``clipped_sum(batch)`` takes batches, a
+            tensor or a tuple/list/dict of tensors with the examples in dimension 0, and no y.
+        precision: ``fp32``, or ``bf16``: the forward pass (and with it the backward) under
+            ``torch.autocast(bfloat16)``, the model's float32 weights kept; the per-example norms,
+            clip factors and sums are computed in float32 (the parameters' dtype), so the clip
+            bound holds to float32 rounding.
 
     Attributes:
         groups: the k groups of parameter names (the k the accountant charges).
@@ -92,6 +107,7 @@ class PerExampleClipper:
         memory_budget_bytes: int = DEFAULT_BUDGET_BYTES,
         check_finite: bool = True,
         loss=None,
+        precision: str = "fp32",
     ):
         if loss is not None and not callable(loss):
             raise ValueError(f"loss={loss!r} must be callable: loss(output, target) -> [B]")
@@ -102,10 +118,12 @@ class PerExampleClipper:
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} (privacy.grad_sample_mode) must be one of {MODES}")
         check_dp_compatible(model)
+        self.precision = _check_precision(model, precision)
         self.model = model
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.clipping = clipping
         self.loss = loss
+        self.batches = isinstance(loss, BatchLoss)  # clipped_sum(batch): loss(model, batch)
         self.budget = int(memory_budget_bytes)
         self.check_finite = bool(
             check_finite
@@ -154,19 +172,19 @@ class PerExampleClipper:
             self._said.add(reason)
             warnings.warn(msg, stacklevel=3)
 
-    def prove(self, x: torch.Tensor, y: torch.Tensor, multiplicity: int = 1) -> None:
+    def prove(self, x, y: torch.Tensor | None = None, multiplicity: int = 1) -> None:
         """Prove, on this batch, what a call on it would rely on (proof.py: independence of the
         examples, and the structure of the engine that runs it), as ``clipped_sum`` does on the
         first call of each input signature; nothing returned or written, the RNG untouched. Raises
-        NotPerExample (a ValueError, one line) for a model whose examples mix. The command line
-        and PrivateTrainer call it on a few training examples before the first lot."""
-        with forked_rng(x.device):
+        NotPerExample (a ValueError, one line) for a model whose examples mix. The command line,
+        PrivateTrainer and the engine call it on a few training examples before the first lot."""
+        with forked_rng(batches.device_of(x)):
             self.clipped_sum(x, y, multiplicity=multiplicity)
 
     def clipped_sum(
         self,
-        x: torch.Tensor,
-        y: torch.Tensor,
+        x,
+        y: torch.Tensor | None = None,
         out: dict[str, torch.Tensor] | None = None,
         multiplicity: int = 1,
         weights: torch.Tensor | None = None,
@@ -177,6 +195,8 @@ class PerExampleClipper:
 
         ``multiplicity`` K: x holds K augmented copies per example (B·K rows), y the B labels; see
         the module docstring. ``norms`` and ``loss_sum`` are per example (loss: mean over copies).
+        With a ``BatchLoss``, ``x`` is the batch (the examples in dimension 0 of every tensor) and
+        ``y`` None.
 
         ``weights`` ([B], one per example, ≥ 0; None = all ones): Σ_i w_i clip(g_i) and
         Σ_i w_i loss_i; a weight-0 row (padding) adds exactly 0. ``norms`` are unweighted.
@@ -189,15 +209,21 @@ class PerExampleClipper:
         refuses a model whose examples mix (NotPerExample); ``auto`` moves a signature whose ghost
         structure does not hold to the exact path, and says so once."""
         K = multiplicity
-        _check_batch(x, y, K, weights)
+        if (y is None) != self.batches:
+            raise ValueError(
+                "clipped_sum(batch) goes with loss(model, batch), clipped_sum(x, y) with "
+                "loss(output, target)"
+            )
+        B = _check_batch(x, y, K, weights)
         self._check_trainable()
         if self.check_finite:
             _check_finite(x, K, weights)
-        if x.shape[0] == 0:
-            return self._empty(x, out)
+        if B == 0:
+            return self._empty(batches.device_of(x), out)
         key = _input_signature(x, y, K)
         engine = self._exact.get(key)
         kw = dict(out=out, multiplicity=K, weights=weights, loss=self.loss)
+        kw["autocast"] = _autocast(self.precision, batches.device_of(x))
         if engine is None and self._ghost:
             try:
                 grads, loss_sum, norms = ghost_clipped_sum(
@@ -274,15 +300,15 @@ class PerExampleClipper:
         used = [e for e in ("vmap", "loop") if e in self._exact.values()]
         return "+".join((["ghost"] if self._ghost else []) + used) or "vmap"
 
-    def _empty(self, x: torch.Tensor, out: dict[str, torch.Tensor] | None) -> ClipResult:
+    def _empty(self, device, out: dict[str, torch.Tensor] | None) -> ClipResult:
         """The clipped sum of an empty batch: zeros (or ``out`` unchanged), no norms."""
         params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         dtype = next(iter(params.values())).dtype
         grads = out if out is not None else {n: torch.zeros_like(p) for n, p in params.items()}
         return ClipResult(
             grads,
-            torch.zeros((), dtype=dtype, device=x.device),
-            torch.zeros(0, len(self.groups), dtype=dtype, device=x.device),
+            torch.zeros((), dtype=dtype, device=device),
+            torch.zeros(0, len(self.groups), dtype=dtype, device=device),
         )
 
     def _check_trainable(self) -> None:
@@ -299,9 +325,15 @@ class PerExampleClipper:
             )
 
 
-def _input_signature(x: torch.Tensor, y: torch.Tensor, K: int) -> tuple:
+def _input_signature(x, y: torch.Tensor | None, K: int) -> tuple:
     """What a call's input is, for the proofs' cache: dtypes, shape patterns (``shape_pattern``),
-    K and the device type."""
+    K and the device type; of every tensor of a batch (``y`` None), with its path."""
+    if y is None:
+        B = batches.rows(x)
+        leaves = tuple(
+            (path, t.dtype, shape_pattern(t.shape, B, B)) for path, t in batches.named_leaves(x)
+        )
+        return (batches.device_of(x).type, K, leaves)
     B = y.shape[0]
     return (
         x.device.type,
@@ -314,15 +346,51 @@ def _input_signature(x: torch.Tensor, y: torch.Tensor, K: int) -> tuple:
 
 
 def _describe(key: tuple) -> str:
-    """'x [B, 8, 16] float32' for an input signature."""
+    """'x [B, 8, 16] float32' for an input signature (a batch: each tensor by its path)."""
+    if len(key) == 3:
+        return ", ".join(
+            f"{path} [{', '.join(str(d) for d in p)}] {str(dt).replace('torch.', '')}"
+            for path, dt, p in key[2]
+        )
     _, K, dx, px, _, _ = key
     dims = ", ".join(str(d) for d in px)
     return f"x [{dims}] {str(dx).replace('torch.', '')}" + (f" (K = {K})" if K > 1 else "")
 
 
-def _check_finite(x: torch.Tensor, K: int, weights: torch.Tensor | None) -> None:
+def _check_precision(model, precision: str) -> str:
+    """``fp32`` or ``bf16`` (autocast over float32 weights); ValueError naming the argument."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} must be one of {PRECISIONS}")
+    if precision == "bf16":
+        bad = [
+            (n, p.dtype)
+            for n, p in model.named_parameters()
+            if p.requires_grad and p.dtype != torch.float32
+        ]
+        if bad:
+            raise ValueError(
+                f"precision='bf16' autocasts the forward pass of a float32 model; parameter "
+                f"'{bad[0][0]}' is {bad[0][1]} (keep the trained weights in float32: the norms, "
+                "clip factors, sums and noise are computed in their dtype)"
+            )
+    return precision
+
+
+def _autocast(precision: str, device: torch.device):
+    """The forward pass's context: ``torch.autocast`` to bfloat16, or None (full precision)."""
+    if precision != "bf16":
+        return None
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def _check_finite(x, K: int, weights: torch.Tensor | None) -> None:
     """ValueError naming the first example (K rows of x each) or weight that holds NaN or ±inf."""
-    for what, t, rows in (("x", x, K), ("weights", weights, 1)):
+    named = (
+        [("x", x, K)]
+        if isinstance(x, torch.Tensor)
+        else [(f"batch{p}", t, 1) for p, t in batches.named_leaves(x)]
+    )
+    for what, t, rows in (*named, ("weights", weights, 1)):
         if t is None or not (t.is_floating_point() or t.is_complex()):
             continue
         # one pass: a sum is finite only if every term is (NaN and ±inf propagate; a finite sum
@@ -339,7 +407,8 @@ def _check_finite(x: torch.Tensor, K: int, weights: torch.Tensor | None) -> None
             where = (
                 f"row {row} of x (example {row // rows})"
                 if what == "x" and rows > 1
-                else f"example {row}" + (" of x" if what == "x" else "'s weight")
+                else f"example {row}"
+                + (" of x" if what == "x" else "'s weight" if what == "weights" else f" of {what}")
             )
             raise ValueError(
                 f"clipped_sum: {where} holds a non-finite value (NaN or inf); every example must "

@@ -19,6 +19,7 @@ Details: docs/PERFORMANCE.md, "dpsgd/mechanism/clipping/ghost.py".
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import nullcontext
 from functools import partial
 from typing import NamedTuple
 
@@ -27,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
+from dpsgd.mechanism import batches
+from dpsgd.mechanism.batches import logits_of
 from . import rnn, seq_layers  # noqa: F401  (register the LayerNorm, Embedding, Conv1d, RNN rules)
 from .clip import clip_factors, loss_rows
 from .groups import owners
@@ -103,16 +106,26 @@ class Capture:
     frozen and bias trained records its input's batch size, not the input (``needs_input``).
     A rule that ``owns_forward`` (recurrent layers, ``rnn.py``) replaces its module's forward while
     the capture is open and records what it needs itself.
+
+    A layer called on one row that the whole batch shares (``rows`` > 1 rows in the batch, an input
+    and output of one row: the position embeddings of a transformer, ``wpe(position_ids[None])``,
+    broadcast onto every example) gets its input and output expanded to the batch's rows (views,
+    no copy): the output's rows are then the examples' own uses of it, and its per-example
+    gradients those of the rows. The proof (proof.py) checks that the expanded forward is the
+    model's (the same losses, and the rules' sums against autograd of the model as it is).
     """
 
-    def __init__(self, layers: list[_Layer]):
+    def __init__(self, layers: list[_Layer], rows: int | None = None):
         self.layers = layers
+        self.rows = rows  # the batch's rows (None: nothing is expanded)
         self.records: dict[int, Record] = {}
         self.calls: list[tuple] = []  # (layer, input shape, dtype, output shape, dtype), in order
+        self.expanded: list[int] = []  # layers whose one shared row was expanded to the batch
 
     def __enter__(self):
         self.records.clear()
         self.calls.clear()
+        self.expanded.clear()
         self.handles, self.swapped = [], []
         for i, l in enumerate(self.layers):
             if l.owns_forward:
@@ -156,13 +169,20 @@ class Capture:
             a = args[0]
             if a.dim() == 0 or output.dim() == 0 or a.shape[0] != output.shape[0]:
                 raise Unsupported(f"{self.layers[i].label} does not keep the batch in dimension 0")
+            call = (i, tuple(a.shape), a.dtype, tuple(output.shape), output.dtype)
+            shared = self.rows is not None and self.rows > 1 and a.shape[0] == 1
+            if shared:  # one row the batch shares: expanded to the batch's rows (class doc)
+                a = a.expand(self.rows, *a.shape[1:])
+                output = output.expand(self.rows, *output.shape[1:])
+                self.expanded.append(i)
             layer = self.layers[i]
             edge = get_gradient_edge(output) if output.requires_grad else None
             if edge is not None:
                 layer.check_input(a)
             kept = a if layer.needs_input else None
             self.records[i] = Record(kept, edge, a._version, a.shape[0])
-            self.calls.append((i, tuple(a.shape), a.dtype, tuple(output.shape), output.dtype))
+            self.calls.append(call)
+            return output if shared else None
 
         return hook
 
@@ -207,42 +227,55 @@ def ghost_clipped_sum(
     weights: torch.Tensor | None = None,
     loss=None,
     check=None,
+    autocast=None,
 ):
     """Σ_i clip(g_i) by ghost norms + book-keeping. Returns (grads by name, loss_sum, norms [B, k]).
 
     With ``multiplicity`` K > 1, x has B·K rows (K augmented copies per example, consecutive) and
-    g_i is the gradient of the mean loss over example i's copies. ``weights`` [B] (None: all ones)
-    multiply each example's clip factor and loss (Σ_i w_i c_i g_i, Σ_i w_i loss_i); norms
-    unweighted. ``check(signature)`` is called after the forward pass (``Capture.signature``): the
-    engine proves a new signature there (proof.py), and may raise.
+    g_i is the gradient of the mean loss over example i's copies. ``y`` None: ``x`` is a batch
+    (``dpsgd.mechanism.batches``: tensors with the examples in dimension 0) and ``loss`` the user's
+    ``loss(model, batch)``. ``weights`` [B] (None: all ones) multiply each example's clip factor and
+    loss (Σ_i w_i c_i g_i, Σ_i w_i loss_i); norms unweighted. ``check(signature)`` is called after
+    the forward pass (``Capture.signature``): the engine proves a new signature there (proof.py),
+    and may raise. ``autocast``: a context the forward pass runs in (mixed precision); the rules
+    compute the norms and sums in the parameters' dtype.
 
     With ``out`` (a tensor per parameter name) the sums are accumulated into it in place. Every
     Unsupported is raised before the first write into ``out``, so a caller may fall back to vmap."""
     K = multiplicity
-    B = x.shape[0] // K
-    capture, total, loss_dtype, loss_sum = _forward(model, layers, x, y, K, weights, loss)
-    check_records(layers, capture.records, x.shape[0])
+    n = x.shape[0] if y is not None else batches.rows(x)  # the rows the model sees
+    B = n // K
+    capture, total, loss_dtype, loss_sum = _forward(model, layers, x, y, K, weights, loss, autocast)
+    check_records(layers, capture.records, n)
     if check is not None:
-        check(capture.signature(x.shape[0], B))
+        check(capture.signature(n, B))
     order, bs = output_grads(capture.records, total)
     group_of = {n: g for g, names in enumerate(groups) for n in names}
     sq, work = _squared_norms(
         layers, capture.records, order, bs, group_of, len(groups), K, budget_bytes
     )
     dtype = work[0].dtype if work else loss_dtype
-    norms, factors = _norms_and_factors(sq, clip_norm, B, dtype, x.device)
+    device = batches.device_of(x)
+    norms, factors = _norms_and_factors(sq, clip_norm, B, dtype, device)
     if weights is not None:  # c_i ← w_i c_i: a weight-0 row adds exactly 0
-        w = weights.to(device=x.device, dtype=factors[0].dtype)
+        w = weights.to(device=device, dtype=factors[0].dtype)
         factors = tuple(f * w for f in factors)
     return _clipped_sums(layers, work, factors, group_of, x, out), loss_sum, norms
 
 
-def _forward(model, layers, x, y, K: int, weights=None, loss=None):
+def _forward(model, layers, x, y, K: int, weights=None, loss=None, autocast=None):
     """One forward pass under the layers' hooks: (the capture, Σ_i loss_i (the autograd root), the
     logits' dtype, the reported loss: Σ_i loss_i detached, or Σ_i w_i loss_i with ``weights``).
-    ``loss``: a per-example loss (``loss_rows``); None: cross-entropy."""
-    capture = Capture(layers)
-    with torch.enable_grad(), capture:
+    ``loss``: a per-example loss (``loss_rows``); None: cross-entropy. ``y`` None: ``loss(model,
+    x)`` on a batch."""
+    capture = Capture(layers, x.shape[0] if y is not None else batches.rows(x))
+    with torch.enable_grad(), capture, autocast or nullcontext():
+        if y is None:  # a batch and the user's loss(model, batch) -> [B]
+            rows = loss(model, x)
+            per_example = rows.detach()
+            if weights is not None:
+                per_example = per_example * weights.to(per_example)
+            return capture, rows.sum(), rows.dtype, per_example.sum()
         logits = model(x)
         if loss is not None:  # a user's per-example loss, mean over the K copies
             rows = loss_rows(loss, logits, y if K == 1 else y.repeat_interleave(K, dim=0))
@@ -250,7 +283,8 @@ def _forward(model, layers, x, y, K: int, weights=None, loss=None):
             per_example = rows.detach() if K == 1 else rows.detach().view(-1, K).sum(1) / K
             if weights is not None:
                 per_example = per_example * weights.to(per_example)
-            return capture, total, logits.dtype, per_example.sum()
+            return capture, total, rows.dtype, per_example.sum()
+        logits = logits_of(logits)
         if weights is not None:  # per-example losses, mean over the K copies
             rows = F.cross_entropy(
                 logits, y if K == 1 else y.repeat_interleave(K), reduction="none"
@@ -353,7 +387,8 @@ def _clipped_sums(layers, work, factors, group_of: dict, x, out: dict | None) ->
     grads = {}
     # memory -> how many of the a's, b's and the input x use it
     users = Counter(_storage(t) for w in work for t in (w.a, w.b) if isinstance(t, torch.Tensor))
-    users[_storage(x)] += 1
+    for t in batches.leaves(x):
+        users[_storage(t)] += 1
     for w in work:
         layer = w.layer
         f = {attr: factors[group_of[n]] for attr, n in layer.names.items()}

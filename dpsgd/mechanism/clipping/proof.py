@@ -39,6 +39,7 @@ from torch import nn
 
 from dpsgd.core.errors import NotPerExample
 from dpsgd.core.runtime import ieee_float32
+from dpsgd.mechanism import batches
 
 from .clip import example_losses
 from .ghost import Capture, build_layers, check_records, output_grads
@@ -84,9 +85,11 @@ class _Twin:
         self.modes = [(d, d.training) for d in m.modules() if isinstance(d, _Drop)]
         for d, _ in self.modes:
             d.eval()
-        cast = (lambda t: t.to(torch.float64)) if self.wide else (lambda t: t)
-        self.x = cast(x) if x.is_floating_point() else x
-        self.y = cast(y) if y.is_floating_point() else y
+        cast = (
+            (lambda t: t.to(torch.float64) if t.is_floating_point() else t) if self.wide else None
+        )
+        self.x = x if cast is None else batches.tree_map(cast, x)
+        self.y = y if cast is None or y is None else cast(y)
         self.eps = torch.finfo(torch.float64 if self.wide else _dtype(model)).eps
 
     def restore(self):
@@ -126,15 +129,35 @@ def _sub_batch(n: int, literal: set[int]) -> int:
 def _examples(twin, c: int, B: int, K: int):
     """(x, y) of c examples of the batch in a fixed random order (K rows each): a structure that
     follows the data's order (rows sorted by length between layers) is not proved on examples that
-    happen to come sorted, and a permutation of the batch has the batch's signature."""
+    happen to come sorted, and a permutation of the batch has the batch's signature. A batch
+    (``y`` None): every tensor's rows alike."""
     idx = torch.randperm(B, generator=torch.Generator().manual_seed(SEED))[:c]
+    if twin.y is None:
+        return batches.take(twin.x, idx), None
     idx = idx.to(twin.y.device)
     x = twin.x.reshape((B, K) + tuple(twin.x.shape[1:])).index_select(0, idx)
     return x.reshape((c * K,) + tuple(twin.x.shape[1:])), twin.y.index_select(0, idx)
 
 
+def _rows(x, y) -> int:
+    return y.shape[0] if y is not None else batches.rows(x)
+
+
+def _literal(x, y) -> set[int]:
+    """The sizes of the input's dimensions other than the batch's."""
+    ts = batches.leaves(x) + ([] if y is None else [y])
+    return {int(d) for t in ts for d in t.shape[1:]}
+
+
 def _named(model):
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _note(twin, box) -> int:
+    """The saved elements of ``_saved_numel``'s ``box``; the twin's eps raised to the least precise
+    dtype its forward pass saved."""
+    twin.eps = max(twin.eps, box[1])
+    return box[0]
 
 
 def _rtol(twin, n_terms: int) -> float:
@@ -146,11 +169,16 @@ def _rtol(twin, n_terms: int) -> float:
 
 @contextmanager
 def _saved_numel():
-    """Counts the elements of the tensors autograd saves inside the block."""
-    box = [0]
+    """Counts the elements of the tensors autograd saves inside the block ([count, eps]), and
+    the machine epsilon of the least precise floating dtype among them: a float64 twin whose
+    model computes a part in float32 (an RMSNorm that upcasts to float32 and back, rotary tables
+    in float32) is exact only to float32's round-off there (``_note``)."""
+    box = [0, 0.0]
 
     def pack(t):
         box[0] += t.numel()
+        if t.is_floating_point():
+            box[1] = max(box[1], torch.finfo(t.dtype).eps)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -160,19 +188,39 @@ def _saved_numel():
 # -- independence ----------------------------------------------------------------------------------
 def _perturbed(x, S: list[int], c: int, K: int):
     """x with examples S (K rows each) replaced by the next example's rows (a value change where
-    that one is the same)."""
+    that one is the same). A batch: the next example's rows of every tensor, and where the two
+    examples are the same in all of them, a value change in the first tensor."""
+    if not isinstance(x, torch.Tensor):
+        named = batches.leaves(x)
+        same = [all(torch.equal(t[i], t[(i + 1) % c]) for t in named) for i in range(c)]
+        first = [True]
+
+        def swap(t):
+            tp = t.clone()
+            for i in S:
+                tp[i] = t[(i + 1) % c]
+                if same[i] and first[0]:
+                    tp[i] = _changed(t[i], t)
+            first[0] = False
+            return tp
+
+        return batches.tree_map(swap, x)
     xv = x.reshape((c, K) + tuple(x.shape[1:]))
     xp = xv.clone()
     for i in S:
         xp[i] = xv[(i + 1) % c]
         if torch.equal(xp[i], xv[i]):
-            if x.dtype == torch.bool:
-                xp[i] = ~xv[i]
-            elif x.is_floating_point() or x.is_complex():
-                xp[i] = 1 - 2 * xv[i]
-            else:
-                xp[i] = (xv[i] + 1) % (int(x.max()) + 1)
+            xp[i] = _changed(xv[i], x)
     return xp.reshape(x.shape)
+
+
+def _changed(v, whole):
+    """Other values for an example ``v`` of tensor ``whole``, of its kind."""
+    if v.dtype == torch.bool:
+        return ~v
+    if v.is_floating_point() or v.is_complex():
+        return 1 - 2 * v
+    return (v + 1) % (int(whole.max()) + 1)
 
 
 def _independence(twin, xs, ys, c: int, K: int, loss, base, saved: int) -> None:
@@ -191,7 +239,9 @@ def _independence(twin, xs, ys, c: int, K: int, loss, base, saved: int) -> None:
         seen.add(tuple(S))
         xp = _perturbed(xs, S, c, K)
         with torch.no_grad():
-            lp = _seeded(partial(example_losses, twin.model, xp, ys, K, loss), xs.device)
+            lp = _seeded(
+                partial(example_losses, twin.model, xp, ys, K, loss), batches.device_of(xs)
+            )
         same = (lp == base) | (lp.isnan() & base.isnan())  # a non-finite example stays so
         d = torch.where(same, 0.0, (lp - base).abs().nan_to_num(float("inf")))
         d[S] = 0
@@ -210,17 +260,17 @@ def prove_ghost(model, x, y, K: int, loss, signature: tuple) -> str | None:
     """None when the ghost rules' rows are the examples for this call's ``signature`` (module
     doc); else why not, naming the parameter. NotPerExample when examples mix; ValueError when
     the probe's loss or gradients are not finite."""
-    B = y.shape[0]
+    B = _rows(x, y)
     literal = {d for call in signature for d in call[1] + call[3] if isinstance(d, int)}
-    literal |= {d for d in tuple(x.shape[1:]) + tuple(y.shape[1:])}
+    literal |= _literal(x, y)
 
     def run(twin):
         layers, _ = build_layers(twin.model)
         c = _sub_batch(B, literal)
         for size in (c, B) if c < B else (B,):
             xs, ys = _examples(twin, size, B, K)
-            cap, ell, saved = _seeded(
-                partial(_hooked, twin.model, layers, xs, ys, K, loss), xs.device
+            cap, ell, box = _seeded(
+                partial(_hooked, twin.model, layers, xs, ys, K, loss), batches.device_of(xs)
             )
             if _calls(cap.signature(size * K, size)) == _calls(signature):
                 break
@@ -231,8 +281,17 @@ def prove_ghost(model, x, y, K: int, loss, signature: tuple) -> str | None:
             )
         check_records(layers, cap.records, size * K)
         _finite(ell, "loss")
+        saved = _note(twin, box)
         _independence(twin, xs, ys, size, K, loss, ell.detach(), saved)
-        return _ghost_structure(twin, layers, cap, ell, size, K, saved)
+        ref = ell
+        if cap.expanded:  # the model as it is: its losses, and the gradients the rules must give
+            ref = _seeded(
+                partial(example_losses, twin.model, xs, ys, K, loss), batches.device_of(xs)
+            )
+            why = _same_losses(twin, layers, cap, ell, ref, saved)
+            if why is not None:
+                return why
+        return _ghost_structure(twin, layers, cap, ell, size, K, saved, ref)
 
     try:
         return _twin(model, x, y, run)
@@ -240,11 +299,25 @@ def prove_ghost(model, x, y, K: int, loss, signature: tuple) -> str | None:
         return str(e)
 
 
+def _same_losses(twin, layers, cap, ell, ref, saved: int) -> str | None:
+    """Why expanding a shared row to the batch (``Capture``) changed the model's losses; None
+    when it did not (within the round-off of computing them)."""
+    tol = _rtol(twin, saved) * (1 + float(ref.detach().abs().max()))
+    d = float((ell.detach() - ref.detach()).abs().max())
+    if d <= tol:
+        return None
+    names = ", ".join(layers[i].label for i in cap.expanded)
+    return (
+        f"{names}: called on one row the batch shares, and the model's losses change by {d:.3g} "
+        "when it is expanded to the examples (its output is not only broadcast onto them)"
+    )
+
+
 def _hooked(model, layers, xs, ys, K: int, loss):
     """(the capture, each example's loss, the elements autograd saved) of one forward pass."""
-    with Capture(layers) as cap, _saved_numel() as saved:
+    with Capture(layers, batches.rows(xs)) as cap, _saved_numel() as saved:
         ell = example_losses(model, xs, ys, K, loss)
-    return cap, ell, saved[0]
+    return cap, ell, saved
 
 
 def _calls(signature) -> list:
@@ -252,7 +325,10 @@ def _calls(signature) -> list:
     return [(i, p, q) for i, p, _, q, _ in signature]
 
 
-def _ghost_structure(twin, layers, cap, ell, c: int, K: int, saved: int) -> str | None:
+def _ghost_structure(twin, layers, cap, ell, c: int, K: int, saved: int, ref=None) -> str | None:
+    """Why the rules' per-example sums and norms are not autograd's (of the losses ``ref``: the
+    model's own forward, where ``ell``'s was expanded); None when they are."""
+    ref = ell if ref is None else ref
     order, bs = output_grads(cap.records, ell.sum(), retain=True)
     w = 0.5 + torch.rand(c, generator=torch.Generator().manual_seed(SEED), dtype=torch.float64)
     w = w.to(device=ell.device, dtype=ell.dtype)
@@ -277,9 +353,9 @@ def _ghost_structure(twin, layers, cap, ell, c: int, K: int, saved: int) -> str 
         gs = torch.autograd.grad(root, params, retain_graph=True, allow_unused=True)
         return {n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(named, gs)}
 
-    ref_w = grads((w * ell).sum())
+    ref_w = grads((w * ref).sum())
     rows = sorted({0, c - 1})
-    ref_rows = [grads(ell[r]) for r in rows]
+    ref_rows = [grads(ref[r]) for r in rows]
     for g in (ref_w, *ref_rows):
         _finite_grads(g)
     rtol = _rtol(twin, saved)
@@ -288,7 +364,7 @@ def _ghost_structure(twin, layers, cap, ell, c: int, K: int, saved: int) -> str 
     what = {n: f"parameter '{n}'" + (f" ({kind[n]})" if n in kind else "") for n in ref_w}
     off = {n: _rel_err(mine_w.get(n, zero[n]), ref_w[n], ref_w, rtol) for n in ref_w}
     if any(e is not None for e in off.values()):  # which of the two: the plain sums tell
-        ref_1 = grads(ell.sum())
+        ref_1 = grads(ref.sum())
         for n in ref_1:
             e1 = _rel_err(mine_1.get(n, zero[n]), ref_1[n], ref_1, rtol)
             if e1 is not None:
@@ -344,8 +420,8 @@ def prove_exact(model, x, y, K: int, loss, engines=("vmap", "loop")) -> tuple[st
     {engine: why not} for those before it, proved). NotPerExample when examples mix or none does.
     proved is False when an example's loss is not finite (check_finite=False): a NaN reaches the
     batch's every gradient, so the engines are not compared (the signature is proved later)."""
-    B = y.shape[0]
-    literal = set(tuple(x.shape[1:]) + tuple(y.shape[1:]))
+    B = _rows(x, y)
+    literal = _literal(x, y)
 
     def run(twin):
         c = _sub_batch(B, literal)
@@ -354,9 +430,9 @@ def prove_exact(model, x, y, K: int, loss, engines=("vmap", "loop")) -> tuple[st
         def forward():
             with _saved_numel() as saved:
                 ell = example_losses(twin.model, xs, ys, K, loss)
-            return ell.detach(), saved[0]
+            return ell.detach(), _note(twin, saved)
 
-        ell, saved = _seeded(forward, xs.device)
+        ell, saved = _seeded(forward, batches.device_of(xs))
         _independence(twin, xs, ys, c, K, loss, ell, saved)
         if not bool(torch.isfinite(ell).all()):  # a NaN reaches every gradient of the batch:
             return engines[0], {}, False  # nothing to compare (and the clipped sum not finite)
@@ -386,7 +462,7 @@ def _exact_engine(twin, xs, ys, rows: list, K: int, loss, engines, saved: int):
                 )
             return out
 
-        return _seeded(f, xs.device)
+        return _seeded(f, batches.device_of(xs))
 
     ref = batch_grads()
     for g in ref:
@@ -396,7 +472,8 @@ def _exact_engine(twin, xs, ys, rows: list, K: int, loss, engines, saved: int):
     for engine in engines:
         try:
             got = _seeded(
-                partial(_engine_grads, engine, twin.model, xs, ys, rows, K, loss), xs.device
+                partial(_engine_grads, engine, twin.model, xs, ys, rows, K, loss),
+                batches.device_of(xs),
             )
         except Exception as e:  # noqa: BLE001 - the engine cannot run this model: the next one
             why[engine] = (
@@ -420,14 +497,17 @@ def _engine_grads(engine, model, xs, ys, rows, K: int, loss) -> list[dict]:
     named = _named(model)
     if engine == "vmap":
         with unrolled_rnns(model):
-            params, fn = per_example_fn(model, K, loss)
-            idx = torch.tensor(rows, device=xs.device)
+            params, fn = per_example_fn(model, K, loss, batch=ys is None)
+            idx = torch.tensor(rows, device=batches.device_of(xs))
             xv = xs.reshape((-1, K) + tuple(xs.shape[1:])) if K > 1 else xs
-            g, _ = fn(params, xv.index_select(0, idx), ys.index_select(0, idx))
+            g, _ = fn(
+                params, batches.take(xv, idx), None if ys is None else ys.index_select(0, idx)
+            )
         return [{n: g[n][j] for n, _ in named} for j in range(len(rows))]
     out = []
     for r in rows:
-        ell = example_losses(model, xs[r * K : (r + 1) * K], ys[r : r + 1], K, loss)[0]
+        x_r, y_r = batches.narrow(xs, r * K, (r + 1) * K), None if ys is None else ys[r : r + 1]
+        ell = example_losses(model, x_r, y_r, K, loss)[0]
         gs = torch.autograd.grad(ell, [p for _, p in named], allow_unused=True)
         out.append({n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(named, gs)})
     return out

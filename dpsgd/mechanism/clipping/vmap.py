@@ -11,10 +11,15 @@ tricks vmap refuses); B passes of batch 1, the slowest and most general.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
+
+from dpsgd.mechanism import batches
+from dpsgd.mechanism.batches import logits_of, tree_map
 
 from .clip import clip_factors, example_losses, loss_rows
 from .rnn import unrolled_rnns
@@ -30,15 +35,40 @@ def _split_params(model: nn.Module):
     return trainable, frozen
 
 
-def per_example_fn(model: nn.Module, multiplicity: int = 1, loss=None):
+class _Objective(nn.Module):
+    """``loss(model, batch)`` as a module, so that ``functional_call`` runs the user's loss with
+    the model's parameters replaced (its parameters are the model's, under ``model.``)."""
+
+    def __init__(self, model: nn.Module, loss):
+        super().__init__()
+        self.model, self.loss = model, loss
+
+    def forward(self, batch):
+        return self.loss(self.model, batch)
+
+
+def per_example_fn(model: nn.Module, multiplicity: int = 1, loss=None, batch: bool = False):
     """(detached trainable params, f(params, x, y) -> (per-example grads, per-example losses)).
 
     With ``multiplicity`` K > 1, x is [B, K, ...] (K augmented copies of each example) and example
-    i's loss is the mean over its copies (De et al. 2022, augmentation multiplicity)."""
+    i's loss is the mean over its copies (De et al. 2022, augmentation multiplicity). ``batch``:
+    x is a batch (``dpsgd.mechanism.batches``), y None, and ``loss`` the user's
+    ``loss(model, batch)`` (``BatchLoss``), called on each example as a batch of one."""
     trainable, frozen = _split_params(model)
     params = {n: p.detach() for n, p in trainable.items()}
 
     user_loss = loss
+    if batch:
+        objective = _Objective(model, loss)
+
+        def loss_b(p, b_i, _):
+            one = tree_map(lambda t: t.unsqueeze(0), b_i)
+            state = {f"model.{n}": v for d in (p, frozen) for n, v in d.items()}
+            out = functional_call(objective, state, (one,))[0]
+            return out, out.detach()
+
+        fn = vmap(grad(loss_b, has_aux=True), in_dims=(None, 0, None), randomness="different")
+        return params, fn
 
     def loss_i(p, x_i, y_i):
         if (
@@ -49,10 +79,10 @@ def per_example_fn(model: nn.Module, multiplicity: int = 1, loss=None):
             out = loss_rows(user_loss, functional_call(model, (p, frozen), (x_b,)), y_b).mean()
             return out, out.detach()
         if multiplicity == 1:
-            logits = functional_call(model, (p, frozen), (x_i.unsqueeze(0),))
+            logits = logits_of(functional_call(model, (p, frozen), (x_i.unsqueeze(0),)))
             loss = F.cross_entropy(logits, y_i.unsqueeze(0))
         else:
-            logits = functional_call(model, (p, frozen), (x_i,))
+            logits = logits_of(functional_call(model, (p, frozen), (x_i,)))
             loss = F.cross_entropy(logits, y_i.expand(multiplicity))
         return loss, loss.detach()
 
@@ -83,8 +113,8 @@ def per_sample_grads(
 
 def vmap_clipped_sum(
     model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
+    x,
+    y: torch.Tensor | None,
     groups: list[list[str]],
     clip_norm: float | None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -92,6 +122,7 @@ def vmap_clipped_sum(
     multiplicity: int = 1,
     weights: torch.Tensor | None = None,
     loss=None,
+    autocast=None,
 ):
     """Σ_i clip(g_i) per parameter, Σ_i loss_i, per-example group norms [B, k].
 
@@ -100,22 +131,31 @@ def vmap_clipped_sum(
     With ``multiplicity`` K > 1, x has B·K rows (example i's copies in rows iK .. iK+K−1) and
     g_i is the gradient of the mean loss over them. ``weights`` [B] (None: all ones) multiply each
     example's clip factor and loss: Σ_i w_i c_i g_i, Σ_i w_i loss_i; the norms are unweighted.
+    ``y`` None: ``x`` is a batch and ``loss`` the user's ``loss(model, batch)``. ``autocast``: a
+    context the per-example forward and backward passes run in (mixed precision); the gradients
+    are the parameters' dtype, and the norms, factors and sums are computed in it.
     """
-    params, per_example = per_example_fn(model, multiplicity, loss)
+    params, per_example = per_example_fn(model, multiplicity, loss, batch=y is None)
     if multiplicity > 1:
         x = x.view((x.shape[0] // multiplicity, multiplicity) + tuple(x.shape[1:]))
     group_of = {n: g for g, names in enumerate(groups) for n in names}
     sums = out if out is not None else {n: torch.zeros_like(p) for n, p in params.items()}
-    B = x.shape[0]
-    loss_sum = x.new_zeros((), dtype=_norm_dtype(params))
+    B = y.shape[0] if y is not None else batches.rows(x)
+    device = batches.device_of(x)
+    loss_sum = torch.zeros((), dtype=_norm_dtype(params), device=device)
     if B == 0:
-        return sums, loss_sum, x.new_zeros((0, len(groups)), dtype=loss_sum.dtype)
+        return sums, loss_sum, torch.zeros((0, len(groups)), dtype=loss_sum.dtype, device=device)
     n_params = sum(p.numel() for p in params.values())
-    chunk = max(1, min(B, chunk_bytes // max(1, n_params * x.element_size())))
+    width = max(t.element_size() for t in batches.leaves(x))
+    chunk = max(1, min(B, chunk_bytes // max(1, n_params * width)))
     norms_all = []
     for s in range(0, B, chunk):
-        with unrolled_rnns(model):
-            g, losses = per_example(params, x[s : s + chunk], y[s : s + chunk])
+        with unrolled_rnns(model), autocast or nullcontext():
+            g, losses = per_example(
+                params,
+                batches.narrow(x, s, s + chunk),
+                None if y is None else y[s : s + chunk],
+            )
         sq = torch.stack([sum(g[n].flatten(1).pow(2).sum(1) for n in names) for names in groups], 1)
         norms = sq.sqrt()
         factors = clip_factors(norms, clip_norm)
@@ -131,14 +171,15 @@ def vmap_clipped_sum(
 
 def loop_clipped_sum(
     model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
+    x,
+    y: torch.Tensor | None,
     groups: list[list[str]],
     clip_norm: float | None,
     out: dict[str, torch.Tensor] | None = None,
     multiplicity: int = 1,
     weights: torch.Tensor | None = None,
     loss=None,
+    autocast=None,
 ):
     """``vmap_clipped_sum``'s results, one example at a time: example i's K rows through the model
     alone, its gradient by autograd, clipped and added (Algorithm 1 read literally)."""
@@ -148,12 +189,15 @@ def loop_clipped_sum(
     sums = out if out is not None else {n: torch.zeros_like(p) for n, p in named}
     group_of = {n: g for g, names in enumerate(groups) for n in names}
     dtype = _norm_dtype(dict(named))
-    B = y.shape[0]
-    loss_sum = x.new_zeros((), dtype=dtype)
-    norms = x.new_zeros((B, len(groups)), dtype=dtype)
+    B = y.shape[0] if y is not None else batches.rows(x)
+    device = batches.device_of(x)
+    loss_sum = torch.zeros((), dtype=dtype, device=device)
+    norms = torch.zeros((B, len(groups)), dtype=dtype, device=device)
     for i in range(B):
         with torch.enable_grad():
-            ell = example_losses(model, x[i * K : (i + 1) * K], y[i : i + 1], K, loss)[0]
+            with autocast or nullcontext():
+                x_i = batches.narrow(x, i * K, (i + 1) * K)
+                ell = example_losses(model, x_i, None if y is None else y[i : i + 1], K, loss)[0]
             gs = torch.autograd.grad(ell, params, allow_unused=True)
         g = {n: torch.zeros_like(p) if t is None else t for (n, p), t in zip(named, gs)}
         with torch.no_grad():
