@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from dpsgd.config.optimizer import lr_at
 from dpsgd.config.schema import Config
 from dpsgd.core.console import progress, tee_to
 from dpsgd.core.loggers import FOLDERS, make_logger
@@ -51,17 +52,6 @@ from dpsgd.run.opening import setup
 from dpsgd.run.report import epsilons, eta, final_line, metrics_row, progress_line
 from dpsgd.run.rundir import RunLock
 from dpsgd.run.state import Run
-
-
-def lr_at(t, epoch0: int) -> float:
-    """The paper code's VaryRate: lr falls linearly from lr to lr_end over the first
-    lr_saturate_epochs epochs (epoch0 = 0 → lr, epoch0 = saturate − 1 → lr_end), then stays at
-    lr_end."""
-    if t.lr_saturate_epochs <= 1:
-        return t.lr_end if t.lr_saturate_epochs == 1 else t.lr
-    if epoch0 >= t.lr_saturate_epochs:
-        return t.lr_end
-    return t.lr - (t.lr - t.lr_end) * epoch0 / (t.lr_saturate_epochs - 1)
 
 
 def train(

@@ -9,7 +9,9 @@ charged σ within what the accountants serve, a private run with noise, no targe
 charge, a finite learning rate, ...). A refusal is the command line's one line, naming the argument
 as the API spells it (``sigma=0.0: a private run needs noise (σ > 0); for a non-private run set
 private=False``); ConfigError is a ValueError. What only the API has is checked here too: epochs
-that may be fractional, σ left to calibration.
+that may be fractional, σ left to calibration. The API's default accountant is the tightest valid
+one for the sampler (``dpsgd/config/privacy.py:tightest``: PLD), the command line's the
+configuration's (the presets: the paper's moments accountant).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from types import SimpleNamespace
 
 from dpsgd.accountant import limits
 from dpsgd.accountant.limits import DELTA_DEFAULT
-from dpsgd.config.privacy import sigma_served, validate_accountant, validate_privacy
+from dpsgd.config.privacy import sigma_served, tightest, validate_accountant, validate_privacy
 from dpsgd.config.schema import AccountantConfig, PrivacyConfig, TrainingConfig, validate_step
 from dpsgd.core.checks import num
 from dpsgd.core.errors import ConfigError
@@ -45,6 +47,7 @@ KEYS = {
     "accountant.name": "accountant",
     "training.lr": "lr",
     "training.momentum": "momentum",
+    "training.precision": "precision",
 }
 _KEY = re.compile(r"\b(" + "|".join(re.escape(k) for k in KEYS) + r")\b(=(true|false))?")
 
@@ -80,6 +83,7 @@ class Arguments:
     physical_batch_size: int | None
     private: bool
     secure_rng: bool
+    precision: str = "fp32"
 
 
 def check_arguments(
@@ -103,6 +107,7 @@ def check_arguments(
     seed: int | None = None,
     secure_rng: bool = False,
     allow_large_delta: bool = False,
+    precision: str = "fp32",
 ) -> Arguments:
     """The API's arguments through the command line's validators (module doc): an ``Arguments``,
     or ConfigError (a ValueError) in one line naming the argument. ``n_examples``: N."""
@@ -143,10 +148,10 @@ def _checked(n: int, a: dict) -> Arguments:
         N=int(n),
     )
     sampler = validate_privacy(c)
-    if c.accountant.name is None:  # the first accountant that serves the sampler's charge
-        c.accountant.name = sampler.accountants[0]
+    if c.accountant.name is None:  # the tightest accountant that serves the sampler's charge
+        c.accountant.name = tightest(sampler.accountants)
     validate_accountant(c)
-    t = TrainingConfig(lr=a["lr"], momentum=a["momentum"])
+    t = TrainingConfig(lr=a["lr"], momentum=a["momentum"], precision=a["precision"])
     validate_step(t)
     epochs = num("epochs", a["epochs"], optional=True, lo=0, lo_open=True)
     if epochs is not None and math.ceil(epochs * sampler.lots_per_epoch()) > limits.STEPS_MAX:
@@ -172,6 +177,7 @@ def _checked(n: int, a: dict) -> Arguments:
         physical_batch_size=p.physical_batch_size,
         private=p.private,
         secure_rng=p.secure_rng,
+        precision=t.precision,
     )
 
 

@@ -24,6 +24,17 @@ from dpsgd.mechanism.pca import charge_pca
 from dpsgd.mechanism.sampling import SAMPLERS, make_sampler
 
 
+TIGHTEST = ("pld", "rdp", "moments")  # by tightness at equal σ: PLD (near exact), then Rényi DP
+
+
+def tightest(served) -> str:
+    """The tightest of the accountants ``served`` (a sampler's ``accountants``): PLD where it
+    serves the charge (every sampler here), else RDP, else the paper's moments accountant. Each
+    is a valid upper bound on ε; PLD's pessimistic discretisation is the smallest of them
+    (docs/ACCOUNTING.md)."""
+    return next(a for a in TIGHTEST if a in served)
+
+
 def validate_privacy(c):
     """The ``privacy.*`` group of ``c`` (a ``Config`` whose dataset and model are validated),
     checked and coerced in place; returns the run's sampler (the one source of q). ConfigError

@@ -8,7 +8,8 @@ models that mix examples, ...
 
 Each group is checked next to what it configures, in this order (the first bad key is reported):
 ``dataset.*``, ``model.*`` (dpsgd/config/model.py), ``privacy.*`` and ``accountant.*``
-(dpsgd/config/privacy.py), ``training.*`` (``validate_training``, here), ``logger.*``
+(dpsgd/config/privacy.py), ``training.*`` (``validate_training``, here), ``optimizer.*`` and
+``training.schedule`` (dpsgd/config/optimizer.py), ``logger.*``
 (``validate_logger``, here: a logger's missing package is named), σ from the target ε
 (dpsgd/config/calibration.py), then the top-level keys (``validate_top``, here). What a resume may
 change (``RESUME_ALLOWED``, the fingerprint) is dpsgd/config/fingerprint.py.
@@ -35,7 +36,8 @@ from dpsgd.data.augment import AUGMENTATIONS
 from dpsgd.data.datasets import DATASETS, dataset_info, validate_dataset
 from dpsgd.data.files import FILE_FORMATS
 from dpsgd.data.features import FEATURE_NORMS, FEATURES
-from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES
+from dpsgd.config.optimizer import OPTIMIZERS, SCHEDULES, validate_optimizer
+from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES, PRECISIONS
 from dpsgd.mechanism.pca import PROJECTIONS
 from dpsgd.mechanism.sampling import SAMPLERS
 from dpsgd.models.networks import FREEZE, INITS, MODELS, NORMS
@@ -94,7 +96,7 @@ class ModelConfig:
 @dataclass
 class PrivacyConfig:
     private: bool = True  # false: no clipping, no noise, no accounting ("not private")
-    sigma: float = 4.0  # σ: noise multiplier of Algorithm 1
+    sigma: float | None = 4.0  # σ: noise multiplier of Algorithm 1; None: from the target ε
     sigma_p: float = 7.0  # σ_p: DP-PCA noise
     clip_norm: float = 4.0  # C
     lot_size: int = 600  # L (expected lot size; q = L/N)
@@ -138,6 +140,18 @@ class TrainingConfig:
     checkpoint_every: int = 1  # epochs; 0 = only at the end
     ema_decay: float | None = None  # EMA of the weights (evaluated and released); None = off
     train_metrics: bool = True  # training-set loss/accuracy in metrics.csv (private data, no noise)
+    schedule: str = "paper"  # paper | constant | linear | cosine (dpsgd/config/optimizer.py)
+    precision: str = "fp32"  # fp32 | bf16: the forward pass under autocast, norms and noise fp32
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "sgd"  # sgd (DP-SGD's own update) | adam | adamw | custom (_target_)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # adam, adamw
+    eps: float = 1e-8  # adam, adamw
+    weight_decay: float = 0.0  # adam, adamw, custom
+    _target_: str | None = None  # optimizer=custom: a torch.optim.Optimizer class
+    args: dict = field(default_factory=dict)  # more keyword arguments of the optimizer
 
 
 @dataclass
@@ -154,6 +168,7 @@ class Config:
     accountant: AccountantConfig = field(default_factory=AccountantConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     seed: int = 0
     device: str = "auto"
     tf32: bool = False
@@ -186,6 +201,9 @@ CHOICES = {  # each list is defined once, where the choice is implemented
     "privacy.grad_sample_mode": sorted(MODES),
     "accountant.name": sorted(ACCOUNTANTS),
     "logger.name": sorted(LOGGERS),
+    "optimizer.name": sorted(OPTIMIZERS),
+    "training.schedule": sorted(SCHEDULES),
+    "training.precision": sorted(PRECISIONS),
 }
 GROUPS = {
     "dataset": DatasetConfig,
@@ -194,6 +212,7 @@ GROUPS = {
     "accountant": AccountantConfig,
     "training": TrainingConfig,
     "logger": LoggerConfig,
+    "optimizer": OptimizerConfig,
 }
 
 
@@ -213,9 +232,11 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
     c = _typed(cfg)
     validate_dataset(c.dataset)
     shape = validate_model(c.model, c.dataset)
+    _sigma_to_calibrate(c.privacy)
     sampler = validate_privacy(c)
     validate_accountant(c)
     validate_training(c, sampler)
+    validate_optimizer(c)
     validate_logger(c)
     p = c.privacy
     p.calibrate_sigma = boolean("privacy.calibrate_sigma", p.calibrate_sigma)
@@ -224,6 +245,23 @@ def validate(cfg, *, check_resume_dir: bool = True) -> Config:
         sigma_served("privacy.sigma", p.sigma, sampler.event(p.sigma).entry()["sigma"])
     validate_top(c, check_resume_dir)
     return c
+
+
+def _sigma_to_calibrate(p) -> None:
+    """``privacy.sigma=null`` (model=custom's default): σ calibrated from privacy.target_epsilon
+    over training.epochs (``privacy.calibrate_sigma``, set here), which must then be given; 0 in a
+    non-private run."""
+    if p.sigma is not None:
+        return
+    if p.private is not True:
+        p.sigma = 0.0
+        return
+    if p.target_epsilon is None:
+        raise ConfigError(
+            "privacy.sigma=null: give σ (privacy.sigma=1.1), or privacy.target_epsilon to "
+            "calibrate σ so that training.epochs spend it"
+        )
+    p.sigma, p.calibrate_sigma = 1.0, True  # checked as a σ until the calibration sets it
 
 
 def _typed(cfg) -> Config:
@@ -287,10 +325,11 @@ def validate_training(c: Config, sampler) -> None:
 
 def validate_step(t) -> None:
     """The update θ ← θ − η g̃ (heavy ball with momentum μ): ``training.lr`` finite and > 0,
-    ``training.momentum`` in [0, 1); checked for the command line and the Python API alike
-    (dpsgd/config/arguments.py)."""
+    ``training.momentum`` in [0, 1), ``training.precision`` fp32 or bf16; checked for the command
+    line and the Python API alike (dpsgd/config/arguments.py)."""
     t.lr = num("training.lr", t.lr, lo=0, lo_open=True)
     t.momentum = num("training.momentum", t.momentum, lo=0, hi=1, hi_open=True)
+    choice("training.precision", t.precision, PRECISIONS)
 
 
 def validate_logger(c: Config) -> None:

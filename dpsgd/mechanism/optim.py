@@ -41,6 +41,10 @@ class DPSGD:
         augment_multiplicity: K augmented copies per example, averaged before clipping.
         augment: ``augment(x, generator) -> x``, per row, when the step makes the K copies itself.
         augment_generator: the generator of those draws when a step is given none.
+        optimizer: a ``torch.optim.Optimizer`` over the model's trainable parameters (every one of
+            them, nothing else): each step writes the noisy mean gradient g̃ into ``.grad`` and
+            calls ``optimizer.step()`` (Adam, AdamW, ...: post-processing of g̃, no privacy cost);
+            None: the built-in update above (``lr``, ``momentum``).
     """
 
     def __init__(
@@ -54,6 +58,7 @@ class DPSGD:
         augment_multiplicity: int = 1,
         augment=None,
         augment_generator=None,
+        optimizer=None,
     ):
         if not isinstance(plan, Plan):
             raise ValueError(
@@ -86,6 +91,8 @@ class DPSGD:
         self.velocity: dict[
             str, torch.Tensor
         ] = {}  # v_t per parameter (empty before the first step)
+        self.optimizer = _checked_optimizer(optimizer, model, self.params)
+        self.updates = 0  # updates begun (the lot loop charges a step that began one: lots.py)
 
     @property
     def sigma(self) -> float:
@@ -93,16 +100,28 @@ class DPSGD:
         return self.plan.sigma
 
     def state_dict(self) -> dict:
-        """The optimiser state a resumed run needs (the momentum buffers v_t, on the CPU)."""
-        return {
+        """The optimiser state a resumed run needs (the momentum buffers v_t, on the CPU; a torch
+        optimizer's own state under ``torch``, with its class)."""
+        out = {
             "momentum": self.momentum,
             "velocity": {n: v.detach().cpu() for n, v in self.velocity.items()},
         }
+        if self.optimizer is not None:
+            out["torch"] = self.optimizer.state_dict()
+            out["torch_class"] = type(self.optimizer).__name__
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         unknown = set(state["velocity"]) - set(self.params)
         if unknown:
             raise ValueError(f"optimizer state names unknown parameters: {sorted(unknown)}")
+        if (self.optimizer is None) != (state.get("torch") is None):
+            raise ValueError(
+                f"optimizer state is {state.get('torch_class') or 'the built-in update'}'s, this "
+                f"step has {type(self.optimizer).__name__ if self.optimizer else 'the built-in'}"
+            )
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["torch"])
         self.velocity = {
             n: v.to(self.params[n].device, self.params[n].dtype)
             for n, v in state["velocity"].items()
@@ -125,7 +144,12 @@ class DPSGD:
             self.clipper.prove(x, y)
 
     def set_lr(self, lr: float) -> None:
+        """The learning rate η of the next lots (a schedule's value; every parameter group of a
+        torch optimizer)."""
         self.lr = float(lr)
+        if self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr
 
     def noisy_gradient(
         self,
@@ -147,19 +171,18 @@ class DPSGD:
         return total, loss_sum, lot_size
 
     def _noisy_sum(self, x, y, physical_batch_size, weights=None, generator=None):
-        """Σ_i clip(g_i) + N(0, σ²C²) per parameter (no division yet).
-
-        The first physical batch's sums become the accumulators; later batches are added into
-        them in place (``clipped_sum(..., out=...)``; for Linear layers inside the weight-gradient
-        GEMM), and the noise is added last, in place. Allocating the accumulators only after the
-        first batch's backward pass keeps them out of the step's memory peak. ``weights``: sliced
-        per physical batch like x and y, and passed to the clipper only when given."""
+        """Σ_i clip(g_i) + N(0, σ²C²) per parameter (no division yet), the lot held as x, y and cut
+        into physical batches of ``physical_batch_size`` examples (``noisy_sum``). ``weights``:
+        sliced per physical batch like x and y, and passed to the clipper only when given."""
         physical_batch_size = physical_batch_size or max(1, len(x))
         if weights is not None and len(weights) != len(x):
             raise ValueError(f"weights has {len(weights)} rows, the lot {len(x)}")
         lot_size = len(x) if weights is None else int((weights > 0).sum())  # the real rows
-        total = None  # Σ_i clip(g_i), accumulated over physical batches
-        loss_sum = None  # Σ_i loss_i as a tensor: no device sync per step
+        parts = self._physical(x, y, physical_batch_size, weights, generator)
+        return self.noisy_sum(parts, lot_size, x.device)
+
+    def _physical(self, x, y, physical_batch_size, weights, generator):
+        """(x rows, y, clipper keywords) of each physical batch of a lot held as x, y."""
         for start in range(0, len(x), physical_batch_size):
             xb, yb = (
                 (x, y)
@@ -173,16 +196,28 @@ class DPSGD:
                 {} if weights is None else {"weights": weights[start : start + physical_batch_size]}
             )
             if self.K > 1 or self.augment is not None:
-                res = self.clipper.clipped_sum(
-                    self._rows(xb, generator), yb, out=total, multiplicity=self.K, **kw
-                )
+                yield self._rows(xb, generator), yb, {"multiplicity": self.K, **kw}
             else:
-                res = self.clipper.clipped_sum(xb, yb, out=total, **kw)
+                yield xb, yb, kw
+
+    def noisy_sum(self, parts, lot_size: int, device):
+        """Σ_i clip(g_i) + N(0, σ²C²) per parameter over a lot's physical batches ``parts``:
+        (x, y, clipper keywords) each; y None for a batch of tensors read by the user's
+        ``loss(model, batch)``. Returns (the noisy sum, Σ_i loss_i, ``lot_size``).
+
+        The first physical batch's sums become the accumulators; later batches are added into
+        them in place (``clipped_sum(..., out=...)``; for Linear layers inside the weight-gradient
+        GEMM), and the noise is added last, in place. Allocating the accumulators only after the
+        first batch's backward pass keeps them out of the step's memory peak."""
+        total = None  # Σ_i clip(g_i), accumulated over physical batches
+        loss_sum = None  # Σ_i loss_i as a tensor: no device sync per step
+        for xb, yb, kw in parts:
+            res = self.clipper.clipped_sum(xb, yb, out=total, **kw)
             total = res.grads
             loss_sum = res.loss_sum if loss_sum is None else loss_sum + res.loss_sum
         if total is None:  # empty lot (or share): the step is the noise alone
             total = {n: torch.zeros_like(p) for n, p in self.params.items()}
-            loss_sum = torch.zeros((), device=x.device)
+            loss_sum = torch.zeros((), device=device)
         if self.comm is not None:  # the global sum over ranks, noised exactly once
             return self.comm.aggregate(total, loss_sum, lot_size, self._add_noise)
         self._add_noise(total)
@@ -210,8 +245,21 @@ class DPSGD:
         Returns {'loss_sum' (0-dim tensor, on the model's device), 'lot_size' (real rows)} for
         logging."""
         total, loss_sum, lot_size = self._noisy_sum(x, y, physical_batch_size, weights, generator)
+        self.update(total)
+        return {"loss_sum": loss_sum, "lot_size": lot_size}
+
+    def update(self, total: dict) -> None:
+        """The descent on a lot's noisy sum Σ_i clip(g_i) + N(0, σ²C²) (consumed): with a torch
+        optimizer, g̃ = sum / L into each parameter's ``.grad`` and ``optimizer.step()``
+        (post-processing of the noisy gradient: Adam's moments, weight decay and any schedule
+        cost nothing more); else the built-in SGD, θ ← θ − (η/L) sum, or heavy ball on g̃."""
+        self.updates += 1
         with torch.no_grad():
-            if self.momentum == 0.0:
+            if self.optimizer is not None:
+                for n, p in self.params.items():
+                    p.grad = total[n].div_(self.L)  # g̃_t
+                self.optimizer.step()
+            elif self.momentum == 0.0:
                 for n, p in self.params.items():
                     p.add_(total[n], alpha=-self.lr / self.L)
             else:
@@ -223,4 +271,34 @@ class DPSGD:
                     else:
                         v.mul_(self.momentum).add_(g)
                     p.add_(v, alpha=-self.lr)
-        return {"loss_sum": loss_sum, "lot_size": lot_size}
+
+
+def _checked_optimizer(optimizer, model, params: dict):
+    """``optimizer`` when it updates exactly the model's trainable parameters; ValueError naming
+    the first that it lacks or that is not one (a frozen or foreign tensor would move without
+    being clipped, or a clipped and noised one would never move)."""
+    if optimizer is None:
+        return None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer={optimizer!r} must be a torch.optim.Optimizer")
+    mine = {id(p): n for n, p in params.items()}
+    frozen = {id(p): n for n, p in model.named_parameters() if not p.requires_grad}
+    seen = set()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) in frozen:
+                continue  # never given a gradient: never moves
+            if id(p) not in mine:
+                raise ValueError(
+                    f"optimizer: updates a tensor of shape {tuple(p.shape)} that is not a trainable "
+                    "parameter of the model (it would move unclipped and unnoised)"
+                )
+            seen.add(id(p))
+    missing = [n for n, p in params.items() if id(p) not in seen]
+    if missing:
+        raise ValueError(
+            f"optimizer: the trainable parameter '{missing[0]}' is clipped and noised but not in "
+            "the optimizer (build it on the model's trainable parameters, or freeze it: "
+            "requires_grad_(False) before make_private)"
+        )
+    return optimizer

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 
 from dpsgd.accountant import Ledger
+from dpsgd.config.optimizer import build_optimizer
 from dpsgd.config.schema import Config
 from dpsgd.data.augment import LotTransform, lot_generator
 from dpsgd.data.datasets import dataset_info, input_shape
@@ -267,6 +268,12 @@ def build(
         augment=transform if in_step else None,
         check_finite=False,
         sample=sample,
+        # optimizer=sgd: None, DP-SGD's own update; adam, adamw, custom: a torch optimizer on the
+        # trainable parameters (post-processing of the noisy gradient)
+        optimizer=build_optimizer(
+            c.optimizer, (w for w in model.parameters() if w.requires_grad), t.lr
+        ),
+        precision=t.precision,
     )
     data = Data(*(a.to(device) for a in data))
     if d.active:  # Σ over ranks, noise once; the noise is drawn in the engine's parameter order

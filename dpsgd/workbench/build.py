@@ -51,6 +51,8 @@ def assemble(
     check_finite: bool = True,
     loss=None,
     sample: tuple | None = None,
+    optimizer=None,
+    precision: str = "fp32",
 ) -> Mechanism:
     """The mechanism of one run around ``model`` (its weights final, on its device).
 
@@ -60,25 +62,23 @@ def assemble(
         n_examples: N, the training examples the sampler draws from.
         lot_size: L, the expected lot size (q = L/N for Poisson).
         clip_norm: C.
-        sigma: the noise multiplier σ (noise std σC); 0 with ``private``: clipped, not noised, not
-            charged.
-        noise: the Gaussian source.
-        sampler_seed: the seed of the sampler's generator.
-        lr, momentum: the update.
+        sigma: σ (noise std σC); 0 with ``private``: clipped, not noised, not charged.
+        noise, sampler_seed: the Gaussian source; the seed of the sampler's generator.
+        lr, momentum: the update (the built-in SGD, heavy ball with ``momentum``).
         private: False: neither clipped nor noised nor charged (the non-private baseline).
-        sampling: ``poisson``, ``fixed_size``, ``truncated_poisson``, ``balls_in_bins``,
-            ``shuffle``.
-        max_lot_size: the cap of ``truncated_poisson``.
+        sampling, max_lot_size: the sampler (``make_sampler``; the cap of truncated_poisson).
         clipping: ``global`` (k = 1) or ``per_layer`` (k = layers): the groups are derived from the
             model, never given.
         mode: the engine: ``auto``, ``ghost`` or ``vmap``.
         augment_multiplicity, augment: K augmented copies per example, made by the step.
         check_finite: refuse a non-finite example (one device sync per physical batch).
-        loss: a per-example loss ``loss(output, target) -> [B]``; None: cross-entropy.
-        sample: ``(x, y)`` or ``(x, y, generator)``, a few training examples as a lot holds them:
+        loss: ``loss(output, target) -> [B]``; None: cross-entropy; a ``BatchLoss`` for batches.
+        sample: ``(x, y)``, ``(x, y, generator)`` or ``(batch, None)``, a few training examples:
             the clipper proves on them, before the first lot, that the examples are independent
             and its engine's structure holds (``PerExampleClipper.prove``; NotPerExample, a
             ValueError, refuses a model whose examples mix).
+        optimizer: a torch optimizer taking g̃ in ``.grad``; None: the built-in update.
+        precision: ``fp32`` or ``bf16`` (the forward pass under autocast: ``PerExampleClipper``).
     """
     clipper = PerExampleClipper(
         model,
@@ -87,6 +87,7 @@ def assemble(
         mode=mode,
         check_finite=check_finite,
         loss=loss,
+        precision=precision,
     )
     sampler = make_sampler(
         sampling, n_examples, lot_size, torch.Generator().manual_seed(sampler_seed), max_lot_size
@@ -104,6 +105,7 @@ def assemble(
         momentum=momentum,
         augment_multiplicity=augment_multiplicity,
         augment=augment,
+        optimizer=optimizer,
     )
     if sample is not None:
         dp.prove(*sample)

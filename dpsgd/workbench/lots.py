@@ -51,24 +51,35 @@ class Lots:
 
     def run(self, lot: int, x, y, physical_batch_size: int | None = None, **kw) -> dict:
         """Lot ``lot`` (its position in the epoch) on examples ``x``, ``y``: the DP step, then its
-        charge. Returns the step's {'loss_sum', 'lot_size'}.
+        charge (``held``). Returns the step's {'loss_sum', 'lot_size'}."""
+        return self.held(
+            lot, lambda: self.dp.step(x, y, physical_batch_size=physical_batch_size, **kw)
+        )
+
+    def held(self, lot: int, step) -> dict:
+        """``step()``, the DP step of lot ``lot`` (its position in the epoch), then its charge.
 
         A step that raises (a KeyboardInterrupt in the Python API, a failure) after it began to
-        move the weights has released something of its lot: it is charged and counted all the same
-        (the parameters' version counters tell whether any was written to), and the exception goes
-        on. One that raises before is not charged: nothing of it left."""
+        release something of its lot (moved the weights, or wrote the noisy gradient into
+        ``.grad``: the parameters' version counters and the step's count of updates tell) is
+        charged and counted all the same, and the exception goes on. One that raises before is
+        not charged: nothing of it left."""
         release = self.plan.release(lot)  # what this lot costs (None: its epoch's charge covers it)
-        before, out = _versions(self.dp.model), None
+        before, out = self._released(), None
         try:
-            out = self.dp.step(x, y, physical_batch_size=physical_batch_size, **kw)
+            out = step()
         finally:
-            if out is not None or _versions(self.dp.model) != before:
+            if out is not None or self._released() != before:
                 with held_signals():  # the lot that ran is charged and counted, or none is
                     self.charge(release)
                     if self.ema is not None and out is not None:
                         self.ema.update(self.dp.model)
                     self.tally.steps += 1
         return out
+
+    def _released(self) -> tuple:
+        """What moves when a step releases: the weights' write counters, the step's updates."""
+        return _versions(self.dp.model), getattr(self.dp, "updates", 0)
 
     def charge(self, release) -> None:
         """Record one lot's release in the ledger: one charge less fits within the target ε."""

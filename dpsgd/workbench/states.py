@@ -35,6 +35,14 @@ MAY_CHANGE = {  # arguments a state may be continued with changed, and what a ch
     "lr": (REPLAY, "post-processing of the noisy gradients (no cost per lot), other weights"),
     "momentum": (REPLAY, "post-processing of the noisy gradients (no cost per lot), other weights"),
     "physical_batch_size": (REPLAY, "the same mechanism, sums that are not bit-identical"),
+    "precision": (REPLAY, "the same mechanism, sums that are not bit-identical"),
+    "optimizer": (
+        REPLAY,
+        "post-processing of the noisy gradients (no cost per lot): its class "
+        "and parameter groups must fit the state's",
+    ),
+    "num_workers": (FREE, "how the examples are read; the same lots"),
+    "collate_fn": (FREE, "how the examples are batched; the same lots"),
     "mode": (REPLAY, "the same mechanism, sums that are not bit-identical"),
     "seed": (FREE, "the generators continue from the state's"),
     "threads": (FREE, "how torch computes; the same mechanism"),
@@ -42,10 +50,10 @@ MAY_CHANGE = {  # arguments a state may be continued with changed, and what a ch
 }
 
 
-def data_sha256(X: torch.Tensor, y: torch.Tensor) -> str:
+def data_sha256(*tensors: torch.Tensor) -> str:
     """SHA-256 of the training data as the trainer holds it (shapes, dtypes and bytes)."""
     h = hashlib.sha256()
-    for t in (X, y):
+    for t in tensors:
         a = t.detach().cpu().contiguous()
         h.update(f"{tuple(a.shape)}{a.dtype}".encode())
         h.update(a.view(torch.uint8).numpy().tobytes() if a.numel() else b"")
@@ -79,6 +87,7 @@ def check_state(trainer, state) -> Ledger:
     _model(trainer, state["model"])
     _optimizer(trainer, state["optimizer"])
     _generators(trainer, state["sampler"], state["noise"])
+    _epoch(trainer, state)
     return ledger
 
 
@@ -171,6 +180,48 @@ def _optimizer(trainer, opt) -> None:
             raise refuse(f"optimizer: momentum of an unknown parameter {n!r}")
         if not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(params[n].shape):
             raise refuse(f"optimizer: momentum of {n} does not fit its parameter")
+    _torch_optimizer(trainer.dp.optimizer, opt.get("torch"), opt.get("torch_class"))
+
+
+def _torch_optimizer(mine, theirs, cls) -> None:
+    """A torch optimizer's state against this one's: the same class, parameter groups of the same
+    sizes, and every per-parameter tensor of its parameter's shape."""
+    name = type(mine).__name__ if mine is not None else None
+    if (mine is None) != (theirs is None) or (mine is not None and cls != name):
+        raise refuse(
+            f"optimizer: the state's is {cls or 'the built-in SGD update'}, this one's "
+            f"{name or 'the built-in SGD update'}"
+        )
+    if mine is None:
+        return
+    groups = theirs.get("param_groups") if isinstance(theirs, dict) else None
+    if not isinstance(groups, list) or [len(g.get("params", ())) for g in groups] != [
+        len(g["params"]) for g in mine.param_groups
+    ]:
+        raise refuse(f"optimizer: the state's {cls} parameter groups are not this optimizer's")
+    params = [p for g in mine.param_groups for p in g["params"]]
+    ids = [i for g in groups for i in g["params"]]
+    for i, st in (theirs.get("state") or {}).items():
+        if i not in ids or not isinstance(st, dict):
+            raise refuse(f"optimizer: state of an unknown parameter {i!r}")
+        p = params[ids.index(i)]
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and tuple(v.shape) != tuple(p.shape):
+                raise refuse(f"optimizer: {cls}'s {k} of parameter {i} does not fit it")
+
+
+def _epoch(trainer, state: dict) -> None:
+    """Where the state's epoch stands (an engine's): a lot count within the epoch, and the
+    generator state the epoch began from."""
+    n, start = state.get("lot_in_epoch", 0), state.get("epoch_generator")
+    per = trainer.sampler.lots_per_epoch()
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= per:
+        raise refuse(f"lot_in_epoch={n!r} must be an integer in [0, {per}]")
+    if n and start is not None:
+        try:
+            torch.Generator().set_state(start)
+        except (TypeError, RuntimeError):
+            raise refuse("epoch_generator: the epoch's generator state does not load") from None
 
 
 def _generators(trainer, sampler, noise) -> None:

@@ -1,30 +1,22 @@
 """``dpsgd.PrivateTrainer``: DP-SGD (Abadi et al. 2016, Algorithm 1) on your own model and data.
 
-It owns the mechanism (``build.assemble``: the sampler, the clipping engine, the noise and the event
-each lot is charged as, the same builder the command line uses) and the ledger, and runs every lot
-through ``lots.Lots.run`` (the command line's lot loop body), so each lot is charged as it runs and
-nothing can be forgotten. Details and examples: docs/API.md.
+A thin loop over the engine of ``dpsgd.make_private`` (``engine.PrivateEngine``): it holds the
+data in memory as two tensors, and runs epochs of the engine's lots, each through the engine's step
+(the mechanism of ``build.assemble``, the command line's builder; the lot body ``lots.Lots``, its
+charge held whole), so each lot is charged as it runs and nothing can be forgotten. Details and
+examples: docs/API.md.
 """
 
 from __future__ import annotations
 
-import math
-import secrets
-
 import torch
+from torch.utils.data import TensorDataset
 
 from dpsgd.accountant import Ledger
 from dpsgd.accountant.limits import DELTA_DEFAULT
-from dpsgd.config.arguments import check_arguments, check_calibrated
-from dpsgd.config.calibration import sigma_for_lots
 from dpsgd.core.runtime import configure_threads
-from dpsgd.mechanism.clipping.groups import clipping_groups
-from dpsgd.mechanism.noise import GaussianNoise
-from dpsgd.mechanism.sampling import make_sampler
-from dpsgd.workbench.build import PROOF_SAMPLE, assemble
-from dpsgd.workbench.lots import Lots, Tally
+from dpsgd.workbench.engine import PrivateEngine
 from dpsgd.workbench.sources import as_tensors
-from dpsgd.workbench.states import check_state, data_sha256
 
 
 class PrivateTrainer:
@@ -48,13 +40,17 @@ class PrivateTrainer:
         delta: δ of every ε reported; below 1/N unless ``allow_large_delta``.
         sampling: ``poisson`` (q = L/N), ``fixed_size``, ``truncated_poisson`` (with
             ``max_lot_size``), ``balls_in_bins`` or ``shuffle``; each charged by its own analysis.
-        accountant: the accountant of ``epsilon`` and of the stop; None: the first the sampler's
-            event is served by (Poisson: the paper's moments accountant).
+        accountant: the accountant of ``epsilon`` and of the stop; None: the tightest valid one
+            for the sampler (PLD: ``dpsgd/config/privacy.py:tightest``).
         loss: ``loss(output, target) -> [B]``, one value per example (``reduction="none"``); None:
-            cross-entropy.
-        lr, momentum: the update θ ← θ − η g̃ (with momentum μ: heavy ball on g̃).
+            cross-entropy (of the output, or of its ``.logits``).
+        lr, momentum: the built-in update θ ← θ − η g̃ (with momentum μ: heavy ball on g̃).
+        optimizer: any ``torch.optim.Optimizer`` over the model's trainable parameters instead
+            (Adam, AdamW, ...): it gets g̃ in ``.grad`` (post-processing: no privacy cost).
         clipping, mode: ``global`` or ``per_layer``; the engine ``auto``, ``ghost`` or ``vmap``.
         physical_batch_size: the most examples per forward pass (None: the whole lot).
+        precision: ``fp32`` or ``bf16`` (forward and backward under autocast; the norms, clip
+            factors, sums and noise in float32).
         private: False runs the same loop without clipping, noise or charge (ε = ∞).
         seed: the sampler's and the noise's seeds (None: drawn from the OS).
         secure_rng: draw the noise from OS entropy (a seed is then refused).
@@ -89,9 +85,11 @@ class PrivateTrainer:
         loss=None,
         lr: float = 0.1,
         momentum: float = 0.0,
+        optimizer: torch.optim.Optimizer | None = None,
         clipping: str = "global",
         mode: str = "auto",
         physical_batch_size: int | None = None,
+        precision: str = "fp32",
         private: bool = True,
         seed: int | None = None,
         secure_rng: bool = False,
@@ -99,94 +97,20 @@ class PrivateTrainer:
         logger=None,
         allow_large_delta: bool = False,
     ):
-        self.X, self.y = as_tensors(data)
-        a = check_arguments(
-            len(self.X),
-            lot_size=lot_size,
-            clip_norm=clip_norm,
-            sigma=sigma,
-            target_epsilon=target_epsilon,
-            epochs=epochs,
-            delta=delta,
-            sampling=sampling,
-            max_lot_size=max_lot_size,
-            accountant=accountant,
-            lr=lr,
-            momentum=momentum,
-            clipping=clipping,
-            mode=mode,
-            physical_batch_size=physical_batch_size,
-            private=private,
-            seed=seed,
-            secure_rng=secure_rng,
-            allow_large_delta=allow_large_delta,
-        )
-        self.args, self.threads, self.logger = a, _threads(threads), logger
-        self.device = next(model.parameters()).device
-        self.X, self.y = self.X.to(self.device), self.y.to(self.device)
-        self.model, self.delta, self.epochs = model, a.delta, a.epochs
-        self.target_epsilon, self.accountant = a.target_epsilon, a.accountant
-        self.physical_batch_size = a.physical_batch_size
-        self.convention = "joint"  # k groups = one Gaussian at σ/√k (the correct charge)
-        self.clipper, self.sampler, self.plan, self.dp = self._assemble(a, seed, loss)
-        self.tally = Tally(Ledger())
-        self.lots = Lots(self.plan, self.dp, self.tally)
-        self.epoch = 0
-        self.tally.budget = self._budget()
-        self._data_sha256 = None
-
-    # -- set-up ----------------------------------------------------------------------------------
-
-    def _assemble(self, a, seed: int | None, loss):
-        """The mechanism around the model (``build.assemble``, the command line's builder), σ as
-        given or calibrated."""
-        seed = secrets.randbits(62) if seed is None else int(seed)
-        noise = GaussianNoise(
-            seed=None if a.secure_rng else seed + 1, secure=a.secure_rng, device=self.device
-        )
-        return assemble(
-            self.model,
-            len(self.X),
-            lot_size=a.lot_size,
-            clip_norm=a.clip_norm,
-            sigma=self._sigma(a),
-            noise=noise,
-            sampler_seed=seed,
-            lr=a.lr,
-            private=a.private,
-            sampling=a.sampling,
-            max_lot_size=a.max_lot_size,
-            clipping=a.clipping,
-            mode=a.mode,
-            momentum=a.momentum,
-            loss=loss,
-            sample=(self.X[:PROOF_SAMPLE], self.y[:PROOF_SAMPLE]),  # proved on before any lot
-        )
-
-    def _sigma(self, a) -> float:
-        """σ as given (checked), or calibrated for ``epochs`` at ``target_epsilon`` (then checked
-        as the command line checks a calibrated σ)."""
-        if not a.private:
-            return 0.0
-        if a.sigma is not None:
-            return a.sigma
-        sampler = make_sampler(a.sampling, len(self.X), a.lot_size, None, a.max_lot_size)
-        lots = math.ceil(self.epochs * sampler.lots_per_epoch())
-        k = len(clipping_groups(self.model, a.clipping))
-        sigma = sigma_for_lots(
-            sampler, self.target_epsilon, self.delta, lots, self.accountant, k, self.convention
-        )
-        return check_calibrated(sigma, sampler)
-
-    def _budget(self) -> int | None:
-        """Charges that still fit within the target ε, from the ledger (None: no target)."""
-        if self.target_epsilon is None or not self.plan.private:
-            return None
-        return int(
-            self.tally.ledger.steps_within(
-                self.target_epsilon, self.delta, self.plan.event, self.accountant, self.convention
-            )
-        )
+        kw = {k: v for k, v in locals().items() if k not in ("self", "model", "data", "threads")}
+        kw.pop("logger")
+        X, y = as_tensors(data)
+        device = next(model.parameters()).device
+        self.X, self.y = X.to(device), y.to(device)
+        kw["pair_loss"] = kw.pop("loss")
+        self.engine = PrivateEngine(model, TensorDataset(self.X, self.y), **kw)
+        e = self.engine
+        self.args, self.threads, self.logger = e.args, _threads(threads), logger
+        self.model, self.device, self.delta, self.epochs = model, device, e.delta, e.epochs
+        self.target_epsilon, self.accountant = e.target_epsilon, e.accountant
+        self.physical_batch_size, self.convention = e.args.physical_batch_size, e.convention
+        self.clipper, self.sampler, self.plan, self.dp = e.clipper, e.sampler, e.plan, e.dp
+        self.last_loss = None
 
     # -- training --------------------------------------------------------------------------------
 
@@ -204,23 +128,20 @@ class PrivateTrainer:
         return "epochs_completed"
 
     def train_epoch(self, max_lots: int | None = None) -> str | None:
-        """One epoch of lots (the first ``max_lots`` of it); ``target_epsilon_reached`` when the
-        target ε stopped it before its end, else None. Returns the mean loss per example on
-        ``self.last_loss``."""
-        loss, seen = 0.0, 0
-        for i, idx in enumerate(self.sampler.epoch()):
-            if max_lots is not None and i >= max_lots:
-                break
-            left = self.lots.left(i)
-            if left is not None and left <= 0:
-                self.last_loss = loss / max(1, seen)
-                return "target_epsilon_reached"
-            x, y, kw = self._lot(idx)
-            out = self.lots.run(i, x, y, self.physical_batch_size, **kw)
+        """The rest of the current epoch of lots (the first ``max_lots`` of them);
+        ``target_epsilon_reached`` when the target ε stopped it before its end, else None. The
+        mean loss per example is on ``self.last_loss``. Each lot goes through the engine's step
+        (``engine.PrivateEngine.step``: the DP step and its charge, held whole)."""
+        loss, seen, ran = 0.0, 0, [0]
+        e = self.engine
+        for lot in e._lots(lambda: max_lots is not None and ran[0] >= max_lots, epoch_end=True):
+            out = e.step(lot)
+            ran[0] += 1
             loss, seen = loss + float(out["loss_sum"]), seen + int(out["lot_size"])
-        self.epoch += 1
         self.last_loss = loss / max(1, seen)
-        if self.logger is not None:  # one row per whole epoch, the epoch its step
+        if e.stop_reason == "target_epsilon_reached":
+            return "target_epsilon_reached"
+        if self.logger is not None:  # one row per epoch run, the epoch its step
             self.logger.log(self.row(), self.epoch)
         return None
 
@@ -238,96 +159,50 @@ class PrivateTrainer:
             "L": p.lot_size,
         }
 
-    def _lot(self, idx: torch.Tensor):
-        """The lot's examples on the device (padded with zero-weight rows when the sampler pads)."""
-        kw = {}
-        if self.sampler.pads:
-            idx, kw["weights"] = self.sampler.padded(idx)
-        idx = idx.to(self.device)
-        return self.X.index_select(0, idx), self.y.index_select(0, idx), kw
+    # -- what it has spent (the engine's) --------------------------------------------------------
 
-    # -- what it has spent -----------------------------------------------------------------------
+    @property
+    def tally(self):
+        return self.engine.tally
+
+    @property
+    def lots(self):
+        return self.engine.lots_body
+
+    @property
+    def epoch(self) -> int:
+        """Epochs of the sampler completed."""
+        return self.engine.epoch
 
     @property
     def ledger(self) -> Ledger:
-        return self.tally.ledger
+        return self.engine.ledger
 
     @property
     def steps(self) -> int:
         """Lots run."""
-        return self.tally.steps
+        return self.engine.steps
 
     @property
     def epsilon(self) -> float:
         """ε at δ of every lot run so far (∞ when not private: nothing bounds it)."""
-        if not self.plan.private:
-            return math.inf
-        return float(self.ledger.epsilon(self.delta, self.accountant, self.convention)[0])
-
-    def _epsilon_by(self, accountant: str) -> float | None:
-        """ε under ``accountant``; None where it refuses this ledger (e.g. too small a σ)."""
-        try:
-            return float(self.ledger.epsilon(self.delta, accountant, self.convention)[0])
-        except ValueError:
-            return None
+        return self.engine.epsilon
 
     def statement(self) -> dict:
         """What was spent and how it was charged, with ε under every accountant that serves it."""
-        s, plan = self.sampler, self.plan
-        eps = {a: self._epsilon_by(a) for a in plan.accountants}
-        return {
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "accountant": self.accountant,
-            "epsilon_by_accountant": eps,
-            "private": plan.private,
-            "steps": self.steps,
-            "epochs": self.epoch,
-            "sampling": {"name": s.name, "N": len(self.X), "L": plan.lot_size, "q": s.q},
-            "sigma": plan.sigma,
-            "clip_norm": plan.clip_norm,
-            "groups": plan.groups,
-            "adjacency": plan.adjacency,
-            "ledger": self.ledger.to_dict(),
-        }
+        return self.engine.statement()
 
     # -- saving and loading ----------------------------------------------------------------------
 
     def record(self) -> dict:
         """What decides what a lot costs and which data it draws from (dpsgd/workbench/states.py):
         compared whole when a state is loaded; only ``states.MAY_CHANGE`` may differ."""
-        if self._data_sha256 is None:
-            self._data_sha256 = data_sha256(self.X, self.y)
-        a, plan = self.args, self.plan
-        return {
-            "private": plan.private,
-            "sigma": plan.sigma,
-            "clip_norm": a.clip_norm,
-            "lot_size": a.lot_size,
-            "delta": a.delta,
-            "sampling": a.sampling,
-            "max_lot_size": a.max_lot_size,
-            "accountant": self.accountant,
-            "clipping": a.clipping,
-            "groups": len(self.clipper.groups),
-            "secure_rng": a.secure_rng,
-            "N": len(self.X),
-            "data_sha256": self._data_sha256,
-        }
+        return self.engine.record()
 
     def state_dict(self) -> dict:
-        """Everything to continue exactly: the weights, the momentum, the generators, the ledger,
+        """Everything to continue exactly: the weights, the optimizer, the generators, the ledger,
         and the record a state is loaded against (``record``)."""
-        return {
-            "model": {n: v.detach().cpu() for n, v in self.model.state_dict().items()},
-            "optimizer": self.dp.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "noise": self.dp.noise.state_dict(),
-            "ledger": self.ledger.to_dict(),
-            "steps": self.steps,
-            "epoch": self.epoch,
-            "record": self.record(),
-        }
+        return self.engine.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()``; the budget of the target ε is recomputed from the
@@ -335,22 +210,7 @@ class PrivateTrainer:
         mechanism or data, a state whose lots were not charged (σ = 0, ``private=False``, a ledger
         short of its lots), another network or generator state is refused in one line, and the
         trainer is left as it was."""
-        ledger = check_state(self, state)
-        before = self.state_dict()
-        try:
-            self._load(state, ledger)
-        except Exception:  # noqa: BLE001 (checked first; whatever still fails leaves nothing)
-            self._load(before, Ledger.from_dict(before["ledger"]))
-            raise
-
-    def _load(self, state: dict, ledger: Ledger) -> None:
-        self.model.load_state_dict(state["model"])
-        self.dp.load_state_dict(state["optimizer"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.dp.noise.load_state_dict(state["noise"])
-        self.tally.ledger = ledger
-        self.tally.steps, self.epoch = int(state["steps"]), int(state["epoch"])
-        self.tally.budget = self._budget()
+        self.engine.load_state_dict(state)
 
 
 def _threads(threads) -> int | None:

@@ -299,7 +299,8 @@ def _images(user, train: dict, test: dict) -> list[str]:
     _tree(user / "te", test)
     return ["model=custom", "model._target_=user_nets.SmallCNN", "dataset=imagefolder",
             f"dataset.train={user / 'tr'}", f"dataset.test={user / 'te'}",
-            "dataset.image_size=8", *[a.replace("=50", "=4") for a in RUN]]  # fmt: skip
+            "dataset.image_size=8", "privacy.sigma=1.0",
+            *[a.replace("=50", "=4") for a in RUN]]  # fmt: skip
 
 
 def test_image_folders_are_matched_by_class_name_and_the_names_recorded(user):
@@ -333,7 +334,8 @@ def test_text_labels_are_classes_matched_by_name(user):
         (user / f"{name}.csv").write_text("a,b,kind\n" + "\n".join(rows) + "\n")
     args = ["model=custom", "model._target_=user_nets.Tabular", "+model.args.features=2",
             "+model.args.classes=3", "dataset=csv", f"dataset.train={user / 'tr.csv'}",
-            f"dataset.test={user / 'te.csv'}", "dataset.label=kind", *RUN]  # fmt: skip
+            f"dataset.test={user / 'te.csv'}", "dataset.label=kind", "privacy.sigma=1.0",
+            *RUN]  # fmt: skip
     args = [a.replace("lot_size=50", "lot_size=2") for a in args]
     c = validate(compose(args))
     assert c.dataset.classes == ["cat", "dog", "eel"]

@@ -60,6 +60,12 @@ def audit_train(c, run_dir, overrides) -> dict:
         raise ConfigError(
             "privacy.private=false: a non-private run claims nothing; there is nothing to audit"
         )
+    if c.optimizer.name != "sgd" and options.gradient_canaries:
+        raise ConfigError(
+            f"optimizer={c.optimizer.name}: the white-box observer reads the noisy gradient back "
+            "from DP-SGD's own update (θ_t − θ_t+1 = η g̃); audit gradient canaries with "
+            "optimizer=sgd (any optimizer is post-processing of the same g̃)"
+        )
     inst = AuditInstrument(options, dataset_info(c.dataset).classes)
     start = time.time()
     final = train(c, run_dir, overrides, instrument=inst)
