@@ -2,6 +2,8 @@
 
 The public API (docs/API.md), imported on first use, so that ``import dpsgd`` stays light:
 
+    make_private       DP-SGD in your own loop: any optimizer, Dataset, loss and precision; every
+                       lot it draws charged (dpsgd.workbench.engine)
     PrivateTrainer     DP-SGD on any nn.Module and dataset, every lot charged (dpsgd.workbench)
     Ledger             every release of a run, composed into ε by any accountant (dpsgd.accountant)
     epsilon            ε of a Poisson schedule (q, σ, steps, δ)
@@ -15,6 +17,8 @@ import importlib
 __version__ = "0.1.0"
 
 _PUBLIC = {
+    "make_private": "dpsgd.workbench.engine",
+    "PrivateEngine": "dpsgd.workbench.engine",
     "PrivateTrainer": "dpsgd.workbench.trainer",
     "Ledger": "dpsgd.accountant",
     "epsilon": "dpsgd.accountant.calibrate",

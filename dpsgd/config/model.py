@@ -111,10 +111,7 @@ def _validate_user_model(m, d) -> tuple[int, ...]:
     m.projection, m.pca_dims = "none", 0
     shape = input_shape(d, d.crop)
     try:
-        import torch
-
-        with torch.device("meta"):
-            model = build_model(m, shape, dataset_info(d).classes)
+        model = _built(m, shape, dataset_info(d).classes)
         check_dp_compatible(model)
     except ValueError as e:
         msg = str(e).splitlines()[0]
@@ -122,20 +119,44 @@ def _validate_user_model(m, d) -> tuple[int, ...]:
     n_params = sum(p.numel() for p in model.parameters())
     if n_params > PARAMS_MAX or not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"{key}: {n_params} parameters; need 1 to PARAMS_MAX={PARAMS_MAX:.0e}")
-    _check_fit(key, model, shape, dataset_info(d).classes)
+    _check_fit(key, model, shape, dataset_info(d).classes, getattr(d, "dtype", "float32"))
     return shape
 
 
-def _check_fit(key: str, model, shape: tuple[int, ...], classes: int) -> None:
-    """Your network on one example of the dataset, on the meta device (no memory, no time): it
-    takes the examples' shape and gives a score per class for every label of the training and the
-    test file (cross-entropy); a mismatch found only in training came after its set-up, with a
-    folder written and, for the test labels, an epoch of privacy already spent."""
+def _built(m, shape, classes: int):
+    """Your network built on the meta device (no memory, no time); on the CPU where it refuses
+    the meta device (a ``from_pretrained`` class method loads its weights: read once here)."""
     import torch
 
     try:
-        with torch.device("meta"), torch.no_grad():
-            out = model(torch.empty((2, *shape)))
+        with torch.device("meta"):
+            return build_model(m, shape, classes)
+    except ValueError as e:
+        if "meta" not in str(e):
+            raise
+    return build_model(m, shape, classes)
+
+
+def _check_fit(key: str, model, shape: tuple[int, ...], classes: int, dtype="float32") -> None:
+    """Your network on two examples of the dataset's shape and ``dataset.dtype``, on the meta
+    device (no memory, no time; on the CPU for a model built there): it takes them and gives a
+    score per class (a tensor, or a Hugging Face output's ``logits``) for every label of the
+    training and the test file (cross-entropy); a mismatch found only in training came after its
+    set-up, with a folder written and, for the test labels, an epoch of privacy already spent."""
+    import torch
+
+    from dpsgd.mechanism.batches import logits_of
+
+    device = next(model.parameters()).device
+    try:
+        with torch.device(device), torch.no_grad():
+            x = torch.zeros((2, *shape), dtype=getattr(torch, dtype))
+            out = model(x)
+            out = (
+                logits_of(out)
+                if not isinstance(out, torch.Tensor) and hasattr(out, "logits")
+                else out
+            )
     except NotImplementedError:  # an operation without a meta kernel: cannot be tried here
         return
     except Exception as e:  # noqa: BLE001 (the user's forward: any failure is a misfit)

@@ -37,6 +37,8 @@ def validate_optimizer(c) -> None:
     choice("training.schedule", c.training.schedule, SCHEDULES)
     if not isinstance(o.args, dict):
         raise ConfigError(f"optimizer.args={fmt(o.args)}: must be a mapping of keyword arguments")
+    if o._target_ == "???":  # optimizer=custom, and no class given (OmegaConf's missing value)
+        o._target_ = None
     if (o.name == "custom") != (o._target_ is not None):
         raise ConfigError(
             "optimizer._target_: optimizer=custom builds the class optimizer._target_ "

@@ -34,7 +34,7 @@ from dpsgd.core.errors import ConfigError
 from dpsgd.core.loggers import LOGGERS, require
 from dpsgd.data.augment import AUGMENTATIONS
 from dpsgd.data.datasets import DATASETS, dataset_info, validate_dataset
-from dpsgd.data.files import FILE_FORMATS
+from dpsgd.data.files import DTYPES, FILE_FORMATS
 from dpsgd.data.features import FEATURE_NORMS, FEATURES
 from dpsgd.config.optimizer import OPTIMIZERS, SCHEDULES, validate_optimizer
 from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES, PRECISIONS
@@ -65,6 +65,7 @@ class DatasetConfig:
     # named classes of your files (image folders, text labels), matched by name across train and
     # test: filled when first read; a changed list is refused (dpsgd/data/files.py)
     classes: list[str] | None = None
+    dtype: str = "float32"  # dataset=tensors|csv: float32, or int64 (token ids, an Embedding's)
     cls: str | None = None  # dataset=torchvision: the torchvision.datasets class name
     train_split: str | None = None  # dataset=torchvision: split= names (None: train=True/False)
     test_split: str | None = None
@@ -193,6 +194,7 @@ CHOICES = {  # each list is defined once, where the choice is implemented
     "model.norm": sorted(NORMS),
     "model.freeze": sorted(FREEZE),
     "dataset.augment": sorted(AUGMENTATIONS),
+    "dataset.dtype": sorted(DTYPES),
     "model.features": sorted(FEATURES),
     "model.feature_norm": sorted(FEATURE_NORMS),
     "privacy.clipping": sorted(CLIPPINGS),

@@ -102,18 +102,21 @@ def dataset_info(d) -> Dataset:
 def validate_dataset(d) -> None:
     """The ``dataset.*`` group (``DatasetConfig``), checked and coerced in place; ConfigError naming
     the key."""
-    from dpsgd.data.files import FILE_FORMATS, check_files
+    from dpsgd.data.files import FILE_FORMATS, check_dtype, check_files
 
     choice("dataset.name", d.name, (*DATASETS, *FILE_FORMATS))
     if d.name in FILE_FORMATS:
         d.image_size = num("dataset.image_size", d.image_size, integer=True, lo=1, hi=1024)
         check_files(d)
+        check_dtype(d)
     else:
         for key in ("train", "test", "train_sha256", "test_sha256", "classes"):
             if getattr(d, key) is not None:
                 raise ConfigError(
                     f"dataset.{key}={fmt(getattr(d, key))}: only dataset=tensors|csv read files"
                 )
+        if getattr(d, "dtype", "float32") != "float32":
+            raise ConfigError(f"dataset.dtype={fmt(d.dtype)}: dataset=tensors|csv only (token ids)")
     if d.name != "torchvision":
         for key in ("cls", "train_split", "test_split"):
             if getattr(d, key) is not None:

@@ -32,11 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsgd.core.checks import fmt
+from dpsgd.core.checks import choice, fmt
 from dpsgd.core.errors import ConfigError
 
 # dataset.name values read from the user's files (dataset.train/test), or from a torchvision class
 FILE_FORMATS = ("tensors", "csv", "imagefolder", "torchvision")
+DTYPES = ("float32", "int64")  # dataset.dtype: X as read (int64: token ids)
 SUFFIXES = {"tensors": (".pt", ".pth", ".npz"), "csv": (".csv",), "imagefolder": None}
 
 
@@ -307,8 +308,27 @@ def _both(d):
 
 
 def load_files(d):
-    """(X_train, y_train, X_test, y_test) CPU tensors of a file dataset."""
+    """(X_train, y_train, X_test, y_test) CPU tensors of a file dataset; X as ``dataset.dtype``
+    (int64: token ids, read exactly: every value an integer below 2^24, checked)."""
     import torch
 
     (Xtr, ytr), (Xte, yte), _ = _both(d)
+    if getattr(d, "dtype", "float32") == "int64":
+        Xtr, Xte = (X.astype(np.int64) for X in (Xtr, Xte))
     return tuple(torch.from_numpy(a.copy()) for a in (Xtr, ytr, Xte, yte))
+
+
+def check_dtype(d) -> None:
+    """``dataset.dtype``: float32, or int64 for examples that are integers (token ids), each
+    exact in the float32 the files are read as (|x| < 2^24)."""
+    choice("dataset.dtype", d.dtype, DTYPES)
+    if d.dtype == "float32":
+        return
+    if d.name not in ("tensors", "csv"):
+        raise ConfigError(f"dataset.dtype={d.dtype}: dataset=tensors|csv only (token ids)")
+    for split, (X, _) in zip(("train", "test"), _both(d)[:2]):
+        if not (np.all(X == np.round(X)) and np.all(np.abs(X) < 2**24)):
+            raise ConfigError(
+                f"dataset.dtype=int64: dataset.{split}={getattr(d, split)} holds values that are "
+                "not integers below 2^24 (token ids)"
+            )

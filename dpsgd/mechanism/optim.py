@@ -21,6 +21,8 @@ Details: docs/PERFORMANCE.md, "dpsgd/mechanism/optim.py".
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from dpsgd.mechanism.noise import GaussianNoise
@@ -106,8 +108,8 @@ class DPSGD:
             "momentum": self.momentum,
             "velocity": {n: v.detach().cpu() for n, v in self.velocity.items()},
         }
-        if self.optimizer is not None:
-            out["torch"] = self.optimizer.state_dict()
+        if self.optimizer is not None:  # a copy: torch's shares the live moment tensors
+            out["torch"] = copy.deepcopy(self.optimizer.state_dict())
             out["torch_class"] = type(self.optimizer).__name__
         return out
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dpsgd.mechanism.batches import logits_of
+
 # rows per forward pass of a row-wise model in ``evaluate`` (its activations stay in cache)
 EVAL_ROWS = 1024
 _ROWWISE = (torch.nn.Linear, torch.nn.ReLU, torch.nn.Identity, torch.nn.Flatten)
@@ -29,7 +31,7 @@ def _logits(model, xb: torch.Tensor) -> torch.Tensor:
     activations), the same bits. A GPU keeps one pass per batch (its GEMM may choose another kernel
     at another row count)."""
     if len(xb) <= EVAL_ROWS or xb.device.type != "cpu" or not rowwise(model):
-        return model(xb)
+        return logits_of(model(xb))  # a tensor, or a Hugging Face output's logits
     return torch.cat([model(xb[s : s + EVAL_ROWS]) for s in range(0, len(xb), EVAL_ROWS)])
 
 

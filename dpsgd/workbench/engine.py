@@ -385,9 +385,12 @@ class PrivateEngine:
 
     def state_dict(self) -> dict:
         """Everything to continue exactly: the weights, the optimizer, the generators (and where
-        the current epoch's lots stand), the ledger, and the record a state is loaded against."""
+        the current epoch's lots stand), the ledger, and the record a state is loaded against; a
+        snapshot (copies, on the CPU), which training on does not change."""
         return {
-            "model": {n: v.detach().cpu() for n, v in self.model.state_dict().items()},
+            "model": {
+                n: v.detach().to("cpu", copy=True) for n, v in self.model.state_dict().items()
+            },
             "optimizer": self.dp.state_dict(),
             "sampler": self.sampler.state_dict(),
             "noise": self.dp.noise.state_dict(),

@@ -224,6 +224,19 @@ VALIDATION = [
     Bad(["training.ema_decay=1"], "training.ema_decay", "must be < 1"),
     Bad(["training.ema_decay=0"], "training.ema_decay", "must be > 0"),
     Bad(["training.train_metrics=sometimes"], "training.train_metrics", "must be true or false"),
+    Bad(["training.schedule=step"], "training.schedule", "unknown, must be one of"),
+    Bad(["training.precision=fp16"], "training.precision", "unknown, must be one of"),
+    # --- optimizer
+    Bad(["optimizer=lion"], "optimizer"),
+    Bad(["optimizer.name=lion"], "optimizer.name", "unknown, must be one of"),
+    Bad(["optimizer=adam", "optimizer.betas=[0.9,1.0]"], "optimizer.betas", "must be < 1"),
+    Bad(["optimizer=adam", "optimizer.eps=0"], "optimizer.eps", "must be > 0"),
+    Bad(["optimizer=adamw", "optimizer.weight_decay=-1"], "optimizer.weight_decay"),
+    Bad(["optimizer.weight_decay=0.1"], "optimizer.weight_decay", "optimizer=sgd is DP-SGD"),
+    Bad(["optimizer=adam", "training.momentum=0.9"], "training.momentum", "has its own"),
+    Bad(["optimizer=custom"], "optimizer._target_", "builds the class"),
+    Bad(["optimizer=custom", "optimizer._target_=torch.nn.Linear"], "optimizer._target_",
+        "not a torch.optim.Optimizer"),  # fmt: skip
     # --- logger
     Bad(["logger=mlflow"], "logger"),
     Bad(["logger.name=mlflow"], "logger.name", "unknown, must be one of"),
