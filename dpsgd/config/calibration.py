@@ -15,7 +15,7 @@ import functools
 
 from dpsgd.core.errors import ConfigError
 from dpsgd.data.datasets import dataset_info
-from dpsgd.models.networks import build_model, frozen_names
+from dpsgd.models.networks import build_unloaded, frozen_names
 
 
 def calibrated_sigma(c, sampler, shape) -> float:
@@ -23,7 +23,6 @@ def calibrated_sigma(c, sampler, shape) -> float:
     ``Config`` ``c`` spend at most privacy.target_epsilon under the configured accountant and
     convention (``dpsgd/accountant/calibrate.py:sigma_for_epsilon``; ε within 0.5 % below the
     target)."""
-    import torch
 
     p, t, key = c.privacy, c.training, "privacy.calibrate_sigma=true"
     if not p.private:
@@ -47,8 +46,7 @@ def calibrated_sigma(c, sampler, shape) -> float:
         steps = min(steps, t.max_steps)
     if steps < 1:
         raise ConfigError(f"{key}: training.epochs={t.epochs} plans no lot to calibrate σ for")
-    with torch.device("meta"):
-        model = build_model(c.model, shape, dataset_info(c.dataset).classes)
+    model = build_unloaded(c.model, shape, dataset_info(c.dataset).classes)
     k = clipping_groups(model, p.clipping, c.model.freeze)
     try:
         return sigma_for_lots(

@@ -23,6 +23,7 @@ from dpsgd.models.networks import (
     INITS,
     MODELS,
     build_model,
+    build_unloaded,
     check_dp_compatible,
     check_input,
     frozen_names,
@@ -111,7 +112,7 @@ def _validate_user_model(m, d) -> tuple[int, ...]:
     m.projection, m.pca_dims = "none", 0
     shape = input_shape(d, d.crop)
     try:
-        model = _built(m, shape, dataset_info(d).classes)
+        model = build_unloaded(m, shape, dataset_info(d).classes)
         check_dp_compatible(model)
     except ValueError as e:
         msg = str(e).splitlines()[0]
@@ -121,20 +122,6 @@ def _validate_user_model(m, d) -> tuple[int, ...]:
         raise ConfigError(f"{key}: {n_params} parameters; need 1 to PARAMS_MAX={PARAMS_MAX:.0e}")
     _check_fit(key, model, shape, dataset_info(d).classes, getattr(d, "dtype", "float32"))
     return shape
-
-
-def _built(m, shape, classes: int):
-    """Your network built on the meta device (no memory, no time); on the CPU where it refuses
-    the meta device (a ``from_pretrained`` class method loads its weights: read once here)."""
-    import torch
-
-    try:
-        with torch.device("meta"):
-            return build_model(m, shape, classes)
-    except ValueError as e:
-        if "meta" not in str(e):
-            raise
-    return build_model(m, shape, classes)
 
 
 def _check_fit(key: str, model, shape: tuple[int, ...], classes: int, dtype="float32") -> None:

@@ -340,6 +340,20 @@ def build_model(m, shape, classes: int):
     )
 
 
+def build_unloaded(m, shape, classes: int):
+    """``build_model`` on the meta device (no memory, no time: for counting and checking); on the
+    CPU where the class refuses the meta device (a ``from_pretrained`` loads its weights)."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return build_model(m, shape, classes)
+    except ValueError as e:
+        if "meta" not in str(e):
+            raise
+    return build_model(m, shape, classes)
+
+
 def frozen_names(model, freeze: str) -> list[str]:
     """The parameters ``model.freeze`` freezes (requires_grad=False: public, neither clipped nor
     noised)."""
@@ -359,8 +373,11 @@ def user_model(target: str, args: dict):
     try:
         model = instantiate({"_target_": target, **dict(args)})
     except InstantiationException as e:
-        first = str(e).strip().splitlines()[0].split(", set env var HYDRA_FULL_ERROR")[0]
-        raise ValueError(f"model._target_={target}: {first}") from None
+        # the call and its cause (a from_pretrained's own refusal), on one line
+        why = " ".join(str(e).split()).split(" Set the environment variable HYDRA_FULL_ERROR")[0]
+        raise ValueError(
+            f"model._target_={target}: {why.split(', set env var HYDRA_FULL')[0]}"
+        ) from None
     except Exception as e:  # noqa: BLE001 (an omegaconf error, the user's own __init__)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"model._target_={target}: {first}") from None

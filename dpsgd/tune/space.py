@@ -92,9 +92,8 @@ def run_overrides(validation: int, sigma: float, seed: int) -> list[str]:
 
 def charge(c: Config) -> tuple[float, int, int]:
     """(q, planned lots, k) of a validated candidate config (Poisson sampling, no DP-PCA)."""
-    import torch
     from dpsgd.data.datasets import dataset_info
-    from dpsgd.models.networks import build_model
+    from dpsgd.models.networks import build_unloaded
 
     p, t = c.privacy, c.training
     if not p.private:
@@ -115,8 +114,7 @@ def charge(c: Config) -> tuple[float, int, int]:
     if lots < 1:
         raise ConfigError(f"training.epochs={t.epochs}: plans no lot")
     shape = validate_model(c.model, c.dataset)
-    with torch.device("meta"):
-        model = build_model(c.model, shape, dataset_info(c.dataset).classes)
+    model = build_unloaded(c.model, shape, dataset_info(c.dataset).classes)
     return p.lot_size / c.N, int(lots), clipping_groups(model, p.clipping, c.model.freeze)
 
 

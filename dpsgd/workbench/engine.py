@@ -81,6 +81,7 @@ def make_private(
     clipping: str = "global",
     mode: str = "auto",
     allow_large_delta: bool = False,
+    private: bool = True,
 ) -> PrivateEngine:
     """A ``PrivateEngine`` for your loop (module doc).
 
@@ -114,6 +115,7 @@ def make_private(
             factors, sums and noise in float32).
         clipping, mode: ``global`` or ``per_layer``; the engine ``auto``, ``ghost`` or ``vmap``.
         allow_large_delta: accept δ >= 1/N.
+        private: False: the same loop without clipping, noise or charge (a baseline; ε = ∞).
 
     Raises:
         ValueError: one line naming the argument (the command line's refusal, in the API's words).

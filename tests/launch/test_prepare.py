@@ -59,6 +59,7 @@ VALIDATION = [
         ["dataset=imagefolder", "dataset.train=/", "dataset.test=/", "dataset.image_size=0"],
         "dataset.image_size",
     ),  # fmt: skip
+    Bad(["+dataset.dtype=int64"], "dataset.dtype", "dataset=tensors|csv only (token ids)"),
     Bad(["dataset.download=maybe"], "dataset.download", "must be true or false"),
     Bad(["dataset.root=5"], "dataset.root", "must be a path"),
     Bad(["dataset.augment=rotate"], "dataset.augment"),

@@ -40,6 +40,14 @@ NETS = textwrap.dedent(
         def forward(self, x):
             return self.net(x)
 
+    class BagOfTokens(nn.Module):
+        def __init__(self, vocab=50, classes=2):
+            super().__init__()
+            self.emb, self.fc = nn.Embedding(vocab, 8), nn.Linear(8, classes)
+
+        def forward(self, ids):
+            return self.fc(self.emb(ids).mean(1))
+
     class WithBatchNorm(nn.Module):
         def __init__(self):
             super().__init__()
@@ -344,3 +352,82 @@ def test_text_labels_are_classes_matched_by_name(user):
     changed = [*args, "dataset.classes=[cat,dog]"]
     with pytest.raises(ConfigError, match=r"dataset.classes=\['cat', 'dog'\]: .* the data changed"):
         validate(compose(changed))
+
+
+def test_a_custom_model_inherits_no_paper_setting_and_gets_sigma_from_its_target(user):
+    """model=custom: global clipping at C = 1, a constant learning rate, PLD, and σ calibrated
+    from privacy.target_epsilon over training.epochs (the API's search); without a target, σ is
+    asked for in one line; a σ given is kept and stops the run at the target."""
+    from dpsgd.config.calibration import sigma_for_lots
+    from dpsgd.mechanism.sampling import make_sampler
+
+    base = [a for a in _cnn(user) if not a.startswith(("privacy.clipping", "privacy.clip_norm"))]
+    c = validate(compose([*base, "privacy.target_epsilon=3", "training.epochs=5"]))
+    p = c.privacy
+    assert (p.clipping, p.clip_norm, c.training.schedule, c.accountant.name) == (
+        "global", 1.0, "constant", "pld")  # fmt: skip
+    sampler = make_sampler("poisson", c.N, p.lot_size)
+    lots = 5 * sampler.lots_per_epoch()
+    assert p.calibrate_sigma and p.sigma == sigma_for_lots(sampler, 3.0, p.delta, lots, "pld", 1)
+    with pytest.raises(ConfigError, match=r"privacy.sigma=null: give σ .* privacy.target_epsilon"):
+        validate(compose(base))
+    given = validate(compose([*base, "privacy.sigma=2", "privacy.target_epsilon=3"]))
+    assert given.privacy.sigma == 2.0 and not given.privacy.calibrate_sigma
+    preset = validate(compose(["experiment=mnist_medium"]))  # the presets keep the paper's
+    assert (preset.privacy.clipping, preset.accountant.name, preset.training.schedule) == (
+        "per_layer", "moments", "paper")  # fmt: skip
+    assert preset.optimizer.name == "sgd" and preset.training.precision == "fp32"
+
+
+def test_adamw_from_the_command_line_resumes_bit_for_bit(user):
+    """optimizer=adamw with a cosine schedule: a run checkpointed after epoch 1 and resumed to
+    epoch 3 ends with the model of one that ran 3 epochs straight (AdamW's moments come back from
+    the checkpoint); the optimizer cannot change on resume."""
+    from dpsgd.launch.prepare import prepare_resume
+    from dpsgd.run.checkpoint import load_checkpoint
+
+    args = [*_cnn(user), "privacy.sigma=1.0", "optimizer=adamw", "training.lr=0.01",
+            "training.schedule=cosine", "training.lr_end=0.001"]  # fmt: skip
+    ref, run = user / "ref", user / "run"
+    train(validate(compose([*args, "training.epochs=3"])), ref, [*args, "training.epochs=3"])
+    train(validate(compose([*args, "training.epochs=1"])), run, [*args, "training.epochs=1"])
+    c, rd, rest = prepare_resume([f"resume={run}", "training.epochs=3"])
+    train(c, rd, rest)
+    a, b = load_checkpoint(ref), load_checkpoint(run)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])  # bit-identical
+    assert a["optimizer"]["torch_class"] == "AdamW" and a["optimizer"]["torch"]["state"]
+    with pytest.raises(ConfigError, match="optimizer.name"):
+        prepare_resume([f"resume={run}", "training.epochs=4", "optimizer=adam"])
+
+
+def test_the_learning_rate_schedules():
+    from types import SimpleNamespace
+
+    from dpsgd.config.optimizer import lr_at
+    from tolerances import chain_rel_tol
+
+    t = SimpleNamespace(lr=0.1, lr_end=0.01, epochs=11, lr_saturate_epochs=10)
+    near = lambda x: pytest.approx(x, rel=chain_rel_tol(8))  # noqa: E731 (a few float ops, cos)
+    # exact at epoch 0: lr − (lr − lr_end)·0 and cos(0) = 1
+    assert [lr_at(SimpleNamespace(**vars(t), schedule="constant"), e) for e in (0, 10)] == [0.1] * 2
+    lin = SimpleNamespace(**vars(t), schedule="linear")
+    assert lr_at(lin, 0) == 0.1 and lr_at(lin, 10) == lr_at(lin, 20) == near(0.01)
+    cos = SimpleNamespace(**vars(t), schedule="cosine")
+    assert lr_at(cos, 0) == 0.1 and lr_at(cos, 5) == near(0.055) and lr_at(cos, 10) == near(0.01)
+    paper = SimpleNamespace(**vars(t), schedule="paper")
+    assert lr_at(paper, 9) == near(0.01) and lr_at(paper, 3) == near(0.07)
+
+
+def test_token_ids_are_read_as_integers_and_other_values_refused(user):
+    from dpsgd.data.files import load_files
+
+    torch.save((torch.randint(0, 50, (60, 7)), torch.randint(0, 2, (60,))), user / "ids.pt")
+    ids = [*_cnn(user), "privacy.sigma=1"]
+    ids = [a.replace("train.pt", "ids.pt").replace("test.npz", "ids.pt") for a in ids]
+    ids = [a for a in ids if not a.startswith(("model.", "+model"))]
+    ids += ["model._target_=user_nets.BagOfTokens", "dataset.dtype=int64"]
+    c = validate(compose(ids))
+    X = load_files(c.dataset)[0]
+    assert X.dtype == torch.int64 and c.dataset.dtype == "int64"
+    with pytest.raises(ConfigError, match=r"dataset.dtype=int64: dataset.train=.* not integers"):
+        validate(compose([*_cnn(user), "privacy.sigma=1", "dataset.dtype=int64"]))
