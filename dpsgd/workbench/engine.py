@@ -147,6 +147,7 @@ class PrivateEngine:
             self.reader.N, lr=step_lr, momentum=momentum, private=private, seed=seed,
             precision=precision, **kw,
         )  # fmt: skip
+        self.reader.physical_batch_size = a.physical_batch_size  # as checked
         self.args, self.optimizer, self.precision = a, optimizer, a.precision
         self.delta, self.epochs, self.accountant = a.delta, a.epochs, a.accountant
         self.target_epsilon, self.convention = a.target_epsilon, "joint"  # k groups: σ/√k

@@ -236,8 +236,11 @@ VALIDATION = [
     Bad(["optimizer.weight_decay=0.1"], "optimizer.weight_decay", "optimizer=sgd is DP-SGD"),
     Bad(["optimizer=adam", "training.momentum=0.9"], "training.momentum", "has its own"),
     Bad(["optimizer=custom"], "optimizer._target_", "builds the class"),
-    Bad(["optimizer=custom", "optimizer._target_=torch.nn.Linear"], "optimizer._target_",
-        "not a torch.optim.Optimizer"),  # fmt: skip
+    Bad(
+        ["optimizer=custom", "optimizer._target_=torch.nn.Linear"],
+        "optimizer._target_",
+        "not a torch.optim.Optimizer",
+    ),
     # --- logger
     Bad(["logger=mlflow"], "logger"),
     Bad(["logger.name=mlflow"], "logger.name", "unknown, must be one of"),
