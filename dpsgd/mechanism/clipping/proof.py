@@ -24,7 +24,8 @@ The proof runs on a sub-batch of a size that equals no other dimension (``PROBE_
 twin's signature there is the call's, else on the whole batch, its examples in a fixed random
 order. Tolerances: values reduced over at
 most n terms (n = the parameters plus the activations autograd saved) are exact to n·eps (float64:
-eps = 2.2e-16); a coupling or an outside use below that is not seen, nor a structure that changes
+eps = 2.2e-16; the eps of a coarser dtype where the model computes in it whatever the twin's, e.g.
+a Hugging Face RMSNorm's float32); a coupling or an outside use below that is not seen, nor a structure that changes
 with the input's values at one signature. Why each choice, and the costs: docs/PERFORMANCE.md.
 """
 
@@ -137,20 +138,25 @@ def _named(model):
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-def _rtol(twin, n_terms: int) -> float:
-    """n·eps, n = the parameters plus ``n_terms`` (the activations autograd saved): a bound on the
-    terms any loss, gradient or norm of the twin is reduced over (tests/tolerances.py's
-    reduction_rtol)."""
-    return (sum(p.numel() for p in twin.model.parameters()) + n_terms) * twin.eps
+def _rtol(twin, saved: tuple) -> float:
+    """n·eps, n = the parameters plus the activations autograd saved (``saved``: their count and
+    the eps of the coarsest floating dtype among them): a bound on the terms any loss, gradient or
+    norm of the twin is reduced over (tests/tolerances.py's reduction_rtol). eps is the twin's,
+    or coarser where the model computes below it whatever the twin's dtype (a Hugging Face RMSNorm
+    casts to float32 inside: the gradient below it is rounded to float32 there)."""
+    n_terms, eps = saved
+    return (sum(p.numel() for p in twin.model.parameters()) + n_terms) * max(twin.eps, eps)
 
 
 @contextmanager
 def _saved_numel():
-    """Counts the elements of the tensors autograd saves inside the block."""
-    box = [0]
+    """[elements, coarsest eps] of the tensors autograd saves inside the block (``_rtol``)."""
+    box = [0, 0.0]
 
     def pack(t):
         box[0] += t.numel()
+        if t.is_floating_point():
+            box[1] = max(box[1], torch.finfo(t.dtype).eps)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -175,7 +181,7 @@ def _perturbed(x, S: list[int], c: int, K: int):
     return xp.reshape(x.shape)
 
 
-def _independence(twin, xs, ys, c: int, K: int, loss, base, saved: int) -> None:
+def _independence(twin, xs, ys, c: int, K: int, loss, base, saved: tuple) -> None:
     """NotPerExample when changing some examples changes another example's loss (module doc)."""
     if c < 2:
         return
@@ -241,10 +247,11 @@ def prove_ghost(model, x, y, K: int, loss, signature: tuple) -> str | None:
 
 
 def _hooked(model, layers, xs, ys, K: int, loss):
-    """(the capture, each example's loss, the elements autograd saved) of one forward pass."""
+    """(the capture, each example's loss, (elements, coarsest eps) autograd saved) of one forward
+    pass."""
     with Capture(layers) as cap, _saved_numel() as saved:
         ell = example_losses(model, xs, ys, K, loss)
-    return cap, ell, saved[0]
+    return cap, ell, tuple(saved)
 
 
 def _calls(signature) -> list:
@@ -252,7 +259,7 @@ def _calls(signature) -> list:
     return [(i, p, q) for i, p, _, q, _ in signature]
 
 
-def _ghost_structure(twin, layers, cap, ell, c: int, K: int, saved: int) -> str | None:
+def _ghost_structure(twin, layers, cap, ell, c: int, K: int, saved: tuple) -> str | None:
     order, bs = output_grads(cap.records, ell.sum(), retain=True)
     w = 0.5 + torch.rand(c, generator=torch.Generator().manual_seed(SEED), dtype=torch.float64)
     w = w.to(device=ell.device, dtype=ell.dtype)
@@ -354,7 +361,7 @@ def prove_exact(model, x, y, K: int, loss, engines=("vmap", "loop")) -> tuple[st
         def forward():
             with _saved_numel() as saved:
                 ell = example_losses(twin.model, xs, ys, K, loss)
-            return ell.detach(), saved[0]
+            return ell.detach(), tuple(saved)
 
         ell, saved = _seeded(forward, xs.device)
         _independence(twin, xs, ys, c, K, loss, ell, saved)
@@ -370,7 +377,7 @@ def prove_exact(model, x, y, K: int, loss, engines=("vmap", "loop")) -> tuple[st
     return _twin(model, x, y, run)
 
 
-def _exact_engine(twin, xs, ys, rows: list, K: int, loss, engines, saved: int):
+def _exact_engine(twin, xs, ys, rows: list, K: int, loss, engines, saved: tuple):
     named = _named(twin.model)
     params = [p for _, p in named]
 
