@@ -93,6 +93,7 @@ def test_a_model_without_biases_or_with_an_unknown_head_is_refused():
 
 # -- frozen weights never move ---------------------------------------------------------------------
 def _lora(m):
+    pytest.importorskip("peft")
     add_lora(m, rank=2, alpha=4.0, dropout=0.1)
     return trainable(m, "lora+head")
 
@@ -102,7 +103,6 @@ def _lora(m):
 )
 @pytest.mark.parametrize("clipping", ["global", "per_layer"])
 def test_frozen_weights_stay_bit_identical_across_noisy_steps(select, clipping):
-    pytest.importorskip("peft")
     torch.manual_seed(0)
     m = Net()
     names = select(m)
