@@ -8,6 +8,8 @@ The public API (docs/API.md), imported on first use, so that ``import dpsgd`` st
     Ledger             every release of a run, composed into ε by any accountant (dpsgd.accountant)
     epsilon            ε of a Poisson schedule (q, σ, steps, δ)
     sigma_for_epsilon  the smallest σ that keeps a schedule within a target ε
+    trainable          what fine-tuning trains: "bias" (BiTFiT), "head", "lora", ... (dpsgd.models)
+    add_lora           LoRA adapters on a model's Linear layers, through peft (dpsgd.models)
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ _PUBLIC = {
     "Ledger": "dpsgd.accountant",
     "epsilon": "dpsgd.accountant.calibrate",
     "sigma_for_epsilon": "dpsgd.accountant.calibrate",
+    "trainable": "dpsgd.models.trainable",
+    "add_lora": "dpsgd.models.trainable",
 }
 __all__ = sorted(_PUBLIC)
 

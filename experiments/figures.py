@@ -2,11 +2,10 @@
 
     python -m experiments.figures [--results results] [--no-readme]
 
-No training, no accounting. Writes
-results/figures/{figure2,figure3,figure4,figure5,figure6,privacy_utility,frontier,audit,risk}.{png,pdf} and
-regenerates results/README.md (``experiments.readme``, written by this script only). A figure whose
-CSV is missing is skipped with a note, so the script also works part-way through a ``make paper``
-(and Figure 6 is drawn only once real CIFAR-10 runs have been collected into results/figure6.csv).
+No training, no accounting. Writes results/figures/{figure2,figure3,figure4,figure5,figure6,
+privacy_utility,frontier,audit,risk,finetune}.{png,pdf} and regenerates results/README.md
+(``experiments.readme``, written by this script only). A figure whose CSV is missing is skipped
+with a note, so the script also works part-way through a ``make paper`` (and Figure 6 is drawn only once real CIFAR-10 runs have been collected into results/figure6.csv).
 
 The top of the experiments package: it imports the figure modules, which import the shared style
 (``experiments.style``) and nothing above them. Every figure states (q, σ, δ) and the accounting
@@ -22,7 +21,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import audit_figure, figure2, figure6, frontier_figure, mnist_figures, risk_figure
+from . import (
+    audit_figure,
+    figure2,
+    figure6,
+    finetune_figure,
+    frontier_figure,
+    mnist_figures,
+    risk_figure,
+)
 from .readme import write_readme
 
 # (CSV in results/, function drawing it into results/figures/), in drawing order
@@ -36,6 +43,7 @@ DRAWERS = [
     ("frontier.csv", frontier_figure.draw),
     ("audit.csv", audit_figure.draw),
     ("risk.csv", risk_figure.draw),
+    ("finetune.csv", finetune_figure.draw),
 ]
 # the figure each CSV gives, where its name is not the CSV's
 FIGURE_NAME = {"summary.csv": "privacy_utility"}

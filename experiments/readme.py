@@ -14,6 +14,7 @@ import pandas as pd
 
 from . import claims
 from .figure6 import final
+from .finetune_figure import table_rows as finetune_rows
 from .frontier_figure import table_rows
 from .private_selection import table_rows as private_selection_rows
 from .seeds import spread
@@ -291,6 +292,46 @@ def cifar_rows(f6: pd.DataFrame | None) -> list[str]:
     ]
 
 
+def _files(cifar: bool, tuned: bool) -> list[str]:
+    """The README's list of files (the CIFAR-10 and fine-tuning ones where they exist)."""
+    return [
+        "## Files",
+        "",
+        "- `figure2.csv` — ε vs epochs per accountant (accountant only)",
+        "- `figure3.csv` — per-epoch metrics of the four presets",
+        "- `figure4.csv` — per-epoch test accuracy and ε at δ ∈ {1e-5, 1e-4, 1e-3, 1e-2}",
+        "- `figure5.csv` — one row per Figure-5 sweep run",
+        "- `summary.csv` — one row per run (MNIST presets and sweeps)",
+        *(["- `figure6.csv` — per-epoch metrics of the CIFAR-10 presets"] if cifar else []),
+        "- `frontier.csv` — one row per frontier run (`python -m experiments.frontier`)",
+        *(
+            [
+                "- `finetune.csv`, `finetune_tuning.csv`, `finetune_pretrain.json` — the "
+                "fine-tuning runs, the learning-rate choice on held-out training examples and the "
+                "public pretraining (`python -m experiments.finetune`); each run's "
+                "`result.json` and `privacy.json`: `runs/finetune/<split>/<engine>_<variant>_"
+                "eps<ε>_seed<s>/`"
+            ]
+            if tuned
+            else []
+        ),
+        "- `tuning/mnist_scatter_linear_eps1.2.csv` — the validation-split runs that chose "
+        "`mnist_scatter_linear_val`'s epochs (accuracy on 10 000 held-out training examples, "
+        "never the test set)",
+        "- `tuning/private_selection.csv` — the same choice as a private selection whose total ε "
+        "is 1.2, one row per seed of the whole procedure (`python -m "
+        "experiments.private_selection collect`); its sweeps: `runs/private_selection/seed<s>/` "
+        "(`tuning.json`, each candidate's `metrics.csv` and `privacy.json`)",
+        "- `seeds.csv` — one row per preset run over seeds and hardware (`python -m "
+        "experiments.seeds collect`)",
+        "- `runs/<preset>/metrics.csv`, `runs/<preset>/privacy.json` — the preset runs as "
+        "written by training",
+        "- `runs/frontier/<recipe>/eps<ε>_seed<s>/` — the frontier runs' `metrics.csv`, "
+        "`privacy.json`, `config.yaml`",
+        "",
+    ]
+
+
 def render(results: Path) -> str:
     f2, summary, f5 = (
         _read(results, "figure2.csv"),
@@ -310,6 +351,9 @@ def render(results: Path) -> str:
     if frontier is not None:
         lines += table_rows(frontier)
     lines += private_selection_rows(_read(results, "tuning/private_selection.csv"))
+    finetune = _read(results, "finetune.csv")
+    if finetune is not None:
+        lines += finetune_rows(finetune)
     if summary is not None:
         hw = "; ".join(sorted(set(summary["hardware"].astype(str))))
         eng = ", ".join(sorted(set(summary["engine"].astype(str))))
@@ -332,35 +376,7 @@ def render(results: Path) -> str:
     figs = sorted((results / "figures").glob("*.png")) if (results / "figures").exists() else []
     if figs:
         lines += ["## Figures", ""] + [f"![{p.stem}](figures/{p.name})" for p in figs] + [""]
-    lines += [
-        "## Files",
-        "",
-        "- `figure2.csv` — ε vs epochs per accountant (accountant only)",
-        "- `figure3.csv` — per-epoch metrics of the four presets",
-        "- `figure4.csv` — per-epoch test accuracy and ε at δ ∈ {1e-5, 1e-4, 1e-3, 1e-2}",
-        "- `figure5.csv` — one row per Figure-5 sweep run",
-        "- `summary.csv` — one row per run (MNIST presets and sweeps)",
-        *(
-            ["- `figure6.csv` — per-epoch metrics of the CIFAR-10 presets"]
-            if f6 is not None
-            else []
-        ),
-        "- `frontier.csv` — one row per frontier run (`python -m experiments.frontier`)",
-        "- `tuning/mnist_scatter_linear_eps1.2.csv` — the validation-split runs that chose "
-        "`mnist_scatter_linear_val`'s epochs (accuracy on 10 000 held-out training examples, "
-        "never the test set)",
-        "- `tuning/private_selection.csv` — the same choice as a private selection whose total ε "
-        "is 1.2, one row per seed of the whole procedure (`python -m "
-        "experiments.private_selection collect`); its sweeps: `runs/private_selection/seed<s>/` "
-        "(`tuning.json`, each candidate's `metrics.csv` and `privacy.json`)",
-        "- `seeds.csv` — one row per preset run over seeds and hardware (`python -m "
-        "experiments.seeds collect`)",
-        "- `runs/<preset>/metrics.csv`, `runs/<preset>/privacy.json` — the preset runs as "
-        "written by training",
-        "- `runs/frontier/<recipe>/eps<ε>_seed<s>/` — the frontier runs' `metrics.csv`, "
-        "`privacy.json`, `config.yaml`",
-        "",
-    ]
+    lines += _files(f6 is not None, finetune is not None)
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ import functools
 from dpsgd.core.errors import ConfigError
 from dpsgd.data.datasets import dataset_info
 from dpsgd.models.networks import build_unloaded, frozen_names
+from dpsgd.models.trainable import fine_tune
 
 
 def calibrated_sigma(c, sampler, shape) -> float:
@@ -47,7 +48,7 @@ def calibrated_sigma(c, sampler, shape) -> float:
     if steps < 1:
         raise ConfigError(f"{key}: training.epochs={t.epochs} plans no lot to calibrate σ for")
     model = build_unloaded(c.model, shape, dataset_info(c.dataset).classes)
-    k = clipping_groups(model, p.clipping, c.model.freeze)
+    k = clipping_groups(model, p.clipping, c.model.freeze, c.model)
     try:
         return sigma_for_lots(
             sampler, p.target_epsilon, p.delta, steps, c.accountant.name, k, p.convention
@@ -97,12 +98,15 @@ def _sigma_for_sampler(
     return smallest_sigma(eps, target, rtol, f"{sampler.name} ({accountant})")
 
 
-def clipping_groups(model, clipping: str, freeze: str = "none") -> int:
+def clipping_groups(model, clipping: str, freeze: str = "none", m=None) -> int:
     """k, the separately clipped groups of ``model`` once ``model.freeze`` has frozen its public
-    tensors (frozen here, in place): ``dpsgd/mechanism/clipping/groups.py:clipping_groups``, the
+    tensors and ``m.trainable`` (``m``: the ``model.*`` group, when given) has chosen what trains
+    (both in place, as a run does): ``dpsgd/mechanism/clipping/groups.py:clipping_groups``, the
     rule the engine clips by."""
     from dpsgd.mechanism.clipping.groups import clipping_groups as groups
 
     for n in frozen_names(model, freeze):
         model.get_parameter(n).requires_grad_(False)
+    if m is not None:
+        fine_tune(model, m.trainable, m.lora_rank, m.lora_alpha)
     return len(groups(model, clipping))

@@ -28,6 +28,7 @@ from dpsgd.models.networks import (
     check_input,
     frozen_names,
 )
+from dpsgd.models.trainable import fine_tune, parse
 
 # The largest model validated: 10**9 float32 parameters are 4 GB of weights alone, before gradients,
 # noise and optimiser buffers (several times that); beyond what one CPU or GPU run of this repo
@@ -121,7 +122,33 @@ def _validate_user_model(m, d) -> tuple[int, ...]:
     if n_params > PARAMS_MAX or not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"{key}: {n_params} parameters; need 1 to PARAMS_MAX={PARAMS_MAX:.0e}")
     _check_fit(key, model, shape, dataset_info(d).classes, getattr(d, "dtype", "float32"))
+    _check_trainable(m, model)
     return shape
+
+
+def _check_trainable(m, model) -> None:
+    """``model.trainable`` (and the LoRA shape it may use), tried on the meta-device ``model`` (in
+    place): each part selects something, and something is left to train."""
+    key = f"model.trainable={fmt(m.trainable)}"
+    m.lora_rank = num("model.lora_rank", m.lora_rank, integer=True, lo=1)
+    m.lora_alpha = num("model.lora_alpha", m.lora_alpha, lo=0, lo_open=True)
+    try:
+        parts = parse(m.trainable)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {str(e).split(': ', 1)[1]}") from None
+    if parts == ("all",):
+        return
+    if m.freeze != "none":
+        raise ConfigError(
+            f"{key}: model.freeze={m.freeze} also chooses what trains; set one of the two "
+            "(model.trainable chooses among all the parameters)"
+        )
+    try:
+        fine_tune(model, m.trainable, m.lora_rank, m.lora_alpha)
+    except ValueError as e:  # the API's words, said of the key
+        msg = str(e).splitlines()[0]
+        msg = msg.split(": ", 1)[1] if msg.startswith(("trainable=", "add_lora:")) else msg
+        raise ConfigError(f"{key}: {msg}") from None
 
 
 def _check_fit(key: str, model, shape: tuple[int, ...], classes: int, dtype="float32") -> None:
@@ -228,6 +255,7 @@ def _check_built(m, d, shape) -> None:
         raise ConfigError(f"model.freeze={m.freeze}: nothing left to train")
     _data_before_pretrained(m, d)
     _check_pretrained(m, model, frozen)
+    _check_trainable(m, model)
 
 
 def _data_before_pretrained(m, d) -> None:

@@ -87,6 +87,12 @@ class ModelConfig:
         None  # None: filled from the artifact's sidecar (after checking it)
     )
     freeze: str = "none"  # none | features: requires_grad=False (not clipped, noised, charged)
+    # what fine-tuning trains (dpsgd/models/trainable.py): all (as the model and freeze say) | bias |
+    # head | norm | lora, or several joined by + (bias+head); the rest frozen (not clipped, noised,
+    # nor in k); lora inserts LoRA adapters (peft) of rank lora_rank and scaling lora_alpha/rank
+    trainable: str = "all"
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
     features: str = "none"  # none | scatter (fixed ScatterNet features, dpsgd/data/features.py)
     feature_norm: str = "group"  # none | group (per-example GroupNorm of the features; free)
     feature_groups: int = 27  # G of the GroupNorm (Tramèr & Boneh 2021: 27 for 81 channels)

@@ -32,6 +32,7 @@ from dpsgd.mechanism.plan import Plan
 from dpsgd.mechanism.sampling import Sampler
 from dpsgd.models.networks import build_model, frozen_names
 from dpsgd.models.pretrained import load as load_pretrained
+from dpsgd.models.trainable import fine_tune
 from dpsgd.run import distributed
 from dpsgd.workbench.build import PROOF_SAMPLE, assemble
 
@@ -201,7 +202,8 @@ def project(data: Data, V: torch.Tensor | None) -> Data:
 
 def init_model(c: Config, data: Data, seed: int) -> torch.nn.Module:
     """The model on the CPU, initialised from its own seed (the global RNG state untouched), with
-    the public pretrained weights loaded and frozen when configured (never charged)."""
+    the public pretrained weights loaded and frozen when configured (never charged), and only what
+    ``model.trainable`` chooses left to train."""
     ds = c.dataset
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -214,6 +216,8 @@ def init_model(c: Config, data: Data, seed: int) -> torch.nn.Module:
                 c.model.pretrained_sha256,
                 frozen_names(model, c.model.freeze),
             )
+        m = c.model  # what fine-tuning trains (LoRA adapters drawn from the model's seed)
+        fine_tune(model, m.trainable, m.lora_rank, m.lora_alpha)
     return model
 
 

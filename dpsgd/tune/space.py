@@ -115,7 +115,7 @@ def charge(c: Config) -> tuple[float, int, int]:
         raise ConfigError(f"training.epochs={t.epochs}: plans no lot")
     shape = validate_model(c.model, c.dataset)
     model = build_unloaded(c.model, shape, dataset_info(c.dataset).classes)
-    return p.lot_size / c.N, int(lots), clipping_groups(model, p.clipping, c.model.freeze)
+    return p.lot_size / c.N, int(lots), clipping_groups(model, p.clipping, c.model.freeze, c.model)
 
 
 def points(overrides: list[str], validation: int) -> list[Point]:

@@ -216,8 +216,8 @@ DEV = "cuda"
 
 
 def _every_rule_net():
-    """One module of each ghost rule (Conv2d, GroupNorm, Linear, LayerNorm) and one without a rule
-    (RMSNorm: the engine's per-module vmap fallback)."""
+    """One module of each ghost rule (Conv2d, GroupNorm, Linear, LayerNorm, RMSNorm) and one without
+    a rule (PReLU: the engine's per-module vmap fallback)."""
     return nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1),
         nn.GroupNorm(4, 8),
@@ -228,6 +228,7 @@ def _every_rule_net():
         nn.Linear(16 * 3 * 3, 12),
         nn.LayerNorm(12),
         nn.RMSNorm(12),
+        nn.PReLU(),
         nn.Tanh(),
         nn.Linear(12, 10),
     )

@@ -87,6 +87,11 @@ VALIDATION = [
     Bad(["model=tanh_cnn", "dataset=cifar10"], "model.name", "tanh_cnn: needs 1x28x28 images"),
     Bad(["model.freeze=all"], "model.freeze"),
     Bad(["model.freeze=features"], "model.freeze", "the mlp model has no such parameters"),
+    Bad(["model.trainable=weights"], "model.trainable", "'weights' is not one of"),
+    Bad(["model.trainable=bias"], "model.trainable", "the model has no bias parameters"),
+    Bad(["model.lora_rank=0"], "model.lora_rank", "must be >= 1"),
+    Bad(["model.lora_rank=2.5"], "model.lora_rank", "must be an integer"),
+    Bad(["model.lora_alpha=0"], "model.lora_alpha", "must be > 0"),
     Bad(
         ["experiment=cifar10_eps2", "model.pretrained=null"],
         "model.freeze",

@@ -11,7 +11,11 @@ module type they are exact for, as Opacus registers its per-sample gradient samp
 ``registered_rule(module)`` looks the module's exact type up first, then its base classes in
 method resolution order. A rule found on a base class applies only if the module keeps that base
 class's ``forward``: a subclass that overrides it may use its parameters in any way, and gets no
-rule. The ghost engine (``ghost.build_layers``) runs a module without a rule through the generic
+rule. A module type registered nowhere in its MRO may still match a rule by its structure
+(``register_structural``: Hugging Face defines one RMSNorm class per model family, ``LlamaRMSNorm``,
+``GemmaRMSNorm``, ...); such a rule is exact only if the module computes what it assumes, which the
+proof checks on the first call of each input signature (proof.py) before the rule runs. The ghost
+engine (``ghost.build_layers``) runs a module without a rule through the generic
 per-module vmap rule when it is a leaf, and declines the model otherwise.
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 from torch import nn
 
 LAYER_RULES: dict[type, type] = {}  # module type -> layer rule class
+STRUCTURAL_RULES: list[tuple] = []  # (predicate(module) -> bool, layer rule class), in order
 
 
 def register_layer(*module_types: type):
@@ -39,12 +44,26 @@ def register_layer(*module_types: type):
     return decorate
 
 
+def register_structural(predicate):
+    """Class decorator: the decorated rule handles modules for which ``predicate(module)`` holds
+    and whose type (and MRO) has no registered rule; the first matching predicate wins."""
+    if not callable(predicate):
+        raise TypeError(f"register_structural: {predicate!r} is not callable")
+
+    def decorate(rule: type) -> type:
+        STRUCTURAL_RULES.append((predicate, rule))
+        return rule
+
+    return decorate
+
+
 def registered_rule(module: nn.Module) -> type | None:
     """The rule for ``module``: registered for its exact type, else for the nearest base class in
-    its MRO whose ``forward`` it keeps; None when there is none."""
+    its MRO whose ``forward`` it keeps (None when that class's forward is overridden), else the
+    first structural rule whose predicate it meets; None when there is none."""
     kind = type(module)
     for cls in kind.__mro__:
         rule = LAYER_RULES.get(cls)
         if rule is not None:
             return rule if kind.forward is cls.forward else None
-    return None
+    return next((rule for match, rule in STRUCTURAL_RULES if match(module)), None)

@@ -1,10 +1,21 @@
-"""Ghost-engine rules for the layers of sequence and transformer models: LayerNorm, Embedding and
-Conv1d.
+"""Ghost-engine rules for the layers of sequence and transformer models: LayerNorm, RMSNorm,
+Embedding and Conv1d.
 
   LayerNormLayer  y = x̂ ⊙ γ + β over ``normalized_shape`` (Ba et al. 2016), x̂ per position and
                   example: example i's gradients are Σ_positions x̂_i ⊙ b_i (γ) and Σ_positions b_i
                   (β), exact, [B, *normalized_shape] each (x̂ recomputed by F.layer_norm without
                   affine from the recorded input).
+  RMSNormLayer    nn.RMSNorm (Zhang & Sennrich 2019): y = x̂ ⊙ γ, x̂ = x / √(mean(x²) + ε) over
+                  ``normalized_shape``; example i's gradient Σ_positions x̂_i ⊙ b_i, exact (x̂ by
+                  F.rms_norm without weight).
+  ScaledNormLayer the RMSNorm classes of Hugging Face models (one per family: ``LlamaRMSNorm``
+                  y = w ⊙ x̂, ``GemmaRMSNorm`` y = (1 + w) ⊙ x̂, each with its own casts), matched
+                  by structure (``registry.register_structural``): a leaf named *RMSNorm owning one
+                  1-D ``weight``. Its rule assumes y is affine in w feature by feature, so that
+                  ∂y/∂w = y(w = 1) − y(w = 0) (the module's own forward twice, its casts included:
+                  exact in floating point for both forms above), and example i's gradient is
+                  Σ_positions (∂y/∂w)_i ⊙ b_i; the proof (proof.py) checks that assumption against
+                  autograd on the first call of each input signature, before the rule runs.
   EmbeddingLayer  rows of the table looked up by the input indices: example i's gradient puts
                   b_{i,t} on row idx_{i,t}; its squared norm is Σ_{t,t'} [idx_t = idx_t'] ⟨b_t, b_t'⟩
                   (ghost form, Li et al. 2022, "Large language models can be strong differentially
@@ -24,21 +35,27 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from .layers import Conv2dLayer, Unsupported, _acc, _Layer, _sq, group_rows
-from .registry import register_layer
+from .registry import register_layer, register_structural
 
 
 @register_layer(nn.LayerNorm)
 class LayerNormLayer(_Layer):
     """nn.LayerNorm with affine parameters, on input [B, *, *normalized_shape] (module doc)."""
 
+    @property
+    def shape(self) -> tuple:
+        """The trailing dimensions normalised (and the shape of the weight)."""
+        return tuple(self.module.normalized_shape)
+
     def check_input(self, a):
-        n = len(self.module.normalized_shape)
-        if a.dim() < n + 1 or tuple(a.shape[a.dim() - n :]) != tuple(self.module.normalized_shape):
+        n = len(self.shape)
+        if a.dim() < n + 1 or tuple(a.shape[a.dim() - n :]) != self.shape:
             raise Unsupported(
                 f"{self.label} got input of shape {list(a.shape)}; needs "
-                f"[B, *, {', '.join(map(str, self.module.normalized_shape))}]"
+                f"[B, *, {', '.join(map(str, self.shape))}]"
             )
 
     def prepare(self, a):
@@ -46,7 +63,7 @@ class LayerNormLayer(_Layer):
         return F.layer_norm(a, m.normalized_shape, None, None, m.eps)  # x̂
 
     def _per_example(self, a, b, K):
-        positions = tuple(range(1, b.dim() - len(self.module.normalized_shape)))
+        positions = tuple(range(1, b.dim() - len(self.shape)))
 
         def summed(t):
             return t.sum(positions) if positions else t
@@ -68,6 +85,42 @@ class LayerNormLayer(_Layer):
             attr: _acc(torch.tensordot(factors[attr], g, dims=1), out.get(attr))
             for attr, g in state.items()
         }
+
+
+@register_layer(nn.RMSNorm)
+class RMSNormLayer(LayerNormLayer):
+    """nn.RMSNorm with a weight, on input [B, *, *normalized_shape] (module doc)."""
+
+    def prepare(self, a):
+        m = self.module
+        return F.rms_norm(a, m.normalized_shape, None, m.eps)  # x̂ (eps None: finfo(a).eps)
+
+
+def hf_rms_norm(module: nn.Module) -> bool:
+    """A Hugging Face RMSNorm (``LlamaRMSNorm``, ``GemmaRMSNorm``, ...): a leaf module whose class
+    name ends in RMSNorm and whose only trainable parameter is a 1-D ``weight``."""
+    params = dict(module.named_parameters(recurse=False))
+    return (
+        type(module).__name__.endswith("RMSNorm")
+        and next(module.children(), None) is None
+        and list(params) == ["weight"]
+        and params["weight"].dim() == 1
+    )
+
+
+@register_structural(hf_rms_norm)
+class ScaledNormLayer(LayerNormLayer):
+    """A Hugging Face RMSNorm on input [B, *, D] (module doc): ∂y/∂w from its own forward."""
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.module.weight.shape)
+
+    def prepare(self, a):
+        m, w = self.module, self.module.weight
+        with torch.no_grad():  # y(w = 1) − y(w = 0): x̂ (Llama) or (Gemma's 2x̂) − x̂, exactly
+            one = functional_call(m, {"weight": torch.ones_like(w)}, (a,))
+            return one - functional_call(m, {"weight": torch.zeros_like(w)}, (a,))
 
 
 @register_layer(nn.Embedding)

@@ -51,8 +51,8 @@ def conv_rows_net():
 
 
 def seq_net():
-    """A Linear on 3-D input (the sequence rule), a LayerNorm (its rule) and an RMSNorm (no rule:
-    the generic vmap rule)."""
+    """A Linear on 3-D input (the sequence rule), a LayerNorm and an RMSNorm (their rules) and a
+    PReLU (no rule: the generic vmap rule)."""
 
     class Net(nn.Module):
         def __init__(self):
@@ -60,10 +60,11 @@ def seq_net():
             self.inp = nn.Linear(6, 5)
             self.ln = nn.LayerNorm(5)
             self.rms = nn.RMSNorm(5)
+            self.act = nn.PReLU()
             self.out = nn.Linear(5 * 4, 10)
 
         def forward(self, x):
-            h = self.rms(self.ln(torch.tanh(self.inp(x.view(-1, 4, 6)))))
+            h = self.act(self.rms(self.ln(torch.tanh(self.inp(x.view(-1, 4, 6))))))
             return self.out(h.flatten(1))
 
     return Net()

@@ -255,14 +255,14 @@ def test_bad_arguments():
 
 
 class SeqModel(nn.Module):
-    """Embedding + LayerNorm (ghost rules) + RMSNorm (no ghost rule: per-module vmap) + Linear on
+    """Embedding + LayerNorm (ghost rules) + PReLU (no ghost rule: per-module vmap) + Linear on
     sequences (ghost)."""
 
     def __init__(self, d=16, T=4):
         super().__init__()
         self.emb = nn.Embedding(20, d)
         self.norm = nn.LayerNorm(d)
-        self.rms = nn.RMSNorm(d)
+        self.rms = nn.PReLU()
         self.proj = nn.Linear(d, 64)
         self.head = nn.Linear(64 * T, 10)
 

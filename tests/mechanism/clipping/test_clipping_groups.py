@@ -19,7 +19,7 @@ from dpsgd.accountant.events import Poisson
 from dpsgd.accountant.calibrate import sigma_for_epsilon
 from dpsgd.mechanism.clipping import PerExampleClipper, clipping_groups, register_layer
 from dpsgd.mechanism.clipping.groups import owners
-from dpsgd.mechanism.clipping.seq_layers import LayerNormLayer
+from dpsgd.mechanism.clipping.seq_layers import LayerNormLayer, RMSNormLayer
 from dpsgd.mechanism.clipping.layers import GenericLayer, LinearLayer, _Layer, group_rows
 from dpsgd.mechanism.clipping.registry import LAYER_RULES, registered_rule
 from dpsgd.config.calibration import clipping_groups as config_k
@@ -274,7 +274,8 @@ def scale_net(cls=Scale):
 def test_builtin_rules_are_registered():
     assert registered_rule(nn.Linear(2, 2)) is LinearLayer
     assert registered_rule(nn.LayerNorm(2)) is LayerNormLayer
-    assert registered_rule(nn.RMSNorm(2)) is None
+    assert registered_rule(nn.RMSNorm(2)) is RMSNormLayer
+    assert registered_rule(nn.PReLU()) is None
     assert registered_rule(Scale(2)) is None
 
 
