@@ -65,7 +65,8 @@ def assemble(
         noise: the Gaussian source.
         sampler_seed: the seed of the sampler's generator.
         lr, momentum: the update.
-        private: False: neither clipped nor noised nor charged (the non-private baseline).
+        private: False: the non-private baseline, a plain step (one backward pass of the summed
+            loss, divided by L: ``DPSGD(plain=True)``), nothing clipped, noised, charged or proved.
         sampling: ``poisson``, ``fixed_size``, ``truncated_poisson``, ``balls_in_bins``,
             ``shuffle``.
         max_lot_size: the cap of ``truncated_poisson``.
@@ -104,6 +105,7 @@ def assemble(
         momentum=momentum,
         augment_multiplicity=augment_multiplicity,
         augment=augment,
+        plain=not private,
     )
     if sample is not None:
         dp.prove(*sample)

@@ -53,7 +53,8 @@ class PrivateTrainer:
         lr, momentum: the update θ ← θ − η g̃ (with momentum μ: heavy ball on g̃).
         clipping, mode: ``global`` or ``per_layer``; the engine ``auto``, ``ghost`` or ``vmap``.
         physical_batch_size: the most examples per forward pass (None: the whole lot).
-        private: False runs the same loop without clipping, noise or charge (ε = ∞).
+        private: False runs the same loop with a plain step (one backward pass of the summed loss,
+            divided by L; no per-example work, clipping, noise or charge; ε = ∞).
         seed: the sampler's and the noise's seeds (None: drawn from the OS).
         secure_rng: draw the noise from OS entropy (a seed is then refused).
         threads: torch's intra-op threads: None applies the command line's policy (DPSGD_THREADS,

@@ -23,12 +23,11 @@ from functools import partial
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
 from . import rnn, seq_layers  # noqa: F401  (register the LayerNorm, Embedding, Conv1d, RNN rules)
-from .clip import clip_factors, loss_rows
+from .clip import clip_factors, summed_loss
 from .groups import owners
 from .layers import GenericLayer, Unsupported, _Layer
 from .registry import registered_rule
@@ -240,34 +239,11 @@ def ghost_clipped_sum(
 def _forward(model, layers, x, y, K: int, weights=None, loss=None):
     """One forward pass under the layers' hooks: (the capture, Σ_i loss_i (the autograd root), the
     logits' dtype, the reported loss: Σ_i loss_i detached, or Σ_i w_i loss_i with ``weights``).
-    ``loss``: a per-example loss (``loss_rows``); None: cross-entropy."""
+    ``loss``: a per-example loss (``loss_rows``); None: cross-entropy (``clip.summed_loss``)."""
     capture = Capture(layers)
     with torch.enable_grad(), capture:
-        logits = model(x)
-        if loss is not None:  # a user's per-example loss, mean over the K copies
-            rows = loss_rows(loss, logits, y if K == 1 else y.repeat_interleave(K, dim=0))
-            total = rows.sum() if K == 1 else rows.sum() / K
-            per_example = rows.detach() if K == 1 else rows.detach().view(-1, K).sum(1) / K
-            if weights is not None:
-                per_example = per_example * weights.to(per_example)
-            return capture, total, logits.dtype, per_example.sum()
-        if weights is not None:  # per-example losses, mean over the K copies
-            rows = F.cross_entropy(
-                logits, y if K == 1 else y.repeat_interleave(K), reduction="none"
-            )
-            total = rows.sum() if K == 1 else rows.sum() / K
-            per_example = rows.detach() if K == 1 else rows.detach().view(-1, K).sum(1) / K
-            return (
-                capture,
-                total,
-                logits.dtype,
-                (per_example * weights.to(per_example)).sum(),
-            )
-        if K == 1:
-            total = F.cross_entropy(logits, y, reduction="sum")
-        else:  # Σ_i mean_k ℓ(θ, x_ik)
-            total = F.cross_entropy(logits, y.repeat_interleave(K), reduction="sum") / K
-    return capture, total, logits.dtype, total.detach()
+        total, dtype, reported = summed_loss(model, x, y, K, weights, loss)
+    return capture, total, dtype, reported
 
 
 def check_records(layers, recs, rows: int) -> None:
