@@ -19,7 +19,7 @@ lot through ``trainer.lots.run`` as ``fit`` runs it (the ledger's charge include
 and ``opacus_ghost`` are Opacus (``make bench`` installs 1.6.0) through
 ``PrivacyEngine.make_private``, the model first through ``ModuleValidator.fix`` where Opacus needs
 it (nn.MultiheadAttention → its DPMultiheadAttention) and its ReLUs out of place (Opacus' backward
-hooks refuse resnet's in-place ReLU). Details: docs/PERFORMANCE.md.
+hooks refuse resnet's in-place ReLU and residual addition). Details: docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -128,13 +129,29 @@ def _opacus(mode: str):
 
         if not ModuleValidator.is_valid(model):
             model = ModuleValidator.fix(model)
-        for m in model.modules():  # Opacus' backward hooks refuse an in-place op on an output
-            if isinstance(m, nn.ReLU):
-                m.inplace = False
+        _out_of_place(model)
         step = make_opacus(model, len(x), mode)
         return lambda: step(x, y)
 
     return build
+
+
+def _out_of_place(model) -> None:
+    """Opacus' backward hooks refuse an in-place op on a hooked layer's output: resnet's in-place
+    ReLU and residual ``out += identity`` run out of place (the same function)."""
+    from torchvision.models.resnet import BasicBlock
+
+    for m in model.modules():
+        if isinstance(m, nn.ReLU):
+            m.inplace = False
+        if isinstance(m, BasicBlock):
+            m.forward = partial(_basic_block, m)
+
+
+def _basic_block(b, x):
+    identity = x if b.downsample is None else b.downsample(x)
+    out = b.bn2(b.conv2(b.relu(b.bn1(b.conv1(x)))))
+    return b.relu(out + identity)
 
 
 BUILDERS = {

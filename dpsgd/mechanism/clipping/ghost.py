@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from . import rnn, seq_layers  # noqa: F401  (register the LayerNorm, Embedding, Conv1d, RNN rules)
+from . import rnn, rules, seq_layers  # noqa: F401  (register the rules beyond layers.py)
 from .clip import clip_factors, summed_loss
 from .groups import owners
 from .layers import GenericLayer, Unsupported, _Layer

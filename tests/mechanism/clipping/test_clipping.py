@@ -412,8 +412,10 @@ def test_conv_variants(conv, shape, budget):
 def test_conv_row_products_in_chunks_of_one_example(monkeypatch):
     """The width-unfolded input is formed a chunk of examples at a time: chunks of one are exact."""
     from dpsgd.mechanism.clipping import layers
+    from dpsgd.mechanism.clipping.rules import conv
 
-    monkeypatch.setattr(layers, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(conv, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(layers, "ROUTE", "explicit")
     torch.manual_seed(0)
     model = _conv_net(nn.Conv2d(16, 8, (3, 2), stride=(2, 1), dilation=(1, 2), padding=1)).to(DT)
     x, y = torch.randn(5, 16, 9, 10, dtype=DT), torch.randint(0, 5, (5,))

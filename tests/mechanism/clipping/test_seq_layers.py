@@ -98,7 +98,7 @@ class Conv1dNet(nn.Module):
 @pytest.mark.parametrize("clipping", ["global", "per_layer"])
 @pytest.mark.parametrize("budget", [0, 2**30])
 def test_conv1d_equals_vmap_and_loop(clipping, budget):
-    from dpsgd.mechanism.clipping.seq_layers import Conv1dLayer
+    from dpsgd.mechanism.clipping.rules.conv import Conv1dLayer
 
     torch.manual_seed(2)
     model = Conv1dNet().to(DT)
