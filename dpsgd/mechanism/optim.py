@@ -271,4 +271,8 @@ class DPSGD:
                     else:
                         v.mul_(self.momentum).add_(g)
                     p.add_(v, alpha=-self.lr)
+        if not self.plain:  # the next lot's noise, drawn on a free core meanwhile (noise.py)
+            ahead = getattr(self.noise, "ahead", None)
+            if ahead is not None:
+                ahead()
         return {"loss_sum": loss_sum, "lot_size": lot_size}
