@@ -301,7 +301,7 @@ def _squared_norms(layers, recs, order, bs, group_of: dict, k: int, K: int, budg
             continue
         layer = layers[i]
         a, b, k_rows = layer.inputs(recs[i].input, b, K)
-        need = layer.kept_bytes(a, b)
+        need = layer.kept_bytes(a, b, k_rows)
         keep = 0 < need and kept + need <= budget_bytes
         kept += need if keep else 0
         sqn, state = layer.sq_norms(a, b, keep, k_rows)

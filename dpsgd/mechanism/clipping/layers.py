@@ -149,7 +149,7 @@ class _Layer:
         other layer's a or b), so it may be rescaled in place instead of copied."""
         raise NotImplementedError
 
-    def kept_bytes(self, a, b) -> int:
+    def kept_bytes(self, a, b, K: int = 1) -> int:
         """Memory for keeping explicit per-example products (0: nothing worth keeping)."""
         return 0
 
@@ -181,7 +181,7 @@ class LinearLayer(_Layer):
             out["bias"] = _sq(Bm.sum(1))
         return out, state
 
-    def kept_bytes(self, a, b):
+    def kept_bytes(self, a, b, K=1):
         if "weight" not in self.names or a.dim() == 2:
             return 0
         T, d, p = a[0].numel() // a.shape[-1], a.shape[-1], b.shape[-1]
@@ -326,7 +326,7 @@ class GenericLayer(_Layer):
 
     needs_input = True  # the module's vjp at a, whatever it trains
 
-    def kept_bytes(self, a, b):
+    def kept_bytes(self, a, b, K=1):
         return 0
 
     def sq_norms(self, a, b, keep, K=1):

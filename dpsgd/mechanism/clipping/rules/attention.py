@@ -128,7 +128,7 @@ class MultiheadAttentionLayer(_Layer):
     def _kept(self, A, Bm) -> bool:
         return A is not None and keep_pays(A.shape[1], A.shape[2], Bm.shape[2])
 
-    def kept_bytes(self, a, b):
+    def kept_bytes(self, a, b, K=1):
         return sum(
             A.shape[0] * A.shape[-1] * Bm.shape[-1] * Bm.element_size()
             for _, _, _, _, A, Bm in a

@@ -170,20 +170,29 @@ class Conv2dLayer(_Layer):
         g = m.groups
         return K * b.shape[2] * b.shape[3], m.in_channels // g * kh * kw, m.out_channels // g
 
-    def kept_bytes(self, a, b):
-        if "weight" not in self.names or not keep_pays(*self._tdp(b, 1)):
+    def kept_bytes(self, a, b, K=1):
+        """The per-example products where keeping them pays; on the ghost route the unfolded
+        input, kept for the clipped sum as one GEMM (`_unfolded_sum`); else nothing."""
+        if "weight" not in self.names:
             return 0
-        return a.shape[0] * self.module.weight.numel() * b.element_size()
+        T, d, p = self._tdp(b, K)
+        if keep_pays(T, d, p):
+            return a.shape[0] * self.module.weight.numel() * b.element_size()
+        if norm_route(T, d, p) == "ghost":
+            return a.shape[0] // K * self.module.groups * T * d * a.element_size()
+        return 0
 
-    def _ghost_sq_norms(self, a, b, K: int):
-        """Σ_groups ⟨a_i a_iᵀ, b_i b_iᵀ⟩ with a_i the input unfolded (``F.unfold``: [d, T] per
-        group, channels outermost) over the K·T positions of example i, b_i [p, K·T]."""
+    def _ghost_sq_norms(self, a, b, K: int, keep: bool = False):
+        """(Σ_groups ⟨a_i a_iᵀ, b_i b_iᵀ⟩ [B], the unfolded input [B·g, K·T, d] when ``keep`` or
+        None) with a_i the input unfolded (``F.unfold``: [d, T] per group, channels outermost)
+        over the K·T positions of example i, b_i [p, K·T]; a chunk of examples at a time unless
+        the unfolded input is kept."""
         m = self.module
         g = m.groups
         T, d, p = self._tdp(b, K)
         n = a.shape[0] // K
         per_example = (g * (d + p) * T + 2 * g * T * T) * a.element_size()
-        step = max(1, CHUNK_BYTES // per_example)
+        step = n if keep else max(1, CHUNK_BYTES // per_example)
         sq = torch.empty(n, dtype=b.dtype, device=b.device)
         for s in range(0, n, step):
             rows = slice(s * K, (s + step) * K)
@@ -192,17 +201,32 @@ class Conv2dLayer(_Layer):
             A = U.view(c, K, g, d, -1).permute(0, 2, 1, 4, 3).reshape(c * g, T, d)
             Bm = b[rows].reshape(c, K, g, p, -1).permute(0, 2, 1, 4, 3).reshape(c * g, T, p)
             sq[s : s + c] = gram_sq(A, Bm).view(c, g).sum(1)
-        return sq
+        return sq, (A if keep else None)
+
+    def _unfolded_sum(self, A, b, f, K: int):
+        """Σ_i f_i b_iᵀ a_i from the kept unfolded input A [B·g, K·T, d]: one GEMM per group,
+        [p, B·K·T] @ [B·K·T, d], in the weight's layout. (The CPU's convolution_backward is slow
+        for feature maps of a few pixels and many channels: 60 ms against 7 ms for resnet18's
+        512-channel 3×3 at 1×1, lot 32, one thread; docs/PERFORMANCE.md.)"""
+        m = self.module
+        g = m.groups
+        T, d, p = self._tdp(b, K)
+        n = b.shape[0] // K
+        Bc = b * repeat_factors(f, K)[:, None, None, None]
+        Bc = Bc.reshape(n, K, g, p, -1).permute(2, 3, 0, 1, 4).reshape(g, p, n * T)
+        At = A.view(n, g, T, d).transpose(0, 1).reshape(g, n * T, d)
+        return torch.bmm(Bc, At).view(m.weight.shape)
 
     def sq_norms(self, a, b, keep, K=1):
         out, state = {}, None
         if "weight" in self.names:
-            if keep:
+            if keep and keep_pays(*self._tdp(b, K)):
                 G, perm = self._per_example(a, b)
                 state = (group_rows(G, K), perm)
                 out["weight"] = _sq(state[0].flatten(1))
             elif norm_route(*self._tdp(b, K)) == "ghost":
-                out["weight"] = self._ghost_sq_norms(a, b, K)
+                out["weight"], A = self._ghost_sq_norms(a, b, K, keep)
+                state = None if A is None else ("unfolded", A)
             elif self.by_rows:
                 out["weight"] = self._sq_norms_rows(a, b, K)
             else:
@@ -225,7 +249,11 @@ class Conv2dLayer(_Layer):
         if "bias" in self.names:
             grads["bias"] = _mv(group_rows(b.sum((2, 3)), K).t(), factors["bias"], out.get("bias"))
         if "weight" in self.names:
-            if state is not None:  # reuse: Σ_i c_i G_i
+            if state is not None and isinstance(
+                state[0], str
+            ):  # one GEMM on the kept unfolded input
+                g = self._unfolded_sum(state[1], b, factors["weight"], K)
+            elif state is not None:  # reuse: Σ_i c_i G_i
                 G, perm = state
                 g = torch.tensordot(factors["weight"], G, dims=1)
                 g = g if perm is None else g.permute([d - 1 for d in perm[1:]])
@@ -271,8 +299,8 @@ class Conv1dLayer(_Layer):
     def group(self, a, b, K: int):
         return a, b.unsqueeze(2), K
 
-    def kept_bytes(self, a, b):
-        return self.as_2d.kept_bytes(a, b)
+    def kept_bytes(self, a, b, K=1):
+        return self.as_2d.kept_bytes(a, b, K)
 
     def sq_norms(self, a, b, keep, K=1):
         return self.as_2d.sq_norms(a, b, keep, K)
