@@ -15,7 +15,9 @@ Models (one lot in memory, random data of the real shape, 10 classes):
 Methods: ``plain`` is the plain PyTorch step every ratio is against (forward, mean cross-entropy,
 one backward, ``torch.optim.SGD``); ``nonprivate`` and ``dpsgd`` are ``dpsgd.PrivateTrainer``
 (``private=False``; and DP-SGD with global clipping, C = 1, σ = 1, ``grad_sample_mode=auto``), one
-lot through ``trainer.lots.run`` as ``fit`` runs it (the ledger's charge included); ``opacus_hooks``
+lot through ``trainer.lots.run`` as ``fit`` runs it (the ledger's charge included); ``dpsgd`` draws
+the next lot's noise on the second core meanwhile (``dpsgd/mechanism/noise.py``, the default where
+two cores are usable), ``dpsgd_1core`` draws it in the step (one core in all); ``opacus_hooks``
 and ``opacus_ghost`` are Opacus (``make bench`` installs 1.6.0) through
 ``PrivacyEngine.make_private``, the model first through ``ModuleValidator.fix`` where Opacus needs
 it (nn.MultiheadAttention → its DPMultiheadAttention) and its ReLUs out of place (Opacus' backward
@@ -43,7 +45,7 @@ from dpsgd.core.runtime import describe_hardware, tune_allocator
 COLUMNS = ["model", "method", "lot", "threads", "step_ms", "ratio", "ratio_min", "ratio_max",
            "cpu_ratio", "reps", "steps_per_rep", "loadavg_1min", "torch", "opacus",
            "hardware"]  # fmt: skip
-METHODS = ["plain", "nonprivate", "dpsgd", "opacus_hooks", "opacus_ghost"]
+METHODS = ["plain", "nonprivate", "dpsgd", "dpsgd_1core", "opacus_hooks", "opacus_ghost"]
 OUT = Path(__file__).resolve().parents[1] / "results" / "bench_models.csv"
 LR = 0.05
 
@@ -110,12 +112,13 @@ def _plain(model, x, y):
     return step
 
 
-def _trainer(private: bool):
+def _trainer(private: bool, ahead: bool = True):
     def build(model, x, y):
         from dpsgd.workbench.trainer import PrivateTrainer
 
         t = PrivateTrainer(model, (x, y), lot_size=len(x), clip_norm=1.0, sigma=1.0, seed=0,
                            lr=LR, clipping="global", private=private, threads=False)  # fmt: skip
+        t.dp.noise.ahead_enabled &= ahead  # dpsgd_1core: every noise value drawn in the step
         return lambda: t.lots.run(0, x, y)
 
     return build
@@ -158,16 +161,20 @@ BUILDERS = {
     "plain": _plain,
     "nonprivate": _trainer(False),
     "dpsgd": _trainer(True),
+    "dpsgd_1core": _trainer(True, ahead=False),
     "opacus_hooks": _opacus("hooks"),
     "opacus_ghost": _opacus("ghost"),
 }
 
 
-def _opacus_version() -> str | None:
+def _opacus_version(methods) -> str:
+    """Opacus' version where an Opacus method is asked for ("n/a" otherwise, or not installed)."""
+    if not any(m.startswith("opacus") for m in methods):
+        return "n/a"
     try:
         import opacus
     except ImportError:
-        return None
+        return "n/a"
     return opacus.__version__
 
 
@@ -248,7 +255,8 @@ def main(argv=None) -> int:
         a.reps, a.block_s = min(a.reps, 2), min(a.block_s, 0.05)
     torch.set_num_threads(a.threads)
     tune_allocator()  # as training runs (every method alike)
-    if _opacus_version() is None:
+    opacus = _opacus_version(methods)
+    if opacus == "n/a" and any(m.startswith("opacus") for m in methods):
         methods = [m for m in methods if not m.startswith("opacus")]
         print("opacus not installed (make bench installs 1.6.0): its rows are left out")
 
@@ -264,7 +272,7 @@ def main(argv=None) -> int:
         log(f"{name} (lot {lot}), load average {load:.2f}")
         for r in measure(name, factory, inputs, lot, methods, a.reps, a.block_s, log):
             r.update(loadavg_1min=round(load, 2), torch=torch.__version__,
-                     opacus=_opacus_version() or "n/a", hardware=describe_hardware())  # fmt: skip
+                     opacus=opacus, hardware=describe_hardware())  # fmt: skip
             rows.append(r)
             print(f"{name:18s} {r['method']:14s} {r['step_ms']:9.2f} ms  × {r['ratio']:.3f} "
                   f"[{r['ratio_min']:.3f}, {r['ratio_max']:.3f}]  cpu × {r['cpu_ratio']:.3f}")  # fmt: skip

@@ -12,8 +12,8 @@ Two sources:
   discussed in docs/SECURE_NOISE.md (the float32 cast and the addition to the gradient are still
   floating point).
 
-Drawn ahead (seeded source on the CPU, ``ahead()``; off with ``DPSGD_NOISE_AHEAD=0`` and on a
-single usable core): after a lot, a worker thread draws the next lot's noise, the same sequence of
+Drawn ahead (seeded source on the CPU, ``ahead()``; off with ``DPSGD_NOISE_AHEAD=0``, and where
+torch's threads take every usable core): after a lot, a worker thread draws the next lot's noise, the same sequence of
 draws from the same generator as the lot just run made, while the main thread computes the next lot's
 gradients on the other core. A draw the step then asks for is taken from there only if it is the
 same request (count, std, dtype) in the same order; otherwise the generator is set back to the state
@@ -40,15 +40,16 @@ LOG_MAX = 1 << 14  # draws of one lot remembered for the next (more are drawn wh
 
 def ahead_default(env=None) -> bool:
     """Whether noise is drawn ahead: ``DPSGD_NOISE_AHEAD`` (0 or 1) if set, else when this process
-    may run on two cores or more (the worker then has a core of its own)."""
+    may run on more cores than torch's threads use (the worker then has a core of its own)."""
     env = os.environ if env is None else env
     raw = env.get("DPSGD_NOISE_AHEAD", "").strip()
     if raw:
         return raw not in ("0", "false", "no")
     try:
-        return len(os.sched_getaffinity(0)) >= 2
+        usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return (os.cpu_count() or 1) >= 2
+        usable = os.cpu_count() or 1
+    return usable > torch.get_num_threads()
 
 
 class GaussianNoise:

@@ -21,6 +21,7 @@ docs/PERFORMANCE.md.
 
 from __future__ import annotations
 
+import cmath
 import warnings
 from dataclasses import dataclass
 
@@ -327,7 +328,7 @@ def _check_finite(x: torch.Tensor, K: int, weights: torch.Tensor | None) -> None
             continue
         # one pass: a sum is finite only if every term is (NaN and ±inf propagate; a finite sum
         # that overflows falls through to the exact check below)
-        if bool(torch.isfinite(t.sum())):
+        if cmath.isfinite(t.sum().item()):  # real or complex
             continue
         bad = (
             ~torch.isfinite(t.reshape(len(t), -1)).all(dim=1)
