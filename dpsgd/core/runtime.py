@@ -114,12 +114,7 @@ def thread_policy(
                 f"auto: 2 usable cores, quiet (load {loadavg:.2f} < {QUIET_LOAD}), OpenMP waits "
                 "passively -> 2 threads"
             )
-        why = (
-            ("not quiet" if not quiet else "OpenMP may spin (OMP_WAIT_POLICY not PASSIVE)")
-            if cores == 2
-            else f"{usable} usable core"
-        )
-        return 1, f"auto: {usable} usable core(s) <= 2, {why} -> 1 thread"
+        return 1, f"auto: {usable} usable core(s) <= 2 -> 1 thread (oversubscription under load)"
     busy = 0 if loadavg is None or loadavg != loadavg else max(0, math.ceil(loadavg - 1e-9))
     n = max(1, min(physical or usable, usable, usable - busy))
     return n, (
