@@ -347,3 +347,8 @@ class GenericLayer(_Layer):
             attr: _acc(torch.tensordot(factors[attr], g, dims=1), out.get(attr))
             for attr, g in state.items()
         }
+
+
+# The base class and helpers the rules of rules/ (another package) build on, by public names.
+Layer = _Layer
+seq_sq_norms, sq_rows, accumulate, matmul_into, matvec_into = _seq_sq_norms, _sq, _acc, _mm, _mv

@@ -28,12 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers import Unsupported, _Layer, _mm, _mv, _seq_sq_norms, _sq, keep_pays
+from ..layers import Layer, Unsupported, keep_pays, matmul_into, matvec_into, seq_sq_norms, sq_rows
 from ..registry import register_layer
 
 
 @register_layer(nn.MultiheadAttention)
-class MultiheadAttentionLayer(_Layer):
+class MultiheadAttentionLayer(Layer):
     """nn.MultiheadAttention's input projection (in_proj_weight and in_proj_bias, or q/k/v_proj_weight);
     its out_proj is an nn.Linear with its own rule (module doc)."""
 
@@ -138,9 +138,9 @@ class MultiheadAttentionLayer(_Layer):
     def sq_norms(self, a, b, keep, K=1):
         out, state = {}, []
         for w, _, bias, _, A, Bm in a:
-            sq, G = (None, None) if w is None else _seq_sq_norms(A, Bm, keep and self._kept(A, Bm))
+            sq, G = (None, None) if w is None else seq_sq_norms(A, Bm, keep and self._kept(A, Bm))
             state.append(G)
-            for attr, v in ((w, sq), (bias, None if bias is None else _sq(Bm.sum(1)))):
+            for attr, v in ((w, sq), (bias, None if bias is None else sq_rows(Bm.sum(1)))):
                 if attr is not None:
                     out[attr] = v if attr not in out else out[attr] + v
         return out, state
@@ -153,7 +153,7 @@ class MultiheadAttentionLayer(_Layer):
                     p = getattr(self.module, attr)
                     grads[attr] = out[attr] if attr in out else torch.zeros_like(p)
             if bias is not None:
-                _mv(Bm.sum(1).t(), factors[bias], _block(grads[bias], b_rows))
+                matvec_into(Bm.sum(1).t(), factors[bias], _block(grads[bias], b_rows))
             if w is None:
                 continue
             acc = _block(grads[w], w_rows)
@@ -161,7 +161,7 @@ class MultiheadAttentionLayer(_Layer):
                 acc.add_(torch.tensordot(factors[w], G, dims=1))
             else:  # book-keeping: (c ⊙ δ)ᵀ x over every example and position
                 Bc = Bm * factors[w][:, None, None]
-                _mm(Bc.flatten(0, 1).t(), A.flatten(0, 1), acc)
+                matmul_into(Bc.flatten(0, 1).t(), A.flatten(0, 1), acc)
         return grads
 
 
@@ -177,6 +177,35 @@ def _attend(m, q, k, v, key_padding_mask, need_weights, attn_mask, average_attn_
     B, T, E = q.shape
     H = m.num_heads
     hd = E // H
+    q = q.reshape(B, T, H, hd).transpose(1, 2)
+    k = k.reshape(B, -1, H, hd).transpose(1, 2)
+    v = v.reshape(B, -1, H, hd).transpose(1, 2)
+    if m.add_zero_attn:  # a zero key and value appended to every example
+        k = torch.cat([k, k.new_zeros(B, H, 1, hd)], dim=2)
+        v = torch.cat([v, v.new_zeros(B, H, 1, hd)], dim=2)
+    attn_mask, is_causal = _merged_mask(m, q, k.shape[2], key_padding_mask, need_weights,
+                                        attn_mask, is_causal)  # fmt: skip
+    dropout_p = m.dropout if m.training else 0.0
+    if not need_weights:
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)
+        return o.transpose(1, 2).reshape(B, T, E), None
+    if is_causal and attn_mask is None:
+        raise AssertionError("FIXME: is_causal not implemented for need_weights")
+    scores = (q * math.sqrt(1.0 / float(hd))) @ k.transpose(-2, -1)
+    if attn_mask is not None:
+        scores = scores + attn_mask
+    w = F.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        w = F.dropout(w, p=dropout_p)
+    o = (w @ v).transpose(1, 2).reshape(B, T, E)
+    return o, (w.mean(dim=1) if average_attn_weights else w)
+
+
+def _merged_mask(m, q, S: int, key_padding_mask, need_weights, attn_mask, is_causal):
+    """(the attention mask as [B, H, T, S] or [1, 1, T, S] or None, is_causal): the key-padding
+    and attention masks canonicalised and merged as ``F.multi_head_attention_forward`` merges them
+    (S counts the zero key of ``add_zero_attn``, for which both masks get a column)."""
+    B, H, T = q.shape[0], q.shape[1], q.shape[2]
     key_padding_mask = F._canonical_mask(
         mask=key_padding_mask,
         mask_name="key_padding_mask",
@@ -202,52 +231,31 @@ def _attend(m, q, k, v, key_padding_mask, need_weights, attn_mask, average_attn_
         )
         if key_padding_mask is not None:
             is_causal = False
-    S = k.shape[1]
-    if attn_mask is not None:  # [1, T, S] or [B, H, T, S]
+    S0 = S - 1 if m.add_zero_attn else S  # the keys before the zero one
+    if attn_mask is not None:  # [1, T, S] or [B·H, T, S]
         if attn_mask.dim() == 2:
-            if tuple(attn_mask.shape) != (T, S):
+            if tuple(attn_mask.shape) != (T, S0):
                 raise RuntimeError(f"The shape of the 2D attn_mask is {attn_mask.shape}, but "
-                                   f"should be {(T, S)}.")  # fmt: skip
+                                   f"should be {(T, S0)}.")  # fmt: skip
             attn_mask = attn_mask.unsqueeze(0)
         elif attn_mask.dim() == 3:
-            if tuple(attn_mask.shape) != (B * H, T, S):
+            if tuple(attn_mask.shape) != (B * H, T, S0):
                 raise RuntimeError(f"The shape of the 3D attn_mask is {attn_mask.shape}, but "
-                                   f"should be {(B * H, T, S)}.")  # fmt: skip
+                                   f"should be {(B * H, T, S0)}.")  # fmt: skip
         else:
             raise RuntimeError(f"attn_mask's dimension {attn_mask.dim()} is not supported")
-    q = q.reshape(B, T, H, hd).transpose(1, 2)
-    k = k.reshape(B, S, H, hd).transpose(1, 2)
-    v = v.reshape(B, S, H, hd).transpose(1, 2)
-    if m.add_zero_attn:  # a zero key and value appended to every example
-        k = torch.cat([k, k.new_zeros(B, H, 1, hd)], dim=2)
-        v = torch.cat([v, v.new_zeros(B, H, 1, hd)], dim=2)
-        if attn_mask is not None:
+        if m.add_zero_attn:
             attn_mask = F.pad(attn_mask, (0, 1))
-        if key_padding_mask is not None:
-            key_padding_mask = F.pad(key_padding_mask, (0, 1))
-        S += 1
     if key_padding_mask is not None:
+        if m.add_zero_attn:
+            key_padding_mask = F.pad(key_padding_mask, (0, 1))
         if tuple(key_padding_mask.shape) != (B, S):
             raise RuntimeError(f"expecting key_padding_mask shape of {(B, S)}, but got "
                                f"{tuple(key_padding_mask.shape)}")  # fmt: skip
         kpm = key_padding_mask.view(B, 1, 1, S).expand(-1, H, -1, -1).reshape(B * H, 1, S)
         attn_mask = kpm if attn_mask is None else attn_mask + kpm
     if attn_mask is not None:  # as [B, H, T, S] (or broadcast [1, 1, T, S])
-        if attn_mask.size(0) == 1:
-            attn_mask = attn_mask.unsqueeze(0)
-        else:
-            attn_mask = attn_mask.view(B, H, -1, S)
-    dropout_p = m.dropout if m.training else 0.0
-    if not need_weights:
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)
-        return o.transpose(1, 2).reshape(B, T, E), None
-    if is_causal and attn_mask is None:
-        raise AssertionError("FIXME: is_causal not implemented for need_weights")
-    scores = (q * math.sqrt(1.0 / float(hd))) @ k.transpose(-2, -1)
-    if attn_mask is not None:
-        scores = scores + attn_mask
-    w = F.softmax(scores, dim=-1)
-    if dropout_p > 0.0:
-        w = F.dropout(w, p=dropout_p)
-    o = (w @ v).transpose(1, 2).reshape(B, T, E)
-    return o, (w.mean(dim=1) if average_attn_weights else w)
+        attn_mask = (
+            attn_mask.unsqueeze(0) if attn_mask.size(0) == 1 else attn_mask.view(B, H, -1, S)
+        )
+    return attn_mask, is_causal

@@ -29,22 +29,22 @@ from torch import nn
 
 from ..layers import (
     CHUNK_BYTES,
+    Layer,
     Unsupported,
-    _acc,
-    _Layer,
-    _mv,
-    _sq,
+    accumulate,
     gram_sq,
     group_rows,
     keep_pays,
+    matvec_into,
     norm_route,
     repeat_factors,
+    sq_rows,
 )
 from ..registry import register_layer
 
 
 @register_layer(nn.Conv2d)
-class Conv2dLayer(_Layer):
+class Conv2dLayer(Layer):
     """Conv2d of any stride/padding/dilation/groups/padding_mode, on [B, C, H, W] input (module
     doc): per example and group, a_i is the unfolded input [T, d], b_i the output gradient [T, p].
 
@@ -160,7 +160,7 @@ class Conv2dLayer(_Layer):
         sq = torch.zeros(a.shape[0] // K, dtype=b.dtype, device=b.device)
         for s, _, G_u in self._row_products(a, b, K):
             G_u = group_rows(G_u, K)
-            sq[s // K : s // K + G_u.shape[0]] += _sq(G_u.flatten(1))
+            sq[s // K : s // K + G_u.shape[0]] += sq_rows(G_u.flatten(1))
         return sq
 
     def _tdp(self, b, K: int) -> tuple[int, int, int]:
@@ -223,7 +223,7 @@ class Conv2dLayer(_Layer):
             if keep and keep_pays(*self._tdp(b, K)):
                 G, perm = self._per_example(a, b)
                 state = (group_rows(G, K), perm)
-                out["weight"] = _sq(state[0].flatten(1))
+                out["weight"] = sq_rows(state[0].flatten(1))
             elif norm_route(*self._tdp(b, K)) == "ghost":
                 out["weight"], A = self._ghost_sq_norms(a, b, K, keep)
                 state = None if A is None else ("unfolded", A)
@@ -237,17 +237,19 @@ class Conv2dLayer(_Layer):
                 for s in range(0, a.shape[0], step):
                     G, _ = self._per_example(a[s : s + step], b[s : s + step])
                     G = group_rows(G, K)
-                    sq[s // K : s // K + G.shape[0]] = _sq(G.flatten(1))
+                    sq[s // K : s // K + G.shape[0]] = sq_rows(G.flatten(1))
                 out["weight"] = sq
         if "bias" in self.names:
-            out["bias"] = _sq(group_rows(b.sum((2, 3)), K))
+            out["bias"] = sq_rows(group_rows(b.sum((2, 3)), K))
         return out, state
 
     def clipped_sum(self, a, b, state, factors, own_b=False, out=None, K=1):
         out = out or {}
         grads = {}
         if "bias" in self.names:
-            grads["bias"] = _mv(group_rows(b.sum((2, 3)), K).t(), factors["bias"], out.get("bias"))
+            grads["bias"] = matvec_into(
+                group_rows(b.sum((2, 3)), K).t(), factors["bias"], out.get("bias")
+            )
         if "weight" in self.names:
             if state is not None and isinstance(
                 state[0], str
@@ -260,7 +262,7 @@ class Conv2dLayer(_Layer):
             else:  # book-keeping: ∇W for c ⊙ b
                 f = repeat_factors(factors["weight"], K)[:, None, None, None]
                 g = self._weight_grad(a, b.mul_(f) if own_b else b * f)
-            grads["weight"] = _acc(g, out.get("weight"))
+            grads["weight"] = accumulate(g, out.get("weight"))
         return grads
 
 
@@ -282,7 +284,7 @@ class _Conv2dView:
 
 
 @register_layer(nn.Conv1d)
-class Conv1dLayer(_Layer):
+class Conv1dLayer(Layer):
     """nn.Conv1d of any stride/padding/dilation/groups/padding_mode, on [B, C, L] (module doc)."""
 
     def __init__(self, module: nn.Conv1d, names):
