@@ -6,7 +6,10 @@
 
 Question: on a small CPU machine that other processes also use, does torch's default thread count
 (one per core) lose to a single thread? (Oversubscription: torch's OpenMP workers spin and wait for
-each other, and a busy core delays every parallel region.)
+each other, and a busy core delays every parallel region.) And does it still when the OpenMP workers
+sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE, which dpsgd sets before torch loads)? Each child
+runs the step as training does: with one torch thread the next lot's noise is drawn on the other
+core (dpsgd/mechanism/noise.py), with two it is not.
 
 Details: docs/PERFORMANCE.md, "bench/bench_threads.py".
 """
@@ -23,7 +26,8 @@ from pathlib import Path
 
 from bench import write_csv
 
-COLUMNS = ["threads", "load", "repeat", "seconds", "steps", "loadavg_1min", "machine"]
+COLUMNS = ["threads", "omp_wait_policy", "load", "repeat", "seconds", "steps", "loadavg_1min",
+           "machine"]  # fmt: skip
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -59,8 +63,9 @@ def _loadavg() -> float:
     return os.getloadavg()[0]
 
 
-def measure(threads: int, steps: int) -> float:
+def measure(threads: int, steps: int, policy: str = "passive") -> float:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env["OMP_WAIT_POLICY"] = policy.upper()  # read by OpenMP when torch loads (dpsgd/__init__.py)
     env.pop("DPSGD_THREADS", None)
     out = subprocess.run(
         [
@@ -93,7 +98,8 @@ def stop(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-def run(thread_counts, loads, repeats: int, steps: int, settle_s: float) -> list[dict]:
+def run(configs, loads, repeats: int, steps: int, settle_s: float) -> list[dict]:
+    """``configs``: (threads, OpenMP wait policy) pairs, measured in turn (order alternating)."""
     from dpsgd.core.runtime import describe_hardware
 
     machine = describe_hardware()
@@ -103,13 +109,14 @@ def run(thread_counts, loads, repeats: int, steps: int, settle_s: float) -> list
             procs = spinners(load)
             try:
                 time.sleep(settle_s if load else 0.0)
-                order = list(thread_counts) if r % 2 == 0 else list(reversed(thread_counts))
-                for n in order:
+                order = list(configs) if r % 2 == 0 else list(reversed(configs))
+                for n, policy in order:
                     la = _loadavg()
-                    s = measure(n, steps)
+                    s = measure(n, steps, policy)
                     rows.append(
                         {
                             "threads": n,
+                            "omp_wait_policy": policy,
                             "load": load,
                             "repeat": r,
                             "seconds": round(s, 4),
@@ -119,8 +126,8 @@ def run(thread_counts, loads, repeats: int, steps: int, settle_s: float) -> list
                         }
                     )
                     print(
-                        f"repeat {r} load {load} threads {n}: {s:.3f} s ({steps} steps, loadavg "
-                        f"{la:.2f})",
+                        f"repeat {r} load {load} threads {n} ({policy}): {s:.3f} s ({steps} steps, "
+                        f"loadavg {la:.2f})",
                         flush=True,
                     )
             finally:
@@ -131,10 +138,11 @@ def run(thread_counts, loads, repeats: int, steps: int, settle_s: float) -> list
 def summary(rows: list[dict]) -> list[str]:
     out = []
     for load in sorted({r["load"] for r in rows}):
-        for n in sorted({r["threads"] for r in rows}):
-            s = sorted(r["seconds"] for r in rows if r["load"] == load and r["threads"] == n)
+        for n, policy in sorted({(r["threads"], r["omp_wait_policy"]) for r in rows}):
+            s = sorted(r["seconds"] for r in rows if r["load"] == load and r["threads"] == n
+                       and r["omp_wait_policy"] == policy)  # fmt: skip
             out.append(
-                f"load {load} threads {n}: median {statistics.median(s):.3f} s "
+                f"load {load} threads {n} ({policy}): median {statistics.median(s):.3f} s "
                 f"(min {s[0]:.3f}, max {s[-1]:.3f}, n={len(s)})"
             )
     return out
@@ -142,7 +150,11 @@ def summary(rows: list[dict]) -> list[str]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
+    ap.add_argument(
+        "--configs",
+        default="1:passive,2:passive,2:active",
+        help="threads:OpenMP wait policy pairs, comma-separated (passive: dpsgd's default)",
+    )
     ap.add_argument("--loads", default="0,1,2", help="numbers of competing CPU-bound processes")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--steps", type=int, default=100)
@@ -155,9 +167,9 @@ def main(argv=None) -> None:
     if a.child is not None:
         print(child(a.child, a.steps))
         return
-    threads = [int(t) for t in a.threads.split(",")]
+    configs = [(int(c.split(":")[0]), c.split(":")[1]) for c in a.configs.split(",")]
     loads = [int(x) for x in a.loads.split(",")]
-    rows = run(threads, loads, a.repeats, a.steps, a.settle_s)
+    rows = run(configs, loads, a.repeats, a.steps, a.settle_s)
     write_csv(rows, a.out, COLUMNS)
     print("\n".join(summary(rows)))
     print(f"wrote {a.out}")

@@ -15,6 +15,19 @@ The public API (docs/API.md), imported on first use, so that ``import dpsgd`` st
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+
+# OpenMP threads that wait for work sleep instead of spinning: set before torch loads its OpenMP
+# runtime (which reads it once), unless the user chose. Two spinning threads on two cores beside
+# one busy process ran 5× slower than one thread; sleeping ones do not (docs/PERFORMANCE.md,
+# "Threads"). dpsgd.core.runtime's thread policy uses two threads on two cores only when this took.
+PASSIVE_WAIT = "torch" not in sys.modules and "OMP_WAIT_POLICY" not in os.environ
+if PASSIVE_WAIT:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+PASSIVE_WAIT = PASSIVE_WAIT or (
+    "torch" not in sys.modules and os.environ["OMP_WAIT_POLICY"].strip().upper() == "PASSIVE"
+)
 
 __version__ = "0.1.0"
 

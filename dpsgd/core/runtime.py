@@ -66,8 +66,15 @@ def physical_cores() -> int | None:
         return None
 
 
+QUIET_LOAD = 0.5  # a 1-minute load average below this: a 2-core machine is quiet
+
+
 def thread_policy(
-    env: dict, usable: int, physical: int | None, loadavg: float | None
+    env: dict,
+    usable: int,
+    physical: int | None,
+    loadavg: float | None,
+    passive: bool = False,
 ) -> tuple[int, str]:
     """(intra-op threads, why) from the environment and the machine; pure, so it is testable.
 
@@ -79,8 +86,11 @@ def thread_policy(
        process exports P only when the user had set neither thread variable).
     3. ``OMP_NUM_THREADS`` if set (its first value: the user already chose). 1–3 must be positive
        integers.
-    4. <= 2 usable cores (``usable`` = CPUs this process may run on): 1 — measured in
-       results/bench_threads.csv, one competing process makes 2 threads several times slower.
+    4. <= 2 usable cores (``usable`` = CPUs this process may run on): all of them (2) when the
+       machine is quiet (1-minute load average below ``QUIET_LOAD``) and OpenMP's threads wait
+       passively (``passive``: dpsgd set OMP_WAIT_POLICY=PASSIVE before torch loaded, see
+       dpsgd/__init__.py); else 1 — measured in results/bench_threads.csv: one competing process
+       made two spinning threads several times slower than one.
     5. more cores: min(physical cores, usable, max(1, usable − ⌈1-minute load average⌉)), leaving
        the cores other processes already keep busy.
     """
@@ -97,6 +107,13 @@ def thread_policy(
     if raw is not None and raw.strip() != "":
         return _positive_int("OMP_NUM_THREADS", raw.split(",")[0]), f"OMP_NUM_THREADS={raw.strip()}"
     if usable <= 2:
+        cores = min(physical or usable, usable)
+        quiet = loadavg is not None and loadavg == loadavg and loadavg < QUIET_LOAD
+        if cores == 2 and quiet and passive:
+            return 2, (
+                f"auto: 2 usable cores, quiet (load {loadavg:.2f} < {QUIET_LOAD}), OpenMP waits "
+                "passively -> 2 threads"
+            )
         return 1, f"auto: {usable} usable core(s) <= 2 -> 1 thread (oversubscription under load)"
     busy = 0 if loadavg is None or loadavg != loadavg else max(0, math.ceil(loadavg - 1e-9))
     n = max(1, min(physical or usable, usable, usable - busy))
@@ -119,7 +136,9 @@ def configure_threads(env: dict | None = None) -> dict:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
         load = None
-    n, why = thread_policy(env, usable, physical_cores(), load)
+    import dpsgd
+
+    n, why = thread_policy(env, usable, physical_cores(), load, dpsgd.PASSIVE_WAIT)
     torch.set_num_threads(n)
     return {"threads": n, "policy": why}
 

@@ -16,6 +16,12 @@ and the per-example gradient that is clipped is the mean over its copies, g(x_i)
 ∇ℓ(θ, aug_k(x_i)): averaged *before* clipping, so example i still adds one vector of norm ≤ C and
 the sensitivity, the noise σC and the accounting are those of K = 1. K = 1 is the plain step.
 
+The non-private step (``plain=True``: ``privacy.private=false``, ``PrivateTrainer(private=False)``)
+is a plain PyTorch step: one forward pass, the model's own summed loss Σ_i ℓ_i (cross-entropy with
+``reduction="sum"``, or the given per-example loss summed), one backward pass, no per-example work,
+no clipping and no noise; the sum is divided by L like the private one (θ ← θ − (η/L) Σ_i ∇ℓ_i,
+which is torch's mean reduction when the lot holds L examples).
+
 Details: docs/PERFORMANCE.md, "dpsgd/mechanism/optim.py".
 """
 
@@ -25,6 +31,7 @@ import copy
 
 import torch
 
+from dpsgd.mechanism.clipping.clip import example_losses, summed_loss
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.plan import Plan
 
@@ -47,6 +54,8 @@ class DPSGD:
             them, nothing else): each step writes the noisy mean gradient g̃ into ``.grad`` and
             calls ``optimizer.step()`` (Adam, AdamW, ...: post-processing of g̃, no privacy cost);
             None: the built-in update above (``lr``, ``momentum``).
+        plain: the non-private step (module doc): the clipper is not called, nothing is noised;
+            refused with a charged plan.
     """
 
     def __init__(
@@ -61,6 +70,7 @@ class DPSGD:
         augment=None,
         augment_generator=None,
         optimizer=None,
+        plain: bool = False,
     ):
         if not isinstance(plan, Plan):
             raise ValueError(
@@ -69,6 +79,9 @@ class DPSGD:
             )
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"training.momentum={momentum!r} must be in [0, 1)")
+        if plain and plan.event is not None:
+            raise ValueError("DPSGD: plain=True (not private) with a plan that charges each lot")
+        self.plain = bool(plain)
         self.plan = plan
         self.event = plan.event  # what each lot is charged as (None: not private)
         self.model = model
@@ -95,6 +108,12 @@ class DPSGD:
         ] = {}  # v_t per parameter (empty before the first step)
         self.optimizer = _checked_optimizer(optimizer, model, self.params)
         self.updates = 0  # updates begun (the lot loop charges a step that began one: lots.py)
+
+    @property
+    def engine(self) -> str:
+        """What computes the step's gradient sum: ``plain`` (one backward pass of the summed
+        loss), else the clipper's engines (``PerExampleClipper.mode``)."""
+        return "plain" if self.plain else self.clipper.mode
 
     @property
     def sigma(self) -> float:
@@ -139,7 +158,10 @@ class DPSGD:
 
     def prove(self, x: torch.Tensor, y: torch.Tensor, generator=None) -> None:
         """The clipper's proofs (``PerExampleClipper.prove``) on examples ``x``, ``y`` as a step
-        hands them to it (K augmented copies each; ``generator``: the augmentation's)."""
+        hands them to it (K augmented copies each; ``generator``: the augmentation's). The plain
+        step relies on nothing per example: nothing to prove."""
+        if self.plain:
+            return
         if self.K > 1 or self.augment is not None:
             self.clipper.prove(self._rows(x, generator), y, multiplicity=self.K)
         else:
@@ -214,9 +236,12 @@ class DPSGD:
         total = None  # Σ_i clip(g_i), accumulated over physical batches
         loss_sum = None  # Σ_i loss_i as a tensor: no device sync per step
         for xb, yb, kw in parts:
-            res = self.clipper.clipped_sum(xb, yb, out=total, **kw)
-            total = res.grads
-            loss_sum = res.loss_sum if loss_sum is None else loss_sum + res.loss_sum
+            if self.plain:
+                total, part = self._plain_sum(xb, yb, total, kw.get("weights"))
+            else:
+                res = self.clipper.clipped_sum(xb, yb, out=total, **kw)
+                total, part = res.grads, res.loss_sum
+            loss_sum = part if loss_sum is None else loss_sum + part
         if total is None:  # empty lot (or share): the step is the noise alone
             total = {n: torch.zeros_like(p) for n, p in self.params.items()}
             loss_sum = torch.zeros((), device=device)
@@ -224,6 +249,28 @@ class DPSGD:
             return self.comm.aggregate(total, loss_sum, lot_size, self._add_noise)
         self._add_noise(total)
         return total, loss_sum, lot_size
+
+    def _plain_sum(self, x, y, out, weights):
+        """Σ_i w_i ∇ℓ_i of one physical batch (its K rows per example already drawn) by one
+        backward pass of the summed loss (module doc), added into ``out`` when given; returns
+        (grads by name, the loss sum, detached)."""
+        loss = self.clipper.loss
+        with torch.enable_grad():
+            if weights is None:
+                total, _, reported = summed_loss(self.model, x, y, self.K, None, loss)
+            else:  # Σ_i w_i ℓ_i: a weight-0 row (padding) adds exactly 0
+                rows = example_losses(self.model, x, y, self.K, loss)
+                total = (rows * weights.to(rows)).sum()
+                reported = total.detach()
+        gs = torch.autograd.grad(total, list(self.params.values()), allow_unused=True)
+        grads = {}
+        with torch.no_grad():
+            for (n, p), g in zip(self.params.items(), gs):
+                if out is not None:
+                    grads[n] = out[n] if g is None else out[n].add_(g)
+                else:
+                    grads[n] = torch.zeros_like(p) if g is None else g
+        return grads, reported
 
     def _add_noise(self, total: dict) -> None:
         """N(0, σ²C²) into each clipped group's sum, in place."""
@@ -273,6 +320,10 @@ class DPSGD:
                     else:
                         v.mul_(self.momentum).add_(g)
                     p.add_(v, alpha=-self.lr)
+        if not self.plain:  # the next lot's noise, drawn on a free core meanwhile (noise.py)
+            ahead = getattr(self.noise, "ahead", None)
+            if ahead is not None:
+                ahead()
 
 
 def _checked_optimizer(optimizer, model, params: dict):

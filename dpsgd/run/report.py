@@ -185,7 +185,7 @@ def metrics_row(
         "clipping": p.clipping if p.private else "none",
         "convention": p.convention,
         "accountant": c.accountant.name if p.private else "none",
-        "grad_sample_mode": b.clipper.mode,
+        "grad_sample_mode": b.dp.engine,
         "seed": c.seed,
         "epoch_time_s": round(epoch_time, 3),
         "wall_time_s": round(wall, 3),

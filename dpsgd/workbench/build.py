@@ -62,11 +62,16 @@ def assemble(
         n_examples: N, the training examples the sampler draws from.
         lot_size: L, the expected lot size (q = L/N for Poisson).
         clip_norm: C.
-        sigma: σ (noise std σC); 0 with ``private``: clipped, not noised, not charged.
-        noise, sampler_seed: the Gaussian source; the seed of the sampler's generator.
+        sigma: the noise multiplier σ (noise std σC); 0 with ``private``: clipped, not noised, not
+            charged.
+        noise: the Gaussian source.
+        sampler_seed: the seed of the sampler's generator.
         lr, momentum: the update (the built-in SGD, heavy ball with ``momentum``).
-        private: False: neither clipped nor noised nor charged (the non-private baseline).
-        sampling, max_lot_size: the sampler (``make_sampler``; the cap of truncated_poisson).
+        private: False: the non-private baseline, a plain step (one backward pass of the summed
+            loss, divided by L: ``DPSGD(plain=True)``), nothing clipped, noised, charged or proved.
+        sampling: ``poisson``, ``fixed_size``, ``truncated_poisson``, ``balls_in_bins``,
+            ``shuffle``.
+        max_lot_size: the cap of ``truncated_poisson``.
         clipping: ``global`` (k = 1) or ``per_layer`` (k = layers): the groups are derived from the
             model, never given.
         mode: the engine: ``auto``, ``ghost`` or ``vmap``.
@@ -106,6 +111,7 @@ def assemble(
         augment_multiplicity=augment_multiplicity,
         augment=augment,
         optimizer=optimizer,
+        plain=not private,
     )
     if sample is not None:
         dp.prove(*sample)

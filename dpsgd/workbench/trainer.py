@@ -51,7 +51,8 @@ class PrivateTrainer:
         physical_batch_size: the most examples per forward pass (None: the whole lot).
         precision: ``fp32`` or ``bf16`` (forward and backward under autocast; the norms, clip
             factors, sums and noise in float32).
-        private: False runs the same loop without clipping, noise or charge (ε = ∞).
+        private: False runs the same loop with a plain step (one backward pass of the summed loss,
+            divided by L; no per-example work, clipping, noise or charge; ε = ∞).
         seed: the sampler's and the noise's seeds (None: drawn from the OS).
         secure_rng: draw the noise from OS entropy (a seed is then refused).
         allow_large_delta: accept δ >= 1/N (``privacy.allow_large_delta``).

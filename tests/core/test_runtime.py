@@ -67,8 +67,15 @@ def test_thread_policy_refuses_bad_values_naming_the_variable(env, name):
     assert "\n" not in str(e.value)
 
 
-def test_thread_policy_auto_one_thread_on_two_cores_else_leaves_busy_cores():
-    assert thread_policy({}, 2, 2, 0.0)[0] == 1  # even when idle: measured, see bench_threads
+def test_thread_policy_auto_two_cores_only_quiet_and_passive_else_leaves_busy_cores():
+    # two cores: both only when quiet and OpenMP sleeps instead of spinning (bench_threads)
+    assert thread_policy({}, 2, 2, 0.0, passive=True) == (
+        2, "auto: 2 usable cores, quiet (load 0.00 < 0.5), OpenMP waits passively -> 2 threads"
+    )  # fmt: skip
+    assert thread_policy({}, 2, 2, 0.0)[0] == 1  # OpenMP may spin
+    assert thread_policy({}, 2, 2, 0.5, passive=True)[0] == 1  # not quiet
+    assert thread_policy({}, 2, 2, None, passive=True)[0] == 1  # load unknown
+    assert thread_policy({}, 2, 1, 0.0, passive=True)[0] == 1  # one physical core
     assert thread_policy({}, 1, 1, None)[0] == 1
     assert thread_policy({}, 16, 8, 0.0)[0] == 8  # never more than the physical cores
     assert thread_policy({}, 16, 16, 3.2)[0] == 12  # ⌈3.2⌉ cores already busy

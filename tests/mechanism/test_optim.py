@@ -131,3 +131,93 @@ def test_noise_seed_reproducible_and_clipped_update_bounded():
     ).step(x3, y3, 32)
     after = torch.cat([p.detach().flatten() for p in m3.parameters()])
     assert (before - after).norm().item() <= 1.0 + 1e-5
+
+
+# -- the plain (non-private) step -------------------------------------------------------------------
+class _Counting(PerExampleClipper):
+    """A clipper that fails the test if the plain step calls it."""
+
+    def clipped_sum(self, *a, **k):
+        raise AssertionError("the plain step ran the per-example engine")
+
+    def prove(self, *a, **k):
+        raise AssertionError("the plain step proved something")
+
+
+def _plain(model, L, lr, **kw):
+    return DPSGD(
+        model,
+        _Counting(model, None, **{k: kw.pop(k) for k in ("loss",) if k in kw}),
+        GaussianNoise(seed=0),
+        Plan.by_hand(0.0, 1.0, L),
+        lr=lr,
+        plain=True,
+        **kw,
+    )
+
+
+def test_plain_step_is_one_backward_of_the_summed_loss_divided_by_L():
+    """θ ← θ − (η/L) Σ_i ∇ℓ_i, bit for bit the autograd of cross_entropy(reduction="sum") and the
+    same update, for any physical batch size (the sums then add in another order: float32 round-off
+    of the lot's sum, n·eps32 at parameter scale); no clipper call, no proof, no noise drawn."""
+    model, x, y = _setup()
+    L, lr = 50.0, 0.3
+    ref = copy.deepcopy(model)
+    grads = torch.autograd.grad(F.cross_entropy(ref(x), y, reduction="sum"), list(ref.parameters()))
+    with torch.no_grad():
+        for p, g in zip(ref.parameters(), grads):
+            p.add_(g, alpha=-lr / L)
+    dp = _plain(model, L, lr)
+    state = dp.noise.generator.get_state()
+    dp.prove(x, y)
+    out = dp.step(x, y)
+    assert dp.engine == "plain" and out["lot_size"] == len(x)
+    assert torch.equal(dp.noise.generator.get_state(), state)  # no noise drawn
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    m2, _, _ = _setup()
+    _plain(m2, L, lr).step(x, y, physical_batch_size=7)
+    for p, q in zip(m2.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, rtol=0, atol=32 * 2**-23)
+
+
+def test_plain_step_weights_multiplicity_and_a_users_loss():
+    """Σ_i w_i ℓ_i (a weight-0 row adds nothing), K copies averaged per example, and a given
+    per-example loss: the same update as autograd on that objective."""
+    model, x, y = _setup()
+    w = torch.ones(len(x))
+    w[5:9] = 0
+    ref = copy.deepcopy(model)
+    loss = lambda out, t: F.cross_entropy(out, t, reduction="none") * 2.0  # noqa: E731
+    rows = loss(ref(x), y)
+    grads = torch.autograd.grad((rows * w).sum(), list(ref.parameters()))
+    dp = _plain(model, 40.0, 0.5, loss=loss)
+    out = dp.step(x, y, weights=w)
+    assert out["lot_size"] == len(x) - 4
+    assert float(out["loss_sum"]) == pytest.approx(float((rows * w).sum().detach()), rel=1e-6)
+    for p, q, g in zip(model.parameters(), ref.parameters(), grads):
+        # float32: the same gradient; the update rounds once (add_ with alpha) here, twice there
+        assert torch.allclose(p, q - 0.5 / 40.0 * g, rtol=0, atol=1e-6)
+    m2, _, _ = _setup()
+    ref2 = copy.deepcopy(m2)
+    xk = x.repeat_interleave(3, 0)
+    g2 = torch.autograd.grad(
+        F.cross_entropy(ref2(xk), y.repeat_interleave(3), reduction="sum") / 3,
+        list(ref2.parameters()),
+    )
+    _plain(m2, 32.0, 0.1, augment_multiplicity=3).step(x, y)
+    for p, q, g in zip(m2.parameters(), ref2.parameters(), g2):
+        # float32: as above (the same objective, the update rounded once here, twice there)
+        assert torch.allclose(p, q - 0.1 / 32.0 * g, rtol=0, atol=1e-6)
+
+
+def test_plain_step_refuses_a_charged_plan():
+    model, _, _ = _setup()
+    with pytest.raises(ValueError, match="plain=True"):
+        DPSGD(
+            model,
+            PerExampleClipper(model, None),
+            GaussianNoise(seed=0),
+            Plan.by_hand(1.0, 1.0, 10),
+            lr=0.1,
+            plain=True,
+        )

@@ -229,3 +229,61 @@ def test_bench_proof_runs_end_to_end(tmp_path):
     assert [r["model"] for r in rows] == ["seq_first_linear", "tanh_cnn_groupnorm"]
     assert all(r.keys() == set(bench_proof.COLUMNS) for r in rows)
     assert [r["engine"] for r in rows] == ["ghost+vmap", "ghost"]  # B = T proved wrong: vmap
+
+
+def _bench_models(tmp_path, models, methods):
+    from bench import bench_models
+
+    out = tmp_path / "models.csv"
+    assert bench_models.main(["--quick", "--models", models, "--methods", methods,
+                              "--out", str(out)]) == 0  # fmt: skip
+    rows = list(csv.DictReader(out.open()))
+    assert all(r.keys() == set(bench_models.COLUMNS) for r in rows)
+    for r in rows:
+        assert int(r["reps"]) == 2 and int(r["steps_per_rep"]) >= 1 and float(r["step_ms"]) > 0
+        assert float(r["ratio_min"]) <= float(r["ratio"]) <= float(r["ratio_max"])
+    assert {float(r["ratio"]) for r in rows if r["method"] == "plain"} == {1.0}
+    return rows
+
+
+def test_bench_models_protocol_on_the_paper_mlp(tmp_path):
+    """plain, PrivateTrainer(private=False) and DP (noise ahead and in the step), interleaved, every
+    ratio against the plain step of the same repetition (timings are never asserted)."""
+    rows = _bench_models(tmp_path, "paper_mlp", "plain,nonprivate,dpsgd,dpsgd_1core")
+    assert [r["method"] for r in rows] == ["plain", "nonprivate", "dpsgd", "dpsgd_1core"]
+
+
+@pytest.mark.slow  # ~40 s: resnet18's first call proves it on a float64 twin
+def test_bench_models_protocol_on_every_model(tmp_path):
+    rows = _bench_models(tmp_path, "resnet18_gn,text_transformer", "plain,nonprivate,dpsgd")
+    assert [(r["model"], r["method"]) for r in rows] == [
+        (m, k)
+        for m in ("resnet18_gn", "text_transformer")
+        for k in ("plain", "nonprivate", "dpsgd")
+    ]
+
+
+@pytest.mark.parametrize(
+    "args", [["--models", "nope"], ["--methods", "dpsgd"], ["--reps", "0"], ["--block-s", "0"]]
+)
+def test_bench_models_bad_options_are_one_line(args, tmp_path, capsys):
+    from bench import bench_models
+
+    with pytest.raises(SystemExit) as e:
+        bench_models.main(args + ["--out", str(tmp_path / "m.csv")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "error:" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_routes_protocol(tmp_path):
+    """Each route of each layer timed against its weight gradient; the engine's choice named."""
+    from bench import bench_routes
+
+    out = tmp_path / "routes.csv"
+    assert bench_routes.main(["--quick", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == len(bench_routes.cases(True))
+    for r in rows:
+        assert r.keys() == set(bench_routes.COLUMNS)
+        assert r["engine"] in bench_routes.ROUTES and r["fastest"] in bench_routes.ROUTES

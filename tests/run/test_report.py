@@ -66,6 +66,7 @@ def _run(c, led, eps, steps=300):
         noise=GaussianNoise(seed=0),
         runtime=None,
         clipper=SimpleNamespace(mode="ghost"),
+        dp=SimpleNamespace(engine="ghost" if p.private else "plain"),
     )
     return SimpleNamespace(progress=progress, parts=parts)
 

@@ -9,10 +9,10 @@ from .registry import register_layer
 from .vmap import per_sample_grads
 
 __all__ = [
-    "PerExampleClipper",
     "ClipResult",
-    "per_sample_grads",
+    "PerExampleClipper",
     "clip_factors",
     "clipping_groups",
+    "per_sample_grads",
     "register_layer",
 ]

@@ -41,6 +41,44 @@ def loss_rows(loss, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return rows
 
 
+def summed_loss(model, x, y: torch.Tensor | None, K: int = 1, weights=None, loss=None):
+    """One forward pass and the loss a step differentiates: (Σ_i ℓ_i, the dtype it was computed
+    in, the loss reported: Σ_i ℓ_i detached, or Σ_i w_i ℓ_i with ``weights`` [B]). ℓ_i is ``loss``
+    (``loss_rows``; None: cross-entropy) averaged over example i's K consecutive rows (augmentation
+    multiplicity); ``y`` None: ``x`` is a batch (``dpsgd.mechanism.batches``) and ``loss`` the
+    user's ``loss(model, batch) -> [B]`` (a ``BatchLoss``). The weights enter only the reported
+    loss: an engine applies them to each example's clipped gradient (the ghost engine and the
+    plain step of ``dpsgd/mechanism/optim.py`` alike)."""
+    if y is None:  # a batch and the user's loss(model, batch) -> [B]
+        rows = loss(model, x)
+        per_example = rows.detach()
+        if weights is not None:
+            per_example = per_example * weights.to(per_example)
+        return rows.sum(), rows.dtype, per_example.sum()
+    out = model(x)
+    if loss is None and weights is None:  # the model's own reduction: one fused sum
+        out = logits_of(out)
+        if K == 1:
+            total = torch.nn.functional.cross_entropy(out, y, reduction="sum")
+        else:  # Σ_i mean_k ℓ(θ, x_ik)
+            total = torch.nn.functional.cross_entropy(out, y.repeat_interleave(K), reduction="sum")
+            total = total / K
+        return total, out.dtype, total.detach()
+    target = y if K == 1 else y.repeat_interleave(K, dim=0)
+    if loss is None:
+        out = logits_of(out)
+        rows = torch.nn.functional.cross_entropy(out, target, reduction="none")
+        dtype = out.dtype
+    else:
+        rows = loss_rows(loss, out, target)
+        dtype = rows.dtype
+    total = rows.sum() if K == 1 else rows.sum() / K
+    per_example = rows.detach() if K == 1 else rows.detach().view(-1, K).sum(1) / K
+    if weights is not None:
+        per_example = per_example * weights.to(per_example)
+    return total, dtype, per_example.sum()
+
+
 def example_losses(model, x, y: torch.Tensor | None, K: int = 1, loss=None) -> torch.Tensor:
     """Each example's loss in one batched forward pass ([B]): ``loss`` (``loss_rows``; None:
     cross-entropy) per row, the mean over each example's K consecutive rows (augmentation
@@ -49,7 +87,12 @@ def example_losses(model, x, y: torch.Tensor | None, K: int = 1, loss=None) -> t
     and the per-example loop differentiate."""
     if y is None:
         return loss(model, x)
-    out = model(x)
+    return example_rows(model(x), y, K, loss)
+
+
+def example_rows(out: torch.Tensor, y: torch.Tensor, K: int = 1, loss=None) -> torch.Tensor:
+    """Each example's loss ([B]) from the model's output on its B·K rows: ``loss`` (``loss_rows``;
+    None: cross-entropy) per row, the mean over each example's K consecutive rows."""
     target = y if K == 1 else y.repeat_interleave(K, dim=0)
     if loss is None:
         rows = torch.nn.functional.cross_entropy(logits_of(out), target, reduction="none")

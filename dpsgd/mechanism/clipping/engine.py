@@ -21,6 +21,7 @@ docs/PERFORMANCE.md.
 
 from __future__ import annotations
 
+import cmath
 import warnings
 from dataclasses import dataclass
 
@@ -28,10 +29,9 @@ import torch
 from torch import nn
 
 from dpsgd.core.errors import NotPerExample
-from dpsgd.models.networks import check_dp_compatible
-
 from dpsgd.mechanism import batches
 from dpsgd.mechanism.batches import BatchLoss
+from dpsgd.models.networks import check_dp_compatible
 
 from .clip import CLIPPINGS, MODES, PRECISIONS
 from .ghost import DEFAULT_BUDGET_BYTES, Unsupported, build_layers, ghost_clipped_sum, shape_pattern
@@ -222,7 +222,7 @@ class PerExampleClipper:
             return self._empty(batches.device_of(x), out)
         key = _input_signature(x, y, K)
         engine = self._exact.get(key)
-        kw = dict(out=out, multiplicity=K, weights=weights, loss=self.loss)
+        kw = {"out": out, "multiplicity": K, "weights": weights, "loss": self.loss}
         kw["autocast"] = _autocast(self.precision, batches.device_of(x))
         if engine is None and self._ghost:
             try:
@@ -395,7 +395,7 @@ def _check_finite(x, K: int, weights: torch.Tensor | None) -> None:
             continue
         # one pass: a sum is finite only if every term is (NaN and ±inf propagate; a finite sum
         # that overflows falls through to the exact check below)
-        if bool(torch.isfinite(t.sum())):
+        if cmath.isfinite(t.sum().item()):  # real or complex
             continue
         bad = (
             ~torch.isfinite(t.reshape(len(t), -1)).all(dim=1)

@@ -24,14 +24,13 @@ from functools import partial
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
 from dpsgd.mechanism import batches
-from dpsgd.mechanism.batches import logits_of
-from . import rnn, seq_layers  # noqa: F401  (register the LayerNorm, Embedding, Conv1d, RNN rules)
-from .clip import clip_factors, loss_rows
+
+from . import rnn, rules, seq_layers  # noqa: F401  (register the rules beyond layers.py)
+from .clip import clip_factors, summed_loss
 from .groups import owners
 from .layers import GenericLayer, Unsupported, _Layer
 from .registry import registered_rule
@@ -266,42 +265,12 @@ def ghost_clipped_sum(
 def _forward(model, layers, x, y, K: int, weights=None, loss=None, autocast=None):
     """One forward pass under the layers' hooks: (the capture, Σ_i loss_i (the autograd root), the
     logits' dtype, the reported loss: Σ_i loss_i detached, or Σ_i w_i loss_i with ``weights``).
-    ``loss``: a per-example loss (``loss_rows``); None: cross-entropy. ``y`` None: ``loss(model,
-    x)`` on a batch."""
+    ``loss``: a per-example loss (``loss_rows``); None: cross-entropy; ``y`` None: ``loss(model,
+    x)`` on a batch (``clip.summed_loss``)."""
     capture = Capture(layers, x.shape[0] if y is not None else batches.rows(x))
     with torch.enable_grad(), capture, autocast or nullcontext():
-        if y is None:  # a batch and the user's loss(model, batch) -> [B]
-            rows = loss(model, x)
-            per_example = rows.detach()
-            if weights is not None:
-                per_example = per_example * weights.to(per_example)
-            return capture, rows.sum(), rows.dtype, per_example.sum()
-        logits = model(x)
-        if loss is not None:  # a user's per-example loss, mean over the K copies
-            rows = loss_rows(loss, logits, y if K == 1 else y.repeat_interleave(K, dim=0))
-            total = rows.sum() if K == 1 else rows.sum() / K
-            per_example = rows.detach() if K == 1 else rows.detach().view(-1, K).sum(1) / K
-            if weights is not None:
-                per_example = per_example * weights.to(per_example)
-            return capture, total, rows.dtype, per_example.sum()
-        logits = logits_of(logits)
-        if weights is not None:  # per-example losses, mean over the K copies
-            rows = F.cross_entropy(
-                logits, y if K == 1 else y.repeat_interleave(K), reduction="none"
-            )
-            total = rows.sum() if K == 1 else rows.sum() / K
-            per_example = rows.detach() if K == 1 else rows.detach().view(-1, K).sum(1) / K
-            return (
-                capture,
-                total,
-                logits.dtype,
-                (per_example * weights.to(per_example)).sum(),
-            )
-        if K == 1:
-            total = F.cross_entropy(logits, y, reduction="sum")
-        else:  # Σ_i mean_k ℓ(θ, x_ik)
-            total = F.cross_entropy(logits, y.repeat_interleave(K), reduction="sum") / K
-    return capture, total, logits.dtype, total.detach()
+        total, dtype, reported = summed_loss(model, x, y, K, weights, loss)
+    return capture, total, dtype, reported
 
 
 def check_records(layers, recs, rows: int) -> None:
@@ -359,7 +328,7 @@ def _squared_norms(layers, recs, order, bs, group_of: dict, k: int, K: int, budg
             continue
         layer = layers[i]
         a, b, k_rows = layer.inputs(recs[i].input, b, K)
-        need = layer.kept_bytes(a, b)
+        need = layer.kept_bytes(a, b, k_rows)
         keep = 0 < need and kept + need <= budget_bytes
         kept += need if keep else 0
         sqn, state = layer.sq_norms(a, b, keep, k_rows)

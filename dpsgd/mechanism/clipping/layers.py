@@ -28,8 +28,33 @@ from torch.func import functional_call, vjp, vmap
 
 from .registry import register_layer
 
-CHUNK_BYTES = 32 * 2**20  # per-example products formed at once when not kept
+CHUNK_BYTES = 32 * 2**20  # inputs unfolded (rules/conv.py) or per-example products formed at once
+NORM_CHUNK_BYTES = 2**20  # per-example products formed for their norms only: a chunk stays in cache
 WIDE_OUTPUT = 8  # see `transposed_weight_sum`
+ROUTE = None  # "ghost" or "explicit": every sequence Linear and Conv2d takes that route (tests)
+KEEP_COST = 16  # CPU: multiply-adds one float of a kept per-example product costs (see `keep_pays`)
+
+
+def norm_route(T: int, d: int, p: int) -> str:
+    """How the per-example norms of a layer whose example gradient is g_i = b_iᵀ a_i (a_i [T, d],
+    b_i [T, p]) are formed when its products are not kept: ``ghost``, the Gram form
+    ‖g_i‖² = ⟨a_i a_iᵀ, b_i b_iᵀ⟩ (T²(d + p) multiply-adds an example), or ``explicit``, g_i
+    itself a few examples at a time (T·d·p), whichever costs less (Bu et al. 2023, mixed ghost
+    clipping); ``ROUTE`` when set."""
+    if ROUTE is not None:
+        return ROUTE
+    return "ghost" if T * (d + p) < d * p else "explicit"
+
+
+def keep_pays(T: int, d: int, p: int) -> bool:
+    """Whether forming every g_i once and keeping it, for the norms and then the clipped sum Σ_i c_i g_i
+    (instead of the book-keeping weight gradient, whose T·d·p it replaces), costs less than forming
+    the norms alone: the kept products cost their memory traffic, ``KEEP_COST``·d·p an example, the
+    norms min(T²(d + p), T·d·p) (``norm_route``). The engine keeps a layer's products only while
+    they fit its memory budget. ``ROUTE`` ghost: never; explicit: always."""
+    if ROUTE is not None:
+        return ROUTE == "explicit"
+    return KEEP_COST * d * p < min(T * T * (d + p), T * d * p)
 
 
 def transposed_weight_sum(p: int, d: int) -> bool:
@@ -124,7 +149,7 @@ class _Layer:
         other layer's a or b), so it may be rescaled in place instead of copied."""
         raise NotImplementedError
 
-    def kept_bytes(self, a, b) -> int:
+    def kept_bytes(self, a, b, K: int = 1) -> int:
         """Memory for keeping explicit per-example products (0: nothing worth keeping)."""
         return 0
 
@@ -156,10 +181,11 @@ class LinearLayer(_Layer):
             out["bias"] = _sq(Bm.sum(1))
         return out, state
 
-    def kept_bytes(self, a, b):
+    def kept_bytes(self, a, b, K=1):
         if "weight" not in self.names or a.dim() == 2:
             return 0
-        return a.shape[0] * a.shape[-1] * b.shape[-1] * b.element_size()
+        T, d, p = a[0].numel() // a.shape[-1], a.shape[-1], b.shape[-1]
+        return a.shape[0] * d * p * b.element_size() if keep_pays(T, d, p) else 0
 
     def clipped_sum(self, a, b, state, factors, own_b=False, out=None, K=1):
         out = out or {}
@@ -197,179 +223,32 @@ class LinearLayer(_Layer):
 
 
 def _seq_sq_norms(A, Bm, keep: bool):
-    """‖b_iᵀ a_i‖²_F for A [B, T, d], Bm [B, T, p]; explicit when kept or cheaper, else ghost."""
+    """‖b_iᵀ a_i‖²_F for A [B, T, d], Bm [B, T, p]: explicit and kept (``keep``), else by
+    ``norm_route``: the ghost Gram form, or explicit in cache-sized chunks (nothing kept)."""
     T, d, p = A.shape[1], A.shape[2], Bm.shape[2]
     if keep:
         G = Bm.transpose(1, 2) @ A  # [B, p, d] per-example grads
         return _sq(G.flatten(1)), G
-    if T * (d + p) < d * p:  # ghost Gram form is cheaper
-        return ((A @ A.transpose(1, 2)) * (Bm @ Bm.transpose(1, 2))).sum((1, 2)), None
+    if norm_route(T, d, p) == "ghost":
+        return gram_sq(A, Bm), None
     sq = torch.empty(A.shape[0], dtype=A.dtype, device=A.device)
-    step = max(1, CHUNK_BYTES // max(1, p * d * A.element_size()))
+    step = max(1, NORM_CHUNK_BYTES // max(1, p * d * A.element_size()))
     for s in range(0, A.shape[0], step):  # explicit, in bounded chunks
         sq[s : s + step] = _sq((Bm[s : s + step].transpose(1, 2) @ A[s : s + step]).flatten(1))
     return sq, None
 
 
-@register_layer(nn.Conv2d)
-class Conv2dLayer(_Layer):
-    """Conv2d of any stride/padding/dilation/groups/padding_mode, on [B, C, H, W] input.
-
-    Per-example weight gradients, without a fully unfolded copy of the input (kh·kw times its size):
-    for groups = 1 and ≥ 16 input channels, one batched matrix product per kernel row on an input
-    unfolded along its width only (see `_row_products`); otherwise one grouped weight-gradient
-    convolution with B·groups groups (each example its own group). When they fit the memory
-    budget they are kept and reused for the clipped sum; otherwise only their norms are formed
-    (kernel row by kernel row, or in chunks) and the clipped sum is the layer's ordinary weight
-    gradient for the rescaled output gradient c ⊙ b (book-keeping).
-    """
-
-    def __init__(self, module: nn.Conv2d, names):
-        super().__init__(module, names)
-        m = module
-        self.explicit_pad = isinstance(m.padding, str) or m.padding_mode != "zeros"
-        self.by_rows = m.groups == 1 and m.in_channels >= 16  # `_row_products`, else grouped conv
-        self.padding = [0, 0] if self.explicit_pad else list(m.padding)
-
-    def check_input(self, a):
-        if a.dim() != 4:
-            raise Unsupported(
-                f"{self.label} got input of shape {list(a.shape)}; "
-                "the ghost engine needs batched [B, C, H, W] input"
-            )
-
-    def prepare(self, a):
-        m = self.module
-        self.check_input(a)
-        if self.explicit_pad:
-            mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
-            a = F.pad(a, m._reversed_padding_repeated_twice, mode=mode)
-        return a
-
-    def _weight_grad(self, a, b, groups_mult: int = 1):
-        m = self.module
-        w = m.weight
-        if groups_mult == 1:
-            weight = w
-        else:  # shape only; values unused
-            weight = w.new_empty((groups_mult * w.shape[0],) + tuple(w.shape[1:]))
-        return torch.ops.aten.convolution_backward(
-            b,
-            a,
-            weight,
-            None,
-            list(m.stride),
-            self.padding,
-            list(m.dilation),
-            False,
-            [0, 0],
-            m.groups * groups_mult,
-            [False, True, False],
-        )[1]
-
-    def _per_example(self, a, b):
-        """Per-example weight gradients as (G, perm): G.permute(perm)[i] has the weight's shape."""
-        m, n = self.module, a.shape[0]
-        if self.by_rows:
-            return self._per_example_rows(a, b), (0, 1, 4, 2, 3)
-        g = self._weight_grad(
-            a.reshape((1, -1) + a.shape[2:]), b.reshape((1, -1) + b.shape[2:]), groups_mult=n
-        )
-        return g.view((n,) + tuple(m.weight.shape)), None
-
-    def _per_example_rows(self, a, b):
-        """G[i, o, u, v, c] = Σ_t b[i, o, t] · x[i, c, t·stride + (u, v)·dilation] (groups = 1)."""
-        n, cout = b.shape[:2]
-        kh, kw = self.module.kernel_size
-        G = b.new_empty((n, cout, kh, kw, a.shape[1]))
-        for s, u, G_u in self._row_products(a, b):
-            G[s : s + G_u.shape[0], :, u] = G_u.view(G_u.shape[0], cout, kw, -1)
-        return G
-
-    def _row_products(self, a, b, K: int = 1):
-        """Yield (s, u, G_u): examples s.. of one kernel row u, G_u[i, o, (v, c)] = G[i, o, u, v,
-        c].
-
-        The input is unfolded along the width only: X[i, h, j, v, c] = x[i, c, h, j·sw + v·dw]
-        (kw times the input, formed for CHUNK_BYTES worth of examples at a time). Kernel row u
-        then reads the rows h = i·sh + u·dh of X, which for stride 1 are consecutive, so the
-        product for all kw offsets of the row is one batched matrix product
-        b_i [Cout, Ho·Wo] @ X_i(u) [Ho·Wo, kw·Cin] without another copy. (One product per
-        kernel offset on [Ho·Wo, Cin] slices, the earlier scheme, copied each slice first and ran
-        ~30 % slower on the CIFAR net's 64-channel convolution.)
-        Chunks hold whole examples: a multiple of K rows (augmentation multiplicity).
-        """
-        m = self.module
-        n, cout, ho, wo = b.shape
-        kh, kw = m.kernel_size
-        (sh, sw), (dh, dw) = m.stride, m.dilation
-        ph, pw = self.padding
-        xp = F.pad(a, (pw, pw, ph, ph)) if ph or pw else a
-        xp = xp.permute(0, 2, 3, 1).contiguous()  # [B, Hp, Wp, Cin]
-        _, hp, wp, cin = xp.shape
-        bf = b.flatten(2)  # [B, Cout, Ho·Wo]
-        per_example = hp * wo * kw * cin * xp.element_size()
-        step = max(1, CHUNK_BYTES // max(1, per_example) // K) * K
-        for s in range(0, n, step):
-            x = xp[s : s + step]
-            X = x.as_strided(
-                (x.shape[0], hp, wo, kw, cin), (hp * wp * cin, wp * cin, sw * cin, dw * cin, 1)
-            ).contiguous()
-            for u in range(kh):
-                rows = X[:, u * dh : u * dh + sh * (ho - 1) + 1 : sh]  # [n, Ho, Wo, kw, Cin]
-                yield s, u, torch.bmm(bf[s : s + step], rows.reshape(x.shape[0], ho * wo, kw * cin))
-
-    def _sq_norms_rows(self, a, b, K: int = 1):
-        """Σ_u ‖G[:, :, u]‖², one kernel row (and chunk of examples) at a time: nothing kept."""
-        sq = torch.zeros(a.shape[0] // K, dtype=b.dtype, device=b.device)
-        for s, _, G_u in self._row_products(a, b, K):
-            G_u = group_rows(G_u, K)
-            sq[s // K : s // K + G_u.shape[0]] += _sq(G_u.flatten(1))
-        return sq
-
-    def kept_bytes(self, a, b):
-        if "weight" not in self.names:
-            return 0
-        return a.shape[0] * self.module.weight.numel() * b.element_size()
-
-    def sq_norms(self, a, b, keep, K=1):
-        out, state = {}, None
-        if "weight" in self.names:
-            if keep:
-                G, perm = self._per_example(a, b)
-                state = (group_rows(G, K), perm)
-                out["weight"] = _sq(state[0].flatten(1))
-            elif self.by_rows:
-                out["weight"] = self._sq_norms_rows(a, b, K)
-            else:
-                step = (
-                    max(1, CHUNK_BYTES // (self.module.weight.numel() * a.element_size()) // K) * K
-                )
-                sq = torch.empty(a.shape[0] // K, dtype=a.dtype, device=a.device)
-                for s in range(0, a.shape[0], step):
-                    G, _ = self._per_example(a[s : s + step], b[s : s + step])
-                    G = group_rows(G, K)
-                    sq[s // K : s // K + G.shape[0]] = _sq(G.flatten(1))
-                out["weight"] = sq
-        if "bias" in self.names:
-            out["bias"] = _sq(group_rows(b.sum((2, 3)), K))
-        return out, state
-
-    def clipped_sum(self, a, b, state, factors, own_b=False, out=None, K=1):
-        out = out or {}
-        grads = {}
-        if "bias" in self.names:
-            grads["bias"] = _mv(group_rows(b.sum((2, 3)), K).t(), factors["bias"], out.get("bias"))
-        if "weight" in self.names:
-            if state is not None:  # reuse: Σ_i c_i G_i
-                G, perm = state
-                g = torch.tensordot(factors["weight"], G, dims=1)
-                g = g if perm is None else g.permute([d - 1 for d in perm[1:]])
-            else:  # book-keeping: ∇W for c ⊙ b
-                f = repeat_factors(factors["weight"], K)[:, None, None, None]
-                g = self._weight_grad(a, b.mul_(f) if own_b else b * f)
-            grads["weight"] = _acc(g, out.get("weight"))
-        return grads
+def gram_sq(A: torch.Tensor, Bm: torch.Tensor) -> torch.Tensor:
+    """⟨a_i a_iᵀ, b_i b_iᵀ⟩ = ‖b_iᵀ a_i‖²_F for A [n, T, d], Bm [n, T, p] ([n]), in chunks of
+    examples whose two [T, T] Gram matrices fit ``NORM_CHUNK_BYTES``."""
+    n, T = A.shape[0], A.shape[1]
+    sq = torch.empty(n, dtype=A.dtype, device=A.device)
+    step = max(1, NORM_CHUNK_BYTES // max(1, 2 * T * T * A.element_size()))
+    for s in range(0, n, step):
+        a, b = A[s : s + step], Bm[s : s + step]
+        ga, gb = a @ a.transpose(1, 2), b @ b.transpose(1, 2)
+        sq[s : s + step] = torch.linalg.vecdot(ga.flatten(1), gb.flatten(1))
+    return sq
 
 
 def _mm(lhs, rhs, out):
@@ -447,7 +326,7 @@ class GenericLayer(_Layer):
 
     needs_input = True  # the module's vjp at a, whatever it trains
 
-    def kept_bytes(self, a, b):
+    def kept_bytes(self, a, b, K=1):
         return 0
 
     def sq_norms(self, a, b, keep, K=1):
@@ -468,3 +347,8 @@ class GenericLayer(_Layer):
             attr: _acc(torch.tensordot(factors[attr], g, dims=1), out.get(attr))
             for attr, g in state.items()
         }
+
+
+# The base class and helpers the rules of rules/ (another package) build on, by public names.
+Layer = _Layer
+seq_sq_norms, sq_rows, accumulate, matmul_into, matvec_into = _seq_sq_norms, _sq, _acc, _mm, _mv

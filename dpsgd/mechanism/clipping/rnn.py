@@ -185,7 +185,7 @@ class RNNLayer(_Layer):
             uses.append((w, bias, A, Bm))
         return uses, None, 1
 
-    def kept_bytes(self, a, b):
+    def kept_bytes(self, a, b, K=1):
         return sum(
             A.shape[0] * A.shape[-1] * Bm.shape[-1] * Bm.element_size()
             for w, _, A, Bm in a

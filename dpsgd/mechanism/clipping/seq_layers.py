@@ -1,5 +1,5 @@
-"""Ghost-engine rules for the layers of sequence and transformer models: LayerNorm, RMSNorm,
-Embedding and Conv1d.
+"""Ghost-engine rules for the layers of sequence and transformer models: LayerNorm, RMSNorm and
+Embedding (Conv1d: rules/conv.py; nn.MultiheadAttention: rules/attention.py).
 
   LayerNormLayer  y = x̂ ⊙ γ + β over ``normalized_shape`` (Ba et al. 2016), x̂ per position and
                   example: example i's gradients are Σ_positions x̂_i ⊙ b_i (γ) and Σ_positions b_i
@@ -23,9 +23,6 @@ Embedding and Conv1d.
                   The padding row gets no gradient; ``scale_grad_by_freq`` (a token's count over the
                   whole batch: examples mix) and ``sparse`` are refused in one line.
 
-  Conv1dLayer     the Conv2d rule of ``layers.py`` on the same convolution seen as 2-D: input
-                  [B, C, 1, L], kernel 1 × k, weight [O, C/g, 1, k] (views, no copies).
-
 Registered by module type (``registry.py``) like the rules of ``layers.py``; K rows per example
 (augmentation multiplicity) are summed per example before the norm.
 """
@@ -37,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from .layers import Conv2dLayer, Unsupported, _acc, _Layer, _sq, group_rows
+from .layers import Unsupported, _acc, _Layer, _sq, group_rows
 from .registry import register_layer, register_structural
 
 
@@ -166,51 +163,3 @@ class EmbeddingLayer(_Layer):
         acc = torch.zeros_like(w) if (out or {}).get("weight") is None else out["weight"]
         scaled = (factors["weight"][:, None, None] * g).reshape(-1, g.shape[-1]).to(w.dtype)
         return {"weight": acc.index_add_(0, idx.reshape(-1), scaled)}
-
-
-class _Conv2dView:
-    """A Conv1d as the Conv2d with a 1 × k kernel: the attributes Conv2dLayer reads."""
-
-    def __init__(self, m: nn.Conv1d):
-        self.conv1d = m
-        self.kernel_size, self.stride = (1, m.kernel_size[0]), (1, m.stride[0])
-        self.dilation = (1, m.dilation[0])
-        self.padding = m.padding if isinstance(m.padding, str) else (0, m.padding[0])
-        self.padding_mode, self.groups, self.in_channels = m.padding_mode, m.groups, m.in_channels
-        self._reversed_padding_repeated_twice = [*m._reversed_padding_repeated_twice, 0, 0]
-
-    @property
-    def weight(self):
-        return self.conv1d.weight.unsqueeze(2)
-
-
-@register_layer(nn.Conv1d)
-class Conv1dLayer(_Layer):
-    """nn.Conv1d of any stride/padding/dilation/groups/padding_mode, on [B, C, L] (module doc)."""
-
-    def __init__(self, module: nn.Conv1d, names):
-        super().__init__(module, names)
-        self.as_2d = Conv2dLayer(_Conv2dView(module), names)
-
-    def check_input(self, a):
-        if a.dim() != 3:
-            raise Unsupported(f"{self.label} got input of shape {list(a.shape)}; needs [B, C, L]")
-
-    def prepare(self, a):
-        return self.as_2d.prepare(a.unsqueeze(2))
-
-    def group(self, a, b, K: int):
-        return a, b.unsqueeze(2), K
-
-    def kept_bytes(self, a, b):
-        return self.as_2d.kept_bytes(a, b)
-
-    def sq_norms(self, a, b, keep, K=1):
-        return self.as_2d.sq_norms(a, b, keep, K)
-
-    def clipped_sum(self, a, b, state, factors, own_b=False, out=None, K=1):
-        view = {k: (v.unsqueeze(2) if k == "weight" else v) for k, v in (out or {}).items()}
-        g = self.as_2d.clipped_sum(a, b, state, factors, own_b, view or None, K)
-        if "weight" in g:  # [O, C/g, 1, k] → the parameter's [O, C/g, k] (a view of the same sum)
-            g["weight"] = g["weight"].view(self.module.weight.shape)
-        return g

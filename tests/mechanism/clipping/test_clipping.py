@@ -398,7 +398,11 @@ def _conv_net(conv):
     ],
 )
 @pytest.mark.parametrize("budget", [2**28, 0])
-def test_conv_variants(conv, shape, budget):
+@pytest.mark.parametrize("route", [None, "ghost", "explicit"])  # layers.ROUTE: by cost, or forced
+def test_conv_variants(conv, shape, budget, route, monkeypatch):
+    from dpsgd.mechanism.clipping import layers
+
+    monkeypatch.setattr(layers, "ROUTE", route)
     torch.manual_seed(0)
     model = _conv_net(conv()).to(DT)
     x, y = torch.randn((7,) + shape, dtype=DT), torch.randint(0, 5, (7,))
@@ -412,8 +416,10 @@ def test_conv_variants(conv, shape, budget):
 def test_conv_row_products_in_chunks_of_one_example(monkeypatch):
     """The width-unfolded input is formed a chunk of examples at a time: chunks of one are exact."""
     from dpsgd.mechanism.clipping import layers
+    from dpsgd.mechanism.clipping.rules import conv
 
-    monkeypatch.setattr(layers, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(conv, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(layers, "ROUTE", "explicit")
     torch.manual_seed(0)
     model = _conv_net(nn.Conv2d(16, 8, (3, 2), stride=(2, 1), dilation=(1, 2), padding=1)).to(DT)
     x, y = torch.randn(5, 16, 9, 10, dtype=DT), torch.randint(0, 5, (5,))
@@ -424,6 +430,57 @@ def test_conv_row_products_in_chunks_of_one_example(monkeypatch):
         res = g.clipped_sum(x, y)
         assert_close_dict(res.grads, ref.grads)
         assert_f64_close(res.norms, ref.norms, f64_rtol(model))
+
+
+def test_conv_ghost_gram_in_chunks_of_one_example_with_multiplicity(monkeypatch):
+    """The ghost route's unfolded input, a chunk of whole examples (K rows each) at a time: chunks
+    of one are the batch-of-1 loop's sums, grouped and strided convolutions alike."""
+    from dp_reference import assert_close, loop_clipped_sum
+    from dpsgd.mechanism.clipping import layers
+    from dpsgd.mechanism.clipping.rules import conv
+
+    monkeypatch.setattr(conv, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(layers, "ROUTE", "ghost")
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(4, 8, 3, stride=2, groups=2, padding=1),
+        nn.GroupNorm(2, 8),
+        nn.ReLU(),
+        nn.Conv2d(8, 6, (2, 3), dilation=(2, 1), padding_mode="reflect", padding=1),
+        nn.Flatten(),
+        nn.LazyLinear(5),
+    ).to(DT)
+    x, y = torch.randn(8, 4, 7, 6, dtype=DT), torch.randint(0, 5, (4,))
+    model(x)
+    g = PerExampleClipper(model, 0.05, "per_layer", mode="ghost")
+    res = g.clipped_sum(x, y, multiplicity=2)
+    ref, norms = loop_clipped_sum(model, x, y, g.groups, 0.05, K=2)
+    assert_close(res.grads, ref)
+    assert_f64_close(res.norms, norms, f64_rtol(model))
+
+
+@pytest.mark.slow  # ~15 s: a float64 resnet18, batch-of-1 loop and four engines
+def test_resnet18_groupnorm_every_route_equals_the_batch_of_one_loop(monkeypatch):
+    """torchvision's resnet18 with GroupNorm (the benchmark's model): ghost Gram norms on the
+    small feature maps, explicit products on the first convolution, and every route forced."""
+    from torchvision.models import resnet18
+
+    from dp_reference import assert_close, loop_clipped_sum
+    from dpsgd.mechanism.clipping import layers
+
+    torch.manual_seed(0)
+    model = resnet18(num_classes=5, norm_layer=lambda c: nn.GroupNorm(8, c)).to(DT)
+    x, y = torch.randn(3, 3, 32, 32, dtype=DT), torch.randint(0, 5, (3,))
+    ref = None
+    for route, budget in ((None, 2**26), ("ghost", 0), ("explicit", 0), ("explicit", 2**30)):
+        monkeypatch.setattr(layers, "ROUTE", route)
+        g = PerExampleClipper(model, 0.05, "per_layer", mode="ghost", memory_budget_bytes=budget)
+        assert g.native
+        res = g.clipped_sum(x, y)
+        if ref is None:
+            ref, norms = loop_clipped_sum(model, x, y, g.groups, 0.05)
+        assert_close(res.grads, ref)
+        assert_f64_close(res.norms, norms, f64_rtol(model))
 
 
 def test_vmap_chunking_is_exact():

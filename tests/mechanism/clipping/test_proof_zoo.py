@@ -385,6 +385,19 @@ class Tied(nn.Module):
         return self.out(torch.tanh(self.emb(idx)).mean(1))
 
 
+class BiasKVAttention(nn.Module):
+    """nn.MultiheadAttention(add_bias_kv=True): its bias_k, bias_v have no ghost rule."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.att = nn.Linear(D, H), nn.MultiheadAttention(H, 2, add_bias_kv=True)
+        self.head = nn.Linear(H, NCLS)
+
+    def forward(self, x):  # [B, T, D]
+        h = self.inp(x).transpose(0, 1)
+        return self.head(self.att(h, h, h)[0].mean(0))
+
+
 def parametrized():
     from torch.nn.utils.parametrizations import weight_norm
 
@@ -396,7 +409,7 @@ def parametrized():
     [
         (Tied, lambda: (tokens(6, 4)[0], tokens(6, 4)[1] % V), "'out.weight' is shared with"),
         (parametrized, lambda: flat(6), "owns parameters and has submodules"),
-        (SeqFirstTransformer, lambda: seq(6, 4), "MultiheadAttention"),
+        (BiasKVAttention, lambda: seq(6, 4), "(MultiheadAttention): add_bias_kv=True"),
     ],
 )
 def test_a_fallback_decided_at_build_is_said_once_with_its_cost(build, data, named):

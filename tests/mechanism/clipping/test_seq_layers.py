@@ -97,9 +97,12 @@ class Conv1dNet(nn.Module):
 
 @pytest.mark.parametrize("clipping", ["global", "per_layer"])
 @pytest.mark.parametrize("budget", [0, 2**30])
-def test_conv1d_equals_vmap_and_loop(clipping, budget):
-    from dpsgd.mechanism.clipping.seq_layers import Conv1dLayer
+@pytest.mark.parametrize("route", [None, "ghost", "explicit"])  # layers.ROUTE: by cost, or forced
+def test_conv1d_equals_vmap_and_loop(clipping, budget, route, monkeypatch):
+    from dpsgd.mechanism.clipping import layers
+    from dpsgd.mechanism.clipping.rules.conv import Conv1dLayer
 
+    monkeypatch.setattr(layers, "ROUTE", route)
     torch.manual_seed(2)
     model = Conv1dNet().to(DT)
     g = torch.Generator().manual_seed(2)
