@@ -36,6 +36,7 @@ from dpsgd.data.datasets import DATASETS, dataset_info, validate_dataset
 from dpsgd.data.files import FILE_FORMATS
 from dpsgd.data.features import FEATURE_NORMS, FEATURES
 from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES
+from dpsgd.mechanism.cyclic import CYCLIC, NOISES
 from dpsgd.mechanism.pca import PROJECTIONS
 from dpsgd.mechanism.sampling import SAMPLERS
 from dpsgd.models.networks import FREEZE, INITS, MODELS, NORMS
@@ -113,6 +114,9 @@ class PrivacyConfig:
     calibrate_sigma: bool = (
         False  # true: σ computed from target_epsilon and training.epochs (accountant)
     )
+    noise: str = "independent"  # independent (Algorithm 1) | bandmf | blt (correlated, DP-MF)
+    bands: int | None = None  # noise=bandmf: b, the bands of C (1: Algorithm 1's noise)
+    blt_buffers: int = 4  # noise=blt: at most this many buffers d
 
 
 @dataclass
@@ -179,8 +183,9 @@ CHOICES = {  # each list is defined once, where the choice is implemented
     "model.feature_norm": sorted(FEATURE_NORMS),
     "privacy.clipping": sorted(CLIPPINGS),
     "privacy.convention": sorted(CONVENTIONS),
-    "privacy.sampling": sorted(SAMPLERS),
+    "privacy.sampling": sorted({*SAMPLERS, *CYCLIC}),
     "privacy.grad_sample_mode": sorted(MODES),
+    "privacy.noise": list(NOISES),
     "accountant.name": sorted(ACCOUNTANTS),
     "logger.name": sorted(LOGGERS),
 }

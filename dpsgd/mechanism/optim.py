@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from dpsgd.mechanism.correlated import CorrelatedNoise
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.plan import Plan
 
@@ -86,6 +87,14 @@ class DPSGD:
         self.velocity: dict[
             str, torch.Tensor
         ] = {}  # v_t per parameter (empty before the first step)
+        # privacy.noise=bandmf|blt: row t of C⁻¹Z instead of independent draws (b = 1: None, the
+        # noise below draw for draw)
+        s = plan.strategy
+        self.correlated = (
+            CorrelatedNoise(noise, s)
+            if plan.private and s is not None and not s.independent
+            else None
+        )
 
     @property
     def sigma(self) -> float:
@@ -93,11 +102,15 @@ class DPSGD:
         return self.plan.sigma
 
     def state_dict(self) -> dict:
-        """The optimiser state a resumed run needs (the momentum buffers v_t, on the CPU)."""
-        return {
+        """The optimiser state a resumed run needs (the momentum buffers v_t, on the CPU; with
+        correlated noise, its step and buffers)."""
+        out = {
             "momentum": self.momentum,
             "velocity": {n: v.detach().cpu() for n, v in self.velocity.items()},
         }
+        if self.correlated is not None:
+            out["correlated"] = self.correlated.state_dict()
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         unknown = set(state["velocity"]) - set(self.params)
@@ -107,6 +120,10 @@ class DPSGD:
             n: v.to(self.params[n].device, self.params[n].dtype)
             for n, v in state["velocity"].items()
         }
+        if self.correlated is not None:  # the same noise sequence continues
+            if "correlated" not in state:
+                raise ValueError("optimizer state holds no correlated-noise state to continue")
+            self.correlated.load_state_dict(state["correlated"], self.params)
 
     def _rows(self, xb: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """The K augmented copies of each example of a physical batch, consecutive: [B·K, ...]
@@ -181,8 +198,11 @@ class DPSGD:
         return total, loss_sum, lot_size
 
     def _add_noise(self, total: dict) -> None:
-        """N(0, σ²C²) into each clipped group's sum, in place."""
+        """N(0, σ²C²) into each clipped group's sum, in place (correlated: row t of C⁻¹Z)."""
         with torch.no_grad():
+            if self.correlated is not None:
+                self.correlated.add_(total, self.sigma * self.C)
+                return
             for g in total.values():
                 self.noise.add_(g, self.sigma * self.C)
 

@@ -27,7 +27,9 @@ from dpsgd.accountant import Ledger
 from dpsgd.config.fingerprint import config_fingerprint
 from dpsgd.config.overrides import override_key
 from dpsgd.config.schema import Config
+from dpsgd.core.errors import ConfigError
 from dpsgd.core.fileio import plain
+from dpsgd.mechanism.strategy import Strategy
 from dpsgd.core.runtime import configure_threads, describe_runtime, set_tf32
 from dpsgd.run import distributed
 from dpsgd.run import parts
@@ -172,8 +174,25 @@ class Run:
         data = parts.project(parts.load_data(c), ckpt["projection"])
         model = parts.init_model(c, data, seeds["model"])
         model.load_state_dict(ckpt["model"])
-        built = parts.build(c, d, device, runtime, data, ckpt["projection"], model, seeds)
+        correlated = ckpt["optimizer"].get("correlated")  # the strategy its noise continues with
+        built = parts.build(
+            c,
+            d,
+            device,
+            runtime,
+            data,
+            ckpt["projection"],
+            model,
+            seeds,
+            Strategy.from_dict(correlated["strategy"]) if correlated else None,
+        )
         built.load_state_dict(ckpt)
+        if not getattr(built.sampler, "aligned", True):
+            raise ConfigError(
+                f"resume: the run stopped {built.sampler.position % built.sampler.cycle} lot(s) "
+                f"into a cycle of {built.sampler.cycle} (training.max_steps); privacy.sampling="
+                f"{built.sampler.name} continues only from a whole cycle"
+            )
         new_keys = {override_key(o) for o in overrides}  # a new value replaces the saved one
         binding = ckpt["reservations"]
         progress = Progress(
