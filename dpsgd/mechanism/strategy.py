@@ -38,7 +38,7 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy import optimize, signal
+from scipy import optimize, signal, special
 
 KINDS = ("bandmf", "blt")
 BANDS_MAX = 256  # BandMF bands the optimiser serves (b − 1 model-sized buffers are kept)
@@ -292,7 +292,7 @@ def _logit(p) -> np.ndarray:
 
 def _blt_params(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     d = len(x) // 2
-    return 1.0 / (1.0 + np.exp(-x[:d])), np.exp(x[d:])
+    return special.expit(x[:d]), np.exp(np.clip(x[d:], -700.0, 700.0))
 
 
 def _blt_objective(x, n, t, momentum, w, e_ind) -> float:
