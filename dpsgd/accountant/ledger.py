@@ -50,8 +50,9 @@ EVENTS = {
     "wor": ("pld", "rdp"),
     "truncated": ("pld",),
     "allocation": ("pld", "rdp"),
-    # one Poisson-subsampled Gaussian per cycle (events.Cyclic): the Poisson entries' own math
-    "cyclic": ("pld", "rdp", "moments"),
+    # one Poisson-subsampled Gaussian per cycle (events.Cyclic): the Poisson entries' own math and
+    # order (b = 1 is Algorithm 1, its default accountant included)
+    "cyclic": ("moments", "rdp", "pld"),
 }
 # the kinds composed as Poisson-subsampled Gaussians (q, σ, count) by compose.py
 PLAIN = ("poisson", "cyclic")

@@ -81,7 +81,8 @@ class CorrelatedNoise:
         return {
             "strategy": self.strategy.to_dict(),
             "step": self.step,
-            "buffers": {n: b.detach().cpu() for n, b in self.buffers.items()},
+            # copies: the buffers move on in place with the next step
+            "buffers": {n: b.detach().to("cpu", copy=True) for n, b in self.buffers.items()},
         }
 
     def load_state_dict(self, state: dict, params: dict) -> None:

@@ -242,6 +242,12 @@ def make_run_sampler(
     """The sampler of a run with ``noise`` (``participation``): a cyclic one for correlated noise
     (cyclic_poisson over b = ``bands`` parts), else ``sampling.make_sampler``'s."""
     name = participation(noise, sampling)
+    if (noise == "bandmf") != (bands is not None):
+        raise ValueError(
+            "bands=None: noise=bandmf needs the number of bands b (1 = Algorithm 1's noise)"
+            if noise == "bandmf"
+            else f"bands={bands!r}: applies to noise=bandmf only (noise={noise})"
+        )
     if name == "cyclic_poisson":
         return CyclicPoissonSampler(N, L, generator, 1 if bands is None else bands)
     if name == "cyclic":

@@ -19,9 +19,10 @@ from dpsgd.accountant.limits import DELTA_DEFAULT
 from dpsgd.config.calibration import sigma_for_lots
 from dpsgd.core.runtime import configure_threads
 from dpsgd.mechanism.clipping.groups import clipping_groups
+from dpsgd.mechanism import strategy as strategies
+from dpsgd.mechanism.cyclic import make_run_sampler
 from dpsgd.mechanism.noise import GaussianNoise
-from dpsgd.mechanism.sampling import make_sampler
-from dpsgd.workbench.build import assemble
+from dpsgd.workbench.build import assemble, planned_lots
 from dpsgd.workbench.lots import Lots, Tally
 from dpsgd.workbench.sources import as_tensors
 
@@ -60,6 +61,11 @@ class PrivateTrainer:
         logger: anything with ``log(row, step)``, e.g. ``dpsgd.core.loggers.make_logger(
             "tensorboard", folder)``: after each whole epoch, a row (epoch, steps, lot_loss,
             epsilon, sigma, q, C, L) with the epoch as the step; you close it.
+        noise: ``independent`` (Algorithm 1), ``bandmf`` or ``blt``: correlated noise (DP matrix
+            factorisation, docs/CORRELATED_NOISE.md) under its cyclic participation (``sampling=
+            "poisson"`` becomes cyclic_poisson for BandMF, cyclic for BLT); its strategy is
+            optimised for the lots ``epochs`` (or the target ε) plan.
+        bands, blt_buffers: b of BandMF (1: Algorithm 1's noise), at most d buffers of BLT.
 
     Raises:
         ValueError: one line naming the argument, before any lot runs.
@@ -90,7 +96,11 @@ class PrivateTrainer:
         secure_rng: bool = False,
         threads: int | bool | None = None,
         logger=None,
+        noise: str = "independent",
+        bands: int | None = None,
+        blt_buffers: int = 4,
     ):
+        noise_kind = noise  # privacy.noise's value (``noise`` below is the Gaussian source)
         self.threads = _threads(threads)
         self.logger = logger
         self.X, self.y = as_tensors(data)
@@ -117,8 +127,13 @@ class PrivateTrainer:
             mode=mode,
             momentum=momentum,
             loss=loss,
+            noise_kind=noise_kind,
+            bands=bands,
+            blt_buffers=blt_buffers,
         )
         sigma = self._sigma(sigma, private, build, accountant)
+        if noise_kind != "independent" and private and sigma > 0:
+            build["horizon"] = self._horizon(build, sigma, accountant)
         self.clipper, self.sampler, self.plan, self.dp = assemble(
             model, len(self.X), sigma=sigma, **build
         )
@@ -145,14 +160,42 @@ class PrivateTrainer:
             return float(sigma)
         if self.target_epsilon is None or self.epochs is None:
             raise ValueError("sigma=None: give sigma, or target_epsilon and epochs to calibrate it")
-        sampler = make_sampler(
-            build["sampling"], len(self.X), build["lot_size"], None, build["max_lot_size"]
-        )
+        sampler = self._sampler(build)
         lots = math.ceil(self.epochs * sampler.lots_per_epoch())
         k = len(clipping_groups(self.model, build["clipping"]))
         name = accountant or EVENTS[sampler.event(1.0, k).entry()["event"]][0]
         return sigma_for_lots(
             sampler, self.target_epsilon, self.delta, lots, name, k, self.convention
+        )
+
+    def _sampler(self, build: dict):
+        """A sampler like the run's (its lots per epoch, its charges), for the set-up's searches."""
+        return make_run_sampler(
+            build["noise_kind"],
+            build["sampling"],
+            len(self.X),
+            build["lot_size"],
+            None,
+            build["max_lot_size"],
+            build["bands"],
+        )
+
+    def _horizon(self, build: dict, sigma: float, accountant) -> int:
+        """The lots a correlated-noise strategy is optimised for: ``epochs`` of lots, fewer where the
+        target ε stops first (``planned_lots``)."""
+        sampler = self._sampler(build)
+        if self.epochs is None and self.target_epsilon is None:
+            raise ValueError(
+                f"noise={build['noise_kind']!r}: give epochs (or target_epsilon), the horizon its "
+                "strategy is optimised for"
+            )
+        k = len(clipping_groups(self.model, build["clipping"]))
+        lots = (
+            math.ceil(self.epochs * sampler.lots_per_epoch()) if self.epochs is not None else 10**7
+        )
+        name = accountant or EVENTS[sampler.event(1.0, k).entry()["event"]][0]
+        return planned_lots(
+            sampler, sigma, k, lots, self.target_epsilon, self.delta, name, self.convention
         )
 
     def _budget(self) -> int | None:
@@ -174,8 +217,10 @@ class PrivateTrainer:
         if epochs is None:
             raise ValueError("fit: give epochs (here or to the constructor)")
         whole, part = int(epochs), epochs - int(epochs)
+        cycle = getattr(self.sampler, "cycle", 1)  # cyclic participation: whole cycles only
         for e in range(whole + (1 if part > 0 else 0)):
             limit = None if e < whole else round(part * self.sampler.lots_per_epoch())
+            limit = limit if limit is None else -(-limit // cycle) * cycle
             if self.train_epoch(limit) == "target_epsilon_reached":
                 return "target_epsilon_reached"
         return "epochs_completed"
@@ -266,6 +311,19 @@ class PrivateTrainer:
             "groups": plan.groups,
             "adjacency": plan.adjacency,
             "ledger": self.ledger.to_dict(),
+            **(
+                {}
+                if plan.strategy is None
+                else {
+                    "correlated_noise": {
+                        "strategy": plan.strategy.to_dict(),
+                        "noise_multiplier_per_step": strategies.noise_multiplier_per_step(
+                            plan.strategy
+                        ),
+                        "expected_error_ratio": strategies.expected_error_ratio(plan.strategy),
+                    }
+                }
+            ),
         }
 
     # -- saving and loading ----------------------------------------------------------------------

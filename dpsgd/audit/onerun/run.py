@@ -60,6 +60,11 @@ def audit_train(c, run_dir, overrides) -> dict:
         raise ConfigError(
             "privacy.private=false: a non-private run claims nothing; there is nothing to audit"
         )
+    if c.privacy.noise != "independent":  # correlated noise (docs/CORRELATED_NOISE.md)
+        raise ConfigError(
+            f"privacy.noise={c.privacy.noise}: the one-run audit reads each step's noise as an "
+            "independent draw (its noise check and bounds); audit privacy.noise=independent"
+        )
     inst = AuditInstrument(options, dataset_info(c.dataset).classes)
     start = time.time()
     final = train(c, run_dir, overrides, instrument=inst)
