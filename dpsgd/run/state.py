@@ -174,25 +174,7 @@ class Run:
         data = parts.project(parts.load_data(c), ckpt["projection"])
         model = parts.init_model(c, data, seeds["model"])
         model.load_state_dict(ckpt["model"])
-        correlated = ckpt["optimizer"].get("correlated")  # the strategy its noise continues with
-        built = parts.build(
-            c,
-            d,
-            device,
-            runtime,
-            data,
-            ckpt["projection"],
-            model,
-            seeds,
-            Strategy.from_dict(correlated["strategy"]) if correlated else None,
-        )
-        built.load_state_dict(ckpt)
-        if not getattr(built.sampler, "aligned", True):
-            raise ConfigError(
-                f"resume: the run stopped {built.sampler.position % built.sampler.cycle} lot(s) "
-                f"into a cycle of {built.sampler.cycle} (training.max_steps); privacy.sampling="
-                f"{built.sampler.name} continues only from a whole cycle"
-            )
+        built = _rebuilt(c, d, device, runtime, data, model, seeds, ckpt)
         new_keys = {override_key(o) for o in overrides}  # a new value replaces the saved one
         binding = ckpt["reservations"]
         progress = Progress(
@@ -386,6 +368,22 @@ class Run:
             },
         )
         self.guard.bind(token, at.steps)  # the checkpoint's ledger covers every lot reserved so far
+
+
+def _rebuilt(c, d, device, runtime, data, model, seeds, ckpt) -> Parts:
+    """A resumed run's parts, its states loaded from ``ckpt``: with correlated noise, built on the
+    checkpoint's strategy (the noise sequence continues); a cyclic sampler at a whole cycle."""
+    correlated = ckpt["optimizer"].get("correlated")
+    strategy = Strategy.from_dict(correlated["strategy"]) if correlated else None
+    built = parts.build(c, d, device, runtime, data, ckpt["projection"], model, seeds, strategy)
+    built.load_state_dict(ckpt)
+    if not getattr(built.sampler, "aligned", True):
+        raise ConfigError(
+            f"resume: the run stopped {built.sampler.position % built.sampler.cycle} lot(s) into "
+            f"a cycle of {built.sampler.cycle}; privacy.sampling={built.sampler.name} continues "
+            "only from a whole cycle"
+        )
+    return built
 
 
 def _device(c: Config, d: distributed.Dist) -> tuple[torch.device, dict]:

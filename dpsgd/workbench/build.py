@@ -80,11 +80,9 @@ def assemble(
         augment_multiplicity, augment: K augmented copies per example, made by the step.
         check_finite: refuse a non-finite example (one device sync per physical batch).
         loss: a per-example loss ``loss(output, target) -> [B]``; None: cross-entropy.
-        noise_kind: ``independent`` (Algorithm 1), ``bandmf`` or ``blt`` (correlated noise,
-            mechanism/strategy.py; ``sampling=poisson`` then runs its cyclic schema).
-        bands, blt_buffers: b of BandMF (b = 1: Algorithm 1's noise), d of BLT.
-        horizon: the lots the strategy is optimised for (``planned_lots``).
-        strategy: the strategy to use instead of optimising one (a resumed run's).
+        noise_kind, bands, blt_buffers: ``independent``, ``bandmf`` (b bands) or ``blt`` (d buffers):
+            correlated noise (mechanism/strategy.py) under its cyclic sampler (cyclic.py).
+        horizon, strategy: the lots the strategy is optimised for, or the strategy (a resume's).
     """
     clipper = PerExampleClipper(
         model,
@@ -94,31 +92,13 @@ def assemble(
         check_finite=check_finite,
         loss=loss,
     )
-    sampler = make_run_sampler(
-        noise_kind,
-        sampling,
-        n_examples,
-        lot_size,
-        torch.Generator().manual_seed(sampler_seed),
-        max_lot_size,
-        bands,
-    )
+    gen = torch.Generator().manual_seed(sampler_seed)
+    sampler = make_run_sampler(noise_kind, sampling, n_examples, lot_size, gen, max_lot_size, bands)
     charged = private and sigma > 0
     if charged and noise_kind != "independent" and strategy is None:
-        if horizon is None:
-            raise ValueError(
-                f"noise={noise_kind}: the horizon (lots) its strategy is optimised for is needed"
-            )
-        strategy = strategies.for_run(
-            noise_kind, bands, blt_buffers, horizon, sampler.cycle, momentum
-        )
-    plan = Plan(
-        sampler.event(sigma, len(clipper.groups)) if charged else None,
-        clip_norm,
-        lot_size,
-        sampler,
-        strategy if charged else None,
-    )
+        strategy = _strategy(noise_kind, bands, blt_buffers, horizon, sampler, momentum)
+    event = sampler.event(sigma, len(clipper.groups)) if charged else None
+    plan = Plan(event, clip_norm, lot_size, sampler, strategy if charged else None)
     dp = DPSGD(
         model,
         clipper,
@@ -130,6 +110,13 @@ def assemble(
         augment=augment,
     )
     return Mechanism(clipper, sampler, plan, dp)
+
+
+def _strategy(noise_kind, bands, blt_buffers, horizon, sampler, momentum):
+    """The correlated noise's strategy, optimised for ``horizon`` lots of ``sampler``'s cycle."""
+    if horizon is None:
+        raise ValueError(f"noise={noise_kind}: the horizon (lots) its strategy is optimised for")
+    return strategies.for_run(noise_kind, bands, blt_buffers, horizon, sampler.cycle, momentum)
 
 
 def planned_lots(

@@ -100,15 +100,14 @@ class PrivateTrainer:
         bands: int | None = None,
         blt_buffers: int = 4,
     ):
-        noise_kind = noise  # privacy.noise's value (``noise`` below is the Gaussian source)
+        correlated = {"noise_kind": noise, "bands": bands, "blt_buffers": blt_buffers}
         self.threads = _threads(threads)
         self.logger = logger
         self.X, self.y = as_tensors(data)
         self.device = next(model.parameters()).device
         self.X, self.y = self.X.to(self.device), self.y.to(self.device)
         self.model, self.delta, self.epochs = model, float(delta), epochs
-        self.target_epsilon = target_epsilon
-        self.physical_batch_size = physical_batch_size
+        self.target_epsilon, self.physical_batch_size = target_epsilon, physical_batch_size
         self.convention = "joint"  # k groups = one Gaussian at σ/√k (the correct charge)
         seed = secrets.randbits(62) if seed is None else int(seed)
         noise = GaussianNoise(
@@ -127,15 +126,15 @@ class PrivateTrainer:
             mode=mode,
             momentum=momentum,
             loss=loss,
-            noise_kind=noise_kind,
-            bands=bands,
-            blt_buffers=blt_buffers,
+            **correlated,
         )
         sigma = self._sigma(sigma, private, build, accountant)
-        if noise_kind != "independent" and private and sigma > 0:
-            build["horizon"] = self._horizon(build, sigma, accountant)
         self.clipper, self.sampler, self.plan, self.dp = assemble(
-            model, len(self.X), sigma=sigma, **build
+            model,
+            len(self.X),
+            sigma=sigma,
+            horizon=self._horizon(build, sigma, accountant),
+            **build,
         )
         self.accountant = accountant or (self.plan.accountants or ("rdp",))[0]
         if self.plan.private and self.accountant not in self.plan.accountants:
@@ -180,9 +179,11 @@ class PrivateTrainer:
             build["bands"],
         )
 
-    def _horizon(self, build: dict, sigma: float, accountant) -> int:
+    def _horizon(self, build: dict, sigma: float, accountant) -> int | None:
         """The lots a correlated-noise strategy is optimised for: ``epochs`` of lots, fewer where the
-        target ε stops first (``planned_lots``)."""
+        target ε stops first (``planned_lots``); None without correlated noise."""
+        if build["noise_kind"] == "independent" or not (build["private"] and sigma > 0):
+            return None
         sampler = self._sampler(build)
         if self.epochs is None and self.target_epsilon is None:
             raise ValueError(
