@@ -55,6 +55,12 @@ def validate_privacy(c):
         )
     except ValueError as e:
         raise ConfigError(str(e).splitlines()[0]) from None
+    if p.noise == "bandmf" and p.bands > sampler.cycle:  # b-min-separation: b <= the cycle
+        raise ConfigError(
+            f"privacy.bands={p.bands}: more bands than the {sampler.cycle} lots between an "
+            f"example's participations under privacy.sampling={p.sampling} (needs b <= "
+            f"{sampler.cycle})"
+        )
     if p.private and c.accountant.name not in sampler.accountants:
         raise ConfigError(
             f"accountant.name={c.accountant.name}: privacy.sampling={p.sampling} is accounted by "
