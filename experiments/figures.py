@@ -22,7 +22,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import audit_figure, figure2, figure6, frontier_figure, mnist_figures, risk_figure
+from . import (
+    audit_figure,
+    correlated_figure,
+    figure2,
+    figure6,
+    frontier_figure,
+    mnist_figures,
+    risk_figure,
+)
 from .readme import write_readme
 
 # (CSV in results/, function drawing it into results/figures/), in drawing order
@@ -36,6 +44,7 @@ DRAWERS = [
     ("frontier.csv", frontier_figure.draw),
     ("audit.csv", audit_figure.draw),
     ("risk.csv", risk_figure.draw),
+    ("correlated_noise.csv", correlated_figure.draw),
 ]
 # the figure each CSV gives, where its name is not the CSV's
 FIGURE_NAME = {"summary.csv": "privacy_utility"}

@@ -14,6 +14,7 @@ import pandas as pd
 
 from . import claims
 from .figure6 import final
+from .correlated_figure import table_rows as correlated_rows
 from .frontier_figure import table_rows
 from .private_selection import table_rows as private_selection_rows
 from .seeds import spread
@@ -309,6 +310,9 @@ def render(results: Path) -> str:
     frontier = _read(results, "frontier.csv")
     if frontier is not None:
         lines += table_rows(frontier)
+    correlated = _read(results, "correlated_noise.csv")
+    if correlated is not None:
+        lines += correlated_rows(correlated)
     lines += private_selection_rows(_read(results, "tuning/private_selection.csv"))
     if summary is not None:
         hw = "; ".join(sorted(set(summary["hardware"].astype(str))))
@@ -346,6 +350,16 @@ def render(results: Path) -> str:
             else []
         ),
         "- `frontier.csv` — one row per frontier run (`python -m experiments.frontier`)",
+        *(
+            [
+                "- `correlated_noise.csv` — one row per run of DP-SGD, BandMF and BLT (`python -m "
+                "experiments.correlated_noise`); their files: `runs/correlated/<setting>/"
+                "<method>_eps<ε>_seed<s>/` (`privacy.json`, `metrics.csv`, `config.yaml`, "
+                "`resources.json`, `command.txt`)"
+            ]
+            if correlated is not None
+            else []
+        ),
         "- `tuning/mnist_scatter_linear_eps1.2.csv` — the validation-split runs that chose "
         "`mnist_scatter_linear_val`'s epochs (accuracy on 10 000 held-out training examples, "
         "never the test set)",
