@@ -23,7 +23,7 @@ LAUNCH_FLAG = $(if $(LAUNCHER),--launcher $(LAUNCHER))
 PRETRAINED := data/pretrained/cifar100_convs.pt
 NO_DOWNLOAD := $(if $(filter 0 no false,$(DOWNLOAD)),--no-download,)
 
-.PHONY: help install lock data mnist mnist-all cifar-data cifar10 cifar10-all seeds test test-all test-other-cpu bench wheelhouse gpu-check figures paper frontier tune-frontier audit clean $(addprefix sweep-,$(SWEEPS))
+.PHONY: help install lock data mnist mnist-all cifar-data cifar10 cifar10-all seeds test test-all test-other-cpu bench wheelhouse gpu-check figures paper frontier correlated-noise tune-frontier audit clean $(addprefix sweep-,$(SWEEPS))
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -138,6 +138,10 @@ paper: $(STAMP) data ## rerun every experiment, collect results/ and redraw (hou
 
 frontier: $(STAMP) data ## privacy-utility frontier: plan + time estimate, runs, frontier.csv, figure, table
 	$(PY) -m experiments.frontier
+
+correlated-noise: $(STAMP) data ## DP-SGD vs BandMF/BLT at equal ε and lots, 3 seeds (hours): correlated_noise.csv, figure, table
+	$(PY) -m experiments.correlated_noise
+	$(PY) -m experiments.figures
 
 audit: $(STAMP) data ## one-run privacy audits: the quick rows of docs/AUDIT.md (mnist_large, σ = 4 mechanisms), audit.csv, figure
 	$(PY) -m experiments.audit_table --rows quick
