@@ -18,9 +18,9 @@ privacy is the sensitivity of C. Two families:
   2024, arXiv 2408.08868): c_0 = 1, c_k = Σ_j ω_j θ_j^{k−1} with d buffers (θ_j ∈ (0, 1), ω_j > 0).
   Not banded, so no amplification theorem covers it: it is used under b-min-separation (each example
   in one part, parts visited every t lots) and normalised by its exact per-participation
-  sensitivity Δ_∞ (``blt_sensitivity_squared``), the supremum over participations of what one more
-  participation adds to ‖C u‖² (u the participation pattern); a run's charge of one Gaussian at σ
-  per participation is then an upper bound for every horizon. θ, ω minimise Δ_∞²·‖A C⁻¹‖_F² / n
+  sensitivity Δ_∞ (``toeplitz.blt_sensitivity_squared``), the supremum over participations of what
+  one more participation adds to ‖C u‖² (u the participation pattern); a run's charge of one
+  Gaussian at σ per participation is then an upper bound for every horizon. θ, ω minimise Δ_∞²·‖A C⁻¹‖_F² / n
   (L-BFGS-B on logit θ, log ω; C⁻¹ must be stable, i.e. the roots of its denominator lie outside the
   unit disc).
 
@@ -39,6 +39,15 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 from scipy import optimize, signal, special
+
+from dpsgd.mechanism.toeplitz import (
+    apply_workload,
+    blt_coefficients,
+    blt_rational,
+    blt_sensitivity_squared,
+    stable,
+    workload_error,
+)
 
 KINDS = ("bandmf", "blt")
 BANDS_MAX = 256  # BandMF bands the optimiser serves (b − 1 model-sized buffers are kept)
@@ -78,7 +87,7 @@ class Strategy:
             out = np.zeros(n)
             out[: min(n, len(self.coef))] = self.coef[:n]
             return out
-        return _blt_coefficients(np.array(self.theta), np.array(self.omega), n)
+        return blt_coefficients(np.array(self.theta), np.array(self.omega), n)
 
     def noise_coefficients(self, n: int) -> np.ndarray:
         """The first n Toeplitz coefficients of the noise matrix scale · C⁻¹ (float64)."""
@@ -86,7 +95,7 @@ class Strategy:
         e0[0] = 1.0
         if self.kind == "bandmf":
             return signal.lfilter([1.0], np.array(self.coef), e0)
-        num, den = _blt_rational(np.array(self.theta), np.array(self.omega))
+        num, den = blt_rational(np.array(self.theta), np.array(self.omega))
         return self.scale * signal.lfilter(num, den, e0)
 
     def to_dict(self) -> dict:
@@ -122,7 +131,7 @@ def check(s: Strategy) -> None:
     th, om = np.array(s.theta), np.array(s.omega)
     if not (len(th) == len(om) >= 1 and np.all((th > 0) & (th < 1)) and np.all(om > 0)):
         raise ValueError("blt parameters: need θ_j in (0, 1) and ω_j > 0, as many of each")
-    if not _stable(th, om):
+    if not stable(th, om):
         raise ValueError(
             "blt parameters: C⁻¹ is not stable (a root of its denominator in |x| <= 1)"
         )
@@ -132,20 +141,6 @@ def check(s: Strategy) -> None:
 
 
 # -- the workload and its error ---------------------------------------------------------------
-
-
-def _apply_workload(v: np.ndarray, momentum: float) -> np.ndarray:
-    """A v for the workload A(x) = 1 / ((1 − x)(1 − μx)) (prefix sums of heavy-ball momentum)."""
-    return signal.lfilter([1.0], [1.0, -(1.0 + momentum), momentum], v)
-
-
-def workload_error(noise: np.ndarray, momentum: float = 0.0) -> float:
-    """‖A R‖_F² / n for the lower-triangular Toeplitz noise matrix R with first column ``noise``
-    (length n): the mean over steps of the squared workload error per unit of σ (identity R: the
-    independent noise of Algorithm 1)."""
-    n = len(noise)
-    m = _apply_workload(noise, momentum)
-    return float(np.dot(np.arange(n, 0, -1, dtype=np.float64), m * m) / n)
 
 
 def expected_error_ratio(s: Strategy, n: int | None = None) -> float:
@@ -178,11 +173,11 @@ def _banded_objective(tail: np.ndarray, n: int, momentum: float, w: np.ndarray, 
     e0[0] = 1.0
     with np.errstate(over="ignore", invalid="ignore"):
         r = signal.lfilter([1.0], c, e0)
-        m = _apply_workload(r, momentum)
+        m = apply_workload(r, momentum)
         err = float(np.dot(w, m * m))
     if not (np.isfinite(err) and err > 0):
         return 1e3, np.zeros_like(tail)
-    g = _apply_workload((2 * w * m)[::-1], momentum)[::-1]  # Aᵀ(2 w ⊙ m) = ∂err/∂r
+    g = apply_workload((2 * w * m)[::-1], momentum)[::-1]  # Aᵀ(2 w ⊙ m) = ∂err/∂r
     lam = signal.lfilter([1.0], c, g[::-1])[::-1]  # C⁻ᵀ g
     derr = np.array([-np.dot(lam[i:], r[: n - i]) if i < n else 0.0 for i in range(1, len(c))])
     norm2 = float(c @ c)
@@ -204,7 +199,7 @@ def banded(bands: int, horizon: int, momentum: float = 0.0) -> Strategy:
     k = np.arange(b)
     init = np.cumprod(np.where(k == 0, 1.0, (2 * k - 1) / np.maximum(2 * k, 1)))  # (1−x)^(−1/2)
     w = np.arange(n, 0, -1, dtype=np.float64)
-    e_ind = float(np.dot(w, _apply_workload(np.eye(1, n)[0], momentum) ** 2))
+    e_ind = float(np.dot(w, apply_workload(np.eye(1, n)[0], momentum) ** 2))
     args = (n, float(momentum), w, e_ind)
     res = optimize.minimize(
         _banded_objective,
@@ -225,66 +220,6 @@ def banded(bands: int, horizon: int, momentum: float = 0.0) -> Strategy:
 # -- BLT --------------------------------------------------------------------------------------
 
 
-def _blt_coefficients(theta: np.ndarray, omega: np.ndarray, n: int) -> np.ndarray:
-    """c_0 = 1, c_k = Σ_j ω_j θ_j^{k−1} (k >= 1)."""
-    k = np.arange(max(0, n - 1), dtype=np.float64)
-    return np.concatenate([[1.0], (omega[None, :] * theta[None, :] ** k[:, None]).sum(1)])[:n]
-
-
-def _blt_rational(theta: np.ndarray, omega: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(Q, P), ascending powers of x, with C(x) = P(x)/Q(x): Q = Π_j (1 − θ_j x), P = Q + Σ_j ω_j x
-    Π_{l≠j} (1 − θ_l x); so C⁻¹(x) = Q(x)/P(x)."""
-    Q = np.array([1.0])
-    for t in theta:
-        Q = np.convolve(Q, [1.0, -t])
-    P = np.concatenate([Q, [0.0]])
-    for j, w in enumerate(omega):
-        term = np.array([0.0, w])
-        for l, t in enumerate(theta):
-            if l != j:
-                term = np.convolve(term, [1.0, -t])
-        P[: len(term)] += term
-    return Q, P[: len(Q)]
-
-
-def _stable(theta: np.ndarray, omega: np.ndarray) -> bool:
-    """Whether C⁻¹ = Q/P is stable: every root of P(x) outside the closed unit disc."""
-    _, P = _blt_rational(theta, omega)
-    roots = np.roots(P[::-1])
-    return bool(np.all(np.abs(roots) > 1.0))
-
-
-def blt_sensitivity_squared(theta, omega, min_sep: int) -> float:
-    """Δ_∞² = ‖c‖² + 2 Σ_{d>=1} ρ(d t), ρ(s) = Σ_i c_i c_{i+s} (t = ``min_sep``), in closed form.
-
-    Each participation, t or more lots after the previous one of the same example, adds to ‖C u‖²
-    its own column's ‖c‖² (at most) plus twice its inner products with the earlier participations'
-    columns, each at most ρ((k − m) t) when c >= 0 (the horizon only cuts non-negative terms): so
-    Δ_∞² bounds what any participation adds, for every horizon, and K participations have
-    sensitivity at most √K·Δ_∞ (exact for the worst pattern as K → ∞; sensitivity_squared_minsep
-    gives the exact finite value). With c_k = Σ_j ω_j θ_j^{k−1}: ‖c‖² = 1 + Σ_{jl} ω_jω_l/(1 −
-    θ_jθ_l), Σ_d c_{dt} = Σ_j ω_j θ_j^{t−1}/(1 − θ_j^t), Σ_d Σ_{i>=1} c_i c_{i+dt} = Σ_{jl}
-    ω_jω_l/(1 − θ_jθ_l) · θ_l^t/(1 − θ_l^t)."""
-    th, om, t = np.asarray(theta, float), np.asarray(omega, float), int(min_sep)
-    G = np.outer(om, om) / (1.0 - np.outer(th, th))
-    norm2 = 1.0 + G.sum()
-    cross = float((om * th ** (t - 1) / (1.0 - th**t)).sum())
-    cross += float((G * (th**t / (1.0 - th**t))[None, :]).sum())
-    return float(norm2 + 2.0 * cross)
-
-
-def sensitivity_squared_minsep(coef: np.ndarray, min_sep: int, n: int) -> float:
-    """‖C_n u‖² for u the participations 0, t, 2t, ... < n of C_n (n × n, first column ``coef``):
-    the exact min-separation sensitivity² when the coefficients are non-negative and non-increasing
-    (the worst pattern is the earliest one; McMahan et al. 2024, arXiv 2405.13763, Thm 2)."""
-    c = np.zeros(n)
-    c[: min(n, len(coef))] = np.asarray(coef, float)[:n]
-    u = np.zeros(n)
-    u[:: int(min_sep)] = 1.0
-    v = signal.fftconvolve(c, u)[:n] if n > 4096 else np.convolve(c, u)[:n]
-    return float(v @ v)
-
-
 def _logit(p) -> np.ndarray:
     p = np.asarray(p, float)
     return np.log(p / (1.0 - p))
@@ -297,13 +232,13 @@ def _blt_params(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _blt_objective(x, n, t, momentum, w, e_ind) -> float:
     theta, omega = _blt_params(x)
-    if not (np.all((theta > 0) & (theta < 1)) and _stable(theta, omega)):
+    if not (np.all((theta > 0) & (theta < 1)) and stable(theta, omega)):
         return 1e6
-    Q, P = _blt_rational(theta, omega)
+    Q, P = blt_rational(theta, omega)
     e0 = np.zeros(n)
     e0[0] = 1.0
     r = signal.lfilter(Q, P, e0)
-    m = _apply_workload(r, momentum)
+    m = apply_workload(r, momentum)
     if not np.all(np.isfinite(m)):
         return 1e6
     return blt_sensitivity_squared(theta, omega, t) * float(np.dot(w, m * m)) / e_ind
@@ -322,7 +257,7 @@ def blt(buffers: int, horizon: int, min_sep: int, momentum: float = 0.0) -> Stra
     if n < 1 or t < 1:
         raise ValueError(f"horizon={horizon!r}, min_sep={min_sep!r}: must be >= 1")
     w = np.arange(n, 0, -1, dtype=np.float64)
-    e_ind = float(np.dot(w, _apply_workload(np.eye(1, n)[0], momentum) ** 2))
+    e_ind = float(np.dot(w, apply_workload(np.eye(1, n)[0], momentum) ** 2))
     args = (n, t, float(momentum), w, e_ind)
     best = prev = None  # k = 1, ..., d buffers; k is also started from the best k − 1 plus one
     for k in range(1, d + 1):

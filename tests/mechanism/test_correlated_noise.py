@@ -15,6 +15,7 @@ import torch
 from scipy.linalg import solve_triangular, toeplitz
 
 from dpsgd.mechanism import strategy as S
+from dpsgd.mechanism import toeplitz as T
 from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.mechanism.correlated import CorrelatedNoise
 from dpsgd.mechanism.noise import GaussianNoise

@@ -14,13 +14,14 @@ import pytest
 from scipy.linalg import toeplitz
 
 from dpsgd.mechanism import strategy as S
+from dpsgd.mechanism import toeplitz as T
 from tolerances import EPS64, reduction_rtol
 
 
 def _dense_ratio(s, n):
     """√(‖A·scale·C⁻¹‖_F² / ‖A‖_F²) from the dense matrices."""
     C = np.tril(toeplitz(s.toeplitz(n)))
-    a = S._apply_workload(np.eye(1, n)[0], s.momentum)
+    a = T.apply_workload(np.eye(1, n)[0], s.momentum)
     A = np.tril(toeplitz(a))
     return math.sqrt(np.sum((A @ (s.scale * np.linalg.inv(C))) ** 2) / np.sum(A**2))
 
@@ -50,7 +51,7 @@ def test_banded_improves_on_its_start_and_more_bands_help():
 def test_banded_gradient_is_the_finite_difference_one():
     n, mu, h = 500, 0.5, 1e-5
     w = np.arange(n, 0, -1.0)
-    e = float(np.dot(w, S._apply_workload(np.eye(1, n)[0], mu) ** 2))
+    e = float(np.dot(w, T.apply_workload(np.eye(1, n)[0], mu) ** 2))
     x = np.array([0.45, 0.3, 0.2, 0.1])
     f, g = S._banded_objective(x, n, mu, w, e)
     fd = [
@@ -87,7 +88,7 @@ def test_blt_charge_bounds_the_exact_min_separation_sensitivity(n, t):
     s = S.blt(3, n, t)
     c = s.toeplitz(n)
     K = -(-n // t)
-    exact = S.sensitivity_squared_minsep(c, t, n)
+    exact = T.sensitivity_squared_minsep(c, t, n)
     u = np.zeros(n)
     u[::t] = 1.0
     dense = np.sum((np.tril(toeplitz(c)) @ u) ** 2)
@@ -98,7 +99,7 @@ def test_blt_charge_bounds_the_exact_min_separation_sensitivity(n, t):
 
 def test_blt_is_stable_and_its_noise_decays():
     s = S.blt(4, 3000, 100)
-    assert S._stable(np.array(s.theta), np.array(s.omega))
+    assert T.stable(np.array(s.theta), np.array(s.omega))
     r = s.noise_coefficients(3000)
     assert abs(r[-1]) < 1e-6 * abs(r[0])
 
@@ -133,7 +134,7 @@ def test_minsep_sensitivity_against_jax_privacy(jax_mf, n, t):
     _, jt = jax_mf
     c = S.blt(2, n, t).toeplitz(n)
     theirs = float(jt.minsep_sensitivity_squared(c, t, None, n))
-    assert S.sensitivity_squared_minsep(c, t, n) == pytest.approx(theirs, rel=reduction_rtol(n * n))
+    assert T.sensitivity_squared_minsep(c, t, n) == pytest.approx(theirs, rel=reduction_rtol(n * n))
 
 
 def test_blt_inverse_against_jax_privacy(jax_mf):
