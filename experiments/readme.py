@@ -292,6 +292,14 @@ def cifar_rows(f6: pd.DataFrame | None) -> list[str]:
     ]
 
 
+CORRELATED_FILES = (
+    "- `correlated_noise.csv` — one row per run of DP-SGD, BandMF and BLT (`python -m "
+    "experiments.correlated_noise`); their files: `runs/correlated/<setting>/"
+    "<method>_eps<ε>_seed<s>/` (`privacy.json`, `metrics.csv`, `config.yaml`, `resources.json`, "
+    "`command.txt`)"
+)
+
+
 def render(results: Path) -> str:
     f2, summary, f5 = (
         _read(results, "figure2.csv"),
@@ -311,8 +319,7 @@ def render(results: Path) -> str:
     if frontier is not None:
         lines += table_rows(frontier)
     correlated = _read(results, "correlated_noise.csv")
-    if correlated is not None:
-        lines += correlated_rows(correlated)
+    lines += correlated_rows(correlated) if correlated is not None else []
     lines += private_selection_rows(_read(results, "tuning/private_selection.csv"))
     if summary is not None:
         hw = "; ".join(sorted(set(summary["hardware"].astype(str))))
@@ -350,16 +357,7 @@ def render(results: Path) -> str:
             else []
         ),
         "- `frontier.csv` — one row per frontier run (`python -m experiments.frontier`)",
-        *(
-            [
-                "- `correlated_noise.csv` — one row per run of DP-SGD, BandMF and BLT (`python -m "
-                "experiments.correlated_noise`); their files: `runs/correlated/<setting>/"
-                "<method>_eps<ε>_seed<s>/` (`privacy.json`, `metrics.csv`, `config.yaml`, "
-                "`resources.json`, `command.txt`)"
-            ]
-            if correlated is not None
-            else []
-        ),
+        *([CORRELATED_FILES] if correlated is not None else []),
         "- `tuning/mnist_scatter_linear_eps1.2.csv` — the validation-split runs that chose "
         "`mnist_scatter_linear_val`'s epochs (accuracy on 10 000 held-out training examples, "
         "never the test set)",
