@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import matplotlib.ticker
 import pandas as pd
 
 from .style import plt, save
@@ -121,6 +122,9 @@ def draw(df: pd.DataFrame, out: Path) -> list[Path]:
             row[1].plot(dm["epsilon_target"], dm["pred"], color=color, marker=marker, label=label)
         for ax in row:
             ax.set_xscale("log")
+            ax.set_xticks(sorted(set(d["epsilon_target"])))
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             ax.set_xlabel("target ε (δ = 1e-5, PLD, joint convention)")
             ax.grid(alpha=0.3)
         row[0].set_ylabel("test accuracy (%)")
