@@ -23,7 +23,7 @@ LAUNCH_FLAG = $(if $(LAUNCHER),--launcher $(LAUNCHER))
 PRETRAINED := data/pretrained/cifar100_convs.pt
 NO_DOWNLOAD := $(if $(filter 0 no false,$(DOWNLOAD)),--no-download,)
 
-.PHONY: help install lock data mnist mnist-all cifar-data cifar10 cifar10-all seeds test test-all test-other-cpu bench wheelhouse gpu-check figures paper frontier finetune tune-frontier audit clean $(addprefix sweep-,$(SWEEPS))
+.PHONY: help install lock data mnist mnist-all cifar-data cifar10 cifar10-all seeds test test-all test-other-cpu bench wheelhouse gpu-check figures paper frontier finetune correlated-noise tune-frontier audit clean $(addprefix sweep-,$(SWEEPS))
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -143,6 +143,9 @@ frontier: $(STAMP) data ## privacy-utility frontier: plan + time estimate, runs,
 
 finetune: $(STAMP) data ## public pretraining (Fashion-MNIST), private fine-tuning (MNIST) of a small ViT: plan, tuning, runs, Opacus beside, finetune.csv, figure (hours; needs peft, opacus)
 	$(PY) -m experiments.finetune
+
+correlated-noise: $(STAMP) data ## DP-SGD vs BandMF/BLT at equal ε and lots, 3 seeds (hours): correlated_noise.csv, figure, table
+	$(PY) -m experiments.correlated_noise
 	$(PY) -m experiments.figures
 
 audit: $(STAMP) data ## one-run privacy audits: the quick rows of docs/AUDIT.md (mnist_large, σ = 4 mechanisms), audit.csv, figure

@@ -127,6 +127,22 @@ def _parser() -> argparse.ArgumentParser:
         "(at the joint σ/√k; python -m dpsgd.crosscheck)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    # correlated noise (dpsgd/privacy_correlated.py): its own schedule and charges
+    p.add_argument(
+        "--noise",
+        choices=("independent", "bandmf", "blt"),
+        default="independent",
+        help="bandmf|blt: correlated noise (DP matrix factorisation), as training charges it",
+    )
+    p.add_argument(
+        "--bands", type=int, help="--noise bandmf: the bands b (cyclic Poisson, b parts)"
+    )
+    p.add_argument(
+        "--blt-buffers", type=int, default=4, dest="blt_buffers", help="--noise blt: buffers d"
+    )
+    p.add_argument(
+        "--momentum", type=float, default=0.0, help="the workload the strategy is optimised for"
+    )
     return p
 
 
@@ -604,6 +620,10 @@ def _checked(parser, args) -> tuple:
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.noise != "independent" or args.bands is not None:  # dpsgd/privacy_correlated.py
+        from dpsgd.privacy_correlated import main as correlated_main
+
+        return correlated_main(parser, args)
     if _poisson_from_sizes(parser, args):  # --N/--L of Poisson lots: the --q question, q = L/N
         args.q, args.N, args.L = args.L / args.N, None, None
     if args.N is not None or args.L is not None or args.sampler is not None:

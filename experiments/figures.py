@@ -23,6 +23,7 @@ import pandas as pd
 
 from . import (
     audit_figure,
+    correlated_figure,
     figure2,
     figure6,
     finetune_figure,
@@ -44,6 +45,7 @@ DRAWERS = [
     ("audit.csv", audit_figure.draw),
     ("risk.csv", risk_figure.draw),
     ("finetune.csv", finetune_figure.draw),
+    ("correlated_noise.csv", correlated_figure.draw),
 ]
 # the figure each CSV gives, where its name is not the CSV's
 FIGURE_NAME = {"summary.csv": "privacy_utility"}

@@ -14,6 +14,7 @@ import pandas as pd
 
 from . import claims
 from .figure6 import final
+from .correlated_figure import table_rows as correlated_rows
 from .finetune_figure import table_rows as finetune_rows
 from .frontier_figure import table_rows
 from .private_selection import table_rows as private_selection_rows
@@ -292,8 +293,17 @@ def cifar_rows(f6: pd.DataFrame | None) -> list[str]:
     ]
 
 
-def _files(cifar: bool, tuned: bool) -> list[str]:
-    """The README's list of files (the CIFAR-10 and fine-tuning ones where they exist)."""
+CORRELATED_FILES = (
+    "- `correlated_noise.csv` — one row per run of DP-SGD, BandMF and BLT (`python -m "
+    "experiments.correlated_noise`); their files: `runs/correlated/<setting>/"
+    "<method>_eps<ε>_seed<s>/` (`privacy.json`, `metrics.csv`, `config.yaml`, `resources.json`, "
+    "`command.txt`)"
+)
+
+
+def _files(cifar: bool, tuned: bool, correlated: bool = False) -> list[str]:
+    """The README's list of files (the CIFAR-10, fine-tuning and correlated-noise ones where they
+    exist)."""
     return [
         "## Files",
         "",
@@ -315,6 +325,7 @@ def _files(cifar: bool, tuned: bool) -> list[str]:
             if tuned
             else []
         ),
+        *([CORRELATED_FILES] if correlated else []),
         "- `tuning/mnist_scatter_linear_eps1.2.csv` — the validation-split runs that chose "
         "`mnist_scatter_linear_val`'s epochs (accuracy on 10 000 held-out training examples, "
         "never the test set)",
@@ -350,6 +361,8 @@ def render(results: Path) -> str:
     frontier = _read(results, "frontier.csv")
     if frontier is not None:
         lines += table_rows(frontier)
+    correlated = _read(results, "correlated_noise.csv")
+    lines += correlated_rows(correlated) if correlated is not None else []
     lines += private_selection_rows(_read(results, "tuning/private_selection.csv"))
     finetune = _read(results, "finetune.csv")
     if finetune is not None:
@@ -376,7 +389,7 @@ def render(results: Path) -> str:
     figs = sorted((results / "figures").glob("*.png")) if (results / "figures").exists() else []
     if figs:
         lines += ["## Figures", ""] + [f"![{p.stem}](figures/{p.name})" for p in figs] + [""]
-    lines += _files(f6 is not None, finetune is not None)
+    lines += _files(f6 is not None, finetune is not None, correlated is not None)
     return "\n".join(lines)
 
 

@@ -8,8 +8,9 @@ A sampler says what each of its charges is by returning one of these (``mechanis
 std σ·C, or σ_p for DP-PCA) and ``groups`` = k, the tensors clipped separately to C.
 
 The events: ``Poisson`` (add/remove), ``Gaussian`` (either adjacency; DP-PCA), ``FixedSize``
-(replace-one), ``TruncatedPoisson`` (add/remove), ``Allocation`` (add/remove) and ``Shuffle``
-(replace-one, charged as one Gaussian per epoch). An event is plain data, checked when it is
+(replace-one), ``TruncatedPoisson`` (add/remove), ``Allocation`` (add/remove), ``Shuffle``
+(replace-one, charged as one Gaussian per epoch) and ``Cyclic`` (add/remove: one cycle of a
+correlated-noise run, charged as one Poisson-subsampled Gaussian). An event is plain data, checked when it is
 recorded (``Ledger.record``); ``from_entry`` reads a stored entry back as the event with the same
 accounting.
 
@@ -152,7 +153,33 @@ class Shuffle(Event):
         }
 
 
-EVENT_TYPES = (Poisson, Gaussian, FixedSize, TruncatedPoisson, Allocation, Shuffle)
+@dataclass(frozen=True)
+class Cyclic(Event):
+    """One cycle of ``cycle`` lots of a correlated-noise run (matrix factorisation; mechanism/
+    strategy.py), its strategy normalised so that one participation has sensitivity <= 1: each
+    example is in one of the cycle's parts and takes part at most once per cycle. Charged as one
+    Poisson-subsampled Gaussian at (q, σ) per cycle: cyclic Poisson sampling of a b-banded strategy,
+    q = b·L/N (Choquette-Choo et al. 2023, arXiv 2306.08153, Thm 4; jax_privacy's
+    ``amplified_bandmf_event``); q = 1: whole parts, b-min-separation, no amplification (the
+    Gaussian mechanism with the strategy's per-participation sensitivity, composed over cycles)."""
+
+    q: float
+    sigma: float
+    cycle: int
+    groups: int = 1
+    adjacency: ClassVar[str] = "add_remove"
+
+    def entry(self) -> dict:
+        return {
+            "q": float(self.q),
+            "sigma": float(self.sigma),
+            "event": "cyclic",
+            "adjacency": "add_remove",
+            "t": int(self.cycle),
+        }
+
+
+EVENT_TYPES = (Poisson, Gaussian, FixedSize, TruncatedPoisson, Allocation, Shuffle, Cyclic)
 
 
 def from_entry(e) -> Event:
@@ -163,10 +190,13 @@ def from_entry(e) -> Event:
         return TruncatedPoisson(e.q, e.sigma, e.N, e.B, e.groups)
     if e.event == "allocation":
         return Allocation(e.sigma, e.t, e.groups)
+    if e.event == "cyclic":
+        return Cyclic(e.q, e.sigma, e.t, e.groups)
     if e.event == "poisson" and e.adjacency == "add_remove":
         return Poisson(e.q, e.sigma, e.groups)
     if e.event == "poisson":
         return Gaussian(e.sigma, e.q, e.groups, e.adjacency)
     raise ValueError(
-        f"event must be one of ['poisson', 'wor', 'truncated', 'allocation'], got event={e.event!r}"
+        f"event must be one of ['poisson', 'wor', 'truncated', 'allocation', 'cyclic'], got "
+        f"event={e.event!r}"
     )

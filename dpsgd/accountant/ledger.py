@@ -9,7 +9,7 @@ the paper's per_tensor) and compose them under an accountant (``compose.py``): `
 
 A release is recorded as a typed privacy event (``events.py``: ``record(event, count, label)``) and
 stored as one flat ``Entry`` (the format of ``privacy.json`` and the checkpoint). Every entry names
-its **event** (``poisson``, ``wor``, ``truncated``, ``allocation``) and its **neighbouring
+its **event** (``poisson``, ``wor``, ``truncated``, ``allocation``, ``cyclic``) and its **neighbouring
 relation** (``adjacency``). Composing entries of different relations is refused (ValueError) unless
 they were converted first (:meth:`Ledger.converted`, which names the conversion in the label).
 
@@ -50,7 +50,12 @@ EVENTS = {
     "wor": ("pld", "rdp"),
     "truncated": ("pld",),
     "allocation": ("pld", "rdp"),
+    # one Poisson-subsampled Gaussian per cycle (events.Cyclic): the Poisson entries' own math and
+    # order (b = 1 is Algorithm 1, its default accountant included)
+    "cyclic": ("moments", "rdp", "pld"),
 }
+# the kinds composed as Poisson-subsampled Gaussians (q, σ, count) by compose.py
+PLAIN = ("poisson", "cyclic")
 
 _FORMAT = "dpsgd.ledger/1"
 
@@ -66,7 +71,7 @@ class Entry:
     adjacency: str = "add_remove"
     N: int = 0  # truncated: dataset size
     B: int = 0  # truncated: the cap on the lot size
-    t: int = 0  # allocation: lots per epoch
+    t: int = 0  # allocation: lots per epoch; cyclic: lots per cycle
 
 
 class Ledger:
@@ -140,8 +145,8 @@ class Ledger:
             )
         if event == "truncated" and not (int(N) >= 1 and int(B) >= 1):
             raise ValueError(f"a truncated entry needs N >= 1 and B >= 1, got N={N!r}, B={B!r}")
-        if event == "allocation" and not int(t) >= 1:
-            raise ValueError(f"an allocation entry needs t >= 1 lots per epoch, got t={t!r}")
+        if event in ("allocation", "cyclic") and not int(t) >= 1:
+            raise ValueError(f"an {event} entry needs t >= 1 lots per charge, got t={t!r}")
         self._append(
             Entry(q, sigma, count, groups, label, event, adjacency, int(N), int(B), int(t))
         )
@@ -216,7 +221,7 @@ class Ledger:
                     f"accountant={accountant!r} does not serve {e.event} lots "
                     f"({e.label or 'entry'}); use one of {list(EVENTS[e.event])}"
                 )
-        return all(e.event == "poisson" for e in self._entries)
+        return all(e.event in PLAIN for e in self._entries)
 
     def epsilon(
         self,
@@ -297,7 +302,7 @@ class Ledger:
         _check_event(event, "Ledger.steps_within")
         Ledger()._record_event(event, 1)  # q, σ, k, adjacency: checked as recorded
         f = {"N": 0, "B": 0, "t": 0} | event.entry()
-        if f["event"] == "poisson" and all(e.event == "poisson" for e in self._entries):
+        if f["event"] in PLAIN and all(e.event in PLAIN for e in self._entries):
             if self._entries and {e.adjacency for e in self._entries} != {f["adjacency"]}:
                 raise ValueError(
                     f"steps_within: lots under {f['adjacency']} after entries under "
@@ -376,7 +381,7 @@ def _check_event(event, where: str) -> None:
     if not isinstance(event, Event):
         raise ValueError(
             f"{where}: a privacy event of dpsgd.accountant.events (Poisson, Gaussian, FixedSize, "
-            f"TruncatedPoisson, Allocation, Shuffle), got {event!r}"
+            f"TruncatedPoisson, Allocation, Shuffle, Cyclic), got {event!r}"
         )
 
 

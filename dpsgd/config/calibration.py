@@ -69,6 +69,11 @@ def sigma_for_lots(
         return _sigma_for_epsilon(
             target_epsilon, delta, sampler.q, steps, accountant, groups, convention
         )
+    if sampler.name in ("cyclic_poisson", "cyclic"):  # one Poisson-subsampled Gaussian per cycle
+        charges = -(-int(steps) // sampler.cycle)
+        return _sigma_for_epsilon(
+            target_epsilon, delta, sampler.q, charges, accountant, groups, convention
+        )
     return _sigma_for_sampler(sampler, target_epsilon, delta, steps, accountant, groups, convention)
 
 

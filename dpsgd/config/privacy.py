@@ -11,7 +11,10 @@ started:
   that publishes one random example in full is (0, δ)-DP; Dwork & Roth 2014 §2.3). Only
   ``privacy.allow_large_delta=true`` accepts it, and that is recorded in the resolved config;
 * a private run without noise, a fixed noise seed with OS-entropy noise, a target ε in a non-private
-  run or below what the DP-PCA release alone costs; physical batches larger than N (never formed).
+  run or below what the DP-PCA release alone costs; physical batches larger than N (never formed);
+* correlated noise (``privacy.noise=bandmf|blt``) with a sampler it cannot be accounted under: its
+  cyclic participation replaces ``privacy.sampling=poisson`` (recorded in the resolved config),
+  any other sampler is refused (``_check_correlated``).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from dpsgd.accountant import ACCOUNTANTS, CONVENTIONS, Ledger, limits
 from dpsgd.core.checks import boolean, choice, fmt, num
 from dpsgd.core.errors import ConfigError
 from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES
+from dpsgd.mechanism.cyclic import CYCLIC, NOISES, make_run_sampler, participation
 from dpsgd.mechanism.pca import charge_pca
-from dpsgd.mechanism.sampling import SAMPLERS, make_sampler
+from dpsgd.mechanism.sampling import SAMPLERS
+from dpsgd.mechanism.strategy import BANDS_MAX, BUFFERS_MAX
 
 
 TIGHTEST = ("pld", "rdp", "moments")  # by tightness at equal σ: PLD (near exact), then Rényi DP
@@ -54,7 +59,19 @@ def validate_privacy(c):
             "privacy.max_lot_size=null: privacy.sampling=truncated_poisson needs the cap B "
             "(an integer in [privacy.lot_size, N])"
         )
-    sampler = make_sampler(p.sampling, N, p.lot_size, max_lot_size=p.max_lot_size)
+    _check_correlated(p, N)
+    try:
+        sampler = make_run_sampler(
+            p.noise, p.sampling, N, p.lot_size, max_lot_size=p.max_lot_size, bands=p.bands
+        )
+    except ValueError as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    if p.noise == "bandmf" and p.bands > sampler.cycle:  # b-min-separation: b <= the cycle
+        raise ConfigError(
+            f"privacy.bands={p.bands}: more bands than the {sampler.cycle} lots between an "
+            f"example's participations under privacy.sampling={p.sampling} (needs b <= "
+            f"{sampler.cycle})"
+        )
     if p.private and c.accountant.name is not None and c.accountant.name not in sampler.accountants:
         raise ConfigError(
             f"accountant.name={c.accountant.name}: privacy.sampling={p.sampling} is accounted by "
@@ -143,10 +160,36 @@ def _check_lot(p, N: int) -> None:
     for k, options in (
         ("clipping", CLIPPINGS),
         ("convention", CONVENTIONS),
-        ("sampling", SAMPLERS),
+        ("sampling", sorted({*SAMPLERS, *CYCLIC})),
         ("grad_sample_mode", MODES),
+        ("noise", NOISES),
     ):
         choice(f"privacy.{k}", getattr(p, k), options)
+
+
+def _check_correlated(p, N: int) -> None:
+    """privacy.noise, privacy.bands and privacy.blt_buffers: bands only with BandMF, a private run,
+    and the sampler the noise is accounted under (``cyclic.participation``: privacy.sampling=poisson
+    becomes that schema here, so the resolved config says what runs)."""
+    p.bands = num("privacy.bands", p.bands, integer=True, optional=True, lo=1, hi=BANDS_MAX)
+    p.blt_buffers = num("privacy.blt_buffers", p.blt_buffers, integer=True, lo=1, hi=BUFFERS_MAX)
+    if p.noise != "bandmf" and p.bands is not None:
+        raise ConfigError(
+            f"privacy.bands={p.bands}: applies to privacy.noise=bandmf only (noise={p.noise})"
+        )
+    if p.noise == "bandmf" and p.bands is None:
+        raise ConfigError(
+            "privacy.bands=null: privacy.noise=bandmf needs the number of bands b (1 = Algorithm "
+            "1's noise)"
+        )
+    if p.noise != "independent" and not p.private:
+        raise ConfigError(
+            f"privacy.noise={p.noise}: a non-private run adds no noise (privacy.private=false)"
+        )
+    try:
+        p.sampling = participation(p.noise, p.sampling)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_noise(p, sampler, projection: str) -> None:

@@ -38,6 +38,7 @@ from dpsgd.data.files import DTYPES, FILE_FORMATS
 from dpsgd.data.features import FEATURE_NORMS, FEATURES
 from dpsgd.config.optimizer import OPTIMIZERS, SCHEDULES, validate_optimizer
 from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES, PRECISIONS
+from dpsgd.mechanism.cyclic import CYCLIC, NOISES
 from dpsgd.mechanism.pca import PROJECTIONS
 from dpsgd.mechanism.sampling import SAMPLERS
 from dpsgd.models.networks import FREEZE, INITS, MODELS, NORMS
@@ -125,6 +126,9 @@ class PrivacyConfig:
     calibrate_sigma: bool = (
         False  # true: σ computed from target_epsilon and training.epochs (accountant)
     )
+    noise: str = "independent"  # independent (Algorithm 1) | bandmf | blt (correlated, DP-MF)
+    bands: int | None = None  # noise=bandmf: b, the bands of C (1: Algorithm 1's noise)
+    blt_buffers: int = 4  # noise=blt: at most this many buffers d
 
 
 @dataclass
@@ -205,8 +209,9 @@ CHOICES = {  # each list is defined once, where the choice is implemented
     "model.feature_norm": sorted(FEATURE_NORMS),
     "privacy.clipping": sorted(CLIPPINGS),
     "privacy.convention": sorted(CONVENTIONS),
-    "privacy.sampling": sorted(SAMPLERS),
+    "privacy.sampling": sorted({*SAMPLERS, *CYCLIC}),
     "privacy.grad_sample_mode": sorted(MODES),
+    "privacy.noise": list(NOISES),
     "accountant.name": sorted(ACCOUNTANTS),
     "logger.name": sorted(LOGGERS),
     "optimizer.name": sorted(OPTIMIZERS),

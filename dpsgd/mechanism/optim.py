@@ -32,6 +32,7 @@ import copy
 import torch
 
 from dpsgd.mechanism.clipping.clip import example_losses, summed_loss
+from dpsgd.mechanism.correlated import CorrelatedNoise
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.plan import Plan
 
@@ -108,6 +109,14 @@ class DPSGD:
         ] = {}  # v_t per parameter (empty before the first step)
         self.optimizer = _checked_optimizer(optimizer, model, self.params)
         self.updates = 0  # updates begun (the lot loop charges a step that began one: lots.py)
+        # privacy.noise=bandmf|blt: row t of C⁻¹Z instead of independent draws (b = 1: None, the
+        # noise below draw for draw)
+        s = plan.strategy
+        self.correlated = (
+            CorrelatedNoise(noise, s)
+            if plan.private and s is not None and not s.independent
+            else None
+        )
 
     @property
     def engine(self) -> str:
@@ -122,7 +131,8 @@ class DPSGD:
 
     def state_dict(self) -> dict:
         """The optimiser state a resumed run needs (the momentum buffers v_t, on the CPU; a torch
-        optimizer's own state under ``torch``, with its class)."""
+        optimizer's own state under ``torch``, with its class; with correlated noise, its step and
+        buffers)."""
         out = {
             "momentum": self.momentum,
             "velocity": {n: v.detach().cpu() for n, v in self.velocity.items()},
@@ -130,6 +140,8 @@ class DPSGD:
         if self.optimizer is not None:  # a copy: torch's shares the live moment tensors
             out["torch"] = copy.deepcopy(self.optimizer.state_dict())
             out["torch_class"] = type(self.optimizer).__name__
+        if self.correlated is not None:
+            out["correlated"] = self.correlated.state_dict()
         return out
 
     def load_state_dict(self, state: dict) -> None:
@@ -147,6 +159,10 @@ class DPSGD:
             n: v.to(self.params[n].device, self.params[n].dtype)
             for n, v in state["velocity"].items()
         }
+        if self.correlated is not None:  # the same noise sequence continues
+            if "correlated" not in state:
+                raise ValueError("optimizer state holds no correlated-noise state to continue")
+            self.correlated.load_state_dict(state["correlated"], self.params)
 
     def _rows(self, xb: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """The K augmented copies of each example of a physical batch, consecutive: [B·K, ...]
@@ -273,8 +289,11 @@ class DPSGD:
         return grads, reported
 
     def _add_noise(self, total: dict) -> None:
-        """N(0, σ²C²) into each clipped group's sum, in place."""
+        """N(0, σ²C²) into each clipped group's sum, in place (correlated: row t of C⁻¹Z)."""
         with torch.no_grad():
+            if self.correlated is not None:
+                self.correlated.add_(total, self.sigma * self.C)
+                return
             for g in total.values():
                 self.noise.add_(g, self.sigma * self.C)
 

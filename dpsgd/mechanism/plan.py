@@ -15,15 +15,22 @@ lost on resume alike; k = ``event.groups`` tensors clipped separately to C (a k-
 Gaussian mechanism at σ/√k: the joint convention). ``event`` None is the non-private step: no noise,
 nothing charged. The neighbouring relation and the accountants that serve a charge follow from the
 event's type (``adjacency``, ``accountants``; one table, ``ledger.EVENTS``).
+
+``strategy`` (privacy.noise=bandmf|blt; mechanism/strategy.py) is the matrix C whose C⁻¹Z the step
+adds instead of independent draws; its charge is a ``Cyclic`` event of the cyclic sampler it needs
+(one participation per cycle, the strategy normalised to sensitivity <= 1 per participation), and
+the plan refuses any other pairing (``check_strategy``): a b-banded C under cyclic Poisson over b
+parts, or any strategy under whole parts visited every ``cycle`` >= b (BLT: >= its min_sep) lots.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dpsgd.accountant.events import Event, Gaussian
+from dpsgd.accountant.events import Cyclic, Event, Gaussian
 from dpsgd.accountant.ledger import EVENTS
 from dpsgd.mechanism.sampling import record_lots
+from dpsgd.mechanism.strategy import Strategy
 
 
 @dataclass(frozen=True)
@@ -37,15 +44,18 @@ class Plan:
         lot_size: L, the expected lot size the noisy sum is divided by (never the realised one).
         sampler: draws the lots and says which positions carry a charge; None for steps driven by
             hand, outside a ledger (``Plan.by_hand``).
+        strategy: the correlated noise's strategy matrix (None: Algorithm 1's independent noise).
 
     Raises:
-        ValueError: naming the value, for σ < 0, C ≤ 0, L ≤ 0 or an event that is not one.
+        ValueError: naming the value, for σ < 0, C ≤ 0, L ≤ 0, an event that is not one, or a
+            strategy its event does not cover.
     """
 
     event: Event | None
     clip_norm: float
     lot_size: float
     sampler: object | None = None
+    strategy: Strategy | None = None
 
     def __post_init__(self):
         if self.event is not None and not isinstance(self.event, Event):
@@ -58,6 +68,7 @@ class Plan:
             raise ValueError(f"privacy.clip_norm={self.clip_norm!r} must be > 0")
         if not self.lot_size > 0:
             raise ValueError(f"privacy.lot_size={self.lot_size!r} must be > 0")
+        check_strategy(self.event, self.strategy)
 
     @classmethod
     def by_hand(cls, sigma: float, clip_norm: float, lot_size: float, groups: int = 1) -> "Plan":
@@ -105,3 +116,29 @@ class Plan:
         if self.event is None:
             return 0
         return record_lots(ledger, self.sampler, self.sigma, lots, first, self.groups, label)
+
+
+def check_strategy(event: Event | None, strategy: Strategy | None) -> None:
+    """ValueError unless ``event`` covers the noise of ``strategy``: a ``Cyclic`` charge exactly when
+    the noise is correlated; a banded strategy of b bands under cyclic Poisson over b parts (q < 1,
+    Choquette-Choo et al. 2023 Thm 4) or whole parts visited every cycle >= b lots (q = 1); a BLT,
+    which no amplification theorem covers, only the latter, with cycle >= its min_sep."""
+    if event is None:
+        return
+    if (strategy is None) != (not isinstance(event, Cyclic)):
+        raise ValueError(
+            f"plan: event {type(event).__name__} with strategy {strategy and strategy.kind}: "
+            "correlated noise is charged by its cyclic participation (events.Cyclic) and only so"
+        )
+    if strategy is None:
+        return
+    if strategy.kind == "bandmf":
+        b = len(strategy.coef)
+        ok = event.cycle == b if event.q < 1 else event.cycle >= b
+    else:
+        ok = event.q == 1 and event.cycle >= strategy.min_sep
+    if not ok:
+        raise ValueError(
+            f"plan: a {strategy.kind} strategy (bands {strategy.bands}, min_sep "
+            f"{strategy.min_sep}) is not covered by a cycle of {event.cycle} lots at q={event.q}"
+        )

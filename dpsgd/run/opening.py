@@ -34,7 +34,7 @@ from dpsgd.run.checkpoint import (
     resume_checkpoint,
 )
 from dpsgd.run.guard import RESERVATIONS, LotGuard
-from dpsgd.run.report import COLUMNS
+from dpsgd.run.report import COLUMNS, correlated_line
 from dpsgd.run.state import Run, derive_seed
 
 
@@ -218,6 +218,8 @@ def _first_writes(run: Run) -> None:
         )
     else:
         print(f"dpsgd: NOT PRIVATE run on {c.dataset.name} → {run_dir}", flush=True)
+    if built.plan.strategy is not None:  # privacy.noise=bandmf|blt: the noise and its schema
+        print(correlated_line(built.plan), flush=True)
     run.first_epoch = run.progress.epoch  # the console's ETA counts from here
     print(forecast_line(run), flush=True)
     if run.warning:

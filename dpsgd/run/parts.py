@@ -32,9 +32,10 @@ from dpsgd.mechanism.plan import Plan
 from dpsgd.mechanism.sampling import Sampler
 from dpsgd.models.networks import build_model, frozen_names
 from dpsgd.models.pretrained import load as load_pretrained
+from dpsgd.mechanism.strategy import Strategy
 from dpsgd.models.trainable import fine_tune
 from dpsgd.run import distributed
-from dpsgd.workbench.build import PROOF_SAMPLE, assemble
+from dpsgd.workbench.build import PROOF_SAMPLE, assemble, planned_lots
 
 
 class Instrument:
@@ -230,10 +231,12 @@ def build(
     projection: torch.Tensor | None,
     model: torch.nn.Module,
     seeds: dict,
+    strategy: Strategy | None = None,
 ) -> Parts:
     """The clipping engine, the noise, the DP-SGD step and the sampler around ``model`` (its weights
     final: initialised or loaded), with the data on ``device``. ``seeds``: the ``noise`` seed (None:
-    OS entropy or privacy.noise_seed decides) and the ``sampler`` seed."""
+    OS entropy or privacy.noise_seed decides) and the ``sampler`` seed. ``strategy``: a resumed
+    correlated-noise run's (None: optimised for the planned lots, ``horizon``)."""
     p, t, ds = c.privacy, c.training, c.dataset
     model.to(device)
     noise = GaussianNoise(seed=seeds["noise"], secure=p.secure_rng, device=device)
@@ -278,6 +281,7 @@ def build(
             c.optimizer, (w for w in model.parameters() if w.requires_grad), t.lr
         ),
         precision=t.precision,
+        **_correlated(c, len(data.X_train), model, strategy),
     )
     data = Data(*(a.to(device) for a in data))
     if d.active:  # Σ over ranks, noise once; the noise is drawn in the engine's parameter order
@@ -297,3 +301,39 @@ def build(
         transform=transform,
         ema=ema,
     )
+
+
+def _correlated(c: Config, n_examples: int, model, strategy: Strategy | None) -> dict:
+    """``assemble``'s correlated-noise keywords (privacy.noise=bandmf|blt): the strategy (a resumed
+    run's) or the horizon it is optimised for: training.epochs × lots per epoch, or
+    training.max_steps, or the lots the target ε allows after the DP-PCA charge."""
+    p, t = c.privacy, c.training
+    if p.noise == "independent":
+        return {}
+    kw = {"noise_kind": p.noise, "bands": p.bands, "blt_buffers": p.blt_buffers}
+    if strategy is not None or not p.private:
+        return {**kw, "strategy": strategy}
+    from dpsgd.accountant import Ledger
+    from dpsgd.mechanism.clipping.groups import clipping_groups
+    from dpsgd.mechanism.cyclic import make_run_sampler
+    from dpsgd.mechanism.pca import charge_pca
+
+    sampler = make_run_sampler(p.noise, p.sampling, n_examples, p.lot_size, bands=p.bands)
+    lots = t.epochs * sampler.lots_per_epoch()
+    lots = lots if t.max_steps is None else min(lots, t.max_steps)
+    ledger = Ledger()
+    if c.model.projection == "pca":
+        charge_pca(ledger, p.sigma_p, p.pca_fraction)
+    k = len(clipping_groups(model, p.clipping))
+    horizon = planned_lots(
+        sampler,
+        p.sigma,
+        k,
+        lots,
+        p.target_epsilon,
+        p.delta,
+        c.accountant.name,
+        p.convention,
+        ledger,
+    )
+    return {**kw, "horizon": horizon}

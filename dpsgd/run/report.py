@@ -285,6 +285,20 @@ CHARGED = {  # what each sampler's release() records (dpsgd/mechanism/sampling.p
         "per epoch, q = 1, sensitivity 2C, noise multiplier σ/2 (each example is in exactly "
         "one lot per epoch); the Poisson analysis does not cover this sampler"
     ),
+    "cyclic_poisson": (
+        "one Poisson-subsampled Gaussian (q = b·L/N within the lot's part, noise multiplier σ) per "
+        "cycle of b lots, add/remove: cyclic Poisson sampling of a b-banded strategy with column "
+        "norms <= 1 (Choquette-Choo et al. 2023, arXiv 2306.08153, Thm 4; jax_privacy's "
+        "amplified_bandmf_event): n lots cost ceil(n/b) charges; the PLD, RDP and moments "
+        "accountants"
+    ),
+    "cyclic": (
+        "one Gaussian mechanism (q = 1, noise multiplier σ) per epoch of t = N/L lots, add/remove: "
+        "each example in one fixed part, visited once per epoch (b-min-separation), the strategy "
+        "normalised to sensitivity <= 1 per participation (BandMF: its column norm; BLT: Δ_∞, "
+        "which bounds what any participation adds), composed over epochs; no amplification by "
+        "sampling"
+    ),
 }
 
 
@@ -335,6 +349,8 @@ def privacy_statement(c: Config, run, status: str, stop_reason: str | None) -> d
         st["audit_run"] = inst.label
     if p.private:
         st["mechanism"] = _mechanism(c, run.parts.plan, run.parts.k)
+        if run.parts.plan.strategy is not None:  # privacy.noise=bandmf|blt
+            st["correlated_noise"] = correlated_noise(run.parts.plan, run.parts.model)
     st["sampling"] = _sampling(run.parts.plan, p, at.ledger)
     st["convention"] = {
         "configured": p.convention,
@@ -357,11 +373,18 @@ def _mechanism(c: Config, plan, k: int) -> str:
     """The mechanism in words (σ, C and L from the run's plan): clipping, noise, division by L,
     DP-PCA and augmentation multiplicity."""
     p = c.privacy
+    s = plan.strategy
+    noise = (
+        f"Gaussian noise N(0, σ²C²) with σ={plan.sigma} added to each group's sum"
+        if s is None or s.independent
+        else f"correlated Gaussian noise (privacy.noise={s.kind}): row t of {s.scale:.6g}·C⁻¹Z "
+        f"added to each group's sum at lot t, Z i.i.d. N(0, σ²C²) with σ={plan.sigma}, C the "
+        "strategy matrix of correlated_noise"
+    )
     return (
         "DP-SGD (Abadi et al. 2016, Algorithm 1): each example's gradient clipped to "
-        f"C={plan.clip_norm} ({p.clipping}: k={k} group(s)), Gaussian noise N(0, σ²C²) with "
-        f"σ={plan.sigma} added to each group's sum, divided by the expected lot size "
-        f"L={plan.lot_size}"
+        f"C={plan.clip_norm} ({p.clipping}: k={k} group(s)), {noise}, divided by the expected lot "
+        f"size L={plan.lot_size}"
         + (
             f"; DP-PCA (§4) to {c.model.pca_dims} dims: one Gaussian release of the sum of x xᵀ "
             f"over unit-norm images (sensitivity 1), σ_p={p.sigma_p}, sampling rate "
@@ -377,6 +400,88 @@ def _mechanism(c: Config, plan, k: int) -> str:
             else ""
         )
     )
+
+
+def correlated_noise(plan, model=None) -> dict:
+    """The correlated noise of a plan with a strategy (privacy.noise=bandmf|blt): the strategy, what
+    it was optimised for, the noise it adds per step and what its charge rests on."""
+    from dpsgd.mechanism import strategy as strategies
+
+    s = plan.strategy
+    per_step = strategies.noise_multiplier_per_step(s)
+    if s.kind == "bandmf":
+        how = (
+            f"banded Toeplitz C with b={s.bands} coefficients, ‖c‖₂ = 1 (column norms <= 1), "
+            f"minimising the mean squared error of the {_workload(s)} over n={s.horizon} lots "
+            "(L-BFGS, exact gradient; start: the truncated (1 − x)^(−1/2) of Fichtenberger et al. "
+            "2023)"
+        )
+    else:
+        how = (
+            f"buffered linear Toeplitz C (c_0 = 1, c_k = Σ_j ω_j θ_j^(k−1), {s.buffers} buffers) "
+            f"minimising Δ_∞²·(mean squared error of the {_workload(s)}) over n={s.horizon} lots, "
+            f"Δ_∞ = {s.scale:.8g} its per-participation sensitivity at separation {s.min_sep} "
+            "(closed form): the noise is scaled by Δ_∞"
+        )
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad) if model else None
+    return {
+        "noise": s.kind,
+        "bands": s.bands,
+        "independent": s.independent,
+        "strategy": s.to_dict(),
+        "optimised": how,
+        "noise_multiplier_per_step": per_step,
+        "noise_std_per_step": per_step * plan.sigma * plan.clip_norm,
+        "expected_error_ratio": strategies.expected_error_ratio(s),
+        "expected_error_ratio_meaning": (
+            f"√(‖A·scale·C⁻¹‖_F² / ‖A‖_F²) over n={s.horizon} lots, A the {_workload(s)}: the "
+            "noise the iterates carry relative to independent noise at the same σ"
+        ),
+        "buffers": s.buffers,
+        "buffer_floats": None if n_params is None else s.buffers * n_params,
+        "participation": plan.sampler.name,
+    }
+
+
+def correlated_line(plan) -> str:
+    """The opening console line of a correlated-noise run: the noise, its strategy and the
+    participation schema its charge needs."""
+    s, sampler = plan.strategy, plan.sampler
+    what = (
+        f"BandMF, b={s.bands} bands" if s.kind == "bandmf" else f"BLT, {s.buffers} buffer(s)"
+    ) + (" (b = 1: Algorithm 1's independent noise)" if s.independent else "")
+    if sampler.name == "cyclic_poisson":
+        schema = (
+            f"cyclic Poisson over {sampler.cycle} fixed parts (lot t from part t mod "
+            f"{sampler.cycle} at q={sampler.q:.4g}), charged ceil(n/{sampler.cycle}) Poisson-"
+            "subsampled Gaussians (Choquette-Choo et al. 2023, Thm 4)"
+        )
+    else:
+        schema = (
+            f"cyclic, {sampler.cycle} fixed parts each visited once per epoch (b-min-separation, "
+            "no amplification), one Gaussian charged per epoch"
+        )
+    return (
+        f"noise: {what}, optimised for {s.horizon} lots ({_workload(s)}; noise std per step "
+        f"{noise_multiplier(s):.4g}·σC, expected error ×{expected_ratio(s):.4g} of independent "
+        f"noise); participation: {schema} (privacy.sampling={sampler.name})"
+    )
+
+
+def noise_multiplier(s) -> float:
+    from dpsgd.mechanism.strategy import noise_multiplier_per_step
+
+    return noise_multiplier_per_step(s)
+
+
+def expected_ratio(s) -> float:
+    from dpsgd.mechanism.strategy import expected_error_ratio
+
+    return expected_error_ratio(s)
+
+
+def _workload(s) -> str:
+    return "prefix sums (SGD)" if s.momentum == 0 else f"heavy-ball momentum μ={s.momentum:g}"
 
 
 def _sampling(plan, p, ledger) -> dict:

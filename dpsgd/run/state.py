@@ -27,7 +27,9 @@ from dpsgd.accountant import Ledger
 from dpsgd.config.fingerprint import config_fingerprint
 from dpsgd.config.overrides import override_key
 from dpsgd.config.schema import Config
+from dpsgd.core.errors import ConfigError
 from dpsgd.core.fileio import plain
+from dpsgd.mechanism.strategy import Strategy
 from dpsgd.core.runtime import configure_threads, describe_runtime, set_tf32
 from dpsgd.run import distributed
 from dpsgd.run import parts
@@ -178,8 +180,7 @@ class Run:
         data = parts.project(parts.load_data(c), ckpt["projection"])
         model = parts.init_model(c, data, seeds["model"])
         model.load_state_dict(ckpt["model"])
-        built = parts.build(c, d, device, runtime, data, ckpt["projection"], model, seeds)
-        built.load_state_dict(ckpt)
+        built = _rebuilt(c, d, device, runtime, data, model, seeds, ckpt)
         new_keys = {override_key(o) for o in overrides}  # a new value replaces the saved one
         binding = ckpt["reservations"]
         progress = Progress(
@@ -373,6 +374,22 @@ class Run:
             },
         )
         self.guard.bind(token, at.steps)  # the checkpoint's ledger covers every lot reserved so far
+
+
+def _rebuilt(c, d, device, runtime, data, model, seeds, ckpt) -> Parts:
+    """A resumed run's parts, its states loaded from ``ckpt``: with correlated noise, built on the
+    checkpoint's strategy (the noise sequence continues); a cyclic sampler at a whole cycle."""
+    correlated = ckpt["optimizer"].get("correlated")
+    strategy = Strategy.from_dict(correlated["strategy"]) if correlated else None
+    built = parts.build(c, d, device, runtime, data, ckpt["projection"], model, seeds, strategy)
+    built.load_state_dict(ckpt)
+    if not getattr(built.sampler, "aligned", True):
+        raise ConfigError(
+            f"resume: the run stopped {built.sampler.position % built.sampler.cycle} lot(s) into "
+            f"a cycle of {built.sampler.cycle}; privacy.sampling={built.sampler.name} continues "
+            "only from a whole cycle"
+        )
+    return built
 
 
 def _device(c: Config, d: distributed.Dist) -> tuple[torch.device, dict]:

@@ -4,7 +4,9 @@
 (``dpsgd.PrivateTrainer``) call it with the same arguments a configuration holds, so a user's model
 gets the very objects, checks and charge that a preset gets. The plan is built from the sampler's
 own event at σ and the k groups the engine clips (``Sampler.event(σ, k)``), so what the step noises
-and what the ledger charges cannot differ.
+and what the ledger charges cannot differ. With correlated noise (``noise`` = bandmf|blt) the sampler
+is the cyclic one its charge needs (``cyclic.participation``) and the plan carries the strategy
+matrix optimised for the run's ``horizon`` (or the one a checkpoint gives).
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from typing import NamedTuple
 
 import torch
 
+from dpsgd.accountant import Ledger
+from dpsgd.mechanism import strategy as strategies
 from dpsgd.mechanism.clipping import PerExampleClipper
+from dpsgd.mechanism.cyclic import make_run_sampler
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
 from dpsgd.mechanism.plan import Plan
-from dpsgd.mechanism.sampling import Sampler, make_sampler
+from dpsgd.mechanism.sampling import Sampler
 
 
 PROOF_SAMPLE = 32  # the first training examples the clipper proves on before the first lot
@@ -53,6 +58,11 @@ def assemble(
     sample: tuple | None = None,
     optimizer=None,
     precision: str = "fp32",
+    noise_kind: str = "independent",
+    bands: int | None = None,
+    blt_buffers: int = 4,
+    horizon: int | None = None,
+    strategy: strategies.Strategy | None = None,
 ) -> Mechanism:
     """The mechanism of one run around ``model`` (its weights final, on its device).
 
@@ -84,6 +94,9 @@ def assemble(
             ValueError, refuses a model whose examples mix).
         optimizer: a torch optimizer taking g̃ in ``.grad``; None: the built-in update.
         precision: ``fp32`` or ``bf16`` (the forward pass under autocast: ``PerExampleClipper``).
+        noise_kind, bands, blt_buffers: ``independent``, ``bandmf`` (b bands) or ``blt`` (d buffers):
+            correlated noise (mechanism/strategy.py) under its cyclic sampler (cyclic.py).
+        horizon, strategy: the lots the strategy is optimised for, or the strategy (a resume's).
     """
     clipper = PerExampleClipper(
         model,
@@ -94,13 +107,13 @@ def assemble(
         loss=loss,
         precision=precision,
     )
-    sampler = make_sampler(
-        sampling, n_examples, lot_size, torch.Generator().manual_seed(sampler_seed), max_lot_size
-    )
+    gen = torch.Generator().manual_seed(sampler_seed)
+    sampler = make_run_sampler(noise_kind, sampling, n_examples, lot_size, gen, max_lot_size, bands)
     charged = private and sigma > 0
-    plan = Plan(
-        sampler.event(sigma, len(clipper.groups)) if charged else None, clip_norm, lot_size, sampler
-    )
+    if charged and noise_kind != "independent" and strategy is None:
+        strategy = _strategy(noise_kind, bands, blt_buffers, horizon, sampler, momentum)
+    event = sampler.event(sigma, len(clipper.groups)) if charged else None
+    plan = Plan(event, clip_norm, lot_size, sampler, strategy if charged else None)
     dp = DPSGD(
         model,
         clipper,
@@ -116,3 +129,34 @@ def assemble(
     if sample is not None:
         dp.prove(*sample)
     return Mechanism(clipper, sampler, plan, dp)
+
+
+def _strategy(noise_kind, bands, blt_buffers, horizon, sampler, momentum):
+    """The correlated noise's strategy, optimised for ``horizon`` lots of ``sampler``'s cycle."""
+    if horizon is None:
+        raise ValueError(f"noise={noise_kind}: the horizon (lots) its strategy is optimised for")
+    return strategies.for_run(noise_kind, bands, blt_buffers, horizon, sampler.cycle, momentum)
+
+
+def planned_lots(
+    sampler: Sampler,
+    sigma: float,
+    groups: int,
+    lots: int,
+    target_epsilon: float | None,
+    delta: float,
+    accountant: str,
+    convention: str = "joint",
+    ledger: Ledger | None = None,
+) -> int:
+    """The lots a run plans, the horizon a correlated-noise strategy is optimised for: ``lots``
+    (epochs × lots per epoch, or max_steps), fewer where the target ε stops the run first (the
+    charges its budget allows after ``ledger``'s, e.g. DP-PCA, each covering the sampler's cycle)."""
+    lots = max(1, int(lots))
+    if target_epsilon is None or not sigma > 0:
+        return lots
+    led = ledger if ledger is not None else Ledger()
+    charges = led.steps_within(
+        target_epsilon, delta, sampler.event(sigma, groups), accountant, convention
+    )
+    return max(1, min(lots, charges * getattr(sampler, "cycle", 1)))

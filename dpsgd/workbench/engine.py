@@ -34,10 +34,11 @@ from dpsgd.config.calibration import sigma_for_lots
 from dpsgd.mechanism import batches
 from dpsgd.mechanism.batches import BatchLoss
 from dpsgd.mechanism.clipping.groups import clipping_groups
+from dpsgd.mechanism import strategy as strategies
 from dpsgd.mechanism.clipping.proof import forked_rng
+from dpsgd.mechanism.cyclic import NOISES, make_run_sampler
 from dpsgd.mechanism.noise import GaussianNoise
-from dpsgd.mechanism.sampling import make_sampler
-from dpsgd.workbench.build import PROOF_SAMPLE, assemble
+from dpsgd.workbench.build import PROOF_SAMPLE, assemble, planned_lots
 from dpsgd.workbench.lots import Lots, Tally
 from dpsgd.workbench.reader import Reader
 from dpsgd.workbench.states import check_state
@@ -82,6 +83,9 @@ def make_private(
     mode: str = "auto",
     allow_large_delta: bool = False,
     private: bool = True,
+    noise: str = "independent",
+    bands: int | None = None,
+    blt_buffers: int = 4,
 ) -> PrivateEngine:
     """A ``PrivateEngine`` for your loop (module doc).
 
@@ -116,6 +120,11 @@ def make_private(
         clipping, mode: ``global`` or ``per_layer``; the engine ``auto``, ``ghost`` or ``vmap``.
         allow_large_delta: accept δ >= 1/N.
         private: False: the same loop without clipping, noise or charge (a baseline; ε = ∞).
+        noise: ``independent`` (Algorithm 1), ``bandmf`` or ``blt``: correlated noise (DP matrix
+            factorisation, docs/CORRELATED_NOISE.md) under its cyclic participation (``sampling=
+            "poisson"`` becomes cyclic_poisson for BandMF, cyclic for BLT); its strategy is
+            optimised for the lots ``epochs`` (or the target ε) plan.
+        bands, blt_buffers: b of BandMF (1: Algorithm 1's noise), at most d buffers of BLT.
 
     Raises:
         ValueError: one line naming the argument (the command line's refusal, in the API's words).
@@ -137,7 +146,11 @@ class PrivateEngine:
 
     def __init__(self, model, dataset, *, optimizer=None, loss=None, pair_loss=None, seed=None,
                  lr=None, momentum=0.0, private=True, num_workers=0, collate_fn=None,
-                 precision="fp32", **kw):  # fmt: skip
+                 precision="fp32", noise="independent", bands=None, blt_buffers=4,
+                 **kw):  # fmt: skip
+        if noise not in NOISES:
+            raise ValueError(f"noise={noise!r}: one of {', '.join(NOISES)}")
+        self.correlated = {"noise_kind": noise, "bands": bands, "blt_buffers": blt_buffers}
         self.model = model
         self.device = next(model.parameters()).device
         self.reader = Reader(dataset, self.device, kw.get("physical_batch_size"), num_workers,
@@ -173,12 +186,15 @@ class PrivateEngine:
             seed=None if a.secure_rng else seed + 1, secure=a.secure_rng, device=self.device
         )
         first = self.reader.first(PROOF_SAMPLE)
+        sigma = self._sigma(a)
         return assemble(
             self.model,
             self.reader.N,
             lot_size=a.lot_size,
             clip_norm=a.clip_norm,
-            sigma=self._sigma(a),
+            sigma=sigma,
+            horizon=self._horizon(a, sigma),
+            **self.correlated,
             noise=noise,
             sampler_seed=seed,
             lr=a.lr,
@@ -201,13 +217,40 @@ class PrivateEngine:
             return 0.0
         if a.sigma is not None:
             return a.sigma
-        sampler = make_sampler(a.sampling, self.reader.N, a.lot_size, None, a.max_lot_size)
+        sampler = self._sampler(a)
         lots = math.ceil(self.epochs * sampler.lots_per_epoch())
         k = len(clipping_groups(self.model, a.clipping))
         sigma = sigma_for_lots(
             sampler, self.target_epsilon, self.delta, lots, self.accountant, k, self.convention
         )
         return check_calibrated(sigma, sampler)
+
+    def _sampler(self, a):
+        """A sampler like the run's (its lots per epoch, its charges), for the set-up's searches:
+        the cyclic one correlated noise runs under (``cyclic.make_run_sampler``)."""
+        c = self.correlated
+        return make_run_sampler(
+            c["noise_kind"], a.sampling, self.reader.N, a.lot_size, None, a.max_lot_size, c["bands"]
+        )
+
+    def _horizon(self, a, sigma: float) -> int | None:
+        """The lots a correlated-noise strategy is optimised for: ``epochs`` of lots, fewer where
+        the target ε stops first (``build.planned_lots``); None without correlated noise."""
+        kind = self.correlated["noise_kind"]
+        if kind == "independent" or not (a.private and sigma > 0):
+            return None
+        if self.epochs is None and self.target_epsilon is None:
+            raise ValueError(
+                f"noise={kind!r}: give epochs (or target_epsilon), the horizon its strategy is "
+                "optimised for"
+            )
+        sampler = self._sampler(a)
+        k = len(clipping_groups(self.model, a.clipping))
+        lots = math.ceil(self.epochs * sampler.lots_per_epoch()) if self.epochs else 10**7
+        name = self.accountant or sampler.accountants[0]
+        return planned_lots(
+            sampler, sigma, k, lots, self.target_epsilon, self.delta, name, self.convention
+        )
 
     def _budget(self) -> int | None:
         """Charges that still fit within the target ε, from the ledger (None: no target)."""
@@ -351,6 +394,20 @@ class PrivateEngine:
             "precision": self.precision,
             "optimizer": type(self.optimizer).__name__ if self.optimizer else "DPSGD (built-in)",
             "ledger": self.ledger.to_dict(),
+            **self._correlated_statement(),
+        }
+
+    def _correlated_statement(self) -> dict:
+        """The correlated noise's strategy and its noise per step (none for Algorithm 1's)."""
+        s = self.plan.strategy
+        if s is None:
+            return {}
+        return {
+            "correlated_noise": {
+                "strategy": s.to_dict(),
+                "noise_multiplier_per_step": strategies.noise_multiplier_per_step(s),
+                "expected_error_ratio": strategies.expected_error_ratio(s),
+            }
         }
 
     def per_example_norms(self, batch) -> torch.Tensor:
@@ -384,6 +441,11 @@ class PrivateEngine:
             "secure_rng": a.secure_rng,
             "N": self.reader.N,
             "data_sha256": self._sha256,
+            **(
+                {}
+                if self.correlated["noise_kind"] == "independent"
+                else {k: v for k, v in self.correlated.items()}
+            ),
         }
 
     def state_dict(self) -> dict:

@@ -61,6 +61,11 @@ class PrivateTrainer:
         logger: anything with ``log(row, step)``, e.g. ``dpsgd.core.loggers.make_logger(
             "tensorboard", folder)``: after each whole epoch, a row (epoch, steps, lot_loss,
             epsilon, sigma, q, C, L) with the epoch as the step; you close it.
+        noise: ``independent`` (Algorithm 1), ``bandmf`` or ``blt``: correlated noise (DP matrix
+            factorisation, docs/CORRELATED_NOISE.md) under its cyclic participation (``sampling=
+            "poisson"`` becomes cyclic_poisson for BandMF, cyclic for BLT); its strategy is
+            optimised for the lots ``epochs`` (or the target ε) plan.
+        bands, blt_buffers: b of BandMF (1: Algorithm 1's noise), at most d buffers of BLT.
 
     Every argument is checked by the command line's own validators (dpsgd/config/arguments.py:
     one validation, two callers), before any lot runs.
@@ -97,6 +102,9 @@ class PrivateTrainer:
         threads: int | bool | None = None,
         logger=None,
         allow_large_delta: bool = False,
+        noise: str = "independent",
+        bands: int | None = None,
+        blt_buffers: int = 4,
     ):
         kw = {k: v for k, v in locals().items() if k not in ("self", "model", "data", "threads")}
         kw.pop("logger")
@@ -122,8 +130,10 @@ class PrivateTrainer:
         if epochs is None:
             raise ValueError("fit: give epochs (here or to the constructor)")
         whole, part = int(epochs), epochs - int(epochs)
+        cycle = getattr(self.sampler, "cycle", 1)  # cyclic participation: whole cycles only
         for e in range(whole + (1 if part > 0 else 0)):
             limit = None if e < whole else round(part * self.sampler.lots_per_epoch())
+            limit = limit if limit is None else -(-limit // cycle) * cycle
             if self.train_epoch(limit) == "target_epsilon_reached":
                 return "target_epsilon_reached"
         return "epochs_completed"

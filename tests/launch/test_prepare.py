@@ -177,6 +177,25 @@ VALIDATION = [
     Bad(["privacy.sampling=fixed_size"], "accountant.name", "accounted by pld or rdp only"),
     Bad(["privacy.sampling=balls_in_bins"], "accountant.name", "accounted by pld or rdp only"),
     Bad(["privacy.grad_sample_mode=jax"], "privacy.grad_sample_mode"),
+    Bad(["privacy.noise=laplace"], "privacy.noise"),
+    Bad(["privacy.bands=4"], "privacy.bands", "applies to privacy.noise=bandmf only"),
+    Bad(["privacy.noise=bandmf"], "privacy.bands", "needs the number of bands"),
+    Bad(["privacy.noise=bandmf", "privacy.bands=0"], "privacy.bands"),
+    Bad(["privacy.noise=bandmf", "privacy.bands=101"], "privacy.bands", "b·L <= N"),
+    Bad(
+        ["privacy.noise=bandmf", "privacy.bands=200", "privacy.sampling=cyclic"],
+        "privacy.bands",
+        "needs b <= 100",
+    ),
+    Bad(
+        ["privacy.noise=bandmf", "privacy.bands=4", "privacy.sampling=shuffle"],
+        "privacy.sampling",
+        "accounted only under cyclic",
+    ),
+    Bad(["privacy.noise=blt", "privacy.sampling=cyclic_poisson"], "privacy.sampling", "not banded"),
+    Bad(["privacy.sampling=cyclic"], "privacy.sampling", "correlated noise"),
+    Bad(["privacy.noise=blt", "privacy.blt_buffers=0"], "privacy.blt_buffers"),
+    Bad(["privacy.noise=blt", "privacy.private=false"], "privacy.noise", "non-private"),
     Bad(["privacy.secure_rng=2"], "privacy.secure_rng"),
     Bad(["privacy.secure_rng=true", "privacy.noise_seed=3"], "privacy.noise_seed", "refused with"),
     Bad(["privacy.noise_seed=-1"], "privacy.noise_seed"),
@@ -312,6 +331,17 @@ PRIVACY_CLI = [
         "B=700",
     ),
     Bad(["--q", "0.01", "--sigma", "4", "--epochs", "10", "--B", "700"], "B=700"),
+    Bad(["--q", "0.01", "--sigma", "4", "--steps", "10", "--noise", "bandmf"], "--bands b"),
+    Bad(["--q", "0.01", "--sigma", "4", "--steps", "10", "--bands", "3"], "bands=3"),
+    Bad(
+        ["--q", "0.01", "--sigma", "4", "--steps", "10", "--noise", "bandmf", "--bands", "200"],
+        "bands=200",
+    ),
+    Bad(
+        ["--q", "0.01", "--sigma", "4", "--steps", "10", "--noise", "blt", "--sampler", "shuffle"],
+        "--sampler",
+    ),
+    Bad(["--q", "0.01", "--steps", "10", "--noise", "blt"], "--sigma"),
 ]
 
 

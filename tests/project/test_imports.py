@@ -165,7 +165,14 @@ LAYERS = [
     ("dpsgd.run",),
     ("dpsgd.train",),
     ("dpsgd.launch",),
-    ("dpsgd.privacy", "dpsgd.audit", "dpsgd.tune", "dpsgd.report", "dpsgd.crosscheck"),
+    (
+        "dpsgd.privacy",
+        "dpsgd.privacy_correlated",
+        "dpsgd.audit",
+        "dpsgd.tune",
+        "dpsgd.report",
+        "dpsgd.crosscheck",
+    ),
     ("dpsgd.pretrain",),
 ]
 

@@ -18,7 +18,6 @@ Details (the operator C_γ, the discrete pair): docs/ACCOUNTING.md,
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import numpy as np

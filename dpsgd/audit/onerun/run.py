@@ -66,6 +66,11 @@ def audit_train(c, run_dir, overrides) -> dict:
             "from DP-SGD's own update (θ_t − θ_t+1 = η g̃); audit gradient canaries with "
             "optimizer=sgd (any optimizer is post-processing of the same g̃)"
         )
+    if c.privacy.noise != "independent":  # correlated noise (docs/CORRELATED_NOISE.md)
+        raise ConfigError(
+            f"privacy.noise={c.privacy.noise}: the one-run audit reads each step's noise as an "
+            "independent draw (its noise check and bounds); audit privacy.noise=independent"
+        )
     inst = AuditInstrument(options, dataset_info(c.dataset).classes)
     start = time.time()
     final = train(c, run_dir, overrides, instrument=inst)
