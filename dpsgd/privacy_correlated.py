@@ -11,7 +11,7 @@ Thm 4); BLT under b-min-separation (round(1/q) parts, each visited once per epoc
 Gaussian at σ per epoch, not amplified (mechanism/cyclic.py, events.Cyclic). The same ledger and
 accountants as training answer; a target ε is met by the σ search training's calibration uses
 (``calibrate.sigma_for_epsilon`` over the charges). Beside it: the strategy optimised for the n lots
-(mechanism/strategy.py), its noise per step, and, for a target ε, its expected workload error
+(mechanism/correlated/strategy.py), its noise per step, and, for a target ε, its expected workload error
 against DP-SGD's (Poisson, independent noise) at the same ε. Called by ``dpsgd/privacy.py:main``.
 """
 
@@ -23,7 +23,7 @@ import math
 from dpsgd.accountant import Ledger, calibrate, limits
 from dpsgd.accountant.events import Cyclic
 from dpsgd.accountant.ledger import EVENTS
-from dpsgd.mechanism import strategy as strategies
+from dpsgd.mechanism.correlated import strategy as strategies
 
 SERVED = EVENTS["cyclic"]  # the accountants of a Cyclic charge, tightest first
 

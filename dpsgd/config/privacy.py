@@ -26,7 +26,7 @@ from dpsgd.mechanism.clipping.clip import CLIPPINGS, MODES
 from dpsgd.mechanism.cyclic import CYCLIC, NOISES, make_run_sampler, participation
 from dpsgd.mechanism.pca import charge_pca
 from dpsgd.mechanism.sampling import SAMPLERS
-from dpsgd.mechanism.strategy import BANDS_MAX, BUFFERS_MAX
+from dpsgd.mechanism.correlated.strategy import BANDS_MAX, BUFFERS_MAX
 
 
 TIGHTEST = ("pld", "rdp", "moments")  # by tightness at equal σ: PLD (near exact), then Rényi DP

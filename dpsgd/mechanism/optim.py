@@ -32,7 +32,7 @@ import copy
 import torch
 
 from dpsgd.mechanism.clipping.clip import example_losses, summed_loss
-from dpsgd.mechanism.correlated import CorrelatedNoise
+from dpsgd.mechanism.correlated.noise import CorrelatedNoise
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.plan import Plan
 

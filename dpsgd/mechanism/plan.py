@@ -16,7 +16,7 @@ Gaussian mechanism at σ/√k: the joint convention). ``event`` None is the non-
 nothing charged. The neighbouring relation and the accountants that serve a charge follow from the
 event's type (``adjacency``, ``accountants``; one table, ``ledger.EVENTS``).
 
-``strategy`` (privacy.noise=bandmf|blt; mechanism/strategy.py) is the matrix C whose C⁻¹Z the step
+``strategy`` (privacy.noise=bandmf|blt; mechanism/correlated/strategy.py) is the matrix C whose C⁻¹Z the step
 adds instead of independent draws; its charge is a ``Cyclic`` event of the cyclic sampler it needs
 (one participation per cycle, the strategy normalised to sensitivity <= 1 per participation), and
 the plan refuses any other pairing (``check_strategy``): a b-banded C under cyclic Poisson over b
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from dpsgd.accountant.events import Cyclic, Event, Gaussian
 from dpsgd.accountant.ledger import EVENTS
 from dpsgd.mechanism.sampling import record_lots
-from dpsgd.mechanism.strategy import Strategy
+from dpsgd.mechanism.correlated.strategy import Strategy
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from dpsgd.mechanism.plan import Plan
 from dpsgd.mechanism.sampling import Sampler
 from dpsgd.models.networks import build_model, frozen_names
 from dpsgd.models.pretrained import load as load_pretrained
-from dpsgd.mechanism.strategy import Strategy
+from dpsgd.mechanism.correlated.strategy import Strategy
 from dpsgd.models.trainable import fine_tune
 from dpsgd.run import distributed
 from dpsgd.workbench.build import PROOF_SAMPLE, assemble, planned_lots

@@ -405,7 +405,7 @@ def _mechanism(c: Config, plan, k: int) -> str:
 def correlated_noise(plan, model=None) -> dict:
     """The correlated noise of a plan with a strategy (privacy.noise=bandmf|blt): the strategy, what
     it was optimised for, the noise it adds per step and what its charge rests on."""
-    from dpsgd.mechanism import strategy as strategies
+    from dpsgd.mechanism.correlated import strategy as strategies
 
     s = plan.strategy
     per_step = strategies.noise_multiplier_per_step(s)
@@ -469,13 +469,13 @@ def correlated_line(plan) -> str:
 
 
 def noise_multiplier(s) -> float:
-    from dpsgd.mechanism.strategy import noise_multiplier_per_step
+    from dpsgd.mechanism.correlated.strategy import noise_multiplier_per_step
 
     return noise_multiplier_per_step(s)
 
 
 def expected_ratio(s) -> float:
-    from dpsgd.mechanism.strategy import expected_error_ratio
+    from dpsgd.mechanism.correlated.strategy import expected_error_ratio
 
     return expected_error_ratio(s)
 

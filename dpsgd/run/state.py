@@ -29,7 +29,7 @@ from dpsgd.config.overrides import override_key
 from dpsgd.config.schema import Config
 from dpsgd.core.errors import ConfigError
 from dpsgd.core.fileio import plain
-from dpsgd.mechanism.strategy import Strategy
+from dpsgd.mechanism.correlated.strategy import Strategy
 from dpsgd.core.runtime import configure_threads, describe_runtime, set_tf32
 from dpsgd.run import distributed
 from dpsgd.run import parts

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from dpsgd.accountant import Ledger
-from dpsgd.mechanism import strategy as strategies
+from dpsgd.mechanism.correlated import strategy as strategies
 from dpsgd.mechanism.clipping import PerExampleClipper
 from dpsgd.mechanism.cyclic import make_run_sampler
 from dpsgd.mechanism.noise import GaussianNoise
@@ -35,68 +35,41 @@ class Mechanism(NamedTuple):
     dp: DPSGD  # clip, noise, divide by L, descend
 
 
-def assemble(
-    model: torch.nn.Module,
-    n_examples: int,
-    *,
-    lot_size: int,
-    clip_norm: float,
-    sigma: float,
-    noise: GaussianNoise,
-    sampler_seed: int,
-    lr: float,
-    private: bool = True,
-    sampling: str = "poisson",
-    max_lot_size: int | None = None,
-    clipping: str = "global",
-    mode: str = "auto",
-    momentum: float = 0.0,
-    augment_multiplicity: int = 1,
-    augment=None,
-    check_finite: bool = True,
-    loss=None,
-    sample: tuple | None = None,
-    optimizer=None,
-    precision: str = "fp32",
-    noise_kind: str = "independent",
-    bands: int | None = None,
-    blt_buffers: int = 4,
-    horizon: int | None = None,
-    strategy: strategies.Strategy | None = None,
-) -> Mechanism:
+def assemble(model: torch.nn.Module, n_examples: int, *, lot_size: int, clip_norm: float,
+             sigma: float, noise: GaussianNoise, sampler_seed: int, lr: float,
+             private: bool = True, sampling: str = "poisson", max_lot_size: int | None = None,
+             clipping: str = "global", mode: str = "auto", momentum: float = 0.0,
+             augment_multiplicity: int = 1, augment=None, check_finite: bool = True, loss=None,
+             sample: tuple | None = None, optimizer=None, precision: str = "fp32",
+             noise_kind: str = "independent", bands: int | None = None, blt_buffers: int = 4,
+             horizon: int | None = None, strategy: strategies.Strategy | None = None,
+             ) -> Mechanism:  # fmt: skip
     """The mechanism of one run around ``model`` (its weights final, on its device).
 
     Args:
         model: the network (refused, naming the layer, if it mixes examples: BatchNorm; with
             ``sample``, also a model whose examples mix in its forward).
-        n_examples: N, the training examples the sampler draws from.
-        lot_size: L, the expected lot size (q = L/N for Poisson).
-        clip_norm: C.
-        sigma: the noise multiplier σ (noise std σC); 0 with ``private``: clipped, not noised, not
-            charged.
-        noise: the Gaussian source.
-        sampler_seed: the seed of the sampler's generator.
+        n_examples, lot_size, clip_norm, sigma: N; L (q = L/N for Poisson); C; σ (noise std σC;
+            0 with ``private``: clipped, not noised, not charged).
+        noise, sampler_seed: the Gaussian source; the seed of the sampler's generator.
         lr, momentum: the update (the built-in SGD, heavy ball with ``momentum``).
         private: False: the non-private baseline, a plain step (one backward pass of the summed
             loss, divided by L: ``DPSGD(plain=True)``), nothing clipped, noised, charged or proved.
-        sampling: ``poisson``, ``fixed_size``, ``truncated_poisson``, ``balls_in_bins``,
-            ``shuffle``.
-        max_lot_size: the cap of ``truncated_poisson``.
-        clipping: ``global`` (k = 1) or ``per_layer`` (k = layers): the groups are derived from the
-            model, never given.
-        mode: the engine: ``auto``, ``ghost`` or ``vmap``.
+        sampling, max_lot_size: ``poisson``, ``fixed_size``, ``truncated_poisson`` (its cap),
+            ``balls_in_bins``, ``shuffle``.
+        clipping, mode: ``global`` (k = 1) or ``per_layer`` (k = layers, derived from the model,
+            never given); the engine ``auto``, ``ghost`` or ``vmap``.
         augment_multiplicity, augment: K augmented copies per example, made by the step.
         check_finite: refuse a non-finite example (one device sync per physical batch).
         loss: ``loss(output, target) -> [B]``; None: cross-entropy; a ``BatchLoss`` for batches.
-        sample: ``(x, y)``, ``(x, y, generator)`` or ``(batch, None)``, a few training examples:
-            the clipper proves on them, before the first lot, that the examples are independent
-            and its engine's structure holds (``PerExampleClipper.prove``; NotPerExample, a
-            ValueError, refuses a model whose examples mix).
-        optimizer: a torch optimizer taking g̃ in ``.grad``; None: the built-in update.
-        precision: ``fp32`` or ``bf16`` (the forward pass under autocast: ``PerExampleClipper``).
-        noise_kind, bands, blt_buffers: ``independent``, ``bandmf`` (b bands) or ``blt`` (d buffers):
-            correlated noise (mechanism/strategy.py) under its cyclic sampler (cyclic.py).
-        horizon, strategy: the lots the strategy is optimised for, or the strategy (a resume's).
+        sample: ``(x, y)``, ``(x, y, generator)`` or ``(batch, None)``: the clipper proves on these
+            few examples, before the first lot, that they are independent and its engine's
+            structure holds (``PerExampleClipper.prove``; NotPerExample refuses a mixing model).
+        optimizer, precision: a torch optimizer taking g̃ in ``.grad`` (None: the built-in
+            update); ``fp32`` or ``bf16`` (the forward pass under autocast).
+        noise_kind, bands, blt_buffers, horizon, strategy: ``independent``, ``bandmf`` (b bands) or
+            ``blt`` (d buffers): correlated noise (mechanism/correlated/) under its cyclic sampler
+            (cyclic.py), its strategy optimised for ``horizon`` lots, or given (a resume's).
     """
     clipper = PerExampleClipper(
         model,

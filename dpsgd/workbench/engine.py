@@ -34,7 +34,7 @@ from dpsgd.config.calibration import sigma_for_lots
 from dpsgd.mechanism import batches
 from dpsgd.mechanism.batches import BatchLoss
 from dpsgd.mechanism.clipping.groups import clipping_groups
-from dpsgd.mechanism import strategy as strategies
+from dpsgd.mechanism.correlated import strategy as strategies
 from dpsgd.mechanism.clipping.proof import forked_rng
 from dpsgd.mechanism.cyclic import NOISES, make_run_sampler
 from dpsgd.mechanism.noise import GaussianNoise
@@ -306,13 +306,19 @@ class PrivateEngine:
     def _per_epoch(self) -> int:
         return self.sampler.lots_per_epoch()
 
+    def _end_epoch(self) -> None:
+        """The sampler's epoch run to its end (a cyclic sampler counts its last lot only then, as
+        the command line's loop over the whole epoch does), and the next epoch begun."""
+        next(self._iter, None)
+        self._iter, self.epoch = None, self.epoch + 1
+
     def _draw(self) -> Lot:
         """The lot not yet stepped, or the next lot of the current epoch (one is begun when none
         runs): drawn by the sampler, from its generator."""
         if self._pending is not None:
             return self._pending
         if self._iter is not None and self._position >= self._per_epoch():
-            self._iter, self.epoch = None, self.epoch + 1  # its last lot drawn, never stepped
+            self._end_epoch()  # its last lot drawn, never stepped
         if self._iter is None:
             self._epoch_state = self.sampler.generator.get_state()
             self._iter, self._position = self.sampler.epoch(), 0
@@ -348,7 +354,7 @@ class PrivateEngine:
         out = self.lots_body.held(lot.position, run)
         self._pending = None
         if self._position >= self._per_epoch():  # the epoch's last lot: the epoch is complete
-            self._iter, self.epoch = None, self.epoch + 1
+            self._end_epoch()
         return out
 
     # -- what it has spent -----------------------------------------------------------------------
@@ -491,6 +497,8 @@ class PrivateEngine:
         self._iter, self._position, self._pending, self._epoch_state = None, 0, None, None
         position, start = state.get("lot_in_epoch", 0), state.get("epoch_generator")
         if position and start is not None:  # mid-epoch: the epoch's lots drawn again, the same
+            if hasattr(self.sampler, "position"):  # a cyclic sampler's count: back to the epoch's
+                self.sampler.position -= position - 1  # start (its last lot counts when left)
             now = self.sampler.generator.get_state()
             self.sampler.generator.set_state(start)
             self._epoch_state, self._iter = start, self.sampler.epoch()

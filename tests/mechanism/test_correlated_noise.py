@@ -1,4 +1,4 @@
-"""The streamed correlated noise (dpsgd/mechanism/correlated.py) against a dense C⁻¹Z computed
+"""The streamed correlated noise (dpsgd/mechanism/correlated/noise.py) against a dense C⁻¹Z computed
 directly in float64, its resume, and b = 1 = Algorithm 1 in the DP step.
 
 Tolerances (docs/DEVELOPMENT.md, Tolerances): forward substitution with m terms per row has backward
@@ -14,10 +14,10 @@ import pytest
 import torch
 from scipy.linalg import solve_triangular, toeplitz
 
-from dpsgd.mechanism import strategy as S
-from dpsgd.mechanism import toeplitz as T
+from dpsgd.mechanism.correlated import strategy as S
+from dpsgd.mechanism.correlated import toeplitz as T
 from dpsgd.mechanism.clipping import PerExampleClipper
-from dpsgd.mechanism.correlated import CorrelatedNoise
+from dpsgd.mechanism.correlated.noise import CorrelatedNoise
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.mechanism.optim import DPSGD
 from dpsgd.mechanism.plan import Plan

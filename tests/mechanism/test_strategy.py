@@ -1,4 +1,4 @@
-"""The strategies of correlated noise (dpsgd/mechanism/strategy.py): the banded optimiser, the error
+"""The strategies of correlated noise (dpsgd/mechanism/correlated/strategy.py): the banded optimiser, the error
 it minimises against a dense ‖A C⁻¹‖_F², BLT's per-participation sensitivity Δ_∞ against brute force
 and the exact finite min-separation sensitivity, and (when installed) jax_privacy's own functions.
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy.linalg import toeplitz
 
-from dpsgd.mechanism import strategy as S
-from dpsgd.mechanism import toeplitz as T
+from dpsgd.mechanism.correlated import strategy as S
+from dpsgd.mechanism.correlated import toeplitz as T
 from tolerances import EPS64, reduction_rtol
 
 

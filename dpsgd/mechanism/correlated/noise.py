@@ -1,5 +1,5 @@
 """The correlated noise of a matrix-factorisation run, streamed: step t adds row t of scale·C⁻¹Z
-(mechanism/strategy.py) to each clipped group's sum, Z the i.i.d. N(0, σ²C²) draws of the run's
+(mechanism/correlated/strategy.py) to each clipped group's sum, Z the i.i.d. N(0, σ²C²) draws of the run's
 ``GaussianNoise``, never holding the past noise beyond a few model-sized buffers.
 
 * BandMF (b-banded Toeplitz C, ‖c‖ = 1): w_t = (z_t − Σ_{j=1}^{b−1} c_j w_{t−j}) / c_0, the
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from dpsgd.mechanism.noise import GaussianNoise
-from dpsgd.mechanism.strategy import Strategy
+from dpsgd.mechanism.correlated.strategy import Strategy
 
 
 class CorrelatedNoise:
@@ -27,7 +27,7 @@ class CorrelatedNoise:
 
     Args:
         source: the Gaussian draws (seeded or OS entropy: ``GaussianNoise``).
-        strategy: the strategy matrix C (``dpsgd.mechanism.strategy.Strategy``, not b = 1).
+        strategy: the strategy matrix C (``dpsgd.mechanism.correlated.strategy.Strategy``, not b = 1).
     """
 
     def __init__(self, source: GaussianNoise, strategy: Strategy):

@@ -1,6 +1,6 @@
 """Lower-triangular Toeplitz algebra of correlated noise (pure numpy/scipy): the workload of the
 update, the error a noise matrix leaves in it, the BLT's coefficients, rational form and stability,
-and the min-separation sensitivities (mechanism/strategy.py optimises over these).
+and the min-separation sensitivities (mechanism/correlated/strategy.py optimises over these).
 
 * ``apply_workload``, ``workload_error``: A(x) = 1/((1 − x)(1 − μx)), the prefix sums of SGD with
   heavy-ball momentum μ (θ_t = θ_0 − η Σ_s a_{t−s} g_s, a_k = Σ_{i<=k} μ^i); ‖A R‖_F² / n.

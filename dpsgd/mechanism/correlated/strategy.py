@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import optimize, signal, special
 
-from dpsgd.mechanism.toeplitz import (
+from dpsgd.mechanism.correlated.toeplitz import (
     apply_workload,
     blt_coefficients,
     blt_rational,
