@@ -11,9 +11,9 @@ command: the paper's network with its fixed σ stopped by the budget, or the Sca
 ``training.max_steps=n``) at the σ that makes those n lots (and DP-PCA, where the preset has it)
 spend the same target ε under the preset's accountant and convention: BandMF under cyclic Poisson
 sampling with the number of bands b chosen before any run, data-independently, as the b among the
-divisors of the lots per epoch (b·L <= N) that minimises σ_b × the strategy's expected workload error
-(``dpsgd.mechanism.strategy.expected_error_ratio``), the criterion of Choquette-Choo et al. 2023;
-BLT under b-min-separation (cyclic parts, one per lot, each visited once per epoch), not amplified.
+divisors of the lots per epoch (b·L <= N) that minimises σ_b × the strategy's expected workload
+error (``dpsgd.mechanism.correlated.strategy.expected_error_ratio``), the criterion of
+Choquette-Choo et al. 2023; BLT under b-min-separation (cyclic parts, one per lot, each visited once per epoch), not amplified.
 
 Each run is ``python -m dpsgd.train`` in ``outputs/correlated/<setting>/<method>_eps<ε>_seed<s>``,
 one at a time with one thread; its peak memory (the child's ru_maxrss) and CPU time go to
@@ -158,7 +158,7 @@ def choose_bands(c, k: int, lots: int) -> tuple[int, float, float]:
     """(b, σ_b, predicted error relative to DP-SGD) minimising σ_b·expected_error_ratio(b) over the
     divisors b of the lots per epoch with b·L <= N (data-independent: the accountant and the
     strategy only)."""
-    from dpsgd.mechanism.strategy import banded, expected_error_ratio
+    from dpsgd.mechanism.correlated.strategy import banded, expected_error_ratio
 
     p, lpe = c.privacy, _sampler(c).lots_per_epoch()
     best = None
@@ -173,7 +173,7 @@ def choose_bands(c, k: int, lots: int) -> tuple[int, float, float]:
 @functools.lru_cache(maxsize=None)
 def setting_plan(setting: str, eps: float, extra: tuple[str, ...] = ()) -> dict:
     """Per method: the overrides of its runs, σ, the lots and the predicted error vs DP-SGD."""
-    from dpsgd.mechanism.strategy import blt, expected_error_ratio
+    from dpsgd.mechanism.correlated.strategy import blt, expected_error_ratio
 
     base = tuple(base_overrides(setting, eps)) + extra
     c, k = _validated(base)
