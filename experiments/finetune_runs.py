@@ -185,14 +185,17 @@ def _opacus(model, X, y, job: dict, log) -> dict:
     lots = math.ceil(job["epochs"] * sampler.lots_per_epoch())  # PrivateTrainer's horizon
     sigma = sigma_for_lots(sampler, job["eps"], DELTA, lots, ACCOUNTANT)
     torch.manual_seed(job["seed"] + 1)  # Opacus draws its noise from the global generator
-    gsm = GradSampleModule(model, loss_reduction="sum")
+    # loss_reduction="mean" on both: GradSampleModule rescales each row to the example's own
+    # gradient and DPOptimizer divides the noisy sum by expected_batch_size, dpsgd's Σ/L ("sum"
+    # would step on the noisy sum itself, L times larger)
+    gsm = GradSampleModule(model, loss_reduction="mean")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = DPOptimizer(
         torch.optim.SGD(params, lr=job["lr"], momentum=job["momentum"]),
         noise_multiplier=sigma,
         max_grad_norm=job["clip"],
         expected_batch_size=job["lot"],
-        loss_reduction="sum",
+        loss_reduction="mean",
     )
     steps, t1 = 0, time.perf_counter()
     for e in range(math.ceil(job["epochs"])):
@@ -200,7 +203,7 @@ def _opacus(model, X, y, job: dict, log) -> dict:
             if steps == lots:
                 break
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(gsm(X[idx]), y[idx], reduction="sum").backward()
+            F.cross_entropy(gsm(X[idx]), y[idx]).backward()
             opt.step()
             steps += 1
         log(f"epoch {e + 1}: {steps} lots")
