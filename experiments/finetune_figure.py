@@ -116,6 +116,13 @@ def _cost_panel(bx, s: pd.DataFrame) -> None:
     bx.grid(alpha=0.3, axis="y")
 
 
+def _acc(r) -> str:
+    """Mean ± sd % (n seeds); one seed has no spread to state."""
+    if int(r["n"]) == 1:
+        return f"{r['mean']:.2f} % (1)"
+    return f"{r['mean']:.2f} ± {r['sd']:.2f} % ({int(r['n'])})"
+
+
 def table_rows(df: pd.DataFrame) -> list[str]:
     """The results/README.md section: one row per engine, variant and ε."""
     s = summarise(df)
@@ -142,7 +149,7 @@ def table_rows(df: pd.DataFrame) -> list[str]:
     for _, r in s.iterrows():
         lines.append(
             f"| {r['engine']} | {LABELS.get(r['variant'], r['variant'])} | "
-            f"{r['epsilon_target']:g} | {r['mean']:.2f} ± {r['sd']:.2f} % ({int(r['n'])}) | "
+            f"{r['epsilon_target']:g} | {_acc(r)} | "
             f"{r['eps']:.3f} | {r['sigma']:.3f} | {r['lr']:g} | {int(r['trainable']):,} | "
             f"{r['sec']:.0f} | +{r['train_mb']:.0f} MB | {r['rss']:.0f} MB |"
         )
