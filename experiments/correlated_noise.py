@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import frontier
 from .frontier import PER_EPSILON, keep_small_files, measured_sec_per_epoch
 from .paths import ROOT
 
@@ -381,11 +382,7 @@ def collect(results: Path) -> list[dict]:
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, COLUMNS, lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
+    frontier.write_csv(rows, path, COLUMNS)
 
 
 def print_plan(jobs: list[dict], results: Path, out: Path) -> float:

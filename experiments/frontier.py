@@ -285,10 +285,10 @@ def collect(results: Path) -> list[dict]:
     return rows
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
+def write_csv(rows: list[dict], path: Path, columns=COLUMNS) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, COLUMNS, lineterminator="\n")
+        w = csv.DictWriter(f, columns, lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
 

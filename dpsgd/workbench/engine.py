@@ -34,8 +34,8 @@ from dpsgd.config.calibration import sigma_for_lots
 from dpsgd.mechanism import batches
 from dpsgd.mechanism.batches import BatchLoss
 from dpsgd.mechanism.clipping.groups import clipping_groups
-from dpsgd.mechanism.correlated import strategy as strategies
 from dpsgd.mechanism.clipping.proof import forked_rng
+from dpsgd.mechanism.correlated import strategy as strategies
 from dpsgd.mechanism.cyclic import NOISES, make_run_sampler
 from dpsgd.mechanism.noise import GaussianNoise
 from dpsgd.workbench.build import PROOF_SAMPLE, assemble, planned_lots
@@ -447,11 +447,7 @@ class PrivateEngine:
             "secure_rng": a.secure_rng,
             "N": self.reader.N,
             "data_sha256": self._sha256,
-            **(
-                {}
-                if self.correlated["noise_kind"] == "independent"
-                else {k: v for k, v in self.correlated.items()}
-            ),
+            **({} if self.correlated["noise_kind"] == "independent" else dict(self.correlated)),
         }
 
     def state_dict(self) -> dict:
