@@ -97,3 +97,21 @@ def test_configure_threads_applies_and_is_recorded(monkeypatch):
         assert configure_threads({"DPSGD_THREADS": "2"})["threads"] == torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_configure_threads_limits_numpy_and_scipy_blas():
+    """scipy's OpenBLAS pool follows the same count as torch (its spinning workers made DP-PCA's
+    eigendecomposition tens of times slower beside a busy process)."""
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import scipy.linalg  # noqa: F401 (loads scipy's BLAS, so that its pool is seen)
+
+    before = torch.get_num_threads()
+    with threadpool_limits(limits=None):  # restores every pool's count on exit
+        try:
+            configure_threads({"DPSGD_THREADS": "1"})
+            blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+            assert blas and all(i["num_threads"] == 1 for i in blas)
+        finally:
+            torch.set_num_threads(before)

@@ -40,6 +40,7 @@ SCRIPT = textwrap.dedent(
     stop = t.fit()
     print(json.dumps({"stop": stop, "steps": t.steps, "epsilon": t.epsilon, "sigma": t.plan.sigma,
                       "charges": sum(e["count"] for e in t.ledger.to_dict()["entries"]),
+                      "accountant": t.accountant,
                       "file": dpsgd.__file__}))
     """
 )
@@ -67,6 +68,8 @@ def test_pip_install_e_then_a_script_outside_the_repository(tmp_path):
     cli = subprocess.run(
         [str(py), "-m", "dpsgd.privacy", *schedule], capture_output=True, text=True, check=True
     )
-    # the same log moments composed by two call paths: equal far below the accountant's resolution
-    assert got["epsilon"] == pytest.approx(json.loads(cli.stdout)["moments"]["epsilon"], rel=1e-6)
+    # the API's default accountant for Poisson lots is PLD (the tightest valid one); the same
+    # schedule composed by two call paths on the same grid: equal far below its resolution
+    assert got["accountant"] == "pld"
+    assert got["epsilon"] == pytest.approx(json.loads(cli.stdout)["pld"]["epsilon"], rel=1e-6)
     assert got["epsilon"] <= 2.0
