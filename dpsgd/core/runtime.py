@@ -144,22 +144,16 @@ def configure_threads(env: dict | None = None) -> dict:
     return {"threads": n, "policy": why}
 
 
-def limit_blas_threads(n: int) -> bool:
-    """numpy's and scipy's own BLAS (OpenBLAS, MKL, …: not torch's) to ``n`` threads, as torch;
-    True if threadpoolctl found and limited them.
-
-    scipy's LAPACK runs the DP-PCA eigendecomposition (dpsgd/mechanism/pca.py) on an OpenBLAS pool
-    of one thread per core whose workers spin, outside torch.set_num_threads and OMP_WAIT_POLICY.
-    Beside one busy process on 2 cores, ``scipy.linalg.eigh`` of a 784 × 784 matrix (top 60) took
-    3.5–4.5 s with that pool and 0.08 s with one thread, and the MNIST presets' DP-PCA 8.0–11.2 s
-    against 4.6 s, the projection bit for bit the same (sha256 of V, docs/PERFORMANCE.md "Threads").
-    """
+def limit_blas_threads(n: int) -> None:
+    """numpy's and scipy's own BLAS pools (OpenBLAS, MKL, …: not torch's) to ``n`` threads, as
+    torch. scipy's LAPACK runs the DP-PCA eigendecomposition on a pool of spinning workers outside
+    torch.set_num_threads and OMP_WAIT_POLICY; beside a busy process it ran tens of times slower
+    (docs/PERFORMANCE.md, "Threads"). A no-op without threadpoolctl (speed only)."""
     try:
         from threadpoolctl import threadpool_limits
-    except ImportError:  # an environment without it: speed only
-        return False
+    except ImportError:
+        return
     threadpool_limits(limits=int(n), user_api="blas")
-    return True
 
 
 def set_tf32(enabled) -> tuple[bool, bool] | None:
