@@ -67,6 +67,32 @@ def physical_cores() -> int | None:
 
 
 QUIET_LOAD = 0.5  # a 1-minute load average below this: a 2-core machine is quiet
+QUIET_BUSY = 0.25  # other processes' CPU use (cores) over BUSY_WINDOW_S below this: quiet now
+BUSY_WINDOW_S = 0.3
+
+
+def cpu_busy(window_s: float = BUSY_WINDOW_S) -> float | None:
+    """Cores' worth of CPU time the machine spent over the next ``window_s`` seconds, from
+    /proc/stat (user, nice, system, irq, softirq jiffies over all of them, idle, iowait and steal
+    included, times the CPUs it lists), while this thread sleeps: the other processes' use now.
+    None where /proc/stat cannot be read (not Linux)."""
+    import time
+
+    def snap():
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+        total = [int(v) for v in lines[0].split()[1:9]]
+        cpus = sum(1 for ln in lines[1:] if ln.startswith("cpu") and ln[3:4].isdigit())
+        return total, cpus
+
+    try:
+        (t0, cpus), _ = snap(), time.sleep(window_s)
+        t1, _ = snap()
+    except (OSError, ValueError, IndexError):
+        return None
+    d = [b - a for a, b in zip(t0, t1)]
+    busy, all_ = d[0] + d[1] + d[2] + d[5] + d[6], sum(d)
+    return busy / all_ * max(1, cpus) if all_ > 0 else None
 
 
 def thread_policy(
@@ -75,6 +101,7 @@ def thread_policy(
     physical: int | None,
     loadavg: float | None,
     passive: bool = False,
+    busy=None,
 ) -> tuple[int, str]:
     """(intra-op threads, why) from the environment and the machine; pure, so it is testable.
 
@@ -87,10 +114,14 @@ def thread_policy(
     3. ``OMP_NUM_THREADS`` if set (its first value: the user already chose). 1–3 must be positive
        integers.
     4. <= 2 usable cores (``usable`` = CPUs this process may run on): all of them (2) when the
-       machine is quiet (1-minute load average below ``QUIET_LOAD``) and OpenMP's threads wait
-       passively (``passive``: dpsgd set OMP_WAIT_POLICY=PASSIVE before torch loaded, see
-       dpsgd/__init__.py); else 1 — measured in results/bench_threads.csv: one competing process
-       made two spinning threads several times slower than one.
+       machine is quiet and OpenMP's threads wait passively (``passive``: dpsgd set
+       OMP_WAIT_POLICY=PASSIVE before torch loaded, see dpsgd/__init__.py); else 1 — measured in
+       results/bench_threads.csv: one competing process made two spinning threads several times
+       slower than one. Quiet: the other processes use under ``QUIET_BUSY`` cores now (``busy``,
+       called only here: ``cpu_busy``, a short sample of /proc/stat), else, where that cannot be
+       measured (``busy`` None or returning None), a 1-minute load average below ``QUIET_LOAD``.
+       The sample comes first because the load average remembers the last minute: the install or
+       data check that ``make mnist`` runs first left it near 1 on an idle machine.
     5. more cores: min(physical cores, usable, max(1, usable − ⌈1-minute load average⌉)), leaving
        the cores other processes already keep busy.
     """
@@ -108,12 +139,20 @@ def thread_policy(
         return _positive_int("OMP_NUM_THREADS", raw.split(",")[0]), f"OMP_NUM_THREADS={raw.strip()}"
     if usable <= 2:
         cores = min(physical or usable, usable)
-        quiet = loadavg is not None and loadavg == loadavg and loadavg < QUIET_LOAD
-        if cores == 2 and quiet and passive:
-            return 2, (
-                f"auto: 2 usable cores, quiet (load {loadavg:.2f} < {QUIET_LOAD}), OpenMP waits "
-                "passively -> 2 threads"
-            )
+        if cores == 2 and passive:
+            now = busy() if busy is not None else None
+            if now is not None and now == now:
+                quiet, how = now < QUIET_BUSY, f"others use {now:.2f} cores now"
+                limit = QUIET_BUSY
+            else:
+                quiet = loadavg is not None and loadavg == loadavg and loadavg < QUIET_LOAD
+                how, limit = f"load {loadavg if loadavg is not None else math.nan:.2f}", QUIET_LOAD
+            if quiet:
+                return 2, (
+                    f"auto: 2 usable cores, quiet ({how} < {limit}), OpenMP waits passively -> "
+                    "2 threads"
+                )
+            return 1, f"auto: 2 usable cores, busy ({how} >= {limit}) -> 1 thread"
         return 1, f"auto: {usable} usable core(s) <= 2 -> 1 thread (oversubscription under load)"
     busy = 0 if loadavg is None or loadavg != loadavg else max(0, math.ceil(loadavg - 1e-9))
     n = max(1, min(physical or usable, usable, usable - busy))
@@ -138,7 +177,7 @@ def configure_threads(env: dict | None = None) -> dict:
         load = None
     import dpsgd
 
-    n, why = thread_policy(env, usable, physical_cores(), load, dpsgd.PASSIVE_WAIT)
+    n, why = thread_policy(env, usable, physical_cores(), load, dpsgd.PASSIVE_WAIT, cpu_busy)
     torch.set_num_threads(n)
     limit_blas_threads(n)
     return {"threads": n, "policy": why}

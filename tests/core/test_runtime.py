@@ -1,7 +1,9 @@
 """Speed-only process settings: the allocator tuning applies on Linux/glibc and is idempotent; the
-thread policy honours explicit settings, refuses bad ones naming them, and otherwise picks 1 thread
-on <= 2 cores (results/bench_threads.csv) or leaves the busy cores of a larger machine."""
+thread policy honours explicit settings, refuses bad ones naming them, and otherwise picks 2 threads
+on 2 cores only when the other processes leave them idle now (results/bench_threads.csv), or leaves
+the busy cores of a larger machine."""
 
+import io
 import sys
 
 import pytest
@@ -82,6 +84,50 @@ def test_thread_policy_auto_two_cores_only_quiet_and_passive_else_leaves_busy_co
     assert thread_policy({}, 4, 4, 4.0)[0] == 1  # fully loaded: at least one
     assert thread_policy({}, 4, 4, 50.0)[0] == 1
     assert thread_policy({}, 4, None, float("nan"))[0] == 4
+
+
+def test_thread_policy_two_cores_measures_the_others_now_before_the_load_average():
+    """The load average remembers the last minute (an install just before: near 1 on an idle
+    machine); the others' CPU use now decides where it can be measured, else the load average."""
+    pol = lambda load, now: thread_policy({}, 2, 2, load, passive=True, busy=lambda: now)
+    assert pol(1.3, 0.05) == (
+        2,
+        "auto: 2 usable cores, quiet (others use 0.05 cores now < 0.25), OpenMP waits passively "
+        "-> 2 threads",
+    )
+    assert pol(0.0, 0.9) == (
+        1,
+        "auto: 2 usable cores, busy (others use 0.90 cores now >= 0.25) -> 1 thread",
+    )
+    assert pol(0.0, 0.25)[0] == 1  # the threshold itself is busy
+    assert pol(0.2, None)[0] == 2 and pol(0.7, None)[0] == 1  # not measurable: the load average
+    assert pol(0.2, float("nan"))[0] == 2
+
+    def never():
+        raise AssertionError("sampled although it cannot change the choice")
+
+    assert thread_policy({"DPSGD_THREADS": "2"}, 2, 2, 0.0, True, never)[0] == 2
+    assert thread_policy({}, 2, 2, 0.0, False, never)[0] == 1  # OpenMP may spin: 1 anyway
+    assert thread_policy({}, 2, 1, 0.0, True, never)[0] == 1  # one physical core
+    assert thread_policy({}, 8, 8, 0.0, True, never)[0] == 8  # more cores: the load average
+
+
+def test_cpu_busy_reads_proc_stat_while_sleeping(monkeypatch):
+    import dpsgd.core.runtime as rt
+
+    snaps = iter([
+        "cpu  100 0 50 1000 0 0 0 0 0 0\ncpu0 50 0 25 500 0 0 0 0 0 0\ncpu1 50 0 25 500 0 0 0 0 0 0\n",
+        "cpu  130 0 60 1160 0 0 0 0 0 0\ncpu0 65 0 30 580 0 0 0 0 0 0\ncpu1 65 0 30 580 0 0 0 0 0 0\n",
+    ])  # fmt: skip
+    monkeypatch.setattr("builtins.open", lambda *a, **k: io.StringIO(next(snaps)))
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    assert rt.cpu_busy() == 40 / 200 * 2  # 40 busy jiffies of 200 on 2 CPUs (the same float ops)
+
+    def unreadable(*a, **k):
+        raise OSError("no /proc")
+
+    monkeypatch.setattr("builtins.open", unreadable)
+    assert rt.cpu_busy() is None
 
 
 def test_configure_threads_applies_and_is_recorded(monkeypatch):

@@ -287,3 +287,19 @@ def test_bench_routes_protocol(tmp_path):
     for r in rows:
         assert r.keys() == set(bench_routes.COLUMNS)
         assert r["engine"] in bench_routes.ROUTES and r["fastest"] in bench_routes.ROUTES
+
+
+def test_bench_floor_parts_and_csv(tmp_path):
+    """The floor's parts run on the preset's composed shapes; the CSV has a floor row per thread
+    count equal to the sum of its parts (timings are not asserted)."""
+    from bench import bench_floor
+
+    assert bench_floor.preset_shapes() == {"d": 60, "h": 1000, "L": 600}
+    out = tmp_path / "floor.csv"
+    args = ["--rows", "600", "--rounds", "1", "--calls", "1", "--threads", "1", "--out", str(out)]
+    assert bench_floor.main(args) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [r["part"] for r in rows] == bench_floor.PARTS + ["floor"]
+    assert all(r.keys() == set(bench_floor.COLUMNS) for r in rows)
+    parts = sum(float(r["seconds"]) for r in rows[:-1])
+    assert abs(float(rows[-1]["seconds"]) - parts) <= 0.005 + 1e-9  # the sum, rounded to 0.01 s
