@@ -105,13 +105,14 @@ OTHER_CPU := DPSGD_CPU_PROFILE=baseline NPY_DISABLE_CPU_FEATURES=X86_V3,X86_V4,A
 test-other-cpu: $(STAMP) data ## the fast suite again as a CPU without AVX2/AVX-512 computes it (tolerances not pinned to one CPU)
 	env $(OTHER_CPU) $(PY) -m pytest -m "not slow" -q -p no:cacheprovider
 
-bench: $(STAMP) data ## benchmarks: today's models and the DP step vs a plain step and Opacus, norm routes, a whole run by phase, evaluation chunks, GEMM orientation, accountant speed, frozen layers, threads, torch.distributed, CIFAR-10 epoch
+bench: $(STAMP) data ## benchmarks: today's models and the DP step vs a plain step and Opacus, norm routes, a whole run by phase, the floor under make mnist, evaluation chunks, GEMM orientation, accountant speed, frozen layers, threads, torch.distributed, CIFAR-10 epoch
 	$(PY) -m pip install -q opacus==1.6.0
 	$(PY) -m bench.bench_models
 	$(PY) -m bench.bench_routes
 	$(PY) -m bench.bench_step
 	$(PY) -m bench.bench_api
 	$(PY) -m bench.bench_run
+	$(PY) -m bench.bench_floor
 	$(PY) -m bench.bench_eval
 	$(PY) -m bench.bench_gemm
 	$(PY) -m bench.bench_accountant

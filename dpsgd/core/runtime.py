@@ -72,18 +72,25 @@ BUSY_WINDOW_S = 0.3
 
 
 def cpu_busy(window_s: float = BUSY_WINDOW_S) -> float | None:
-    """Cores' worth of CPU time the machine spent over the next ``window_s`` seconds, from
-    /proc/stat (user, nice, system, irq, softirq jiffies over all of them, idle, iowait and steal
-    included, times the CPUs it lists), while this thread sleeps: the other processes' use now.
+    """Cores' worth of CPU time spent on the CPUs this process may use, over the next ``window_s``
+    seconds while this thread sleeps: the other processes' use now. From /proc/stat's lines of
+    those CPUs (the first line's totals where the affinity is unknown): busy jiffies (user, nice,
+    system, irq, softirq) over all jiffies (idle, iowait and steal too), times the CPUs counted.
     None where /proc/stat cannot be read (not Linux)."""
     import time
 
+    try:
+        mine = {f"cpu{c}" for c in os.sched_getaffinity(0)}
+    except (AttributeError, OSError):
+        mine = None
+
     def snap():
         with open("/proc/stat") as f:
-            lines = f.read().splitlines()
-        total = [int(v) for v in lines[0].split()[1:9]]
-        cpus = sum(1 for ln in lines[1:] if ln.startswith("cpu") and ln[3:4].isdigit())
-        return total, cpus
+            lines = [ln.split() for ln in f.read().splitlines() if ln.startswith("cpu")]
+        rows = [r for r in lines[1:] if r[0] in mine] if mine else []
+        rows = rows or lines[:1]  # the affinity's CPUs, else the machine's totals
+        n = len(rows) if rows[0][0] != "cpu" else max(1, len(lines) - 1)
+        return [sum(int(r[k]) for r in rows) for k in range(1, 9)], n
 
     try:
         (t0, cpus), _ = snap(), time.sleep(window_s)
@@ -92,7 +99,7 @@ def cpu_busy(window_s: float = BUSY_WINDOW_S) -> float | None:
         return None
     d = [b - a for a, b in zip(t0, t1)]
     busy, all_ = d[0] + d[1] + d[2] + d[5] + d[6], sum(d)
-    return busy / all_ * max(1, cpus) if all_ > 0 else None
+    return busy / all_ * cpus if all_ > 0 else None
 
 
 def thread_policy(
@@ -101,7 +108,7 @@ def thread_policy(
     physical: int | None,
     loadavg: float | None,
     passive: bool = False,
-    busy=None,
+    others_now=None,
 ) -> tuple[int, str]:
     """(intra-op threads, why) from the environment and the machine; pure, so it is testable.
 
@@ -117,9 +124,10 @@ def thread_policy(
        machine is quiet and OpenMP's threads wait passively (``passive``: dpsgd set
        OMP_WAIT_POLICY=PASSIVE before torch loaded, see dpsgd/__init__.py); else 1 — measured in
        results/bench_threads.csv: one competing process made two spinning threads several times
-       slower than one. Quiet: the other processes use under ``QUIET_BUSY`` cores now (``busy``,
-       called only here: ``cpu_busy``, a short sample of /proc/stat), else, where that cannot be
-       measured (``busy`` None or returning None), a 1-minute load average below ``QUIET_LOAD``.
+       slower than one. Quiet: the other processes use under ``QUIET_BUSY`` cores now
+       (``others_now()``, called only here: ``cpu_busy``, a short sample of /proc/stat), else,
+       where that cannot be measured (no ``others_now``, or it returns None), a 1-minute load
+       average below ``QUIET_LOAD``.
        The sample comes first because the load average remembers the last minute: the install or
        data check that ``make mnist`` runs first left it near 1 on an idle machine.
     5. more cores: min(physical cores, usable, max(1, usable − ⌈1-minute load average⌉)), leaving
@@ -140,7 +148,7 @@ def thread_policy(
     if usable <= 2:
         cores = min(physical or usable, usable)
         if cores == 2 and passive:
-            now = busy() if busy is not None else None
+            now = others_now() if others_now is not None else None
             if now is not None and now == now:
                 quiet, how = now < QUIET_BUSY, f"others use {now:.2f} cores now"
                 limit = QUIET_BUSY

@@ -89,7 +89,7 @@ def test_thread_policy_auto_two_cores_only_quiet_and_passive_else_leaves_busy_co
 def test_thread_policy_two_cores_measures_the_others_now_before_the_load_average():
     """The load average remembers the last minute (an install just before: near 1 on an idle
     machine); the others' CPU use now decides where it can be measured, else the load average."""
-    pol = lambda load, now: thread_policy({}, 2, 2, load, passive=True, busy=lambda: now)
+    pol = lambda load, now: thread_policy({}, 2, 2, load, passive=True, others_now=lambda: now)
     assert pol(1.3, 0.05) == (
         2,
         "auto: 2 usable cores, quiet (others use 0.05 cores now < 0.25), OpenMP waits passively "
@@ -112,16 +112,36 @@ def test_thread_policy_two_cores_measures_the_others_now_before_the_load_average
     assert thread_policy({}, 8, 8, 0.0, True, never)[0] == 8  # more cores: the load average
 
 
-def test_cpu_busy_reads_proc_stat_while_sleeping(monkeypatch):
+def test_cpu_busy_reads_proc_stat_of_this_process_cpus_while_sleeping(monkeypatch):
+    import os
+
     import dpsgd.core.runtime as rt
 
-    snaps = iter([
-        "cpu  100 0 50 1000 0 0 0 0 0 0\ncpu0 50 0 25 500 0 0 0 0 0 0\ncpu1 50 0 25 500 0 0 0 0 0 0\n",
-        "cpu  130 0 60 1160 0 0 0 0 0 0\ncpu0 65 0 30 580 0 0 0 0 0 0\ncpu1 65 0 30 580 0 0 0 0 0 0\n",
-    ])  # fmt: skip
-    monkeypatch.setattr("builtins.open", lambda *a, **k: io.StringIO(next(snaps)))
+    before = (
+        "cpu  100 0 50 1000 0 0 0 0 0 0\ncpu0 50 0 25 500 0 0 0 0 0 0\n"
+        "cpu1 50 0 25 500 0 0 0 0 0 0\nintr 1 2 3\n"
+    )
+    after = (  # cpu0: 40 busy jiffies of 100; cpu1: none of 100
+        "cpu  130 0 60 1160 0 0 0 0 0 0\ncpu0 80 0 35 560 0 0 0 0 0 0\n"
+        "cpu1 50 0 25 600 0 0 0 0 0 0\nintr 1 2 3\n"
+    )
+
+    def busy(affinity):
+        snaps = iter([before, after])
+        monkeypatch.setattr("builtins.open", lambda *a, **k: io.StringIO(next(snaps)))
+        monkeypatch.setattr(os, "sched_getaffinity", affinity)
+        return rt.cpu_busy()
+
     monkeypatch.setattr("time.sleep", lambda s: None)
-    assert rt.cpu_busy() == 40 / 200 * 2  # 40 busy jiffies of 200 on 2 CPUs (the same float ops)
+    # the same float operations as cpu_busy: equal bits
+    assert busy(lambda pid: {0, 1}) == 40 / 200 * 2  # both CPUs: 0.4 cores
+    assert busy(lambda pid: {1}) == 0.0  # only cpu1 is ours, and it was idle
+    assert busy(lambda pid: {0}) == 40 / 100 * 1
+
+    def unknown(pid):
+        raise OSError("no affinity")
+
+    assert busy(unknown) == 40 / 200 * 2  # the machine's totals over its 2 CPUs
 
     def unreadable(*a, **k):
         raise OSError("no /proc")
