@@ -7,18 +7,18 @@ units, 10 classes, no biases, lots of L = 600 from N = 60 000) for 10 751 lots a
 each of its 108 epochs (``results/summary.csv``, its ``steps`` and ``epochs``). Whatever the
 implementation, a lot needs five GEMMs, of the same shapes for a DP step and a plain one: the two
 forward products, the output layer's input gradient, and the two weight sums (clipped ones, or the
-plain weight gradients; the faster orientation of [h, d], as the engine chooses it,
+plain weight gradients; [h, d] in the orientation the engine takes, the faster one in
 ``bench/bench_gemm.py``); an evaluation needs the two forward products over the 60 000 training and
 10 000 test rows, ``EVAL_ROWS`` at a time (``dpsgd/run/evaluate.py``). ``lot_elementwise`` is the
 rest a lot cannot skip: the ReLU and its mask on the way back, the Poisson draw over N and the noise
 for the h·d + 10·h weights.
 
-Each part is timed alone, operands hot in cache, at 1 and 2 torch threads, in interleaved rounds
-(round r of every part and thread count, then round r + 1), median of the rounds after one warm-up;
-the tuned allocator as a run has it. The floor is lots × (lot parts) + evaluations × (evaluation
-part): ``make mnist`` cannot run faster on this machine without doing less arithmetic, and start-up
-(imports, data, DP-PCA), Python, autograd and the accountant come on top. Details:
-docs/PERFORMANCE.md, "The floor under make mnist".
+Each part is timed alone, on its own operands in the order a lot uses them, at 1 and 2 torch
+threads, in interleaved rounds (round r of every part and thread count, then round r + 1), median of
+the rounds after one warm-up; the tuned allocator as a run has it. The floor is lots × (lot parts) +
+evaluations × (evaluation part): ``make mnist`` cannot run faster on this machine without doing less
+arithmetic, and start-up (imports, data, DP-PCA), Python, autograd and the accountant come on top.
+Details: docs/PERFORMANCE.md, "The floor under make mnist".
 """
 
 from __future__ import annotations
@@ -140,12 +140,13 @@ def main(argv=None) -> int:
             ms = 1e3 * statistics.median(times[p, t])
             rows.append({"part": p, "threads": t, "ms": round(ms, 3), "count": count[p],
                          "seconds": round(ms * count[p] / 1e3, 2), "rounds": args.rounds,
-                         "loadavg_1min": load, "torch": torch.__version__, "machine": machine})  # fmt: skip
+                         "loadavg_1min": load, "torch": torch.__version__,
+                         "machine": machine})  # fmt: skip
         total = sum(r["seconds"] for r in rows if r["threads"] == t)
         gemms = sum(r["seconds"] for r in rows if r["threads"] == t and "gemms" in r["part"])
-        rows.append({"part": "floor", "threads": t, "ms": "", "count": "", "seconds": round(total, 2),
-                     "rounds": args.rounds, "loadavg_1min": load, "torch": torch.__version__,
-                     "machine": machine})  # fmt: skip
+        rows.append({"part": "floor", "threads": t, "ms": "", "count": "",
+                     "seconds": round(total, 2), "rounds": args.rounds, "loadavg_1min": load,
+                     "torch": torch.__version__, "machine": machine})  # fmt: skip
         print(f"{t} thread(s): GEMMs {gemms:.1f} s + elementwise "
               f"{total - gemms:.1f} s = floor {total:.1f} s ({machine}, load {load})")  # fmt: skip
     write_csv(rows, Path(args.out), COLUMNS)
