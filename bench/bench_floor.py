@@ -52,7 +52,7 @@ PARTS = ["lot_gemms", "lot_elementwise", "eval_gemms"]
 
 
 def preset_shapes() -> dict:
-    """d, h, L and the lot count's q from the mnist_medium preset as composed (one source)."""
+    """d, h and L from the mnist_medium preset as composed (one source of the shapes)."""
     from dpsgd.launch.cli import compose
 
     c = compose(["experiment=mnist_medium"])
